@@ -1,0 +1,46 @@
+# dpsynth — the two commands: `make run` and `make test`. Each builds what it needs first.
+# The stage environment is created from requirements/stage.lock; a second call installs nothing.
+
+PYTHON ?= python3
+VENV   := .venv/stage
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+OUT    ?= outputs
+CONFIG ?= configs/dpgan-mnist-cpu.yaml
+
+.PHONY: help venv run test test-slow bench lock clean mlflow-ui
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+
+$(STAMP): requirements/stage.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/stage.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)  ## create or refresh the stage environment (.venv/stage)
+
+run: $(STAMP)  ## import the bundled MNIST and train a CPU-sized DPGAN at (ε=10, δ=1e-5)
+	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
+	$(PY) -m dpsynth.cli train --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --set output.dir=$(OUT)/dpgan-mnist
+	@echo "Look at the runs:  $(PY) -m mlflow ui --backend-store-uri sqlite:///$(OUT)/mlflow.db --port 5000"
+
+test: $(STAMP)  ## the test suite (under ~20 minutes on 2 cores)
+	$(PY) -m pytest -m "not slow" -q
+
+test-slow: $(STAMP)  ## the slower checks kept out of `make test`
+	$(PY) -m pytest -m slow -q
+
+bench: $(STAMP)  ## speed ratios of the DP discriminator step (see benchmarks/README.md)
+	$(PY) benchmarks/dp_discriminator_step.py
+
+lock: $(STAMP)  ## re-freeze requirements/stage.lock from requirements/stage.in
+	$(PY) -m pip install --quiet -r requirements/stage.in
+	$(PY) -m pip freeze --exclude-editable | grep -v '^dpsynth' > requirements/stage.lock
+
+mlflow-ui: $(STAMP)  ## open the MLflow UI on the runs `make run` wrote
+	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(OUT)/mlflow.db --port 5000
+
+clean:  ## remove outputs (keeps the environment)
+	rm -rf $(OUT)

@@ -1,0 +1,372 @@
+"""DPGAN, as in Bie, Kamath & Zhang, "Private GANs, Revisited" (Algorithm 1).
+
+DP-SGD on the discriminator only: each step Poisson-samples real records at q = B/n, draws
+B fake records from G, clips every per-example gradient (real and fake) to C, adds
+N(0, σ²C²) to the sum and divides by 2B, the expected batch size. Every n_D discriminator
+steps, one non-private generator step with the non-saturating loss. The generator touches
+the data only through the privatized discriminator, so its release is post-processing.
+
+The privacy cost is one Poisson-subsampled Gaussian event per discriminator step,
+recorded in the mechanism trace; training stops before the step that would exceed ε.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from opacus.grad_sample.utils import prepare_module
+from tqdm import tqdm
+
+from dpsynth import storage, tracking
+from dpsynth.config import RunConfig, dump_config
+from dpsynth.data import ImageDataset
+from dpsynth.errors import PrivacyError
+from dpsynth.grids import class_grid
+from dpsynth.methods import checkpoint
+from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
+from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
+from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
+from dpsynth.privacy.dpsgd import GradientSanitizer
+
+# Opacus' hooks fire on module outputs because image inputs need no gradient; that is expected.
+warnings.filterwarnings("ignore", message="Full backward hook is firing")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    epsilon: float
+    delta: float
+    accountant: str
+    steps: int
+    generator_steps: int
+    noise_multiplier: float
+    sample_rate: float
+    stopped_by: str  # "steps": the step budget was reached; "budget": the next step would exceed ε
+    output_dir: str
+    generator_path: str
+    trace_path: str
+    grid_path: str
+    mlflow_run_id: str | None
+    seconds: float
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PrivacyError("train.device: 'cuda' requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def plan_privacy(cfg: RunConfig, n: int) -> tuple[MechanismEvent, int, BudgetGuard]:
+    """The per-step mechanism event, the number of steps training will take, and its guard."""
+    p, t = cfg.privacy, cfg.train
+    check_delta(p.delta, n)
+    q = t.batch_size / n
+    if q > 1:
+        raise PrivacyError(f"train.batch_size: {t.batch_size} exceeds the {n} training records")
+    sigma = p.noise_multiplier
+    if sigma is None:
+        sigma = calibrate_noise(
+            target_epsilon=p.epsilon, delta=p.delta, sample_rate=q, steps=t.steps, accountant=p.accountant
+        )
+    event = MechanismEvent(sampling="poisson", sample_rate=q, noise_multiplier=sigma, sensitivity="add_remove")
+    guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=p.accountant, event=event)
+    steps = min(t.steps, guard.max_steps)
+    if steps < 1:
+        raise PrivacyError(
+            f"privacy.epsilon: {p.epsilon} does not allow a single step at noise multiplier {sigma:.4g} "
+            f"and sample rate {q:.4g}; raise epsilon or the noise multiplier"
+        )
+    return event, steps, guard
+
+
+class DPGANTrainer:
+    """Trains a label-conditioned DCGAN with a DP-SGD discriminator. ``train()`` runs to the end."""
+
+    def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, parent_run_id: str | None = None,
+                 run_tags: dict[str, str] | None = None, log_generator: bool = True):
+        self.cfg = cfg
+        # MLflow: nest the run under a pipeline's parent run, add tags; the pipeline logs the
+        # generator only after the audit, from `dpsynth sample` (log_generator=False).
+        self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
+        self.out = Path(cfg.output.dir)
+        t = cfg.train
+        self.device = resolve_device(t.device)
+        self.num_classes = cfg.data.num_classes or dataset.num_classes
+        self.dataset_sha256 = dataset.content_sha256()
+        self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
+        images, labels = dataset.to_tensors()
+        self.images, self.labels = images.to(self.device), labels.to(self.device)
+        self.n = len(dataset)
+        _, channels, size, _ = self.images.shape
+        self.image_shape = (channels, size, size)
+
+        self.event, self.total_steps, self.guard = plan_privacy(cfg, self.n)
+        self._epsilon_cache = (0, 0.0)  # (trace steps, ε): PRV evaluations take seconds
+        self.trace = MechanismTrace()
+
+        torch.manual_seed(t.seed)
+        self.G = Generator(num_classes=self.num_classes, channels=channels, image_size=size,
+                           width=t.g_width, latent_dim=t.latent_dim).to(self.device)
+        self.D = Discriminator(num_classes=self.num_classes, channels=channels, image_size=size,
+                               width=t.d_width).to(self.device)
+        self.D_private = prepare_module(self.D, t.grad_sample_mode, loss_reduction="sum")
+        betas = (t.adam_beta1, t.adam_beta2)
+        self.opt_d = torch.optim.Adam(self.D.parameters(), lr=t.lr_d, betas=betas)
+        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=t.lr_g, betas=betas)
+        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)
+        self.sanitizer = GradientSanitizer(
+            list(self.D.parameters()), max_grad_norm=cfg.privacy.max_grad_norm,
+            noise_multiplier=self.event.noise_multiplier, expected_batch_size=2 * t.batch_size, generator=self.rng,
+        )
+        self.n_d = (AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta)
+                    if t.n_d == "adaptive" else FixedSteps(t.n_d))
+        self.step = 0  # discriminator steps taken
+        self.g_steps = 0
+        self.since_g = 0  # discriminator steps since the last generator step
+        self.last_fake_acc = float("nan")
+        self.last_g_loss = float("nan")
+
+    # --- one discriminator step (Algorithm 1, lines 4–8) -------------------------------
+    def discriminator_step(self) -> None:
+        B = self.cfg.train.batch_size
+        take = torch.rand(self.n, device=self.device, generator=self.rng) < self.event.sample_rate
+        real_x, real_y = self.images[take], self.labels[take]
+        with torch.no_grad():
+            fake_x, fake_y = self.G.sample(B, generator=self.rng)
+        x = torch.cat([real_x, fake_x])
+        y = torch.cat([real_y, fake_y])
+        is_real = torch.cat([torch.ones(len(real_x), device=self.device), torch.zeros(B, device=self.device)])
+        chunk = self.cfg.train.physical_batch_size or len(x)
+        for start in range(0, len(x), chunk):
+            xs, ys, rs = x[start:start + chunk], y[start:start + chunk], is_real[start:start + chunk]
+            logits = self.D_private(xs, ys)
+            # -log D(x) for real, -log(1 - D(x)) for fake; summed, so each example's grad is its own.
+            loss = F.softplus(torch.where(rs.bool(), -logits, logits)).sum()
+            loss.backward()
+            self.sanitizer.accumulate()
+        self.sanitizer.finalize()
+        self.opt_d.step()
+        self.opt_d.zero_grad(set_to_none=True)
+        self.trace.record(self.event)
+        self.step += 1
+        self.since_g += 1
+
+    # --- one generator step (Algorithm 1, lines 10–14) ---------------------------------
+    def generator_step(self) -> None:
+        B = self.cfg.train.batch_size
+        hooks = hasattr(self.D_private, "disable_hooks")  # "ew" mode has none: plain D calls skip it
+        if hooks:
+            self.D_private.disable_hooks()
+        self.D.requires_grad_(False)
+        try:
+            with torch.no_grad():  # D's accuracy on a fresh fake batch: post-processing, free
+                fx, fy = self.G.sample(B, generator=self.rng)
+                self.last_fake_acc = (self.D(fx, fy) < 0).float().mean().item()
+            self.n_d.observe(self.last_fake_acc)
+            fx, fy = self.G.sample(B, generator=self.rng)
+            loss = F.softplus(-self.D(fx, fy)).mean()  # non-saturating: -log D(G(z))
+            self.opt_g.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt_g.step()
+        finally:
+            self.D.requires_grad_(True)
+            if hooks:
+                self.D_private.enable_hooks()
+        self.last_g_loss = loss.item()
+        self.g_steps += 1
+        self.since_g = 0
+
+    # --- state --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "fingerprint": self.cfg.fingerprint(),
+            "step": self.step, "g_steps": self.g_steps, "since_g": self.since_g,
+            "noise_multiplier": self.event.noise_multiplier,
+            "G": self.G.state_dict(), "D": self.D.state_dict(),
+            "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
+            "rng": self.rng.get_state(), "torch_rng": torch.get_rng_state(),
+            "n_d": self.n_d.state_dict(), "trace": self.trace.to_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if not math.isclose(state["noise_multiplier"], self.event.noise_multiplier, rel_tol=1e-12):
+            raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
+        self.step, self.g_steps, self.since_g = state["step"], state["g_steps"], state["since_g"]
+        self.G.load_state_dict(state["G"])
+        self.D.load_state_dict(state["D"])
+        self.opt_g.load_state_dict(state["opt_g"])
+        self.opt_d.load_state_dict(state["opt_d"])
+        self.rng.set_state(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        self.n_d.load_state_dict(state["n_d"])
+        self.trace = MechanismTrace.from_dict(state["trace"])
+
+    def epsilon_spent(self) -> float:
+        if self._epsilon_cache[0] != self.trace.steps:
+            self._epsilon_cache = (self.trace.steps, self.guard.spent(self.trace) if self.trace.steps else 0.0)
+        return self._epsilon_cache[1]
+
+    # --- the loop -----------------------------------------------------------------------
+    def train(self, *, stop_after: int | None = None) -> TrainResult | None:
+        """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
+        cfg, o = self.cfg, self.cfg.output
+        started = time.monotonic()
+        ckpt_dir = self.out / "checkpoints"
+        if o.resume:
+            state = checkpoint.load_latest(ckpt_dir, fingerprint=cfg.fingerprint())
+            if state is not None:
+                self.load_state_dict(state)
+        self.out.mkdir(parents=True, exist_ok=True)
+        storage.write_text(self.out / "config.yaml", dump_config(cfg))
+
+        run_ctx = self._mlflow_run() if cfg.tracking.enabled else _null_run()
+        with run_ctx as run:
+            bar = tqdm(total=self.total_steps, initial=self.step, desc="DP discriminator steps",
+                       unit="step", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
+            while self.step < self.total_steps:
+                if stop_after is not None and self.step >= stop_after:
+                    bar.close()
+                    return None
+                if not self.guard.can_step(self.trace):  # belt and braces: total_steps already obeys it
+                    break
+                self.discriminator_step()
+                if self.since_g >= self.n_d.n_d:
+                    self.generator_step()
+                bar.update(1)
+                if o.log_every and self.step % o.log_every == 0:
+                    self._log_progress(bar, run)
+                if o.sample_every and self.step % o.sample_every == 0 and run is not None:
+                    tracking.log_png(class_grid(self.G, num_classes=self.num_classes), f"grids/step-{self.step:07d}.png")
+                if o.checkpoint_every and self.step % o.checkpoint_every == 0:
+                    checkpoint.save(ckpt_dir, self.state_dict())
+            bar.close()
+            return self._finish(run, started)
+
+    def _log_progress(self, bar, run) -> None:
+        cheap = self.cfg.privacy.accountant == "rdp" or self.step % (10 * self.cfg.output.log_every) == 0
+        eps = self.epsilon_spent() if cheap else self._epsilon_cache[1]
+        ema = self.n_d.ema
+        shown = ema if ema is not None else self.last_fake_acc
+        bar.set_postfix(eps=f"{eps:.3f}", n_d=self.n_d.n_d, d_acc=f"{shown:.2f}")
+        if run is not None:
+            import mlflow
+
+            metrics = {"epsilon": eps, "n_d": self.n_d.n_d, "generator_steps": self.g_steps}
+            if not math.isnan(self.last_fake_acc):
+                metrics["d_accuracy_fake"] = self.last_fake_acc
+                metrics["g_loss"] = self.last_g_loss
+            if ema is not None:
+                metrics["d_accuracy_fake_ema"] = ema
+            mlflow.log_metrics(metrics, step=self.step)
+
+    def _finish(self, run, started: float) -> TrainResult:
+        p = self.cfg.privacy
+        eps = self.epsilon_spent()
+        if eps > p.epsilon:  # cannot happen by construction; refuse to release if it ever does
+            raise PrivacyError(f"privacy.epsilon: spent {eps} exceeds the target {p.epsilon}")
+        generator_path = self.out / "generator.pt"
+        trace_path = self.out / "trace.json"
+        grid_path = self.out / "samples.png"
+        buf = _torch_bytes({
+            "format": "dpsynth.generator/1", "state_dict": self.G.state_dict(),
+            "model": {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
+                      "channels": self.image_shape[0], "image_size": self.image_shape[1],
+                      "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
+            "privacy": {"epsilon": eps, "delta": p.delta, "accountant": p.accountant},
+        })
+        storage.write_bytes(generator_path, buf)
+        storage.write_text(trace_path, self.trace.to_json())
+        grid = class_grid(self.G, num_classes=self.num_classes)
+        with storage.atomic_write(grid_path) as fh:
+            grid.save(fh, format="PNG")
+        stopped_by = "steps" if self.total_steps == self.cfg.train.steps else "budget"
+        result = TrainResult(
+            epsilon=eps, delta=p.delta, accountant=p.accountant, steps=self.step, generator_steps=self.g_steps,
+            noise_multiplier=self.event.noise_multiplier, sample_rate=self.event.sample_rate, stopped_by=stopped_by,
+            output_dir=str(self.out), generator_path=str(generator_path), trace_path=str(trace_path),
+            grid_path=str(grid_path), mlflow_run_id=run.info.run_id if run is not None else None,
+            seconds=time.monotonic() - started,
+        )
+        if run is not None:
+            import mlflow
+
+            tracking.log_privacy(epsilon=eps, delta=p.delta, accountant=p.accountant, step=self.step)
+            mlflow.log_metrics({"noise_multiplier": self.event.noise_multiplier,
+                                "sample_rate": self.event.sample_rate, "generator_steps": self.g_steps})
+            tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
+            tracking.log_png(grid, "grids/final.png")
+            if self.log_generator:
+                tracking.log_generator(self.G)
+        storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
+        return result
+
+    def _mlflow_run(self):
+        tr = self.cfg.tracking
+        uri = tr.uri or tracking.default_tracking_uri(self.out)
+        return _logged_run(self, uri, tr.experiment or tracking.experiment_name(self.dataset_name))
+
+
+class _null_run:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _logged_run:
+    """Open the MLflow run and log what is known before the first step."""
+
+    def __init__(self, trainer: DPGANTrainer, uri: str, experiment: str):
+        self.trainer, self.uri, self.experiment = trainer, uri, experiment
+        self._ctx = None
+
+    def __enter__(self):
+        import mlflow
+
+        tr = self.trainer
+        self._ctx = tracking.start_run(tracking_uri=self.uri, experiment=self.experiment, stage="train",
+                                       run_name=f"train-{tr.cfg.train.method}", parent_run_id=tr.parent_run_id,
+                                       tags={tracking.TAG_METHOD: tr.cfg.train.method, **tr.run_tags})
+        run = self._ctx.__enter__()
+        mlflow.log_params(_flatten(tr.cfg.to_dict()))
+        mlflow.log_params({"derived.sample_rate": tr.event.sample_rate,
+                           "derived.noise_multiplier": tr.event.noise_multiplier,
+                           "derived.total_steps": tr.total_steps, "derived.records": tr.n,
+                           "derived.d_parameters": count_parameters(tr.D),
+                           "derived.g_parameters": count_parameters(tr.G)})
+        mlflow.log_text(dump_config(tr.cfg), "config.yaml")
+        tracking.log_dataset_input(uri=str(tr.cfg.data.uri), sha256=tr.dataset_sha256, name=tr.dataset_name)
+        return run
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _torch_bytes(obj) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()

@@ -1,0 +1,100 @@
+"""The DP-SGD gradient sanitizer: per-example clipping, summed, plus Gaussian noise.
+
+Per-example gradients come from Opacus (``GradSampleModule``: hooks, or expanded weights);
+this module turns them into one privatized gradient:
+
+    g = (Σ_i clip(∇ℓ_i, C) + N(0, σ²C² I)) / expected_batch_size
+
+Parameters may be split into groups with their own bounds c_j (dp-GAN's parameter
+grouping); each group of each example is clipped to c_j and gets noise σ·c_j. With one
+group this is plain DP-SGD. The k groups of one step form a single Gaussian release with
+multiplier σ/√k (``dpsynth.privacy.events.fold_releases``), and the caller records it so.
+
+Physical batches larger than memory allows are handled by calling ``accumulate`` after
+each chunk's backward pass and ``finalize`` once per logical step: the step semantics
+(one clip per example, one noise draw, division by the *expected* batch size) are exact.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+
+class GradientSanitizer:
+    """Clip, sum and noise the per-example gradients held in ``p.grad_sample``."""
+
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter] | Sequence[Sequence[nn.Parameter]],
+        *,
+        max_grad_norm: float | Sequence[float],
+        noise_multiplier: float,
+        expected_batch_size: float,
+        generator: torch.Generator | None = None,
+    ):
+        params = list(params)
+        groups = [list(g) for g in params] if params and not isinstance(params[0], nn.Parameter) else [params]
+        bounds = [float(max_grad_norm)] * len(groups) if isinstance(max_grad_norm, (int, float)) else [float(c) for c in max_grad_norm]
+        if len(bounds) != len(groups):
+            raise ValueError(f"max_grad_norm: {len(bounds)} bounds for {len(groups)} parameter groups")
+        if any(c <= 0 for c in bounds):
+            raise ValueError("max_grad_norm: every bound must be > 0")
+        if noise_multiplier < 0:
+            raise ValueError("noise_multiplier: must be >= 0")
+        if expected_batch_size <= 0:
+            raise ValueError("expected_batch_size: must be > 0")
+        self.groups = groups
+        self.bounds = bounds
+        self.noise_multiplier = float(noise_multiplier)
+        self.expected_batch_size = float(expected_batch_size)
+        self.generator = generator
+        self._sums: list[list[torch.Tensor]] | None = None
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    def set_bounds(self, bounds: Sequence[float]) -> None:
+        """Replace the per-group clipping bounds (adaptive clipping from public data)."""
+        if len(bounds) != self.num_groups or any(c <= 0 for c in bounds):
+            raise ValueError("max_grad_norm: need one positive bound per group")
+        self.bounds = [float(c) for c in bounds]
+
+    @torch.no_grad()
+    def accumulate(self) -> None:
+        """Clip each example's gradient (per group) and add it to the running sums; clear grad_sample."""
+        if self._sums is None:
+            self._sums = [[torch.zeros_like(p) for p in group] for group in self.groups]
+        for group, bound, sums in zip(self.groups, self.bounds, self._sums):
+            samples = [p.grad_sample for p in group]
+            if any(s is None for s in samples):
+                raise RuntimeError("a parameter has no grad_sample: run backward through the GradSampleModule first")
+            # vector_norm reads the per-example gradients in place; pow(2).sum() would copy them all
+            norms = torch.stack([torch.linalg.vector_norm(s.reshape(s.shape[0], -1), dim=1) for s in samples])
+            factors = (bound / (torch.linalg.vector_norm(norms, dim=0) + 1e-6)).clamp(max=1.0)
+            for s, acc in zip(samples, sums):
+                acc.add_(torch.einsum("i,i...->...", factors, s))
+        for group in self.groups:
+            for p in group:
+                p.grad_sample = None
+                p.grad = None
+
+    @torch.no_grad()
+    def finalize(self) -> None:
+        """Add the noise and write the privatized mean gradient to ``p.grad``; reset the sums."""
+        if self._sums is None:  # an empty logical batch still gets its noise
+            self._sums = [[torch.zeros_like(p) for p in group] for group in self.groups]
+        for group, bound, sums in zip(self.groups, self.bounds, self._sums):
+            std = self.noise_multiplier * bound
+            for p, acc in zip(group, sums):
+                noise = torch.normal(0.0, std, size=p.shape, device=p.device, generator=self.generator) if std > 0 else 0.0
+                p.grad = (acc + noise) / self.expected_batch_size
+        self._sums = None
+
+    def effective_noise_multiplier(self) -> float:
+        """The multiplier of the single folded release that one step of this sanitizer is."""
+        return self.noise_multiplier / math.sqrt(self.num_groups)

@@ -1,0 +1,223 @@
+"""What every stage shares: where a run's files live, its MLflow child run, and the stage protocol.
+
+A stage ``run(ctx)`` (1) reads its upstream manifests and checks the files it uses against
+them, (2) returns the existing manifest untouched — "skipped" — when it already ran with the
+same config fingerprint and the same inputs and its outputs are intact (``--force`` runs it
+again; a private stage run again spends its ε again), (3) otherwise writes its outputs
+atomically, one file at a time, and then its manifest, last, inside one MLflow child run.
+Downstream stages read only what a manifest lists, so a stage that dies halfway leaves
+nothing anyone will use.
+
+Layout under the run directory (local path or ``s3://``)::
+
+    sensitive/partition/   shard-*.parquet, heldout.parquet, manifest.json
+    sensitive/warmstart/   manifest.json (and per-shard warm-start models, for methods that have them)
+    sensitive/train/       generator.pt, trace.json, result.json, samples.png, config.yaml, checkpoints/
+    sensitive/audit/       audit.json, audit.md, manifest.json
+    release/sample/        generator.pt, synthetic.parquet, samples.png, audit.json, audit.md, manifest.json
+    release/evaluate/      report.json, manifest.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from dpsynth import storage, tracking
+from dpsynth.config import RunConfig, dump_config
+from dpsynth.data import ImageDataset
+from dpsynth.errors import ConfigError, StageError
+from dpsynth.stages import manifest
+
+STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
+ZONE = {"partition": "sensitive", "warmstart": "sensitive", "train": "sensitive", "audit": "sensitive",
+        "sample": "release", "evaluate": "release"}
+TAG_STATUS = "dpsynth.stage_status"  # succeeded | failed | skipped
+TAG_REUSED_RUN = "dpsynth.reused_run_id"  # a skipped stage: the run that made the outputs it reuses
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a stage did: ``status`` is "succeeded", "skipped" (outputs reused) or "failed"."""
+
+    stage: str
+    status: str
+    manifest: dict | None
+    manifest_uri: str
+    mlflow_run_id: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """One pipeline run as a stage sees it: config, run directory, MLflow parent run."""
+
+    cfg: RunConfig
+    run_dir: str
+    parent_run_id: str | None = None
+    pipeline_run_id: str | None = None
+    force: bool = False
+
+    @classmethod
+    def create(cls, cfg: RunConfig, *, run_dir: str | None = None, parent_run_id: str | None = None,
+               pipeline_run_id: str | None = None, force: bool = False) -> StageContext:
+        run_dir = run_dir or cfg.pipeline.run_dir
+        if not run_dir:
+            raise ConfigError("pipeline.run_dir: required by the pipeline stages; set it or pass --run-dir")
+        run_dir = str(run_dir).rstrip("/")
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, run_dir=run_dir))
+        return cls(cfg=cfg, run_dir=run_dir, parent_run_id=parent_run_id, pipeline_run_id=pipeline_run_id, force=force)
+
+    @property
+    def zones(self) -> storage.Zones:
+        return storage.Zones.from_root(self.run_dir)
+
+    def stage_dir(self, stage: str) -> str:
+        return storage.join(getattr(self.zones, ZONE[stage]), stage)
+
+    def uri(self, stage: str, name: str) -> str:
+        return storage.join(self.stage_dir(stage), name)
+
+    def manifest_uri(self, stage: str) -> str:
+        return self.uri(stage, manifest.NAME)
+
+    @property
+    def tracking_uri(self) -> str:
+        """tracking.uri, else $MLFLOW_TRACKING_URI, else SQLite beside a local run directory."""
+        if self.cfg.tracking.uri:
+            return self.cfg.tracking.uri
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return os.environ["MLFLOW_TRACKING_URI"]
+        if storage.is_remote(self.run_dir):
+            raise ConfigError("tracking.uri: required (or MLFLOW_TRACKING_URI) when pipeline.run_dir is remote")
+        return tracking.default_tracking_uri(storage.local_path(self.run_dir))
+
+    @property
+    def experiment(self) -> str:
+        return self.cfg.tracking.experiment or tracking.experiment_name(dataset_name(self.cfg.data.uri))
+
+    def entry(self, uri: str, *, role: str, **kwargs) -> dict:
+        return manifest.entry(uri, role=role, zones=self.zones, **kwargs)
+
+    def run_tags(self) -> dict[str, str]:
+        return {tracking.TAG_PIPELINE_RUN_ID: self.pipeline_run_id or "", tracking.TAG_METHOD: self.cfg.train.method,
+                tracking.TAG_DELTA: f"{self.cfg.privacy.delta:.3g}"}
+
+
+def dataset_name(uri: str) -> str:
+    return Path(str(uri).rstrip("/")).stem or "dataset"
+
+
+def redacted(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the partition key replaced by a digest: what stages log and write."""
+    digest = hashlib.sha256(cfg.partition.key.encode()).hexdigest()[:16]
+    return dataclasses.replace(cfg, partition=dataclasses.replace(cfg.partition, key=f"redacted:sha256:{digest}"))
+
+
+def fingerprint(cfg: RunConfig, sections: tuple[str, ...]) -> str:
+    """sha256 of the config sections a stage's outputs depend on (partition key redacted)."""
+    d = redacted(cfg).to_dict()
+    return hashlib.sha256(json.dumps({s: d[s] for s in sections}, sort_keys=True).encode()).hexdigest()
+
+
+def upstream(ctx: StageContext, stage: str, *, role: str = "manifest") -> tuple[dict, dict]:
+    """The manifest of ``stage`` (which must have succeeded) and an input entry for it."""
+    uri = ctx.manifest_uri(stage)
+    m = manifest.read(uri)
+    if m.get("status") != "succeeded":
+        raise StageError(f"stage {stage}: its manifest {uri} records status {m.get('status')!r}; run it successfully first")
+    return m, ctx.entry(uri, role=f"{stage}_{role}")
+
+
+def concat(parts: list[ImageDataset]) -> ImageDataset:
+    """The records of ``parts`` in order, as one dataset."""
+    first = parts[0]
+    splits = None
+    if any(p.splits is not None for p in parts):
+        splits = [s for p in parts for s in (p.splits or [None] * len(p))]
+    return dataclasses.replace(
+        first, record_ids=[r for p in parts for r in p.record_ids], labels=np.concatenate([p.labels for p in parts]),
+        images=np.concatenate([p.images for p in parts]), splits=splits,
+    )
+
+
+# --- MLflow --------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def child_run(ctx: StageContext, stage: str, *, run_id: str | None = None) -> Iterator[object | None]:
+    """The stage's MLflow run, None when tracking is off: a new child of the pipeline's parent
+    run, or (``run_id``) the run a trainer already opened, reopened to add the manifest."""
+    if not ctx.cfg.tracking.enabled:
+        yield None
+        return
+    import mlflow
+
+    if run_id is not None:
+        mlflow.set_tracking_uri(ctx.tracking_uri)
+        with mlflow.start_run(run_id=run_id) as run:
+            yield run
+        return
+    with tracking.start_run(tracking_uri=ctx.tracking_uri, experiment=ctx.experiment, stage=stage,
+                            run_name=stage, parent_run_id=ctx.parent_run_id, tags=ctx.run_tags()) as run:
+        mlflow.log_text(dump_config(redacted(ctx.cfg)), "config.yaml")
+        yield run
+
+
+def _log_manifest(m: dict, *, epsilon: float, status: str) -> None:
+    import mlflow
+
+    for item in m["inputs"]:
+        if "rows" in item:  # datasets: lineage by URI and sha256
+            tracking.log_dataset_input(uri=item["uri"], sha256=item["sha256"], name=item["role"], context=m["stage"])
+    mlflow.log_metric("epsilon_spent", epsilon)
+    mlflow.set_tags({
+        tracking.TAG_DATASET_SHA256: m["dataset_sha256"],  # the source dataset version, on every stage
+        tracking.TAG_EPSILON_SPENT: f"{epsilon:.6g}",
+        tracking.TAG_DELTA: f"{m['privacy']['delta']:.3g}",
+        tracking.TAG_ACCOUNTANT: m["privacy"]["accountant"],
+        TAG_STATUS: status,
+    })
+    tracking.log_json(m, "manifest.json")
+
+
+def finish(ctx: StageContext, stage: str, run, *, status: str = "succeeded", **fields) -> Outcome:
+    """Write the stage's manifest (its commit record) and log it, its inputs and its ε to ``run``."""
+    run_id = run.info.run_id if run is not None else None
+    m = manifest.build(stage=stage, status=status, pipeline_run_id=ctx.pipeline_run_id,
+                       parent_run_id=ctx.parent_run_id, mlflow_run_id=run_id, **fields)
+    for item in m["outputs"]:
+        if item.get("zone") != ZONE[stage]:
+            raise StageError(f"stage {stage}: output {item['uri']} is outside the {ZONE[stage]} zone")
+    uri = ctx.manifest_uri(stage)
+    manifest.write(uri, m)
+    if run is not None:
+        _log_manifest(m, epsilon=m["privacy"]["epsilon"], status=status)
+    return Outcome(stage=stage, status=status, manifest=m, manifest_uri=uri, mlflow_run_id=run_id)
+
+
+def reuse(ctx: StageContext, stage: str, *, fingerprint: str, inputs: list[dict]) -> Outcome | None:
+    """The stage's existing outcome, as "skipped", when its manifest matches (see the module
+    docstring); its MLflow child run records the reuse and spends no ε."""
+    uri = ctx.manifest_uri(stage)
+    if ctx.force or not storage.exists(uri):
+        return None
+    old = manifest.read(uri)
+    if not manifest.matches(old, fingerprint=fingerprint, inputs=inputs):
+        return None
+    with child_run(ctx, stage) as run:
+        if run is not None:
+            import mlflow
+
+            mlflow.set_tag(TAG_REUSED_RUN, old.get("mlflow_run_id") or "")
+            _log_manifest(old, epsilon=0.0, status="skipped")
+    return Outcome(stage=stage, status="skipped", manifest=old, manifest_uri=uri,
+                   mlflow_run_id=run.info.run_id if run is not None else None)

@@ -1,0 +1,109 @@
+"""``dpsynth sample``: release the audited generator, a synthetic dataset and a sample grid.
+
+The only stage that writes the generator into the release zone, and only after reading a
+passed audit whose generator sha256 is the generator's: otherwise it exits non-zero having
+written nothing. Labels are balanced over the classes (record i has label i mod K): the real
+label distribution would be a statistic of the sensitive data. Everything is computed before
+the first write. ε consumed: 0 (post-processing of the generator).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import torch
+
+from dpsynth import storage, tracking
+from dpsynth.data import ImageDataset, write_parquet
+from dpsynth.errors import StageError
+from dpsynth.grids import class_grid
+from dpsynth.models.dcgan import Generator
+from dpsynth.stages import common, manifest
+
+STAGE = "sample"
+SECTIONS = ("sample",)
+GENERATOR_FORMAT = "dpsynth.generator/1"
+
+
+def load_generator(uri: str) -> tuple[Generator, dict]:
+    """The generator a trainer saved (``dpsynth.generator/1``) and its privacy record."""
+    state = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != GENERATOR_FORMAT:
+        raise StageError(f"{uri}: not a dpsynth generator (expected format {GENERATOR_FORMAT!r})")
+    model = {k: v for k, v in state["model"].items() if k != "class"}
+    generator = Generator(**model)
+    generator.load_state_dict(state["state_dict"])
+    return generator.eval(), state["privacy"]
+
+
+@torch.no_grad()
+def synthesize(generator: Generator, *, num_samples: int, seed: int, chunk: int = 1000) -> ImageDataset:
+    rng = torch.Generator().manual_seed(seed)
+    labels = torch.arange(num_samples) % generator.num_classes
+    images = []
+    for start in range(0, num_samples, chunk):
+        x, _ = generator.sample(len(labels[start:start + chunk]), labels=labels[start:start + chunk], generator=rng)
+        images.append(((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy())
+    return ImageDataset(
+        record_ids=[f"synthetic:{i:07d}" for i in range(num_samples)], labels=labels.numpy().astype(np.int64),
+        images=np.concatenate(images), splits=None, num_classes=generator.num_classes,
+        source=f"dpsynth sample: {num_samples} records from an audited generator, seed {seed}",
+    )
+
+
+def _passed_audit(ctx: common.StageContext) -> tuple[dict, dict, list[dict]]:
+    """The audit manifest and report, which must record a pass; StageError otherwise."""
+    uri = ctx.manifest_uri("audit")
+    if not storage.exists(uri):
+        raise StageError(f"stage audit: no audit at {uri}; nothing is released without a passed audit")
+    audit = manifest.read(uri)
+    report_item = manifest.verify(manifest.output(audit, "report"))
+    report = json.loads(storage.read_bytes(report_item["uri"]))
+    if audit["status"] != "succeeded" or report.get("decision") != "passed":
+        raise StageError(f"stage audit: the audit {report_item['uri']} did not pass; nothing is released")
+    return audit, report, [ctx.entry(uri, role="audit_manifest"), report_item,
+                           manifest.verify(manifest.output(audit, "report_markdown"))]
+
+
+def run(ctx: common.StageContext) -> common.Outcome:
+    cfg = ctx.cfg
+    audit, report, audit_inputs = _passed_audit(ctx)
+    generator_item = ctx.entry(report["generator"]["uri"], role="generator")
+    if generator_item["sha256"] != report["generator"]["sha256"]:
+        raise StageError(f"{generator_item['uri']}: sha256 {generator_item['sha256']} is not the audited "
+                         f"generator's {report['generator']['sha256']}; run the audit again")
+    inputs = [*audit_inputs, generator_item]
+    fp = common.fingerprint(cfg, SECTIONS)
+    if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
+        return reused
+    generator, claimed = load_generator(generator_item["uri"])
+    synthetic = synthesize(generator, num_samples=cfg.sample.num_samples, seed=cfg.sample.seed)
+    grid = class_grid(generator, num_classes=generator.num_classes, per_class=cfg.sample.per_class, seed=cfg.sample.seed)
+    with common.child_run(ctx, STAGE) as run:
+        storage.copy(generator_item["uri"], ctx.uri(STAGE, "generator.pt"))
+        for item, name in zip(audit_inputs[1:], ("audit.json", "audit.md")):
+            storage.copy(item["uri"], ctx.uri(STAGE, name))
+        write_parquet(synthetic, ctx.uri(STAGE, "synthetic.parquet"))
+        with storage.atomic_write(ctx.uri(STAGE, "samples.png")) as fh:
+            grid.save(fh, format="PNG")
+        outputs = [ctx.entry(ctx.uri(STAGE, "generator.pt"), role="generator"),
+                   ctx.entry(ctx.uri(STAGE, "synthetic.parquet"), role="synthetic", rows=len(synthetic)),
+                   ctx.entry(ctx.uri(STAGE, "samples.png"), role="grid"),
+                   ctx.entry(ctx.uri(STAGE, "audit.json"), role="audit_report"),
+                   ctx.entry(ctx.uri(STAGE, "audit.md"), role="audit_report_markdown")]
+        release = {"epsilon": report["epsilon_upper_bound"], "delta": report["target"]["delta"], "audit": "passed"}
+        if run is not None:
+            import mlflow
+
+            mlflow.set_tag(tracking.TAG_AUDIT, "passed")
+            mlflow.log_metric("release_epsilon", release["epsilon"])
+            tracking.log_png(grid, "grids/samples.png")
+            tracking.log_generator(generator)  # the audited generator, as an MLflow model
+        return common.finish(
+            ctx, STAGE, run, fingerprint=fp, dataset_sha256=audit["dataset_sha256"], inputs=inputs, outputs=outputs,
+            details={"num_samples": len(synthetic), "num_classes": synthetic.num_classes, "release": release,
+                     "trainer_claim": claimed},
+            privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="post-processing of the audited generator"),
+        )

@@ -1,0 +1,75 @@
+"""``dpsynth train --run-dir URI``: the private training of the chosen method, on the training shards.
+
+Reads the shards the partition manifest lists (never the held-out records), trains with the
+method's trainer, and writes the generator, the mechanism trace, the result and a sample grid
+to ``sensitive/train/``: the generator is releasable only after ``audit``. ε consumed: what
+the trainer's accountant reports for the trace (the audit recomputes it independently).
+
+The trainer works in a local directory: ``sensitive/train`` itself when the run directory is
+local (so an interrupted run resumes from ``checkpoints/``), else a temporary directory whose
+outputs are then uploaded (no resume across machines for remote run directories yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from typing import Callable
+
+from dpsynth import storage
+from dpsynth.data import read_parquet
+from dpsynth.stages import common, manifest
+
+STAGE = "train"
+SECTIONS = ("data", "partition", "privacy", "train")
+OUTPUTS = {"generator": "generator.pt", "trace": "trace.json", "result": "result.json",
+           "grid": "samples.png", "config": "config.yaml"}
+
+
+def _train_dpgan(ctx: common.StageContext, cfg, dataset) -> dict:
+    from dpsynth.methods.dpgan import DPGANTrainer
+
+    trainer = DPGANTrainer(cfg, dataset, parent_run_id=ctx.parent_run_id, run_tags=ctx.run_tags(), log_generator=False)
+    return dataclasses.asdict(trainer.train())
+
+
+# method -> fn(ctx, cfg, dataset) -> a dict with at least epsilon, delta, accountant, mlflow_run_id; the
+# function writes OUTPUTS into cfg.output.dir.
+TRAINERS: dict[str, Callable] = {"dpgan": _train_dpgan}
+
+
+def run(ctx: common.StageContext) -> common.Outcome:
+    cfg = ctx.cfg
+    partition, partition_entry = common.upstream(ctx, "partition")
+    _, warmstart_entry = common.upstream(ctx, "warmstart")
+    shards = [manifest.verify(s) for s in manifest.outputs(partition, "shard")]
+    inputs = [partition_entry, warmstart_entry, *shards]
+    fp = common.fingerprint(cfg, SECTIONS)
+    if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
+        return reused
+    dataset = common.concat([read_parquet(s["uri"]) for s in shards])
+    remote = storage.is_remote(ctx.run_dir)
+    with tempfile.TemporaryDirectory(prefix="dpsynth-train-") as scratch:
+        workdir = scratch if remote else str(storage.local_path(ctx.stage_dir(STAGE)))
+        tcfg = dataclasses.replace(
+            common.redacted(cfg),
+            data=dataclasses.replace(cfg.data, uri=shards[0]["uri"] if len(shards) == 1 else ctx.stage_dir("partition")),
+            output=dataclasses.replace(cfg.output, dir=workdir),
+            tracking=dataclasses.replace(cfg.tracking, uri=ctx.tracking_uri if cfg.tracking.enabled else None,
+                                         experiment=ctx.experiment),
+        )
+        result = TRAINERS[cfg.train.method](ctx, tcfg, dataset)
+        if remote:
+            for name in OUTPUTS.values():
+                storage.copy(storage.join(workdir, name), ctx.uri(STAGE, name))
+    outputs = [ctx.entry(ctx.uri(STAGE, name), role=role) for role, name in OUTPUTS.items()]
+    trace = json.loads(storage.read_bytes(ctx.uri(STAGE, OUTPUTS["trace"])))
+    privacy = {"epsilon": result["epsilon"], "delta": result["delta"], "accountant": result["accountant"],
+               "events": trace["events"], "note": "as reported by the trainer; the audit recomputes it from the trace"}
+    details = {"method": cfg.train.method, "training_records": len(dataset),
+               **{k: result[k] for k in ("steps", "generator_steps", "noise_multiplier", "sample_rate", "stopped_by")
+                  if k in result}}
+    with common.child_run(ctx, STAGE, run_id=result.get("mlflow_run_id")) as run:
+        return common.finish(ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"],
+                             inputs=inputs, outputs=outputs, privacy=privacy, details=details)

@@ -1,0 +1,142 @@
+"""MLflow conventions in one place: where runs go, how they are named and tagged, what is logged.
+
+One experiment per dataset; a parent run per pipeline run; a child run per stage.
+Tags (``dpsynth.*``) are what the auditor's views and the ledger read, so every stage sets
+them through this module. Nothing data-dependent per step is ever logged here (no actual
+Poisson batch sizes, shard indices, per-example norms or losses on private data): callers
+pass only post-processed quantities.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+TAG_STAGE = "dpsynth.stage"
+TAG_DATASET_SHA256 = "dpsynth.dataset_sha256"
+TAG_EPSILON_SPENT = "dpsynth.epsilon_spent"
+TAG_DELTA = "dpsynth.delta"
+TAG_ACCOUNTANT = "dpsynth.accountant"
+TAG_AUDIT = "dpsynth.audit"
+TAG_PIPELINE_RUN_ID = "dpsynth.pipeline_run_id"
+TAG_CODE_VERSION = "dpsynth.code_version"
+TAG_METHOD = "dpsynth.method"
+
+
+def default_tracking_uri(output_dir: str | os.PathLike) -> str:
+    """$MLFLOW_TRACKING_URI, else a SQLite store beside the run's output folder."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    db = Path(output_dir).resolve().parent / "mlflow.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{db}"
+
+
+def code_version() -> str:
+    from dpsynth import __version__
+
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{__version__}+{sha}" if sha else __version__
+
+
+def experiment_name(dataset_name: str) -> str:
+    return f"dpsynth/{dataset_name}"
+
+
+def _ensure_experiment(mlflow, name: str, tracking_uri: str) -> str:
+    exp = mlflow.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if tracking_uri.startswith("sqlite:///"):
+        location = (Path(tracking_uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    return mlflow.create_experiment(name, artifact_location=location)
+
+
+@contextlib.contextmanager
+def start_run(
+    *,
+    tracking_uri: str,
+    experiment: str,
+    stage: str,
+    run_name: str | None = None,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> Iterator[object]:
+    """Start (or nest under ``parent_run_id``) an MLflow run tagged with the stage and code version."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    experiment_id = _ensure_experiment(mlflow, experiment, tracking_uri)
+    all_tags = {TAG_STAGE: stage, TAG_CODE_VERSION: code_version(), **(tags or {})}
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name or stage, tags=all_tags) as run:
+        yield run
+
+
+def log_dataset_input(*, uri: str, sha256: str, name: str, context: str = "training") -> None:
+    """Record the dataset a run read, by URI and content hash (lineage for auditors)."""
+    import mlflow
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.data.http_dataset_source import HTTPDatasetSource
+
+    source = HTTPDatasetSource(url=uri if "://" in uri else Path(uri).resolve().as_uri())
+    mlflow.log_input(MetaDataset(source=source, name=name, digest=sha256[:32]), context=context)
+    mlflow.set_tag(TAG_DATASET_SHA256, sha256)
+
+
+def log_privacy(*, epsilon: float, delta: float, accountant: str, step: int | None = None) -> None:
+    import mlflow
+
+    mlflow.log_metric("epsilon", epsilon, step=step)
+    mlflow.set_tags({TAG_EPSILON_SPENT: f"{epsilon:.6g}", TAG_DELTA: f"{delta:.3g}", TAG_ACCOUNTANT: accountant})
+
+
+def log_json(obj: dict, artifact_file: str) -> None:
+    import mlflow
+
+    mlflow.log_text(json.dumps(obj, indent=2, sort_keys=True), artifact_file)
+
+
+def log_png(image, artifact_file: str) -> None:
+    """Log a PIL image as a PNG artifact."""
+    import mlflow
+
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    with _temp_file(buf.getvalue(), Path(artifact_file).name) as path:
+        mlflow.log_artifact(str(path), artifact_path=str(Path(artifact_file).parent) if "/" in artifact_file else None)
+
+
+def log_generator(generator, *, name: str = "generator") -> None:
+    """Log the generator as an MLflow PyTorch model (explicit requirements: no slow inference)."""
+    import mlflow
+    import torch
+
+    mlflow.pytorch.log_model(
+        generator, name=name, serialization_format="pickle",
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+    )
+
+
+@contextlib.contextmanager
+def _temp_file(data: bytes, filename: str) -> Iterator[Path]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / filename
+        path.write_bytes(data)
+        yield path

@@ -1,0 +1,155 @@
+"""The DPGAN trainer: exact step semantics, budget stop, resume, and what it logs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from opacus.accountants import RDPAccountant
+
+from dpsynth.config import load_config
+from dpsynth.data import import_source
+from dpsynth.methods.dpgan import DPGANTrainer
+
+MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
+
+
+@pytest.fixture(scope="module")
+def small_mnist():
+    ds = import_source(str(MNIST))
+    return ds.subset(np.arange(600))
+
+
+def tiny(tmp_path, *extra):
+    return load_config(overrides=[
+        f"output.dir={tmp_path}", "tracking.enabled=false", "train.d_width=4", "train.g_width=4",
+        "train.latent_dim=8", "train.batch_size=32", "train.steps=12", "train.n_d=2",
+        "output.checkpoint_every=4", "output.sample_every=0", "output.log_every=0", "privacy.epsilon=50",
+        "privacy.delta=1e-4", *extra,
+    ])
+
+
+def test_step_semantics_and_trace(tmp_path, small_mnist):
+    cfg = tiny(tmp_path)
+    trainer = DPGANTrainer(cfg, small_mnist)
+    assert trainer.sanitizer.expected_batch_size == 2 * 32  # mean over 2B, expected not actual
+    result = trainer.train()
+    assert result.steps == 12 and result.generator_steps == 6 and result.stopped_by == "steps"
+    trace = json.loads(Path(result.trace_path).read_text())
+    assert len(trace["events"]) == 1
+    ev = trace["events"][0]
+    assert ev["count"] == 12 and ev["sampling"] == "poisson" and ev["sensitivity"] == "add_remove"
+    assert ev["sample_rate"] == pytest.approx(32 / 600)
+    # ε as reported equals an independent RDP account of the same mechanism (Opacus' accountant)
+    ref = RDPAccountant()
+    ref.history = [(ev["noise_multiplier"], 32 / 600, 12)]
+    assert result.epsilon == pytest.approx(ref.get_epsilon(1e-4), rel=1e-6)
+    assert result.epsilon <= 50
+
+
+def test_noise_is_calibrated_to_spend_the_budget(tmp_path, small_mnist):
+    cfg = tiny(tmp_path, "privacy.epsilon=8")
+    t = DPGANTrainer(cfg, small_mnist)
+    ref = RDPAccountant()
+    ref.history = [(t.event.noise_multiplier, 32 / 600, 12)]
+    assert ref.get_epsilon(1e-4) <= 8
+    ref.history = [(t.event.noise_multiplier * 0.98, 32 / 600, 12)]
+    assert ref.get_epsilon(1e-4) > 8  # not wastefully large
+
+
+def test_stops_before_the_step_that_would_exceed(tmp_path, small_mnist):
+    cfg = tiny(tmp_path, "privacy.noise_multiplier=0.8", "privacy.epsilon=6", "train.steps=100000")
+    t = DPGANTrainer(cfg, small_mnist)
+    T = t.total_steps
+    ref = RDPAccountant()
+    ref.history = [(0.8, 32 / 600, T)]
+    assert ref.get_epsilon(1e-4) <= 6
+    ref.history = [(0.8, 32 / 600, T + 1)]
+    assert ref.get_epsilon(1e-4) > 6
+
+
+def test_physical_batch_cap_keeps_the_step(tmp_path, small_mnist):
+    a = DPGANTrainer(tiny(tmp_path / "a", "train.steps=3"), small_mnist)
+    b = DPGANTrainer(tiny(tmp_path / "b", "train.steps=3", "train.physical_batch_size=7"), small_mnist)
+    for t in (a, b):
+        for _ in range(3):
+            t.discriminator_step()
+    for pa, pb in zip(a.D.parameters(), b.D.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-6)
+
+
+def test_resume_equals_uninterrupted(tmp_path, small_mnist):
+    full = DPGANTrainer(tiny(tmp_path / "full"), small_mnist).train()
+    cfg = tiny(tmp_path / "split")
+    assert DPGANTrainer(cfg, small_mnist).train(stop_after=8) is None
+    resumed_trainer = DPGANTrainer(cfg, small_mnist)
+    resumed = resumed_trainer.train()
+    assert json.loads(Path(resumed.trace_path).read_text()) == json.loads(Path(full.trace_path).read_text())
+    assert resumed.epsilon == full.epsilon and resumed.generator_steps == full.generator_steps
+    g_full = torch.load(full.generator_path, weights_only=False)["state_dict"]
+    g_res = torch.load(resumed.generator_path, weights_only=False)["state_dict"]
+    for k in g_full:
+        torch.testing.assert_close(g_full[k], g_res[k])
+
+
+def test_resume_refuses_other_settings(tmp_path, small_mnist):
+    DPGANTrainer(tiny(tmp_path), small_mnist).train(stop_after=4)
+    from dpsynth.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="output.dir"):
+        DPGANTrainer(tiny(tmp_path, "train.seed=7"), small_mnist).train()
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(tmp_path, small_mnist):
+    from dpsynth.data import write_parquet
+
+    data = tmp_path / "d.parquet"
+    write_parquet(small_mnist, str(data))
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "dpsynth.cli", "train", "--set", f"data.uri={data}", "--set", f"output.dir={out}",
+            "--set", "tracking.enabled=false", "--set", "train.steps=400", "--set", "train.d_width=4",
+            "--set", "train.g_width=4", "--set", "train.batch_size=32", "--set", "output.checkpoint_every=20",
+            "--set", "privacy.delta=1e-4"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = out / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert ckpt.exists(), "no checkpoint appeared"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "result.json").exists()
+    step_at_kill = torch.load(ckpt, weights_only=False)["step"]
+    assert 0 < step_at_kill < 400
+    done = subprocess.run(args + ["--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["steps"] == 400
+    assert json.loads(Path(result["trace_path"]).read_text())["events"][0]["count"] == 400
+
+
+def test_mlflow_gets_no_data_dependent_series(tmp_path, small_mnist):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = tiny(tmp_path / "out", "tracking.enabled=true", f"tracking.uri={uri}", "output.log_every=2",
+               "output.sample_every=6")
+    result = DPGANTrainer(cfg, small_mnist).train()
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(result.mlflow_run_id)
+    allowed = {"epsilon", "n_d", "generator_steps", "d_accuracy_fake", "d_accuracy_fake_ema", "g_loss",
+               "noise_multiplier", "sample_rate"}
+    assert set(run.data.metrics) <= allowed
+    assert run.data.tags["dpsynth.stage"] == "train"
+    assert float(run.data.tags["dpsynth.epsilon_spent"]) == pytest.approx(result.epsilon, rel=1e-5)
+    assert len(run.data.tags["dpsynth.dataset_sha256"]) == 64
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "grids", "privacy"} <= artifacts
+    grids = {a.path for a in client.list_artifacts(run.info.run_id, "grids")}
+    assert "grids/step-0000006.png" in grids and "grids/final.png" in grids

@@ -1,0 +1,34 @@
+import pytest
+import torch
+
+from dpsynth.errors import ConfigError
+from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
+
+
+def test_parameter_counts_match_the_paper():
+    # Bie et al. App. B.1: D has 1.72M parameters at width 128 (MNIST); App. C: 2.64M for 32×32 RGB.
+    assert count_parameters(Discriminator(num_classes=10)) / 1e6 == pytest.approx(1.72, abs=0.01)
+    assert count_parameters(Discriminator(num_classes=2, channels=3, image_size=32)) / 1e6 == pytest.approx(2.64, abs=0.02)
+    # G: the paper reports 2.27M (MNIST) and 3.16M (CelebA); the text does not give G's exact layout,
+    # ours is within 5%.
+    assert count_parameters(Generator(num_classes=10)) / 1e6 == pytest.approx(2.27, rel=0.05)
+    assert count_parameters(Generator(num_classes=2, channels=3, image_size=32)) / 1e6 == pytest.approx(3.16, rel=0.05)
+
+
+@pytest.mark.parametrize("size,channels", [(28, 1), (32, 3)])
+def test_shapes(size, channels):
+    g = Generator(num_classes=4, channels=channels, image_size=size, width=8)
+    d = Discriminator(num_classes=4, channels=channels, image_size=size, width=8)
+    x, y = g.sample(3, generator=torch.Generator().manual_seed(0))
+    assert x.shape == (3, channels, size, size) and x.abs().max() <= 1
+    assert d(x, y).shape == (3,)
+
+
+def test_no_batchnorm():
+    for m in (Generator(num_classes=10), Discriminator(num_classes=10)):
+        assert not any(isinstance(mod, torch.nn.modules.batchnorm._BatchNorm) for mod in m.modules())
+
+
+def test_unsupported_size_names_the_field():
+    with pytest.raises(ConfigError, match="image size"):
+        Discriminator(num_classes=10, image_size=64)

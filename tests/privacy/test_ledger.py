@@ -1,0 +1,298 @@
+"""The lifetime budget ledger: its arithmetic, its refusals, and concurrent OS processes racing for it."""
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dpsynth.errors import PrivacyError
+from dpsynth.privacy import ledger_cli
+from dpsynth.privacy.ledger import Ledger
+
+SHA = "0123456789abcdef" * 4
+POP = "mnist"
+
+
+@pytest.fixture
+def url(tmp_path):
+    return f"sqlite:///{tmp_path / 'ledger.db'}"
+
+
+@pytest.fixture
+def ledger(url):
+    led = Ledger(url)
+    led.set_budget(POP, epsilon=10.0, delta=1e-5)
+    return led
+
+
+def reserve(ledger, epsilon, *, run="run-1", delta=1e-7, population=POP):
+    return ledger.reserve(population, epsilon=epsilon, delta=delta, dataset_sha256=SHA,
+                          pipeline_run_id=run, accountant="rdp")
+
+
+def charged(ledger):
+    bal = ledger.balance(POP)
+    return bal["committed"], bal["reserved"], bal["remaining"]
+
+
+# -- arithmetic ----------------------------------------------------------------------------------
+
+def test_reserve_commit_release_arithmetic(ledger):
+    a = reserve(ledger, 4.0, run="a")
+    b = reserve(ledger, 3.0, run="b")
+    assert charged(ledger) == (0.0, 7.0, 3.0)
+    ledger.commit(a, epsilon_spent=2.5)  # the unspent 1.5 goes back
+    assert charged(ledger) == (2.5, 3.0, 4.5)
+    ledger.release(b, note="worker lost")
+    assert charged(ledger) == (2.5, 0.0, 7.5)
+    rows = {r["id"]: r for r in ledger.history(POP)}
+    assert rows[a]["status"] == "committed" and rows[a]["epsilon_spent"] == 2.5
+    assert rows[b]["status"] == "released" and rows[b]["epsilon_spent"] is None
+    assert rows[b]["note"] == "worker lost" and rows[b]["closed_at"] is not None
+    assert rows[a]["dataset_sha256"] == SHA and rows[a]["stage"] == "train" and rows[a]["accountant"] == "rdp"
+
+
+def test_reruns_and_retries_are_charged_again(ledger):
+    for _ in range(2):  # the same pipeline run id, run twice
+        ledger.commit(reserve(ledger, 3.0, run="nightly-42"), epsilon_spent=3.0)
+    assert charged(ledger) == (6.0, 0.0, 4.0)
+    assert [r["pipeline_run_id"] for r in ledger.history(POP)] == ["nightly-42"] * 2
+
+
+def test_over_budget_reservation_is_refused_and_writes_nothing(ledger):
+    ledger.commit(reserve(ledger, 6.0, run="a"), epsilon_spent=6.0)
+    reserve(ledger, 3.0, run="b")
+    before = ledger.history()
+    with pytest.raises(PrivacyError) as err:
+        reserve(ledger, 1.5, run="c")
+    msg = str(err.value)
+    for part in ("'mnist'", "budget ε=10", "committed 6", "progress 3", "ε=1.5", "remaining 1"):
+        assert part in msg
+    assert ledger.history() == before
+    assert charged(ledger) == (6.0, 3.0, 1.0)
+    reserve(ledger, 1.0, run="d")  # exactly the remainder fits
+
+
+def test_deltas_add_up_under_basic_composition(ledger):
+    reserve(ledger, 1.0, delta=6e-6, run="a")
+    with pytest.raises(PrivacyError, match="delta"):
+        reserve(ledger, 1.0, delta=6e-6, run="b")
+    assert ledger.balance(POP)["delta_used"] == 6e-6
+
+
+def test_unknown_population_points_to_set_budget(ledger):
+    with pytest.raises(PrivacyError, match="dpsynth ledger set-budget cifar"):
+        reserve(ledger, 1.0, population="cifar")
+    with pytest.raises(PrivacyError, match="set-budget"):
+        ledger.balance("cifar")
+
+
+def test_commit_more_than_reserved_is_refused(ledger):
+    rid = reserve(ledger, 2.0)
+    with pytest.raises(PrivacyError, match="epsilon_spent.*reserved ε=2"):
+        ledger.commit(rid, epsilon_spent=2.1)
+    assert ledger.history()[0]["status"] == "reserved"  # left open; the run can still commit truthfully
+    ledger.commit(rid, epsilon_spent=2.0 + 1e-12)  # float slack
+    assert charged(ledger) == (2.0, 0.0, 8.0)
+
+
+@pytest.mark.parametrize("first", ["commit", "release"])
+@pytest.mark.parametrize("second", ["commit", "release"])
+def test_a_reservation_closes_only_once(ledger, first, second):
+    rid = reserve(ledger, 2.0)
+    close = {"commit": lambda: ledger.commit(rid, epsilon_spent=1.0),
+             "release": lambda: ledger.release(rid, note="failed")}
+    close[first]()
+    before = ledger.history()
+    with pytest.raises(PrivacyError, match="already"):
+        close[second]()
+    assert ledger.history() == before
+    with pytest.raises(PrivacyError, match="no reservation 99"):
+        ledger.commit(99, epsilon_spent=1.0)
+
+
+def test_set_budget_cannot_go_below_what_is_charged(ledger):
+    ledger.commit(reserve(ledger, 3.0, run="a"), epsilon_spent=3.0)
+    reserve(ledger, 2.0, run="b", delta=4e-6)
+    with pytest.raises(PrivacyError, match="epsilon.*charged ε=5"):
+        ledger.set_budget(POP, epsilon=4.9, delta=1e-5)
+    with pytest.raises(PrivacyError, match="delta"):
+        ledger.set_budget(POP, epsilon=20.0, delta=1e-6)
+    assert ledger.balance(POP)["budget"] == 10.0
+    assert ledger.set_budget(POP, epsilon=5.0, delta=1e-5)["remaining"] == 0.0
+    assert ledger.set_budget(POP, epsilon=20.0, delta=2e-5)["remaining"] == 15.0
+
+
+@pytest.mark.parametrize("field, kwargs", [
+    ("epsilon", {"epsilon": 0.0}), ("epsilon", {"epsilon": -1.0}), ("epsilon", {"epsilon": math.nan}),
+    ("epsilon", {"epsilon": math.inf}), ("delta", {"delta": 0.0}), ("delta", {"delta": 1.0}),
+    ("delta", {"delta": math.nan}), ("dataset_sha256", {"dataset_sha256": "abc"}),
+    ("pipeline_run_id", {"pipeline_run_id": ""}),
+])
+def test_bad_values_name_the_field(ledger, field, kwargs):
+    args = dict(epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="r", accountant="rdp") | kwargs
+    with pytest.raises(PrivacyError, match=field):
+        ledger.reserve(POP, **args)
+    if field in ("epsilon", "delta"):
+        with pytest.raises(PrivacyError, match=field):
+            ledger.set_budget("new", **{"epsilon": 1.0, "delta": 1e-5, field: kwargs[field]})
+    rid = reserve(ledger, 1.0)
+    for bad in (-0.1, math.nan):
+        with pytest.raises(PrivacyError, match="epsilon_spent"):
+            ledger.commit(rid, epsilon_spent=bad)
+    assert ledger.populations()[0]["population_id"] == POP and len(ledger.populations()) == 1
+
+
+def test_the_ledger_persists_and_lists_populations(url, ledger):
+    reserve(ledger, 1.0)
+    again = Ledger(url)
+    again.set_budget("cifar", epsilon=2.0, delta=1e-6)
+    pops = again.populations()
+    assert [p["population_id"] for p in pops] == ["cifar", POP]
+    assert pops[1]["reserved"] == 1.0 and pops[1]["epsilon_budget"] == 10.0
+    assert [r["population_id"] for r in again.history("cifar")] == []
+
+
+# -- CLI -----------------------------------------------------------------------------------------
+
+def cli(argv):
+    parser = argparse.ArgumentParser(prog="dpsynth")
+    ledger_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_set_budget_show_history(url, capsys, monkeypatch):
+    assert cli(["ledger", "set-budget", POP, "--epsilon", "8", "--delta", "1e-5", "--db", url]) == 0
+    assert "ε=8" in capsys.readouterr().out
+    reserve(Ledger(url), 3.0, run="nightly-1")
+    monkeypatch.setenv("DPSYNTH_LEDGER_URL", url)  # the default when --db is absent
+    assert cli(["ledger", "show", POP, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["budget"], shown["reserved"], shown["remaining"]) == (8.0, 3.0, 5.0)
+    assert cli(["ledger", "show"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:5] == ["population_id", "budget", "committed", "reserved", "remaining"]
+    assert table[2].split()[:5] == [POP, "8", "0", "3", "5"]
+    assert cli(["ledger", "history", "--json"]) == 0
+    assert [r["pipeline_run_id"] for r in json.loads(capsys.readouterr().out)] == ["nightly-1"]
+    assert cli(["ledger", "history", POP]) == 0
+    assert "nightly-1" in capsys.readouterr().out
+    with pytest.raises(PrivacyError, match="set-budget"):
+        cli(["ledger", "show", "cifar"])
+
+
+# -- concurrent OS processes ---------------------------------------------------------------------
+
+# A child process: opens the ledger, says it is ready, waits for "go", then reserves EPS
+# ATTEMPTS times and prints what happened. THEN is "hold" (leave reserved), "commit", or
+# "hang": die-able between the INSERT and the COMMIT of its first reservation.
+CHILD = r"""
+import json, os, sys, time, types
+import dpsynth
+# Import the ledger without dpsynth/privacy/__init__.py, which pulls in torch (seconds per process).
+privacy = types.ModuleType("dpsynth.privacy")
+privacy.__path__ = [os.path.join(os.path.dirname(dpsynth.__file__), "privacy")]
+sys.modules["dpsynth.privacy"] = privacy
+from sqlalchemy import event
+from dpsynth.errors import PrivacyError
+from dpsynth.privacy.ledger import Ledger
+
+url, sync, name, eps, attempts, then, sha = sys.argv[1:8]
+ledger = Ledger(url)
+if then == "hang":
+    @event.listens_for(ledger.engine, "commit")
+    def _hang(conn):
+        open(os.path.join(sync, name + ".hanging"), "w").close()
+        time.sleep(600)
+else:  # widen the gap between reading the balance and writing, so a lost update would show
+    @event.listens_for(ledger.engine, "after_cursor_execute")
+    def _slow(conn, cursor, statement, *rest):
+        if "sum(" in statement.lower():
+            time.sleep(0.05)
+open(os.path.join(sync, name + ".ready"), "w").close()
+while not os.path.exists(os.path.join(sync, "go")):
+    time.sleep(0.001)
+results = []
+for i in range(int(attempts)):
+    try:
+        rid = ledger.reserve("mnist", epsilon=float(eps), delta=1e-9, dataset_sha256=sha,
+                             pipeline_run_id=f"{name}-{i}", accountant="rdp")
+    except PrivacyError:
+        results.append("refused")
+        continue
+    if then == "commit":
+        ledger.commit(rid, epsilon_spent=float(eps))
+    results.append("ok")
+print(json.dumps(results))
+"""
+
+
+def spawn(url, sync, name, *, eps, attempts=1, then="hold"):
+    return subprocess.Popen([sys.executable, "-c", CHILD, url, str(sync), name, str(eps), str(attempts), then, SHA],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path, proc, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, f"timed out waiting for {path.name}"
+        time.sleep(0.005)
+
+
+def race(url, sync, children):
+    """Start every child, wait until all are ready, then let them go at once."""
+    procs = {name: spawn(url, sync, name, **kw) for name, kw in children.items()}
+    for name, proc in procs.items():
+        wait_for(sync / f"{name}.ready", proc)
+    (sync / "go").touch()
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        results[name] = json.loads(out)
+    return results
+
+
+def test_two_processes_racing_past_the_budget_exactly_one_wins(url, tmp_path):
+    Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5)
+    results = race(url, tmp_path, {"a": {"eps": 0.6}, "b": {"eps": 0.6}})
+    assert sorted(r for rs in results.values() for r in rs) == ["ok", "refused"]
+    assert charged(Ledger(url)) == (0.0, 0.6, 0.4)
+    assert len(Ledger(url).history()) == 1
+
+
+def test_many_processes_never_overspend(url, tmp_path):
+    Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5)
+    children = {f"p{i}": {"eps": 1 / 16, "attempts": 5, "then": "commit" if i % 2 else "hold"} for i in range(8)}
+    outcomes = [r for rs in race(url, tmp_path, children).values() for r in rs]
+    assert outcomes.count("ok") == 16 and outcomes.count("refused") == 24  # 40 × 1/16 asked, 1.0 to give
+    committed, reserved, remaining = charged(Ledger(url))
+    assert committed + reserved == 1.0 and remaining == 0.0
+    assert len(Ledger(url).history()) == 16
+
+
+def test_a_process_killed_mid_transaction_leaves_nothing(url, tmp_path):
+    Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5)
+    (tmp_path / "go").touch()
+    doomed = spawn(url, tmp_path, "doomed", eps=0.6, then="hang")
+    wait_for(tmp_path / "doomed.hanging", doomed)  # it holds the write lock, its row inserted, not committed
+    waiting = spawn(url, tmp_path, "waiting", eps=0.6)
+    wait_for(tmp_path / "waiting.ready", waiting)
+    time.sleep(0.3)
+    assert waiting.poll() is None  # blocked behind the lock
+    assert charged(Ledger(url)) == (0.0, 0.0, 1.0)  # readers never see the uncommitted row
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=10)
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0, err
+    assert json.loads(out) == ["ok"]
+    assert charged(Ledger(url)) == (0.0, 0.6, 0.4)
+    assert [r["pipeline_run_id"] for r in Ledger(url).history()] == ["waiting-0"]
