@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= outputs
 CONFIG ?= configs/dpgan-mnist-cpu.yaml
 
-.PHONY: help venv run test test-slow bench lock clean mlflow-ui
+.PHONY: help venv run run-pipeline test test-slow bench lock clean mlflow-ui
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -25,6 +25,10 @@ run: $(STAMP)  ## import the bundled MNIST and train a CPU-sized DPGAN at (ε=10
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
 	$(PY) -m dpsynth.cli train --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --set output.dir=$(OUT)/dpgan-mnist
 	@echo "Look at the runs:  $(PY) -m mlflow ui --backend-store-uri sqlite:///$(OUT)/mlflow.db --port 5000"
+
+run-pipeline: $(STAMP)  ## the six stages locally (partition … evaluate) on the bundled MNIST, one MLflow parent run
+	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
+	$(PY) -m dpsynth.cli pipeline run --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --run-dir $(OUT)/pipeline
 
 test: $(STAMP)  ## the test suite (under ~20 minutes on 2 cores)
 	$(PY) -m pytest -m "not slow" -q

@@ -13,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dpsynth.privacy import cli as privacy_cli
     from dpsynth.privacy import ledger_cli
     from dpsynth.methods import cli as train_cli
+    from dpsynth.stages import cli as stages_cli
 
     parser = argparse.ArgumentParser(
         prog="dpsynth",
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     privacy_cli.register(sub)
     ledger_cli.register(sub)
     train_cli.register(sub)
+    stages_cli.register(sub)
     return parser
 
 

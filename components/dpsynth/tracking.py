@@ -87,6 +87,18 @@ def start_run(
         yield run
 
 
+def create_parent_run(*, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, str]) -> str:
+    """Open a pipeline's parent run and leave it RUNNING (stages in other processes nest under it
+    by id; the pipeline closes it); returns its id."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(tracking_uri)
+    experiment_id = _ensure_experiment(mlflow, experiment, tracking_uri)
+    all_tags = {TAG_STAGE: "pipeline", TAG_CODE_VERSION: code_version(), **tags}
+    return MlflowClient(tracking_uri).create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
+
+
 def log_dataset_input(*, uri: str, sha256: str, name: str, context: str = "training") -> None:
     """Record the dataset a run read, by URI and content hash (lineage for auditors)."""
     import mlflow

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 
 from dpsynth.config import load_config
-from dpsynth.errors import DatasetError
+from dpsynth.stages import cli as stage_cli
 
 
 def register(subparsers) -> None:
@@ -20,7 +20,9 @@ def register(subparsers) -> None:
             "--set privacy.epsilon=10 --set train.steps=2000. Without privacy.noise_multiplier the "
             "noise is calibrated so that train.steps spend at most privacy.epsilon; with it, training "
             "stops before the step that would exceed privacy.epsilon. A run resumes from the last "
-            "checkpoint in output.dir."
+            "checkpoint in output.dir. With --run-dir (or pipeline.run_dir) it is the pipeline's train stage: "
+            "it trains on the shards of RUN_DIR/sensitive/partition and writes RUN_DIR/sensitive/train "
+            "(output.dir is not used) with a manifest and an MLflow child run."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -28,26 +30,19 @@ def register(subparsers) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override one setting (repeatable)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    stage_cli.add_stage_options(p)
     p.set_defaults(func=run_train)
-
-
-def load_training_data(cfg):
-    from dpsynth.data import import_source, validate
-
-    ds = import_source(cfg.data.uri)
-    if cfg.data.train_split is not None:
-        if ds.splits is None:
-            raise DatasetError(f"data.train_split: {cfg.data.uri} has no split column")
-        ds = ds.subset([s == cfg.data.train_split for s in ds.splits])
-    validate(ds, num_classes=cfg.data.num_classes)
-    return ds
 
 
 def run_train(args) -> int:
     from dpsynth.methods.dpgan import DPGANTrainer
 
     cfg = load_config(args.config, overrides=args.overrides)
-    result = DPGANTrainer(cfg, load_training_data(cfg)).train()
+    if args.run_dir or cfg.pipeline.run_dir:
+        return stage_cli.run_stage_command("train", args, cfg)
+    from dpsynth.stages.partition import load_source
+
+    result = DPGANTrainer(cfg, load_source(cfg)).train()
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:

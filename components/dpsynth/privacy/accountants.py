@@ -26,8 +26,9 @@ the ε for which the whole trace is (ε, δ)-DP. Each says which events it can a
 
 Both handle ``sampling="poisson"`` (any q in (0, 1]) and ``"full_batch"`` with
 ``sensitivity="add_remove"``. Fixed-size batches and shard choice (``without_replacement``,
-``replace_one``) need the Wang–Balle–Kasiviswanathan bound: add one class with
-``name = "wor"`` decorated by :func:`register_accountant`.
+``replace_one``) need the Wang–Balle–Kasiviswanathan bound: the ``"wor"`` accountant in
+:mod:`dpsynth.privacy.wor`, registered with :func:`register_accountant` when
+:mod:`dpsynth.privacy` is imported.
 """
 
 from __future__ import annotations
@@ -149,16 +150,18 @@ def _rdp_per_step(q: float, sigma: float, orders: tuple[float, ...]) -> np.ndarr
     return values
 
 
-@register_accountant
-class RDPAccountant(PoissonGaussianAccountant):
-    """Rényi-DP accountant of the Poisson-subsampled Gaussian (see the module docstring)."""
-
-    name = "rdp"
+class RDPCurveAccountant(Accountant):
+    """Base of RDP accountants: add the per-step RDP curves of the trace's events at each
+    order, convert to (ε, δ) by Balle et al. 2020 Thm 21 (Opacus' ``get_privacy_spent``)."""
 
     def __init__(self, *, orders: Iterable[float] = DEFAULT_ORDERS) -> None:
         self.orders = tuple(float(a) for a in orders)
-        if not self.orders or any(not a > 1 for a in self.orders):
-            raise PrivacyError("orders: must be a non-empty list of RDP orders > 1")
+        if not self.orders or any(not a > 1 or not math.isfinite(a) for a in self.orders):
+            raise PrivacyError("orders: must be a non-empty list of finite RDP orders > 1")
+
+    @abc.abstractmethod
+    def step_rdp(self, event: MechanismEvent) -> np.ndarray:
+        """RDP of one step of ``event`` at ``self.orders``."""
 
     def rdp(self, trace: MechanismTrace | Iterable[MechanismEvent]) -> np.ndarray:
         """The trace's RDP curve at ``self.orders``: Σ_events count · RDP_step(α)."""
@@ -166,7 +169,7 @@ class RDPAccountant(PoissonGaussianAccountant):
         self.check(trace)
         total = np.zeros(len(self.orders))
         for event in trace.events:
-            total += event.count * _rdp_per_step(event.sample_rate, event.noise_multiplier, self.orders)
+            total += event.count * self.step_rdp(event)
         return total
 
     def _epsilon(self, trace: MechanismTrace, delta: float) -> float:
@@ -179,6 +182,16 @@ class RDPAccountant(PoissonGaussianAccountant):
             eps, _ = opacus_rdp.get_privacy_spent(orders=list(self.orders), rdp=curve, delta=delta)
         eps = float(eps)
         return math.inf if math.isnan(eps) else max(eps, 0.0)
+
+
+@register_accountant
+class RDPAccountant(PoissonGaussianAccountant, RDPCurveAccountant):
+    """Rényi-DP accountant of the Poisson-subsampled Gaussian (see the module docstring)."""
+
+    name = "rdp"
+
+    def step_rdp(self, event: MechanismEvent) -> np.ndarray:
+        return _rdp_per_step(event.sample_rate, event.noise_multiplier, self.orders)
 
     def __repr__(self) -> str:
         default = self.orders == DEFAULT_ORDERS

@@ -53,7 +53,8 @@ def register(subparsers) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-rate", type=float, required=True, metavar="Q",
-                        help="sampling rate, in (0, 1]: (expected) batch size / dataset size, or 1/K for one of K shards")
+                        help="sampling rate, in (0, 1]: (expected) batch size / dataset size, "
+                        "or 1/K for one of K shards")
     parser.add_argument("--sampling", choices=sorted(_SAMPLING), default="poisson",
                         help="poisson (add/remove adjacency) or without_replacement (fixed-size batches or shards, "
                         "replace-one adjacency); default poisson")
@@ -61,8 +62,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delta", type=float, required=True, metavar="D",
                         help="target delta, in (0, 1); use less than 1/(dataset size)")
     parser.add_argument("--accountant", choices=sorted(ACCOUNTANTS), default=None,
-                        help="rdp (Renyi DP, Opacus) or prv (PRV accountant, tighter, slower) for poisson sampling; "
-                        "wor (Wang-Balle-Kasiviswanathan RDP bound) for without_replacement; "
+                        help="rdp (Renyi DP, Opacus) or prv (PRV accountant, tighter, slower) for poisson "
+                        "sampling; wor (Wang-Balle-Kasiviswanathan RDP bound) for without_replacement; "
                         "default rdp, or wor with --sampling without_replacement")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 

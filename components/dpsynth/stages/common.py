@@ -172,10 +172,10 @@ def child_run(ctx: StageContext, stage: str, *, run_id: str | None = None) -> It
         yield run
 
 
-def _log_manifest(m: dict, *, epsilon: float, status: str) -> None:
+def _log_manifest(m: dict, *, epsilon: float, status: str, log_inputs: bool = True) -> None:
     import mlflow
 
-    for item in m["inputs"]:
+    for item in m["inputs"] if log_inputs else ():
         if "rows" in item:  # datasets: lineage by URI and sha256
             tracking.log_dataset_input(uri=item["uri"], sha256=item["sha256"], name=item["role"], context=m["stage"])
     mlflow.log_metric("epsilon_spent", epsilon)
@@ -189,8 +189,10 @@ def _log_manifest(m: dict, *, epsilon: float, status: str) -> None:
     tracking.log_json(m, "manifest.json")
 
 
-def finish(ctx: StageContext, stage: str, run, *, status: str = "succeeded", **fields) -> Outcome:
-    """Write the stage's manifest (its commit record) and log it, its inputs and its ε to ``run``."""
+def finish(ctx: StageContext, stage: str, run, *, status: str = "succeeded", log_inputs: bool = True,
+           **fields) -> Outcome:
+    """Write the stage's manifest (its commit record) and log it, its inputs (unless ``log_inputs``
+    is False: a trainer logged them) and its ε to ``run``."""
     run_id = run.info.run_id if run is not None else None
     m = manifest.build(stage=stage, status=status, pipeline_run_id=ctx.pipeline_run_id,
                        parent_run_id=ctx.parent_run_id, mlflow_run_id=run_id, **fields)
@@ -200,7 +202,7 @@ def finish(ctx: StageContext, stage: str, run, *, status: str = "succeeded", **f
     uri = ctx.manifest_uri(stage)
     manifest.write(uri, m)
     if run is not None:
-        _log_manifest(m, epsilon=m["privacy"]["epsilon"], status=status)
+        _log_manifest(m, epsilon=m["privacy"]["epsilon"], status=status, log_inputs=log_inputs)
     return Outcome(stage=stage, status=status, manifest=m, manifest_uri=uri, mlflow_run_id=run_id)
 
 

@@ -74,8 +74,9 @@ def accuracy(cfg, train: ImageDataset, test: ImageDataset) -> tuple[dict, dict]:
     correct = CLASSIFIERS[cfg.evaluate.classifier](cfg, train, test) == test.labels
     per_class = [float(correct[test.labels == k].mean()) if (test.labels == k).any() else None
                  for k in range(test.num_classes)]
-    metrics = {"accuracy": float(correct.mean()), **{f"accuracy_class_{k}": a for k, a in enumerate(per_class) if a is not None}}
-    return {"classifier": cfg.evaluate.classifier, "accuracy": float(correct.mean()), "per_class_accuracy": per_class}, metrics
+    overall = float(correct.mean())
+    metrics = {"accuracy": overall, **{f"accuracy_class_{k}": a for k, a in enumerate(per_class) if a is not None}}
+    return {"classifier": cfg.evaluate.classifier, "accuracy": overall, "per_class_accuracy": per_class}, metrics
 
 
 # name -> fn(cfg, synthetic, heldout) -> (report section, MLflow metrics)

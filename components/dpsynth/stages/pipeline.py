@@ -7,7 +7,8 @@ artifact — and closes it. ``run_pipeline`` does all three in-process, stopping
 stage that fails.
 
 The ε column is the ε the stage's outputs consumed (a skipped stage reuses outputs made earlier:
-their ε, no new spending); the total is their sum, the ε of what this pipeline run releases.
+their ε, no new spending; a failed stage shows "?", since a private one may have spent some
+before failing); the total is their sum, the ε of what this pipeline run releases.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def summary(ctx: common.StageContext, outcomes: dict[str, common.Outcome] | None
         m = outcome.manifest if outcome else _manifest_or_none(ctx, stage)
         status = outcome.status if outcome else (m["status"] if m else "not run")
         rows.append({"stage": stage, "status": status,
-                     "epsilon": m["privacy"]["epsilon"] if m and status != "failed" else 0.0,
+                     "epsilon": _epsilon(m, status),
                      "outputs": len(m["outputs"]) if m else 0, "where": ctx.stage_dir(stage),
                      "mlflow_run_id": outcome.mlflow_run_id if outcome else (m or {}).get("mlflow_run_id"),
                      "error": outcome.error if outcome else None})
@@ -60,8 +61,15 @@ def summary(ctx: common.StageContext, outcomes: dict[str, common.Outcome] | None
     audit_status = {"succeeded": "passed", "skipped": "passed", "failed": "failed"}.get(audit_row["status"], "not run")
     return {"pipeline_run_id": ctx.pipeline_run_id, "parent_run_id": ctx.parent_run_id, "run_dir": ctx.run_dir,
             "succeeded": all(r["status"] in ("succeeded", "skipped") for r in rows),
-            "epsilon_total": sum(r["epsilon"] for r in rows), "delta": ctx.cfg.privacy.delta, "audit": audit_status,
+            "epsilon_total": sum(r["epsilon"] or 0.0 for r in rows), "delta": ctx.cfg.privacy.delta, "audit": audit_status,
             "stages": rows}
+
+
+def _epsilon(m: dict | None, status: str) -> float | None:
+    """ε of a stage's outputs; None (unknown) for a failed stage, which may have spent some before failing."""
+    if status == "failed":
+        return None
+    return m["privacy"]["epsilon"] if m else 0.0
 
 
 def _manifest_or_none(ctx, stage):
@@ -74,7 +82,8 @@ def table(s: dict) -> str:
     lines = ["| stage | status | ε consumed | outputs |", "|---|---|---|---|"]
     for r in s["stages"]:
         where = f"{r['outputs']} files in {r['where']}" if r["outputs"] else "-"
-        lines.append(f"| {r['stage']} | {r['status']} | {r['epsilon']:.4g} | {where} |")
+        eps = "?" if r["epsilon"] is None else f"{r['epsilon']:.4g}"
+        lines.append(f"| {r['stage']} | {r['status']} | {eps} | {where} |")
     lines.append(f"| **total** | audit {s['audit']} | **{s['epsilon_total']:.4g}** (δ = {s['delta']:g}) | |")
     return "\n".join(lines)
 

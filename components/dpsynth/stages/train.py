@@ -6,15 +6,19 @@ to ``sensitive/train/``: the generator is releasable only after ``audit``. ε co
 the trainer's accountant reports for the trace (the audit recomputes it independently).
 
 The trainer works in a local directory: ``sensitive/train`` itself when the run directory is
-local (so an interrupted run resumes from ``checkpoints/``), else a temporary directory whose
+local (so an interrupted run resumes from ``checkpoints/`` when its settings are unchanged;
+a checkpoint of other settings, or any with ``--force``, is discarded), else a temporary directory whose
 outputs are then uploaded (no resume across machines for remote run directories yet).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import shutil
 import tempfile
+from pathlib import Path
 from typing import Callable
 
 from dpsynth import storage
@@ -39,6 +43,16 @@ def _train_dpgan(ctx: common.StageContext, cfg, dataset) -> dict:
 TRAINERS: dict[str, Callable] = {"dpgan": _train_dpgan}
 
 
+def _discard_stale_checkpoints(workdir: str, *, stamp: str, force: bool) -> None:
+    """Keep ``checkpoints/`` only for an interrupted run of the same settings *and* training data."""
+    ckpt = Path(workdir) / "checkpoints"
+    marker = ckpt / "inputs.sha256"
+    if ckpt.exists() and (force or not marker.exists() or marker.read_text() != stamp):
+        shutil.rmtree(ckpt)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    marker.write_text(stamp)
+
+
 def run(ctx: common.StageContext) -> common.Outcome:
     cfg = ctx.cfg
     partition, partition_entry = common.upstream(ctx, "partition")
@@ -52,6 +66,8 @@ def run(ctx: common.StageContext) -> common.Outcome:
     remote = storage.is_remote(ctx.run_dir)
     with tempfile.TemporaryDirectory(prefix="dpsynth-train-") as scratch:
         workdir = scratch if remote else str(storage.local_path(ctx.stage_dir(STAGE)))
+        stamp = hashlib.sha256(json.dumps([fp, [s["sha256"] for s in shards]]).encode()).hexdigest()
+        _discard_stale_checkpoints(workdir, stamp=stamp, force=ctx.force)
         tcfg = dataclasses.replace(
             common.redacted(cfg),
             data=dataclasses.replace(cfg.data, uri=shards[0]["uri"] if len(shards) == 1 else ctx.stage_dir("partition")),
@@ -72,4 +88,5 @@ def run(ctx: common.StageContext) -> common.Outcome:
                   if k in result}}
     with common.child_run(ctx, STAGE, run_id=result.get("mlflow_run_id")) as run:
         return common.finish(ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"],
-                             inputs=inputs, outputs=outputs, privacy=privacy, details=details)
+                             inputs=inputs, outputs=outputs, privacy=privacy, details=details,
+                             log_inputs=False)  # the trainer logged its training data

@@ -1,0 +1,138 @@
+"""``dpsynth partition | warmstart | audit | sample | evaluate`` and ``dpsynth pipeline run | start | finish``.
+
+``dpsynth train`` (registered by ``dpsynth.methods.cli``) becomes the train stage when given
+``--run-dir`` (or ``pipeline.run_dir``); without, it is the plain trainer it always was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+
+from dpsynth.config import RunConfig, load_config
+
+HELP = {
+    "partition": "validate the dataset, hold out records for evaluation, split the rest into K shards (sensitive zone)",
+    "warmstart": "non-private pre-training for methods that warm-start (a recorded no-op for DPGAN)",
+    "audit": "recompute ε from the mechanism trace with the RDP and PRV accountants; fail unless within target",
+    "sample": "after a passed audit: release the generator, a synthetic Parquet dataset and sample grids",
+    "evaluate": "accuracy of a classifier trained on the synthetic data, tested on held-out real data",
+}
+_COMMON = (
+    "Inputs and outputs live under --run-dir (local path or s3://): RUN_DIR/sensitive/<stage>/ or "
+    "RUN_DIR/release/<stage>/, with a manifest.json (URIs, sha256, row counts, ε) written last. A stage "
+    "whose manifest matches its config and inputs is skipped (--force runs it again)."
+)
+
+
+def add_config_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML configuration file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override one setting (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+
+
+def add_stage_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-dir", metavar="URI", help="root of the pipeline run, local or s3:// (else pipeline.run_dir)")
+    p.add_argument("--parent-run-id", metavar="ID", help="MLflow parent run to nest this stage's run under")
+    p.add_argument("--pipeline-run-id", metavar="ID", help="the pipeline run's id (tag dpsynth.pipeline_run_id)")
+    p.add_argument("--force", action="store_true", help="run even when the manifest says it already ran "
+                   "(a private stage spends its ε again)")
+
+
+def register(subparsers) -> None:
+    for stage, text in HELP.items():
+        p = subparsers.add_parser(stage, help=text, description=f"{text[0].upper()}{text[1:]}. {_COMMON}")
+        add_config_options(p)
+        add_stage_options(p)
+        p.set_defaults(func=functools.partial(run_stage_command, stage))
+
+    pipeline = subparsers.add_parser("pipeline", help="run the six stages in order under one MLflow parent run",
+                                     description="Run partition, warmstart, train, audit, sample and evaluate.")
+    actions = pipeline.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
+    run = actions.add_parser("run", help="run all six stages in-process, stopping at the first failure",
+                             description="Open the MLflow parent run, run the six stages in order (stopping at "
+                             "the first that fails), log total ε and the per-stage table to the parent run. " + _COMMON)
+    add_config_options(run)
+    run.add_argument("--run-dir", metavar="URI", help="root of the pipeline run, local or s3:// (else pipeline.run_dir)")
+    run.add_argument("--pipeline-run-id", metavar="ID", help="id of this pipeline run (default: a random one)")
+    run.add_argument("--force", action="store_true", help="run every stage even when its manifest matches")
+    run.set_defaults(func=run_pipeline_command)
+    begin = actions.add_parser("start", help="open the parent run for stages run one by one; print its ids",
+                               description="For orchestrators: open the MLflow parent run and print "
+                               '{"parent_run_id", "pipeline_run_id", "run_dir"} as JSON.')
+    add_config_options(begin)
+    begin.add_argument("--run-dir", metavar="URI")
+    begin.add_argument("--pipeline-run-id", metavar="ID")
+    begin.set_defaults(func=start_command)
+    end = actions.add_parser("finish", help="summarise the stage manifests into the parent run and close it",
+                             description="For orchestrators: log total ε and the per-stage table to the parent run.")
+    add_config_options(end)
+    add_stage_options(end)
+    end.set_defaults(func=finish_command)
+
+
+def _context(args, cfg: RunConfig | None = None):
+    from dpsynth.stages.common import StageContext
+
+    cfg = cfg or load_config(args.config, overrides=args.overrides)
+    return StageContext.create(cfg, run_dir=args.run_dir, parent_run_id=getattr(args, "parent_run_id", None),
+                               pipeline_run_id=getattr(args, "pipeline_run_id", None), force=getattr(args, "force", False))
+
+
+def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
+    from dpsynth.stages.pipeline import run_stage
+
+    outcome = run_stage(_context(args, cfg), stage)
+    m = outcome.manifest
+    if args.json:
+        print(json.dumps({"stage": stage, "status": outcome.status, "manifest_uri": outcome.manifest_uri,
+                          "mlflow_run_id": outcome.mlflow_run_id, "manifest": m}, indent=2))
+    else:
+        print(f"{stage}: {outcome.status}, ε consumed {m['privacy']['epsilon']:.4g}, {len(m['outputs'])} outputs; "
+              f"manifest {outcome.manifest_uri}")
+    return 0
+
+
+def run_pipeline_command(args) -> int:
+    from dpsynth.errors import StageError
+    from dpsynth.stages.pipeline import run_pipeline, table
+
+    cfg = load_config(args.config, overrides=args.overrides)
+    ctx, s = run_pipeline(cfg, run_dir=args.run_dir, pipeline_run_id=args.pipeline_run_id, force=args.force)
+    if args.json:
+        print(json.dumps(s, indent=2))
+    else:
+        print(table(s))
+        print(_where(ctx))
+    failed = next((r for r in s["stages"] if r["status"] == "failed"), None)
+    if failed:
+        raise StageError(f"stage {failed['stage']} failed: {failed['error']}")
+    return 0
+
+
+def start_command(args) -> int:
+    from dpsynth.stages.pipeline import start
+
+    ctx = start(load_config(args.config, overrides=args.overrides), run_dir=args.run_dir,
+                pipeline_run_id=args.pipeline_run_id)
+    print(json.dumps({"parent_run_id": ctx.parent_run_id, "pipeline_run_id": ctx.pipeline_run_id, "run_dir": ctx.run_dir}))
+    return 0
+
+
+def finish_command(args) -> int:
+    from dpsynth.stages.pipeline import finish, table
+
+    ctx = _context(args)
+    s = finish(ctx)
+    print(json.dumps(s, indent=2) if args.json else table(s) + "\n" + _where(ctx))
+    return 0
+
+
+def _where(ctx) -> str:
+    if not (ctx.parent_run_id and ctx.cfg.tracking.enabled):
+        return f"run directory: {ctx.run_dir} (MLflow tracking is off)"
+    return (f"MLflow: parent run {ctx.parent_run_id} in experiment {ctx.experiment!r} at {ctx.tracking_uri}\n"
+            f"  open it: mlflow ui --backend-store-uri {ctx.tracking_uri}  (then the experiment, run "
+            f"pipeline-{ctx.pipeline_run_id})")

@@ -1,0 +1,38 @@
+"""Fixtures of the stage tests: 600 bundled MNIST records as a canonical Parquet source."""
+
+import numpy as np
+import pytest
+
+from dpsynth.data import import_source, write_parquet
+from tests.stages.helpers import MNIST, stages
+
+
+@pytest.fixture(scope="session")
+def mnist600():
+    return import_source(MNIST).subset(np.arange(600))
+
+
+@pytest.fixture(scope="session")
+def source(tmp_path_factory, mnist600) -> str:
+    path = tmp_path_factory.mktemp("source") / "mnist600.parquet"
+    write_parquet(mnist600, path)
+    return str(path)
+
+
+@pytest.fixture
+def trained(tmp_path, source):
+    """A fresh run directory in which partition, warmstart and train have run (MLflow off)."""
+    run_dir = tmp_path / "run"
+    stages(run_dir, source, "partition", "warmstart", "train")
+    return run_dir
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models: one intra-op thread avoids oversubscription when other processes share the CPU."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
