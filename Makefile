@@ -5,10 +5,13 @@ PYTHON ?= python3
 VENV   := .venv/stage
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Airflow pins versions that conflict with the stage stack, so it has its own environment.
+AIRFLOW_VENV  := .venv/airflow
+AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 OUT    ?= outputs
 CONFIG ?= configs/dpgan-mnist-cpu.yaml
 
-.PHONY: help venv run run-pipeline test test-slow bench lock clean mlflow-ui
+.PHONY: help venv airflow-venv run run-pipeline run-kfp kfp-yaml test test-slow bench lock airflow-lock clean mlflow-ui
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -21,6 +24,13 @@ $(STAMP): requirements/stage.lock pyproject.toml
 
 venv: $(STAMP)  ## create or refresh the stage environment (.venv/stage)
 
+$(AIRFLOW_STAMP): requirements/airflow.lock
+	@test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/airflow.lock
+	@touch $(AIRFLOW_STAMP)
+
+airflow-venv: $(AIRFLOW_STAMP)  ## create or refresh the Airflow environment (.venv/airflow)
+
 run: $(STAMP)  ## import the bundled MNIST and train a CPU-sized DPGAN at (ε=10, δ=1e-5)
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
 	$(PY) -m dpsynth.cli train --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --set output.dir=$(OUT)/dpgan-mnist
@@ -30,7 +40,15 @@ run-pipeline: $(STAMP)  ## the six stages locally (partition … evaluate) on th
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
 	$(PY) -m dpsynth.cli pipeline run --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --run-dir $(OUT)/pipeline
 
-test: $(STAMP)  ## the test suite (under ~20 minutes on 2 cores)
+KFP_STEPS ?= 200
+run-kfp: $(STAMP)  ## the Kubeflow pipeline's shape run locally (kfp.local, stages as subprocesses) on the bundled MNIST
+	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
+	$(PY) pipelines/kfp/run_local.py --config $(CONFIG) --dataset $(OUT)/data/mnist.parquet --run-dir $(OUT)/kfp --steps $(KFP_STEPS)
+
+kfp-yaml: $(STAMP)  ## regenerate pipelines/kfp/dpsynth_pipeline.yaml (a test keeps it in sync)
+	$(PY) pipelines/kfp/dpsynth_pipeline.py --compile
+
+test: $(STAMP) $(AIRFLOW_STAMP)  ## the test suite (under ~20 minutes on 2 cores)
 	$(PY) -m pytest -m "not slow" -q
 
 test-slow: $(STAMP)  ## the slower checks kept out of `make test`
@@ -42,6 +60,10 @@ bench: $(STAMP)  ## speed ratios of the DP discriminator step (see benchmarks/RE
 lock: $(STAMP)  ## re-freeze requirements/stage.lock from requirements/stage.in
 	$(PY) -m pip install --quiet -r requirements/stage.in
 	$(PY) -m pip freeze --exclude-editable | grep -v '^dpsynth' > requirements/stage.lock
+
+airflow-lock: $(AIRFLOW_STAMP)  ## re-freeze requirements/airflow.lock from requirements/airflow.in
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet -r requirements/airflow.in
+	$(AIRFLOW_VENV)/bin/python -m pip freeze > requirements/airflow.lock
 
 mlflow-ui: $(STAMP)  ## open the MLflow UI on the runs `make run` wrote
 	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(OUT)/mlflow.db --port 5000

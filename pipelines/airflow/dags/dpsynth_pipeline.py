@@ -1,0 +1,124 @@
+"""The task graph shared by ``dpsynth_train`` and ``dpsynth_retrain_on_new_data``.
+
+plan → start → partition → warmstart_shard (mapped over the K shards) → warmstart → train → audit
+→ sample → evaluate → finish. ``start`` opens the MLflow parent run, each stage nests its child run
+under it, ``finish`` (run whatever happened upstream) closes it and fails the DAG run unless every
+stage succeeded. Tasks pass only plain values: ids, URIs, ε.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+from airflow.sdk import Param, task
+
+import dpsynth_pods as pods
+
+DATASET_URI = pods.setting("DPSYNTH_DATASET_URI", "outputs/data/mnist.parquet")
+START = "{{ ti.xcom_pull(task_ids='start')['parent_run_id'] }}"
+
+
+def params(dataset_uri: str = DATASET_URI) -> dict:
+    """The trigger form (JSON schema validated when a run is triggered)."""
+    return {
+        "dataset_uri": Param(dataset_uri, type="string", minLength=1, title="Dataset URI",
+                             description="canonical Parquet (local path or s3://), e.g. from `dpsynth data import`"),
+        "method": Param("dpgan", type="string", enum=["dpgan"], title="Method"),
+        "epsilon": Param(10.0, type="number", exclusiveMinimum=0, title="ε (target)"),
+        "delta": Param(1e-5, type="number", exclusiveMinimum=0, exclusiveMaximum=1, title="δ"),
+        "steps": Param(2000, type="integer", minimum=1, title="Step budget (private discriminator steps)"),
+        "num_shards": Param(1, type="integer", minimum=1, title="Shards K"),
+        "n_d": Param("adaptive", type="string", pattern="^(adaptive|[1-9][0-9]*)$",
+                     title="n_d policy", description='"adaptive" or a fixed number of D steps per G step'),
+        "seed": Param(0, type="integer", minimum=0, title="Seed"),
+        "run_root": Param(pods.setting("DPSYNTH_RUN_ROOT", "outputs/airflow"), type="string", minLength=1,
+                          title="Storage root URI", description="each run writes under ROOT/<pipeline run id>"),
+        "config": Param(pods.setting("DPSYNTH_CONFIG", "configs/dpgan-mnist-cpu.yaml"), type=["null", "string"],
+                        title="Base YAML config", description="path in the stage environment; empty: the defaults"),
+        "tracking_uri": Param(pods.setting("DPSYNTH_TRACKING_URI"), type=["null", "string"], title="MLflow tracking URI"),
+        "overrides": Param([], type="array", items={"type": "string", "pattern": "^[a-z_]+\\.[a-z_0-9]+=.*$"},
+                           title="Extra settings", description="section.field=value, applied last"),
+        "pipeline_run_id": Param(None, type=["null", "string"], title="Pipeline run id (default: from the DAG run)"),
+    }
+
+
+def _run_local(argv: list[str]):
+    """The stage CLI in the stage venv; its JSON output, or an error with its stderr."""
+    proc = subprocess.run([*pods.local_command(), *argv], cwd=pods.REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    print(proc.stderr[-20000:])
+    if proc.returncode != 0:
+        raise RuntimeError(f"dpsynth {argv[0]} exited {proc.returncode}: {proc.stderr[-3000:]}")
+    return pods.parse_json(proc.stdout)
+
+
+@task
+def plan(**context) -> dict:
+    p = context["params"]
+    run_id = p.get("pipeline_run_id") or re.sub(r"[^A-Za-z0-9_.-]+", "-", context["run_id"])[:60]
+    return pods.plan(p, run_id)
+
+
+@task
+def shards(partition: dict) -> list[str]:
+    names = pods.summarise(partition)["shards"]
+    if not names:
+        raise ValueError("partition wrote no shards")
+    return names
+
+
+@task
+def warmstart_shard(shard: str, **context) -> dict:
+    """Per-shard warm start. DPGAN does none; the warmstart stage records that for the run.
+    GS-WGAN-style methods would pre-train one discriminator per shard here."""
+    return {"shard": shard, "method": context["params"]["method"], "performed": False}
+
+
+def _local_tasks(plan_out):
+    @task(task_id="start")
+    def start(plan: dict) -> dict:
+        return _run_local(plan["argv"]["start"])
+
+    def stage_task(stage: str):
+        @task(task_id=stage)
+        def run(plan: dict, ids: dict) -> dict:
+            return pods.summarise(_run_local(pods.with_parent(plan["argv"][stage], ids["parent_run_id"])))
+        return run
+
+    @task(task_id="finish", trigger_rule="all_done")
+    def finish(plan: dict, ids: dict) -> dict:
+        s = _run_local(pods.with_parent(plan["argv"]["finish"], ids["parent_run_id"]))
+        out = {k: s[k] for k in ("succeeded", "epsilon_total", "delta", "audit", "run_dir", "parent_run_id",
+                                 "pipeline_run_id")}
+        if not s["succeeded"]:
+            raise RuntimeError(f"pipeline failed: {[(r['stage'], r['status']) for r in s['stages']]}")
+        return out
+
+    ids = start(plan_out)
+    return ids, {stage: stage_task(stage)(plan_out, ids) for stage in pods.STAGES}, finish(plan_out, ids)
+
+
+def _kubernetes_tasks(plan_out):
+    def shell(name: str, parent: bool = True) -> str:
+        cmd = "{{ ti.xcom_pull(task_ids='plan')['shell']['%s'] }}" % name
+        return f"{cmd} --parent-run-id {START}" if parent else cmd
+
+    ids = pods.stage_pod_operator("start", "start", shell("start", parent=False))
+    stages = {stage: pods.stage_pod_operator(stage, stage, shell(stage)) for stage in pods.STAGES}
+    finish = pods.stage_pod_operator("finish", "finish", shell("finish"), trigger_rule="all_done")
+    plan_out >> ids
+    for op in (*stages.values(), finish):
+        ids >> op
+    return ids, {s: op.output for s, op in stages.items()}, finish
+
+
+def pipeline() -> None:
+    """Add the pipeline's tasks to the DAG being defined."""
+    plan_out = plan()
+    build = _kubernetes_tasks if pods.executor() == "kubernetes" else _local_tasks
+    ids, out, finish = build(plan_out)
+    per_shard = warmstart_shard.expand(shard=shards(out["partition"]))
+    out["partition"] >> per_shard >> out["warmstart"]
+    out["warmstart"] >> out["train"] >> out["audit"] >> out["sample"] >> out["evaluate"] >> finish

@@ -1,0 +1,133 @@
+"""What the dpsynth DAGs need besides Airflow: the stage command lines, and the pod of a stage.
+
+Plain Python (the kubernetes client only inside ``stage_pod_operator``), so tests can build the
+commands and the pod specs offline. Settings come from the environment (or ``AIRFLOW_VAR_*``,
+which is how Airflow Variables are set from the environment):
+
+- ``DPSYNTH_EXECUTOR``: "local" (the stage CLI in the stage venv, a subprocess) or "kubernetes"
+  (a KubernetesPodOperator per stage, running ``DPSYNTH_STAGE_IMAGE``).
+- local: ``DPSYNTH_STAGE_BIN`` (the ``dpsynth`` console script) or ``DPSYNTH_STAGE_PYTHON``
+  (``python -m dpsynth.cli``); default ``<repo>/.venv/stage/bin/dpsynth``, run in ``DPSYNTH_REPO``.
+- kubernetes: ``DPSYNTH_K8S_NAMESPACE``, ``DPSYNTH_GPU_STAGES`` (default "warmstart,train"),
+  ``DPSYNTH_GPU_LIMIT``, ``DPSYNTH_GPU_NODE_SELECTOR`` and ``DPSYNTH_GPU_TOLERATIONS`` (JSON),
+  ``DPSYNTH_STAGE_SECRET`` (a Secret with S3/MLflow credentials, as environment),
+  ``DPSYNTH_K8S_CONFIG_FILE`` (a kubeconfig; else in-cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
+REPO = Path(os.environ.get("DPSYNTH_REPO", Path(__file__).resolve().parents[3]))
+XCOM_FILE = "/airflow/xcom/return.json"  # what KubernetesPodOperator's sidecar pushes as XCom
+
+
+def setting(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name) or os.environ.get(f"AIRFLOW_VAR_{name}") or default
+
+
+def executor() -> str:
+    mode = setting("DPSYNTH_EXECUTOR", "local")
+    if mode not in ("local", "kubernetes"):
+        raise ValueError(f"DPSYNTH_EXECUTOR: expected 'local' or 'kubernetes', got {mode!r}")
+    return mode
+
+
+# --- command lines ---------------------------------------------------------------------------
+
+def overrides(params: dict) -> list[str]:
+    """The trigger form's values as ``section.field=value`` settings (extra ones last, so they win)."""
+    sets = [f"data.uri={params['dataset_uri']}", f"train.method={params['method']}",
+            f"privacy.epsilon={params['epsilon']}", f"privacy.delta={params['delta']}",
+            f"train.steps={params['steps']}", f"partition.num_shards={params['num_shards']}",
+            f"train.n_d={params['n_d']}", f"train.seed={params['seed']}"]
+    if params.get("tracking_uri"):
+        sets += ["tracking.enabled=true", f"tracking.uri={params['tracking_uri']}"]
+    return sets + list(params.get("overrides") or [])
+
+
+def plan(params: dict, pipeline_run_id: str) -> dict:
+    """Everything a stage call needs but the parent run id: plain values only."""
+    run_dir = f"{str(params['run_root']).rstrip('/')}/{pipeline_run_id}"
+    config = ["--config", params["config"]] if params.get("config") else []
+    common = [*config, *(a for s in overrides(params) for a in ("--set", s)), "--run-dir", run_dir,
+              "--pipeline-run-id", pipeline_run_id, "--json"]
+    argv = {"start": ["pipeline", "start", *common], "finish": ["pipeline", "finish", *common],
+            **{stage: [stage, *common] for stage in STAGES}}
+    return {"pipeline_run_id": pipeline_run_id, "run_dir": run_dir, "argv": argv,
+            "shell": {name: shlex.join(["dpsynth", *a]) for name, a in argv.items()}}
+
+
+def with_parent(argv: list[str], parent_run_id: str | None) -> list[str]:
+    return [*argv, "--parent-run-id", parent_run_id] if parent_run_id else list(argv)
+
+
+def local_command() -> list[str]:
+    if python := setting("DPSYNTH_STAGE_PYTHON"):
+        return [python, "-m", "dpsynth.cli"]
+    return [setting("DPSYNTH_STAGE_BIN", str(REPO / ".venv" / "stage" / "bin" / "dpsynth"))]
+
+
+def parse_json(stdout: str):
+    """The JSON document a ``--json`` command printed (anything a library printed before it is skipped)."""
+    start = min((i for i in (stdout.find("{"), stdout.find("[")) if i >= 0), default=-1)
+    if start < 0:
+        raise ValueError(f"no JSON in the stage output: {stdout[-2000:]!r}")
+    return json.JSONDecoder().raw_decode(stdout[start:])[0]
+
+
+def summarise(out: dict) -> dict:
+    """A stage's ``--json`` outcome reduced to plain values: status, URIs, ε (and shard names)."""
+    if "manifest" not in out:  # already summarised
+        return out
+    m = out["manifest"] or {}
+    s = {"stage": out["stage"], "status": out["status"], "manifest_uri": out["manifest_uri"],
+         "mlflow_run_id": out.get("mlflow_run_id"), "epsilon": (m.get("privacy") or {}).get("epsilon"),
+         "outputs": [o["uri"] for o in m.get("outputs", [])]}
+    if out["stage"] == "partition":
+        s["shards"] = [Path(o["uri"]).stem for o in m.get("outputs", []) if o.get("role") == "shard"]
+    return s
+
+
+# --- pods --------------------------------------------------------------------------------------
+
+def pod_settings(stage: str) -> dict:
+    """KubernetesPodOperator keyword arguments for one stage: GPU stages get ``nvidia.com/gpu``,
+    a node selector and tolerations; the others are CPU-only."""
+    from kubernetes.client import models as k8s
+
+    gpu = stage in setting("DPSYNTH_GPU_STAGES", "warmstart,train").split(",")
+    kw: dict = {"image": setting("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest"),
+                "namespace": setting("DPSYNTH_K8S_NAMESPACE", "dpsynth"),
+                "labels": {"app.kubernetes.io/name": "dpsynth", "dpsynth.stage": stage}}
+    if gpu:
+        n = setting("DPSYNTH_GPU_LIMIT", "1")
+        kw["container_resources"] = k8s.V1ResourceRequirements(
+            requests={"cpu": "4", "memory": "16Gi"}, limits={"memory": "32Gi", "nvidia.com/gpu": n})
+        kw["node_selector"] = json.loads(setting("DPSYNTH_GPU_NODE_SELECTOR", '{"nvidia.com/gpu.present": "true"}'))
+        kw["tolerations"] = [k8s.V1Toleration(**t) for t in json.loads(setting(
+            "DPSYNTH_GPU_TOLERATIONS", '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]'))]
+    else:
+        kw["container_resources"] = k8s.V1ResourceRequirements(requests={"cpu": "1", "memory": "4Gi"},
+                                                               limits={"memory": "8Gi"})
+    if secret := setting("DPSYNTH_STAGE_SECRET"):
+        kw["env_from"] = [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=secret))]
+    if config_file := setting("DPSYNTH_K8S_CONFIG_FILE"):
+        kw["config_file"] = config_file
+    else:
+        kw["in_cluster"] = True
+    return kw
+
+
+def stage_pod_operator(task_id: str, stage: str, shell: str, **kwargs):
+    """A KubernetesPodOperator running ``sh -c SHELL`` (a templated command) in the stage image;
+    the command's JSON goes to the XCom sidecar."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    return KubernetesPodOperator(task_id=task_id, name=f"dpsynth-{stage}", cmds=["sh", "-c"],
+                                 arguments=[f"{shell} > {XCOM_FILE}"], do_xcom_push=True, get_logs=True,
+                                 on_finish_action="delete_succeeded_pod", **pod_settings(stage), **kwargs)

@@ -1,0 +1,50 @@
+"""Retrain on new data: ``dpsynth_import_data`` imports a source into the configured dataset URI
+(``DPSYNTH_DATASET_URI``) and updates its Asset; ``dpsynth_retrain_on_new_data`` is scheduled on
+that Asset and runs the same pipeline as ``dpsynth_train`` with the form's defaults.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from airflow.sdk import Asset, Param, dag, task
+
+sys.path.insert(0, str(Path(__file__).parent))  # the helper modules beside this file
+import dpsynth_pods as pods  # noqa: E402
+from dpsynth_pipeline import DATASET_URI, _run_local, params, pipeline  # noqa: E402
+
+
+def asset_uri(uri: str) -> str:
+    """s3://… as it is; a local path (relative to the repo) as file://…"""
+    return uri if "://" in uri else (pods.REPO / uri).resolve().as_uri()
+
+
+DATASET = Asset(name=DATASET_URI, uri=asset_uri(DATASET_URI), group="dpsynth-dataset")
+
+
+@dag(dag_id="dpsynth_import_data", schedule=None, catchup=False, tags=["dpsynth"], doc_md=__doc__,
+     params={"source": Param("data/mnist", type="string", minLength=1,
+                             description="anything `dpsynth data import` reads (local path or s3://)")})
+def dpsynth_import_data():
+    if pods.executor() == "kubernetes":
+        cmd = "dpsynth data import {{ params.source }} " + shlex.quote(DATASET_URI) + " --json"
+        pods.stage_pod_operator("import_data", "import", cmd, outlets=[DATASET])
+        return
+
+    @task(outlets=[DATASET])
+    def import_data(**context) -> dict:
+        return _run_local(["data", "import", context["params"]["source"], DATASET_URI, "--json"])
+
+    import_data()
+
+
+@dag(dag_id="dpsynth_retrain_on_new_data", schedule=[DATASET], catchup=False, params=params(DATASET_URI),
+     tags=["dpsynth"], doc_md=__doc__, max_active_runs=1)
+def dpsynth_retrain_on_new_data():
+    pipeline()
+
+
+dpsynth_import_data()
+dpsynth_retrain_on_new_data()

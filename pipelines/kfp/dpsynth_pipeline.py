@@ -1,0 +1,203 @@
+"""Kubeflow Pipelines v2: the six dpsynth stages, one task each, under one MLflow parent run.
+
+    start → partition → warmstart × K (ParallelFor over shard indices) → train (GPU) → audit → sample → evaluate → finish
+
+Two flavours of one wiring (``_wire``), so they cannot drift apart:
+
+- ``dpsynth_pipeline``: container components of the stage image (``STAGE_IMAGE``, env
+  ``DPSYNTH_STAGE_IMAGE``) running ``dpsynth <stage>``; compiled to ``dpsynth_pipeline.yaml``
+  (``python pipelines/kfp/dpsynth_pipeline.py --compile``).
+- ``local_pipeline``: lightweight Python components that run the same CLI with the current
+  interpreter (``sys.executable -m dpsynth.cli``), for ``kfp.local.SubprocessRunner`` (``run_local.py``).
+
+Tasks pass only plain values: the run directory URI, the MLflow parent run id (an output of
+``start``), the pipeline run id (KFP's job id) and the settings, as ``--set section.field=value``.
+MLflow: a pod reads ``MLFLOW_TRACKING_URI`` from its environment (else SQLite under the run dir).
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+from kfp import compiler, dsl
+
+STAGE_IMAGE = os.environ.get("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest")
+ACCELERATOR = "nvidia.com/gpu"  # KFP accelerator type → resources.limits["nvidia.com/gpu"] on the pod
+GPU_STAGES = ("warmstart", "train")
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+YAML = Path(__file__).with_name("dpsynth_pipeline.yaml")
+
+# The pipeline parameters that become stage settings: pipeline parameter -> config field.
+SETTINGS = {"dataset_uri": "data.uri", "method": "train.method", "epsilon": "privacy.epsilon",
+            "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
+            "n_d": "train.n_d", "seed": "train.seed"}
+
+try:  # kfp-kubernetes: tolerations and node selectors of the GPU pods
+    from kfp import kubernetes
+except ImportError:  # pragma: no cover - depends on the environment
+    kubernetes = None
+
+
+# --- container flavour: `dpsynth <command>` in the stage image --------------------------------------
+
+def _cli_args(command: str, p: dict) -> list:
+    """``dpsynth`` argv (after the program) for one command; ``p`` holds the task's inputs (placeholders)."""
+    args = [*command.split(), "--json", "--run-dir", p["run_dir"], "--pipeline-run-id", p["pipeline_run_id"]]
+    if command != "pipeline start":
+        args += ["--parent-run-id", p["parent_run_id"]]
+    for name, field in SETTINGS.items():
+        args += ["--set", f"{field}={p[name]}"]
+    return args
+
+
+# `pipeline start` prints {"parent_run_id", ...}: keep the id as the task's output parameter.
+_START = """\
+import json, pathlib, subprocess, sys
+out = pathlib.Path(sys.argv[1])
+ids = json.loads(subprocess.run(sys.argv[2:], check=True, stdout=subprocess.PIPE, text=True).stdout)
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(ids["parent_run_id"])
+"""
+
+
+def _container(command: str):
+    """The container component of one ``dpsynth`` command (its name: dpsynth-<command>)."""
+
+    def stage(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, method: str,
+              epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int):
+        return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
+
+    def warmstart(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, method: str,
+                  epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, shard_index: int):
+        # shard_index names the iteration; `dpsynth warmstart` has no per-shard option yet (see _wire)
+        return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
+
+    def start(run_dir: str, pipeline_run_id: str, dataset_uri: str, method: str, epsilon: float, delta: float,
+              steps: int, num_shards: int, n_d: str, seed: int, parent_run_id: dsl.OutputPath(str)):
+        args = _cli_args(command, {**locals(), "parent_run_id": None})
+        return dsl.ContainerSpec(image=STAGE_IMAGE, command=["python", "-c", _START, parent_run_id, "dpsynth"],
+                                 args=args)
+
+    fn = {"pipeline start": start, "warmstart": warmstart}.get(command, stage)
+    fn.__name__ = "dpsynth_" + command.replace("pipeline ", "")
+    return dsl.container_component(fn)
+
+
+CONTAINER = {c: _container(c) for c in ("pipeline start", "partition", "warmstart", "train", "audit", "sample",
+                                        "evaluate", "pipeline finish")}
+
+
+# --- shard indices: a lightweight component, in the stage image on a cluster ----------------------
+
+@dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)
+def shard_indices(num_shards: int, parent_run_id: str) -> list:
+    """What the warm-start fan-out iterates over: [{"shard": i, "parent_run_id": …} for i < K].
+
+    The parent run id rides in the loop items because kfp.local (2.17.0) replaces every task output
+    that enters a ParallelFor with the loop item; pipeline parameters and item fields come through."""
+    return [{"shard": i, "parent_run_id": parent_run_id} for i in range(num_shards)]
+
+
+# --- local flavour: the same CLI with the current interpreter ---------------------------------------
+
+@dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)  # runs locally; image for symmetry
+def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: str, method: str, epsilon: float,
+                delta: float, steps: int, num_shards: int, n_d: str, seed: int, extra: list,
+                parent_run_id: str = "", shard_index: int = -1) -> NamedTuple("Outputs", [("parent_run_id", str)]):
+    """Runs ``python -m dpsynth.cli <command>`` like the container does; outputs the parent run id."""
+    import json
+    import subprocess
+    import sys
+    from typing import NamedTuple
+
+    values = {"dataset_uri": dataset_uri, "method": method, "epsilon": epsilon, "delta": delta, "steps": steps,
+              "num_shards": num_shards, "n_d": n_d, "seed": seed}
+    fields = {"dataset_uri": "data.uri", "method": "train.method", "epsilon": "privacy.epsilon",  # = SETTINGS
+              "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
+              "n_d": "train.n_d", "seed": "train.seed"}
+    argv = [*command.split(), "--json", "--run-dir", run_dir, "--pipeline-run-id", pipeline_run_id]
+    if command != "pipeline start":
+        argv += ["--parent-run-id", parent_run_id]
+    for name, field in fields.items():
+        argv += ["--set", f"{field}={values[name]}"]
+    for item in extra:
+        argv += ["--set", item]
+    print("dpsynth", *argv)  # the task log
+    done = subprocess.run([sys.executable, "-m", "dpsynth.cli", *map(str, argv)], check=True,
+                          stdout=subprocess.PIPE, text=True)
+    print(done.stdout)
+    ids = json.loads(done.stdout) if command == "pipeline start" else {"parent_run_id": parent_run_id}
+    return NamedTuple("Outputs", [("parent_run_id", str)])(ids["parent_run_id"])
+
+
+# --- the wiring both flavours share -------------------------------------------------------------
+
+def _wire(step, p: dict, *, gpu: bool) -> None:
+    """``step(command, **inputs)`` makes a task; ``p`` holds the pipeline parameters. No KFP caching:
+    a cached ``start`` would hand out a closed parent run; the stages skip their own repeats by manifest."""
+    step = _uncached(step)
+    settings = {name: p[name] for name in SETTINGS}
+    common = dict(run_dir=p["run_dir"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **settings)
+    start = step("pipeline start", **common)
+    ids = dict(common, parent_run_id=start.outputs["parent_run_id"])
+
+    partition = step("partition", **ids)
+    shards = shard_indices(num_shards=p["num_shards"], parent_run_id=ids["parent_run_id"])
+    shards.after(partition).set_caching_options(False)
+    # Each iteration runs the whole (shard-agnostic) warmstart stage: the first does the work, the
+    # others find its manifest and skip. parallelism=1 until `dpsynth warmstart` takes a shard index.
+    with dsl.ParallelFor(shards.output, parallelism=1) as shard:
+        warm = step("warmstart", shard_index=shard.shard, **dict(ids, parent_run_id=shard.parent_run_id))
+    train = step("train", **ids).after(warm)  # fan-in: after every iteration of the loop
+    if gpu:
+        for task in (warm, train):
+            _on_gpu(task)
+    audit = step("audit", **ids).after(train)
+    sample = step("sample", **ids).after(audit)
+    evaluate = step("evaluate", **ids).after(sample)
+    step("pipeline finish", **ids).after(evaluate)
+
+
+def _uncached(step):
+    return lambda command, **kw: step(command, **kw).set_caching_options(False)
+
+
+def _on_gpu(task) -> None:
+    task.set_accelerator_type(ACCELERATOR).set_accelerator_limit(1)
+    if kubernetes is not None:
+        kubernetes.add_toleration(task, **GPU_TOLERATION)
+        for label, value in GPU_NODE_SELECTOR.items():
+            kubernetes.add_node_selector(task, label_key=label, label_value=value)
+
+
+@dsl.pipeline(name="dpsynth", description="dpsynth: partition, warmstart ×K, train (GPU), audit, sample, evaluate")
+def dpsynth_pipeline(dataset_uri: str, run_dir: str, method: str = "dpgan", epsilon: float = 10.0,
+                     delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
+                     seed: int = 0):
+    _wire(lambda command, **kw: CONTAINER[command](**kw), locals(), gpu=True)
+
+
+@dsl.pipeline(name="dpsynth-local", description="dpsynth_pipeline's shape, stages as local Python subprocesses")
+def local_pipeline(dataset_uri: str, run_dir: str, method: str = "dpgan", epsilon: float = 10.0,
+                   delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
+                   seed: int = 0, extra: list = []):  # noqa: B006 (KFP default)
+    _wire(lambda command, **kw: local_stage(command=command, extra=extra, **kw), locals(), gpu=False)
+
+
+def compile_yaml(path: str | os.PathLike = YAML) -> Path:
+    compiler.Compiler().compile(dpsynth_pipeline, str(path))
+    return Path(path)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--compile", nargs="?", const=str(YAML), metavar="PATH",
+                    help=f"write the IR YAML (default {YAML.name} beside this file)")
+    args = ap.parse_args()
+    if not args.compile:
+        ap.error("nothing to do: pass --compile")
+    print(compile_yaml(args.compile))
+    sys.exit(0)

@@ -1,0 +1,80 @@
+"""Run ``local_pipeline`` (the KFP pipeline's shape, stages as local subprocesses) with ``kfp.local``.
+
+    python pipelines/kfp/run_local.py --dataset outputs/data/mnist.parquet --run-dir outputs/kfp \\
+        --config configs/dpgan-mnist-cpu.yaml --steps 200
+
+Settings from ``--config`` (a YAML file) and ``--set section.field=value`` reach every stage as
+overrides; the pipeline parameters (dataset, method, ε, δ, steps, K, n_D, seed) default to the
+config's values and, when given, win.
+"""
+
+import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from kfp import local
+
+
+def _sibling(name: str, as_name: str):
+    """pipelines/kfp/NAME.py as module AS_NAME (pipelines/ is no package; airflow/dags has a namesake)."""
+    if as_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(as_name, Path(__file__).with_name(f"{name}.py"))
+        sys.modules[as_name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[as_name]
+
+
+kp = _sibling("dpsynth_pipeline", "dpsynth_kfp_pipeline")
+SETTINGS, local_pipeline = kp.SETTINGS, kp.local_pipeline
+
+
+def flatten(config: str | None, overrides: list[str]) -> tuple[list[str], dict]:
+    """(``section.field=value`` items for the stages, values of the pipeline parameters) of a config
+    file plus overrides: the pipeline passes settings, never files."""
+    import yaml
+
+    from dpsynth.config import load_config
+
+    cfg = load_config(config, overrides=overrides).to_dict()  # validates, names a bad field
+    sections = yaml.safe_load(Path(config).read_text()) if config else {}
+    items = [f"{s}.{k}={v}" for s, fields in (sections or {}).items() for k, v in (fields or {}).items()]
+    taken = set(SETTINGS.values())
+    extra = [i for i in [*items, *overrides] if i.split("=", 1)[0].strip() not in taken]
+    params = {name: cfg[field.split(".")[0]][field.split(".")[1]] for name, field in SETTINGS.items()}
+    return extra, params
+
+
+def run(*, dataset: str, run_dir: str, extra: list[str], pipeline_root: str | None = None, **params):
+    """Run the local pipeline to the end; raises when a task fails. Returns kfp.local's outputs."""
+    run_dir = str(Path(run_dir).resolve()) if "://" not in run_dir else run_dir
+    root = pipeline_root or os.path.join(run_dir if "://" not in run_dir else ".", "kfp-local")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
+    return local_pipeline(dataset_uri=dataset, run_dir=run_dir, extra=list(extra), **params)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", required=True, help="canonical Parquet dataset URI")
+    ap.add_argument("--run-dir", required=True, help="root of the pipeline run, local or s3://")
+    ap.add_argument("--config", help="YAML config file; its settings become overrides")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    ap.add_argument("--method")
+    ap.add_argument("--epsilon", type=float)
+    ap.add_argument("--delta", type=float)
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--num-shards", type=int)
+    ap.add_argument("--n-d")
+    ap.add_argument("--seed", type=int)
+    a = ap.parse_args(argv)
+    extra, params = flatten(a.config, [f"data.uri={a.dataset}", *a.overrides])
+    params.update({k: v for k, v in vars(a).items() if k in params and v is not None})
+    params["n_d"] = str(params["n_d"])
+    run(dataset=params.pop("dataset_uri"), run_dir=a.run_dir, extra=extra, **params)
+    print(f"run directory: {a.run_dir} (release/sample, release/evaluate); MLflow: see the finish task's table")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""pipelines/kfp: the compiled YAML is in sync and has the GPU/fan-out settings; the local flavour runs
+the same CLI as the containers, end to end on 600 MNIST records with K=2 under one MLflow parent run."""
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpsynth import tracking
+from dpsynth.stages.common import TAG_STATUS as STATUS
+from tests.stages.helpers import manifest, release_files
+
+KFP = Path(__file__).resolve().parents[2] / "pipelines" / "kfp"
+STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
+
+
+_spec = importlib.util.spec_from_file_location("dpsynth_kfp_run_local", KFP / "run_local.py")
+run_local = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run_local)
+kp = run_local.kp  # pipelines/kfp/dpsynth_pipeline.py
+
+
+@pytest.fixture(scope="module")
+def documents():
+    """The pipeline spec, then (with kfp-kubernetes) the platform spec: a two-document YAML."""
+    return list(yaml.safe_load_all(kp.YAML.read_text()))
+
+
+@pytest.fixture(scope="module")
+def compiled(documents):
+    return documents[0]
+
+
+def test_committed_yaml_is_in_sync(tmp_path):
+    out = tmp_path / "dpsynth_pipeline.yaml"
+    subprocess.run([sys.executable, str(KFP / "dpsynth_pipeline.py"), "--compile", str(out)], check=True,
+                   stdout=subprocess.DEVNULL)
+    assert out.read_text() == kp.YAML.read_text(), "run: python pipelines/kfp/dpsynth_pipeline.py --compile"
+
+
+def test_gpu_stages_and_fan_out(compiled):
+    executors = compiled["deploymentSpec"]["executors"]
+    for stage in kp.GPU_STAGES:
+        accelerator = executors[f"exec-dpsynth-{stage}"]["container"]["resources"]["accelerator"]
+        assert accelerator["resourceType"] == "nvidia.com/gpu" and accelerator["resourceCount"] == "1"
+    assert all("resources" not in executors[f"exec-dpsynth-{s}"]["container"] for s in ("partition", "audit"))
+    assert all(e["container"]["image"] == kp.STAGE_IMAGE for e in executors.values())
+
+    dag = compiled["root"]["dag"]["tasks"]
+    loop = dag["for-loop-1"]
+    assert loop["parameterIterator"]["items"]["inputParameter"].endswith("shard-indices-Output")
+    assert loop["iteratorPolicy"]["parallelismLimit"] == 1
+    assert "dpsynth-warmstart" in compiled["components"]["comp-for-loop-1"]["dag"]["tasks"]
+    assert "for-loop-1" in dag["dpsynth-train"]["dependentTasks"]  # fan-in
+    order = ["dpsynth-start", "dpsynth-partition", "shard-indices", "for-loop-1", "dpsynth-train", "dpsynth-audit",
+             "dpsynth-sample", "dpsynth-evaluate", "dpsynth-finish"]
+    for before, after in zip(order, order[1:]):
+        assert before in dag[after]["dependentTasks"], (before, after)
+    assert all(not t.get("cachingOptions", {}).get("enableCache") for t in dag.values())
+    assert set(compiled["root"]["inputDefinitions"]["parameters"]) == {
+        "dataset_uri", "method", "epsilon", "delta", "steps", "num_shards", "n_d", "seed", "run_dir"}
+
+
+def test_gpu_toleration_and_node_selector(documents):
+    platform = documents[1]["platforms"]["kubernetes"] if len(documents) > 1 else None
+    if kp.kubernetes is None:
+        assert platform is None
+        pytest.skip("kfp-kubernetes is not installed: no tolerations/node selector in the YAML")
+    configs = platform["deploymentSpec"]["executors"]
+    for stage in kp.GPU_STAGES:
+        assert configs[f"exec-dpsynth-{stage}"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+        assert configs[f"exec-dpsynth-{stage}"]["nodeSelector"]["labels"] == kp.GPU_NODE_SELECTOR
+
+
+def test_local_component_runs_the_containers_command(compiled, monkeypatch):
+    """The two flavours cannot drift: same argv (after ``dpsynth``) for every command."""
+    seen = []
+
+    def fake_run(argv, **kw):
+        seen.append(argv[3:])  # drop [python, -m, dpsynth.cli]
+        return subprocess.CompletedProcess(argv, 0, stdout='{"parent_run_id": "P"}')
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    values = dict(run_dir="R", pipeline_run_id="J", parent_run_id="P", dataset_uri="D", method="dpgan",
+                  epsilon=1.5, delta=1e-5, steps=7, num_shards=2, n_d="adaptive", seed=3)
+    for command in kp.CONTAINER:
+        kp.local_stage.python_func(command=command, extra=[], **values)
+        name = "exec-dpsynth-" + command.replace("pipeline ", "")
+        container = compiled["deploymentSpec"]["executors"][name]["container"]
+        args = [re.sub(r"\{\{\$\.inputs\.parameters\['(\w+)'\]\}\}", lambda m: str(values[m[1]]), a)
+                for a in container["args"]]
+        assert seen[-1] == args, command
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    import numpy as np
+
+    from dpsynth.data import import_source, write_parquet
+    from tests.stages.helpers import MNIST
+
+    path = tmp_path_factory.mktemp("source") / "mnist600.parquet"
+    write_parquet(import_source(MNIST).subset(np.arange(600)), path)
+    return str(path)
+
+
+TINY = ("train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch_size=32", "sample.num_samples=200",
+        "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0")
+
+
+def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models; other processes share the CPU
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    extra = [*TINY, f"tracking.uri={mlflow_uri}", "tracking.experiment=kfp-test"]
+    run = tmp_path / "run"
+    run_local.run(dataset=source, run_dir=str(run), extra=extra, pipeline_root=str(tmp_path / "kfp"),
+                  method="dpgan", epsilon=10.0, delta=1e-4, steps=12, num_shards=2, n_d="2", seed=0)
+
+    assert {"sample/manifest.json", "sample/synthetic.parquet", "evaluate/manifest.json",
+            "evaluate/report.json"} <= set(release_files(run))
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_uri)
+    exp = client.get_experiment_by_name("kfp-test")
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in runs if r.data.tags[tracking.TAG_STAGE] == "pipeline"]
+    children = [r for r in runs if r is not parent]
+    assert parent.info.status == "FINISHED" and parent.data.tags[tracking.TAG_AUDIT] == "passed"
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    stages = [c.data.tags[tracking.TAG_STAGE] for c in children]
+    assert sorted(set(stages)) == sorted(STAGES)
+    assert stages.count("warmstart") == 2 and all(stages.count(s) == 1 for s in STAGES if s != "warmstart")
+    job = parent.data.tags[tracking.TAG_PIPELINE_RUN_ID]
+    assert all(c.data.tags[tracking.TAG_PIPELINE_RUN_ID] == job for c in children)
+    warm = sorted(c.data.tags[STATUS] for c in children if c.data.tags[tracking.TAG_STAGE] == "warmstart")
+    assert warm == ["skipped", "succeeded"]  # shard-agnostic stage: the second iteration reuses the first
+    assert manifest(run, "release", "sample")["pipeline_run_id"] == job
