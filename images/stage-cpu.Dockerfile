@@ -1,0 +1,27 @@
+# The stage image, CPU: `dpsynth <stage> ...` (partition|warmstart|train|audit|sample|evaluate|pipeline).
+# Build from the repository root:  buildah bud --isolation chroot -f images/stage-cpu.Dockerfile -t dpsynth-stage:cpu .
+# The base must have Python 3.11 with pip and venv (see images/README.md for a debootstrap-made one).
+ARG BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
+
+# stage.lock pins torch==2.13.0+cpu, a local version only the PyTorch CPU index serves.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/dpsynth PATH=/opt/dpsynth/bin:$PATH
+
+RUN python3 -m venv /opt/dpsynth
+COPY requirements/stage.lock /tmp/stage.lock
+RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -r /tmp/stage.lock
+
+COPY pyproject.toml README.md /src/
+COPY components /src/components
+# PostgreSQL driver for `mlflow server` (the chart runs MLflow from this image) and the ledger's
+# postgresql:// URL; not in stage.lock because the laptop default is SQLite.
+ARG PG_DRIVER=psycopg2-binary==2.9.13
+RUN pip install "${PG_DRIVER}" && pip install --no-deps /src && rm -rf /src /tmp/stage.lock
+
+RUN useradd --create-home --uid 10001 dpsynth
+USER 10001
+WORKDIR /home/dpsynth
+ENTRYPOINT ["dpsynth"]
+CMD ["--help"]

@@ -1,0 +1,40 @@
+# The stage image, CUDA: same entrypoint as stage-cpu, with torch built for CUDA 12.8
+# (pinned in images/stage-cuda.constraints). The GPU stages (warmstart, train) run in it.
+# Build from the repository root:  buildah bud --isolation chroot -f images/stage-cuda.Dockerfile -t dpsynth-stage:cuda .
+ARG BASE_IMAGE=docker.io/nvidia/cuda:12.8.1-runtime-ubuntu24.04
+FROM ${BASE_IMAGE}
+
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+ARG PYTHON=python3.11
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/dpsynth PATH=/opt/dpsynth/bin:$PATH \
+    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+# The nvidia/cuda images carry no Python 3.11; take it from the deadsnakes PPA on Ubuntu
+# (or use a base that has it and pass --build-arg PYTHON=python3).
+RUN if ! command -v "${PYTHON}" >/dev/null; then \
+      apt-get update && apt-get install -y --no-install-recommends software-properties-common && \
+      add-apt-repository -y ppa:deadsnakes/ppa && apt-get update && \
+      apt-get install -y --no-install-recommends "${PYTHON}" "${PYTHON}-venv" && \
+      rm -rf /var/lib/apt/lists/*; fi && \
+    "${PYTHON}" -m venv /opt/dpsynth
+
+# torch first, the CUDA build; then the rest of stage.lock without its CPU torch line.
+COPY images/stage-cuda.constraints /tmp/stage-cuda.constraints
+RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -r /tmp/stage-cuda.constraints
+COPY requirements/stage.lock /tmp/stage.lock
+RUN grep -v '^torch==' /tmp/stage.lock > /tmp/stage-notorch.lock && \
+    pip install --extra-index-url "${TORCH_INDEX_URL}" -c /tmp/stage-cuda.constraints -r /tmp/stage-notorch.lock
+
+COPY pyproject.toml README.md /src/
+COPY components /src/components
+# PostgreSQL driver for `mlflow server` (the chart runs MLflow from this image) and the ledger's
+# postgresql:// URL; not in stage.lock because the laptop default is SQLite.
+ARG PG_DRIVER=psycopg2-binary==2.9.13
+RUN pip install "${PG_DRIVER}" && pip install --no-deps /src && rm -rf /src /tmp/stage*.lock /tmp/stage-cuda.constraints
+
+RUN useradd --create-home --uid 10001 dpsynth
+USER 10001
+WORKDIR /home/dpsynth
+ENTRYPOINT ["dpsynth"]
+CMD ["--help"]

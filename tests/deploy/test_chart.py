@@ -1,0 +1,215 @@
+"""The Helm chart (charts/dpsynth) and the Dockerfiles (images/), checked offline.
+
+Helm and kubernetes-validate live in the tools venv (.venv/tools, `make tools-venv`), run here as
+subprocesses; these tests skip when it is absent. Images are not built here (too slow): their
+Dockerfiles are linted for structure instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "dpsynth"
+TOOLS = REPO / ".venv" / "tools" / "bin"
+HELM, VALIDATE = TOOLS / "helm", TOOLS / "kubernetes-validate"
+K8S_VERSION = "1.33.0"  # validate against a version most clusters run; the chart needs >=1.27
+CREDENTIALS = ["--set", "credentials.create=true", "--set", "credentials.awsAccessKeyId=minio",
+               "--set", "credentials.awsSecretAccessKey=minio-secret", "--set", "credentials.postgresPassword=p@ss/word"]
+VARIANTS = {"default": [], "gpu": ["-f", str(CHART / "values-gpu.yaml")],
+            "secrets": CREDENTIALS,
+            "external": ["--set", "postgresql.enabled=false", "--set", "postgresql.external.host=db.example.org",
+                         "--set", "minio.enabled=false", "--set", "s3.endpoint=https://s3.example.org"]}
+
+tools = pytest.mark.skipif(not (HELM.exists() and VALIDATE.exists()),
+                           reason="no .venv/tools (helm, kubernetes-validate): run `make tools-venv`")
+
+
+def helm(*args: str) -> str:
+    proc = subprocess.run([str(HELM), *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def render(*args: str) -> list[dict]:
+    out = helm("template", "dpsynth", str(CHART), "--namespace", "dpsynth", *args)
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def find(docs: list[dict], kind: str, suffix: str) -> dict:
+    [doc] = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    return doc
+
+
+@tools
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_lint(variant):
+    helm("lint", "--strict", str(CHART), *VARIANTS[variant])
+
+
+@tools
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_manifest_validates(variant, tmp_path):
+    docs = render(*VARIANTS[variant])
+    assert docs
+    files = []
+    for i, doc in enumerate(docs):
+        files.append(tmp_path / f"{i:02d}-{doc['kind']}.yaml")
+        files[-1].write_text(yaml.safe_dump(doc))
+    proc = subprocess.run([str(VALIDATE), "--strict", "--quiet", "-k", K8S_VERSION, *map(str, files)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "ERROR" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+@tools
+def test_validation_catches_a_bad_manifest(tmp_path):
+    """The validation above is not vacuous: a typo in a Deployment fails it."""
+    bad = find(render(), "Deployment", "-mlflow")
+    bad["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    proc = subprocess.run([str(VALIDATE), "--strict", "--quiet", "-k", K8S_VERSION, str(tmp_path / "bad.yaml")],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0
+
+
+@tools
+def test_default_values_render_no_secret_and_cpu_settings():
+    docs = render()
+    assert not [d for d in docs if d["kind"] == "Secret"]  # existingSecret pattern: only when asked
+    env = find(docs, "ConfigMap", "-airflow-env")["data"]
+    assert env["DPSYNTH_EXECUTOR"] == "kubernetes"
+    assert env["DPSYNTH_STAGE_IMAGE"] == "dpsynth-stage:cpu"
+    assert env["DPSYNTH_K8S_NAMESPACE"] == "dpsynth"
+    assert env["DPSYNTH_GPU_STAGES"] == "warmstart,train" and env["DPSYNTH_GPU_LIMIT"] == "1"
+    assert env["DPSYNTH_STAGE_SECRET"] == "dpsynth-stage"
+
+
+@tools
+def test_gpu_values_reach_airflow_env():
+    env = find(render(*VARIANTS["gpu"]), "ConfigMap", "-airflow-env")["data"]
+    assert env["DPSYNTH_STAGE_IMAGE"] == "dpsynth-stage:cuda"
+    assert env["DPSYNTH_K8S_NAMESPACE"] == "dpsynth-stages"
+    assert env["DPSYNTH_GPU_STAGES"] == "warmstart,train,evaluate"
+    assert env["DPSYNTH_GPU_LIMIT"] == "2"
+    assert json.loads(env["DPSYNTH_GPU_NODE_SELECTOR"]) == {
+        "cloud.google.com/gke-accelerator": "nvidia-h100-80gb", "dpsynth.io/pool": "gpu"}
+    tolerations = json.loads(env["DPSYNTH_GPU_TOLERATIONS"])
+    assert {"key": "dpsynth.io/pool", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in tolerations
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+
+
+@tools
+def test_airflow_env_builds_the_gpu_pod(monkeypatch):
+    """The rendered env, read by the DAGs' own dpsynth_pods.pod_settings, gives a GPU pod (needs the
+    kubernetes client, present in the Airflow venv; skipped otherwise)."""
+    pytest.importorskip("kubernetes")
+    import importlib.util
+    env = find(render(*VARIANTS["gpu"]), "ConfigMap", "-airflow-env")["data"]
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    spec = importlib.util.spec_from_file_location("dpsynth_pods_under_test",
+                                                  REPO / "pipelines" / "airflow" / "dags" / "dpsynth_pods.py")
+    pods = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pods)
+    kw = pods.pod_settings("train")
+    assert kw["namespace"] == "dpsynth-stages" and kw["image"] == "dpsynth-stage:cuda"
+    assert kw["container_resources"].limits["nvidia.com/gpu"] == "2"
+    assert kw["node_selector"]["dpsynth.io/pool"] == "gpu"
+    assert {t.key for t in kw["tolerations"]} == {"nvidia.com/gpu", "dpsynth.io/pool"}
+    assert kw["env_from"][0].secret_ref.name == "dpsynth-stage"
+    assert "nvidia.com/gpu" not in (pods.pod_settings("partition")["container_resources"].limits or {})
+
+
+@tools
+@pytest.mark.parametrize("variant", ["default", "gpu"])
+def test_rbac_lets_airflow_launch_stage_pods(variant):
+    docs = render(*VARIANTS[variant])
+    namespace = "dpsynth-stages" if variant == "gpu" else "dpsynth"
+    role, binding = find(docs, "Role", "-stage-pods"), find(docs, "RoleBinding", "-stage-pods")
+    sa = find(docs, "ServiceAccount", "-airflow")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == namespace
+    [rule] = [r for r in role["rules"] if "pods" in r["resources"]]
+    assert {"pods", "pods/log", "pods/exec"} <= set(rule["resources"])
+    assert {"create", "get", "list", "watch", "delete"} <= set(rule["verbs"])
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "dpsynth"}]
+
+
+@tools
+def test_mlflow_reads_credentials_from_the_secret():
+    docs = render()
+    [container] = find(docs, "Deployment", "-mlflow")["spec"]["template"]["spec"]["containers"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+    assert set(refs) == {"POSTGRES_PASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    assert {r["name"] for r in refs.values()} == {"dpsynth-credentials"}
+    assert not any("value" in e and "PASSWORD" in e["name"] for e in container["env"])
+    args = " ".join(container["args"])
+    assert "--backend-store-uri=postgresql://dpsynth:$(POSTGRES_PASSWORD)@dpsynth-postgresql.dpsynth.svc:5432/mlflow" in args
+    assert "--artifacts-destination=s3://mlflow/" in args
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MLFLOW_S3_ENDPOINT_URL"] == "http://dpsynth-minio.dpsynth.svc:9000"
+
+
+@tools
+def test_external_services_replace_postgres_and_minio():
+    docs = render(*VARIANTS["external"])
+    assert not [d for d in docs if d["kind"] == "StatefulSet" or "minio" in d["metadata"]["name"]]
+    [container] = find(docs, "Deployment", "-mlflow")["spec"]["template"]["spec"]["containers"]
+    assert "@db.example.org:5432/mlflow" in " ".join(container["args"])
+    assert {e["name"]: e.get("value") for e in container["env"]}["MLFLOW_S3_ENDPOINT_URL"] == "https://s3.example.org"
+
+
+@tools
+def test_secrets_rendered_when_asked():
+    docs = render(*CREDENTIALS)
+    creds = find(docs, "Secret", "-credentials")["stringData"]
+    assert set(creds) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POSTGRES_PASSWORD"}
+    stage = find(docs, "Secret", "-stage")["stringData"]
+    assert stage["MLFLOW_TRACKING_URI"] == "http://dpsynth-mlflow.dpsynth.svc:5000"
+    assert stage["DPSYNTH_S3_ENDPOINT_URL"] == stage["MLFLOW_S3_ENDPOINT_URL"] == "http://dpsynth-minio.dpsynth.svc:9000"
+    assert stage["DPSYNTH_LEDGER_URL"] == "postgresql://dpsynth:p%40ss%2Fword@dpsynth-postgresql.dpsynth.svc:5432/ledger"
+
+
+@tools
+def test_dags_configmap_carries_the_repository_dags():
+    data = find(render(), "ConfigMap", "-dags")["data"]
+    dags = REPO / "pipelines" / "airflow" / "dags"
+    assert data == {p.name: p.read_text().rstrip("\n") for p in dags.glob("*.py")}
+
+
+# --- Dockerfiles (no tools needed) ---------------------------------------------------------------
+
+DOCKERFILES = sorted((REPO / "images").glob("*.Dockerfile"))
+
+
+def test_the_three_dockerfiles_exist():
+    assert {p.name for p in DOCKERFILES} == {"stage-cpu.Dockerfile", "stage-cuda.Dockerfile", "airflow.Dockerfile"}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_structure(dockerfile):
+    lines = [ln.strip() for ln in dockerfile.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    first_from = next(i for i, ln in enumerate(lines) if ln.startswith("FROM "))
+    assert any(re.match(r"ARG BASE_IMAGE=\S+", ln) for ln in lines[:first_from]), "ARG BASE_IMAGE=... before FROM"
+    assert lines[first_from] == "FROM ${BASE_IMAGE}"
+    for ln in lines:
+        if ln.startswith(("COPY ", "ADD ")):
+            sources = [a for a in ln.split()[1:-1] if not a.startswith("--")]
+            for src in sources:
+                assert (REPO / src).exists(), f"{dockerfile.name}: {src} is not in the repository"
+    assert any(ln.startswith("USER ") and ln.split()[1] not in ("root", "0") for ln in lines), "runs as non-root"
+    if dockerfile.name.startswith("stage-"):
+        assert 'ENTRYPOINT ["dpsynth"]' in lines
+
+
+def test_cuda_image_pins_a_cuda_torch_of_the_locked_release():
+    locked = re.search(r"^torch==([\d.]+)\+cpu$", (REPO / "requirements" / "stage.lock").read_text(), re.M)
+    pins = [ln for ln in (REPO / "images" / "stage-cuda.constraints").read_text().splitlines()
+            if ln and not ln.startswith("#")]
+    assert len(pins) == 1 and re.fullmatch(rf"torch=={re.escape(locked.group(1))}\+cu\d+", pins[0]), pins
