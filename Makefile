@@ -14,7 +14,7 @@ TOOLS_STAMP := $(TOOLS_VENV)/.installed
 OUT    ?= outputs
 CONFIG ?= configs/dpgan-mnist-cpu.yaml
 
-.PHONY: help venv airflow-venv tools-venv run run-pipeline run-kfp kfp-yaml test test-slow bench lock airflow-lock clean mlflow-ui
+.PHONY: help venv airflow-venv tools-venv up down run run-train run-pipeline run-kfp kfp-yaml test test-slow bench lock airflow-lock clean mlflow-ui
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -42,7 +42,10 @@ $(TOOLS_STAMP): requirements/tools.lock tests/deploy/install_helm.py
 
 tools-venv: $(TOOLS_STAMP)  ## helm + kubernetes-validate for the chart tests (.venv/tools)
 
-run: $(STAMP)  ## import the bundled MNIST and train a CPU-sized DPGAN at (ε=10, δ=1e-5)
+run: $(STAMP) $(AIRFLOW_STAMP)  ## the six stages through Airflow (`airflow dags test`) on the bundled MNIST at (ε=10, δ=1e-5)
+	OUT=$(OUT) CONFIG=$(CONFIG) pipelines/airflow/run_embedded.sh
+
+run-train: $(STAMP)  ## only import the bundled MNIST and train a CPU-sized DPGAN (no stages, no Airflow)
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
 	$(PY) -m dpsynth.cli train --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --set output.dir=$(OUT)/dpgan-mnist
 	@echo "Look at the runs:  $(PY) -m mlflow ui --backend-store-uri sqlite:///$(OUT)/mlflow.db --port 5000"
@@ -50,6 +53,12 @@ run: $(STAMP)  ## import the bundled MNIST and train a CPU-sized DPGAN at (ε=10
 run-pipeline: $(STAMP)  ## the six stages locally (partition … evaluate) on the bundled MNIST, one MLflow parent run
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
 	$(PY) -m dpsynth.cli pipeline run --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --run-dir $(OUT)/pipeline
+
+up: $(STAMP) $(AIRFLOW_STAMP)  ## start the local platform: MLflow :5000 + Airflow UI :8080 (state in outputs/platform)
+	scripts/platform.sh up
+
+down:  ## stop the local platform (safe when nothing is running)
+	scripts/platform.sh down
 
 KFP_STEPS ?= 200
 run-kfp: $(STAMP)  ## the Kubeflow pipeline's shape run locally (kfp.local, stages as subprocesses) on the bundled MNIST

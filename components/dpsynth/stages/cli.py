@@ -71,6 +71,13 @@ def register(subparsers) -> None:
     add_config_options(end)
     add_stage_options(end)
     end.set_defaults(func=finish_command)
+    show = actions.add_parser("show", help="print the per-stage table of a pipeline run from its manifests",
+                              description="Read the stage manifests under --run-dir and print stage, status, "
+                              "ε consumed and outputs; exit 2 unless every stage succeeded.")
+    add_config_options(show)
+    show.add_argument("--run-dir", metavar="URI", help="root of the pipeline run (else pipeline.run_dir)")
+    show.add_argument("--pipeline-run-id", metavar="ID", help="the pipeline run id, to name its MLflow parent run")
+    show.set_defaults(func=show_command)
 
 
 def _context(args, cfg: RunConfig | None = None):
@@ -128,6 +135,21 @@ def finish_command(args) -> int:
     s = finish(ctx)
     print(json.dumps(s, indent=2) if args.json else table(s) + "\n" + _where(ctx))
     return 0
+
+
+def show_command(args) -> int:
+    from dpsynth.stages.pipeline import summary, table
+
+    ctx = _context(args)
+    s = summary(ctx)
+    if args.json:
+        print(json.dumps(s, indent=2))
+    else:
+        print(table(s))
+        if ctx.cfg.tracking.enabled:
+            print(f"MLflow: experiment {ctx.experiment!r} at {ctx.tracking_uri}, parent run "
+                  f"pipeline-{ctx.pipeline_run_id}\n  open it: mlflow ui --backend-store-uri {ctx.tracking_uri}")
+    return 0 if s["succeeded"] else 2
 
 
 def _where(ctx) -> str:

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The local platform: an MLflow server and Airflow's four services, each in its own process group.
+#   scripts/platform.sh up|down|status
+# Settings (environment): PLATFORM_DIR (default outputs/platform), MLFLOW_PORT (5000), AIRFLOW_PORT (8080),
+# HEALTH_TIMEOUT (seconds, 120). `up` and `down` are idempotent; logs and pid files (one PGID each) live in
+# $PLATFORM_DIR/{logs,pids}. DAG runs log to the MLflow server (DPSYNTH_TRACKING_URI, MLFLOW_TRACKING_URI).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="$(mkdir -p "${PLATFORM_DIR:-$REPO/outputs/platform}" && cd "${PLATFORM_DIR:-$REPO/outputs/platform}" && pwd)"
+MLFLOW_PORT="${MLFLOW_PORT:-5000}"
+AIRFLOW_PORT="${AIRFLOW_PORT:-8080}"
+STAGE_BIN="$REPO/.venv/stage/bin"
+AIRFLOW="$REPO/.venv/airflow/bin/airflow"
+SERVICES=(mlflow api-server scheduler dag-processor triggerer)
+MLFLOW_URL="http://127.0.0.1:$MLFLOW_PORT"
+AIRFLOW_URL="http://127.0.0.1:$AIRFLOW_PORT"
+
+[[ -f "$DIR/secret" ]] || (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n" > "$DIR/secret")
+export AIRFLOW_HOME="$DIR/airflow"
+export AIRFLOW__CORE__DAGS_FOLDER="$REPO/pipelines/airflow/dags"
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$AIRFLOW_HOME/airflow.db"
+export AIRFLOW__CORE__PARALLELISM=4 AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=True
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="$AIRFLOW_URL/execution/"
+export AIRFLOW__API__PORT="$AIRFLOW_PORT" AIRFLOW__API__BASE_URL="$AIRFLOW_URL"
+export AIRFLOW__API_AUTH__JWT_SECRET="$(cat "$DIR/secret")" AIRFLOW__API__SECRET_KEY="$(cat "$DIR/secret")"
+export MLFLOW_TRACKING_URI="$MLFLOW_URL" DPSYNTH_TRACKING_URI="$MLFLOW_URL"
+export DPSYNTH_REPO="$REPO" DPSYNTH_STAGE_BIN="$STAGE_BIN/dpsynth" DPSYNTH_RUN_ROOT="${DPSYNTH_RUN_ROOT:-$DIR/runs}"
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PYTHONUNBUFFERED=1
+
+running() {  # running NAME: its process group is alive
+  local f="$DIR/pids/$1.pid"
+  [[ -f "$f" ]] && kill -0 -- "-$(cat "$f")" 2>/dev/null
+}
+
+start() {  # start NAME COMMAND...: in a new session (PGID = its pid), unless already running
+  local name="$1"; shift
+  if running "$name"; then echo "  $name: already running (pgid $(cat "$DIR/pids/$name.pid"))"; return; fi
+  setsid "$@" > "$DIR/logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$DIR/pids/$name.pid"
+}
+
+healthy() {  # MLflow answers /health and Airflow reports every component healthy
+  curl -fs "$MLFLOW_URL/health" > /dev/null &&
+    curl -fs "$AIRFLOW_URL/api/v2/monitor/health" | "$STAGE_BIN/python" -c '
+import json, sys
+h = json.load(sys.stdin)
+sys.exit(0 if all(h.get(k, {}).get("status") == "healthy"
+                  for k in ("metadatabase", "scheduler", "dag_processor", "triggerer")) else 1)' 2>/dev/null
+}
+
+up() {
+  mkdir -p "$DIR/logs" "$DIR/pids" "$DIR/mlartifacts" "$AIRFLOW_HOME"
+  start mlflow "$STAGE_BIN/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
+    --backend-store-uri "sqlite:///$DIR/mlflow.db" --artifacts-destination "$DIR/mlartifacts"
+  running api-server || "$AIRFLOW" db migrate > "$DIR/logs/db-migrate.log" 2>&1
+  start api-server "$AIRFLOW" api-server --host 127.0.0.1 --port "$AIRFLOW_PORT"
+  start scheduler "$AIRFLOW" scheduler
+  start dag-processor "$AIRFLOW" dag-processor
+  start triggerer "$AIRFLOW" triggerer
+  local deadline=$((SECONDS + ${HEALTH_TIMEOUT:-120}))
+  until healthy; do
+    for s in "${SERVICES[@]}"; do
+      running "$s" || { echo "$s exited; see $DIR/logs/$s.log" >&2; tail -20 "$DIR/logs/$s.log" >&2; down; exit 1; }
+    done
+    (( SECONDS < deadline )) || { echo "not healthy after ${HEALTH_TIMEOUT:-120}s; see $DIR/logs" >&2; down; exit 1; }
+    sleep 1
+  done
+  echo "MLflow:  $MLFLOW_URL"
+  echo "Airflow: $AIRFLOW_URL   (DAGs: $AIRFLOW__CORE__DAGS_FOLDER; logs: $DIR/logs)"
+}
+
+session() {  # session SID: the process groups in that session (task processes get their own group)
+  ps -eo sid=,pgid= | awk -v s="$1" '$1 == s {print $2}' | sort -u
+}
+
+down() {  # TERM every process group of every service's session, wait up to 15 s, then KILL what is left
+  local sids=() s f g
+  for s in "${SERVICES[@]}"; do
+    f="$DIR/pids/$s.pid"
+    [[ -f "$f" ]] || continue
+    sids+=("$(cat "$f")")
+    for g in $(session "$(cat "$f")"); do kill -- "-$g" 2>/dev/null || true; done
+  done
+  for _ in $(seq 75); do
+    [[ -z "$(for s in "${sids[@]}"; do session "$s"; done)" ]] && break
+    sleep 0.2
+  done
+  for s in "${sids[@]}"; do for g in $(session "$s"); do kill -9 -- "-$g" 2>/dev/null || true; done; done
+  rm -f "$DIR"/pids/*.pid
+  echo "stopped: ${#sids[@]} service(s)"
+}
+
+status() {
+  local rc=0
+  for s in "${SERVICES[@]}"; do
+    if running "$s"; then echo "  $s: running (pgid $(cat "$DIR/pids/$s.pid"))"; else echo "  $s: stopped"; rc=1; fi
+  done
+  if healthy 2>/dev/null; then echo "healthy: $MLFLOW_URL $AIRFLOW_URL"; else echo "not healthy"; rc=1; fi
+  return $rc
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,140 @@
+"""The local platform end to end, through its UIs: `scripts/platform.sh up` (MLflow + Airflow's four
+services), trigger `dpsynth_train` from the Airflow trigger form in headless Chromium with ε = 8 and a tiny
+training setting, wait for the DAG run to succeed (REST), then check in MLflow that the parent run has one
+child per stage with its ε (train: 0 < ε ≤ 8). Screenshots go to test-artifacts/. Needs Debian `chromium`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.platform.cdp import Browser
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
+EPSILON = 8
+TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch_size=32", "sample.num_samples=200",
+        "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.experiment=platform-ui"]
+FORM = {"dataset_uri": None, "epsilon": EPSILON, "delta": 1e-4, "steps": 10, "num_shards": 1, "n_d": "2",
+        "pipeline_run_id": None, "overrides": "\n".join(TINY)}
+
+pytestmark = [
+    pytest.mark.platform,
+    pytest.mark.skipif(not (REPO / ".venv" / "airflow" / "bin" / "airflow").exists(), reason=".venv/airflow is missing"),
+    pytest.mark.skipif(not shutil.which("chromium"), reason="no chromium: apt-get install -y chromium"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, token: str | None = None):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    home = tmp_path_factory.mktemp("platform")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DPSYNTH_", "MLFLOW_"))}
+    env.update(PLATFORM_DIR=str(home), MLFLOW_PORT=str(free_port()), AIRFLOW_PORT=str(free_port()))
+    script = str(REPO / "scripts" / "platform.sh")
+    try:
+        subprocess.run([script, "up"], env=env, check=True, timeout=300)
+        yield {"home": home, "mlflow": f"http://127.0.0.1:{env['MLFLOW_PORT']}",
+               "airflow": f"http://127.0.0.1:{env['AIRFLOW_PORT']}"}
+    finally:
+        subprocess.run([script, "down"], env=env, timeout=120)
+
+
+@pytest.fixture
+def browser():
+    b = Browser()
+    yield b
+    b.close()
+
+
+def fill_form(b: Browser, values: dict) -> None:
+    """Type into the trigger form's fields as a user would: focus, select all, insert the text, move on."""
+    for name, value in values.items():
+        assert b.js(f"""(() => {{ const el = document.querySelector('[role=dialog] [name=element_{name}]');
+                        if (!el) return false; el.scrollIntoView(); el.focus(); el.select(); return true; }})()"""), name
+        b.send("Input.insertText", text=str(value))
+        b.js("document.activeElement.blur()")
+
+
+def wait(probe, timeout: float, every: float = 2):
+    deadline = time.monotonic() + timeout
+    while not (value := probe()):
+        assert time.monotonic() < deadline, f"timed out after {timeout}s"
+        time.sleep(every)
+    return value
+
+
+def click(b: Browser, selector: str, text: str) -> None:
+    """Click the enabled element matching SELECTOR whose text is TEXT (waiting for it)."""
+    find = f"[...document.querySelectorAll({json.dumps(selector)})].find(x => x.textContent.trim() === {json.dumps(text)})"
+    b.wait_for(f"{find} && !{find}.disabled")
+    b.js(f"{find}.click()")
+
+
+def test_trigger_from_the_ui_and_see_epsilon_per_stage_in_mlflow(platform, browser, tmp_path):
+    from mlflow import MlflowClient
+
+    from dpsynth import tracking
+    from dpsynth.data import import_source, write_parquet
+
+    source = tmp_path / "mnist600.parquet"
+    write_parquet(import_source(REPO / "data" / "mnist").subset(np.arange(600)), source)
+    run_id = f"ui-{int(time.time())}"
+    airflow = platform["airflow"]
+
+    browser.goto(f"{airflow}/dags/dpsynth_train")
+    click(browser, "button", "Trigger")
+    browser.wait_for("!!document.querySelector('[role=dialog] [name=element_epsilon]')")
+    fill_form(browser, {**FORM, "dataset_uri": str(source), "pipeline_run_id": run_id})
+    browser.screenshot(ARTIFACTS / "airflow-trigger-form.png")
+    click(browser, "[role=dialog] button", "Trigger")
+
+    token = get(f"{airflow}/auth/token")["access_token"]
+    runs = lambda: get(f"{airflow}/api/v2/dags/dpsynth_train/dagRuns", token)["dag_runs"]  # noqa: E731
+    wait(lambda: runs(), 30)
+    (run,) = runs()
+    assert run["conf"]["epsilon"] == EPSILON and run["conf"]["overrides"] == TINY, run["conf"]  # the form's values
+    assert run["conf"]["steps"] == 10 and run["conf"]["pipeline_run_id"] == run_id, run["conf"]
+    (run,) = wait(lambda: [r for r in runs() if r["state"] in ("success", "failed")], 240)
+    browser.goto(f"{airflow}/dags/dpsynth_train/runs/{run['dag_run_id']}")
+    browser.wait_for("document.body.innerText.includes('finish')")
+    time.sleep(1)
+    browser.screenshot(ARTIFACTS / "airflow-dag-run.png")
+    assert run["state"] == "success", f"DAG run {run['state']}; logs under {platform['home']}"
+
+    client = MlflowClient(platform["mlflow"])
+    exp = client.get_experiment_by_name("platform-ui")
+    found = client.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = '{run_id}'")
+    (parent,) = [r for r in found if r.data.tags[tracking.TAG_STAGE] == "pipeline"]
+    eps = {r.data.tags[tracking.TAG_STAGE]: float(r.data.tags[tracking.TAG_EPSILON_SPENT])
+           for r in found if r is not parent}
+    assert sorted(eps) == sorted(STAGES), eps
+    assert 0 < eps["train"] <= EPSILON, eps
+    assert parent.info.status == "FINISHED" and 0 < float(parent.data.tags[tracking.TAG_EPSILON_SPENT]) <= EPSILON
+
+    browser.goto(f"{platform['mlflow']}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}")
+    browser.wait_for(f"document.body.innerText.includes({json.dumps(parent.info.run_name or parent.info.run_id)})", 60)
+    time.sleep(2)
+    browser.screenshot(ARTIFACTS / "mlflow-parent-run.png")
