@@ -5,7 +5,6 @@ Theorem 9 bound, a test-only dependency), by Opacus' RDP-to-DP conversion, or by
 form — never by dpsynth itself.
 """
 
-import argparse
 import doctest
 import itertools
 import json
@@ -22,7 +21,6 @@ from dpsynth.privacy import (
     WORAccountant,
     as_published_epsilon,
     calibrate_noise,
-    cli,
     epsilon,
     fold_releases,
     get_accountant,
@@ -31,6 +29,7 @@ from dpsynth.privacy import (
 )
 from dpsynth.privacy import wor as wor_module
 from dpsynth.privacy.wor import DEFAULT_ORDERS, wor_gaussian_rdp
+from tests.privacy.test_cli import run as run_cli
 
 from autodp import rdp_acct, rdp_bank  # noqa: E402  (test-only dependency, see requirements)
 from autodp.mechanism_zoo import GaussianMechanism  # noqa: E402
@@ -313,14 +312,6 @@ def test_calibration_refuses_a_mismatched_accountant():
     with pytest.raises(PrivacyError, match="^sampling: "):
         calibrate_noise(target_epsilon=1.0, delta=DELTA, sample_rate=0.01, steps=100, accountant="rdp",
                         sampling="without_replacement", sensitivity="replace_one")
-
-
-def run_cli(argv, capsys):
-    parser = argparse.ArgumentParser(prog="dpsynth")
-    cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code = args.func(args)
-    return code, capsys.readouterr().out
 
 
 GSWGAN_CLI = ["--sample-rate", "0.001", "--steps", "20000", "--delta", "1e-5", "--sampling", "without_replacement"]
