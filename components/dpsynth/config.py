@@ -47,6 +47,9 @@ class PrivacyConfig:
     accountant: Literal["rdp", "prv"] = "rdp"
     noise_multiplier: float | None = None  # None: calibrated so `train.steps` spends exactly ≤ epsilon
     max_grad_norm: float = 1.0
+    # sound: our accounting (DESIGN.md). as_published: reproduce a paper's own (unsound) account;
+    # such a run is marked unsound and the audit never passes it.
+    accounting: Literal["sound", "as_published"] = "sound"
 
     def validate(self) -> None:
         _require(self.epsilon > 0, "privacy.epsilon", f"must be > 0, got {self.epsilon}")
@@ -57,7 +60,9 @@ class PrivacyConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    method: Literal["dpgan"] = "dpgan"
+    # dpgan: Bie et al.; gswgan / dpac: GS-WGAN and DP-GAN-DPAC (sections `gswgan`, `dpac`);
+    # zhang: dp-GAN of Zhang, Ji & Wang (section `zhang`)
+    method: Literal["dpgan", "gswgan", "dpac", "zhang"] = "dpgan"
     steps: int = 2000  # discriminator (private) steps T; training stops earlier only at the ε budget
     batch_size: int = 128  # expected Poisson batch size B; q = B / n
     physical_batch_size: int | None = None  # memory cap per forward/backward; None: no cap

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from dpsynth import storage
+from dpsynth.errors import ConfigError
 from dpsynth.data import read_parquet
 from dpsynth.stages import common, manifest
 
@@ -55,6 +56,8 @@ def _discard_stale_checkpoints(workdir: str, *, stamp: str, force: bool) -> None
 
 def run(ctx: common.StageContext) -> common.Outcome:
     cfg = ctx.cfg
+    if cfg.train.method not in TRAINERS:
+        raise ConfigError(f"train.method: {cfg.train.method!r} has no trainer yet (have: {', '.join(sorted(TRAINERS))})")
     partition, partition_entry = common.upstream(ctx, "partition")
     _, warmstart_entry = common.upstream(ctx, "warmstart")
     shards = [manifest.verify(s) for s in manifest.outputs(partition, "shard")]
