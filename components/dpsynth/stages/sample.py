@@ -19,27 +19,43 @@ from dpsynth import storage, tracking
 from dpsynth.data import ImageDataset, write_parquet
 from dpsynth.errors import StageError
 from dpsynth.grids import class_grid
-from dpsynth.models.dcgan import Generator
 from dpsynth.stages import common, manifest
 
 STAGE = "sample"
 SECTIONS = ("sample",)
 GENERATOR_FORMAT = "dpsynth.generator/1"
+# The generator classes a generator file may name (an allow-list: the file is data, not code).
+# Each is built with the file's "model" keywords and has the interface of dcgan.Generator: a
+# ``num_classes`` attribute and ``sample(n, labels=, generator=) -> (images in [-1, 1] NCHW, labels)``.
+GENERATOR_CLASSES = {name: name for name in (
+    "dpsynth.models.dcgan.Generator",
+)}
 
 
-def load_generator(uri: str) -> tuple[Generator, dict]:
+def _import(dotted: str):
+    import importlib
+
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def load_generator(uri: str) -> tuple[torch.nn.Module, dict]:
     """The generator a trainer saved (``dpsynth.generator/1``) and its privacy record."""
     state = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or state.get("format") != GENERATOR_FORMAT:
         raise StageError(f"{uri}: not a dpsynth generator (expected format {GENERATOR_FORMAT!r})")
-    model = {k: v for k, v in state["model"].items() if k != "class"}
-    generator = Generator(**model)
+    model = dict(state["model"])
+    cls = GENERATOR_CLASSES.get(model.pop("class", "dpsynth.models.dcgan.Generator"))
+    if cls is None:
+        raise StageError(f"{uri}: unknown generator class {state['model'].get('class')!r} "
+                         f"(known: {', '.join(GENERATOR_CLASSES)})")
+    generator = _import(cls)(**model)
     generator.load_state_dict(state["state_dict"])
     return generator.eval(), state["privacy"]
 
 
 @torch.no_grad()
-def synthesize(generator: Generator, *, num_samples: int, seed: int, chunk: int = 1000) -> ImageDataset:
+def synthesize(generator: torch.nn.Module, *, num_samples: int, seed: int, chunk: int = 1000) -> ImageDataset:
     rng = torch.Generator().manual_seed(seed)
     labels = torch.arange(num_samples) % generator.num_classes
     images = []

@@ -32,15 +32,17 @@ OUTPUTS = {"generator": "generator.pt", "trace": "trace.json", "result": "result
            "grid": "samples.png", "config": "config.yaml"}
 
 
-def _train_dpgan(ctx: common.StageContext, cfg, dataset) -> dict:
+def _train_dpgan(ctx: common.StageContext, cfg, dataset, *, shards, warmstart) -> dict:
     from dpsynth.methods.dpgan import DPGANTrainer
 
     trainer = DPGANTrainer(cfg, dataset, parent_run_id=ctx.parent_run_id, run_tags=ctx.run_tags(), log_generator=False)
     return dataclasses.asdict(trainer.train())
 
 
-# method -> fn(ctx, cfg, dataset) -> a dict with at least epsilon, delta, accountant, mlflow_run_id; the
-# function writes OUTPUTS into cfg.output.dir.
+# method -> fn(ctx, cfg, dataset, *, shards, warmstart) -> a dict with at least epsilon, delta, accountant,
+# mlflow_run_id; the function writes OUTPUTS into cfg.output.dir. ``dataset`` is the union of the training
+# shards, ``shards`` the list of shard datasets in shard order, ``warmstart`` the warmstart stage's manifest
+# (its outputs: per-shard "discriminator" entries carrying "shard": k, or a "warm_start" entry).
 TRAINERS: dict[str, Callable] = {"dpgan": _train_dpgan}
 
 
@@ -59,13 +61,14 @@ def run(ctx: common.StageContext) -> common.Outcome:
     if cfg.train.method not in TRAINERS:
         raise ConfigError(f"train.method: {cfg.train.method!r} has no trainer yet (have: {', '.join(sorted(TRAINERS))})")
     partition, partition_entry = common.upstream(ctx, "partition")
-    _, warmstart_entry = common.upstream(ctx, "warmstart")
+    warmstart_manifest, warmstart_entry = common.upstream(ctx, "warmstart")
     shards = [manifest.verify(s) for s in manifest.outputs(partition, "shard")]
     inputs = [partition_entry, warmstart_entry, *shards]
     fp = common.fingerprint(cfg, SECTIONS)
     if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
-    dataset = common.concat([read_parquet(s["uri"]) for s in shards])
+    shard_data = [read_parquet(s["uri"]) for s in shards]
+    dataset = common.concat(shard_data)
     remote = storage.is_remote(ctx.run_dir)
     with tempfile.TemporaryDirectory(prefix="dpsynth-train-") as scratch:
         workdir = scratch if remote else str(storage.local_path(ctx.stage_dir(STAGE)))
@@ -78,7 +81,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
             tracking=dataclasses.replace(cfg.tracking, uri=ctx.tracking_uri if cfg.tracking.enabled else None,
                                          experiment=ctx.experiment),
         )
-        result = TRAINERS[cfg.train.method](ctx, tcfg, dataset)
+        result = TRAINERS[cfg.train.method](ctx, tcfg, dataset, shards=shard_data, warmstart=warmstart_manifest)
         if remote:
             for name in OUTPUTS.values():
                 storage.copy(storage.join(workdir, name), ctx.uri(STAGE, name))
