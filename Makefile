@@ -14,7 +14,7 @@ TOOLS_STAMP := $(TOOLS_VENV)/.installed
 OUT    ?= outputs
 CONFIG ?= configs/dpgan-mnist-cpu.yaml
 
-.PHONY: help venv airflow-venv tools-venv up down run run-train run-pipeline run-kfp kfp-yaml test test-slow bench lock airflow-lock clean mlflow-ui
+.PHONY: image help venv airflow-venv tools-venv up down run run-train run-pipeline run-kfp kfp-yaml test test-slow bench lock airflow-lock clean mlflow-ui
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ run-train: $(STAMP)  ## only import the bundled MNIST and train a CPU-sized DPGA
 run-pipeline: $(STAMP)  ## the six stages locally (partition … evaluate) on the bundled MNIST, one MLflow parent run
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
 	$(PY) -m dpsynth.cli pipeline run --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --run-dir $(OUT)/pipeline
+
+image:  ## build the CPU stage image with buildah and run a stage in it (slow: ~10+ min; root, podman/buildah)
+	scripts/build_image.sh
 
 up: $(STAMP) $(AIRFLOW_STAMP)  ## start the local platform: MLflow :5000 + Airflow UI :8080 (state in outputs/platform)
 	scripts/platform.sh up

@@ -6,6 +6,11 @@ FROM ${BASE_IMAGE}
 
 # stage.lock pins torch==2.13.0+cpu, a local version only the PyTorch CPU index serves.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# A directory of wheels mounted into the build (`buildah bud -v DIR:/wheels:ro --build-arg PIP_FIND_LINKS=/wheels`),
+# for builds without the PyTorch index; pip reads it from the environment.
+ARG PIP_FIND_LINKS
+# A CA bundle mounted into the build, for networks that intercept TLS (pip reads PIP_CERT).
+ARG PIP_CERT
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/dpsynth PATH=/opt/dpsynth/bin:$PATH
 

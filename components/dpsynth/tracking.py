@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +27,35 @@ TAG_AUDIT = "dpsynth.audit"
 TAG_PIPELINE_RUN_ID = "dpsynth.pipeline_run_id"
 TAG_CODE_VERSION = "dpsynth.code_version"
 TAG_METHOD = "dpsynth.method"
+TAG_POPULATION = "dpsynth.population_id"
+TAG_LEDGER_RESERVATION = "dpsynth.ledger_reservation_id"
+TAG_IMAGE = "dpsynth.image"
+
+# What the run-context provider of mlflow_plugins (dpsynth_mlflow) reads: the pipeline sets these
+# in the environment of each stage, so every MLflow run a stage starts carries its lineage tags.
+ENV_CONTEXT = {
+    TAG_PIPELINE_RUN_ID: "DPSYNTH_PIPELINE_RUN_ID",
+    TAG_STAGE: "DPSYNTH_STAGE",
+    TAG_DATASET_SHA256: "DPSYNTH_DATASET_SHA256",
+    TAG_POPULATION: "DPSYNTH_POPULATION_ID",
+    TAG_IMAGE: "DPSYNTH_IMAGE",  # the container image a stage runs in (set by the pod spec)
+}
+
+# Metric and parameter names that would carry a data-dependent per-step value outside the accounting:
+# actual (Poisson) batch sizes, chosen shard indices, per-example or gradient norms, losses on real
+# data. The audit fails a pipeline whose MLflow runs hold any of them (configuration settings, such
+# as the *expected* batch size train.batch_size, are data-independent and exempt; see
+# :func:`data_dependent_keys`).
+DATA_DEPENDENT_KEYS = re.compile(
+    r"batch_size|actual_batch|batch_count|shard|per_example|per_sample|grad_norm|clip_frac|d_loss_real|loss_real"
+    r"|real_loss|d_accuracy_real|acc_real",
+    re.IGNORECASE,
+)
+
+
+def data_dependent_keys(keys, *, exempt=frozenset()) -> list[str]:
+    """The names in ``keys`` that match :data:`DATA_DEPENDENT_KEYS`, except those in ``exempt``."""
+    return sorted(k for k in set(keys) if k not in exempt and DATA_DEPENDENT_KEYS.search(k))
 
 
 def default_tracking_uri(output_dir: str | os.PathLike) -> str:
@@ -55,12 +85,15 @@ def experiment_name(dataset_name: str) -> str:
     return f"dpsynth/{dataset_name}"
 
 
-def _ensure_experiment(mlflow, name: str, tracking_uri: str) -> str:
+def _ensure_experiment(mlflow, name: str, tracking_uri: str, artifact_location: str | None = None) -> str:
+    """The experiment's id, creating it when missing: its artifacts under ``artifact_location``
+    (e.g. ``s3://bucket/mlflow``; the S3 endpoint from ``MLFLOW_S3_ENDPOINT_URL``), else beside a
+    SQLite store, else where the tracking server puts them. An existing experiment keeps its own."""
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    location = None
-    if tracking_uri.startswith("sqlite:///"):
+    location = artifact_location
+    if location is None and tracking_uri.startswith("sqlite:///"):
         location = (Path(tracking_uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
     return mlflow.create_experiment(name, artifact_location=location)
 
@@ -74,12 +107,13 @@ def start_run(
     run_name: str | None = None,
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
+    artifact_location: str | None = None,
 ) -> Iterator[object]:
     """Start (or nest under ``parent_run_id``) an MLflow run tagged with the stage and code version."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
-    experiment_id = _ensure_experiment(mlflow, experiment, tracking_uri)
+    experiment_id = _ensure_experiment(mlflow, experiment, tracking_uri, artifact_location)
     all_tags = {TAG_STAGE: stage, TAG_CODE_VERSION: code_version(), **(tags or {})}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
@@ -87,14 +121,15 @@ def start_run(
         yield run
 
 
-def create_parent_run(*, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, str]) -> str:
+def create_parent_run(*, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, str],
+                      artifact_location: str | None = None) -> str:
     """Open a pipeline's parent run and leave it RUNNING (stages in other processes nest under it
     by id; the pipeline closes it); returns its id."""
     import mlflow
     from mlflow import MlflowClient
 
     mlflow.set_tracking_uri(tracking_uri)
-    experiment_id = _ensure_experiment(mlflow, experiment, tracking_uri)
+    experiment_id = _ensure_experiment(mlflow, experiment, tracking_uri, artifact_location)
     all_tags = {TAG_STAGE: "pipeline", TAG_CODE_VERSION: code_version(), **tags}
     return MlflowClient(tracking_uri).create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
 

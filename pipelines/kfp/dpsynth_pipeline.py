@@ -1,6 +1,7 @@
 """Kubeflow Pipelines v2: the six dpsynth stages, one task each, under one MLflow parent run.
 
-    start → partition → warmstart × K (ParallelFor over shard indices) → train (GPU) → audit → sample → evaluate → finish
+    start → partition → warmstart --shard k (ParallelFor over k < K, GPU) → warmstart (fan-in) → train (GPU)
+          → audit → sample → evaluate → finish
 
 Two flavours of one wiring (``_wire``), so they cannot drift apart:
 
@@ -25,7 +26,7 @@ from kfp import compiler, dsl
 
 STAGE_IMAGE = os.environ.get("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest")
 ACCELERATOR = "nvidia.com/gpu"  # KFP accelerator type → resources.limits["nvidia.com/gpu"] on the pod
-GPU_STAGES = ("warmstart", "train")
+GPU_STAGES = ("warmstart shard", "train")  # the per-shard warm starts and the private training
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
 YAML = Path(__file__).with_name("dpsynth_pipeline.yaml")
@@ -44,8 +45,10 @@ except ImportError:  # pragma: no cover - depends on the environment
 # --- container flavour: `dpsynth <command>` in the stage image --------------------------------------
 
 def _cli_args(command: str, p: dict) -> list:
-    """``dpsynth`` argv (after the program) for one command; ``p`` holds the task's inputs (placeholders)."""
-    args = [*command.split(), "--json", "--run-dir", p["run_dir"], "--pipeline-run-id", p["pipeline_run_id"]]
+    """``dpsynth`` argv (after the program) for one command; ``p`` holds the task's inputs (placeholders).
+    "warmstart shard" is ``dpsynth warmstart --shard K``, one iteration of the fan-out."""
+    head = ["warmstart", "--shard", p["shard_index"]] if command == "warmstart shard" else command.split()
+    args = [*head, "--json", "--run-dir", p["run_dir"], "--pipeline-run-id", p["pipeline_run_id"]]
     if command != "pipeline start":
         args += ["--parent-run-id", p["parent_run_id"]]
     for name, field in SETTINGS.items():
@@ -70,9 +73,9 @@ def _container(command: str):
               epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int):
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
 
-    def warmstart(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, method: str,
-                  epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, shard_index: int):
-        # shard_index names the iteration; `dpsynth warmstart` has no per-shard option yet (see _wire)
+    def warmstart_shard(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, method: str,
+                        epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int,
+                        shard_index: int):
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
 
     def start(run_dir: str, pipeline_run_id: str, dataset_uri: str, method: str, epsilon: float, delta: float,
@@ -81,12 +84,12 @@ def _container(command: str):
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["python", "-c", _START, parent_run_id, "dpsynth"],
                                  args=args)
 
-    fn = {"pipeline start": start, "warmstart": warmstart}.get(command, stage)
-    fn.__name__ = "dpsynth_" + command.replace("pipeline ", "")
+    fn = {"pipeline start": start, "warmstart shard": warmstart_shard}.get(command, stage)
+    fn.__name__ = "dpsynth_" + command.replace("pipeline ", "").replace(" ", "_")
     return dsl.container_component(fn)
 
 
-CONTAINER = {c: _container(c) for c in ("pipeline start", "partition", "warmstart", "train", "audit", "sample",
+CONTAINER = {c: _container(c) for c in ("pipeline start", "partition", "warmstart shard", "warmstart", "train", "audit", "sample",
                                         "evaluate", "pipeline finish")}
 
 
@@ -118,7 +121,8 @@ def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: s
     fields = {"dataset_uri": "data.uri", "method": "train.method", "epsilon": "privacy.epsilon",  # = SETTINGS
               "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
               "n_d": "train.n_d", "seed": "train.seed"}
-    argv = [*command.split(), "--json", "--run-dir", run_dir, "--pipeline-run-id", pipeline_run_id]
+    head = ["warmstart", "--shard", str(shard_index)] if command == "warmstart shard" else command.split()
+    argv = [*head, "--json", "--run-dir", run_dir, "--pipeline-run-id", pipeline_run_id]
     if command != "pipeline start":
         argv += ["--parent-run-id", parent_run_id]
     for name, field in fields.items():
@@ -147,13 +151,12 @@ def _wire(step, p: dict, *, gpu: bool) -> None:
     partition = step("partition", **ids)
     shards = shard_indices(num_shards=p["num_shards"], parent_run_id=ids["parent_run_id"])
     shards.after(partition).set_caching_options(False)
-    # Each iteration runs the whole (shard-agnostic) warmstart stage: the first does the work, the
-    # others find its manifest and skip. parallelism=1 until `dpsynth warmstart` takes a shard index.
-    with dsl.ParallelFor(shards.output, parallelism=1) as shard:
-        warm = step("warmstart", shard_index=shard.shard, **dict(ids, parent_run_id=shard.parent_run_id))
-    train = step("train", **ids).after(warm)  # fan-in: after every iteration of the loop
+    with dsl.ParallelFor(shards.output) as shard:
+        per_shard = step("warmstart shard", shard_index=shard.shard, **dict(ids, parent_run_id=shard.parent_run_id))
+    warm = step("warmstart", **ids).after(per_shard)  # fan-in: after every iteration of the loop
+    train = step("train", **ids).after(warm)
     if gpu:
-        for task in (warm, train):
+        for task in (per_shard, train):
             _on_gpu(task)
     audit = step("audit", **ids).after(train)
     sample = step("sample", **ids).after(audit)

@@ -82,7 +82,7 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
         "mapped": [t.task_id for t in train.tasks if getattr(t, "is_mapped", False) or type(t).__name__ == "MappedOperator"],
         "ok": not rejected(epsilon=3.5, delta=1e-6, num_shards=4, n_d="5"),
         "bad": {k: rejected(**{k: v}) for k, v in [("epsilon", -1), ("epsilon", 0), ("delta", 1), ("delta", 0),
-                ("method", "gswgan"), ("n_d", "sometimes"), ("num_shards", 0), ("steps", 0)]},
+                ("method", "wgan"), ("n_d", "sometimes"), ("num_shards", 0), ("steps", 0)]},
         "retrain_schedule": type(retrain.timetable).__name__,
         "retrain_assets": [a.uri for a in retrain.timetable.asset_condition.objects],
         "outlets": [o.uri for o in bag.dags["dpsynth_import_data"].get_task("import_data").outlets],
@@ -103,12 +103,20 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
            "DPSYNTH_STAGE_IMAGE": "registry.example/dpsynth-stage:test",
            "DPSYNTH_GPU_NODE_SELECTOR": '{"pool": "gpu"}',
            "DPSYNTH_GPU_TOLERATIONS": '[{"key": "gpu", "operator": "Equal", "value": "a100", "effect": "NoSchedule"}]'}
-    pods = in_airflow(LOAD + """
+    out = in_airflow(LOAD + """
     from kubernetes.client import ApiClient
     dag = bag.dags["dpsynth_train"]
     ops = [t for t in dag.tasks if type(t).__name__ == "KubernetesPodOperator"]
-    print(json.dumps({t.task_id: ApiClient().sanitize_for_serialization(t.build_pod_request_obj()) for t in ops}))
+    mapped = [t for t in dag.tasks if type(t).__name__ == "MappedOperator"]
+    print(json.dumps({"pods": {t.task_id: ApiClient().sanitize_for_serialization(t.build_pod_request_obj()) for t in ops},
+                      "mapped": {t.task_id: [t.operator_class.__name__ if hasattr(t.operator_class, "__name__")
+                                             else t.operator_class["task_type"], sorted(t.expand_input.value)]
+                                 for t in mapped},
+                      "mapped_gpu": {t.task_id: str(t.partial_kwargs["container_resources"].limits) for t in mapped}}))
     """, env)
+    assert out["mapped"] == {"warmstart_shard": ["KubernetesPodOperator", ["arguments"]]}  # one pod per shard
+    assert "nvidia.com/gpu" in out["mapped_gpu"]["warmstart_shard"]
+    pods = out["pods"]
     assert sorted(pods) == sorted(["start", *STAGES, "finish"])
     for task_id, pod in pods.items():
         spec = pod["spec"]

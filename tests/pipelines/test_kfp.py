@@ -44,19 +44,24 @@ def test_committed_yaml_is_in_sync(tmp_path):
 
 def test_gpu_stages_and_fan_out(compiled):
     executors = compiled["deploymentSpec"]["executors"]
-    for stage in kp.GPU_STAGES:
+    for stage in ("warmstart-shard", "train"):
         accelerator = executors[f"exec-dpsynth-{stage}"]["container"]["resources"]["accelerator"]
         assert accelerator["resourceType"] == "nvidia.com/gpu" and accelerator["resourceCount"] == "1"
-    assert all("resources" not in executors[f"exec-dpsynth-{s}"]["container"] for s in ("partition", "audit"))
+    assert all("resources" not in executors[f"exec-dpsynth-{s}"]["container"] for s in ("partition", "warmstart", "audit"))
     assert all(e["container"]["image"] == kp.STAGE_IMAGE for e in executors.values())
 
     dag = compiled["root"]["dag"]["tasks"]
     loop = dag["for-loop-1"]
     assert loop["parameterIterator"]["items"]["inputParameter"].endswith("shard-indices-Output")
-    assert loop["iteratorPolicy"]["parallelismLimit"] == 1
-    assert "dpsynth-warmstart" in compiled["components"]["comp-for-loop-1"]["dag"]["tasks"]
-    assert "for-loop-1" in dag["dpsynth-train"]["dependentTasks"]  # fan-in
-    order = ["dpsynth-start", "dpsynth-partition", "shard-indices", "for-loop-1", "dpsynth-train", "dpsynth-audit",
+    assert "parallelismLimit" not in loop.get("iteratorPolicy", {})  # the shards run in parallel
+    (inner,) = compiled["components"]["comp-for-loop-1"]["dag"]["tasks"].values()
+    assert inner["componentRef"]["name"] == "comp-dpsynth-warmstart-shard"
+    assert inner["inputs"]["parameters"]["shard_index"]["componentInputParameter"] == "pipelinechannel--shard-indices-Output-loop-item"
+    executors = compiled["deploymentSpec"]["executors"]
+    assert executors["exec-dpsynth-warmstart-shard"]["container"]["args"][:3] == [
+        "warmstart", "--shard", "{{$.inputs.parameters['shard_index']}}"]
+    order = ["dpsynth-start", "dpsynth-partition", "shard-indices", "for-loop-1", "dpsynth-warmstart", "dpsynth-train",
+             "dpsynth-audit",
              "dpsynth-sample", "dpsynth-evaluate", "dpsynth-finish"]
     for before, after in zip(order, order[1:]):
         assert before in dag[after]["dependentTasks"], (before, after)
@@ -71,7 +76,7 @@ def test_gpu_toleration_and_node_selector(documents):
         assert platform is None
         pytest.skip("kfp-kubernetes is not installed: no tolerations/node selector in the YAML")
     configs = platform["deploymentSpec"]["executors"]
-    for stage in kp.GPU_STAGES:
+    for stage in ("warmstart-shard", "train"):
         assert configs[f"exec-dpsynth-{stage}"]["tolerations"][0]["key"] == "nvidia.com/gpu"
         assert configs[f"exec-dpsynth-{stage}"]["nodeSelector"]["labels"] == kp.GPU_NODE_SELECTOR
 
@@ -86,10 +91,10 @@ def test_local_component_runs_the_containers_command(compiled, monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     values = dict(run_dir="R", pipeline_run_id="J", parent_run_id="P", dataset_uri="D", method="dpgan",
-                  epsilon=1.5, delta=1e-5, steps=7, num_shards=2, n_d="adaptive", seed=3)
+                  epsilon=1.5, delta=1e-5, steps=7, num_shards=2, n_d="adaptive", seed=3, shard_index=1)
     for command in kp.CONTAINER:
         kp.local_stage.python_func(command=command, extra=[], **values)
-        name = "exec-dpsynth-" + command.replace("pipeline ", "")
+        name = "exec-dpsynth-" + command.replace("pipeline ", "").replace(" ", "-")
         container = compiled["deploymentSpec"]["executors"][name]["container"]
         args = [re.sub(r"\{\{\$\.inputs\.parameters\['(\w+)'\]\}\}", lambda m: str(values[m[1]]), a)
                 for a in container["args"]]
@@ -133,9 +138,7 @@ def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch):
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
     stages = [c.data.tags[tracking.TAG_STAGE] for c in children]
     assert sorted(set(stages)) == sorted(STAGES)
-    assert stages.count("warmstart") == 2 and all(stages.count(s) == 1 for s in STAGES if s != "warmstart")
+    assert all(stages.count(s) == 1 for s in STAGES)  # the per-shard tasks log no run of their own
     job = parent.data.tags[tracking.TAG_PIPELINE_RUN_ID]
     assert all(c.data.tags[tracking.TAG_PIPELINE_RUN_ID] == job for c in children)
-    warm = sorted(c.data.tags[STATUS] for c in children if c.data.tags[tracking.TAG_STAGE] == "warmstart")
-    assert warm == ["skipped", "succeeded"]  # shard-agnostic stage: the second iteration reuses the first
     assert manifest(run, "release", "sample")["pipeline_run_id"] == job

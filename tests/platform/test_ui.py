@@ -53,6 +53,7 @@ def platform(tmp_path_factory):
     home = tmp_path_factory.mktemp("platform")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DPSYNTH_", "MLFLOW_"))}
     env.update(PLATFORM_DIR=str(home), MLFLOW_PORT=str(free_port()), AIRFLOW_PORT=str(free_port()))
+    env["DPSYNTH_DATASET_URI"] = str(home / "data" / "mnist.parquet")  # what dpsynth_import_data writes
     script = str(REPO / "scripts" / "platform.sh")
     try:
         subprocess.run([script, "up"], env=env, check=True, timeout=300)
@@ -138,3 +139,31 @@ def test_trigger_from_the_ui_and_see_epsilon_per_stage_in_mlflow(platform, brows
     browser.wait_for(f"document.body.innerText.includes({json.dumps(parent.info.run_name or parent.info.run_id)})", 60)
     time.sleep(2)
     browser.screenshot(ARTIFACTS / "mlflow-parent-run.png")
+
+
+def test_a_new_dataset_version_triggers_the_retrain_dag(platform):
+    """The scheduler, not a test harness, fires ``dpsynth_retrain_on_new_data``: run the import DAG
+    (REST, as a user or an upstream system would), and the Asset event it emits creates an
+    asset-triggered run of the retrain DAG. That run would train at full size, so it is stopped."""
+    airflow = platform["airflow"]
+    token = get(f"{airflow}/auth/token")["access_token"]
+
+    def call(method: str, path: str, body: dict):
+        req = urllib.request.Request(f"{airflow}/api/v2/{path}", data=json.dumps(body).encode(), method=method,
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.load(r)
+
+    for dag_id in ("dpsynth_import_data", "dpsynth_retrain_on_new_data"):
+        call("PATCH", f"dags/{dag_id}", {"is_paused": False})
+    retrain_runs = lambda: get(f"{airflow}/api/v2/dags/dpsynth_retrain_on_new_data/dagRuns", token)["dag_runs"]  # noqa: E731
+    assert retrain_runs() == []
+    call("POST", "dags/dpsynth_import_data/dagRuns", {"logical_date": None, "conf": {"source": str(REPO / "data" / "mnist")}})
+    imports = lambda: get(f"{airflow}/api/v2/dags/dpsynth_import_data/dagRuns", token)["dag_runs"]  # noqa: E731
+    (done,) = wait(lambda: [r for r in imports() if r["state"] in ("success", "failed")], 180)
+    assert done["state"] == "success", f"import DAG run {done['state']}; logs under {platform['home']}"
+    assert (platform["home"] / "data" / "mnist.parquet").exists()
+
+    (run,) = wait(retrain_runs, 120)
+    assert run["run_type"] == "asset_triggered", run
+    call("PATCH", f"dags/dpsynth_retrain_on_new_data/dagRuns/{run['dag_run_id']}", {"state": "failed"})

@@ -337,7 +337,8 @@ class _logged_run:
         tr = self.trainer
         self._ctx = tracking.start_run(tracking_uri=self.uri, experiment=self.experiment, stage="train",
                                        run_name=f"train-{tr.cfg.train.method}", parent_run_id=tr.parent_run_id,
-                                       tags={tracking.TAG_METHOD: tr.cfg.train.method, **tr.run_tags})
+                                       tags={tracking.TAG_METHOD: tr.cfg.train.method, **tr.run_tags},
+                                       artifact_location=tr.cfg.tracking.artifact_location)
         run = self._ctx.__enter__()
         mlflow.log_params(_flatten(tr.cfg.to_dict()))
         mlflow.log_params({"derived.sample_rate": tr.event.sample_rate,

@@ -14,7 +14,8 @@ from dpsynth.config import RunConfig, load_config
 
 HELP = {
     "partition": "validate the dataset, hold out records for evaluation, split the rest into K shards (sensitive zone)",
-    "warmstart": "non-private pre-training for methods that warm-start (a recorded no-op for DPGAN)",
+    "warmstart": "non-private pre-training for methods that warm-start: one discriminator per shard (GS-WGAN, "
+                 "DPAC), G and D on public data (dp-GAN); a recorded no-op for DPGAN",
     "audit": "recompute ε from the mechanism trace with the RDP and PRV accountants; fail unless within target",
     "sample": "after a passed audit: release the generator, a synthetic Parquet dataset and sample grids",
     "evaluate": "accuracy of a classifier trained on the synthetic data, tested on held-out real data",
@@ -46,6 +47,10 @@ def register(subparsers) -> None:
         p = subparsers.add_parser(stage, help=text, description=f"{text[0].upper()}{text[1:]}. {_COMMON}")
         add_config_options(p)
         add_stage_options(p)
+        if stage == "warmstart":
+            p.add_argument("--shard", type=int, metavar="K", help="warm-start shard K only (one fan-out task: "
+                           "no manifest, no MLflow run); without it, run every shard not yet done and write "
+                           "the stage manifest")
         p.set_defaults(func=functools.partial(run_stage_command, stage))
 
     pipeline = subparsers.add_parser("pipeline", help="run the six stages in order under one MLflow parent run",
@@ -91,6 +96,14 @@ def _context(args, cfg: RunConfig | None = None):
 def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
     from dpsynth.stages.pipeline import run_stage
 
+    if getattr(args, "shard", None) is not None:
+        from dpsynth.stages import warmstart
+
+        record = warmstart.run_shard(_context(args, cfg), args.shard)
+        print(json.dumps(record, indent=2) if args.json else
+              f"warmstart shard {args.shard}: {record.get('status', 'not performed')}"
+              + (f", {record['output']['uri']}" if "output" in record else f" ({record.get('reason')})"))
+        return 0
     outcome = run_stage(_context(args, cfg), stage)
     m = outcome.manifest
     if args.json:

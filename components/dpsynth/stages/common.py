@@ -167,7 +167,8 @@ def child_run(ctx: StageContext, stage: str, *, run_id: str | None = None) -> It
             yield run
         return
     with tracking.start_run(tracking_uri=ctx.tracking_uri, experiment=ctx.experiment, stage=stage,
-                            run_name=stage, parent_run_id=ctx.parent_run_id, tags=ctx.run_tags()) as run:
+                            run_name=stage, parent_run_id=ctx.parent_run_id, tags=ctx.run_tags(),
+                            artifact_location=ctx.cfg.tracking.artifact_location) as run:
         mlflow.log_text(dump_config(redacted(ctx.cfg)), "config.yaml")
         yield run
 

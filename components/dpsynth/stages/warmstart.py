@@ -1,41 +1,205 @@
-"""``dpsynth warmstart``: non-private pre-training, for the methods that warm-start.
+"""``dpsynth warmstart [--shard K]``: non-private pre-training, for the methods that warm-start.
 
-GS-WGAN and DPAC pre-train one discriminator per shard, dp-GAN (Zhang) pre-trains G and D on
-public data; those methods add a function to ``WARM_STARTS``. Their outputs stay in the
-sensitive zone, which is the only reason the stage consumes ε = 0. DPGAN does not warm-start:
-the stage records that in its manifest and does nothing else.
+* GS-WGAN and DPAC pre-train one discriminator per shard, on that shard only. Each shard is one
+  task — ``dpsynth warmstart --shard K`` — which Airflow maps and KFP loops over; it writes
+  ``sensitive/warmstart/shard-K/discriminator.pt`` and a small ``shard.json`` record (config
+  fingerprint, input shard sha256, output sha256), then logs nothing to MLflow (K can be 1000).
+  The fan-in, ``dpsynth warmstart`` without ``--shard``, runs every shard not yet done (in
+  ``warmstart.workers`` local processes), then writes the stage manifest listing one
+  "discriminator" output per shard (``"shard": K``) and logs the stage's one MLflow run.
+* dp-GAN (Zhang) pre-trains G and D on the partition's *public* records (output "warm_start").
+* DPGAN does not warm-start: the stage records that in its manifest and does nothing else.
+
+Every output stays in the sensitive zone, which is the only reason the stage consumes ε = 0.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import concurrent.futures
+import importlib
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from pathlib import Path
 
+from dpsynth import storage
+from dpsynth.data import read_parquet
+from dpsynth.errors import StageError
 from dpsynth.stages import common, manifest
 
 STAGE = "warmstart"
 SECTIONS = ("data", "partition", "train")
+SHARD_FORMAT = "dpsynth.warmstart-shard/1"
 
-# method -> fn(ctx, partition_manifest, run) -> (outputs, details); outputs in the sensitive zone.
-WARM_STARTS: dict[str, Callable] = {}
+# method -> "module:function", fn(cfg, shard: ImageDataset, *, shard_index: int, out_path: str) -> details,
+# training on that shard alone and writing its discriminator to the local file out_path.
+SHARD_WARM_STARTS = {
+    "gswgan": "dpsynth.methods.gswgan:warm_start_shard",
+    "dpac": "dpsynth.methods.gswgan:warm_start_shard",
+}
+# method -> "module:function", fn(cfg, public: ImageDataset, *, out_path: str) -> details.
+PUBLIC_WARM_STARTS = {
+    "zhang": "dpsynth.methods.zhang:warm_start",
+}
+# The config sections a method's warm start reads besides SECTIONS (only those the config has).
+METHOD_SECTIONS = {"gswgan": ("gswgan",), "dpac": ("gswgan", "dpac"), "zhang": ("zhang",)}
 
 
-def run(ctx: common.StageContext) -> common.Outcome:
+def _function(spec: str):
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _fingerprint(cfg) -> str:
+    extra = tuple(s for s in METHOD_SECTIONS.get(cfg.train.method, ()) if hasattr(cfg, s))
+    return common.fingerprint(cfg, SECTIONS + extra)
+
+
+def _shards(partition: dict) -> list[dict]:
+    return manifest.outputs(partition, "shard")
+
+
+def _shard_dir(ctx: common.StageContext, index: int) -> str:
+    return storage.join(ctx.stage_dir(STAGE), f"shard-{index:05d}")
+
+
+def _shard_record(ctx: common.StageContext, index: int) -> dict | None:
+    """The record of shard ``index``'s warm start, when it was done with this config on this shard."""
+    uri = storage.join(_shard_dir(ctx, index), "shard.json")
+    if not storage.exists(uri):
+        return None
+    try:
+        record = json.loads(storage.read_bytes(uri))
+    except json.JSONDecodeError:
+        return None
+    if record.get("format") != SHARD_FORMAT:
+        return None
+    return record
+
+
+def _is_current(record: dict | None, *, fingerprint: str, shard: dict) -> bool:
+    if (record is None or record.get("config_fingerprint") != fingerprint
+            or record.get("input_sha256") != shard["sha256"] or "output" not in record):
+        return False
+    try:
+        manifest.verify(record["output"])
+    except StageError:
+        return False
+    return True
+
+
+def run_shard(ctx: common.StageContext, index: int) -> dict:
+    """Warm-start shard ``index`` (one fan-out task); returns its record. Skipped when already done."""
+    cfg = ctx.cfg
+    method = cfg.train.method
+    partition, _ = common.upstream(ctx, "partition")
+    shards = _shards(partition)
+    if method not in SHARD_WARM_STARTS:
+        return {"format": SHARD_FORMAT, "shard": index, "performed": False,
+                "reason": f"method {method!r} has no per-shard warm start"}
+    if not 0 <= index < len(shards):
+        raise StageError(f"--shard {index}: the partition has {len(shards)} shards (0..{len(shards) - 1})")
+    shard = manifest.verify(shards[index])
+    fp = _fingerprint(cfg)
+    record = _shard_record(ctx, index)
+    if not ctx.force and _is_current(record, fingerprint=fp, shard=shard):
+        return {**record, "status": "skipped"}
+    started = time.monotonic()
+    out_uri = storage.join(_shard_dir(ctx, index), "discriminator.pt")
+    with tempfile.TemporaryDirectory(prefix="dpsynth-warmstart-") as scratch:
+        local = str(Path(scratch) / "discriminator.pt")
+        details = _function(SHARD_WARM_STARTS[method])(cfg, read_parquet(shard["uri"]), shard_index=index,
+                                                        out_path=local)
+        storage.copy(local, out_uri)
+    record = {"format": SHARD_FORMAT, "shard": index, "config_fingerprint": fp, "input_sha256": shard["sha256"],
+              "output": manifest.entry(out_uri, role="discriminator", zones=ctx.zones, shard=index),
+              "seconds": time.monotonic() - started, "details": details}
+    storage.write_text(storage.join(_shard_dir(ctx, index), "shard.json"), json.dumps(record, indent=2) + "\n")
+    return {**record, "status": "succeeded"}
+
+
+def _run_shard_in_worker(ctx: common.StageContext, index: int, threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    return run_shard(ctx, index)
+
+
+def _run_missing(ctx: common.StageContext, indices: list[int]) -> None:
+    workers = min(ctx.cfg.warmstart.workers, len(indices))
+    if workers <= 1:
+        for i in indices:
+            run_shard(ctx, i)
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    spawn = multiprocessing.get_context("spawn")  # torch and fork do not mix
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
+        for future in concurrent.futures.as_completed([pool.submit(_run_shard_in_worker, ctx, i, threads)
+                                                       for i in indices]):
+            future.result()
+
+
+def _per_shard(ctx: common.StageContext, partition: dict) -> tuple[list[dict], dict]:
+    fp = _fingerprint(ctx.cfg)
+    shards = [manifest.verify(s) for s in _shards(partition)]
+    missing = [i for i, s in enumerate(shards)
+               if ctx.force or not _is_current(_shard_record(ctx, i), fingerprint=fp, shard=s)]
+    started = time.monotonic()
+    _run_missing(ctx, missing)
+    records = [_shard_record(ctx, i) for i in range(len(shards))]
+    for i, (record, shard) in enumerate(zip(records, shards)):
+        if not _is_current(record, fingerprint=fp, shard=shard):
+            raise StageError(f"warmstart shard {i}: no current warm start after running it")
+    outputs = [r["output"] for r in records]
+    seconds = [r["seconds"] for r in records]
+    details = {"shards": len(shards), "ran_here": len(missing), "workers": ctx.cfg.warmstart.workers,
+               "fan_in_seconds": time.monotonic() - started, "shard_seconds_total": sum(seconds),
+               "shard_seconds_max": max(seconds)}
+    return outputs, details
+
+
+def _public(ctx: common.StageContext, partition: dict) -> tuple[list[dict], dict]:
+    found = manifest.outputs(partition, "public")
+    if not found:
+        raise StageError(f"train.method={ctx.cfg.train.method!r} warm-starts on public data, but the partition "
+                         "declared no public records (set the data section's public data)")
+    public = manifest.verify(found[0])
+    out_uri = ctx.uri(STAGE, "warm_start.pt")
+    with tempfile.TemporaryDirectory(prefix="dpsynth-warmstart-") as scratch:
+        local = str(Path(scratch) / "warm_start.pt")
+        details = _function(PUBLIC_WARM_STARTS[ctx.cfg.train.method])(ctx.cfg, read_parquet(public["uri"]),
+                                                                       out_path=local)
+        storage.copy(local, out_uri)
+    return [ctx.entry(out_uri, role="warm_start")], {"public_records": public.get("rows"), **details}
+
+
+def run(ctx: common.StageContext, *, shard: int | None = None) -> common.Outcome | dict:
+    """The fan-in (``shard=None``): the stage. With ``shard``: one fan-out task, returning its record."""
+    if shard is not None:
+        return run_shard(ctx, shard)
     cfg = ctx.cfg
     partition, partition_entry = common.upstream(ctx, "partition")
     inputs = [partition_entry]
-    fp = common.fingerprint(cfg, SECTIONS)
+    fp = _fingerprint(cfg)
     if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
     method = cfg.train.method
+    if method in SHARD_WARM_STARTS:
+        outputs, details = _per_shard(ctx, partition)
+    elif method in PUBLIC_WARM_STARTS:
+        outputs, details = _public(ctx, partition)
+    else:
+        outputs, details = [], {"performed": False, "reason": f"method {method!r} does not warm-start"}
     with common.child_run(ctx, STAGE) as run:
-        if method in WARM_STARTS:
-            outputs, details = WARM_STARTS[method](ctx, partition, run)
-            details = {"performed": True, **details}
-        else:
-            outputs, details = [], {"performed": False, "reason": f"method {method!r} does not warm-start"}
+        if run is not None and outputs:
+            import mlflow
+
+            mlflow.log_metrics({k: v for k, v in details.items() if isinstance(v, (int, float))})
         return common.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"], inputs=inputs,
-            outputs=outputs, details=details,
+            outputs=outputs, details={"performed": bool(outputs), **details},
             privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="non-private, so its outputs never "
                                         "leave the sensitive zone"),
         )

@@ -1,6 +1,7 @@
 """The task graph shared by ``dpsynth_train`` and ``dpsynth_retrain_on_new_data``.
 
-plan → start → partition → warmstart_shard (mapped over the K shards) → warmstart → train → audit
+plan → start → partition → warmstart_shard (mapped over the K shards: one `dpsynth warmstart --shard K`
+each) → warmstart (the fan-in) → train → audit
 → sample → evaluate → finish. ``start`` opens the MLflow parent run, each stage nests its child run
 under it, ``finish`` (run whatever happened upstream) closes it and fails the DAG run unless every
 stage succeeded. Tasks pass only plain values: ids, URIs, ε.
@@ -25,7 +26,9 @@ def params(dataset_uri: str = DATASET_URI) -> dict:
     return {
         "dataset_uri": Param(dataset_uri, type="string", minLength=1, title="Dataset URI",
                              description="canonical Parquet (local path or s3://), e.g. from `dpsynth data import`"),
-        "method": Param("dpgan", type="string", enum=["dpgan"], title="Method"),
+        "method": Param("dpgan", type="string", enum=list(pods.METHODS), title="Method",
+                        description="dpgan (Bie et al.), gswgan / dpac (one warm-started discriminator per "
+                                    "shard), zhang (dp-GAN; needs public data declared in the config)"),
         "epsilon": Param(10.0, type="number", exclusiveMinimum=0, title="ε (target)"),
         "delta": Param(1e-5, type="number", exclusiveMinimum=0, exclusiveMaximum=1, title="δ"),
         "steps": Param(2000, type="integer", minimum=1, title="Step budget (private discriminator steps)"),
@@ -62,18 +65,19 @@ def plan(**context) -> dict:
 
 
 @task
-def shards(partition: dict) -> list[str]:
+def shards(partition: dict) -> list[int]:
+    """The shard indices the warm start fans out over (from the partition's outcome)."""
     names = pods.summarise(partition)["shards"]
     if not names:
         raise ValueError("partition wrote no shards")
-    return names
+    return list(range(len(names)))
 
 
 @task
-def warmstart_shard(shard: str, **context) -> dict:
-    """Per-shard warm start. DPGAN does none; the warmstart stage records that for the run.
-    GS-WGAN-style methods would pre-train one discriminator per shard here."""
-    return {"shard": shard, "method": context["params"]["method"], "performed": False}
+def warmstart_shard(plan: dict, shard: int) -> dict:
+    """``dpsynth warmstart --shard K``: one shard's non-private warm start (GS-WGAN, DPAC); a no-op
+    record for methods without one. The ``warmstart`` task after them is the fan-in."""
+    return _run_local([*plan["argv"]["warmstart"], "--shard", str(shard)])
 
 
 def _local_tasks(plan_out):
@@ -114,11 +118,22 @@ def _kubernetes_tasks(plan_out):
     return ids, {s: op.output for s, op in stages.items()}, finish
 
 
+@task
+def shard_commands(plan: dict, partition: dict) -> list[list[str]]:
+    """One ``sh -c`` argument list per shard, for the mapped warm-start pods."""
+    names = pods.summarise(partition)["shards"]
+    return [[pods.to_xcom(f"{plan['shell']['warmstart']} --shard {k}")] for k in range(len(names))]
+
+
 def pipeline() -> None:
     """Add the pipeline's tasks to the DAG being defined."""
     plan_out = plan()
     build = _kubernetes_tasks if pods.executor() == "kubernetes" else _local_tasks
     ids, out, finish = build(plan_out)
-    per_shard = warmstart_shard.expand(shard=shards(out["partition"]))
+    if pods.executor() == "kubernetes":
+        per_shard = pods.stage_pod_operator("warmstart_shard", "warmstart", None,
+                                            mapped_arguments=shard_commands(plan_out, out["partition"]))
+    else:
+        per_shard = warmstart_shard.partial(plan=plan_out).expand(shard=shards(out["partition"]))
     out["partition"] >> per_shard >> out["warmstart"]
     out["warmstart"] >> out["train"] >> out["audit"] >> out["sample"] >> out["evaluate"] >> finish

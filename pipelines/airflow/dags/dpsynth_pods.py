@@ -22,6 +22,7 @@ import shlex
 from pathlib import Path
 
 STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
+METHODS = ("dpgan", "gswgan", "dpac", "zhang")  # as dpsynth.config.TrainConfig.method
 REPO = Path(os.environ.get("DPSYNTH_REPO", Path(__file__).resolve().parents[3]))
 XCOM_FILE = "/airflow/xcom/return.json"  # what KubernetesPodOperator's sidecar pushes as XCom
 
@@ -123,11 +124,18 @@ def pod_settings(stage: str) -> dict:
     return kw
 
 
-def stage_pod_operator(task_id: str, stage: str, shell: str, **kwargs):
+def to_xcom(shell: str) -> str:
+    return f"{shell} > {XCOM_FILE}"
+
+
+def stage_pod_operator(task_id: str, stage: str, shell: str | None, *, mapped_arguments=None, **kwargs):
     """A KubernetesPodOperator running ``sh -c SHELL`` (a templated command) in the stage image;
-    the command's JSON goes to the XCom sidecar."""
+    the command's JSON goes to the XCom sidecar. With ``mapped_arguments`` (an XComArg of argument
+    lists) it is mapped: one pod per list, e.g. per shard."""
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
-    return KubernetesPodOperator(task_id=task_id, name=f"dpsynth-{stage}", cmds=["sh", "-c"],
-                                 arguments=[f"{shell} > {XCOM_FILE}"], do_xcom_push=True, get_logs=True,
-                                 on_finish_action="delete_succeeded_pod", **pod_settings(stage), **kwargs)
+    settings = dict(task_id=task_id, name=f"dpsynth-{stage}", cmds=["sh", "-c"], do_xcom_push=True, get_logs=True,
+                    on_finish_action="delete_succeeded_pod", **pod_settings(stage), **kwargs)
+    if mapped_arguments is not None:
+        return KubernetesPodOperator.partial(**settings).expand(arguments=mapped_arguments)
+    return KubernetesPodOperator(arguments=[to_xcom(shell)], **settings)

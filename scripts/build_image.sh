@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Build the CPU stage image with buildah (no Docker engine, no registry) and run a stage in it.
+#
+#   scripts/build_image.sh            # base (debootstrap, cached) → dpsynth-stage:cpu → smoke run
+#
+# Container storage lives in .containers/ (vfs driver, chroot isolation), as ENVIRONMENT.md found to
+# work on these machines. Needs root, buildah, podman, runc and debootstrap, a Debian mirror and PyPI.
+# The torch CPU wheel comes from WHEELS (default /opt/wheels) when that directory exists, else from
+# the PyTorch CPU index. The smoke run imports the bundled MNIST and runs `dpsynth partition` and
+# `dpsynth privacy epsilon` inside the image, with the repository's data mounted read-only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD/.containers
+ST=(--storage-driver vfs --root "$ROOT/storage" --runroot "$ROOT/run")
+BASE=localhost/debian-python:bookworm
+IMAGE=${IMAGE:-localhost/dpsynth-stage:cpu}
+WHEELS=${WHEELS:-/opt/wheels}
+MIRROR=${MIRROR:-http://deb.debian.org/debian}
+mkdir -p "$ROOT"
+
+for tool in buildah podman runc debootstrap; do
+  command -v "$tool" >/dev/null || { echo "build_image: $tool is not installed (apt-get install podman buildah runc debootstrap)" >&2; exit 2; }
+done
+
+if ! buildah "${ST[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
+  if [ ! -f "$ROOT/rootfs.tar" ]; then
+    echo "== debootstrap: Debian bookworm minbase with python3 ($MIRROR)"
+    rm -rf "$ROOT/rootfs"
+    debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
+      bookworm "$ROOT/rootfs" "$MIRROR" >"$ROOT/debootstrap.log"
+    tar -C "$ROOT/rootfs" -cf "$ROOT/rootfs.tar.part" . && mv "$ROOT/rootfs.tar.part" "$ROOT/rootfs.tar"
+    rm -rf "$ROOT/rootfs"
+  fi
+  printf 'FROM scratch\nADD rootfs.tar /\nCMD ["bash"]\n' >"$ROOT/Containerfile.base"
+  buildah "${ST[@]}" bud --isolation chroot -f "$ROOT/Containerfile.base" -t "$BASE" "$ROOT"
+fi
+
+args=(--build-arg "BASE_IMAGE=$BASE")
+CA=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}  # the host's trust store (TLS-intercepting proxies)
+if [ -f "$CA" ]; then
+  args+=(-v "$CA:/host-ca.crt:ro" --build-arg PIP_CERT=/host-ca.crt)
+fi
+if [ -d "$WHEELS" ]; then
+  args+=(-v "$WHEELS:/wheels:ro" --build-arg PIP_FIND_LINKS=/wheels --build-arg TORCH_INDEX_URL=https://pypi.org/simple)
+fi
+echo "== buildah bud images/stage-cpu.Dockerfile -> $IMAGE"
+buildah "${ST[@]}" bud --isolation chroot "${args[@]}" -f images/stage-cpu.Dockerfile -t "$IMAGE" .
+
+echo "== smoke run in $IMAGE"
+OUT=$(mktemp -d "$ROOT/smoke.XXXXXX")
+chmod 777 "$OUT"
+run=(podman "${ST[@]}" --runtime runc --cgroup-manager cgroupfs run --rm --network none
+     --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 -v "$PWD/data/mnist:/data:ro" -v "$OUT:/out" "$IMAGE")
+"${run[@]}" data import /data /out/mnist.parquet
+"${run[@]}" partition --run-dir /out/run --set data.uri=/out/mnist.parquet --set partition.num_shards=2 \
+  --set tracking.enabled=false --json >"$OUT/partition.json"
+"${run[@]}" privacy epsilon --noise-multiplier 1.0 --sample-rate 0.0021333 --steps 450000 --delta 1e-5
+python3 - "$OUT/partition.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))["manifest"]
+shards = [o for o in m["outputs"] if o["role"] == "shard"]
+assert m["status"] == "succeeded" and len(shards) == 2, m
+print(f"partition in the image: {m['details']['records']} records -> {len(shards)} shards + held-out")
+PY
+echo "== ok: $IMAGE ($(buildah "${ST[@]}" inspect --type image --format '{{.Size}}' "$IMAGE" 2>/dev/null || echo '?') bytes)"
