@@ -44,17 +44,20 @@ if [ -d "$WHEELS" ]; then
   args+=(-v "$WHEELS:/wheels:ro" --build-arg PIP_FIND_LINKS=/wheels --build-arg TORCH_INDEX_URL=https://pypi.org/simple)
 fi
 echo "== buildah bud images/stage-cpu.Dockerfile -> $IMAGE"
-buildah "${ST[@]}" bud --isolation chroot "${args[@]}" -f images/stage-cpu.Dockerfile -t "$IMAGE" .
+buildah "${ST[@]}" bud --layers --isolation chroot "${args[@]}" -f images/stage-cpu.Dockerfile -t "$IMAGE" .
 
 echo "== smoke run in $IMAGE"
 OUT=$(mktemp -d "$ROOT/smoke.XXXXXX")
 chmod 777 "$OUT"
-run=(podman "${ST[@]}" --runtime runc --cgroup-manager cgroupfs run --rm --network none
-     --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 -v "$PWD/data/mnist:/data:ro" -v "$OUT:/out" "$IMAGE")
-"${run[@]}" data import /data /out/mnist.parquet
-"${run[@]}" partition --run-dir /out/run --set data.uri=/out/mnist.parquet --set partition.num_shards=2 \
-  --set tracking.enabled=false --json >"$OUT/partition.json"
-"${run[@]}" privacy epsilon --noise-multiplier 1.0 --sample-rate 0.0021333 --steps 450000 --delta 1e-5
+# One container for the whole smoke run: with the vfs driver every container is a full copy of the image.
+podman "${ST[@]}" --runtime runc --cgroup-manager cgroupfs run --rm --network none \
+  --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 -v "$PWD/data/mnist:/data:ro" -v "$OUT:/out" \
+  --entrypoint sh "$IMAGE" -c '
+    set -e
+    dpsynth data import /data /out/mnist.parquet
+    dpsynth partition --run-dir /out/run --set data.uri=/out/mnist.parquet --set partition.num_shards=2 \
+      --set tracking.enabled=false --json > /out/partition.json
+    dpsynth privacy epsilon --noise-multiplier 1.0 --sample-rate 0.0021333 --steps 450000 --delta 1e-5'
 python3 - "$OUT/partition.json" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))["manifest"]
@@ -62,4 +65,4 @@ shards = [o for o in m["outputs"] if o["role"] == "shard"]
 assert m["status"] == "succeeded" and len(shards) == 2, m
 print(f"partition in the image: {m['details']['records']} records -> {len(shards)} shards + held-out")
 PY
-echo "== ok: $IMAGE ($(buildah "${ST[@]}" inspect --type image --format '{{.Size}}' "$IMAGE" 2>/dev/null || echo '?') bytes)"
+echo "== ok: $(buildah "${ST[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' "$IMAGE")"
