@@ -19,10 +19,11 @@ CONFIG ?= configs/dpgan-mnist-cpu.yaml
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
-$(STAMP): requirements/stage.lock pyproject.toml
+$(STAMP): requirements/stage.lock pyproject.toml mlflow_plugins/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/stage.lock
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e mlflow_plugins
 	@touch $(STAMP)
 
 venv: $(STAMP)  ## create or refresh the stage environment (.venv/stage)

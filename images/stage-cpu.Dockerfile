@@ -20,10 +20,13 @@ RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -r /tmp/stage.lock
 
 COPY pyproject.toml README.md /src/
 COPY components /src/components
+# The MLflow plugin: lineage tags (a run-context provider) and the auditors' "Privacy ledger" page
+# (`mlflow server --app-name dpsynth-ledger`).
+COPY mlflow_plugins /src/mlflow_plugins
 # PostgreSQL driver for `mlflow server` (the chart runs MLflow from this image) and the ledger's
 # postgresql:// URL; not in stage.lock because the laptop default is SQLite.
 ARG PG_DRIVER=psycopg2-binary==2.9.13
-RUN pip install "${PG_DRIVER}" && pip install --no-deps /src && rm -rf /src /tmp/stage.lock
+RUN pip install "${PG_DRIVER}" && pip install --no-deps /src /src/mlflow_plugins && rm -rf /src /tmp/stage.lock
 
 RUN useradd --create-home --uid 10001 dpsynth
 USER 10001

@@ -33,9 +33,22 @@ class DataConfig:
     # The pipeline holds out the records whose keyed hash (see PartitionConfig) falls below this
     # fraction; `evaluate` tests on them and they are never trained on. 0: nothing held out.
     heldout_fraction: float = 0.1
+    # Public data (dp-GAN of Zhang et al.: warm start, adaptive clipping bounds). Either a keyed-hash
+    # fraction, assigned like the held-out records (HMAC u in [heldout_fraction, heldout_fraction +
+    # public_fraction)), or the records of a named split; public records are never in a training shard.
+    public_fraction: float = 0.0
+    public_split: str | None = None
 
     def validate(self) -> None:
         _require(bool(self.uri), "data.uri", "must name a dataset")
+        _require(0 <= self.heldout_fraction < 1, "data.heldout_fraction", f"must be in [0, 1), got {self.heldout_fraction}")
+        _require(0 <= self.public_fraction < 1, "data.public_fraction", f"must be in [0, 1), got {self.public_fraction}")
+        _require(self.heldout_fraction + self.public_fraction < 1, "data.public_fraction",
+                 f"held-out plus public fractions must stay below 1, got {self.heldout_fraction} + {self.public_fraction}")
+        _require(self.public_split is None or self.public_fraction == 0, "data.public_split",
+                 "declare public data by public_split or by public_fraction, not both")
+        _require(self.public_split is None or self.public_split != self.train_split, "data.public_split",
+                 f"{self.public_split!r} is also data.train_split: public records cannot be private training data")
         _require(self.num_classes is None or self.num_classes >= 2, "data.num_classes", "must be >= 2")
         _require(0 <= self.heldout_fraction < 1, "data.heldout_fraction", f"must be in [0, 1), got {self.heldout_fraction}")
 
@@ -62,7 +75,7 @@ class PrivacyConfig:
 class TrainConfig:
     # dpgan: Bie et al.; gswgan / dpac: GS-WGAN and DP-GAN-DPAC (sections `gswgan`, `dpac`);
     # zhang: dp-GAN of Zhang, Ji & Wang (section `zhang`)
-    method: Literal["dpgan", "gswgan", "dpac", "zhang"] = "dpgan"
+    method: Literal["dpgan", "gswgan", "dpac", "zhang", "gswgan_federated"] = "dpgan"
     steps: int = 2000  # discriminator (private) steps T; training stops earlier only at the ε budget
     batch_size: int = 128  # expected Poisson batch size B; q = B / n
     physical_batch_size: int | None = None  # memory cap per forward/backward; None: no cap
@@ -112,6 +125,33 @@ class TrackingConfig:
     uri: str | None = None  # None: sqlite database in the output dir
     experiment: str | None = None  # None: one experiment per dataset, named after it
     enabled: bool = True
+    # Where a new experiment keeps its artifacts, e.g. s3://bucket/mlflow (endpoint: MLFLOW_S3_ENDPOINT_URL).
+    # None: beside a SQLite store, or the tracking server's default artifact root.
+    artifact_location: str | None = None
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    """The lifetime privacy-budget ledger (``dpsynth.privacy.ledger``) every pipeline run is charged to."""
+
+    enabled: bool = True
+    # SQLAlchemy URL. None: $DPSYNTH_LEDGER_URL, else a SQLite ledger.db beside the run's SQLite MLflow
+    # store, else beside a local run directory; required (or the variable) for a remote run directory.
+    url: str | None = None
+    # The dataset across its versions (the budget is per population). None: the dataset's name.
+    population_id: str | None = None
+    # The lifetime (ε, δ) given to a population the ledger does not know yet; None for epsilon:
+    # refuse instead, until someone runs `dpsynth ledger set-budget`.
+    default_epsilon: float | None = 100.0
+    default_delta: float = 1e-3
+
+    def validate(self) -> None:
+        _require(self.url is None or bool(self.url), "ledger.url", "must be a SQLAlchemy URL or null")
+        _require(self.population_id is None or 0 < len(self.population_id.strip()) <= 200, "ledger.population_id",
+                 "must be a non-empty string of at most 200 characters, or null")
+        _require(self.default_epsilon is None or self.default_epsilon > 0, "ledger.default_epsilon",
+                 f"must be > 0 or null, got {self.default_epsilon}")
+        _require(0 < self.default_delta < 1, "ledger.default_delta", f"must be in (0, 1), got {self.default_delta}")
 
 
 @dataclass(frozen=True)
@@ -131,6 +171,104 @@ class PartitionConfig:
 
 
 @dataclass(frozen=True)
+class WarmstartConfig:
+    """How ``dpsynth warmstart`` runs the per-shard warm starts it finds not yet done (Airflow and
+    KFP fan them out as ``dpsynth warmstart --shard K`` tasks instead)."""
+
+    workers: int = 1  # local processes; each gets cpu_count // workers torch threads
+
+    def validate(self) -> None:
+        _require(self.workers >= 1, "warmstart.workers", f"must be >= 1, got {self.workers}")
+
+
+@dataclass(frozen=True)
+class GSWGANConfig:
+    """GS-WGAN (Chen, Orekondy & Fritz 2020) and the GS-WGAN part of DPAC; defaults are the paper's.
+
+    ``train.steps`` is T (private generator iterations), ``train.seed`` and ``train.device``
+    apply; ``privacy.max_grad_norm`` is the clip bound C and ``privacy.noise_multiplier`` the
+    per-release σ (noise std / C of each sanitized ∂L_G/∂G(z_i)). The ``train`` section's batch
+    size, widths, learning rates and n_d are DPGAN's and are not used here.
+    """
+
+    warmstart_iterations: int = 2000  # T_w: non-private iterations per shard (0: D_k starts fresh)
+    n_dis: int = 5  # critic steps of D_k per generator iteration
+    batch_size: int = 32  # B: real and fake records per critic step, sanitized samples per G step
+    gp_weight: float = 10.0  # WGAN-GP λ
+    drift_weight: float = 0.001  # ε_drift · E[D(x)²] (the authors' L_epsilon)
+    lr_d: float = 1e-4
+    lr_g: float = 1e-4
+    adam_beta1: float = 0.5
+    adam_beta2: float = 0.99
+    d_width: int = 64  # DCGAN discriminator, spectral norm, label projection
+    g_width: int = 64  # ResNet generator
+    latent_dim: int = 10
+    ema_decay: float = 0.999  # the released generator is an EMA of G's weights; 0: G itself
+
+    def validate(self) -> None:
+        for name in ("n_dis", "batch_size", "d_width", "g_width", "latent_dim"):
+            _require(getattr(self, name) >= 1, f"gswgan.{name}", f"must be >= 1, got {getattr(self, name)}")
+        _require(self.warmstart_iterations >= 0, "gswgan.warmstart_iterations", "must be >= 0")
+        for name in ("gp_weight", "drift_weight"):
+            _require(getattr(self, name) >= 0, f"gswgan.{name}", "must be >= 0")
+        for name in ("lr_d", "lr_g"):
+            _require(getattr(self, name) > 0, f"gswgan.{name}", "must be > 0")
+        for name in ("adam_beta1", "adam_beta2", "ema_decay"):
+            _require(0 <= getattr(self, name) < 1, f"gswgan.{name}", "must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class DPACConfig:
+    """DP-GAN-DPAC (Chen et al. 2023): GS-WGAN plus a fresh auxiliary classifier per iteration from t_c."""
+
+    start_iteration: int = 6000  # t_c: first generator iteration (0-based) that uses the classifier
+    beta: float = 0.8  # L_G = β·L_D + (1 − β)·L_C, combined per sample before sanitization
+    n_f: int = 10  # classifier steps on one fixed class-balanced fake batch
+    n_r: int = 10  # then classifier steps on real batches of the same shard
+    lr_c: float = 1e-4
+    c_width: int = 64  # DCGAN classifier
+
+    def validate(self) -> None:
+        _require(self.start_iteration >= 0, "dpac.start_iteration", "must be >= 0")
+        _require(0 <= self.beta <= 1, "dpac.beta", f"must be in [0, 1], got {self.beta}")
+        for name in ("n_f", "n_r"):
+            _require(getattr(self, name) >= 0, f"dpac.{name}", "must be >= 0")
+        _require(self.lr_c > 0, "dpac.lr_c", "must be > 0")
+        _require(self.c_width >= 1, "dpac.c_width", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class ZhangConfig:
+    """dp-GAN of Zhang, Ji & Wang (seed 004): WGAN-GP with a DP critic, parameter grouping,
+    adaptive clipping bounds and a warm start, both from public data (``data.public_*``)."""
+
+    n_critic: int = 4  # private critic steps per generator step
+    gp_weight: float = 10.0  # λ of the gradient penalty
+    # global: one group; weight_bias: weights vs biases; per_layer: one group per layer;
+    # clustering: Algorithm 2 on per-tensor bounds from public data, into num_groups groups
+    grouping: Literal["global", "weight_bias", "per_layer", "clustering"] = "clustering"
+    num_groups: int = 5  # k for clustering
+    adaptive_clipping: bool = True  # bounds = mean per-example group norm on a public batch
+    update_every: int = 1  # critic steps between bound (and clustering) updates
+    public_batch_size: int = 64  # m_pub
+    warm_start_iterations: int = 300  # t_warm generator iterations on public data; 0: no warm start
+    lr: float = 2e-3  # Adam α of both networks (Table 1, MNIST)
+    adam_beta1: float = 0.5
+    adam_beta2: float = 0.9
+
+    def validate(self) -> None:
+        _require(self.n_critic >= 1, "zhang.n_critic", f"must be >= 1, got {self.n_critic}")
+        _require(self.gp_weight >= 0, "zhang.gp_weight", f"must be >= 0, got {self.gp_weight}")
+        _require(self.num_groups >= 1, "zhang.num_groups", f"must be >= 1, got {self.num_groups}")
+        _require(self.update_every >= 1, "zhang.update_every", f"must be >= 1, got {self.update_every}")
+        _require(self.public_batch_size >= 1, "zhang.public_batch_size", f"must be >= 1, got {self.public_batch_size}")
+        _require(self.warm_start_iterations >= 0, "zhang.warm_start_iterations", "must be >= 0")
+        _require(self.lr > 0, "zhang.lr", f"must be > 0, got {self.lr}")
+        for name in ("adam_beta1", "adam_beta2"):
+            _require(0 <= getattr(self, name) < 1, f"zhang.{name}", "must be in [0, 1)")
+
+
+@dataclass(frozen=True)
 class SampleConfig:
     num_samples: int = 10000  # synthetic records written by `dpsynth sample`, classes balanced
     per_class: int = 10  # columns of the sample grid (one row per class)
@@ -143,14 +281,47 @@ class SampleConfig:
 
 @dataclass(frozen=True)
 class EvaluateConfig:
-    classifier: Literal["logreg", "cnn"] = "logreg"  # trained on synthetic data, tested on held-out real data
+    """``dpsynth evaluate`` (see dpsynth.evaluation). ``suite``: quick runs ``classifier`` only;
+    full runs every classifier of GS-WGAN's Tables A1–A2 (minutes on CPU)."""
+
+    # gen2real classifier of the quick suite (trained on synthetic data, tested on real reference data)
+    classifier: Literal["logreg", "cnn", "mlp", "random_forest", "gaussian_nb", "bernoulli_nb", "linear_svc",
+                        "decision_tree", "lda", "adaboost", "bagging", "gbm", "xgboost"] = "logreg"
+    suite: Literal["quick", "full"] = "quick"
     max_iter: int = 200  # logreg: solver iterations
-    epochs: int = 5  # cnn: passes over the synthetic data
+    epochs: int = 5  # cnn / mlp: passes over the synthetic data (the best epoch is chosen on held-out synthetic data)
+    feature_steps: int = 150  # the reference CNN (fid_classifier, IS, JS): batches of 64 real reference records
+    validation_fraction: float = 0.1  # synthetic records held out for model selection (never real data)
+    max_train_records: int | None = 20000  # cap on synthetic records a classifier trains on; None: all
+    # Real data the metrics compare with. None: the partition's held-out records (never trained on).
+    reference_uri: str | None = None
+    # What reference_uri is: public or heldout (never trained on) make the metrics releasable; sensitive
+    # (e.g. training records) labels them internal. Must be heldout when reference_uri is None.
+    reference_kind: Literal["heldout", "public", "sensitive"] = "heldout"
+    # A TorchScript pytorch-fid Inception-v3 pool3 extractor (see dpsynth.evaluation.fid); None or
+    # missing file: the Fréchet distance is computed on the reference classifier's features as fid_classifier.
+    inception_weights: str | None = None
+    mia: bool = True  # membership inference (GAN-Leaks, black box); reads training records: internal
+    mia_records: int = 500  # training (held-in) and held-out records each, at most
+    mia_generated: int = 5000  # generated samples the attack compares each record with
+    # ε-vs-metric curve over the generator snapshots the train manifest lists (role generator_snapshot)
+    curve_samples: int = 2000  # generated samples per snapshot; 0: no curve
     seed: int = 0
 
     def validate(self) -> None:
         _require(self.max_iter >= 1, "evaluate.max_iter", f"must be >= 1, got {self.max_iter}")
         _require(self.epochs >= 1, "evaluate.epochs", f"must be >= 1, got {self.epochs}")
+        _require(self.feature_steps >= 1, "evaluate.feature_steps", f"must be >= 1, got {self.feature_steps}")
+        _require(0 < self.validation_fraction < 1, "evaluate.validation_fraction",
+                 f"must be in (0, 1), got {self.validation_fraction}")
+        _require(self.max_train_records is None or self.max_train_records >= 10, "evaluate.max_train_records",
+                 "must be >= 10 (or null for no cap)")
+        _require(self.reference_uri is not None or self.reference_kind == "heldout", "evaluate.reference_kind",
+                 f"must be 'heldout' when evaluate.reference_uri is unset (the partition's held-out records), "
+                 f"got {self.reference_kind!r}")
+        _require(self.mia_records >= 2, "evaluate.mia_records", f"must be >= 2, got {self.mia_records}")
+        _require(self.mia_generated >= 1, "evaluate.mia_generated", f"must be >= 1, got {self.mia_generated}")
+        _require(self.curve_samples >= 0, "evaluate.curve_samples", f"must be >= 0, got {self.curve_samples}")
 
 
 @dataclass(frozen=True)
@@ -163,9 +334,14 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    zhang: ZhangConfig = field(default_factory=ZhangConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
+    warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
+    gswgan: GSWGANConfig = field(default_factory=GSWGANConfig)
+    dpac: DPACConfig = field(default_factory=DPACConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
@@ -181,7 +357,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def fingerprint(
-        self, *, exclude: tuple[str, ...] = ("output", "tracking", "sample", "evaluate", "pipeline")
+        self, *, exclude: tuple[str, ...] = ("output", "tracking", "ledger", "warmstart", "sample", "evaluate", "pipeline")
     ) -> str:
         """sha256 of the settings that determine the training result (what resume must match)."""
         d = {k: v for k, v in self.to_dict().items() if k not in exclude}

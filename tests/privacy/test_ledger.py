@@ -149,6 +149,30 @@ def test_bad_values_name_the_field(ledger, field, kwargs):
     assert ledger.populations()[0]["population_id"] == POP and len(ledger.populations()) == 1
 
 
+def test_ensure_budget_creates_once_and_never_changes_a_budget(url):
+    ledger = Ledger(url)
+    assert ledger.ensure_budget("fresh", epsilon=5.0, delta=1e-4) is True
+    assert ledger.ensure_budget("fresh", epsilon=50.0, delta=1e-2) is False  # an existing budget stays
+    bal = ledger.balance("fresh")
+    assert (bal["budget"], bal["delta"]) == (5.0, 1e-4)
+    with pytest.raises(PrivacyError, match="epsilon"):
+        ledger.ensure_budget("other", epsilon=0.0, delta=1e-4)
+
+
+def test_reservations_of_a_pipeline_run(ledger):
+    a = reserve(ledger, 1.0, run="run-a")
+    b = reserve(ledger, 2.0, run="run-b")
+    c = reserve(ledger, 3.0, run="run-a")
+    ledger.commit(a, epsilon_spent=0.5)
+    assert [r["id"] for r in ledger.reservations(pipeline_run_id="run-a")] == [a, c]
+    assert [r["id"] for r in ledger.reservations(pipeline_run_id="run-a", status="reserved")] == [c]
+    assert ledger.reservation(b)["epsilon_reserved"] == 2.0 and ledger.reservation(a)["epsilon_spent"] == 0.5
+    with pytest.raises(PrivacyError, match="reservation_id: no reservation 99"):
+        ledger.reservation(99)
+    with pytest.raises(PrivacyError, match="status"):
+        ledger.reservations(pipeline_run_id="run-a", status="open")
+
+
 def test_the_ledger_persists_and_lists_populations(url, ledger):
     reserve(ledger, 1.0)
     again = Ledger(url)

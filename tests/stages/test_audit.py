@@ -2,11 +2,17 @@
 
 import hashlib
 import json
+import re
 
 import pytest
 from opacus.accountants import RDPAccountant
 
-from tests.stages.helpers import manifest, release_files, stage
+from dpsynth import tracking
+from dpsynth.config import load_config
+from dpsynth.privacy import MechanismEvent, MechanismTrace
+from dpsynth.stages import audit
+from tests.privacy.test_wor import autodp_mechanism_epsilon
+from tests.stages.helpers import manifest, release_files, stage, stages
 
 
 def read(run, name):
@@ -43,7 +49,10 @@ def test_passes_with_both_accountants_recomputed_from_the_trace(trained, source)
     _, est, up = msr.compute_epsilon(delta=1e-4, num_self_compositions=[event["count"]])
     assert report["epsilons"]["prv"]["upper"] == pytest.approx(up, abs=0.02)
     assert report["epsilon_upper_bound"] == max(report["epsilons"]["rdp"], report["epsilons"]["prv"]["upper"]) <= 10
-    assert {c["name"] for c in report["checks"]} >= {"trace_sha256", "generator_sha256", "delta", "steps", "epsilon"}
+    assert {c["name"] for c in report["checks"]} >= {"trace_sha256", "generator_sha256", "delta", "steps", "epsilon",
+                                                     "noise", "sampling", "accounting", "claim", "mlflow"}
+    assert report["claimed"]["accountant"] == "rdp" and report["claimed"]["epsilon"] == pytest.approx(
+        ref.get_epsilon(1e-4), rel=1e-6)  # the trainer's claim agrees with the independent recomputation
     assert (trained / "sensitive" / "audit" / "audit.md").read_text().startswith("# Privacy audit: PASSED")
     assert release_files(trained) == []  # the audit itself releases nothing
 
@@ -58,7 +67,7 @@ def test_a_trace_over_the_target_fails_and_nothing_is_released(trained, source, 
     report, m = read(trained, "audit.json"), manifest(trained, "sensitive", "audit")
     assert report["decision"] == "failed" and m["status"] == "failed"
     failed = {c["name"] for c in report["checks"] if not c["passed"]}
-    assert failed == {"epsilon"} and report["epsilon_upper_bound"] > 10
+    assert failed == {"epsilon", "claim"} and report["epsilon_upper_bound"] > 10
     assert stage("sample", trained, source) == 2
     assert "did not pass" in capsys.readouterr().err
     assert stage("evaluate", trained, source) == 2
@@ -73,5 +82,131 @@ def test_each_failed_check_fails_the_audit(trained, source):
     assert "delta" in failed_checks()
     rewrite_trace(trained, lambda t: t.update(steps=6) or t["events"][0].update(count=6), update_manifest=False)
     assert stage("audit", trained, source) == 2  # not the trace training recorded (and understating it)
-    assert failed_checks() == {"trace_sha256"}
+    assert failed_checks() == {"trace_sha256", "claim"}  # and the trainer's ε no longer matches it
     assert release_files(trained) == []
+
+
+def test_as_published_accounting_never_passes(trained, source):
+    def failed_checks():
+        return {c["name"] for c in read(trained, "audit.json")["checks"] if not c["passed"]}
+
+    assert stage("audit", trained, source, "privacy.accounting=as_published") == 2
+    assert failed_checks() == {"accounting"}
+    rewrite_trace(trained, lambda t: t.update(accounting="as_published"), update_manifest=True)
+    assert stage("audit", trained, source) == 2  # the trace itself says so
+    assert failed_checks() == {"accounting"}
+    assert "never be released" in (trained / "sensitive" / "audit" / "audit.md").read_text()
+    assert release_files(trained) == []
+
+
+def test_noise_and_sampling_must_match_the_accountant(trained, source):
+    def as_shards(trace):  # the same steps claimed as shard sampling under add/remove adjacency
+        trace["events"][0].update(sampling="without_replacement")
+
+    rewrite_trace(trained, as_shards, update_manifest=True)
+    assert stage("audit", trained, source) == 2
+    failed = {c["name"] for c in read(trained, "audit.json")["checks"] if not c["passed"]}
+    assert {"sampling", "epsilon"} <= failed
+    rewrite_trace(trained, lambda t: t["events"][0].update(sampling="poisson", noise_multiplier=0.0),
+                  update_manifest=True)
+    assert stage("audit", trained, source) == 2
+    failed = {c["name"] for c in read(trained, "audit.json")["checks"] if not c["passed"]}
+    assert {"noise", "epsilon"} <= failed
+
+
+@pytest.fixture
+def tracked(tmp_path, source):
+    """partition, warmstart and train with MLflow on (metrics every 2 steps), under a pipeline parent run."""
+    from dpsynth.stages.pipeline import start
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=audit-test",
+                 "output.log_every=2", "ledger.enabled=false")
+    run_dir = tmp_path / "run"
+    cfg = load_config(overrides=[f"data.uri={source}", "train.d_width=4", "train.g_width=4", "train.latent_dim=8",
+                                 "train.batch_size=32", "train.steps=12", "train.n_d=2", "privacy.epsilon=10",
+                                 "privacy.delta=1e-4", "output.sample_every=0", "output.checkpoint_every=0",
+                                 *overrides])
+    ctx = start(cfg, run_dir=str(run_dir), pipeline_run_id="audit-mlflow")
+    flags = ["--parent-run-id", ctx.parent_run_id, "--pipeline-run-id", "audit-mlflow"]
+    for name in ("partition", "warmstart", "train"):
+        assert stage(name, run_dir, source, *overrides, flags=flags) == 0, name
+    return run_dir, uri, overrides, flags, ctx.parent_run_id
+
+
+def test_a_logged_batch_size_series_fails_the_audit(tracked, source):
+    from mlflow import MlflowClient
+
+    run_dir, uri, overrides, flags, parent = tracked
+    client = MlflowClient(uri)
+    train_run = manifest(run_dir, "sensitive", "train")["mlflow_run_id"]
+    logged = set(client.get_run(train_run).data.metrics)
+    assert {"epsilon", "n_d", "d_accuracy_fake", "g_loss"} <= logged  # what DPGAN logs passes
+    assert stage("audit", run_dir, source, *overrides, flags=flags) == 0
+    (check,) = [c for c in read(run_dir, "audit.json")["checks"] if c["name"] == "mlflow"]
+    assert check["passed"] and re.match(r"[4-9] MLflow runs", check["detail"]), check
+    assert client.get_run(train_run).data.tags[tracking.TAG_AUDIT] == "passed"
+    assert client.get_run(parent).data.tags[tracking.TAG_AUDIT] == "passed"
+    audit_run = manifest(run_dir, "sensitive", "audit")["mlflow_run_id"]
+    assert {"audit.json", "audit.md"} <= {a.path for a in client.list_artifacts(audit_run)}
+
+    for step, size in enumerate([29, 35, 31]):  # a trainer that leaks its actual Poisson batch sizes
+        client.log_metric(train_run, "actual_batch_size", size, step=step)
+    assert stage("audit", run_dir, source, *overrides, flags=["--force", *flags]) == 2
+    report = read(run_dir, "audit.json")
+    (check,) = [c for c in report["checks"] if c["name"] == "mlflow"]
+    assert not check["passed"] and f"train run {train_run}: metric actual_batch_size" in check["detail"]
+    assert {c["name"] for c in report["checks"] if not c["passed"]} == {"mlflow"}
+    assert client.get_run(train_run).data.tags[tracking.TAG_AUDIT] == "failed"
+    assert stage("sample", run_dir, source, *overrides, flags=flags) == 2
+    assert release_files(run_dir) == []
+
+
+def test_data_dependent_key_names():
+    keys = ["epsilon", "n_d", "d_accuracy_fake", "d_accuracy_fake_ema", "g_loss", "generator_steps", "noise_multiplier",
+            "sample_rate", "actual_batch_size", "shard_index", "per_example_norm", "grad_norm_mean", "d_loss_real"]
+    assert tracking.data_dependent_keys(keys) == sorted(keys[8:])
+    assert tracking.data_dependent_keys(["train.batch_size", "partition.num_shards"],
+                                        exempt={"train.batch_size", "partition.num_shards"}) == []
+
+
+def wor_trace(sigma, steps, q=0.01):
+    return MechanismTrace([MechanismEvent(sampling="without_replacement", sample_rate=q, noise_multiplier=sigma,
+                                          sensitivity="replace_one", count=steps)])
+
+
+def test_without_replacement_traces_are_recomputed_with_the_wor_bound_only():
+    cfg = load_config(overrides=["privacy.epsilon=4", "privacy.delta=1e-5", "train.steps=1000"])
+    ok = [{"name": "integrity", "passed": True, "detail": ""}]
+    report = audit.evaluate(cfg, trace_text=wor_trace(3.0, 1000).to_json(), n=60_000, integrity=ok)
+    assert list(report["epsilons"]) == ["wor"] and "only the Wang–Balle–Kasiviswanathan" in report["accountants_note"]
+    ref = autodp_mechanism_epsilon([(0.01, 3.0, 1000)], delta=1e-5)  # autodp, independent
+    assert report["epsilons"]["wor"] == pytest.approx(ref, rel=1e-3) and ref < 4
+    (eps_check,) = [c for c in report["checks"] if c["name"] == "epsilon"]
+    assert eps_check["passed"]
+    # DPGAN's invariants demand Poisson sampling, so this trace still fails for a DPGAN run
+    assert report["decision"] == "failed" and [c["name"] for c in report["checks"] if not c["passed"]] == ["event[0]"]
+    # over the target by the independent reference: fails the epsilon check
+    loud = audit.evaluate(cfg, trace_text=wor_trace(1.0, 1000).to_json(), n=60_000, integrity=ok)
+    assert autodp_mechanism_epsilon([(0.01, 1.0, 1000)], delta=1e-5) > 4
+    assert not next(c for c in loud["checks"] if c["name"] == "epsilon")["passed"]
+
+
+def test_methods_register_their_invariants_lazily(monkeypatch):
+    cfg = load_config(overrides=["privacy.epsilon=4", "privacy.delta=1e-5", "train.steps=1000"])
+    monkeypatch.setitem(audit.INVARIANTS, "dpgan", "dpsynth.methods.not_there:audit_invariants")
+    report = audit.evaluate(cfg, trace_text=wor_trace(3.0, 1000).to_json(), n=60_000, integrity=[])
+    (check,) = [c for c in report["checks"] if c["name"] == "invariants"]
+    assert not check["passed"] and "not_there" in check["detail"] and report["decision"] == "failed"
+    monkeypatch.setitem(audit.INVARIANTS, "dpgan", "tests.stages.test_audit:_record_invariants")
+    _CALLS.clear()
+    report = audit.evaluate(cfg, trace_text=wor_trace(3.0, 1000).to_json(), n=60_000, integrity=[])
+    assert _CALLS == [(1000, 60_000)] and report["decision"] == "passed", report["checks"]
+
+
+_CALLS = []
+
+
+def _record_invariants(cfg, trace, n):
+    _CALLS.append((trace.steps, n))
+    return [{"name": "method", "passed": True, "detail": "recorded"}]

@@ -1,12 +1,18 @@
-"""dpsynth evaluate: a classifier trained on the synthetic data, tested once on the held-out real records."""
+"""dpsynth evaluate: utility, quality and membership inference of the released generator, with
+the report (JSON, HTML) in the release zone and the reference-data policy applied."""
 
+import io
 import json
+import shutil
 
 import numpy as np
 import pytest
+import torch
 
-from dpsynth.data import read_parquet
+from dpsynth.data import read_parquet, write_parquet
 from tests.stages.helpers import manifest, stage, stages
+
+FAST = ("evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200")
 
 
 @pytest.fixture(scope="module")
@@ -16,25 +22,137 @@ def released(tmp_path_factory, source):
     return run
 
 
+def report_of(run) -> dict:
+    return json.loads((run / "release" / "evaluate" / "report.json").read_text())
+
+
 @pytest.mark.parametrize("classifier", ["logreg", "cnn"])
 def test_accuracy_on_heldout_records(released, source, classifier):
-    assert stage("evaluate", released, source, f"evaluate.classifier={classifier}", "evaluate.epochs=1") == 0
+    assert stage("evaluate", released, source, f"evaluate.classifier={classifier}", *FAST) == 0
     m = manifest(released, "release", "evaluate")
-    report = json.loads((released / "release" / "evaluate" / "report.json").read_text())
+    report = report_of(released)
     heldout = next(o for o in manifest(released, "sensitive", "partition")["outputs"] if o["role"] == "heldout")
-    assert [i["role"] for i in m["inputs"]] == ["sample_manifest", "partition_manifest", "synthetic", "heldout"]
-    assert m["outputs"][0]["zone"] == "release" and m["privacy"]["epsilon"] == 0
+    roles = [i["role"] for i in m["inputs"]]
+    assert roles[:8] == ["sample_manifest", "partition_manifest", "audit_manifest", "train_manifest", "synthetic",
+                         "heldout", "generator", "report"] and set(roles[8:]) == {"shard"}
+    assert [o["role"] for o in m["outputs"]] == ["report", "report_html"]
+    assert {o["zone"] for o in m["outputs"]} == {"release"} and m["privacy"]["epsilon"] == 0
     acc = report["classifier_accuracy"]
     assert acc["classifier"] == classifier and 0 <= acc["accuracy"] <= 1
-    assert report["test"]["records"] == heldout["rows"] and report["train"]["records"] == 200
-    labels = read_parquet(heldout["uri"]).labels
-    counts = np.bincount(labels, minlength=10)
-    weighted = sum(a * c for a, c in zip(acc["per_class_accuracy"], counts) if a is not None) / counts.sum()
-    assert weighted == pytest.approx(acc["accuracy"])  # per-class accuracies add up to the overall one
+    # the reference (held-out) records split into a real training half and a test half
+    split = report["reference"]["split"]
+    assert split["fit"] + split["test"] == heldout["rows"] == report["reference"]["records"]
+    assert report["test"]["records"] == split["test"]
+    assert report["train"]["records"] == 180  # 200 synthetic minus 10% held out for model selection
+    test_ids = set(read_parquet(heldout["uri"]).record_ids)
+    assert len(test_ids) == heldout["rows"]
+    (row,) = report["utility"]["classifiers"]
+    assert row["gen2real"] == acc["accuracy"] and row["calibrated"] == pytest.approx(row["gen2real"] / row["real"])
     assert "no model selection" in report["heldout_data"]
+    assert report["labels"] == {"utility": "releasable", "quality": "releasable", "membership_inference": "internal"}
+    assert report["privacy"]["audit"] == "passed" and report["privacy"]["epsilon"] <= 10 * (1 + 1e-9)
+    if classifier == "cnn":
+        assert row["model_selection"]["selection"] == "best epoch on held-out generated data"
+
+
+def test_per_class_accuracies_add_up(released, source):
+    assert stage("evaluate", released, source, *FAST) == 0
+    report = report_of(released)
+    acc = report["classifier_accuracy"]
+    # recover the test half's labels: every reference record is in the fit half or the test half
+    heldout = next(o for o in manifest(released, "sensitive", "partition")["outputs"] if o["role"] == "heldout")
+    labels = read_parquet(heldout["uri"]).labels
+    order = np.random.default_rng(0).permutation(len(labels))
+    test_labels = labels[order[int(np.ceil(len(labels) / 2)):]]
+    counts = np.bincount(test_labels, minlength=10)
+    weighted = sum(a * c for a, c in zip(acc["per_class_accuracy"], counts) if a is not None) / counts.sum()
+    assert weighted == pytest.approx(acc["accuracy"])
+
+
+def test_quality_and_mia_sections(released, source):
+    assert stage("evaluate", released, source, *FAST, flags=["--force"]) == 0
+    report = report_of(released)
+    q = report["quality"]
+    assert q["frechet"]["name"] == "fid_classifier" and q["frechet"]["value"] >= 0  # no Inception weights here
+    assert 1 <= q["inception_score"]["mean"] <= 10
+    assert q["js_score"]["js_score"] >= 0
+    m = report["membership_inference"]
+    assert m["status"] == "internal" and 0 <= m["auc"] <= 1 and 0 <= m["tpr_at_1pct_fpr"] <= 1
+    assert m["records"]["generated"] == 200 and m["records"]["held_in"] == m["records"]["held_out"]
+    page = (released / "release" / "evaluate" / "report.html").read_text()
+    assert "fid_classifier" in page and "internal" in page and "data:image/png;base64," in page
+    assert ">FID<" not in page
+
+
+def test_sensitive_reference_labels_metrics_internal(released, source, tmp_path, mnist600):
+    ref = tmp_path / "ref.parquet"
+    write_parquet(mnist600.subset(np.arange(100)), ref)  # records the generator may have trained on
+    assert stage("evaluate", released, source, *FAST, f"evaluate.reference_uri={ref}",
+                 "evaluate.reference_kind=sensitive", "evaluate.mia=false") == 0
+    report = report_of(released)
+    assert report["labels"] == {"utility": "internal", "quality": "internal", "membership_inference": "internal"}
+    assert report["reference"]["records"] == 100 and report["reference"]["kind"] == "sensitive"
+    assert "skipped" in report["membership_inference"]
+    m = manifest(released, "release", "evaluate")
+    assert "reference" in [i["role"] for i in m["inputs"]] and "internal" in m["privacy"]["note"]
+
+
+def test_reference_kind_needs_a_reference_uri(released, source, capsys):
+    assert stage("evaluate", released, source, "evaluate.reference_kind=public") == 2
+    assert "evaluate.reference_kind" in capsys.readouterr().err
 
 
 def test_needs_the_released_sample(tmp_path, source, capsys):
     stages(tmp_path / "run", source, "partition")
     assert stage("evaluate", tmp_path / "run", source) == 2
     assert "no manifest" in capsys.readouterr().err
+
+
+def test_metrics_and_report_in_the_mlflow_run(released, source, tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracked = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=evaluate-test")
+    assert stage("evaluate", released, source, *FAST, *tracked, flags=["--force"]) == 0
+    run_id = manifest(released, "release", "evaluate")["mlflow_run_id"]
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    metrics = run.data.metrics
+    report = report_of(released)
+    assert metrics["gen2real.logreg"] == report["utility"]["classifiers"][0]["gen2real"]
+    assert metrics["fid_classifier"] == report["quality"]["frechet"]["value"] and "fid" not in metrics
+    assert metrics["mia_auc"] == report["membership_inference"]["auc"]
+    assert {"inception_score", "js_score", "real2gen.logreg", "calibrated.average", "epsilon_spent"} <= set(metrics)
+    assert run.data.tags["dpsynth.evaluate.reference"] == "heldout" and run.data.tags["dpsynth.evaluate.frechet"] == "fid_classifier"
+    artifacts = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "grids")}
+    assert {"report.html", "report.json", "manifest.json", "grids/synthetic_by_class.png"} <= artifacts
+    page = open(client.download_artifacts(run_id, "report.html", str(tmp_path))).read()
+    assert page == (released / "release" / "evaluate" / "report.html").read_text()
+
+
+def test_epsilon_curve_from_generator_snapshots(released, source, tmp_path):
+    """The train manifest may list generator snapshots (role generator_snapshot, dpsynth.generator/1
+    files whose privacy record says the ε spent so far): one point of the curve each, by ε."""
+    from dpsynth import storage
+    from dpsynth.stages import manifest as manifests
+
+    run = tmp_path / "run"
+    shutil.copytree(released, run)  # manifests keep naming the original files, which stay unchanged
+    train_manifest = run / "sensitive" / "train" / "manifest.json"
+    m = json.loads(train_manifest.read_text())
+    generator = next(o for o in m["outputs"] if o["role"] == "generator")
+    state = torch.load(io.BytesIO(storage.read_bytes(generator["uri"])), weights_only=True)
+    for eps in (5.0, 2.0):
+        state["privacy"] = {**state["privacy"], "epsilon": eps}
+        path = run / "sensitive" / "train" / f"snapshot-eps{eps:g}.pt"
+        torch.save(state, path)
+        m["outputs"].append({**manifests.entry(str(path), role="generator_snapshot"), "zone": "sensitive"})
+    train_manifest.write_text(json.dumps(m))
+    assert stage("evaluate", run, source, *FAST, "evaluate.curve_samples=100", "evaluate.mia=false") == 0
+    curve = report_of(run)["epsilon_curve"]
+    assert [p["epsilon"] for p in curve] == [2.0, 5.0]
+    assert set(curve[0]) == {"epsilon", "fid_classifier", "inception_score", "gen2real.logreg"}
+    assert curve[0]["fid_classifier"] == pytest.approx(curve[1]["fid_classifier"])  # the same weights twice
+    assert "ε vs metrics" in (run / "release" / "evaluate" / "report.html").read_text()
+    roles = [i["role"] for i in manifest(run, "release", "evaluate")["inputs"]]
+    assert roles.count("generator_snapshot") == 2

@@ -116,3 +116,57 @@ def test_doctests():
     from dpsynth.stages import partition
 
     assert doctest.testmod(partition).failed == 0
+
+
+def test_public_fraction_is_a_keyed_hash_band_outside_every_shard(tmp_path, source, mnist600):
+    run = tmp_path / "run"
+    assert stage("partition", run, source, "partition.num_shards=2", "data.public_fraction=0.2") == 0
+    m = manifest(run, "sensitive", "partition")
+    assert sorted(o["role"] for o in m["outputs"]) == ["heldout", "public", "shard", "shard"]
+    ids = {o["role"] + Path(o["uri"]).stem: set(read_parquet(o["uri"]).record_ids) for o in m["outputs"]}
+    public = ids.pop("publicpublic")
+    for rid in mnist600.record_ids:  # the spec: u < 0.1 held out; 0.1 <= u < 0.3 public; else shard by the next 8 bytes
+        u = int.from_bytes(hmac.new(KEY.encode(), rid.encode(), hashlib.sha256).digest()[:8], "big") / 2**64
+        assert (rid in public) == (0.1 <= u < 0.3)
+    assert all(not (public & other) for other in ids.values())
+    assert set().union(public, *ids.values()) == set(mnist600.record_ids)
+    assert 80 <= len(public) <= 160  # Binomial(600, 0.2): mean 120, sd 9.8
+    assert m["details"]["public_records"] == len(public)
+    # declaring public data moves records out of shards only: the held-out set is unchanged
+    run0 = tmp_path / "run0"
+    assert stage("partition", run0, source, "partition.num_shards=2") == 0
+    held0 = next(o for o in manifest(run0, "sensitive", "partition")["outputs"] if o["role"] == "heldout")
+    assert set(read_parquet(held0["uri"]).record_ids) == ids["heldoutheldout"]
+
+
+def test_public_split_is_taken_whole_and_never_trained_on(tmp_path, mnist600):
+    splits = ["pub" if i % 10 == 0 else "train" for i in range(len(mnist600))]
+    src = tmp_path / "split.parquet"
+    write_parquet(dataclasses.replace(mnist600, splits=splits), src)
+    run = tmp_path / "run"
+    assert stage("partition", run, str(src), "data.public_split=pub", "data.heldout_fraction=0") == 0
+    m = manifest(run, "sensitive", "partition")
+    by_role = {o["role"]: o for o in m["outputs"]}
+    assert sorted(by_role) == ["public", "shard"] and by_role["public"]["rows"] == 60 and by_role["shard"]["rows"] == 540
+    assert set(read_parquet(by_role["public"]["uri"]).splits) == {"pub"}
+    assert set(read_parquet(by_role["shard"]["uri"]).splits) == {"train"}
+
+
+@pytest.mark.parametrize("override, field", [
+    ("data.public_fraction=0.95", "data.public_fraction"),  # with the held-out 0.1, over 1
+    ("data.public_split=x", "data.public_split"),  # the source has no split column
+])
+def test_bad_public_declarations_name_the_field(tmp_path, source, capsys, override, field):
+    assert stage("partition", tmp_path / "run", source, override) == 2
+    assert field in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_public_split_cannot_be_the_training_split():
+    from dpsynth.config import load_config
+    from dpsynth.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="data.public_split"):
+        load_config(overrides=["data.train_split=train", "data.public_split=train"])
+    with pytest.raises(ConfigError, match="data.public_split"):
+        load_config(overrides=["data.public_fraction=0.1", "data.public_split=pub"])

@@ -39,3 +39,20 @@ def test_releases_the_audited_generator_and_synthetic_data(trained, source, mnis
     capsys.readouterr()
     assert stage("sample", trained, source, flags=["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "skipped"
+
+
+def test_refuses_after_a_failed_audit_and_releases_nothing(trained, source, capsys):
+    assert stage("audit", trained, source, "privacy.accounting=as_published") == 2  # never passes
+    capsys.readouterr()
+    assert stage("sample", trained, source) == 2
+    assert "did not pass" in capsys.readouterr().err
+    assert release_files(trained) == []
+    # a report edited to say "passed" no longer has the sha256 its audit manifest recorded
+    report = trained / "sensitive" / "audit" / "audit.json"
+    data = json.loads(report.read_text())
+    data["decision"] = "passed"
+    data["checks"] = [dict(c, passed=True) for c in data["checks"]]
+    report.write_text(json.dumps(data))
+    assert stage("sample", trained, source) == 2
+    assert "sha256" in capsys.readouterr().err
+    assert release_files(trained) == []

@@ -64,6 +64,25 @@ class GradientSanitizer:
             raise ValueError("max_grad_norm: need one positive bound per group")
         self.bounds = [float(c) for c in bounds]
 
+    def regroup(self, groups: Sequence[Sequence[nn.Parameter]], bounds: Sequence[float]) -> None:
+        """Replace the groups and their bounds (dp-GAN's clustering, redone from public data).
+
+        The number of groups must stay the same, so the folded release (σ/√k) is unchanged, and
+        the groups must partition the same parameters. Not between ``accumulate`` and ``finalize``.
+        """
+        groups = [list(g) for g in groups]
+        if self._sums is not None:
+            raise RuntimeError("regroup: a logical batch is being accumulated; finalize it first")
+        if len(groups) != self.num_groups:
+            raise ValueError(f"groups: {len(groups)} groups given, the sanitizer has {self.num_groups}")
+        old = sorted(id(p) for g in self.groups for p in g)
+        if sorted(id(p) for g in groups for p in g) != old:
+            raise ValueError("groups: must partition the same parameters, each exactly once")
+        if len(bounds) != len(groups) or any(c <= 0 for c in bounds):
+            raise ValueError("max_grad_norm: need one positive bound per group")
+        self.groups = groups
+        self.bounds = [float(c) for c in bounds]
+
     @torch.no_grad()
     def accumulate(self) -> None:
         """Clip each example's gradient (per group) and add it to the running sums; clear grad_sample."""

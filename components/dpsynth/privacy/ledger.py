@@ -140,6 +140,20 @@ class Ledger:
                              .values(epsilon_budget=eps, delta=dlt, updated_at=now))
             return _balance(conn, self._lock_population(conn, pid))
 
+    def ensure_budget(self, population_id: str, *, epsilon: float, delta: float) -> bool:
+        """Create the population with this lifetime budget unless it exists (whose budget stays as
+        it is); returns whether it was created. One transaction: concurrent callers create it once."""
+        pid = _check_id(population_id, "population_id")
+        eps = check_epsilon(epsilon, "epsilon")
+        dlt = check_delta_range(delta, "delta")
+        with self._transaction() as conn:
+            if self._lock_population(conn, pid) is not None:
+                return False
+            now = _now()
+            conn.execute(insert(populations_table).values(
+                population_id=pid, epsilon_budget=eps, delta=dlt, created_at=now, updated_at=now))
+            return True
+
     def reserve(self, population_id: str, *, epsilon: float, delta: float, dataset_sha256: str,
                 pipeline_run_id: str, accountant: str, stage: str = "train") -> int:
         """Reserve (ε, δ) for one run before it touches the data; returns the reservation id.
@@ -217,6 +231,26 @@ class Ledger:
         with self._transaction(write=False) as conn:
             rows = conn.execute(select(populations_table).order_by(populations_table.c.population_id)).all()
             return [{**_row_dict(row), **_balance(conn, row)} for row in rows]
+
+    def reservation(self, reservation_id: int) -> dict[str, Any]:
+        """One reservation, as :meth:`history` lists it."""
+        rid = _check_reservation_id(reservation_id)
+        with self._transaction(write=False) as conn:
+            row = conn.execute(select(reservations_table).where(reservations_table.c.id == rid)).first()
+        if row is None:
+            raise PrivacyError(f"reservation_id: no reservation {rid}")
+        return _row_dict(row)
+
+    def reservations(self, *, pipeline_run_id: str, status: str | None = None) -> list[dict[str, Any]]:
+        """The reservations of one pipeline run (optionally only those with ``status``), oldest first."""
+        table = reservations_table
+        query = select(table).where(table.c.pipeline_run_id == _check_id(pipeline_run_id, "pipeline_run_id"))
+        if status is not None:
+            if status not in STATUSES:
+                raise PrivacyError(f"status: must be one of {', '.join(STATUSES)}, got {status!r}")
+            query = query.where(table.c.status == status)
+        with self._transaction(write=False) as conn:
+            return [_row_dict(row) for row in conn.execute(query.order_by(table.c.id))]
 
     def history(self, population_id: str | None = None) -> list[dict[str, Any]]:
         """Every reservation (of one population, or all), oldest first."""

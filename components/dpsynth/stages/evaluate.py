@@ -1,117 +1,314 @@
-"""``dpsynth evaluate``: utility of the synthetic data — a classifier trained on it, tested on held-out real data.
+"""``dpsynth evaluate``: utility, quality and membership-inference metrics of the released generator.
 
-Train on the released synthetic Parquet, test once on the held-out records of the partition
-(never trained on, by the generator or the classifier). Nothing is selected or tuned on the
-held-out data: the classifier's settings come from the config. The report goes to the
-release zone. ε consumed: 0 with respect to the training records; the held-out records are
-sensitive, and the accuracy is computed on them without noise, which the report says.
-Further metrics (FID/IS, membership inference) are added as entries of ``METRICS``.
+Reads the released synthetic Parquet and generator, the audit, and real *reference* data:
+``evaluate.reference_uri`` when set (declared ``public``, ``heldout`` or ``sensitive`` by
+``evaluate.reference_kind``), else the partition's held-out records (never trained on). The
+reference data is split once, by a seeded permutation, into a half that trains the real
+classifiers (the reference CNN behind fid_classifier / IS / JS, and every classifier's real
+baseline, which also gives real2gen) and a half that tests (gen2real, the real Fréchet statistics).
+
+Metrics (see dpsynth.evaluation): gen2real / real2gen / calibrated accuracy (``evaluate.suite``:
+quick = ``evaluate.classifier``, full = GS-WGAN's Tables A1–A2), FID (Inception weights at
+``evaluate.inception_weights``) or else ``fid_classifier``, Inception Score, dp-GAN's JS score,
+and GAN-Leaks membership inference (training records vs held-out records).
+
+Privacy: ε consumed 0 with respect to the training run. The stage selects no model on real
+data (CNN/MLP epochs are chosen on held-out generated data), so the only real-data outputs are
+the exact metrics themselves. Metrics on public or held-out reference data are labelled
+"releasable"; on reference data declared sensitive, and membership inference always (it reads
+training records), "internal": an auditor's diagnostic, not covered by the release's (ε, δ).
+Outputs (release zone): report.json, report.html, manifest.json.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Callable
+import math
 
 import numpy as np
+import torch
 
-from dpsynth import storage
+from dpsynth import storage, tracking
 from dpsynth.data import ImageDataset, read_parquet
 from dpsynth.errors import StageError
+from dpsynth.evaluation import accuracy, fid, mia, report as html_report, scores
+from dpsynth.evaluation.classifiers import ReferenceClassifier
+from dpsynth.grids import tile
 from dpsynth.stages import common, manifest
+from dpsynth.stages.sample import load_generator, synthesize
 
 STAGE = "evaluate"
 SECTIONS = ("evaluate",)
+FORMAT = "dpsynth.evaluation/2"
 HELDOUT_NOTE = (
     "The test records are real, sensitive records held out by the partition stage: never trained on "
     "(neither by the generator nor by this classifier) and used once, for this report; no model "
     "selection or early stopping happens on them. The accuracy is an exact (noise-free) statistic of "
     "the held-out records, so it is not covered by the training run's (ε, δ)."
 )
+REFERENCE_NOTES = {
+    "heldout": HELDOUT_NOTE,
+    "public": "The reference data is declared public: metrics on it reveal nothing about the sensitive records.",
+    "sensitive": "The reference data is declared sensitive (it may contain training records): every metric computed "
+                 "on it is internal, an exact statistic of sensitive data outside the release's (ε, δ); none of "
+                 "them may select a model or be published unless that use is accounted.",
+}
+MIA_NOTE = ("Membership inference reads training records (held-in) and held-out records: its numbers are exact "
+            "statistics of sensitive data, internal to the auditor, not released statistics.")
 
 
-def _features(ds: ImageDataset) -> np.ndarray:
-    return ds.images.reshape(len(ds), -1).astype(np.float32) / 255.0
+def _split(n: int, *, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded permutation of range(n) cut into (first ⌈fraction·n⌉, rest); both non-empty."""
+    order = np.random.default_rng(seed).permutation(n)
+    k = min(max(1, math.ceil(fraction * n)), n - 1)
+    return order[:k], order[k:]
 
 
-def _logreg(cfg, train: ImageDataset, test: ImageDataset) -> np.ndarray:
-    from sklearn.linear_model import LogisticRegression
-
-    model = LogisticRegression(max_iter=cfg.evaluate.max_iter, random_state=cfg.evaluate.seed)
-    model.fit(_features(train), train.labels)
-    return model.predict(_features(test))
+def _cap(ds: ImageDataset, limit: int | None, *, seed: int) -> ImageDataset:
+    if limit is None or len(ds) <= limit:
+        return ds
+    return ds.subset(np.sort(np.random.default_rng(seed).permutation(len(ds))[:limit]))
 
 
-def _cnn(cfg, train: ImageDataset, test: ImageDataset) -> np.ndarray:
-    import torch
-    from torch import nn
-
-    torch.manual_seed(cfg.evaluate.seed)
-    x, y = train.to_tensors()
-    c = x.shape[1]
-    model = nn.Sequential(nn.Conv2d(c, 16, 3, 2, 1), nn.ReLU(), nn.Conv2d(16, 32, 3, 2, 1), nn.ReLU(),
-                          nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(32 * 16, train.num_classes))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    for _ in range(cfg.evaluate.epochs):
-        for idx in torch.randperm(len(x)).split(128):
-            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    with torch.no_grad():
-        return model(test.to_tensors()[0]).argmax(1).numpy()
+def class_rows(ds: ImageDataset, *, per_class: int) -> torch.Tensor:
+    """Up to ``per_class`` images of each class, one row per class (blank where a class has fewer)."""
+    x = ds.to_tensors()[0]
+    rows = []
+    for k in range(ds.num_classes):
+        imgs = x[torch.from_numpy(ds.labels == k)][:per_class]
+        blank = torch.ones((per_class - len(imgs), *x.shape[1:]))
+        rows.append(torch.cat([imgs, blank]))
+    return torch.cat(rows)
 
 
-CLASSIFIERS: dict[str, Callable] = {"logreg": _logreg, "cnn": _cnn}
+def quality(cfg, *, synthetic: ImageDataset, fit_real: ImageDataset, test_real: ImageDataset,
+            classifier: ReferenceClassifier, space) -> dict:
+    """Fréchet distance (FID or fid_classifier), its real-vs-real floor, Inception Score, JS score."""
+    real_c, (gen_c, gen_p) = classifier.features(test_real), classifier.features_and_probabilities(synthetic)
+    if isinstance(space, fid.ClassifierFeatures):
+        real_f, gen_f = real_c, gen_c
+    else:
+        real_f, gen_f = space.features(test_real), space.features(synthetic)
+    a, b = _split(len(real_f), fraction=0.5, seed=cfg.evaluate.seed)
+    frechet = {"name": space.name, "value": fid.distance(real_f, gen_f), "real_vs_real": fid.distance(real_f[a], real_f[b]),
+               "features": space.source, "records": {"real": len(real_f), "generated": len(gen_f)}}
+    mean, std = scores.inception_score(gen_p)
+    inception = {"mean": mean, "std": std, "splits": 10,
+                 "classifier": f"CNN trained on {len(fit_real)} real reference records "
+                               f"(not Inception-v3: comparable within dpsynth only)"}
+    return {"frechet": frechet, "inception_score": inception,
+            "js_score": scores.js_score(real_c, gen_c, seed=cfg.evaluate.seed)}
 
 
-def accuracy(cfg, train: ImageDataset, test: ImageDataset) -> tuple[dict, dict]:
-    """Accuracy (overall and per class; None for a class absent from ``test``) of the classifier
-    ``evaluate.classifier`` trained on ``train``; the report part and the MLflow metrics."""
-    if train.shape != test.shape or train.num_classes != test.num_classes:
-        raise StageError(f"evaluate: synthetic data ({train.shape}, {train.num_classes} classes) does not match "
-                         f"the held-out data ({test.shape}, {test.num_classes} classes)")
-    correct = CLASSIFIERS[cfg.evaluate.classifier](cfg, train, test) == test.labels
-    per_class = [float(correct[test.labels == k].mean()) if (test.labels == k).any() else None
-                 for k in range(test.num_classes)]
-    overall = float(correct.mean())
-    metrics = {"accuracy": overall, **{f"accuracy_class_{k}": a for k, a in enumerate(per_class) if a is not None}}
-    return {"classifier": cfg.evaluate.classifier, "accuracy": overall, "per_class_accuracy": per_class}, metrics
+def epsilon_curve(cfg, snapshots: list[tuple[float, object]], *, test_real: ImageDataset,
+                  classifier: ReferenceClassifier, space) -> list[dict]:
+    """Quality and gen2real utility of each (ε, generator) snapshot, by increasing ε, on
+    ``evaluate.curve_samples`` samples each. Nothing is selected from the curve."""
+    e = cfg.evaluate
+    real_f = space.features(test_real)
+    points = []
+    for eps, generator in sorted(snapshots, key=lambda s: s[0]):
+        ds = synthesize(generator, num_samples=e.curve_samples, seed=e.seed)
+        _, probs = classifier.features_and_probabilities(ds)
+        val_idx, train_idx = _split(len(ds), fraction=e.validation_fraction, seed=e.seed)
+        trained = accuracy.Trained(e.classifier, cfg, ds.subset(train_idx), ds.subset(val_idx))
+        points.append({"epsilon": eps, space.name: fid.distance(real_f, space.features(ds)),
+                       "inception_score": scores.inception_score(probs)[0],
+                       f"gen2real.{e.classifier}": float((trained.predict(test_real) == test_real.labels).mean())})
+    return points
 
 
-# name -> fn(cfg, synthetic, heldout) -> (report section, MLflow metrics)
-METRICS: dict[str, Callable] = {"classifier_accuracy": accuracy}
+def curve_figure(points: list[dict]):
+    """ε on the x axis, one panel per metric, as a PIL image."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    names = [k for k in points[0] if k != "epsilon"]
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3), squeeze=False)
+    eps = [p["epsilon"] for p in points]
+    for ax, name in zip(axes[0], names):
+        ax.plot(eps, [p[name] for p in points], marker="o")
+        ax.set_xlabel("ε spent (trainer's accountant)")
+        ax.set_title(name)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+
+
+def membership(cfg, *, generator, members: ImageDataset | None, nonmembers: ImageDataset | None) -> dict:
+    e = cfg.evaluate
+    if not e.mia:
+        return {"skipped": "evaluate.mia is false"}
+    if members is None or nonmembers is None:
+        return {"skipped": "the partition held out no records (data.heldout_fraction: 0)"}
+    n = min(e.mia_records, len(members), len(nonmembers))
+    samples = synthesize(generator, num_samples=e.mia_generated, seed=e.seed + 1)
+    result = mia.attack(samples, members=_cap(members, n, seed=e.seed), nonmembers=_cap(nonmembers, n, seed=e.seed))
+    return {**result, "status": "internal", "note": MIA_NOTE}
+
+
+def evaluate(cfg, *, synthetic: ImageDataset, reference: ImageDataset, reference_info: dict, generator,
+             members: ImageDataset | None, nonmembers: ImageDataset | None,
+             snapshots: list[tuple[float, object]] = ()) -> dict:
+    """Every metric, as the report.json dict (privacy and provenance are added by ``run``)."""
+    e = cfg.evaluate
+    if synthetic.shape != reference.shape or synthetic.num_classes != reference.num_classes:
+        raise StageError(f"evaluate: synthetic data ({synthetic.shape}, {synthetic.num_classes} classes) does not match "
+                         f"the reference data ({reference.shape}, {reference.num_classes} classes)")
+    if len(reference) < 4:
+        raise StageError(f"evaluate: {len(reference)} reference records; at least 4 are needed")
+    fit_idx, test_idx = _split(len(reference), fraction=0.5, seed=e.seed)
+    fit_real, test_real = reference.subset(fit_idx), reference.subset(test_idx)
+    val_idx, train_idx = _split(len(synthetic), fraction=e.validation_fraction, seed=e.seed)
+    train = _cap(synthetic.subset(train_idx), e.max_train_records, seed=e.seed)
+    validation = synthetic.subset(val_idx)
+    classifier = ReferenceClassifier(fit_real, steps=e.feature_steps, seed=e.seed)
+    space = fid.feature_space(e.inception_weights, classifier)
+    utility = accuracy.utility(cfg, synthetic=train, validation=validation, fit_real=fit_real, test_real=test_real,
+                               names=accuracy.suite(cfg))
+    status = "internal" if reference_info["kind"] == "sensitive" else "releasable"
+    first = utility["classifiers"][0]
+    compat = {"classifier": first["classifier"], "accuracy": first.get("gen2real"),
+              "per_class_accuracy": first.get("gen2real_per_class")}
+    return {
+        "format": FORMAT, "classifier_accuracy": compat, "utility": utility,
+        "quality": quality(cfg, synthetic=synthetic, fit_real=fit_real, test_real=test_real, classifier=classifier,
+                           space=space),
+        "epsilon_curve": (epsilon_curve(cfg, list(snapshots), test_real=test_real, classifier=classifier, space=space)
+                          if snapshots and e.curve_samples else []),
+        "membership_inference": membership(cfg, generator=generator, members=members, nonmembers=nonmembers),
+        "reference": {**reference_info, "records": len(reference), "status": status,
+                      "split": {"fit": len(fit_real), "test": len(test_real), "seed": e.seed},
+                      "note": REFERENCE_NOTES[reference_info["kind"]]},
+        "labels": {"utility": status, "quality": status, "membership_inference": "internal"},
+        "model_selection": "CNN/MLP epochs chosen on held-out generated data; nothing is selected on real data",
+    }
+
+
+def mlflow_metrics(report: dict) -> dict[str, float]:
+    m = {}
+    compat = report["classifier_accuracy"]
+    if compat["accuracy"] is not None:
+        m["accuracy"] = compat["accuracy"]
+        m.update({f"accuracy_class_{k}": a for k, a in enumerate(compat["per_class_accuracy"]) if a is not None})
+    u = report["utility"]
+    for row in u["classifiers"]:
+        for key in ("gen2real", "real", "calibrated", "real2gen"):
+            if row.get(key) is not None:
+                m[f"{key}.{row['classifier']}"] = row[key]
+    m.update({f"{key}.average": v for key, v in u["average"].items() if v is not None})
+    q = report["quality"]
+    m[q["frechet"]["name"]] = q["frechet"]["value"]
+    m[f"{q['frechet']['name']}_real_vs_real"] = q["frechet"]["real_vs_real"]
+    m["inception_score"], m["inception_score_std"] = q["inception_score"]["mean"], q["inception_score"]["std"]
+    m["js_score"] = q["js_score"]["js_score"]
+    if "auc" in report["membership_inference"]:
+        m["mia_auc"] = report["membership_inference"]["auc"]
+        m["mia_tpr_at_1pct_fpr"] = report["membership_inference"]["tpr_at_1pct_fpr"]
+    return m
+
+
+def _reference_item(ctx, heldout: list[dict]) -> tuple[dict, dict]:
+    e = ctx.cfg.evaluate
+    if e.reference_uri is not None:
+        ds = read_parquet(e.reference_uri)
+        return ctx.entry(e.reference_uri, role="reference", rows=len(ds)), {"uri": e.reference_uri, "kind": e.reference_kind}
+    if not heldout:
+        raise StageError("data.heldout_fraction: 0, so nothing was held out to evaluate on (or set evaluate.reference_uri)")
+    item = manifest.verify(heldout[0])
+    return item, {"uri": item["uri"], "kind": "heldout"}
+
+
+def _privacy(audit_report: dict, sampled: dict) -> dict:
+    release = sampled.get("details", {}).get("release", {})
+    return {"epsilon": audit_report.get("epsilon_upper_bound"), "delta": audit_report["target"]["delta"],
+            "target_epsilon": audit_report["target"]["epsilon"], "epsilons": audit_report.get("epsilons"),
+            "accountant": "rdp+prv (recomputed by the audit)", "audit": audit_report.get("decision"),
+            "released": release}
 
 
 def run(ctx: common.StageContext) -> common.Outcome:
     cfg = ctx.cfg
     sampled, sample_entry = common.upstream(ctx, "sample")
     partition, partition_entry = common.upstream(ctx, "partition")
+    audited, audit_entry = common.upstream(ctx, "audit")
+    trained, train_entry = common.upstream(ctx, "train")
     heldout = manifest.outputs(partition, "heldout")
-    if not heldout:
-        raise StageError("data.heldout_fraction: 0, so nothing was held out to evaluate on")
     synthetic_item = manifest.verify(manifest.output(sampled, "synthetic"))
-    heldout_item = manifest.verify(heldout[0])
-    inputs = [sample_entry, partition_entry, synthetic_item, heldout_item]
+    reference_item, reference_info = _reference_item(ctx, heldout)
+    generator_item = manifest.verify(manifest.output(sampled, "generator"))
+    audit_item = manifest.verify(manifest.output(audited, "report"))
+    mia_items = []
+    if cfg.evaluate.mia and heldout:  # training shards (held-in) and held-out records (if not the reference)
+        mia_items = [manifest.verify(s) for s in manifest.outputs(partition, "shard")]
+        if cfg.evaluate.reference_uri is not None:
+            mia_items.append(manifest.verify(heldout[0]))
+    # generator snapshots the trainer left (sensitive; role generator_snapshot): the ε-vs-metric curve
+    snapshot_items = ([manifest.verify(s) for s in manifest.outputs(trained, "generator_snapshot")]
+                      if cfg.evaluate.curve_samples else [])
+    inputs = [sample_entry, partition_entry, audit_entry, train_entry, synthetic_item, reference_item, generator_item,
+              audit_item, *mia_items, *snapshot_items]
     fp = common.fingerprint(cfg, SECTIONS)
     if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
-    train, test = read_parquet(synthetic_item["uri"]), read_parquet(heldout_item["uri"])
-    results = {name: fn(cfg, train, test) for name, fn in METRICS.items()}
-    scores = {name: section for name, (section, _) in results.items()}
-    report = {"format": "dpsynth.evaluation/1", **scores,
-              "train": {"uri": synthetic_item["uri"], "records": len(train), "kind": "synthetic (released)"},
-              "test": {"uri": heldout_item["uri"], "records": len(test), "kind": "real, held out (sensitive)"},
-              "heldout_data": HELDOUT_NOTE}
+    synthetic, reference = read_parquet(synthetic_item["uri"]), read_parquet(reference_item["uri"])
+    generator, _ = load_generator(generator_item["uri"])
+    members = nonmembers = None
+    if mia_items:
+        members = common.concat([read_parquet(s["uri"]) for s in manifest.outputs(partition, "shard")])
+        nonmembers = read_parquet(heldout[0]["uri"])
+    snapshots = []
+    for item in snapshot_items:
+        snapshot, claim = load_generator(item["uri"])
+        snapshots.append((float(claim["epsilon"]), snapshot))
+    report = evaluate(cfg, synthetic=synthetic, reference=reference, reference_info=reference_info, generator=generator,
+                      members=members, nonmembers=nonmembers, snapshots=snapshots)
+    audit_report = json.loads(storage.read_bytes(audit_item["uri"]))
+    report.update({"privacy": _privacy(audit_report, sampled),
+                   "train": {"uri": synthetic_item["uri"], "records": report["utility"]["records"]["synthetic_train"],
+                             "kind": "synthetic (released)"},
+                   "test": {"uri": reference_item["uri"], "records": report["utility"]["records"]["real_test"],
+                            "kind": f"real, {reference_info['kind']}"},
+                   "heldout_data": REFERENCE_NOTES[reference_info["kind"]]})
+    per_class = cfg.sample.per_class
+    grids = {"synthetic records by class (one row per class)": tile(class_rows(synthetic, per_class=per_class),
+                                                                   rows=synthetic.num_classes, cols=per_class, scale=2)}
+    if report["epsilon_curve"]:
+        grids["ε vs metrics (generator snapshots of the training run)"] = curve_figure(report["epsilon_curve"])
+    page = html_report.html(report, grids=grids)
+    metrics = mlflow_metrics(report)
     with common.child_run(ctx, STAGE) as run:
         storage.write_text(ctx.uri(STAGE, "report.json"), json.dumps(report, indent=2) + "\n")
+        storage.write_text(ctx.uri(STAGE, "report.html"), page)
         if run is not None:
             import mlflow
 
-            for _, metrics in results.values():
-                mlflow.log_metrics(metrics)
+            mlflow.log_metrics(metrics)
+            mlflow.set_tags({"dpsynth.evaluate.reference": reference_info["kind"],
+                             "dpsynth.evaluate.metrics_status": report["reference"]["status"],
+                             "dpsynth.evaluate.frechet": report["quality"]["frechet"]["name"]})
+            mlflow.log_text(page, "report.html")
+            tracking.log_json(report, "report.json")
+            images = list(grids.values())
+            tracking.log_png(images[0], "grids/synthetic_by_class.png")
+            if report["epsilon_curve"]:
+                tracking.log_png(images[1], "curves/epsilon_vs_metrics.png")
+                for step, point in enumerate(report["epsilon_curve"]):
+                    mlflow.log_metrics({f"curve.{k}": v for k, v in point.items()}, step=step)
+        details = {"metrics_status": report["labels"], "frechet": report["quality"]["frechet"]["name"],
+                   "accuracy": report["classifier_accuracy"]["accuracy"], "suite": cfg.evaluate.suite}
+        note = (f"0 for the training records. {REFERENCE_NOTES[reference_info['kind']]}"
+                + (f" {MIA_NOTE}" if "auc" in report["membership_inference"] else ""))
         return common.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"], inputs=inputs,
-            outputs=[ctx.entry(ctx.uri(STAGE, "report.json"), role="report")], details=scores,
-            privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="0 for the training records. " + HELDOUT_NOTE),
+            outputs=[ctx.entry(ctx.uri(STAGE, "report.json"), role="report"),
+                     ctx.entry(ctx.uri(STAGE, "report.html"), role="report_html")], details=details,
+            privacy=manifest.no_privacy(delta=cfg.privacy.delta, note=note),
         )

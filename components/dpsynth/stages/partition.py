@@ -7,8 +7,12 @@ name its shard. The assignment is data-independent, so neighbouring datasets dif
 shard only, and stable: adding a record changes only its own shard's file, and raising the
 held-out fraction only moves training records into the held-out set, never back.
 
-Held-out records are never trained on; ``evaluate`` tests on them. Every output is in the
-sensitive zone. ε consumed: 0 (no release; the assignment does not look at the data).
+Held-out records are never trained on; ``evaluate`` tests on them. Public records (for methods
+that use public data: dp-GAN's warm start and clipping bounds) are declared by
+``data.public_fraction``, a keyed-hash band right above the held-out one (``h``'s fraction in
+[heldout_fraction, heldout_fraction + public_fraction)), or by ``data.public_split``, the records
+of a named split; they are written to ``public.parquet`` (role "public") and are in no training
+shard. Every output is in the sensitive zone. ε consumed: 0 (no release; the assignment does not look at the data).
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from dpsynth.stages import common, manifest
 STAGE = "partition"
 SECTIONS = ("data", "partition")
 HELDOUT = -1
+PUBLIC = -2
 
 
-def assign(record_ids: list[str], *, key: str, heldout_fraction: float, num_shards: int) -> np.ndarray:
-    """Each record's shard in ``[0, num_shards)``, or ``HELDOUT`` (-1).
+def assign(record_ids: list[str], *, key: str, heldout_fraction: float, num_shards: int,
+           public_fraction: float = 0.0) -> np.ndarray:
+    """Each record's shard in ``[0, num_shards)``, or ``HELDOUT`` (-1), or ``PUBLIC`` (-2).
 
     >>> assign(["a", "b", "c"], key="k", heldout_fraction=0.0, num_shards=1).tolist()
     [0, 0, 0]
@@ -40,8 +46,23 @@ def assign(record_ids: list[str], *, key: str, heldout_fraction: float, num_shar
     for i, rid in enumerate(record_ids):
         h = hmac.new(secret, rid.encode(), hashlib.sha256).digest()
         u = int.from_bytes(h[:8], "big") / 2**64
-        out[i] = HELDOUT if u < heldout_fraction else int.from_bytes(h[8:16], "big") % num_shards
+        if u < heldout_fraction:
+            out[i] = HELDOUT
+        elif u < heldout_fraction + public_fraction:
+            out[i] = PUBLIC
+        else:
+            out[i] = int.from_bytes(h[8:16], "big") % num_shards
     return out
+
+
+def public_mask(ds: ImageDataset, cfg) -> np.ndarray:
+    """Which records of ``ds`` are public under ``cfg`` (the keyed-hash band, or the public split)."""
+    if cfg.data.public_split is not None:
+        return np.array([s == cfg.data.public_split for s in (ds.splits or [None] * len(ds))], dtype=bool)
+    if cfg.data.public_fraction == 0:
+        return np.zeros(len(ds), dtype=bool)
+    return assign(ds.record_ids, key=cfg.partition.key, heldout_fraction=cfg.data.heldout_fraction,
+                  num_shards=cfg.partition.num_shards, public_fraction=cfg.data.public_fraction) == PUBLIC
 
 
 def shard_name(k: int, num_shards: int) -> str:
@@ -50,29 +71,46 @@ def shard_name(k: int, num_shards: int) -> str:
 
 def load_source(cfg) -> ImageDataset:
     """``data.uri`` (a local source of any supported kind, or canonical Parquet at any URI),
-    restricted to ``data.train_split`` when set."""
+    restricted to ``data.train_split`` when set, without the ``data.public_split`` records."""
+    return load_sources(cfg)[0]
+
+
+def load_sources(cfg) -> tuple[ImageDataset, ImageDataset | None]:
+    """The source as :func:`load_source` reads it, and the ``data.public_split`` records (None when unset)."""
     uri = cfg.data.uri
-    ds = read_parquet(uri) if storage.is_remote(uri) else import_source(uri)
+    full = read_parquet(uri) if storage.is_remote(uri) else import_source(uri)
+    ds, public = full, None
     if cfg.data.train_split is not None:
-        if ds.splits is None:
+        if full.splits is None:
             raise DatasetError(f"data.train_split: {uri} has no split column")
-        ds = ds.subset([s == cfg.data.train_split for s in ds.splits])
+        ds = full.subset([s == cfg.data.train_split for s in full.splits])
+    if cfg.data.public_split is not None:
+        if full.splits is None:
+            raise DatasetError(f"data.public_split: {uri} has no split column")
+        public = full.subset(public_mask(full, cfg))
+        if len(public) == 0:
+            raise DatasetError(f"data.public_split: {uri} has no records in split {cfg.data.public_split!r}")
+        public = dataclasses.replace(public, source=f"{full.source} | dpsynth partition: public")
+        validate(public, num_classes=cfg.data.num_classes)
+        ds = ds.subset(~public_mask(ds, cfg))
     validate(ds, num_classes=cfg.data.num_classes)
-    return ds
+    return ds, public
 
 
 def split(ds: ImageDataset, cfg) -> dict[str, ImageDataset]:
-    """``{"shard-…": …, "heldout": …}``, each sorted by record_id (so files are reproducible)."""
+    """``{"shard-…": …, "heldout": …, "public": …}``, each sorted by record_id (so files are reproducible)."""
     k = cfg.partition.num_shards
-    where = assign(ds.record_ids, key=cfg.partition.key, heldout_fraction=cfg.data.heldout_fraction, num_shards=k)
+    public_fraction = cfg.data.public_fraction if cfg.data.public_split is None else 0.0
+    where = assign(ds.record_ids, key=cfg.partition.key, heldout_fraction=cfg.data.heldout_fraction, num_shards=k,
+                   public_fraction=public_fraction)
     order = np.argsort(np.array(ds.record_ids, dtype=object), kind="stable")
     parts = {}
-    for name, label in [(shard_name(i, k), i) for i in range(k)] + [("heldout", HELDOUT)]:
+    for name, label in [(shard_name(i, k), i) for i in range(k)] + [("heldout", HELDOUT), ("public", PUBLIC)]:
         index = order[where[order] == label]
-        if label == HELDOUT and cfg.data.heldout_fraction == 0:
+        if (label == HELDOUT and cfg.data.heldout_fraction == 0) or (label == PUBLIC and public_fraction == 0):
             continue
         if index.size == 0:
-            field = "data.heldout_fraction" if label == HELDOUT else "partition.num_shards"
+            field = {HELDOUT: "data.heldout_fraction", PUBLIC: "data.public_fraction"}.get(label, "partition.num_shards")
             raise DatasetError(f"{field}: {name} would be empty ({len(ds)} records, {k} shards, "
                                f"held-out fraction {cfg.data.heldout_fraction})")
         parts[name] = dataclasses.replace(ds.subset(index), source=f"{ds.source} | dpsynth partition: {name}")
@@ -81,7 +119,7 @@ def split(ds: ImageDataset, cfg) -> dict[str, ImageDataset]:
 
 def run(ctx: common.StageContext) -> common.Outcome:
     cfg = ctx.cfg
-    ds = load_source(cfg)
+    ds, public_split = load_sources(cfg)
     content = ds.content_sha256()
     is_file = storage.is_remote(cfg.data.uri) or storage.local_path(cfg.data.uri).is_file()
     source = ctx.entry(cfg.data.uri, role="source", rows=len(ds), sha256=None if is_file else content,
@@ -90,25 +128,29 @@ def run(ctx: common.StageContext) -> common.Outcome:
     if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=[source])) is not None:
         return reused
     parts = split(ds, cfg)  # every check before the first write
+    if public_split is not None:
+        parts["public"] = public_split.subset(np.argsort(np.array(public_split.record_ids, dtype=object), kind="stable"))
     with common.child_run(ctx, STAGE) as run:
         outputs = []
         for name, part in parts.items():
             uri = ctx.uri(STAGE, f"{name}.parquet")
             write_parquet(part, uri)
-            role = "heldout" if name == "heldout" else "shard"
+            role = name if name in ("heldout", "public") else "shard"
             outputs.append(ctx.entry(uri, role=role, rows=len(part), content_sha256=part.content_sha256()))
         rows = {o["role"]: 0 for o in outputs}
         for o in outputs:
             rows[o["role"]] += o["rows"]
         details = {"num_shards": cfg.partition.num_shards, "heldout_fraction": cfg.data.heldout_fraction,
                    "records": len(ds), "training_records": rows["shard"], "heldout_records": rows.get("heldout", 0),
+                   "public_records": rows.get("public", 0), "public_fraction": cfg.data.public_fraction,
+                   "public_split": cfg.data.public_split,
                    "num_classes": ds.num_classes, "image_shape": list(ds.shape),
                    "key": common.redacted(cfg).partition.key, "assignment": "HMAC-SHA256(key, record_id)"}
         if run is not None:
             import mlflow
 
             mlflow.log_metrics({"records": len(ds), "training_records": rows["shard"],
-                                "heldout_records": rows.get("heldout", 0)})
+                                "heldout_records": rows.get("heldout", 0), "public_records": rows.get("public", 0)})
         return common.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=content, inputs=[source], outputs=outputs, details=details,
             privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="no release: the assignment is a keyed hash "

@@ -29,6 +29,7 @@ GENERATOR_FORMAT = "dpsynth.generator/1"
 # ``num_classes`` attribute and ``sample(n, labels=, generator=) -> (images in [-1, 1] NCHW, labels)``.
 GENERATOR_CLASSES = {name: name for name in (
     "dpsynth.models.dcgan.Generator",
+    "dpsynth.models.gswgan.Generator",
 )}
 
 
@@ -69,15 +70,19 @@ def synthesize(generator: torch.nn.Module, *, num_samples: int, seed: int, chunk
     )
 
 
-def _passed_audit(ctx: common.StageContext) -> tuple[dict, dict, list[dict]]:
-    """The audit manifest and report, which must record a pass; StageError otherwise."""
+def require_passed_audit(ctx: common.StageContext) -> tuple[dict, dict, list[dict]]:
+    """The release gate, for this stage and any other step that publishes: the audit manifest,
+    its report (which must record a pass, every check passed, files intact) and their input
+    entries; StageError otherwise."""
     uri = ctx.manifest_uri("audit")
     if not storage.exists(uri):
         raise StageError(f"stage audit: no audit at {uri}; nothing is released without a passed audit")
     audit = manifest.read(uri)
     report_item = manifest.verify(manifest.output(audit, "report"))
     report = json.loads(storage.read_bytes(report_item["uri"]))
-    if audit["status"] != "succeeded" or report.get("decision") != "passed":
+    checks = report.get("checks")
+    if (audit["status"] != "succeeded" or report.get("decision") != "passed" or not isinstance(checks, list)
+            or not checks or not all(c.get("passed") is True for c in checks)):
         raise StageError(f"stage audit: the audit {report_item['uri']} did not pass; nothing is released")
     return audit, report, [ctx.entry(uri, role="audit_manifest"), report_item,
                            manifest.verify(manifest.output(audit, "report_markdown"))]
@@ -85,7 +90,7 @@ def _passed_audit(ctx: common.StageContext) -> tuple[dict, dict, list[dict]]:
 
 def run(ctx: common.StageContext) -> common.Outcome:
     cfg = ctx.cfg
-    audit, report, audit_inputs = _passed_audit(ctx)
+    audit, report, audit_inputs = require_passed_audit(ctx)
     generator_item = ctx.entry(report["generator"]["uri"], role="generator")
     if generator_item["sha256"] != report["generator"]["sha256"]:
         raise StageError(f"{generator_item['uri']}: sha256 {generator_item['sha256']} is not the audited "

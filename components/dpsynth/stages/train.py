@@ -28,6 +28,10 @@ from dpsynth.stages import common, manifest
 
 STAGE = "train"
 SECTIONS = ("data", "partition", "privacy", "train")
+# The config sections a method's trainer reads besides SECTIONS (part of the stage's fingerprint).
+METHOD_SECTIONS = {"zhang": ("zhang",)}
+METHOD_SECTIONS.update(gswgan=("gswgan",), dpac=("gswgan", "dpac"))
+METHOD_SECTIONS.update(gswgan_federated=("gswgan",))
 OUTPUTS = {"generator": "generator.pt", "trace": "trace.json", "result": "result.json",
            "grid": "samples.png", "config": "config.yaml"}
 
@@ -44,6 +48,46 @@ def _train_dpgan(ctx: common.StageContext, cfg, dataset, *, shards, warmstart) -
 # shards, ``shards`` the list of shard datasets in shard order, ``warmstart`` the warmstart stage's manifest
 # (its outputs: per-shard "discriminator" entries carrying "shard": k, or a "warm_start" entry).
 TRAINERS: dict[str, Callable] = {"dpgan": _train_dpgan}
+
+
+def _train_zhang(ctx: common.StageContext, cfg, dataset, *, shards, warmstart) -> dict:
+    from dpsynth.methods.zhang import ZhangTrainer, load_warm_start
+
+    partition, _ = common.upstream(ctx, "partition")
+    found = manifest.outputs(partition, "public")
+    public = read_parquet(manifest.verify(found[0])["uri"]) if found else None
+    warm = manifest.outputs(warmstart, "warm_start")
+    state = load_warm_start(storage.read_bytes(manifest.verify(warm[0])["uri"])) if warm else None
+    trainer = ZhangTrainer(cfg, dataset, public=public, warm_start_state=state, parent_run_id=ctx.parent_run_id,
+                           run_tags=ctx.run_tags(), log_generator=False)
+    return dataclasses.asdict(trainer.train())
+
+
+TRAINERS["zhang"] = _train_zhang
+
+
+def _train_gswgan(ctx: common.StageContext, cfg, dataset, *, shards, warmstart) -> dict:
+    from dpsynth.methods.gswgan import train_stage
+
+    return train_stage(ctx, cfg, dataset, shards=shards, warmstart=warmstart)
+
+
+def _train_dpac(ctx: common.StageContext, cfg, dataset, *, shards, warmstart) -> dict:
+    from dpsynth.methods.dpac import dpac_train_stage
+
+    return dpac_train_stage(ctx, cfg, dataset, shards=shards, warmstart=warmstart)
+
+
+TRAINERS.update(gswgan=_train_gswgan, dpac=_train_dpac)
+
+
+def _train_gswgan_federated(ctx: common.StageContext, cfg, dataset, *, shards, warmstart) -> dict:
+    from dpsynth.methods.gswgan_federated import train_stage
+
+    return train_stage(ctx, cfg, dataset, shards=shards, warmstart=warmstart)
+
+
+TRAINERS["gswgan_federated"] = _train_gswgan_federated
 
 
 def _discard_stale_checkpoints(workdir: str, *, stamp: str, force: bool) -> None:
@@ -64,7 +108,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
     warmstart_manifest, warmstart_entry = common.upstream(ctx, "warmstart")
     shards = [manifest.verify(s) for s in manifest.outputs(partition, "shard")]
     inputs = [partition_entry, warmstart_entry, *shards]
-    fp = common.fingerprint(cfg, SECTIONS)
+    fp = common.fingerprint(cfg, SECTIONS + METHOD_SECTIONS.get(cfg.train.method, ()))
     if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
     shard_data = [read_parquet(s["uri"]) for s in shards]

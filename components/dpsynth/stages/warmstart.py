@@ -38,6 +38,7 @@ SHARD_FORMAT = "dpsynth.warmstart-shard/1"
 SHARD_WARM_STARTS = {
     "gswgan": "dpsynth.methods.gswgan:warm_start_shard",
     "dpac": "dpsynth.methods.gswgan:warm_start_shard",
+    "gswgan_federated": "dpsynth.methods.gswgan:warm_start_shard",  # each client warms its own D_k
 }
 # method -> "module:function", fn(cfg, public: ImageDataset, *, out_path: str) -> details.
 PUBLIC_WARM_STARTS = {
@@ -45,6 +46,7 @@ PUBLIC_WARM_STARTS = {
 }
 # The config sections a method's warm start reads besides SECTIONS (only those the config has).
 METHOD_SECTIONS = {"gswgan": ("gswgan",), "dpac": ("gswgan", "dpac"), "zhang": ("zhang",)}
+METHOD_SECTIONS["gswgan_federated"] = ("gswgan",)
 
 
 def _function(spec: str):

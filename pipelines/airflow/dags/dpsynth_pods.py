@@ -22,7 +22,7 @@ import shlex
 from pathlib import Path
 
 STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
-METHODS = ("dpgan", "gswgan", "dpac", "zhang")  # as dpsynth.config.TrainConfig.method
+METHODS = ("dpgan", "gswgan", "dpac", "zhang", "gswgan_federated")  # as dpsynth.config.TrainConfig.method
 REPO = Path(os.environ.get("DPSYNTH_REPO", Path(__file__).resolve().parents[3]))
 XCOM_FILE = "/airflow/xcom/return.json"  # what KubernetesPodOperator's sidecar pushes as XCom
 

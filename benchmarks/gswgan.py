@@ -1,0 +1,104 @@
+"""GS-WGAN / DPAC speed on CPU: warm-start iterations/s, private iterations/s, and the D_k swap cost.
+
+    .venv/stage/bin/python benchmarks/gswgan.py [--method gswgan|dpac] [--width 64] [--batch-size 32]
+        [--n-dis 5] [--shards 8] [--rounds 5] [--warmup 1] [--iterations 2] [--threads 2] [--json PATH]
+
+Each round runs, interleaved in one process: ``--iterations`` warm-start iterations (non-private:
+n_dis critic steps + one generator step, :func:`warm_start_shard` on one shard, file write
+included), then ``--iterations`` private iterations (draw k, load D_k, n_dis critic steps,
+store D_k, the sanitized generator step, EMA), then one D_k load + store alone. Reported: the
+median seconds per iteration of each, iterations/s, and the median over rounds of
+private / warm-start (the ratio is the figure to compare across machines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "components"))
+
+from dpsynth.config import load_config  # noqa: E402
+from dpsynth.data import import_source  # noqa: E402
+from dpsynth.methods.dpac import DPACTrainer  # noqa: E402
+from dpsynth.methods.gswgan import GSWGANTrainer, warm_start_shard  # noqa: E402
+from dpsynth.stages.partition import assign  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--method", choices=["gswgan", "dpac"], default="gswgan")
+    ap.add_argument("--width", type=int, default=64, help="d_width = g_width (paper: 64)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--n-dis", type=int, default=5)
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--per-shard", type=int, default=60, help="records per shard (paper: 60k / 1000)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--iterations", type=int, default=2, help="iterations of each kind per round")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    ds = import_source(str(ROOT / "data" / "mnist")).subset(np.arange(args.shards * args.per_shard))
+    where = assign(ds.record_ids, key="bench", heldout_fraction=0.0, num_shards=args.shards)
+    shards = [ds.subset(np.flatnonzero(where == k)) for k in range(args.shards)]
+    out = Path(tempfile.mkdtemp(prefix="dpsynth-bench-gswgan-"))
+    common = [f"output.dir={out}", "tracking.enabled=false", f"train.method={args.method}",
+              f"partition.num_shards={args.shards}", f"gswgan.d_width={args.width}", f"gswgan.g_width={args.width}",
+              f"gswgan.batch_size={args.batch_size}", f"gswgan.n_dis={args.n_dis}", "train.steps=1000000",
+              "privacy.noise_multiplier=1.07", "privacy.accounting=as_published", "privacy.epsilon=1e9",
+              "privacy.delta=1e-6", "dpac.start_iteration=0", "output.checkpoint_every=0", "output.log_every=0",
+              "output.sample_every=0", "train.device=cpu"]
+    cfg = load_config(overrides=common + [f"gswgan.warmstart_iterations={args.iterations}"])
+    trainer = (DPACTrainer if args.method == "dpac" else GSWGANTrainer)(cfg, shards)
+
+    warm, private, swap, ratios = [], [], [], []
+    for r in range(args.warmup + args.rounds):
+        t0 = time.perf_counter()
+        warm_start_shard(cfg, shards[r % args.shards], shard_index=r % args.shards, out_path=str(out / "d.pt"))
+        t1 = time.perf_counter()
+        for _ in range(args.iterations):
+            trainer.iteration()
+        t2 = time.perf_counter()
+        opt = trainer._load_discriminator(r % args.shards)
+        trainer._store_discriminator(r % args.shards, opt)
+        t3 = time.perf_counter()
+        if r >= args.warmup:
+            w, p = (t1 - t0) / args.iterations, (t2 - t1) / args.iterations
+            warm.append(w)
+            private.append(p)
+            swap.append(t3 - t2)
+            ratios.append(p / w)
+
+    med = statistics.median
+    report = {
+        "method": args.method, "width": args.width, "batch_size": args.batch_size, "n_dis": args.n_dis,
+        "shards": args.shards, "threads": args.threads, "rounds": args.rounds,
+        "warmstart_seconds_per_iteration": med(warm), "warmstart_iterations_per_second": 1 / med(warm),
+        "private_seconds_per_iteration": med(private), "private_iterations_per_second": 1 / med(private),
+        "private_over_warmstart": med(ratios), "discriminator_swap_seconds": med(swap),
+        "raw": {"warm": warm, "private": private, "swap": swap},
+    }
+    print(f"{args.method} width {args.width}, B {args.batch_size}, n_dis {args.n_dis}, {args.threads} threads:")
+    print(f"  warm start  {report['warmstart_iterations_per_second']:.2f} it/s  ({med(warm) * 1e3:.0f} ms/it)")
+    print(f"  private     {report['private_iterations_per_second']:.2f} it/s  ({med(private) * 1e3:.0f} ms/it)"
+          f"  = {med(ratios):.2f} × warm start")
+    print(f"  D_k swap    {med(swap) * 1e3:.1f} ms (load state + Adam state, store copies)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

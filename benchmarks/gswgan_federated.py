@@ -1,0 +1,99 @@
+"""Federated GS-WGAN on CPU: bytes moved per generator iteration and iterations/s, processes vs in-process.
+
+    .venv/stage/bin/python benchmarks/gswgan_federated.py [--clients 2] [--width 64] [--batch-size 32]
+        [--n-dis 5] [--per-client 60] [--steps 40] [--threads 1] [--json PATH]
+
+Runs the same configuration twice on real MNIST records: once as K + 1 processes over
+torch.distributed/gloo on loopback (:func:`train_federated`, what ``train.method=gswgan_federated``
+runs) and once in one process (:class:`FederatedGSWGANTrainer`, the reference). Reported per
+transport: the bytes per generator iteration server → clients and back as counted by the transport
+(element_size × numel of every tensor sent, control messages included; the in-process reference
+reports the protocol's analytic count), the trainer's own seconds (training loop + writing the
+outputs) and iterations/s from them, and for the processes also the wall time including process
+start-up. For scale it also prints what one exchange of the discriminator's weights would move
+(both directions), i.e. what a weight-averaging scheme would send per round instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "components"))
+
+from dpsynth.config import load_config  # noqa: E402
+from dpsynth.data import import_source  # noqa: E402
+from dpsynth.methods.gswgan_federated import FederatedGSWGANTrainer, message_bytes, train_federated  # noqa: E402
+from dpsynth.models.gswgan import Discriminator, Generator, count_parameters  # noqa: E402
+from dpsynth.stages.partition import assign  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--width", type=int, default=64, help="d_width = g_width (paper: 64)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--n-dis", type=int, default=5)
+    ap.add_argument("--per-client", type=int, default=60, help="records per client (paper: 60k / 1000)")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads in the in-process run (clients use 1)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    ds = import_source(str(ROOT / "data" / "mnist")).subset(np.arange(args.clients * args.per_client))
+    where = assign(ds.record_ids, key="bench", heldout_fraction=0.0, num_shards=args.clients)
+    shards = [ds.subset(np.flatnonzero(where == k)) for k in range(args.clients)]
+    out = Path(tempfile.mkdtemp(prefix="dpsynth-bench-gswgan-federated-"))
+
+    def cfg(name: str):
+        return load_config(overrides=[
+            f"output.dir={out / name}", "tracking.enabled=false", "train.method=gswgan_federated",
+            f"partition.num_shards={args.clients}", f"gswgan.d_width={args.width}", f"gswgan.g_width={args.width}",
+            f"gswgan.batch_size={args.batch_size}", f"gswgan.n_dis={args.n_dis}", f"train.steps={args.steps}",
+            "privacy.noise_multiplier=1.07", "privacy.epsilon=1e6", "privacy.delta=1e-5", "output.log_every=0",
+            "output.sample_every=0", "output.checkpoint_every=0"])
+
+    started = time.monotonic()
+    processes = train_federated(cfg("processes"), shards)
+    wall = time.monotonic() - started
+    reference = FederatedGSWGANTrainer(cfg("in_process"), shards).train()
+
+    spec = {"num_classes": 10, "channels": 1, "image_size": 28}
+    rows = {"processes (gloo)": processes, "in-process": vars(reference)}
+    d_params = count_parameters(Discriminator(num_classes=10, width=args.width))
+    g_params = count_parameters(Generator(num_classes=10, width=args.width, latent_dim=cfg("x").gswgan.latent_dim))
+    report = {"args": vars(args), "analytic": message_bytes(cfg("x"), spec), "process_wall_seconds": wall,
+              "d_parameters": d_params, "g_parameters": g_params, "runs": {}}
+    print(f"K = {args.clients} clients, width {args.width}, B = {args.batch_size}, n_dis = {args.n_dis}, "
+          f"{args.steps} iterations, torch {torch.__version__}")
+    print(f"{'transport':<18}{'→ clients B/it':>16}{'← clients B/it':>16}{'total B/it':>12}{'seconds':>10}{'it/s':>8}")
+    for name, r in rows.items():
+        its = r["steps"] / r["seconds"]
+        report["runs"][name] = {k: r[k] for k in ("steps", "seconds", "bytes_per_iteration_to_clients",
+                                                  "bytes_per_iteration_from_clients", "bytes_per_iteration")}
+        report["runs"][name]["iterations_per_second"] = its
+        print(f"{name:<18}{r['bytes_per_iteration_to_clients']:>16,}{r['bytes_per_iteration_from_clients']:>16,}"
+              f"{r['bytes_per_iteration']:>12,}{r['seconds']:>10.2f}{its:>8.2f}")
+    same = all(torch.equal(a, b) for a, b in zip(
+        torch.load(processes["generator_path"], weights_only=True)["state_dict"].values(),
+        torch.load(reference.generator_path, weights_only=True)["state_dict"].values()))
+    report["same_generator"] = same
+    print(f"processes wall time incl. start-up: {wall:.2f} s; same generator bytes: {same}")
+    print(f"for scale: D has {d_params:,} parameters; one exchange of D's weights both ways = "
+          f"{2 * 4 * d_params:,} bytes")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

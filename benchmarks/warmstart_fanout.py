@@ -1,0 +1,74 @@
+"""Warm-start fan-out: wall time of `dpsynth warmstart` (GS-WGAN, K shards) with 1 and with N local
+worker processes, on the bundled MNIST, in one process (the ratio is what to read).
+
+    .venv/stage/bin/python benchmarks/warmstart_fanout.py [--shards 4] [--iterations 20] [--workers 2]
+
+Each configuration warm-starts every shard from scratch in a fresh run directory (partition once,
+copied); the fan-in is timed end to end: process start-up, data loading and training. With one
+worker the shards run one after another on all cores; with N workers each process gets
+cpu_count // N torch threads. The discriminator files of both runs are compared byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shards", type=int, default=4, help="K (default 4)")
+    ap.add_argument("--iterations", type=int, default=20, help="T_w per shard (default 20)")
+    ap.add_argument("--workers", type=int, default=2, help="parallel workers to compare with 1 (default 2)")
+    ap.add_argument("--width", type=int, default=32, help="gswgan.d_width and g_width (default 32)")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = ap.parse_args(argv)
+
+    from dpsynth.config import load_config
+    from dpsynth.data import import_source, write_parquet
+    from dpsynth.stages import partition, warmstart
+    from dpsynth.stages.common import StageContext
+
+    with tempfile.TemporaryDirectory(prefix="dpsynth-bench-") as tmp:
+        source = Path(tmp) / "mnist.parquet"
+        write_parquet(import_source(REPO / "data" / "mnist"), source)
+        base = [f"data.uri={source}", "train.method=gswgan", f"partition.num_shards={args.shards}",
+                f"gswgan.warmstart_iterations={args.iterations}", f"gswgan.d_width={args.width}",
+                f"gswgan.g_width={args.width}", "tracking.enabled=false", "train.device=cpu"]
+        first = Path(tmp) / "run-partitioned"
+        partition.run(StageContext.create(load_config(overrides=base), run_dir=str(first)))
+        results = {}
+        for workers in (1, args.workers):
+            run_dir = Path(tmp) / f"run-{workers}"
+            shutil.copytree(first, run_dir)
+            cfg = load_config(overrides=[*base, f"warmstart.workers={workers}"])
+            started = time.perf_counter()
+            outcome = warmstart.run(StageContext.create(cfg, run_dir=str(run_dir)))
+            seconds = time.perf_counter() - started
+            files = {o["shard"]: o["sha256"] for o in outcome.manifest["outputs"]}
+            results[workers] = {"seconds": seconds, "files": files,
+                                "shard_seconds_total": outcome.manifest["details"]["shard_seconds_total"]}
+            print(f"workers={workers}: {seconds:.1f} s for {args.shards} shards × {args.iterations} iterations "
+                  f"({args.shards * args.iterations / seconds:.2f} warm-start iterations/s)", file=sys.stderr)
+    one, many = results[1], results[args.workers]
+    report = {"shards": args.shards, "iterations": args.iterations, "width": args.width, "cpu_count": os.cpu_count(),
+              "seconds": {str(w): r["seconds"] for w, r in results.items()},
+              "iterations_per_second": {str(w): args.shards * args.iterations / r["seconds"] for w, r in results.items()},
+              "speedup": one["seconds"] / many["seconds"],
+              "identical_discriminators": one["files"] == many["files"]}
+    print(json.dumps(report, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

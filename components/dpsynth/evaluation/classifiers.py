@@ -1,0 +1,134 @@
+"""The torch classifiers of the evaluation and the loop that trains them.
+
+CNN and MLP as GS-WGAN's supplement (C.3) describes them: the CNN has two convolutional
+hidden layers of 32 and 64 kernels with dropout and ReLU, the MLP one hidden layer of 100
+ReLU units. ``fit`` keeps the epoch with the best accuracy on a validation set when one is
+given; the evaluate stage only ever passes held-out *generated* data there, so no model is
+selected on real (possibly sensitive) data.
+
+``ReferenceClassifier`` is the CNN trained on real reference data for a fixed number of
+number of steps (no selection): its penultimate features are the space of ``fid_classifier`` and
+the JS score, its class probabilities give the Inception Score (as GS-WGAN and dp-GAN use a
+dataset classifier), and it is real2gen's CNN.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpsynth.data import ImageDataset
+
+
+def pixels(ds: ImageDataset) -> torch.Tensor:
+    """N×C×H×W float32 in [-1, 1]."""
+    return ds.to_tensors()[0]
+
+
+class CNN(nn.Module):
+    def __init__(self, *, channels: int, image_size: int, num_classes: int, feature_dim: int = 128):
+        super().__init__()
+        side = image_size // 4
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.25),
+            nn.Flatten(), nn.Linear(64 * side * side, feature_dim), nn.ReLU(),
+        )
+        self.head = nn.Sequential(nn.Dropout(0.5), nn.Linear(feature_dim, num_classes))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+class MLP(nn.Module):
+    def __init__(self, *, channels: int, image_size: int, num_classes: int, hidden: int = 100):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(channels * image_size * image_size, hidden), nn.ReLU())
+        self.head = nn.Linear(hidden, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+ARCHITECTURES = {"cnn": CNN, "mlp": MLP}
+
+
+def build(name: str, ds: ImageDataset, *, seed: int) -> nn.Module:
+    """A fresh ``name`` classifier for images shaped like ``ds``'s, initialized from ``seed``."""
+    h, w, c = ds.shape
+    torch.manual_seed(seed)
+    return ARCHITECTURES[name](channels=c, image_size=h, num_classes=ds.num_classes)
+
+
+@torch.no_grad()
+def apply(fn, x: torch.Tensor, *, batch_size: int = 1000) -> torch.Tensor:
+    return torch.cat([fn(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]) if len(x) else fn(x)
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    return float((apply(model, x).argmax(1) == y).float().mean())
+
+
+def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, seed: int,
+        validation: tuple[torch.Tensor, torch.Tensor] | None = None, batch_size: int = 128, lr: float = 1e-3) -> dict:
+    """Adam on cross-entropy for ``epochs`` passes; with ``validation``, the model ends at the
+    epoch of best validation accuracy. Returns what was chosen."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # dropout
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    best = (-1.0, 0, None)
+    for epoch in range(1, epochs + 1):
+        model.train()
+        for idx in torch.randperm(len(x), generator=gen).split(batch_size):
+            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if validation is not None:
+            acc = accuracy(model, *validation)
+            if acc > best[0]:
+                best = (acc, epoch, copy.deepcopy(model.state_dict()))
+    model.eval()
+    if validation is None:
+        return {"epochs": epochs, "selected_epoch": epochs, "selection": "none (fixed epochs)"}
+    model.load_state_dict(best[2])
+    return {"epochs": epochs, "selected_epoch": best[1], "validation_accuracy": best[0],
+            "selection": "best epoch on held-out generated data"}
+
+
+class ReferenceClassifier:
+    """The CNN trained on real reference data: features, class probabilities, predictions."""
+
+    def __init__(self, reference: ImageDataset, *, steps: int, seed: int, batch_size: int = 64):
+        x, y = reference.to_tensors()
+        self.shape, self.num_classes = reference.shape, reference.num_classes
+        self.model = build("cnn", reference, seed=seed)
+        epochs = math.ceil(steps * batch_size / len(reference))  # about ``steps`` batches, whole epochs
+        self.training = fit(self.model, x, y, epochs=epochs, seed=seed, batch_size=batch_size)
+
+    def features(self, ds: ImageDataset) -> np.ndarray:
+        return apply(self.model.features, pixels(ds)).double().numpy()
+
+    def features_and_probabilities(self, ds: ImageDataset) -> tuple[np.ndarray, np.ndarray]:
+        """Both in one pass over ``ds``."""
+        h = apply(self.model.features, pixels(ds))
+        with torch.no_grad():
+            p = torch.softmax(self.model.head(h), 1)
+        return h.double().numpy(), p.double().numpy()
+
+    def probabilities(self, ds: ImageDataset) -> np.ndarray:
+        return apply(lambda b: torch.softmax(self.model(b), 1), pixels(ds)).double().numpy()
+
+    def predict(self, ds: ImageDataset) -> np.ndarray:
+        return self.probabilities(ds).argmax(1)

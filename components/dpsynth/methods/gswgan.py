@@ -1,0 +1,644 @@
+"""GS-WGAN, centralized (Chen, Orekondy & Fritz 2020, supplement Algorithm 1).
+
+The training data are the K shards of ``dpsynth partition`` (a keyed hash of each record id, so
+neighbouring datasets differ in one shard). Each shard k has its own WGAN-GP critic D_k, warm-
+started non-privately on shard k alone (:func:`warm_start_shard`, fanned out by the warmstart
+stage). Each private iteration then
+
+1. draws k uniformly from a dedicated RNG (never logged; only checkpoints, which stay in the
+   sensitive zone, hold its state),
+2. takes ``n_dis`` non-private WGAN-GP steps of D_k on shard k,
+3. takes one generator step in which only the per-sample gradient g_i = ∂ℓ_i/∂x_i of the
+   generator loss w.r.t. the generated image x_i = G(z_i, y_i) is sanitized:
+   g̃_i = clip(g_i, C) + N(0, σ²C² I), and the update is (1/B) Σ_i g̃_i · ∂x_i/∂θ_G. The
+   Jacobian ∂x_i/∂θ_G does not touch the data, and neither do z_i or y_i (labels are drawn
+   uniformly, never taken from the shard), so the update is post-processing of the g̃_i.
+
+Noise and accounting. The mechanism is the paper's M_{σ,C} (Definition 3.3): noise std σ·C per
+release. Replacing one record moves a clipped release by up to 2C, so each release is
+(α, 2α/σ²)-RDP (supplement, proof of Theorem 4.1) — which is exactly what the ``"wor"``
+accountant charges for an event of noise multiplier σ in units of C with
+``sensitivity="replace_one"`` (Δ = 2C is applied by the accountant, not by doubling the noise).
+The B releases of one iteration all use shard k, so they are folded into ONE without-
+replacement event at rate 1/K with multiplier σ/√B (:func:`dpsynth.privacy.gswgan_event`).
+``privacy.noise_multiplier`` is the per-release σ; calibration returns the event's σ/√B and
+multiplies by √B. (The authors' code adds noise σ·2C and accounts each of the T·B releases as
+separately subsampled; ``privacy.accounting=as_published`` reproduces their ε only to compare,
+and such a run is marked unsound.)
+
+The released generator is an exponential moving average of G's weights (post-processing).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from dpsynth import storage, tracking
+from dpsynth.config import RunConfig, dump_config
+from dpsynth.data import ImageDataset
+from dpsynth.errors import ConfigError, PrivacyError
+from dpsynth.grids import class_grid
+from dpsynth.methods import checkpoint
+from dpsynth.methods.dpgan import _flatten, _null_run, resolve_device
+from dpsynth.models.gswgan import Discriminator, Generator, count_parameters, without_spectral_norm
+from dpsynth.privacy import (
+    BudgetGuard,
+    MechanismEvent,
+    MechanismTrace,
+    as_published_epsilon,
+    calibrate_noise,
+    check_delta,
+    fold_releases,
+    gswgan_event,
+)
+from dpsynth.privacy.accountants import get_accountant
+
+DISCRIMINATOR_FORMAT = "dpsynth.gswgan.discriminator/1"
+ACCOUNTANT = "wor"  # whatever privacy.accountant says: shard sampling needs the without-replacement bound
+
+
+# --- seeds, shapes --------------------------------------------------------------------------------
+
+
+def derived_seed(seed: int, *tags) -> int:
+    """A 63-bit seed for one purpose (``tags``), independent of the others drawn from ``seed``."""
+    digest = hashlib.sha256(json.dumps([seed, *tags]).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _cpu_rng(seed: int, *tags) -> torch.Generator:
+    return torch.Generator().manual_seed(derived_seed(seed, *tags))
+
+
+def _init_with_seed(seed: int, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """Construct a module under a fixed global seed without disturbing the caller's RNG state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def _image_spec(cfg: RunConfig, dataset: ImageDataset) -> dict:
+    height, width, channels = dataset.shape
+    if height != width:
+        raise ConfigError(f"data.uri: GS-WGAN needs square images, got {height}×{width}")
+    return {"num_classes": cfg.data.num_classes or dataset.num_classes, "channels": channels, "image_size": height}
+
+
+def generator_kwargs(cfg: RunConfig, spec: dict) -> dict:
+    return {**spec, "width": cfg.gswgan.g_width, "latent_dim": cfg.gswgan.latent_dim}
+
+
+def discriminator_kwargs(cfg: RunConfig, spec: dict) -> dict:
+    return {**spec, "width": cfg.gswgan.d_width}
+
+
+def _adam(params, *, lr: float, cfg: RunConfig) -> torch.optim.Adam:
+    return torch.optim.Adam(params, lr=lr, betas=(cfg.gswgan.adam_beta1, cfg.gswgan.adam_beta2))
+
+
+# --- the pieces of one iteration ------------------------------------------------------------------
+
+
+def real_batch(images: torch.Tensor, labels: torch.Tensor, *, size: int, rng: torch.Generator):
+    """``size`` records of one shard, drawn uniformly without replacement (all of them if fewer)."""
+    index = torch.randperm(len(images), generator=rng)[:size].to(images.device)
+    return images[index], labels[index]
+
+
+def critic_loss(D, real_x, real_y, fake_x, *, gp_weight: float, drift_weight: float,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """WGAN-GP critic loss E[D(fake)] − E[D(real)] + λ·GP + ε_drift·E[D(real)²] (fakes carry the real labels)."""
+    d_real = D(real_x, real_y)
+    d_fake = D(fake_x, real_y)
+    loss = d_fake.mean() - d_real.mean() + drift_weight * d_real.pow(2).mean()
+    if gp_weight:
+        alpha = torch.rand(len(real_x), 1, 1, 1, device=real_x.device, generator=generator)
+        mixed = (alpha * real_x + (1 - alpha) * fake_x).requires_grad_(True)
+        (grad,) = torch.autograd.grad(D(mixed, real_y).sum(), mixed, create_graph=True)
+        loss = loss + gp_weight * (grad.flatten(1).norm(dim=1) - 1).pow(2).mean()
+    return loss
+
+
+def sanitize(grads: torch.Tensor, *, clip_norm: float, noise_multiplier: float,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """M_{σ,C} on each row: clip g_i to L2 norm ≤ C, add independent N(0, (σC)²) to every coordinate."""
+    flat = grads.flatten(1)
+    scale = (clip_norm / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)
+    clipped = flat * scale[:, None]
+    noise = torch.randn(clipped.shape, device=clipped.device, dtype=clipped.dtype, generator=generator)
+    return (clipped + noise * (noise_multiplier * clip_norm)).view_as(grads)
+
+
+def sanitized_generator_step(G, opt_g, per_sample_loss: Callable, *, batch_size: int, clip_norm: float,
+                             noise_multiplier: float, generator: torch.Generator) -> None:
+    """One generator update in which only ∂ℓ_i/∂G(z_i) is sanitized (paper Eq. 11).
+
+    ``per_sample_loss(x, y)`` returns the vector (ℓ_1 … ℓ_B); ℓ_i may depend on x_i alone
+    (no batch statistics), so the gradient of Σℓ w.r.t. x holds the per-sample gradients.
+    """
+    labels = torch.randint(0, G.num_classes, (batch_size,), device=generator.device, generator=generator)
+    z = torch.randn(batch_size, G.latent_dim, device=generator.device, generator=generator)
+    x = G(z, labels)
+    x_in = x.detach().requires_grad_(True)
+    (grads,) = torch.autograd.grad(per_sample_loss(x_in, labels).sum(), x_in)
+    released = sanitize(grads, clip_norm=clip_norm, noise_multiplier=noise_multiplier, generator=generator)
+    opt_g.zero_grad(set_to_none=True)
+    x.backward(released / batch_size)  # (1/B) Σ g̃_i · J_θ G(z_i): post-processing of the releases
+    opt_g.step()
+
+
+def critic_steps(D, opt_d, G, images, labels, *, cfg: RunConfig, data_rng: torch.Generator,
+                 rng: torch.Generator) -> None:
+    """``n_dis`` non-private WGAN-GP steps of D on one shard's (images, labels)."""
+    g = cfg.gswgan
+    for _ in range(g.n_dis):
+        real_x, real_y = real_batch(images, labels, size=g.batch_size, rng=data_rng)
+        with torch.no_grad():
+            z = torch.randn(len(real_x), G.latent_dim, device=real_x.device, generator=rng)
+            fake_x = G(z, real_y)
+        loss = critic_loss(D, real_x, real_y, fake_x, gp_weight=g.gp_weight, drift_weight=g.drift_weight,
+                           generator=rng)
+        opt_d.zero_grad(set_to_none=True)
+        loss.backward()
+        opt_d.step()
+
+
+# --- warm start (Algorithm 1, lines 2–10) ---------------------------------------------------------
+
+
+def fresh_discriminator(cfg: RunConfig, spec: dict, *, shard_index: int) -> Discriminator:
+    """D_k's initial weights: a function of train.seed and k only."""
+    kwargs = discriminator_kwargs(cfg, spec)
+    return _init_with_seed(derived_seed(cfg.train.seed, "discriminator", shard_index), lambda: Discriminator(**kwargs))
+
+
+def warm_start_shard(cfg: RunConfig, shard: ImageDataset, *, shard_index: int, out_path: str) -> dict:
+    """Pre-train D_k non-privately on ``shard`` with a throw-away generator; write D_k to ``out_path``.
+
+    ``gswgan.warmstart_iterations`` iterations of n_dis critic steps and one generator step.
+    Deterministic given train.seed and ``shard_index``. The file stays in the sensitive zone.
+    """
+    started = time.monotonic()
+    device = resolve_device(cfg.train.device)
+    spec = _image_spec(cfg, shard)
+    g = cfg.gswgan
+    D = fresh_discriminator(cfg, spec, shard_index=shard_index).to(device)
+    G = _init_with_seed(derived_seed(cfg.train.seed, "warmstart-generator", shard_index),
+                        lambda: Generator(**generator_kwargs(cfg, spec))).to(device)
+    opt_d, opt_g = _adam(D.parameters(), lr=g.lr_d, cfg=cfg), _adam(G.parameters(), lr=g.lr_g, cfg=cfg)
+    images, labels = (t.to(device) for t in shard.to_tensors())
+    data_rng = _cpu_rng(cfg.train.seed, "warmstart-data", shard_index)
+    rng = torch.Generator(device=device).manual_seed(derived_seed(cfg.train.seed, "warmstart-latent", shard_index))
+    for _ in range(g.warmstart_iterations):
+        critic_steps(D, opt_d, G, images, labels, cfg=cfg, data_rng=data_rng, rng=rng)
+        D.requires_grad_(False)
+        fake_x, fake_y = G.sample(g.batch_size, generator=rng)
+        loss = -D(fake_x, fake_y).mean()
+        opt_g.zero_grad(set_to_none=True)
+        loss.backward()
+        opt_g.step()
+        D.requires_grad_(True)
+    seconds = time.monotonic() - started
+    buf = io.BytesIO()
+    torch.save({"format": DISCRIMINATOR_FORMAT, "shard": shard_index, "iterations": g.warmstart_iterations,
+                "model": discriminator_kwargs(cfg, spec),
+                "state_dict": {k: v.detach().cpu() for k, v in D.state_dict().items()}}, buf)
+    storage.write_bytes(out_path, buf.getvalue())
+    return {"shard": shard_index, "iterations": g.warmstart_iterations, "seconds": seconds,
+            "iterations_per_second": g.warmstart_iterations / seconds if seconds > 0 else None}
+
+
+def read_discriminator(data: bytes, *, expect_kwargs: dict, shard_index: int) -> dict:
+    """The state_dict of a warm-started D_k file, after checking it is one and matches this run."""
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != DISCRIMINATOR_FORMAT:
+        raise ConfigError(f"warmstart: shard {shard_index}'s file is not a GS-WGAN discriminator")
+    if state.get("shard") != shard_index or state.get("model") != expect_kwargs:
+        raise ConfigError(f"warmstart: shard {shard_index}'s discriminator was trained for shard "
+                          f"{state.get('shard')} with {state.get('model')}, this run needs {expect_kwargs}")
+    return state["state_dict"]
+
+
+def warm_discriminators(warmstart_manifest: dict | None) -> dict[int, bytes]:
+    """Shard index → the bytes of its warm-started D_k file, from the warmstart stage's manifest."""
+    from dpsynth.stages import manifest
+
+    found = {}
+    for item in (warmstart_manifest or {}).get("outputs", []):
+        if item.get("role") == "discriminator":
+            found[int(item["shard"])] = storage.read_bytes(manifest.verify(item)["uri"])
+    return found
+
+
+# --- privacy plan -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    event: MechanismEvent  # one iteration: rate 1/K, σ/√B, without replacement, replace-one
+    release_noise_multiplier: float  # σ: noise std / C added to each sanitized per-sample gradient
+    steps: int  # iterations to run
+    guard: BudgetGuard | None  # None under as_published accounting (the sound ε is reported, not enforced)
+    published_epsilon: float | None  # UNSOUND: the authors' account of `steps` iterations (as_published only)
+
+
+def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
+    p, B, T = cfg.privacy, cfg.gswgan.batch_size, cfg.train.steps
+    check_delta(p.delta, n)
+    sigma = p.noise_multiplier
+    if p.accounting == "as_published":
+        if sigma is None:
+            raise ConfigError("privacy.noise_multiplier: as_published accounting reproduces a paper's run; "
+                              "set the paper's σ (e.g. 1.07) instead of calibrating")
+        event = gswgan_event(noise_multiplier=sigma, batch_size=B, num_shards=num_shards)
+
+        def published(steps: int) -> float:
+            return as_published_epsilon(noise_multiplier=sigma, batch_size=B, num_shards=num_shards,
+                                        steps=steps, delta=p.delta)
+
+        lo, hi = 0, T  # largest steps ≤ T with the published ε ≤ target (ε grows with steps)
+        if published(T) <= p.epsilon:
+            lo = T
+        while hi - lo > 1 and lo < T:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if published(mid) <= p.epsilon else (lo, mid)
+        if lo < 1:
+            raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow one iteration even as published")
+        return PrivacyPlan(event, sigma, lo, None, published(lo))
+    if sigma is None:
+        event_sigma = calibrate_noise(target_epsilon=p.epsilon, delta=p.delta, sample_rate=1.0 / num_shards,
+                                      steps=T, accountant=ACCOUNTANT, sampling="without_replacement",
+                                      sensitivity="replace_one")
+        sigma = event_sigma * math.sqrt(B)
+        while fold_releases(sigma, B) < event_sigma:  # never less noise than calibrated, to the last ulp
+            sigma = math.nextafter(sigma, math.inf)
+    event = gswgan_event(noise_multiplier=sigma, batch_size=B, num_shards=num_shards)
+    guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=ACCOUNTANT, event=event)
+    steps = min(T, guard.max_steps)
+    if steps < 1:
+        raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow a single iteration at per-sample noise "
+                           f"multiplier {sigma:.4g} (B = {B}, K = {num_shards}); raise epsilon or the noise")
+    return PrivacyPlan(event, sigma, steps, guard, None)
+
+
+# --- the trainer --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    epsilon: float  # the sound ε of the recorded trace (always; also under as_published accounting)
+    delta: float
+    accountant: str
+    accounting: str  # "sound" | "as_published" (then unsound: the audit refuses the release)
+    epsilon_as_published: float | None  # UNSOUND, as_published only: the authors' own account
+    steps: int  # private generator iterations (= mechanism events)
+    generator_steps: int
+    noise_multiplier: float  # per-release σ
+    event_noise_multiplier: float  # σ/√B, what the trace records
+    sample_rate: float  # 1/K
+    stopped_by: str  # "steps" | "budget"
+    output_dir: str
+    generator_path: str
+    trace_path: str
+    grid_path: str
+    mlflow_run_id: str | None
+    seconds: float
+
+
+class GSWGANTrainer:
+    """Private phase of GS-WGAN on K shards. ``train()`` runs to the end (or resumes)."""
+
+    method = "gswgan"
+
+    def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
+                 parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
+                 log_generator: bool = True):
+        if len(shards) != cfg.partition.num_shards:
+            raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
+        self.cfg, self.out = cfg, Path(cfg.output.dir)
+        self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
+        g, seed = cfg.gswgan, cfg.train.seed
+        self.device = resolve_device(cfg.train.device)
+        self.spec = _image_spec(cfg, shards[0])
+        self.num_classes = self.spec["num_classes"]
+        self.K = len(shards)
+        self.n = sum(len(s) for s in shards)
+        self.dataset_sha256 = hashlib.sha256("".join(s.content_sha256() for s in shards).encode()).hexdigest()
+        self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
+        self.shards = [tuple(t.to(self.device) for t in s.to_tensors()) for s in shards]
+
+        self.plan = self.make_plan(cfg, n=self.n, num_shards=self.K)
+        self.event, self.total_steps = self.plan.event, self.plan.steps
+        self.trace = MechanismTrace()
+
+        self.G = _init_with_seed(derived_seed(seed, "generator"),
+                                 lambda: Generator(**generator_kwargs(cfg, self.spec))).to(self.device)
+        self.G_ema = Generator(**generator_kwargs(cfg, self.spec)).to(self.device).requires_grad_(False)
+        self.G_ema.load_state_dict(self.G.state_dict())  # not deepcopy: parametrized classes would be shared
+        self.opt_g = _adam(self.G.parameters(), lr=g.lr_g, cfg=cfg)
+        self.D = fresh_discriminator(cfg, self.spec, shard_index=0).to(self.device)
+        # D_k and its Adam state for every shard, on the CPU; D_k is created on first draw when not warm
+        kwargs = discriminator_kwargs(cfg, self.spec)
+        self.d_states: dict[int, dict] = {k: read_discriminator(data, expect_kwargs=kwargs, shard_index=k)
+                                          for k, data in (warm or {}).items()}
+        self.opt_states: dict[int, dict] = {}
+        self.shard_rng = _cpu_rng(seed, "shard-choice")  # k ~ U[0, K): never logged
+        self.data_rng = _cpu_rng(seed, "real-batches")
+        self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents-and-noise"))
+        self.step = 0
+
+    def make_plan(self, cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
+        return plan_privacy(cfg, n=n, num_shards=num_shards)
+
+    # --- D_k in and out of the one working discriminator -------------------------------------
+    def _load_discriminator(self, k: int) -> torch.optim.Adam:
+        state = self.d_states.get(k)
+        if state is None:
+            state = fresh_discriminator(self.cfg, self.spec, shard_index=k).state_dict()
+        self.D.load_state_dict(state)
+        opt = _adam(self.D.parameters(), lr=self.cfg.gswgan.lr_d, cfg=self.cfg)
+        if k in self.opt_states:
+            opt.load_state_dict(self.opt_states[k])
+        return opt
+
+    def _store_discriminator(self, k: int, opt: torch.optim.Adam) -> None:
+        self.d_states[k] = {name: v.detach().to("cpu", copy=True) for name, v in self.D.state_dict().items()}
+        self.opt_states[k] = _cpu_copy(opt.state_dict())
+
+    # --- one private iteration (Algorithm 1, lines 13–20) -------------------------------------
+    def iteration(self) -> None:
+        k = int(torch.randint(self.K, (1,), generator=self.shard_rng))
+        images, labels = self.shards[k]
+        opt_d = self._load_discriminator(k)
+        critic_steps(self.D, opt_d, self.G, images, labels, cfg=self.cfg, data_rng=self.data_rng, rng=self.rng)
+        self._store_discriminator(k, opt_d)
+        loss = self.generator_loss(k)
+        self.D.requires_grad_(False).eval()  # eval: spectral norm uses D_k's stored estimate, no update
+        try:
+            sanitized_generator_step(self.G, self.opt_g, loss, batch_size=self.cfg.gswgan.batch_size,
+                                     clip_norm=self.cfg.privacy.max_grad_norm,
+                                     noise_multiplier=self.plan.release_noise_multiplier, generator=self.rng)
+        finally:
+            self.D.requires_grad_(True).train()
+        self.trace.record(self.event)
+        self.step += 1
+        self._update_ema()
+
+    def generator_loss(self, k: int) -> Callable:
+        """ℓ_i(x_i, y_i) for the generator step on shard k: the WGAN loss −D_k(x_i, y_i)."""
+        return lambda x, y: -self.D(x, y)
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        decay = min(self.cfg.gswgan.ema_decay, (1 + self.step) / (10 + self.step))
+        for p_ema, p in zip(self.G_ema.parameters(), self.G.parameters()):
+            p_ema.lerp_(p, 1 - decay)
+        for b_ema, b in zip(self.G_ema.buffers(), self.G.buffers()):
+            b_ema.copy_(b)
+
+    # --- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "fingerprint": self.cfg.fingerprint(), "method": self.method, "step": self.step,
+            "noise_multiplier": self.plan.release_noise_multiplier,
+            "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(), "opt_g": self.opt_g.state_dict(),
+            "d_states": self.d_states, "opt_states": self.opt_states,
+            "shard_rng": self.shard_rng.get_state(), "data_rng": self.data_rng.get_state(),
+            "rng": self.rng.get_state(), "trace": self.trace.to_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if not math.isclose(state["noise_multiplier"], self.plan.release_noise_multiplier, rel_tol=1e-12):
+            raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
+        self.step = state["step"]
+        self.G.load_state_dict(state["G"])
+        self.G_ema.load_state_dict(state["G_ema"])
+        self.opt_g.load_state_dict(state["opt_g"])
+        self.d_states, self.opt_states = state["d_states"], state["opt_states"]
+        self.shard_rng.set_state(state["shard_rng"])
+        self.data_rng.set_state(state["data_rng"])
+        self.rng.set_state(state["rng"])
+        self.trace = MechanismTrace.from_dict(state["trace"])
+
+    def epsilon_spent(self) -> float:
+        return get_accountant(ACCOUNTANT).epsilon(self.trace, delta=self.cfg.privacy.delta) if self.trace.steps else 0.0
+
+    # --- the loop -----------------------------------------------------------------------------
+    def train(self, *, stop_after: int | None = None) -> TrainResult | None:
+        """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
+        cfg, o = self.cfg, self.cfg.output
+        started = time.monotonic()
+        ckpt_dir = self.out / "checkpoints"
+        if o.resume:
+            state = checkpoint.load_latest(ckpt_dir, fingerprint=cfg.fingerprint())
+            if state is not None:
+                self.load_state_dict(state)
+        self.out.mkdir(parents=True, exist_ok=True)
+        storage.write_text(self.out / "config.yaml", dump_config(cfg))
+        run_ctx = self._mlflow_run() if cfg.tracking.enabled else _null_run()
+        with run_ctx as run:
+            bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{self.method} private iterations",
+                       unit="it", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
+            while self.step < self.total_steps:
+                if stop_after is not None and self.step >= stop_after:
+                    bar.close()
+                    return None
+                if self.plan.guard is not None and not self.plan.guard.can_step(self.trace):
+                    break  # belt and braces: total_steps already obeys the budget
+                self.iteration()
+                bar.update(1)
+                if o.log_every and self.step % o.log_every == 0:
+                    eps = self.epsilon_spent()
+                    bar.set_postfix(eps=f"{eps:.3f}")
+                    if run is not None:
+                        import mlflow
+
+                        mlflow.log_metrics({"epsilon": eps}, step=self.step)
+                if o.sample_every and self.step % o.sample_every == 0 and run is not None:
+                    tracking.log_png(self._grid(), f"grids/step-{self.step:07d}.png")
+                if o.checkpoint_every and self.step % o.checkpoint_every == 0:
+                    checkpoint.save(ckpt_dir, self.state_dict())
+            bar.close()
+            return self._finish(run, started)
+
+    def _grid(self):
+        _refresh_spectral_norm(self.G_ema)
+        return class_grid(self.G_ema, num_classes=self.num_classes)
+
+    def _finish(self, run, started: float) -> TrainResult:
+        p = self.cfg.privacy
+        eps = self.epsilon_spent()
+        if p.accounting == "sound" and eps > p.epsilon:  # cannot happen by construction
+            raise PrivacyError(f"privacy.epsilon: spent {eps} exceeds the target {p.epsilon}")
+        published = None
+        if p.accounting == "as_published":
+            published = as_published_epsilon(noise_multiplier=self.plan.release_noise_multiplier,
+                                             batch_size=self.cfg.gswgan.batch_size, num_shards=self.K,
+                                             steps=self.step, delta=p.delta)
+        generator_path, trace_path, grid_path = self.out / "generator.pt", self.out / "trace.json", self.out / "samples.png"
+        grid = self._grid()
+        privacy = {"epsilon": eps, "delta": p.delta, "accountant": ACCOUNTANT, "accounting": p.accounting}
+        if published is not None:
+            privacy.update(epsilon_as_published=published, sound=False)
+        buf = io.BytesIO()
+        torch.save({"format": "dpsynth.generator/1", "state_dict": self.G_ema.state_dict(),
+                    "model": {"class": "dpsynth.models.gswgan.Generator", **generator_kwargs(self.cfg, self.spec)},
+                    "privacy": privacy}, buf)
+        storage.write_bytes(generator_path, buf.getvalue())
+        storage.write_text(trace_path, self.trace.to_json())
+        with storage.atomic_write(grid_path) as fh:
+            grid.save(fh, format="PNG")
+        result = TrainResult(
+            epsilon=eps, delta=p.delta, accountant=ACCOUNTANT, accounting=p.accounting,
+            epsilon_as_published=published, steps=self.step, generator_steps=self.step,
+            noise_multiplier=self.plan.release_noise_multiplier, event_noise_multiplier=self.event.noise_multiplier,
+            sample_rate=self.event.sample_rate,
+            stopped_by="steps" if self.total_steps == self.cfg.train.steps else "budget",
+            output_dir=str(self.out), generator_path=str(generator_path), trace_path=str(trace_path),
+            grid_path=str(grid_path), mlflow_run_id=run.info.run_id if run is not None else None,
+            seconds=time.monotonic() - started,
+        )
+        if run is not None:
+            import mlflow
+
+            tracking.log_privacy(epsilon=eps, delta=p.delta, accountant=ACCOUNTANT, step=self.step)
+            mlflow.set_tag("dpsynth.accounting", p.accounting)
+            if published is not None:
+                mlflow.log_metric("epsilon_as_published_unsound", published)
+            tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
+            tracking.log_png(grid, "grids/final.png")
+            if self.log_generator:
+                tracking.log_generator(without_spectral_norm(self.G_ema))
+        storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
+        return result
+
+    def _mlflow_run(self):
+        return _logged_run(self)
+
+
+def _cpu_copy(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cpu_copy(v) for v in obj]
+    return copy.deepcopy(obj)
+
+
+@torch.no_grad()
+def _refresh_spectral_norm(G: torch.nn.Module, iterations: int = 10) -> None:
+    """Re-estimate the spectral norms of the EMA weights by power iteration (no data involved)."""
+    was_training = G.training
+    G.train()
+    z = torch.zeros(1, G.latent_dim, device=next(G.parameters()).device)
+    y = torch.zeros(1, dtype=torch.long, device=z.device)
+    for _ in range(iterations):
+        G(z, y)
+    G.train(was_training)
+
+
+class _logged_run:
+    """Open the MLflow run and log what is known before the first iteration (no per-step private values)."""
+
+    def __init__(self, trainer: GSWGANTrainer):
+        self.trainer, self._ctx = trainer, None
+
+    def __enter__(self):
+        import mlflow
+
+        tr, cfg = self.trainer, self.trainer.cfg
+        uri = cfg.tracking.uri or tracking.default_tracking_uri(tr.out)
+        experiment = cfg.tracking.experiment or tracking.experiment_name(tr.dataset_name)
+        self._ctx = tracking.start_run(tracking_uri=uri, experiment=experiment, stage="train",
+                                       run_name=f"train-{cfg.train.method}", parent_run_id=tr.parent_run_id,
+                                       tags={tracking.TAG_METHOD: cfg.train.method, **tr.run_tags})
+        run = self._ctx.__enter__()
+        mlflow.log_params(_flatten(cfg.to_dict()))
+        mlflow.log_params({"derived.sample_rate": tr.event.sample_rate,
+                           "derived.noise_multiplier": tr.event.noise_multiplier,
+                           "derived.release_noise_multiplier": tr.plan.release_noise_multiplier,
+                           "derived.total_steps": tr.total_steps, "derived.records": tr.n,
+                           "derived.accountant": ACCOUNTANT,
+                           "derived.d_parameters": count_parameters(tr.D),
+                           "derived.g_parameters": count_parameters(tr.G)})
+        mlflow.log_text(dump_config(cfg), "config.yaml")
+        tracking.log_dataset_input(uri=str(cfg.data.uri), sha256=tr.dataset_sha256, name=tr.dataset_name)
+        return run
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+# --- the train stage and the audit ----------------------------------------------------------------
+
+
+def train_stage(ctx, cfg: RunConfig, dataset: ImageDataset, *, shards: list[ImageDataset], warmstart: dict,
+                trainer_class: type | None = None) -> dict:
+    """What ``dpsynth train`` calls for method gswgan (and dpac, with its trainer class)."""
+    cls = trainer_class or GSWGANTrainer
+    trainer = cls(cfg, shards, warm=warm_discriminators(warmstart), parent_run_id=ctx.parent_run_id,
+                  run_tags=ctx.run_tags(), log_generator=False)
+    return asdict(trainer.train())
+
+
+def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
+    """Checks that a GS-WGAN / DPAC trace is the mechanism this config describes."""
+    K, B, p = cfg.partition.num_shards, cfg.gswgan.batch_size, cfg.privacy
+    events = trace.events
+    checks = []
+
+    def check(name: str, passed: bool, detail: str) -> None:
+        checks.append({"name": name, "passed": bool(passed), "detail": detail})
+
+    check("gswgan.sampling", all(e.sampling == "without_replacement" and e.sensitivity == "replace_one" for e in events),
+          "every event is without_replacement sampling with replace_one adjacency (shard choice, sensitivity 2C)")
+    check("gswgan.sample_rate", all(math.isclose(e.sample_rate, 1 / K, rel_tol=1e-12) for e in events),
+          f"every event has rate 1/K = 1/{K}")
+    if p.noise_multiplier is not None:
+        folded = fold_releases(p.noise_multiplier, B)
+        check("gswgan.noise_multiplier", all(math.isclose(e.noise_multiplier, folded, rel_tol=1e-9) for e in events),
+              f"every event folds the B = {B} releases of σ = {p.noise_multiplier}: σ/√B = {folded:.6g}")
+    else:  # calibrated: calibrate again from the config and compare
+        try:
+            expected = plan_privacy(cfg, n=n, num_shards=K).event.noise_multiplier
+        except (ConfigError, PrivacyError) as exc:
+            check("gswgan.noise_multiplier", False, f"cannot recompute the calibrated noise: {exc}")
+        else:
+            check("gswgan.noise_multiplier",
+                  all(math.isclose(e.noise_multiplier, expected, rel_tol=1e-9) for e in events),
+                  f"every event has the noise multiplier calibrated from the config: {expected:.6g} "
+                  f"(per-release σ = {expected * math.sqrt(B):.6g}, B = {B})")
+    check("gswgan.steps", 0 < trace.steps <= cfg.train.steps,
+          f"{trace.steps} iterations recorded, at most train.steps = {cfg.train.steps}")
+    check("gswgan.delta", p.delta < 1 / n if n >= 1 else False, f"δ = {p.delta} < 1/n = {1 / max(n, 1):.6g}")
+    check("gswgan.accounting", p.accounting == "sound",
+          "sound accounting" if p.accounting == "sound" else
+          "as_published accounting reproduces the paper's unsound ε; this run may not be released")
+    return checks
+
+
+__all__ = [
+    "GSWGANTrainer",
+    "PrivacyPlan",
+    "TrainResult",
+    "audit_invariants",
+    "critic_loss",
+    "plan_privacy",
+    "sanitize",
+    "sanitized_generator_step",
+    "train_stage",
+    "warm_start_shard",
+]

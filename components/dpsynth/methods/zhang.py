@@ -1,0 +1,561 @@
+"""dp-GAN, as in Zhang, Ji & Wang, "Differentially Private Releasing via Deep Generative Model" (Algorithm 3).
+
+A conditional WGAN-GP whose critic D is trained with DP-SGD; the generator G touches the data
+only through D, so releasing it is post-processing.
+
+* Warm start (§4.3): :func:`warm_start` trains G and D without privacy on *public* records
+  only (``data.public_fraction`` / ``data.public_split``, as the partition stage assigned
+  them); it refuses any record that is not public under the config.
+* Critic step (Alg. 3 lines 4–17): Poisson-sample real records at q = B/n. Each sampled
+  record (x_i, y_i) is one unit with its own fake G(z_i, y_i) and interpolate
+  x̂_i = ρx_i + (1−ρ)G(z_i, y_i): ℓ_i = D(G(z_i, y_i)) − D(x_i) + λ(‖∇_x̂ D(x̂_i)‖ − 1)², D conditioned
+  on y_i throughout. Adding or removing a record adds or removes one unit, fake and interpolate
+  included. Per-unit gradients (torch.func: the penalty needs a double backward) are clipped
+  group by group to c_j, summed, noised with σ·c_j per group (once per step, not per example
+  as Alg. 3 line 12 reads), and divided by the expected batch size B.
+* Groups and bounds (§4.1–4.2, :mod:`dpsynth.privacy.grouping`): from a public batch every
+  ``zhang.update_every`` critic steps (adaptive), or fixed at ``privacy.max_grad_norm``.
+* Generator step (line 20): after ``zhang.n_critic`` critic steps, one non-private step on
+  −D(G(z)). (The authors' released DP loop never updates G; this one does.)
+
+Accounting: the k group releases of one step share one sample, so they fold into one Poisson
+subsampled Gaussian event with multiplier σ/√k (add/remove adjacency). ``privacy.noise_multiplier``
+is σ, the per-group multiplier; left unset, σ is calibrated so that ``train.steps`` events
+spend ε. ``privacy.accounting: as_published`` reproduces the paper's account instead, which
+counts each step's k groups by parallel composition as one release of multiplier σ: σ is
+calibrated and training stopped on that account, the sound trace is recorded anyway, and the
+result reports both; such a run is unsound and the audit never passes it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch.func import functional_call, grad, vmap
+from tqdm import tqdm
+
+from dpsynth import storage, tracking
+from dpsynth.config import RunConfig, dump_config
+from dpsynth.data import ImageDataset
+from dpsynth.errors import ConfigError, DatasetError, PrivacyError
+from dpsynth.grids import class_grid
+from dpsynth.methods import checkpoint
+from dpsynth.methods.dpgan import TrainResult, _logged_run, _null_run, _torch_bytes, resolve_device
+from dpsynth.models.dcgan import Discriminator, Generator
+from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
+from dpsynth.privacy import grouping
+from dpsynth.privacy.dpsgd import GradientSanitizer
+
+WARM_START_FORMAT = "dpsynth.zhang_warm_start/1"
+
+
+@dataclass(frozen=True)
+class ZhangResult(TrainResult):
+    num_groups: int = 1
+    grouping: str = "global"
+    accounting: str = "sound"
+    as_published_epsilon: float | None = None  # the paper's (unsound) account; only in as_published mode
+    warm_started: bool = False
+
+
+# --- public data ---------------------------------------------------------------------------------
+
+
+def require_public(cfg: RunConfig, ds: ImageDataset, *, what: str) -> None:
+    """Refuse ``ds`` unless the config declares public data and every record of ``ds`` is public
+    under it (the partition's keyed hash, or the public split): non-private training on it is free
+    only because it is public."""
+    from dpsynth.stages.partition import public_mask
+
+    d = cfg.data
+    if d.public_fraction == 0 and d.public_split is None:
+        raise ConfigError(f"data.public_fraction: {what} trains without privacy and needs public records; "
+                          "declare them with data.public_fraction or data.public_split")
+    if len(ds) == 0:
+        raise DatasetError(f"{what}: the public dataset is empty")
+    private = int((~public_mask(ds, cfg)).sum())
+    if private:
+        field = "data.public_split" if d.public_split is not None else "data.public_fraction"
+        raise DatasetError(f"{field}: {private} of {len(ds)} records given to {what} are not public under this "
+                           "config; refusing to train without privacy on private records")
+
+
+# --- the WGAN-GP losses ----------------------------------------------------------------------------
+
+
+def build_models(cfg: RunConfig, *, num_classes: int, image_shape: tuple[int, int, int]):
+    channels, size, _ = image_shape
+    t = cfg.train
+    G = Generator(num_classes=num_classes, channels=channels, image_size=size, width=t.g_width, latent_dim=t.latent_dim)
+    D = Discriminator(num_classes=num_classes, channels=channels, image_size=size, width=t.d_width)
+    return G, D
+
+
+def wgan_gp_loss(D, real, fake, y, rho, *, gp_weight: float) -> torch.Tensor:
+    """The batch-mean critic loss (non-private: the warm start)."""
+    x_hat = (rho.view(-1, 1, 1, 1) * real + (1 - rho.view(-1, 1, 1, 1)) * fake).requires_grad_(True)
+    (g,) = torch.autograd.grad(D(x_hat, y).sum(), x_hat, create_graph=True)
+    penalty = ((g.flatten(1).pow(2).sum(1) + 1e-12).sqrt() - 1).pow(2)
+    return (D(fake, y) - D(real, y) + gp_weight * penalty).mean()
+
+
+def per_unit_gradients(D, real, fake, y, rho, *, gp_weight: float, chunk: int | None = None) -> dict[str, torch.Tensor]:
+    """``{name: (m, *shape)}``: each unit's (real_i, fake_i, x̂_i) critic-loss gradient (Alg. 3 lines 25–31)."""
+    params = {k: v.detach() for k, v in D.named_parameters()}
+
+    def unit_loss(params, real, fake, y, rho):
+        real, fake, y = real[None], fake[None], y[None]
+
+        def critic(x):
+            return functional_call(D, params, (x, y)).sum()
+
+        gx = grad(critic)(rho * real + (1 - rho) * fake)
+        penalty = ((gx.pow(2).sum() + 1e-12).sqrt() - 1) ** 2
+        return critic(fake) - critic(real) + gp_weight * penalty
+
+    per_unit = vmap(grad(unit_loss), in_dims=(None, 0, 0, 0, 0))
+    m = len(real)
+    if m == 0:
+        return {k: v.new_zeros((0, *v.shape)) for k, v in params.items()}
+    step = chunk or m
+    parts = [per_unit(params, real[s:s + step], fake[s:s + step], y[s:s + step], rho[s:s + step])
+             for s in range(0, m, step)]
+    return {k: torch.cat([p[k] for p in parts]) for k in params}
+
+
+# --- privacy plan ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    sigma: float  # per-group noise multiplier: group j gets N(0, (σ c_j)²)
+    num_groups: int
+    event: MechanismEvent  # the sound per-step event: multiplier σ/√k
+    published_event: MechanismEvent | None  # as_published: the paper's per-step event, multiplier σ
+    steps: int
+    guard: BudgetGuard  # guards the sound event, or the published one in as_published mode
+
+
+def planned_num_groups(cfg: RunConfig) -> int:
+    """k for this config's critic (the DCGAN critic's layer structure does not depend on image size)."""
+    _, D = build_models(cfg, num_classes=2, image_shape=(1, 28, 28))
+    names = [n for n, _ in D.named_parameters()]
+    return grouping.num_groups(names, strategy=cfg.zhang.grouping, k=cfg.zhang.num_groups)
+
+
+def plan_privacy(cfg: RunConfig, n: int, *, num_groups: int) -> PrivacyPlan:
+    p, t = cfg.privacy, cfg.train
+    check_delta(p.delta, n)
+    q = t.batch_size / n
+    if q > 1:
+        raise PrivacyError(f"train.batch_size: {t.batch_size} exceeds the {n} training records")
+    sound = p.accounting == "sound"
+    sigma = p.noise_multiplier
+    if sigma is None:
+        base = calibrate_noise(target_epsilon=p.epsilon, delta=p.delta, sample_rate=q, steps=t.steps,
+                               accountant=p.accountant)
+        sigma = base * math.sqrt(num_groups) if sound else base
+    event = MechanismEvent(sampling="poisson", sample_rate=q, noise_multiplier=sigma / math.sqrt(num_groups),
+                           sensitivity="add_remove")
+    published = None if sound else event.with_noise(sigma)
+    guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=p.accountant, event=published or event)
+    steps = min(t.steps, guard.max_steps)
+    if steps < 1:
+        raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow a single step at noise multiplier "
+                           f"{guard.event.noise_multiplier:.4g} and sample rate {q:.4g}; raise epsilon or the noise")
+    return PrivacyPlan(sigma=sigma, num_groups=num_groups, event=event, published_event=published, steps=steps,
+                       guard=guard)
+
+
+# --- warm start (Alg. 3 line 1) --------------------------------------------------------------------
+
+
+def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
+    """Train G and D as a regular WGAN-GP on ``public`` (no privacy, so public records only) for
+    ``zhang.warm_start_iterations`` generator iterations; write both to the local file ``out_path``."""
+    require_public(cfg, public, what="warm start")
+    z, t = cfg.zhang, cfg.train
+    started = time.monotonic()
+    device = resolve_device(t.device)
+    num_classes = cfg.data.num_classes or public.num_classes
+    images, labels = (a.to(device) for a in public.to_tensors())
+    image_shape = tuple(images.shape[1:])
+    torch.manual_seed(t.seed)
+    G, D = build_models(cfg, num_classes=num_classes, image_shape=image_shape)
+    G, D = G.to(device), D.to(device)
+    rng = torch.Generator(device=device).manual_seed(t.seed + 1)
+    betas = (z.adam_beta1, z.adam_beta2)
+    opt_d = torch.optim.Adam(D.parameters(), lr=z.lr, betas=betas)
+    opt_g = torch.optim.Adam(G.parameters(), lr=z.lr, betas=betas)
+    m = min(t.batch_size, len(public))
+    for _ in range(z.warm_start_iterations):
+        for _ in range(z.n_critic):
+            idx = torch.randperm(len(public), device=device, generator=rng)[:m]
+            real, y = images[idx], labels[idx]
+            with torch.no_grad():
+                fake, _ = G.sample(m, labels=y, generator=rng)
+            rho = torch.rand(m, device=device, generator=rng)
+            loss_d = wgan_gp_loss(D, real, fake, y, rho, gp_weight=z.gp_weight)
+            opt_d.zero_grad(set_to_none=True)
+            loss_d.backward()
+            opt_d.step()
+        _generator_step(G, D, opt_g, m, rng)
+    state = {"format": WARM_START_FORMAT, "G": G.state_dict(), "D": D.state_dict(),
+             "model": {"num_classes": num_classes, "image_shape": list(image_shape), "g_width": t.g_width,
+                       "d_width": t.d_width, "latent_dim": t.latent_dim},
+             "iterations": z.warm_start_iterations, "public_records": len(public)}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    storage.write_bytes(out_path, buf.getvalue())
+    return {"iterations": z.warm_start_iterations, "public_records": len(public), "critic_steps_per_iteration": z.n_critic,
+            "seconds": time.monotonic() - started}
+
+
+def load_warm_start(data: bytes) -> dict:
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    if not isinstance(state, dict) or state.get("format") != WARM_START_FORMAT:
+        raise ConfigError(f"train.method: the warm start file is not a {WARM_START_FORMAT!r} file")
+    return state
+
+
+def _generator_step(G, D, opt_g, m: int, rng) -> float:
+    D.requires_grad_(False)
+    try:
+        fake, y = G.sample(m, generator=rng)
+        loss = -D(fake, y).mean()
+        opt_g.zero_grad(set_to_none=True)
+        loss.backward()
+        opt_g.step()
+    finally:
+        D.requires_grad_(True)
+    return loss.item()
+
+
+# --- the private trainer ---------------------------------------------------------------------------
+
+
+class ZhangTrainer:
+    """Algorithm 3 on ``dataset`` (the private records). ``train()`` runs to the end."""
+
+    def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, public: ImageDataset | None = None,
+                 warm_start_state: dict | None = None, parent_run_id: str | None = None,
+                 run_tags: dict[str, str] | None = None, log_generator: bool = True):
+        self.cfg = cfg
+        self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
+        self.out = Path(cfg.output.dir)
+        z, t = cfg.zhang, cfg.train
+        self.device = resolve_device(t.device)
+        self.num_classes = cfg.data.num_classes or dataset.num_classes
+        self.dataset_sha256 = dataset.content_sha256()
+        self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
+        images, labels = dataset.to_tensors()
+        self.images, self.labels = images.to(self.device), labels.to(self.device)
+        self.n = len(dataset)
+        self.image_shape = tuple(self.images.shape[1:])
+
+        needs_public = z.adaptive_clipping or z.grouping == "clustering"
+        if public is not None:
+            # The caller vouches that ``public`` is the partition's public output (the stage reads it from the
+            # partition manifest; the key that would let us recompute it is redacted here); we check what we can.
+            if cfg.data.public_fraction == 0 and cfg.data.public_split is None:
+                raise ConfigError("data.public_fraction: public records given, but the config declares none public")
+            overlap = set(public.record_ids) & set(dataset.record_ids)
+            if overlap:
+                raise DatasetError(f"data.public_fraction: {len(overlap)} public records are also private training records")
+            pub_x, pub_y = public.to_tensors()
+            self.public_images, self.public_labels = pub_x.to(self.device), pub_y.to(self.device)
+        elif needs_public:
+            field = "zhang.adaptive_clipping" if z.adaptive_clipping else "zhang.grouping"
+            raise ConfigError(f"{field}: needs public data (data.public_fraction or data.public_split); "
+                              "or set zhang.adaptive_clipping=false and a grouping other than 'clustering'")
+        else:
+            self.public_images = self.public_labels = None
+
+        torch.manual_seed(t.seed)
+        self.G, self.D = build_models(cfg, num_classes=self.num_classes, image_shape=self.image_shape)
+        self.warm_started = warm_start_state is not None
+        if warm_start_state is not None:
+            expected = {"num_classes": self.num_classes, "image_shape": list(self.image_shape), "g_width": t.g_width,
+                        "d_width": t.d_width, "latent_dim": t.latent_dim}
+            if warm_start_state.get("model") != expected:
+                raise ConfigError(f"train: the warm start was trained for {warm_start_state.get('model')}, not {expected}")
+            self.G.load_state_dict(warm_start_state["G"])
+            self.D.load_state_dict(warm_start_state["D"])
+        self.G, self.D = self.G.to(self.device), self.D.to(self.device)
+        self.names = [n for n, _ in self.D.named_parameters()]
+        self.params = dict(self.D.named_parameters())
+
+        self.plan = plan_privacy(cfg, self.n, num_groups=grouping.num_groups(self.names, strategy=z.grouping,
+                                                                               k=z.num_groups))
+        self.event, self.total_steps, self.guard = self.plan.event, self.plan.steps, self.plan.guard
+        self._epsilon_cache = (0, 0.0)
+        self.trace = MechanismTrace()
+
+        betas = (z.adam_beta1, z.adam_beta2)
+        self.opt_d = torch.optim.Adam(self.D.parameters(), lr=z.lr, betas=betas)
+        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=z.lr, betas=betas)
+        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)
+        self.public_rng = torch.Generator(device=self.device).manual_seed(t.seed + 2)
+        groups = ([self.names[i::self.plan.num_groups] for i in range(self.plan.num_groups)]  # replaced at step 0
+                  if z.grouping == "clustering" else grouping.fixed_groups(self.names, strategy=z.grouping))
+        self.sanitizer = GradientSanitizer(
+            [[self.params[nm] for nm in g] for g in groups], max_grad_norm=cfg.privacy.max_grad_norm,
+            noise_multiplier=self.plan.sigma, expected_batch_size=t.batch_size, generator=self.rng,
+        )
+        self.group_names = groups
+        self.step = 0
+        self.g_steps = 0
+        self.since_g = 0
+        self.last_g_loss = float("nan")
+
+    # --- groups and bounds from public data (Alg. 3 lines 4–6) ---------------------------------
+    def public_gradients(self) -> dict[str, torch.Tensor]:
+        """Per-unit critic gradients on a batch of public records (and fresh fakes): nothing private."""
+        z = self.cfg.zhang
+        m = min(z.public_batch_size, len(self.public_images))
+        idx = torch.randperm(len(self.public_images), device=self.device, generator=self.public_rng)[:m]
+        real, y = self.public_images[idx], self.public_labels[idx]
+        with torch.no_grad():
+            fake, _ = self.G.sample(m, labels=y, generator=self.public_rng)
+        rho = torch.rand(m, device=self.device, generator=self.public_rng).view(-1, 1, 1, 1)
+        return per_unit_gradients(self.D, real, fake, y, rho, gp_weight=z.gp_weight,
+                                  chunk=self.cfg.train.physical_batch_size)
+
+    def update_bounds(self) -> None:
+        z = self.cfg.zhang
+        if z.grouping == "clustering":
+            groups, bounds = grouping.cluster_groups(self.public_gradients(), self.names, k=self.plan.num_groups)
+            if not z.adaptive_clipping:  # clustered once from public data, then fixed bounds
+                bounds = [self.cfg.privacy.max_grad_norm] * len(groups)
+            self.sanitizer.regroup([[self.params[nm] for nm in g] for g in groups], bounds)
+            self.group_names = groups
+        elif z.adaptive_clipping:
+            self.sanitizer.set_bounds(grouping.public_bounds(self.public_gradients(), self.group_names))
+
+    def _due_for_bounds(self) -> bool:
+        z = self.cfg.zhang
+        if z.adaptive_clipping:
+            return self.step % z.update_every == 0
+        return z.grouping == "clustering" and self.step == 0
+
+    # --- one critic step (Alg. 3 lines 7–17) ---------------------------------------------------
+    def critic_step(self) -> None:
+        z, t = self.cfg.zhang, self.cfg.train
+        if self._due_for_bounds():
+            self.update_bounds()
+        take = torch.rand(self.n, device=self.device, generator=self.rng) < self.event.sample_rate
+        real, y = self.images[take], self.labels[take]
+        m = len(real)
+        with torch.no_grad():
+            fake, _ = self.G.sample(m, labels=y, generator=self.rng)
+        rho = torch.rand(m, device=self.device, generator=self.rng).view(-1, 1, 1, 1)
+        chunk = t.physical_batch_size or max(m, 1)
+        for start in range(0, m, chunk):
+            s = slice(start, start + chunk)
+            grads = per_unit_gradients(self.D, real[s], fake[s], y[s], rho[s], gp_weight=z.gp_weight)
+            for name, g in grads.items():
+                self.params[name].grad_sample = g
+            self.sanitizer.accumulate()
+        self.sanitizer.finalize()
+        self.opt_d.step()
+        self.opt_d.zero_grad(set_to_none=True)
+        self.trace.record(self.event)
+        self.step += 1
+        self.since_g += 1
+
+    def generator_step(self) -> None:
+        self.last_g_loss = _generator_step(self.G, self.D, self.opt_g, self.cfg.train.batch_size, self.rng)
+        self.g_steps += 1
+        self.since_g = 0
+
+    # --- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "fingerprint": self.cfg.fingerprint(),
+            "step": self.step, "g_steps": self.g_steps, "since_g": self.since_g,
+            "noise_multiplier": self.plan.sigma, "groups": self.group_names, "bounds": list(self.sanitizer.bounds),
+            "G": self.G.state_dict(), "D": self.D.state_dict(),
+            "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
+            "rng": self.rng.get_state(), "public_rng": self.public_rng.get_state(), "torch_rng": torch.get_rng_state(),
+            "trace": self.trace.to_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if not math.isclose(state["noise_multiplier"], self.plan.sigma, rel_tol=1e-12):
+            raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
+        self.step, self.g_steps, self.since_g = state["step"], state["g_steps"], state["since_g"]
+        self.G.load_state_dict(state["G"])
+        self.D.load_state_dict(state["D"])
+        self.opt_g.load_state_dict(state["opt_g"])
+        self.opt_d.load_state_dict(state["opt_d"])
+        self.group_names = [list(g) for g in state["groups"]]
+        self.sanitizer.regroup([[self.params[nm] for nm in g] for g in self.group_names], state["bounds"])
+        self.rng.set_state(state["rng"])
+        self.public_rng.set_state(state["public_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        self.trace = MechanismTrace.from_dict(state["trace"])
+
+    def epsilon_spent(self) -> float:
+        if self._epsilon_cache[0] != self.trace.steps:
+            eps = self.plan.guard.accountant.epsilon(self.trace, delta=self.cfg.privacy.delta) if self.trace.steps else 0.0
+            self._epsilon_cache = (self.trace.steps, eps)
+        return self._epsilon_cache[1]
+
+    def published_epsilon(self) -> float | None:
+        """The paper's account of the steps taken (unsound; as_published mode only)."""
+        if self.plan.published_event is None:
+            return None
+        if not self.trace.steps:
+            return 0.0
+        published = MechanismTrace([self.plan.published_event.with_count(self.trace.steps)])
+        return self.plan.guard.spent(published)
+
+    def _guard_trace(self) -> MechanismTrace:
+        if self.plan.published_event is None:
+            return self.trace
+        return MechanismTrace([self.plan.published_event.with_count(self.trace.steps)]) if self.trace.steps else MechanismTrace()
+
+    # --- the loop ------------------------------------------------------------------------------
+    def train(self, *, stop_after: int | None = None) -> ZhangResult | None:
+        """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
+        cfg, o = self.cfg, self.cfg.output
+        started = time.monotonic()
+        ckpt_dir = self.out / "checkpoints"
+        if o.resume:
+            state = checkpoint.load_latest(ckpt_dir, fingerprint=cfg.fingerprint())
+            if state is not None:
+                self.load_state_dict(state)
+        self.out.mkdir(parents=True, exist_ok=True)
+        storage.write_text(self.out / "config.yaml", dump_config(cfg))
+
+        run_ctx = _logged_run(self, cfg.tracking.uri or tracking.default_tracking_uri(self.out),
+                              cfg.tracking.experiment or tracking.experiment_name(self.dataset_name)) \
+            if cfg.tracking.enabled else _null_run()
+        with run_ctx as run:
+            if run is not None:
+                import mlflow
+
+                mlflow.log_params({"derived.num_groups": self.plan.num_groups, "derived.sigma_per_group": self.plan.sigma,
+                                   "derived.warm_started": self.warm_started})
+            bar = tqdm(total=self.total_steps, initial=self.step, desc="DP critic steps", unit="step",
+                       file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
+            while self.step < self.total_steps:
+                if stop_after is not None and self.step >= stop_after:
+                    bar.close()
+                    return None
+                if not self.guard.can_step(self._guard_trace()):
+                    break
+                self.critic_step()
+                if self.since_g >= cfg.zhang.n_critic:
+                    self.generator_step()
+                bar.update(1)
+                if o.log_every and self.step % o.log_every == 0:
+                    self._log_progress(bar, run)
+                if o.sample_every and self.step % o.sample_every == 0 and run is not None:
+                    tracking.log_png(class_grid(self.G, num_classes=self.num_classes), f"grids/step-{self.step:07d}.png")
+                if o.checkpoint_every and self.step % o.checkpoint_every == 0:
+                    checkpoint.save(ckpt_dir, self.state_dict())
+            bar.close()
+            return self._finish(run, started)
+
+    def _log_progress(self, bar, run) -> None:
+        cheap = self.cfg.privacy.accountant == "rdp" or self.step % (10 * self.cfg.output.log_every) == 0
+        eps = self.epsilon_spent() if cheap else self._epsilon_cache[1]
+        bar.set_postfix(eps=f"{eps:.3f}", g_loss=f"{self.last_g_loss:.3f}")
+        if run is not None:
+            import mlflow
+
+            metrics = {"epsilon": eps, "generator_steps": self.g_steps}
+            if not math.isnan(self.last_g_loss):  # on fresh fakes through the privatized critic
+                metrics["g_loss"] = self.last_g_loss
+            mlflow.log_metrics(metrics, step=self.step)
+
+    def _finish(self, run, started: float) -> ZhangResult:
+        p = self.cfg.privacy
+        eps = self.epsilon_spent()
+        published = self.published_epsilon()
+        if published is None and eps > p.epsilon:  # cannot happen by construction
+            raise PrivacyError(f"privacy.epsilon: spent {eps} exceeds the target {p.epsilon}")
+        generator_path, trace_path, grid_path = self.out / "generator.pt", self.out / "trace.json", self.out / "samples.png"
+        privacy = {"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "accounting": p.accounting}
+        if published is not None:
+            privacy.update(as_published_epsilon=published, sound=False)
+        storage.write_bytes(generator_path, _torch_bytes({
+            "format": "dpsynth.generator/1", "state_dict": self.G.state_dict(),
+            "model": {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
+                      "channels": self.image_shape[0], "image_size": self.image_shape[1],
+                      "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
+            "privacy": privacy,
+        }))
+        storage.write_text(trace_path, self.trace.to_json())
+        grid = class_grid(self.G, num_classes=self.num_classes)
+        with storage.atomic_write(grid_path) as fh:
+            grid.save(fh, format="PNG")
+        result = ZhangResult(
+            epsilon=eps, delta=p.delta, accountant=p.accountant, steps=self.step, generator_steps=self.g_steps,
+            noise_multiplier=self.event.noise_multiplier, sample_rate=self.event.sample_rate,
+            stopped_by="steps" if self.total_steps == self.cfg.train.steps else "budget",
+            output_dir=str(self.out), generator_path=str(generator_path), trace_path=str(trace_path),
+            grid_path=str(grid_path), mlflow_run_id=run.info.run_id if run is not None else None,
+            seconds=time.monotonic() - started, num_groups=self.plan.num_groups, grouping=self.cfg.zhang.grouping,
+            accounting=p.accounting, as_published_epsilon=published, warm_started=self.warm_started,
+        )
+        if run is not None:
+            import mlflow
+
+            tracking.log_privacy(epsilon=eps, delta=p.delta, accountant=p.accountant, step=self.step)
+            metrics = {"noise_multiplier": self.event.noise_multiplier, "sample_rate": self.event.sample_rate,
+                       "generator_steps": self.g_steps}
+            if published is not None:
+                metrics["as_published_epsilon_unsound"] = published
+                mlflow.set_tag("dpsynth.accounting", "as_published (unsound)")
+            mlflow.log_metrics(metrics)
+            tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
+            tracking.log_png(grid, "grids/final.png")
+            if self.log_generator:
+                tracking.log_generator(self.G)
+        storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
+        return result
+
+
+# --- the audit's checks ----------------------------------------------------------------------------
+
+
+def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
+    """Checks of a dp-GAN trace against its config, for the audit stage: ``{"name", "passed", "detail"}``."""
+    p, t = cfg.privacy, cfg.train
+    k = planned_num_groups(cfg)
+    q = t.batch_size / n if n else float("nan")
+    events = list(trace.events)
+    checks = []
+
+    def check(name: str, passed: bool, detail: str) -> None:
+        checks.append({"name": name, "passed": bool(passed), "detail": detail})
+
+    check("accounting_sound", p.accounting == "sound",
+          "sound accounting" if p.accounting == "sound" else
+          "privacy.accounting=as_published: the paper's parallel-composition account is unsound; never release")
+    check("events_present", bool(events), f"{trace.steps} steps in {len(events)} event(s)")
+    check("poisson_sampling", all(e.sampling == "poisson" for e in events),
+          f"samplings: {sorted({e.sampling for e in events})}; critic batches are Poisson samples")
+    check("add_remove_adjacency", all(e.sensitivity == "add_remove" for e in events),
+          f"sensitivities: {sorted({e.sensitivity for e in events})}; one record is one (real, fake, interpolate) unit")
+    check("sample_rate", all(math.isclose(e.sample_rate, q, rel_tol=1e-9) for e in events),
+          f"expected q = train.batch_size / n = {t.batch_size}/{n} = {q:.6g}; "
+          f"trace: {sorted({e.sample_rate for e in events})}")
+    check("single_mechanism", len({e.mechanism_key() for e in events}) <= 1,
+          "every critic step is the same folded mechanism")
+    if p.noise_multiplier is not None:
+        expected = p.noise_multiplier / math.sqrt(k)
+        check("noise_multiplier_folded", all(math.isclose(e.noise_multiplier, expected, rel_tol=1e-9) for e in events),
+              f"expected σ/√k = {p.noise_multiplier}/√{k} = {expected:.6g} (k groups of one step are one release); "
+              f"trace: {sorted({e.noise_multiplier for e in events})}")
+    check("steps_within_config", trace.steps <= t.steps, f"{trace.steps} steps, configured train.steps = {t.steps}")
+    return checks

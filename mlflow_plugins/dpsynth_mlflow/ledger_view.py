@@ -1,0 +1,215 @@
+"""What the Privacy ledger page shows, gathered read-only from the ledger, MLflow and the stage manifests.
+
+:func:`gather` returns plain data (also served as JSON); :func:`render` turns it into the HTML page.
+Per population: lifetime budget, ε spent (committed), reserved, remaining and δ. Per pipeline run
+charged to it: the ledger's reservation, ε per stage and the audit decision from its MLflow runs,
+and the lineage chain dataset → shards → train run → generator → synthetic data from its manifests.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+from dpsynth import storage, tracking
+
+STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
+ZONE = {"partition": "sensitive", "warmstart": "sensitive", "train": "sensitive", "audit": "sensitive",
+        "sample": "release", "evaluate": "release"}
+TAG_STATUS = "dpsynth.stage_status"
+TAG_RUN_DIR = "dpsynth.run_dir"
+
+
+def gather(*, ledger_url: str, tracking_uri: str) -> dict[str, Any]:
+    from mlflow import MlflowClient
+
+    from dpsynth.privacy.ledger import Ledger
+
+    ledger = Ledger(ledger_url)
+    client = MlflowClient(tracking_uri)
+    parents = _pipeline_runs(client)
+    populations = []
+    for pop in ledger.populations():
+        runs = [_run(client, res, parents.get(res["pipeline_run_id"])) for res in ledger.history(pop["population_id"])]
+        populations.append({**{k: pop[k] for k in ("population_id", "budget", "committed", "reserved", "remaining",
+                                                   "delta", "delta_used")}, "runs": runs})
+    return {"format": "dpsynth.privacy_ledger/1", "populations": populations}
+
+
+def _pipeline_runs(client) -> dict[str, Any]:
+    """pipeline_run_id -> its parent MLflow run (the latest one, should an id repeat)."""
+    exps = [e.experiment_id for e in client.search_experiments()]
+    found = {}
+    for start in range(0, len(exps), 100):
+        runs = client.search_runs(exps[start:start + 100], f"tags.`{tracking.TAG_STAGE}` = 'pipeline'",
+                                  max_results=5000, order_by=["attributes.start_time ASC"])
+        for r in runs:
+            pid = r.data.tags.get(tracking.TAG_PIPELINE_RUN_ID)
+            if pid:
+                found[pid] = r
+    return found
+
+
+def _charged(res: dict) -> float:
+    return {"reserved": res["epsilon_reserved"], "committed": res["epsilon_spent"] or 0.0, "released": 0.0}[res["status"]]
+
+
+def _run(client, res: dict, parent) -> dict[str, Any]:
+    row = {"reservation_id": res["id"], "pipeline_run_id": res["pipeline_run_id"], "status": res["status"],
+           "epsilon_reserved": res["epsilon_reserved"], "epsilon_charged": _charged(res), "delta": res["delta"],
+           "dataset_sha256": res["dataset_sha256"], "created_at": res["created_at"], "note": res.get("note"),
+           "mlflow": None, "lineage": []}
+    if parent is None:
+        return row
+    children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+                                  max_results=1000, order_by=["attributes.start_time ASC"])
+    stages = {}
+    for c in children:
+        stage = c.data.tags.get(tracking.TAG_STAGE)
+        if stage in STAGES:
+            eps = c.data.tags.get(tracking.TAG_EPSILON_SPENT)
+            stages[stage] = {"run_id": c.info.run_id, "epsilon": float(eps) if eps is not None else None,
+                             "status": c.data.tags.get(TAG_STATUS) or c.info.status.lower()}
+    tags = parent.data.tags
+    row["mlflow"] = {"parent_run_id": parent.info.run_id, "experiment_id": parent.info.experiment_id,
+                     "status": parent.info.status, "audit": tags.get(tracking.TAG_AUDIT, "not run"),
+                     "epsilon_total": tags.get(tracking.TAG_EPSILON_SPENT), "stages": stages,
+                     "run_dir": tags.get(TAG_RUN_DIR)}
+    if tags.get(TAG_RUN_DIR):
+        row["lineage"] = lineage(tags[TAG_RUN_DIR])
+    return row
+
+
+def _manifest(run_dir: str, stage: str) -> dict | None:
+    from dpsynth.stages import manifest
+
+    uri = storage.join(run_dir, ZONE[stage], stage, manifest.NAME)
+    try:
+        return manifest.read(uri) if storage.exists(uri) else None
+    except Exception:  # unreadable: show the chain as far as it goes
+        return None
+
+
+def lineage(run_dir: str) -> list[dict[str, Any]]:
+    """The chain dataset → shards → train run → generator → synthetic data, from the manifests in ``run_dir``."""
+    chain = []
+    part = _manifest(run_dir, "partition")
+    if not part:
+        return chain
+    chain.append({"kind": "dataset", "sha256": part["dataset_sha256"],
+                  "detail": f"{sum(o.get('rows', 0) for o in part['outputs'])} records"})
+    shards = [o for o in part["outputs"] if o["role"] == "shard"]
+    chain.append({"kind": "shards", "items": [{"name": o["uri"].rsplit("/", 1)[-1], "sha256": o["sha256"],
+                                               "rows": o.get("rows")} for o in shards]})
+    train = _manifest(run_dir, "train")
+    if not train or train["status"] != "succeeded":
+        return chain
+    chain.append({"kind": "train run", "run_id": train.get("mlflow_run_id"), "pipeline_run_id": train.get("pipeline_run_id"),
+                  "detail": f"ε={train['privacy']['epsilon']:.4g} ({train['privacy']['accountant']}), "
+                            f"method {train.get('details', {}).get('method', '?')}"})
+    generator = next((o for o in train["outputs"] if o["role"] == "generator"), None)
+    audit = _manifest(run_dir, "audit")
+    decision = (audit or {}).get("details", {}).get("decision", "not audited")
+    if generator:
+        chain.append({"kind": "generator", "sha256": generator["sha256"], "detail": f"audit {decision}"})
+    sample = _manifest(run_dir, "sample")
+    if sample and sample["status"] == "succeeded":
+        synthetic = next((o for o in sample["outputs"] if o["role"] == "synthetic"), None)
+        released = next((o for o in sample["outputs"] if o["role"] == "generator"), None)
+        if synthetic:
+            chain.append({"kind": "synthetic data", "sha256": synthetic["sha256"], "run_id": sample.get("mlflow_run_id"),
+                          "detail": f"{synthetic.get('rows')} records; released generator "
+                                    f"{'= audited' if released and generator and released['sha256'] == generator['sha256'] else '≠ audited'}"})
+    return chain
+
+
+# --- HTML ------------------------------------------------------------------------------------------
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 24px; color: #1f2933; }
+h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 28px; } h3 { font-size: 15px; margin: 18px 0 6px; }
+table { border-collapse: collapse; margin: 6px 0 12px; } td, th { border: 1px solid #cbd2d9; padding: 4px 8px; font-size: 13px; }
+th { background: #f0f4f8; text-align: left; } code { font-size: 12px; }
+.passed { color: #0b7a3b; font-weight: 600; } .failed { color: #b42318; font-weight: 600; }
+.chain { display: flex; flex-wrap: wrap; align-items: center; gap: 6px; font-size: 13px; }
+.link { border: 1px solid #9aa5b1; border-radius: 6px; padding: 4px 8px; background: #f8fafc; }
+.arrow { color: #7b8794; }
+"""
+
+
+def _e(x) -> str:
+    return html.escape("" if x is None else str(x))
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def _run_link(exp, run_id, text=None) -> str:
+    if not run_id:
+        return "-"
+    return f'<a href="/#/experiments/{_e(exp)}/runs/{_e(run_id)}">{_e(text or run_id[:12])}</a>'
+
+
+def render(data: dict[str, Any]) -> str:
+    out = ["<!doctype html><html><head><meta charset='utf-8'><title>Privacy ledger · dpsynth</title>",
+           f"<style>{STYLE}</style></head><body>",
+           "<h1>Privacy ledger</h1><p>Each dataset population's lifetime (ε, δ) budget and every pipeline run charged "
+           "to it. Runs compose by basic composition: their ε's and δ's add up. <a href='/'>Back to MLflow</a></p>"]
+    if not data["populations"]:
+        out.append("<p id='empty'>No populations yet: <code>dpsynth ledger set-budget POPULATION --epsilon E "
+                   "--delta D</code>, or run a pipeline.</p>")
+    for pop in data["populations"]:
+        pid = pop["population_id"]
+        out.append(f"<section data-population='{_e(pid)}'><h2>Population <code>{_e(pid)}</code></h2>")
+        out.append("<table class='budget'><tr><th>budget ε</th><th>spent ε</th><th>reserved ε</th><th>remaining ε</th>"
+                   "<th>budget δ</th><th>δ charged</th></tr>"
+                   f"<tr><td data-field='budget'>{_f(pop['budget'])}</td><td data-field='spent'>{_f(pop['committed'])}</td>"
+                   f"<td data-field='reserved'>{_f(pop['reserved'])}</td>"
+                   f"<td data-field='remaining'>{_f(pop['remaining'])}</td><td>{_e(pop['delta'])}</td>"
+                   f"<td>{pop['delta_used']:.3g}</td></tr></table>")
+        out.append("<table class='runs'><tr><th>pipeline run</th><th>ledger</th><th>ε charged</th>"
+                   + "".join(f"<th>ε {s}</th>" for s in STAGES) + "<th>audit</th><th>dataset version</th></tr>")
+        for run in pop["runs"]:
+            m = run["mlflow"] or {}
+            stages = m.get("stages", {})
+            audit = m.get("audit", "no MLflow run")
+            cells = "".join(f"<td data-stage='{s}' title='{_e(stages.get(s, {}).get('status'))}'>"
+                            f"{_f(stages.get(s, {}).get('epsilon'))}</td>" for s in STAGES)
+            out.append(f"<tr data-run='{_e(run['pipeline_run_id'])}'>"
+                       f"<td>{_run_link(m.get('experiment_id'), m.get('parent_run_id'), run['pipeline_run_id'])}</td>"
+                       f"<td data-field='ledger-status' title='{_e(run['note'])}'>#{run['reservation_id']} {_e(run['status'])}</td>"
+                       f"<td data-field='charged'>{_f(run['epsilon_charged'])}</td>{cells}"
+                       f"<td data-field='audit' class='{_e(audit)}'>{_e(audit)}</td>"
+                       f"<td><code>{_e(run['dataset_sha256'][:12])}</code></td></tr>")
+        out.append("</table>")
+        for run in pop["runs"]:
+            if run["lineage"]:
+                out.append(f"<h3>Lineage of run <code>{_e(run['pipeline_run_id'])}</code></h3>"
+                           f"<div class='chain' data-lineage='{_e(run['pipeline_run_id'])}'>"
+                           + "<span class='arrow'>→</span>".join(_link(x, (run['mlflow'] or {}).get('experiment_id'))
+                                                                for x in run["lineage"]) + "</div>")
+        out.append("</section>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def _link(item: dict, exp) -> str:
+    kind = item["kind"]
+    if kind == "shards":
+        inner = ", ".join(f"<code title='{_e(s['sha256'])}' data-sha256='{_e(s['sha256'])}'>{_e(s['name'])} "
+                          f"{_e(s['sha256'][:12])}</code>" for s in item["items"])
+        return f"<span class='link' data-kind='shards'><b>{len(item['items'])} shards</b>: {inner}</span>"
+    parts = [f"<b>{_e(kind)}</b>"]
+    if item.get("sha256"):
+        parts.append(f"<code title='{_e(item['sha256'])}' data-sha256='{_e(item['sha256'])}'>{_e(item['sha256'][:12])}</code>")
+    if item.get("run_id"):
+        parts.append(_run_link(exp, item["run_id"]))
+    if item.get("detail"):
+        parts.append(_e(item["detail"]))
+    return f"<span class='link' data-kind='{_e(kind)}'>{' '.join(parts)}</span>"
+
+
+def to_json(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, default=str)

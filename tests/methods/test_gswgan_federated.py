@@ -1,0 +1,205 @@
+"""Federated GS-WGAN: clients answer with sanitized gradients only, every round's release is accounted,
+and the multi-process run (server and clients in their own processes, gloo on loopback) is the
+in-process reference, byte for byte, moving exactly the bytes its protocol describes."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpsynth import storage
+from dpsynth.data import ImageDataset, import_source, write_parquet
+from dpsynth.errors import ConfigError, DpsynthError
+from dpsynth.methods.gswgan import audit_invariants as gswgan_invariants
+from dpsynth.methods.gswgan_federated import (
+    Client,
+    FederatedGSWGANTrainer,
+    audit_invariants,
+    federation_meta,
+    process_jobs,
+    server_main,
+    train_federated,
+)
+from dpsynth.models.gswgan import Discriminator
+from dpsynth.privacy import MechanismTrace, gswgan_event
+from dpsynth.stages.partition import assign
+from tests.methods.test_gswgan import K, MNIST, one_torch_thread, record_owner, shards, tiny, warm_files, watch_inputs  # noqa: F401
+from tests.privacy.test_wor import autodp_mechanism_epsilon
+
+pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
+
+B, N_DIS, IMAGE = 16, 2, 1 * 28 * 28  # tiny(): gswgan.batch_size, gswgan.n_dis; MNIST is 1×28×28
+
+
+def test_all_n_dis_rounds_of_releases_are_folded(tmp_path, shards):  # noqa: F811
+    cfg = tiny(tmp_path, "privacy.noise_multiplier=16.0", "gswgan.n_dis=4")  # B = 16: 64 releases per iteration
+    result = FederatedGSWGANTrainer(cfg, shards).train()
+    (event,) = json.loads(Path(result.trace_path).read_text())["events"]
+    assert event["noise_multiplier"] == pytest.approx(16.0 / 8) and event["count"] == 6
+    assert event["sample_rate"] == pytest.approx(1 / K) and event["sensitivity"] == "replace_one"
+    assert result.epsilon == pytest.approx(autodp_mechanism_epsilon([(1 / K, 2.0, 6)], delta=1e-4), rel=1e-3)
+    with pytest.raises(ConfigError, match="privacy.accounting"):
+        FederatedGSWGANTrainer(tiny(tmp_path, "privacy.noise_multiplier=1.0", "privacy.accounting=as_published"),
+                               shards)
+
+
+def test_client_returns_clipped_noised_gradients_of_its_own_critic(tmp_path, shards):  # noqa: F811
+    cfg = tiny(tmp_path, "privacy.max_grad_norm=0.001")
+    images, labels = (t for t in shards[2].to_tensors())
+    torch.manual_seed(0)
+    D = Discriminator(num_classes=10, width=4)
+    client = Client(cfg, (images, labels), D, torch.optim.Adam(D.parameters()),
+                    data_rng=torch.Generator().manual_seed(0), rng=torch.Generator().manual_seed(1))
+    fakes, y = torch.rand(16, 1, 28, 28) * 2 - 1, torch.arange(16) % 10
+    owner = record_owner(shards)
+    seen, handle = watch_inputs((Discriminator,))
+    try:
+        clipped = client.update(fakes, y, noise_multiplier=0.0)
+    finally:
+        handle.remove()
+    assert {owner[r.numpy().tobytes()] for _, x in seen for r in x if r.numpy().tobytes() in owner} == {2}
+    assert clipped.flatten(1).norm(dim=1).max() <= 0.001 * (1 + 1e-5)
+    D.eval()  # the gradient the client clipped is its updated critic's, w.r.t. the fakes it was sent
+    x = fakes.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(-D(x, y).sum(), x)
+    direction = grad.flatten(1) / grad.flatten(1).norm(dim=1, keepdim=True)
+    torch.testing.assert_close(clipped.flatten(1), 0.001 * direction, rtol=1e-4, atol=1e-9)
+    noisy = client.update(fakes, y, noise_multiplier=50.0)
+    assert noisy.std().item() == pytest.approx(50 * 0.001, rel=0.1)
+
+
+# --- two clients in their own processes ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_shards() -> list[ImageDataset]:
+    ds = import_source(str(MNIST)).subset(np.arange(400))
+    where = assign(ds.record_ids, key="test", heldout_fraction=0.0, num_shards=2)
+    return [ds.subset(np.flatnonzero(where == k)) for k in range(2)]
+
+
+def _walk(obj):
+    yield obj
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _walk(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _walk(v)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _walk(getattr(obj, f.name))
+
+
+def test_server_process_is_given_no_data_and_each_client_only_its_own(tmp_path, two_shards):
+    cfg = tiny(tmp_path, "partition.num_shards=2")
+    warm = {0: b"D_0", 1: b"D_1"}
+    jobs = process_jobs(cfg, two_shards, meta=federation_meta(cfg, two_shards), warm=warm, noise_multiplier=1.0,
+                        port=1, timeout_s=1, results=None, server_kwargs={})
+    server, *clients = jobs
+    assert server["target"] is server_main
+    assert not any(isinstance(v, (torch.Tensor, np.ndarray, ImageDataset, bytes)) for v in _walk(server))
+    assert not any(isinstance(v, str) and "shard" in v for v in _walk(server))  # no shard URIs either
+    assert not {"shard", "shards", "warm"} & set(inspect.signature(server_main).parameters)
+    for k, job in enumerate(clients):
+        images, labels = two_shards[k].to_tensors()
+        assert job["shard_index"] == k and job["warm"] == warm[k]
+        assert torch.equal(job["shard"][0], images) and torch.equal(job["shard"][1], labels)
+        other = [v for v in _walk(job) if isinstance(v, torch.Tensor)]
+        assert len(other) == 2  # its own images and labels, nothing of the other shard
+
+
+def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_bytes(tmp_path, two_shards):
+    overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
+    warm = warm_files(tiny(tmp_path, *overrides), two_shards, tmp_path)
+    result = train_federated(tiny(tmp_path / "processes", *overrides), two_shards, warm=warm)
+    assert multiprocessing.active_children() == []
+    reference = FederatedGSWGANTrainer(tiny(tmp_path / "reference", *overrides), two_shards, warm=warm).train()
+
+    got = torch.load(result["generator_path"], weights_only=True)
+    want = torch.load(reference.generator_path, weights_only=True)
+    assert got["state_dict"].keys() == want["state_dict"].keys()
+    for name, tensor in want["state_dict"].items():
+        assert torch.equal(got["state_dict"][name], tensor), name
+    assert Path(result["trace_path"]).read_text() == Path(reference.trace_path).read_text()
+
+    (event,) = json.loads(Path(result["trace_path"]).read_text())["events"]
+    assert event["count"] == 6 and event["sample_rate"] == pytest.approx(1 / 2)
+    assert event["noise_multiplier"] == pytest.approx(8.0 / (N_DIS * B) ** 0.5)  # n_dis·B = 32 releases folded
+    assert result["epsilon"] == pytest.approx(autodp_mechanism_epsilon([(1 / 2, 8.0 / 32 ** 0.5, 6)], delta=1e-4),
+                                              rel=1e-3)
+
+    # per round: control int64[1], fakes float32[B,1,28,28], labels int64[B] out; float32[B,1,28,28] back
+    to_clients, from_clients = N_DIS * (8 + B * IMAGE * 4 + B * 8), N_DIS * B * IMAGE * 4
+    assert (to_clients, from_clients) == (100624, 100352)
+    assert result["transport"] == "torch.distributed/gloo"
+    assert result["bytes_per_iteration_to_clients"] == to_clients
+    assert result["bytes_per_iteration_from_clients"] == from_clients
+    assert result["bytes_per_iteration"] == to_clients + from_clients and result["bytes_at_stop"] == 2 * 8
+
+    recorded = json.loads(Path(tmp_path / "processes" / "result.json").read_text())
+    assert recorded == result and recorded["privacy_unit"] == "client" and recorded["clients"] == 2
+    assert recorded["delta_below_one_over_clients"] is True  # δ = 1e-4 < 1/2
+    assert got["privacy"]["unit"].startswith("client") and got["privacy"]["clients"] == 2
+
+
+def test_a_client_crash_is_an_error_naming_the_client_and_leaves_no_process(tmp_path, two_shards):
+    cfg = tiny(tmp_path, "partition.num_shards=2", "privacy.noise_multiplier=4.0")
+    with pytest.raises(DpsynthError, match=r"(?s)client 1 \(rank 2\) failed.*UnpicklingError"):
+        train_federated(cfg, two_shards, warm={1: b"not a discriminator"}, timeout_s=30)
+    assert multiprocessing.active_children() == []
+    assert not (tmp_path / "result.json").exists()
+
+
+def test_audit_checks_the_folded_event_at_rate_one_over_k(tmp_path, shards):  # noqa: F811
+    cfg = tiny(tmp_path, "privacy.noise_multiplier=4.0", method="gswgan_federated")
+    folded = MechanismTrace()
+    folded.record(gswgan_event(noise_multiplier=4.0, batch_size=N_DIS * B, num_shards=K), count=6)
+    assert all(c["passed"] for c in audit_invariants(cfg, folded, n=600))
+    centralized = MechanismTrace()  # GS-WGAN's σ/√B: the other n_dis − 1 rounds' releases left out
+    centralized.record(gswgan_event(noise_multiplier=4.0, batch_size=B, num_shards=K), count=6)
+    assert all(c["passed"] for c in gswgan_invariants(cfg, centralized, n=600))
+    failed = {c["name"] for c in audit_invariants(cfg, centralized, n=600) if not c["passed"]}
+    assert failed == {"gswgan_federated.noise_multiplier"}
+    too_long = MechanismTrace()
+    too_long.record(gswgan_event(noise_multiplier=4.0, batch_size=N_DIS * B, num_shards=K), count=7)
+    assert {c["name"] for c in audit_invariants(cfg, too_long, n=600) if not c["passed"]} == {"gswgan_federated.steps"}
+    calibrated = tiny(tmp_path, method="gswgan_federated")  # σ calibrated to ε = 50 on the folded event
+    reference = FederatedGSWGANTrainer(tiny(tmp_path, method="gswgan_federated"), shards).plan.event
+    trace = MechanismTrace()
+    trace.record(reference, count=6)
+    assert all(c["passed"] for c in audit_invariants(calibrated, trace, n=600))
+
+
+# --- through the stages -------------------------------------------------------------------------
+
+
+def test_stages_partition_warmstart_train_audit(tmp_path):
+    from tests.stages.helpers import manifest, stage
+
+    source = tmp_path / "mnist400.parquet"
+    write_parquet(import_source(str(MNIST)).subset(np.arange(400)), source)
+    run = tmp_path / "run"
+    overrides = ("train.method=gswgan_federated", "partition.num_shards=2", "gswgan.d_width=4", "gswgan.g_width=4",
+                 "gswgan.latent_dim=8", "gswgan.batch_size=16", "gswgan.n_dis=2", "gswgan.warmstart_iterations=2",
+                 "train.steps=4", "privacy.epsilon=50")
+    for name in ("partition", "warmstart", "train", "audit"):
+        assert stage(name, run, str(source), *overrides) == 0, name
+    warm = manifest(run, "sensitive", "warmstart")
+    assert sorted(o["shard"] for o in warm["outputs"] if o["role"] == "discriminator") == [0, 1]
+    trained = manifest(run, "sensitive", "train")
+    assert trained["details"]["method"] == "gswgan_federated" and trained["details"]["steps"] == 4
+    assert all(e["sample_rate"] == pytest.approx(1 / 2) for e in trained["privacy"]["events"])
+    result = json.loads(storage.read_bytes([o["uri"] for o in trained["outputs"] if o["role"] == "result"][0]))
+    assert result["privacy_unit"] == "client" and result["bytes_per_iteration"] == 2 * (8 + 2 * 16 * 784 * 4 + 16 * 8)
+    audit = manifest(run, "sensitive", "audit")
+    report = json.loads(storage.read_bytes([o["uri"] for o in audit["outputs"] if o["uri"].endswith(".json")][0]))
+    assert [c["name"] for c in report["checks"] if not c["passed"]] == []
+    assert {c["name"] for c in report["checks"]} >= {"gswgan_federated.sampling", "gswgan_federated.noise_multiplier"}

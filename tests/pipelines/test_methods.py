@@ -1,0 +1,87 @@
+"""Every training method end to end through both orchestrators' test paths, on 600 real MNIST
+records at toy size: the Airflow DAG (`airflow dags test dpsynth_train`, the warm start mapped over
+K = 2 shards) and the KFP pipeline (`kfp.local`, the warm start in a ParallelFor). Each run must
+pass the audit and release a generator and synthetic data.
+
+DPGAN's runs are the fast tests in test_airflow.py / test_kfp.py. Here GS-WGAN runs through
+Airflow in `make test` (it exercises the real per-shard warm starts); the rest are marked slow
+(`make test-slow`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from dpsynth import storage
+from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_env  # noqa: F401 (fixture)
+from tests.stages.helpers import manifest, release_files
+
+COMMON = ["sample.num_samples=200", "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0",
+          "evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=20",
+          "evaluate.curve_samples=0"]
+GSWGAN = ["gswgan.warmstart_iterations=2", "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4",
+          "gswgan.latent_dim=4", "gswgan.n_dis=1"]
+TINY = {
+    "gswgan": GSWGAN,
+    "dpac": [*GSWGAN, "dpac.start_iteration=2", "dpac.n_f=1", "dpac.n_r=1", "dpac.c_width=4"],
+    "zhang": ["data.public_fraction=0.1", "train.d_width=4", "train.g_width=4", "train.latent_dim=8",
+              "train.batch_size=32", "zhang.n_critic=2", "zhang.warm_start_iterations=2", "zhang.public_batch_size=16",
+              "zhang.num_groups=2"],
+}
+STEPS = {"gswgan": 4, "dpac": 4, "zhang": 6}
+SLOW = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> str:
+    from dpsynth.data import import_source, write_parquet
+
+    path = tmp_path_factory.mktemp("source") / "mnist600.parquet"
+    write_parquet(import_source(REPO / "data" / "mnist").subset(np.arange(600)), path)
+    return str(path)
+
+
+def check_release(run_dir, method: str) -> None:
+    audit = json.loads(storage.read_bytes(f"{run_dir}/sensitive/audit/audit.json"))
+    assert audit["decision"] == "passed", audit
+    train = manifest(run_dir, "sensitive", "train")
+    assert train["details"]["method"] == method
+    assert {"sample/generator.pt", "sample/synthetic.parquet", "evaluate/report.json"} <= set(release_files(run_dir))
+    if method in ("gswgan", "dpac"):
+        warm = manifest(run_dir, "sensitive", "warmstart")
+        assert [o["shard"] for o in warm["outputs"]] == [0, 1]
+        assert all(e["sampling"] == "without_replacement" for e in train["privacy"]["events"])
+
+
+@pytest.mark.parametrize("method", [
+    "gswgan", pytest.param("dpac", marks=SLOW), pytest.param("zhang", marks=SLOW)])
+def test_airflow(method, source, airflow_env, tmp_path):
+    airflow = str(AIRFLOW_BIN / "airflow")
+    conf = {"dataset_uri": source, "method": method, "epsilon": 10, "delta": 1e-4, "steps": STEPS[method],
+            "num_shards": 2, "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None,
+            "tracking_uri": None, "pipeline_run_id": f"af-{method}",
+            "overrides": [*COMMON, *TINY[method], "tracking.enabled=false"]}
+    subprocess.run([airflow, "db", "migrate"], env=airflow_env, check=True, capture_output=True, timeout=120)
+    proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=airflow_env,
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "state=success" in log, log[-6000:]
+    assert log.count("running task <TaskInstance: dpsynth_train.warmstart_shard") == 2
+    check_release(tmp_path / "runs" / f"af-{method}", method)
+
+
+@SLOW
+@pytest.mark.parametrize("method", ["gswgan", "dpac", "zhang"])
+def test_kfp(method, source, tmp_path, monkeypatch):
+    from tests.pipelines.test_kfp import run_local
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    run = tmp_path / "run"
+    run_local.run(dataset=source, run_dir=str(run), extra=[*COMMON, *TINY[method], "tracking.enabled=false"],
+                  pipeline_root=str(tmp_path / "kfp"), method=method, epsilon=10.0, delta=1e-4, steps=STEPS[method],
+                  num_shards=2, n_d="2", seed=0)
+    check_release(run, method)
