@@ -203,3 +203,21 @@ def test_stages_partition_warmstart_train_audit(tmp_path):
     report = json.loads(storage.read_bytes([o["uri"] for o in audit["outputs"] if o["uri"].endswith(".json")][0]))
     assert [c["name"] for c in report["checks"] if not c["passed"]] == []
     assert {c["name"] for c in report["checks"]} >= {"gswgan_federated.sampling", "gswgan_federated.noise_multiplier"}
+
+
+def test_the_method_is_wired_into_config_stages_and_airflow():
+    import importlib.util
+    from typing import get_args, get_type_hints
+
+    from dpsynth.config import TrainConfig
+    from dpsynth.stages import audit, train, warmstart
+
+    assert "gswgan_federated" in get_args(get_type_hints(TrainConfig)["method"])
+    assert "gswgan_federated" in train.TRAINERS and train.METHOD_SECTIONS["gswgan_federated"] == ("gswgan",)
+    assert warmstart.SHARD_WARM_STARTS["gswgan_federated"] == warmstart.SHARD_WARM_STARTS["gswgan"]
+    assert audit.INVARIANTS["gswgan_federated"] == "dpsynth.methods.gswgan_federated:audit_invariants"
+    path = Path(__file__).resolve().parents[2] / "pipelines" / "airflow" / "dags" / "dpsynth_pods.py"
+    spec = importlib.util.spec_from_file_location("dpsynth_pods_for_test", path)
+    pods = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pods)
+    assert set(pods.METHODS) == set(get_args(get_type_hints(TrainConfig)["method"]))

@@ -51,3 +51,24 @@ def test_without_run_dir_train_is_the_plain_trainer(tmp_path, source):
     names = {p.name for p in (tmp_path / "out").iterdir()}
     assert {"generator.pt", "trace.json", "result.json"} <= names and "manifest.json" not in names
     assert not (tmp_path / "sensitive").exists()
+
+
+def test_checkpoints_leave_generator_snapshots_for_the_epsilon_curve(tmp_path, source):
+    """At every checkpoint DPGAN keeps the generator with the ε spent so far; the train manifest lists
+    them (sensitive zone) and evaluate draws its ε-vs-metric curve from them."""
+    import io
+
+    from dpsynth import storage
+
+    run = tmp_path / "run"
+    stages(run, source, "partition", "warmstart", "train", "audit", "sample", "evaluate",
+           overrides=("output.checkpoint_every=4", "evaluate.curve_samples=100", "evaluate.mia=false"))
+    m = manifest(run, "sensitive", "train")
+    snaps = [o for o in m["outputs"] if o["role"] == "generator_snapshot"]
+    assert [o["uri"].rsplit("/", 1)[1] for o in snaps] == ["generator-0000004.pt", "generator-0000008.pt",
+                                                           "generator-0000012.pt"]
+    assert all(o["zone"] == "sensitive" for o in snaps)
+    eps = [torch.load(io.BytesIO(storage.read_bytes(o["uri"])), weights_only=True)["privacy"]["epsilon"] for o in snaps]
+    assert 0 < eps[0] < eps[1] < eps[2] == pytest.approx(m["privacy"]["epsilon"])
+    report = json.loads((run / "release" / "evaluate" / "report.json").read_text())
+    assert [round(p["epsilon"], 9) for p in report["epsilon_curve"]] == [round(e, 9) for e in eps]

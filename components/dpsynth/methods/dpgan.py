@@ -40,6 +40,9 @@ from dpsynth.privacy.dpsgd import GradientSanitizer
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 
+SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
+
+
 @dataclass(frozen=True)
 class TrainResult:
     epsilon: float
@@ -249,6 +252,9 @@ class DPGANTrainer:
                     tracking.log_png(class_grid(self.G, num_classes=self.num_classes), f"grids/step-{self.step:07d}.png")
                 if o.checkpoint_every and self.step % o.checkpoint_every == 0:
                     checkpoint.save(ckpt_dir, self.state_dict())
+                    # the generator so far, with the ε spent so far: evaluate's ε-vs-metric curve
+                    storage.write_bytes(ckpt_dir / SNAPSHOTS / f"generator-{self.step:07d}.pt",
+                                        self._generator_file(self.epsilon_spent()))
             bar.close()
             return self._finish(run, started)
 
@@ -269,6 +275,16 @@ class DPGANTrainer:
                 metrics["d_accuracy_fake_ema"] = ema
             mlflow.log_metrics(metrics, step=self.step)
 
+    def _generator_file(self, eps: float) -> bytes:
+        p = self.cfg.privacy
+        return _torch_bytes({
+            "format": "dpsynth.generator/1", "state_dict": self.G.state_dict(),
+            "model": {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
+                      "channels": self.image_shape[0], "image_size": self.image_shape[1],
+                      "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
+            "privacy": {"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "step": self.step},
+        })
+
     def _finish(self, run, started: float) -> TrainResult:
         p = self.cfg.privacy
         eps = self.epsilon_spent()
@@ -277,14 +293,7 @@ class DPGANTrainer:
         generator_path = self.out / "generator.pt"
         trace_path = self.out / "trace.json"
         grid_path = self.out / "samples.png"
-        buf = _torch_bytes({
-            "format": "dpsynth.generator/1", "state_dict": self.G.state_dict(),
-            "model": {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
-                      "channels": self.image_shape[0], "image_size": self.image_shape[1],
-                      "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
-            "privacy": {"epsilon": eps, "delta": p.delta, "accountant": p.accountant},
-        })
-        storage.write_bytes(generator_path, buf)
+        storage.write_bytes(generator_path, self._generator_file(eps))
         storage.write_text(trace_path, self.trace.to_json())
         grid = class_grid(self.G, num_classes=self.num_classes)
         with storage.atomic_write(grid_path) as fh:

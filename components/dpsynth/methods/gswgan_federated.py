@@ -47,8 +47,11 @@ import io
 import json
 import math
 import multiprocessing.connection
+import os
 import queue
+import signal
 import socket
+import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, replace
@@ -87,6 +90,7 @@ from dpsynth.models.gswgan import Generator
 from dpsynth.privacy import MechanismTrace, fold_releases, gswgan_event
 
 CONTINUE, STOP = 1, 0
+IDLE_TIMEOUT_S = 7 * 24 * 3600.0  # how long a client may wait for its next request (see client_main)
 PRIVACY_UNIT = ("client: neighbouring datasets differ in one client's entire shard "
                 "(and hence also at record level: in one record)")
 
@@ -432,11 +436,16 @@ def server_main(*, cfg: RunConfig, meta: FederationMeta, port: int, timeout_s: f
 
 
 def client_main(*, cfg: RunConfig, shard_index: int, shard: tuple[torch.Tensor, torch.Tensor], warm: bytes | None,
-                spec: dict, noise_multiplier: float, port: int, world: int, timeout_s: float, results) -> None:
-    """Rank k + 1: client k with its own shard and D_k only."""
+                spec: dict, noise_multiplier: float, port: int, world: int, idle_timeout_s: float, results) -> None:
+    """Rank k + 1: client k with its own shard and D_k only.
+
+    A client waits for its next request for about K iterations on average, so its own gloo timeout
+    is ``idle_timeout_s`` (long); the server's (``timeout_s``) bounds each request. Either side
+    dying closes the connection, which fails the other at once, whatever the timeouts.
+    """
     try:
         client = make_client(cfg, shard, spec=spec, shard_index=shard_index, warm=warm)
-        _join_group(rank=shard_index + 1, world=world, port=port, timeout_s=timeout_s)
+        _join_group(rank=shard_index + 1, world=world, port=port, timeout_s=idle_timeout_s)
         rounds = serve(client, spec=spec, batch_size=cfg.gswgan.batch_size, noise_multiplier=noise_multiplier)
         results.put(("done", shard_index + 1, rounds))
         torch.distributed.destroy_process_group()
@@ -449,7 +458,13 @@ def _role(rank: int) -> str:
     return "server" if rank == 0 else f"client {rank - 1}"
 
 
-def _call(kwargs: dict) -> None:
+def _call(kwargs: dict, parent: int) -> None:
+    if sys.platform.startswith("linux"):  # die with the launcher, even when it is SIGKILLed: no orphans
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the launcher died before prctl
+        raise SystemExit(1)
     kwargs.pop("target")(**kwargs)
 
 
@@ -460,8 +475,8 @@ def process_jobs(cfg: RunConfig, shards: list[ImageDataset], *, meta: Federation
     jobs = [dict(target=server_main, cfg=cfg, meta=meta, port=port, timeout_s=timeout_s, results=results,
                  **server_kwargs)]
     jobs += [dict(target=client_main, cfg=cfg, shard_index=k, shard=shard.to_tensors(), warm=(warm or {}).get(k),
-                  spec=meta.spec, noise_multiplier=noise_multiplier, port=port, world=world, timeout_s=timeout_s,
-                  results=results) for k, shard in enumerate(shards)]
+                  spec=meta.spec, noise_multiplier=noise_multiplier, port=port, world=world,
+                  idle_timeout_s=max(timeout_s, IDLE_TIMEOUT_S), results=results) for k, shard in enumerate(shards)]
     return jobs
 
 
@@ -471,7 +486,8 @@ def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[in
     """Run the server and K clients as K + 1 processes over gloo on loopback; returns the server's result.
 
     Any process failing terminates the others and raises here with its traceback (no orphans:
-    the children are daemonic and killed in ``finally``). ``timeout_s`` bounds every collective wait.
+    the children are daemonic, killed in ``finally``, and die with this process). ``timeout_s``
+    bounds the server's wait for any one message; clients wait for requests up to IDLE_TIMEOUT_S.
     Checkpoints hold the server's state only, so the multi-process run does not resume mid-run.
     """
     if cfg.output.resume and (Path(cfg.output.dir) / "checkpoints").is_dir() and any(
@@ -486,7 +502,7 @@ def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[in
     jobs = process_jobs(cfg, shards, meta=meta, warm=warm, noise_multiplier=sigma, port=_free_port(),
                         timeout_s=timeout_s, results=results, server_kwargs=dict(
                             parent_run_id=parent_run_id, run_tags=run_tags, log_generator=log_generator))
-    procs = [ctx.Process(target=_call, args=(job,), daemon=True, name=f"gswgan-federated-rank{rank}")
+    procs = [ctx.Process(target=_call, args=(job, os.getpid()), daemon=True, name=f"gswgan-federated-rank{rank}")
              for rank, job in enumerate(jobs)]
     messages, result = [], None
     try:

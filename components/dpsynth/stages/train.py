@@ -126,10 +126,14 @@ def run(ctx: common.StageContext) -> common.Outcome:
                                          experiment=ctx.experiment),
         )
         result = TRAINERS[cfg.train.method](ctx, tcfg, dataset, shards=shard_data, warmstart=warmstart_manifest)
+        # generator snapshots a trainer left at its checkpoints (evaluate's ε-vs-metric curve)
+        snapshots = sorted(p.relative_to(workdir).as_posix()
+                           for p in (Path(workdir) / "checkpoints" / "snapshots").glob("generator-*.pt"))
         if remote:
-            for name in OUTPUTS.values():
+            for name in [*OUTPUTS.values(), *snapshots]:
                 storage.copy(storage.join(workdir, name), ctx.uri(STAGE, name))
     outputs = [ctx.entry(ctx.uri(STAGE, name), role=role) for role, name in OUTPUTS.items()]
+    outputs += [ctx.entry(ctx.uri(STAGE, name), role="generator_snapshot") for name in snapshots]
     trace = json.loads(storage.read_bytes(ctx.uri(STAGE, OUTPUTS["trace"])))
     privacy = {"epsilon": result["epsilon"], "delta": result["delta"], "accountant": result["accountant"],
                "events": trace["events"], "note": "as reported by the trainer; the audit recomputes it from the trace"}
