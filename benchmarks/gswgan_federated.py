@@ -75,7 +75,8 @@ def main(argv=None) -> int:
               "d_parameters": d_params, "g_parameters": g_params, "runs": {}}
     print(f"K = {args.clients} clients, width {args.width}, B = {args.batch_size}, n_dis = {args.n_dis}, "
           f"{args.steps} iterations, torch {torch.__version__}")
-    print(f"{'transport':<18}{'→ clients B/it':>16}{'← clients B/it':>16}{'total B/it':>12}{'seconds':>10}{'it/s':>8}")
+    print(f"{'transport':<18}{'→ clients B/it':>16}{'← clients B/it':>16}{'total B/it':>12}"
+          f"{'seconds':>10}{'it/s':>8}")
     for name, r in rows.items():
         its = r["steps"] / r["seconds"]
         report["runs"][name] = {k: r[k] for k in ("steps", "seconds", "bytes_per_iteration_to_clients",

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-outputs}
 CONFIG=${CONFIG:-configs/dpgan-mnist-cpu.yaml}
-ROOT="$PWD/$OUT"
+case "$OUT" in /*) ROOT="$OUT" ;; *) ROOT="$PWD/$OUT" ;; esac
 RUN_ID="make-run-$(date -u +%Y%m%dT%H%M%SZ)"
 TRACKING="sqlite:///$ROOT/mlflow.db"
 DATASET="$ROOT/data/mnist.parquet"

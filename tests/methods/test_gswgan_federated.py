@@ -30,7 +30,16 @@ from dpsynth.methods.gswgan_federated import (
 from dpsynth.models.gswgan import Discriminator
 from dpsynth.privacy import MechanismTrace, gswgan_event
 from dpsynth.stages.partition import assign
-from tests.methods.test_gswgan import K, MNIST, one_torch_thread, record_owner, shards, tiny, warm_files, watch_inputs  # noqa: F401
+from tests.methods.test_gswgan import (  # noqa: F401 (fixtures)
+    K,
+    MNIST,
+    one_torch_thread,
+    record_owner,
+    shards,
+    tiny,
+    warm_files,
+    watch_inputs,
+)
 from tests.privacy.test_wor import autodp_mechanism_epsilon
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
@@ -119,7 +128,9 @@ def test_server_process_is_given_no_data_and_each_client_only_its_own(tmp_path, 
 def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_bytes(tmp_path, two_shards):
     overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
     warm = warm_files(tiny(tmp_path, *overrides), two_shards, tmp_path)
-    result = train_federated(tiny(tmp_path / "processes", *overrides), two_shards, warm=warm)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the server process logs to MLflow
+    result = train_federated(tiny(tmp_path / "processes", *overrides, "tracking.enabled=true", f"tracking.uri={uri}"),
+                             two_shards, warm=warm)
     assert multiprocessing.active_children() == []
     reference = FederatedGSWGANTrainer(tiny(tmp_path / "reference", *overrides), two_shards, warm=warm).train()
 
@@ -149,6 +160,31 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
     assert recorded["delta_below_one_over_clients"] is True  # δ = 1e-4 < 1/2
     assert got["privacy"]["unit"].startswith("client") and got["privacy"]["clients"] == 2
 
+    from mlflow import MlflowClient
+
+    from dpsynth import tracking
+
+    run = MlflowClient(uri).get_run(result["mlflow_run_id"])
+    assert run.data.params["derived.privacy_unit"] == "client" and run.data.params["derived.clients"] == "2"
+    assert run.data.params["derived.bytes_per_iteration"] == str(to_clients + from_clients)
+    assert run.data.metrics["bytes_per_iteration_to_clients"] == to_clients
+    assert run.data.metrics["bytes_per_iteration_from_clients"] == from_clients
+    config_keys = {k for k in run.data.params if not k.startswith("derived.")}
+    assert tracking.data_dependent_keys(run.data.params, exempt=config_keys) == []
+
+
+def test_reference_resumes_clients_and_all_and_the_processes_refuse_to(tmp_path, two_shards):
+    overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
+    full = FederatedGSWGANTrainer(tiny(tmp_path / "full", *overrides), two_shards).train()
+    cfg = tiny(tmp_path / "split", *overrides, "output.checkpoint_every=2")
+    assert FederatedGSWGANTrainer(cfg, two_shards).train(stop_after=3) is None
+    resumed = FederatedGSWGANTrainer(cfg, two_shards).train()
+    assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()
+    a, b = (torch.load(r.generator_path, weights_only=True)["state_dict"] for r in (full, resumed))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    with pytest.raises(ConfigError, match="output.resume"):  # its clients' D_k are not checkpointed
+        train_federated(cfg, two_shards)
+
 
 def test_a_client_crash_is_an_error_naming_the_client_and_leaves_no_process(tmp_path, two_shards):
     cfg = tiny(tmp_path, "partition.num_shards=2", "privacy.noise_multiplier=4.0")
@@ -156,6 +192,33 @@ def test_a_client_crash_is_an_error_naming_the_client_and_leaves_no_process(tmp_
         train_federated(cfg, two_shards, warm={1: b"not a discriminator"}, timeout_s=30)
     assert multiprocessing.active_children() == []
     assert not (tmp_path / "result.json").exists()
+
+
+@pytest.mark.slow
+def test_a_client_killed_mid_run_fails_the_run_at_once(tmp_path, two_shards):
+    import os
+    import signal
+    import threading
+    import time
+
+    killed = []
+
+    def kill_client_1():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            ranks = {p.name: p for p in multiprocessing.active_children()}
+            if "gswgan-federated-rank2" in ranks and (tmp_path / "config.yaml").exists():  # the server is training
+                time.sleep(1.0)
+                os.kill(ranks["gswgan-federated-rank2"].pid, signal.SIGKILL)
+                killed.append(time.monotonic())
+            time.sleep(0.1)
+
+    threading.Thread(target=kill_client_1, daemon=True).start()
+    cfg = tiny(tmp_path, "partition.num_shards=2", "privacy.noise_multiplier=200", "train.steps=1000000")
+    with pytest.raises(DpsynthError, match=r"client 1 \(rank 2\) exit code -9"):
+        train_federated(cfg, two_shards)
+    assert killed and time.monotonic() - killed[0] < 30
+    assert multiprocessing.active_children() == []
 
 
 def test_audit_checks_the_folded_event_at_rate_one_over_k(tmp_path, shards):  # noqa: F811

@@ -27,12 +27,13 @@ GSWGAN = ["gswgan.warmstart_iterations=2", "gswgan.batch_size=8", "gswgan.d_widt
           "gswgan.latent_dim=4", "gswgan.n_dis=1"]
 TINY = {
     "gswgan": GSWGAN,
+    "gswgan_federated": GSWGAN,
     "dpac": [*GSWGAN, "dpac.start_iteration=2", "dpac.n_f=1", "dpac.n_r=1", "dpac.c_width=4"],
     "zhang": ["data.public_fraction=0.1", "train.d_width=4", "train.g_width=4", "train.latent_dim=8",
               "train.batch_size=32", "zhang.n_critic=2", "zhang.warm_start_iterations=2", "zhang.public_batch_size=16",
               "zhang.num_groups=2"],
 }
-STEPS = {"gswgan": 4, "dpac": 4, "zhang": 6}
+STEPS = {"gswgan": 4, "gswgan_federated": 3, "dpac": 4, "zhang": 6}
 SLOW = pytest.mark.slow
 
 
@@ -51,14 +52,15 @@ def check_release(run_dir, method: str) -> None:
     train = manifest(run_dir, "sensitive", "train")
     assert train["details"]["method"] == method
     assert {"sample/generator.pt", "sample/synthetic.parquet", "evaluate/report.json"} <= set(release_files(run_dir))
-    if method in ("gswgan", "dpac"):
+    if method in ("gswgan", "gswgan_federated", "dpac"):
         warm = manifest(run_dir, "sensitive", "warmstart")
         assert [o["shard"] for o in warm["outputs"]] == [0, 1]
         assert all(e["sampling"] == "without_replacement" for e in train["privacy"]["events"])
 
 
 @pytest.mark.parametrize("method", [
-    "gswgan", pytest.param("dpac", marks=SLOW), pytest.param("zhang", marks=SLOW)])
+    "gswgan", pytest.param("gswgan_federated", marks=SLOW), pytest.param("dpac", marks=SLOW),
+    pytest.param("zhang", marks=SLOW)])
 def test_airflow(method, source, airflow_env, tmp_path):
     airflow = str(AIRFLOW_BIN / "airflow")
     conf = {"dataset_uri": source, "method": method, "epsilon": 10, "delta": 1e-4, "steps": STEPS[method],
@@ -75,7 +77,7 @@ def test_airflow(method, source, airflow_env, tmp_path):
 
 
 @SLOW
-@pytest.mark.parametrize("method", ["gswgan", "dpac", "zhang"])
+@pytest.mark.parametrize("method", ["gswgan", "gswgan_federated", "dpac", "zhang"])
 def test_kfp(method, source, tmp_path, monkeypatch):
     from tests.pipelines.test_kfp import run_local
 

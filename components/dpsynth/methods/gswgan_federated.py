@@ -65,7 +65,6 @@ from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyError
 from dpsynth.methods.dpgan import resolve_device
 from dpsynth.methods.gswgan import (
-    ACCOUNTANT,
     GSWGANTrainer,
     PrivacyPlan,
     TrainResult,
@@ -569,8 +568,9 @@ def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict
     for c in checks:
         c["name"] = c["name"].replace("gswgan.", "gswgan_federated.", 1)
         if c["name"] == "gswgan_federated.noise_multiplier" and p.noise_multiplier is not None:
+            folded = fold_releases(p.noise_multiplier, releases)
             c["detail"] = (f"every event folds the n_dis·B = {g.n_dis}·{g.batch_size} releases of σ = "
-                           f"{p.noise_multiplier}: σ/√{releases} = {fold_releases(p.noise_multiplier, releases):.6g}")
+                           f"{p.noise_multiplier}: σ/√{releases} = {folded:.6g}")
     return checks
 
 

@@ -28,7 +28,8 @@ def params(dataset_uri: str = DATASET_URI) -> dict:
                              description="canonical Parquet (local path or s3://), e.g. from `dpsynth data import`"),
         "method": Param("dpgan", type="string", enum=list(pods.METHODS), title="Method",
                         description="dpgan (Bie et al.), gswgan / dpac (one warm-started discriminator per "
-                                    "shard), zhang (dp-GAN; needs public data declared in the config)"),
+                                    "shard), gswgan_federated (GS-WGAN with each shard a client process), "
+                                    "zhang (dp-GAN; needs public data declared in the config)"),
         "epsilon": Param(10.0, type="number", exclusiveMinimum=0, title="ε (target)"),
         "delta": Param(1e-5, type="number", exclusiveMinimum=0, exclusiveMaximum=1, title="δ"),
         "steps": Param(2000, type="integer", minimum=1, title="Step budget (private discriminator steps)"),
