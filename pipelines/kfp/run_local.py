@@ -9,6 +9,7 @@ config's values and, when given, win.
 """
 
 import argparse
+import builtins
 import importlib.util
 import os
 import sys
@@ -51,7 +52,13 @@ def run(*, dataset: str, run_dir: str, extra: list[str], pipeline_root: str | No
     run_dir = str(Path(run_dir).resolve()) if "://" not in run_dir else run_dir
     root = pipeline_root or os.path.join(run_dir if "://" not in run_dir else ".", "kfp-local")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
-    return local_pipeline(dataset_uri=dataset, run_dir=run_dir, extra=list(extra), **params)
+    original_print = builtins.print
+    try:
+        return local_pipeline(dataset_uri=dataset, run_dir=run_dir, extra=list(extra), **params)
+    finally:
+        # kfp.local indents task logs by swapping builtins.print; with ParallelFor iterations running in
+        # threads the swaps interleave and an indenting print can be left behind (kfp 2.17.0)
+        builtins.print = original_print
 
 
 def main(argv=None) -> int:
