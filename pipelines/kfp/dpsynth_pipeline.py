@@ -62,7 +62,7 @@ import json, pathlib, subprocess, sys
 out = pathlib.Path(sys.argv[1])
 ids = json.loads(subprocess.run(sys.argv[2:], check=True, stdout=subprocess.PIPE, text=True).stdout)
 out.parent.mkdir(parents=True, exist_ok=True)
-out.write_text(ids["parent_run_id"])
+out.write_text(ids["parent_run_id"] or "")  # "" when MLflow tracking is off
 """
 
 
@@ -134,7 +134,7 @@ def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: s
                           stdout=subprocess.PIPE, text=True)
     print(done.stdout)
     ids = json.loads(done.stdout) if command == "pipeline start" else {"parent_run_id": parent_run_id}
-    return NamedTuple("Outputs", [("parent_run_id", str)])(ids["parent_run_id"])
+    return NamedTuple("Outputs", [("parent_run_id", str)])(ids["parent_run_id"] or "")  # "": tracking off
 
 
 # --- the wiring both flavours share -------------------------------------------------------------

@@ -89,7 +89,7 @@ def _context(args, cfg: RunConfig | None = None):
     from dpsynth.stages.common import StageContext
 
     cfg = cfg or load_config(args.config, overrides=args.overrides)
-    return StageContext.create(cfg, run_dir=args.run_dir, parent_run_id=getattr(args, "parent_run_id", None),
+    return StageContext.create(cfg, run_dir=args.run_dir, parent_run_id=getattr(args, "parent_run_id", None) or None,
                                pipeline_run_id=getattr(args, "pipeline_run_id", None), force=getattr(args, "force", False))
 
 
