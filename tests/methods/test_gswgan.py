@@ -25,19 +25,13 @@ from dpsynth.models.gswgan import Classifier, Discriminator, Generator
 from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dpsynth.stages.partition import assign
 from tests.privacy.test_wor import autodp_acct, autodp_mechanism_epsilon
+from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
 K = 3
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from dpsynth import storage
 from dpsynth.data import import_source, read_parquet, write_parquet
@@ -14,6 +13,7 @@ from dpsynth.methods.gswgan import audit_invariants
 from dpsynth.privacy import MechanismTrace
 from tests.stages.helpers import MNIST, manifest, stage
 from tests.stages.helpers import TINY as STAGE_SETTINGS
+from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
 
@@ -28,13 +28,6 @@ def source(tmp_path_factory) -> str:
     write_parquet(import_source(MNIST).subset(np.arange(600)), path)
     return str(path)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("method", ["gswgan", "dpac"])

@@ -20,16 +20,10 @@ from dpsynth.models.dcgan import Discriminator
 from dpsynth.privacy import MechanismTrace, grouping
 from dpsynth.privacy.dpsgd import GradientSanitizer
 from dpsynth.stages.partition import public_mask
+from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ import pytest
 
 from dpsynth.data import import_source, write_parquet
 from tests.stages.helpers import MNIST, stages
+from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 
 @pytest.fixture(scope="session")
@@ -26,13 +27,3 @@ def trained(tmp_path, source):
     stages(run_dir, source, "partition", "warmstart", "train")
     return run_dir
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models: one intra-op thread avoids oversubscription when other processes share the CPU."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

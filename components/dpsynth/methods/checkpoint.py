@@ -41,3 +41,19 @@ def load_latest(directory: str | Path, *, fingerprint: str) -> dict | None:
             "choose a new output.dir or set output.resume=false to start over"
         )
     return state
+
+
+def begin(trainer, cfg, out: Path) -> Path:
+    """What every trainer does before its loop: restore ``trainer`` from the last checkpoint in
+    ``out/checkpoints`` (when ``output.resume``) and write the resolved config; returns the
+    checkpoint directory."""
+    from dpsynth.config import dump_config
+
+    ckpt_dir = out / "checkpoints"
+    if cfg.output.resume:
+        state = load_latest(ckpt_dir, fingerprint=cfg.fingerprint())
+        if state is not None:
+            trainer.load_state_dict(state)
+    out.mkdir(parents=True, exist_ok=True)
+    storage.write_text(out / "config.yaml", dump_config(cfg))
+    return ckpt_dir

@@ -440,13 +440,7 @@ class GSWGANTrainer:
         """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
         cfg, o = self.cfg, self.cfg.output
         started = time.monotonic()
-        ckpt_dir = self.out / "checkpoints"
-        if o.resume:
-            state = checkpoint.load_latest(ckpt_dir, fingerprint=cfg.fingerprint())
-            if state is not None:
-                self.load_state_dict(state)
-        self.out.mkdir(parents=True, exist_ok=True)
-        storage.write_text(self.out / "config.yaml", dump_config(cfg))
+        ckpt_dir = checkpoint.begin(self, cfg, self.out)
         run_ctx = self._mlflow_run() if cfg.tracking.enabled else _null_run()
         with run_ctx as run:
             bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{self.method} private iterations",

@@ -42,7 +42,7 @@ from torch.func import functional_call, grad, vmap
 from tqdm import tqdm
 
 from dpsynth import storage, tracking
-from dpsynth.config import RunConfig, dump_config
+from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
 from dpsynth.grids import class_grid
@@ -427,13 +427,7 @@ class ZhangTrainer:
         """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
         cfg, o = self.cfg, self.cfg.output
         started = time.monotonic()
-        ckpt_dir = self.out / "checkpoints"
-        if o.resume:
-            state = checkpoint.load_latest(ckpt_dir, fingerprint=cfg.fingerprint())
-            if state is not None:
-                self.load_state_dict(state)
-        self.out.mkdir(parents=True, exist_ok=True)
-        storage.write_text(self.out / "config.yaml", dump_config(cfg))
+        ckpt_dir = checkpoint.begin(self, cfg, self.out)
 
         run_ctx = _logged_run(self, cfg.tracking.uri or tracking.default_tracking_uri(self.out),
                               cfg.tracking.experiment or tracking.experiment_name(self.dataset_name)) \

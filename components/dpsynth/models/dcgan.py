@@ -49,7 +49,23 @@ class Discriminator(nn.Module):
         return self.net(torch.cat([x, label_map], dim=1)).view(-1)
 
 
-class Generator(nn.Module):
+class ConditionalGenerator(nn.Module):
+    """What every dpsynth generator offers besides ``forward(z, y)``: ``num_classes``, ``latent_dim``
+    and :meth:`sample` (the interface ``dpsynth sample`` relies on)."""
+
+    num_classes: int
+    latent_dim: int
+
+    def sample(self, n: int, *, labels: torch.Tensor | None = None, generator: torch.Generator | None = None):
+        """Draw n images (and their labels, uniform over classes unless given); z ~ N(0, I)."""
+        device = next(self.parameters()).device
+        if labels is None:
+            labels = torch.randint(0, self.num_classes, (n,), device=device, generator=generator)
+        z = torch.randn(n, self.latent_dim, device=device, generator=generator)
+        return self(z, labels), labels
+
+
+class Generator(ConditionalGenerator):
     """G(z, y) -> image in [-1, 1].
 
     The latent and the label each pass through their own first layer to a 4×4 map of 2·width
@@ -81,13 +97,6 @@ class Generator(nn.Module):
         h_y = F.leaky_relu(self.label_branch(y.view(-1)).view(-1, 2 * self.width, 4, 4), 0.2)
         return self.net(torch.cat([h_z, h_y], dim=1))
 
-    def sample(self, n: int, *, labels: torch.Tensor | None = None, generator: torch.Generator | None = None):
-        """Draw n images (and their labels, uniform over classes unless given)."""
-        device = next(self.parameters()).device
-        if labels is None:
-            labels = torch.randint(0, self.num_classes, (n,), device=device, generator=generator)
-        z = torch.randn(n, self.latent_dim, device=device, generator=generator)
-        return self(z, labels), labels
 
 
 def count_parameters(module: nn.Module) -> int:

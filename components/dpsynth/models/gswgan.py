@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
 from dpsynth.errors import ConfigError
+from dpsynth.models.dcgan import ConditionalGenerator
 
 SUPPORTED_SIZES = (28, 32)
 
@@ -48,7 +49,7 @@ class GBlock(nn.Module):
         return h + self.shortcut(F.interpolate(x, scale_factor=2))
 
 
-class Generator(nn.Module):
+class Generator(ConditionalGenerator):
     """G(z, y) -> image in [-1, 1]; conditional through a one-hot label concatenated to z."""
 
     def __init__(self, *, num_classes: int, channels: int = 1, image_size: int = 28, width: int = 64,
@@ -69,14 +70,6 @@ class Generator(nn.Module):
         h = pixel_norm(F.relu(h.view(-1, 4 * self.width, 4, 4)))
         x = self.out(self.blocks(h))[:, :, : self.image_size, : self.image_size]
         return torch.tanh(x)
-
-    def sample(self, n: int, *, labels: torch.Tensor | None = None, generator: torch.Generator | None = None):
-        """Draw n images (and their labels, uniform over classes unless given); z ~ N(0, I)."""
-        device = next(self.parameters()).device
-        if labels is None:
-            labels = torch.randint(0, self.num_classes, (n,), device=device, generator=generator)
-        z = torch.randn(n, self.latent_dim, device=device, generator=generator)
-        return self(z, labels), labels
 
 
 class Discriminator(nn.Module):

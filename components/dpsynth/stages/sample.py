@@ -25,7 +25,7 @@ STAGE = "sample"
 SECTIONS = ("sample",)
 GENERATOR_FORMAT = "dpsynth.generator/1"
 # The generator classes a generator file may name (an allow-list: the file is data, not code).
-# Each is built with the file's "model" keywords and has the interface of dcgan.Generator: a
+# Each is built with the file's "model" keywords and is a dpsynth.models.dcgan.ConditionalGenerator: a
 # ``num_classes`` attribute and ``sample(n, labels=, generator=) -> (images in [-1, 1] NCHW, labels)``.
 GENERATOR_CLASSES = {name: name for name in (
     "dpsynth.models.dcgan.Generator",
