@@ -58,8 +58,14 @@ FULL_SUITE = ("cnn", "mlp", "adaboost", "bagging", "bernoulli_nb", "decision_tre
               "linear_svc", "logreg", "random_forest", "xgboost")  # the rows of Tables A1–A2
 
 
+QUICK_EXTRA = "logreg"  # seconds, beside the headline classifier of the quick suite
+
+
 def suite(cfg) -> tuple[str, ...]:
-    return FULL_SUITE if cfg.evaluate.suite == "full" else (cfg.evaluate.classifier,)
+    """full: every classifier of Tables A1–A2; quick: ``evaluate.classifier`` (the headline) and logreg."""
+    if cfg.evaluate.suite == "full":
+        return FULL_SUITE
+    return tuple(dict.fromkeys((cfg.evaluate.classifier, QUICK_EXTRA)))
 
 
 def flat(ds: ImageDataset) -> np.ndarray:

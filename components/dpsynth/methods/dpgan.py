@@ -30,10 +30,10 @@ from dpsynth.config import RunConfig, dump_config
 from dpsynth.data import ImageDataset
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import checkpoint
+from dpsynth.methods import checkpoint, warmup
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
-from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
+from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, central_images, check_delta
 from dpsynth.privacy.dpsgd import GradientSanitizer
 
 # Opacus' hooks fire on module outputs because image inputs need no gradient; that is expected.
@@ -69,6 +69,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def warmup_trace(cfg: RunConfig) -> MechanismTrace:
+    """The events of the private warm-up that precede training (empty without one)."""
+    return MechanismTrace([central_images.event_for(cfg.warmup.noise_multiplier)] if cfg.warmup.central_images else [])
+
+
 def plan_privacy(cfg: RunConfig, n: int) -> tuple[MechanismEvent, int, BudgetGuard]:
     """The per-step mechanism event, the number of steps training will take, and its guard."""
     p, t = cfg.privacy, cfg.train
@@ -76,14 +81,16 @@ def plan_privacy(cfg: RunConfig, n: int) -> tuple[MechanismEvent, int, BudgetGua
     q = t.batch_size / n
     if q > 1:
         raise PrivacyError(f"train.batch_size: {t.batch_size} exceeds the {n} training records")
+    prefix = warmup_trace(cfg)
     sigma = p.noise_multiplier
     if sigma is None:
         sigma = calibrate_noise(
-            target_epsilon=p.epsilon, delta=p.delta, sample_rate=q, steps=t.steps, accountant=p.accountant
+            target_epsilon=p.epsilon, delta=p.delta, sample_rate=q, steps=t.steps, accountant=p.accountant,
+            prefix=prefix,
         )
     event = MechanismEvent(sampling="poisson", sample_rate=q, noise_multiplier=sigma, sensitivity="add_remove")
     guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=p.accountant, event=event)
-    steps = min(t.steps, guard.max_steps)
+    steps = min(t.steps, guard.remaining(prefix))
     if steps < 1:
         raise PrivacyError(
             f"privacy.epsilon: {p.epsilon} does not allow a single step at noise multiplier {sigma:.4g} "
@@ -164,6 +171,16 @@ class DPGANTrainer:
         self.step += 1
         self.since_g += 1
 
+    # --- the private warm-up (dpsynth.methods.warmup), before the first step -----------------
+    def warm_up(self) -> None:
+        """Release the central images (one event in the trace) and fit G to them (post-processing)."""
+        w = self.cfg.warmup
+        means = central_images.central_images(self.images, self.labels, num_classes=self.num_classes, clip=w.clip,
+                                              noise_multiplier=w.noise_multiplier, generator=self.rng)
+        self.trace.record(central_images.event_for(w.noise_multiplier))
+        warmup.fit_generator(self.G, warmup.clean(means), steps=w.steps, batch_size=w.batch_size, lr=w.lr,
+                             generator=self.rng)
+
     # --- one generator step (Algorithm 1, lines 10–14) ---------------------------------
     def generator_step(self) -> None:
         B = self.cfg.train.batch_size
@@ -228,6 +245,10 @@ class DPGANTrainer:
 
         run_ctx = self._mlflow_run() if cfg.tracking.enabled else _null_run()
         with run_ctx as run:
+            if cfg.warmup.central_images and self.trace.steps == 0:
+                self.warm_up()
+                if o.checkpoint_every:
+                    checkpoint.save(ckpt_dir, self.state_dict())
             bar = tqdm(total=self.total_steps, initial=self.step, desc="DP discriminator steps",
                        unit="step", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
             while self.step < self.total_steps:

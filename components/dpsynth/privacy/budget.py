@@ -75,13 +75,19 @@ class BudgetGuard:
         )
 
     def remaining(self, trace: MechanismTrace) -> int:
-        """How many more ``event`` steps ``trace`` may take."""
-        if all(e.same_mechanism(self.event) for e in trace.events):
-            return max(0, self.max_steps - trace.steps)
-        key = trace.events
-        if self._other is None or self._other[0] != key:
-            self._other = (key, self._additional(trace))
-        return self._other[1]
+        """How many more ``event`` steps ``trace`` may take.
+
+        The trailing run of ``event`` steps is counted; what comes before it (a warm-up release,
+        say) is accounted in full once and cached, so a training loop asks at no cost.
+        """
+        events, tail = trace.events, 0
+        if events and events[-1].same_mechanism(self.event):  # the trace merges a run into one event
+            tail, events = events[-1].count, events[:-1]
+        if not events:
+            return max(0, self.max_steps - tail)
+        if self._other is None or self._other[0] != events:
+            self._other = (events, self._additional(MechanismTrace(events)))
+        return max(0, self._other[1] - tail)
 
     def can_step(self, trace: MechanismTrace, n: int = 1) -> bool:
         """False when the next ``n`` steps would take ``trace`` over the budget."""

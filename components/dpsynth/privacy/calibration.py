@@ -102,8 +102,10 @@ def calibrate_noise(
     sampling: str = "poisson",
     sensitivity: str = "add_remove",
     rel_tol: float = 0.01,
+    prefix: MechanismTrace | None = None,
 ) -> float:
-    """The noise multiplier σ for which ``steps`` events spend at most ``target_epsilon``.
+    """The noise multiplier σ for which ``steps`` events spend at most ``target_epsilon``
+    (after the events of ``prefix``, e.g. a warm-up release, when given).
 
     Guarantees ε(σ) ≤ target_epsilon (ε as ``accountant`` computes it) and
     ε(σ·(1 − rel_tol)) > target_epsilon: never over budget, at most ``rel_tol`` more noise
@@ -121,15 +123,16 @@ def calibrate_noise(
     probe = MechanismEvent(
         sampling=sampling, sample_rate=sample_rate, noise_multiplier=1.0, sensitivity=sensitivity, count=steps
     )
-    acc.check(MechanismTrace([probe]))
+    before = tuple(prefix.events) if prefix is not None else ()
+    acc.check(MechanismTrace([*before, probe]))
     width = -math.log1p(-rel_tol)
 
     def g_for(a: Accountant) -> Callable[[float], float]:
-        return lambda sigma: _log_ratio(a.epsilon([probe.with_noise(sigma)], delta=delta), target)
+        return lambda sigma: _log_ratio(a.epsilon([*before, probe.with_noise(sigma)], delta=delta), target)
 
     start, slope = 1.0, 1.0  # ε ∝ 1/σ is the large-σ law
     rdp = get_accountant("rdp")
-    if acc.name != "rdp" and rdp.supports(probe):
+    if acc.name != "rdp" and all(rdp.supports(e) for e in (*before, probe)):
         g_rdp = g_for(rdp)
         try:
             start = _search_sigma(g_rdp, start=start, slope=slope, width=width / 4)

@@ -42,11 +42,11 @@ import math
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.errors import AuditFailed, DpsynthError
-from dpsynth.privacy import MechanismTrace, PRVAccountant, check_delta, get_accountant
+from dpsynth.privacy import MechanismTrace, PRVAccountant, central_images, check_delta, get_accountant
 from dpsynth.stages import common, manifest
 
 STAGE = "audit"
-SECTIONS = ("data", "partition", "privacy", "train")
+SECTIONS = ("data", "partition", "privacy", "train", "warmup")
 FORMAT = "dpsynth.audit/2"
 RDP_RELATIVE_TOLERANCE = 1e-9  # floating-point rounding only
 CLAIM_TOLERANCE = 1e-6  # relative: the trainer's RDP/WOR claim vs the audit's recomputation
@@ -59,17 +59,30 @@ def _check(name: str, ok: bool, detail: str) -> dict:
     return {"name": name, "passed": bool(ok), "detail": detail}
 
 
+def _warmup_invariants(cfg, trace: MechanismTrace) -> tuple[list[dict], list]:
+    """The private warm-up's release (when configured) must open the trace, exactly as planned;
+    returns its checks and the events after it."""
+    events = list(trace.events)
+    if not cfg.warmup.central_images:
+        return [], events
+    expected = central_images.event_for(cfg.warmup.noise_multiplier)
+    first = events[0] if events else None
+    ok = first is not None and first == expected
+    return [_check("warmup", ok, f"{first} opens the trace; expected the central-image release {expected}")], events[1:]
+
+
 def _dpgan_invariants(cfg, trace: MechanismTrace, n: int) -> list[dict]:
     q = cfg.train.batch_size / n
-    checks = []
-    for i, e in enumerate(trace.events):
+    checks, events = _warmup_invariants(cfg, trace)
+    for i, e in enumerate(events):
         ok = (e.sampling == "poisson" and e.sensitivity == "add_remove"
               and math.isclose(e.sample_rate, q, rel_tol=1e-9)
               and (cfg.privacy.noise_multiplier is None
                    or math.isclose(e.noise_multiplier, cfg.privacy.noise_multiplier, rel_tol=1e-12)))
         checks.append(_check(f"event[{i}]", ok, f"{e.sampling}/{e.sensitivity} q={e.sample_rate:.6g} "
                              f"σ={e.noise_multiplier:.6g} × {e.count}; expected poisson/add_remove q=B/n={q:.6g}"))
-    checks.append(_check("steps", trace.steps <= cfg.train.steps, f"{trace.steps} steps, train.steps={cfg.train.steps}"))
+    steps = sum(e.count for e in events)
+    checks.append(_check("steps", steps <= cfg.train.steps, f"{steps} steps, train.steps={cfg.train.steps}"))
     return checks
 
 

@@ -27,7 +27,7 @@ from dpsynth.data import read_parquet
 from dpsynth.stages import common, manifest
 
 STAGE = "train"
-SECTIONS = ("data", "partition", "privacy", "train")
+SECTIONS = ("data", "partition", "privacy", "train", "warmup")
 # The config sections a method's trainer reads besides SECTIONS (part of the stage's fingerprint).
 METHOD_SECTIONS = {"zhang": ("zhang",)}
 METHOD_SECTIONS.update(gswgan=("gswgan",), dpac=("gswgan", "dpac"))

@@ -1,0 +1,76 @@
+"""The private warm-up any method can run before its private training (``warmup`` section).
+
+After Li et al., "From Easy to Hard: Building a Shortcut for Differentially Private Image
+Synthesis" (2025): first learn the easy, low-sensitivity part of the data — each class's mean
+image, released once by a Gaussian mechanism (:mod:`dpsynth.privacy.central_images`, one event in
+the mechanism trace, composed with training by the same accountant) — then spend the private
+training steps on the hard part.
+
+The generator is fitted to the released central images under deformations that its latent code
+chooses: the first six coordinates of z pick a rotation, shear, scale, shift and stroke width, and
+G(z, y) regresses onto the class-y central image deformed that way. That reads only the released
+means, so it is post-processing and costs no further privacy; it leaves G producing varied,
+digit-shaped images for every class, from which private training starts.
+
+>>> means = torch.zeros(2, 1, 28, 28); means[1, :, 10:18, 12:16] = 1.0
+>>> x = deform(means[torch.tensor([0, 1, 1])], torch.rand(3, 6, generator=torch.Generator().manual_seed(0)))
+>>> tuple(x.shape), bool(x[0].eq(-1).all()), bool(x[1].gt(-1).any())
+((3, 1, 28, 28), True, True)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+LATENT_CONTROLS = 6  # z coordinates that choose the deformation
+
+
+def deform(x: torch.Tensor, u: torch.Tensor, *, max_rotate: float = 15.0, max_shear: float = 0.25,
+           scale: tuple[float, float] = (0.85, 1.1), max_shift: float = 0.1) -> torch.Tensor:
+    """Deform images ``x`` (N×C×H×W in [-1, 1]) by uniforms ``u`` (N×6 in [0, 1]): rotation, shear,
+    scale, x and y shift (fractions of the side), then stroke width (thinner below 1/3, thicker above 2/3)."""
+    a = (2 * u[:, 0] - 1) * max_rotate * math.pi / 180
+    shear = (2 * u[:, 1] - 1) * max_shear
+    s = scale[0] + (scale[1] - scale[0]) * u[:, 2]
+    tx, ty = (2 * u[:, 3] - 1) * max_shift * 2, (2 * u[:, 4] - 1) * max_shift * 2
+    cos, sin = torch.cos(a) / s, torch.sin(a) / s
+    theta = torch.stack([torch.stack([cos, -sin + shear, tx], 1), torch.stack([sin, cos, ty], 1)], 1)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    x = F.grid_sample(x + 1, grid, align_corners=False, padding_mode="zeros") - 1  # background stays -1
+    thick = F.max_pool2d(x, 3, 1, 1)
+    thin = -F.max_pool2d(-x, 3, 1, 1)
+    w = u[:, 5].view(-1, 1, 1, 1)
+    x = torch.where(w > 2 / 3, 0.5 * (x + thick), torch.where(w < 1 / 3, 0.5 * (x + thin), x))
+    return x.clamp(-1, 1)
+
+
+def clean(means: torch.Tensor, *, floor: float = 0.15) -> torch.Tensor:
+    """Post-process noisy central images: pixels below ``floor`` (on [0, 1]) become background and
+    each class is stretched so its brightest pixel is white."""
+    m = (means + 1) / 2
+    m = (m - floor).clamp(min=0)
+    m = m / m.flatten(1).amax(1).clamp(min=1e-6).view(-1, *[1] * (m.dim() - 1))
+    return m * 2 - 1
+
+
+def fit_generator(G, means: torch.Tensor, *, steps: int, batch_size: int, lr: float, generator: torch.Generator) -> float:
+    """Regress G(z, y) onto ``deform(means[y], Φ(z[:, :6]))`` for ``steps`` Adam steps; returns the last loss."""
+    if G.latent_dim < LATENT_CONTROLS:
+        raise ValueError(f"warmup: the generator's latent_dim must be >= {LATENT_CONTROLS}")
+    device = next(G.parameters()).device
+    means = means.to(device)
+    opt = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.5, 0.999))
+    loss = torch.tensor(float("nan"))
+    for _ in range(steps):
+        y = torch.randint(0, len(means), (batch_size,), device=device, generator=generator)
+        z = torch.randn(batch_size, G.latent_dim, device=device, generator=generator)
+        with torch.no_grad():
+            target = deform(means[y], 0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2))))
+        loss = F.mse_loss(G(z, y), target)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return float(loss.detach())
