@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make run`: the six stages through Airflow on the bundled MNIST, with no services running:
 # `airflow dags test dpsynth_train` executes the DAG in-process (Airflow venv), each stage runs in
-# the stage venv, MLflow writes to a local SQLite store. Prints the per-stage table at the end.
+# the stage venv, MLflow writes to a local SQLite store. The terminal shows each task as it starts and
+# the stages' own messages and progress bars; the full output goes to a log file. Prints the per-stage
+# table at the end.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-outputs}
@@ -27,13 +29,25 @@ mkdir -p "$AIRFLOW_HOME"
 CONF=$(printf '{"dataset_uri": "%s", "config": "%s", "run_root": "%s/runs", "tracking_uri": "%s", "pipeline_run_id": "%s"}' \
        "$DATASET" "$CONFIG" "$ROOT" "$TRACKING" "$RUN_ID")
 LOG="$AIRFLOW_HOME/$RUN_ID.log"
-echo "airflow dags test dpsynth_train (pipeline run $RUN_ID); task logs: $LOG"
+
+# What the terminal shows of Airflow's output (all of it goes to $LOG): the task starting, the lines of
+# the `dpsynth` logger and the progress bars of the stage processes, Airflow's errors, the end of the run.
+progress() {
+    awk '/\[DAG TEST\] starting task_id=/ { match($0, /task_id=[^ ]+/); task = substr($0, RSTART + 8, RLENGTH - 8)
+                                           if (match($0, /map_index=[0-9]+/)) task = task " #" substr($0, RSTART + 10, RLENGTH - 10)
+                                           print "-- task " task; fflush(); next }
+         /DagRun Finished/ { match($0, /state=[a-z]+/); print "-- DAG run finished: " substr($0, RSTART, RLENGTH); fflush(); next }
+         /^[0-9][0-9]:[0-9][0-9]:[0-9][0-9] dpsynth / || /%\|/ || /\[error/ { print "   " $0; fflush() }'
+}
+
+echo "airflow dags test dpsynth_train (pipeline run $RUN_ID); full log: $LOG"
 SECONDS=0
-if ! .venv/airflow/bin/airflow dags test dpsynth_train -c "$CONF" > "$LOG" 2>&1; then
+if ! .venv/airflow/bin/airflow dags test dpsynth_train -c "$CONF" 2>&1 | tee "$LOG" | progress; then
     tail -n 40 "$LOG"
-    echo "the DAG run failed; full log: $LOG" >&2
+    echo "the DAG run failed after ${SECONDS} s; full log: $LOG" >&2
     exit 1
 fi
-echo "DAG run succeeded in ${SECONDS} s"
+echo "DAG run succeeded in ${SECONDS} s; full log: $LOG"
 .venv/stage/bin/dpsynth pipeline show --config "$CONFIG" --run-dir "$ROOT/runs/$RUN_ID" \
     --pipeline-run-id "$RUN_ID" --set "tracking.uri=$TRACKING"
+echo "Look at it in the MLflow UI:  make mlflow-ui${OUT:+ OUT=$OUT}   (then http://127.0.0.1:5000)"
