@@ -30,14 +30,24 @@ CONF=$(printf '{"dataset_uri": "%s", "config": "%s", "run_root": "%s/runs", "tra
        "$DATASET" "$CONFIG" "$ROOT" "$TRACKING" "$RUN_ID")
 LOG="$AIRFLOW_HOME/$RUN_ID.log"
 
-# What the terminal shows of Airflow's output (all of it goes to $LOG): the task starting, the lines of
-# the `dpsynth` logger and the progress bars of the stage processes, Airflow's errors, the end of the run.
+# What the terminal shows of Airflow's output (all of it goes to $LOG): each task as it starts, the lines
+# of the `dpsynth` logger and the progress bars of the stage processes, Airflow's errors, the end of the
+# run. (`read` takes each line as it comes; awk would wait for a full input buffer.)
 progress() {
-    awk '/\[DAG TEST\] starting task_id=/ { match($0, /task_id=[^ ]+/); task = substr($0, RSTART + 8, RLENGTH - 8)
-                                           if (match($0, /map_index=[0-9]+/)) task = task " #" substr($0, RSTART + 10, RLENGTH - 10)
-                                           print "-- task " task; fflush(); next }
-         /DagRun Finished/ { match($0, /state=[a-z]+/); print "-- DAG run finished: " substr($0, RSTART, RLENGTH); fflush(); next }
-         /^[0-9][0-9]:[0-9][0-9]:[0-9][0-9] dpsynth / || /%\|/ || /\[error/ { print "   " $0; fflush() }'
+    local line task index state
+    while IFS= read -r line; do
+        case "$line" in
+            *"[DAG TEST] starting task_id="*)
+                task=${line#*task_id=}; task=${task%% *}
+                index=${line#*map_index=}; index=${index%% *}
+                [[ $index == -1 ]] || task="$task #$index"
+                echo "-- task $task" ;;
+            *"DagRun Finished"*)
+                state=${line#*, state=}; echo "-- DAG run finished: ${state%%[ ,]*}" ;;
+            [0-9][0-9]:[0-9][0-9]:[0-9][0-9]" dpsynth "* | *"%|"* | *"[error"*)
+                echo "   $line" ;;
+        esac
+    done
 }
 
 echo "airflow dags test dpsynth_train (pipeline run $RUN_ID); full log: $LOG"
