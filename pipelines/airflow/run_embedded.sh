@@ -26,8 +26,23 @@ mkdir -p "$AIRFLOW_HOME"
 .venv/stage/bin/python -c "import mlflow; mlflow.MlflowClient('$TRACKING').search_experiments()" 2>/dev/null
 .venv/airflow/bin/airflow db migrate > "$AIRFLOW_HOME/db-migrate.log" 2>&1
 
-CONF=$(printf '{"dataset_uri": "%s", "config": "%s", "run_root": "%s/runs", "tracking_uri": "%s", "pipeline_run_id": "%s"}' \
-       "$DATASET" "$CONFIG" "$ROOT" "$TRACKING" "$RUN_ID")
+# The DAG's trigger form: the settings it has a field for come from $CONFIG (each field's --set
+# overrides the config file, so leaving one at the form's default would change the run).
+CONF=$(.venv/stage/bin/python - "$CONFIG" "$DATASET" "$ROOT/runs" "$TRACKING" "$RUN_ID" <<'PY'
+import json, sys
+from dpsynth.config import load_config
+from dpsynth.errors import DpsynthError
+config, dataset, run_root, tracking, run_id = sys.argv[1:]
+try:
+    c = load_config(config)
+except DpsynthError as exc:
+    sys.exit(f"dpsynth: error: {exc}")
+print(json.dumps({"dataset_uri": dataset, "config": config, "run_root": run_root, "tracking_uri": tracking,
+                  "pipeline_run_id": run_id, "method": c.train.method, "epsilon": c.privacy.epsilon,
+                  "delta": c.privacy.delta, "steps": c.train.steps, "num_shards": c.partition.num_shards,
+                  "n_d": str(c.train.n_d), "seed": c.train.seed}))
+PY
+)
 LOG="$AIRFLOW_HOME/$RUN_ID.log"
 
 # What the terminal shows of Airflow's output (all of it goes to $LOG): each task as it starts, the lines
