@@ -16,6 +16,7 @@ import sys
 from dpsynth import __version__, log
 from dpsynth.errors import DpsynthError
 
+
 def build_parser() -> argparse.ArgumentParser:
     from dpsynth.data import cli as data_cli
     from dpsynth.methods import cli as train_cli
@@ -64,7 +65,10 @@ def run_config_show(args: argparse.Namespace) -> int:
     from dpsynth.stages.common import redacted
 
     cfg = redacted(load_config(args.config, overrides=args.overrides))
-    print(json.dumps(cfg.to_dict(), indent=2) if args.json else dump_config(cfg), end="\n" if args.json else "")
+    if args.json:
+        print(json.dumps(cfg.to_dict(), indent=2))
+    else:
+        print(dump_config(cfg), end="")
     return 0
 
 

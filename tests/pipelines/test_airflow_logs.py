@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -45,11 +46,12 @@ import io, json, os, sys
 sys.path.insert(0, {dags!r})
 import dpsynth_pipeline as p
 
+p.QUIET = {quiet!r}
 seen = []
 def write(line, flush=False):
     seen.append(line)
-    if "partition: started" in line:
-        open({go!r}, "w").close()  # only now may the stage go on: its first line came through first
+    if {signal!r} in line:
+        open({go!r}, "w").close()  # only now may the stage go on: this line came through first
 
 p.print = write  # the task log
 try:
@@ -64,13 +66,13 @@ print(json.dumps({{"seen": seen, "result": result, "error": error, "throttled": 
 """
 
 
-def run_task(tmp_path: Path, exit_code: int) -> dict:
+def run_task(tmp_path: Path, exit_code: int, *, signal: str = "partition: started", quiet: float = 600.0) -> dict:
     go, stage = tmp_path / "go", tmp_path / "dpsynth"
     stage.write_text(STAGE.format(python=sys.executable, go=str(go), exit=exit_code))
     stage.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DPSYNTH_"))}
     env.update(DPSYNTH_STAGE_BIN=str(stage), AIRFLOW_HOME=str(tmp_path / "airflow-home"))
-    proc = subprocess.run([str(AIRFLOW_PYTHON), "-c", textwrap.dedent(CHECK.format(dags=str(DAGS), go=str(go)))],
+    proc = subprocess.run([str(AIRFLOW_PYTHON), "-c", textwrap.dedent(CHECK.format(dags=str(DAGS), go=str(go), signal=signal, quiet=quiet))],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-5000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -91,3 +93,11 @@ def test_a_failing_stage_raises_with_the_end_of_its_stderr(tmp_path):
     out = run_task(tmp_path, exit_code=3)
     assert out["result"] is None
     assert out["error"].startswith("dpsynth partition exited 3:") and "steps 3/3" in out["error"]
+
+
+def test_a_silent_stage_gets_a_still_running_line(tmp_path):
+    # the stand-in goes on only once the task log said it is still running
+    out = run_task(tmp_path, exit_code=0, signal="still running", quiet=0.5)
+    assert out["error"] is None
+    (beat,) = [line for line in out["seen"] if "still running" in line][:1]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d dpsynth INFO partition: still running, \d+ s so far", beat)

@@ -54,21 +54,41 @@ def params(dataset_uri: str = DATASET_URI) -> dict:
 
 
 PROGRESS_EVERY = 30.0  # seconds between the progress-bar refreshes copied into the task log
+QUIET = 50.0  # seconds of silence after which the task log says the stage is still running
 
 
 def _run_local(argv: list[str]):
     """The stage CLI in the stage venv; its JSON output, or an error with the end of its stderr.
 
     The stage's stderr (its log lines and progress bars) goes into the task log line by line while it
-    runs, so a long stage is never silent; stdout is kept for the JSON result."""
+    runs, and a stage silent for ``QUIET`` seconds gets a "still running" line, so the log is never
+    silent for a minute; stdout is kept for the JSON result."""
     command = [*pods.local_command(), *argv]
-    print(f"dpsynth {argv[0]}: running {shlex.join(command)}", flush=True)
+    started = last = time.monotonic()
+
+    def write(line: str) -> None:
+        nonlocal last
+        last = time.monotonic()
+        print(line, flush=True)
+
+    def heartbeat() -> None:
+        while not done.wait(5):
+            if time.monotonic() - last >= QUIET:
+                write(f"{time.strftime('%H:%M:%S')} dpsynth INFO {argv[0]}: still running, "
+                      f"{time.monotonic() - started:.0f} s so far")
+
+    write(f"dpsynth {argv[0]}: running {shlex.join(command)}")
+    done = threading.Event()
     with subprocess.Popen(command, cwd=pods.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
         out: list[bytes] = []
         reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
         reader.start()
-        tail = stream(proc.stderr)
+        threading.Thread(target=heartbeat, daemon=True).start()
+        try:
+            tail = stream(proc.stderr, write)
+        finally:
+            done.set()
         reader.join()
     if proc.returncode != 0:
         raise RuntimeError(f"dpsynth {argv[0]} exited {proc.returncode}: " + "\n".join(tail))
