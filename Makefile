@@ -17,7 +17,7 @@ CONFIG ?= configs/dpgan-mnist-cpu.yaml
 .PHONY: image help venv airflow-venv tools-venv up down run run-train run-pipeline run-kfp kfp-yaml test test-slow bench lock airflow-lock clean mlflow-ui
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 $(STAMP): requirements/stage.lock pyproject.toml mlflow_plugins/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,7 +49,7 @@ run: $(STAMP) $(AIRFLOW_STAMP)  ## the six stages through Airflow (`airflow dags
 run-train: $(STAMP)  ## only import the bundled MNIST and train a CPU-sized DPGAN (no stages, no Airflow)
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
 	$(PY) -m dpsynth.cli train --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --set output.dir=$(OUT)/dpgan-mnist
-	@echo "Look at the runs:  $(PY) -m mlflow ui --backend-store-uri sqlite:///$(OUT)/mlflow.db --port 5000"
+	@echo "Look at the runs:  make mlflow-ui OUT=$(OUT)   (then http://127.0.0.1:5000)"
 
 run-pipeline: $(STAMP)  ## the six stages locally (partition … evaluate) on the bundled MNIST, one MLflow parent run
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
@@ -89,7 +89,7 @@ airflow-lock: $(AIRFLOW_STAMP)  ## re-freeze requirements/airflow.lock from requ
 	$(AIRFLOW_VENV)/bin/python -m pip install --quiet -r requirements/airflow.in
 	$(AIRFLOW_VENV)/bin/python -m pip freeze > requirements/airflow.lock
 
-mlflow-ui: $(STAMP)  ## open the MLflow UI on the runs `make run` wrote
+mlflow-ui: $(STAMP)  ## the MLflow UI on the runs `make run` wrote, at http://127.0.0.1:5000
 	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(OUT)/mlflow.db --port 5000
 
 clean:  ## remove outputs (keeps the environment)

@@ -1,39 +1,85 @@
-"""The ``dpsynth`` command line. Each concept registers its own sub-commands here."""
+"""The ``dpsynth`` command line. Each concept registers its own sub-commands here.
+
+Building the parser must stay cheap (``dpsynth --help`` in well under a second): the modules that
+register sub-commands import only the standard library, PyYAML and ``dpsynth.config`` at the top,
+and import torch, Opacus, MLflow, pyarrow or NumPy inside the functions that run a command
+(``tests/test_cli.py`` checks that ``--help`` imports none of them).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
 
+from dpsynth import __version__, log
 from dpsynth.errors import DpsynthError
 
 
 def build_parser() -> argparse.ArgumentParser:
     from dpsynth.data import cli as data_cli
+    from dpsynth.methods import cli as train_cli
     from dpsynth.privacy import cli as privacy_cli
     from dpsynth.privacy import ledger_cli
-    from dpsynth.methods import cli as train_cli
     from dpsynth.stages import cli as stages_cli
 
     parser = argparse.ArgumentParser(
         prog="dpsynth",
-        description="Train differentially private GANs and release generators with an auditable (ε, δ).",
+        description="Train differentially private GANs on sensitive images and release generators and\n"
+        "synthetic data with an (ε, δ) guarantee an auditor can recompute.",
+        epilog=train_cli.methods_text() + "\n\nRun `dpsynth COMMAND --help` for a command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"dpsynth {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more messages on stderr (debug); messages never go to stdout")
+    parser.add_argument("-q", "--quiet", action="count", default=0,
+                        help="fewer messages: -q warnings and errors, no progress bars; -qq errors only")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     data_cli.register(sub)
     privacy_cli.register(sub)
     ledger_cli.register(sub)
     train_cli.register(sub)
     stages_cli.register(sub)
+    _register_config(sub)
     return parser
+
+
+def _register_config(subparsers) -> None:
+    from dpsynth.stages.cli import add_config_options
+
+    config = subparsers.add_parser("config", help="print the resolved configuration",
+                                   description="Show the settings a command given the same --config and --set "
+                                   "would run with: every section, defaults filled in, validated.")
+    actions = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    show = actions.add_parser("show", help="print the resolved configuration as YAML (or JSON)",
+                              description="Load --config, apply the --set overrides, validate, and print the "
+                              "result as YAML (with --json, as JSON). The partition key is shown as a digest.")
+    add_config_options(show)
+    show.set_defaults(func=run_config_show)
+
+
+def run_config_show(args: argparse.Namespace) -> int:
+    from dpsynth.config import dump_config, load_config
+    from dpsynth.stages.common import redacted
+
+    cfg = redacted(load_config(args.config, overrides=args.overrides))
+    if args.json:
+        print(json.dumps(cfg.to_dict(), indent=2))
+    else:
+        print(dump_config(cfg), end="")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    log.configure(args.verbose - args.quiet)
     try:
         return int(args.func(args) or 0)
     except DpsynthError as exc:
+        logging.getLogger("dpsynth").debug("failed", exc_info=True)
         print(f"dpsynth: error: {exc}", file=sys.stderr)
         return 2
 

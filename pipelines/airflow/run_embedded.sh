@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make run`: the six stages through Airflow on the bundled MNIST, with no services running:
 # `airflow dags test dpsynth_train` executes the DAG in-process (Airflow venv), each stage runs in
-# the stage venv, MLflow writes to a local SQLite store. Prints the per-stage table at the end.
+# the stage venv, MLflow writes to a local SQLite store. The terminal shows each task as it starts and
+# the stages' own messages and progress bars; the full output goes to a log file. Prints the per-stage
+# table at the end.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-outputs}
@@ -24,16 +26,53 @@ mkdir -p "$AIRFLOW_HOME"
 .venv/stage/bin/python -c "import mlflow; mlflow.MlflowClient('$TRACKING').search_experiments()" 2>/dev/null
 .venv/airflow/bin/airflow db migrate > "$AIRFLOW_HOME/db-migrate.log" 2>&1
 
-CONF=$(printf '{"dataset_uri": "%s", "config": "%s", "run_root": "%s/runs", "tracking_uri": "%s", "pipeline_run_id": "%s"}' \
-       "$DATASET" "$CONFIG" "$ROOT" "$TRACKING" "$RUN_ID")
+# The DAG's trigger form: the settings it has a field for come from $CONFIG (each field's --set
+# overrides the config file, so leaving one at the form's default would change the run).
+CONF=$(.venv/stage/bin/python - "$CONFIG" "$DATASET" "$ROOT/runs" "$TRACKING" "$RUN_ID" <<'PY'
+import json, sys
+from dpsynth.config import load_config
+from dpsynth.errors import DpsynthError
+config, dataset, run_root, tracking, run_id = sys.argv[1:]
+try:
+    c = load_config(config)
+except DpsynthError as exc:
+    sys.exit(f"dpsynth: error: {exc}")
+print(json.dumps({"dataset_uri": dataset, "config": config, "run_root": run_root, "tracking_uri": tracking,
+                  "pipeline_run_id": run_id, "method": c.train.method, "epsilon": c.privacy.epsilon,
+                  "delta": c.privacy.delta, "steps": c.train.steps, "num_shards": c.partition.num_shards,
+                  "n_d": str(c.train.n_d), "seed": c.train.seed}))
+PY
+)
 LOG="$AIRFLOW_HOME/$RUN_ID.log"
-echo "airflow dags test dpsynth_train (pipeline run $RUN_ID); task logs: $LOG"
+
+# What the terminal shows of Airflow's output (all of it goes to $LOG): each task as it starts, the lines
+# of the `dpsynth` logger and the progress bars of the stage processes, Airflow's errors, the end of the
+# run. (`read` takes each line as it comes; awk would wait for a full input buffer.)
+progress() {
+    local line task index state
+    while IFS= read -r line; do
+        case "$line" in
+            *"[DAG TEST] starting task_id="*)
+                task=${line#*task_id=}; task=${task%% *}
+                index=${line#*map_index=}; index=${index%% *}
+                [[ $index == -1 ]] || task="$task #$index"
+                echo "-- task $task" ;;
+            *"DagRun Finished"*)
+                state=${line#*, state=}; echo "-- DAG run finished: ${state%%[ ,]*}" ;;
+            [0-9][0-9]:[0-9][0-9]:[0-9][0-9]" dpsynth "* | *"%|"* | *"[error"*)
+                echo "   $line" ;;
+        esac
+    done
+}
+
+echo "airflow dags test dpsynth_train (pipeline run $RUN_ID); full log: $LOG"
 SECONDS=0
-if ! .venv/airflow/bin/airflow dags test dpsynth_train -c "$CONF" > "$LOG" 2>&1; then
+if ! .venv/airflow/bin/airflow dags test dpsynth_train -c "$CONF" 2>&1 | tee "$LOG" | progress; then
     tail -n 40 "$LOG"
-    echo "the DAG run failed; full log: $LOG" >&2
+    echo "the DAG run failed after ${SECONDS} s; full log: $LOG" >&2
     exit 1
 fi
-echo "DAG run succeeded in ${SECONDS} s"
+echo "DAG run succeeded in ${SECONDS} s; full log: $LOG"
 .venv/stage/bin/dpsynth pipeline show --config "$CONFIG" --run-dir "$ROOT/runs/$RUN_ID" \
     --pipeline-run-id "$RUN_ID" --set "tracking.uri=$TRACKING"
+echo "Look at it in the MLflow UI:  make mlflow-ui${OUT:+ OUT=$OUT}   (then http://127.0.0.1:5000)"

@@ -31,8 +31,8 @@ FORM = {"dataset_uri": None, "epsilon": EPSILON, "delta": 1e-4, "steps": 10, "nu
 
 pytestmark = [
     pytest.mark.platform,
-    pytest.mark.skipif(not (REPO / ".venv" / "airflow" / "bin" / "airflow").exists(), reason=".venv/airflow is missing"),
-    pytest.mark.skipif(not shutil.which("chromium"), reason="no chromium: apt-get install -y chromium"),
+    pytest.mark.skipif(not (REPO / ".venv" / "airflow" / "bin" / "airflow").exists(), reason=".venv/airflow is missing: make airflow-venv"),
+    pytest.mark.skipif(not shutil.which("chromium"), reason="no chromium; to run them: apt-get install -y chromium (as root)"),
 ]
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from dpsynth.data.dataset import ImageDataset, read_parquet, write_parquet
-from dpsynth.data.importers import import_source
+if TYPE_CHECKING:  # the dataset modules import NumPy and pyarrow: only when a command runs
+    from dpsynth.data.dataset import ImageDataset
 
 
 def register(subparsers) -> None:
@@ -56,6 +55,9 @@ def register(subparsers) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    from dpsynth.data.dataset import write_parquet
+    from dpsynth.data.importers import import_source
+
     ds = import_source(args.src, num_classes=args.num_classes, split=args.split)
     write_parquet(ds, args.dst)
     summary = {**_basics(ds), "uri": str(args.dst)}
@@ -70,6 +72,10 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from dpsynth.data.dataset import read_parquet
+
     ds = read_parquet(args.uri)
     class_counts = np.bincount(ds.labels, minlength=ds.num_classes).tolist()
     split_names = ds.splits or [None] * len(ds)

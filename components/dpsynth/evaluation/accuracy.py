@@ -14,6 +14,7 @@ held-out generated data; nothing is ever selected on the real test data.
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import numpy as np
@@ -120,8 +121,11 @@ def evaluate(name: str, cfg, *, synthetic: ImageDataset, validation: ImageDatase
 def utility(cfg, *, synthetic: ImageDataset, validation: ImageDataset, fit_real: ImageDataset,
             test_real: ImageDataset, names: tuple[str, ...]) -> dict:
     """Every classifier of ``names`` and the averages over those that ran (Tables A1–A2's last row)."""
-    rows = [evaluate(n, cfg, synthetic=synthetic, validation=validation, fit_real=fit_real, test_real=test_real)
-            for n in names]
+    rows = []
+    for k, name in enumerate(names, 1):
+        logging.getLogger(__name__).info("evaluate: classifier %d of %d, %s", k, len(names), name)
+        rows.append(evaluate(name, cfg, synthetic=synthetic, validation=validation, fit_real=fit_real,
+                             test_real=test_real))
     ran = [r for r in rows if "skipped" not in r]
     average = {k: float(np.mean([r[k] for r in ran if r[k] is not None])) if ran else None
                for k in ("gen2real", "real", "calibrated", "real2gen")}

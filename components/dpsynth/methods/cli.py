@@ -7,24 +7,43 @@ import json
 from dataclasses import asdict
 
 from dpsynth.config import load_config
+from dpsynth.errors import ConfigError
 from dpsynth.stages import cli as stage_cli
+
+# train.method -> one line for `dpsynth --help` and `dpsynth train --help` (the values of
+# dpsynth.config.TrainConfig.method; tests/test_cli.py keeps the two in step).
+METHODS = {
+    "dpgan": 'Bie et al., "Private GANs, Revisited": DP-SGD discriminator',
+    "gswgan": "GS-WGAN, Chen et al.: sanitized gradients, one D per shard",
+    "gswgan_federated": "federated GS-WGAN: each shard a client process",
+    "dpac": "DP-GAN-DPAC: GS-WGAN plus an auxiliary classifier",
+    "zhang": 'Zhang et al., "dp-GAN": DP WGAN-GP critic, public warm start',
+}
+STANDALONE = ("dpgan",)  # the methods `dpsynth train` runs without a pipeline run directory
+
+
+def methods_text() -> str:
+    return "training methods (--set train.method=NAME):\n" + "\n".join(
+        f"  {name:<17} {text}" for name, text in METHODS.items())
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
-        help="train a DP GAN (DPGAN of 'Private GANs, Revisited') and print the ε spent",
+        help="train a DP GAN with the chosen method (train.method, default dpgan) and print the ε spent",
         description=(
             "Train a differentially private GAN. Settings come from --config (YAML with sections "
-            "data, privacy, train, output, tracking) and --set overrides, e.g. "
-            "--set privacy.epsilon=10 --set train.steps=2000. Without privacy.noise_multiplier the "
-            "noise is calibrated so that train.steps spend at most privacy.epsilon; with it, training "
-            "stops before the step that would exceed privacy.epsilon. A run resumes from the last "
-            "checkpoint in output.dir. With --run-dir (or pipeline.run_dir) it is the pipeline's train stage: "
-            "it trains on the shards of RUN_DIR/sensitive/partition and writes RUN_DIR/sensitive/train "
-            "(output.dir is not used) with a manifest and an MLflow child run."
+            "data, privacy, train, output, tracking, …) and --set overrides, e.g. "
+            "--set privacy.epsilon=10 --set train.steps=2000; `dpsynth config show` prints the result. "
+            "Without privacy.noise_multiplier the noise is calibrated so that train.steps spend at most "
+            "privacy.epsilon; with it, training stops before the step that would exceed privacy.epsilon. "
+            "Without --run-dir only dpgan trains on its own (outputs in output.dir; a run resumes from the "
+            "last checkpoint there). With --run-dir (or pipeline.run_dir) it is the pipeline's train stage, "
+            "for every method: it trains on the shards of RUN_DIR/sensitive/partition and writes "
+            "RUN_DIR/sensitive/train (output.dir is not used) with a manifest and an MLflow child run."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=methods_text(),
+        formatter_class=_Formatter,
     )
     p.add_argument("--config", help="YAML configuration file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -34,12 +53,23 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_train)
 
 
-def run_train(args) -> int:
-    from dpsynth.methods.dpgan import DPGANTrainer
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in the option help; the method list (epilog) kept one line per method."""
 
+    def _fill_text(self, text, width, indent):  # the description is a paragraph, the epilog a table
+        return text if "\n" in text else argparse.HelpFormatter._fill_text(self, text, width, indent)
+
+
+def run_train(args) -> int:
     cfg = load_config(args.config, overrides=args.overrides)
     if args.run_dir or cfg.pipeline.run_dir:
         return stage_cli.run_stage_command("train", args, cfg)
+    if cfg.train.method not in STANDALONE:
+        raise ConfigError(f"train.method: {cfg.train.method!r} trains only as a pipeline stage (its shards, warm "
+                          f"start or public data come from the partition): run `dpsynth pipeline run --run-dir DIR` "
+                          f"or `dpsynth train --run-dir DIR` after partition and warmstart; alone, `dpsynth train` "
+                          f"runs {', '.join(STANDALONE)}")
+    from dpsynth.methods.dpgan import DPGANTrainer
     from dpsynth.stages.partition import load_source
 
     result = DPGANTrainer(cfg, load_source(cfg)).train()

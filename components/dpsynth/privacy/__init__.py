@@ -5,19 +5,27 @@ The flow: training records one :class:`MechanismEvent` per step into a
 trace; the audit recomputes ε from the stored trace with :func:`epsilon`.
 """
 
-from dpsynth.privacy.accountants import (
-    ACCOUNTANTS,
-    Accountant,
-    PRVAccountant,
-    RDPAccountant,
-    epsilon,
-    get_accountant,
-    register_accountant,
-)
-from dpsynth.privacy.budget import BudgetGuard, check_delta
-from dpsynth.privacy.calibration import calibrate_noise, max_additional_steps, max_steps
-from dpsynth.privacy.events import TRACE_FORMAT, MechanismEvent, MechanismTrace, fold_releases
-from dpsynth.privacy.wor import WORAccountant, as_published_epsilon, gswgan_event  # registers "wor"
+import importlib
+
+# Imported on first use (PEP 562), so the CLI can register `dpsynth privacy` and `dpsynth ledger`
+# without loading Opacus and torch.
+_WHERE = {
+    **dict.fromkeys(["ACCOUNTANTS", "Accountant", "PRVAccountant", "RDPAccountant", "epsilon", "get_accountant",
+                     "register_accountant"], "accountants"),
+    **dict.fromkeys(["BudgetGuard", "check_delta"], "budget"),
+    **dict.fromkeys(["calibrate_noise", "max_additional_steps", "max_steps"], "calibration"),
+    **dict.fromkeys(["TRACE_FORMAT", "MechanismEvent", "MechanismTrace", "fold_releases"], "events"),
+    **dict.fromkeys(["WORAccountant", "as_published_epsilon", "gswgan_event"], "wor"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ACCOUNTANTS",

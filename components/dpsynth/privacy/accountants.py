@@ -288,3 +288,7 @@ def epsilon(
     """Upper bound on ε of ``trace`` at ``delta`` by the named accountant."""
     return get_accountant(accountant).epsilon(trace, delta=delta)
 
+
+
+# The without-replacement accountant registers itself as "wor" (it builds on the classes above).
+from dpsynth.privacy import wor as _wor  # noqa: E402,F401

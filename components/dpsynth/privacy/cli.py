@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from dpsynth.privacy.accountants import ACCOUNTANTS, epsilon
-from dpsynth.privacy.calibration import calibrate_noise
-from dpsynth.privacy.events import MechanismEvent
-from dpsynth.privacy.validation import as_count
+if TYPE_CHECKING:  # the accountants import Opacus and torch: only when a command runs
+    from dpsynth.privacy.events import MechanismEvent
 
 _MECHANISM = (
     "The mechanism is T steps of the subsampled Gaussian: per-record contributions are clipped to "
@@ -61,11 +60,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, required=True, metavar="T", help="number of steps (noise calibration needs >= 1)")
     parser.add_argument("--delta", type=float, required=True, metavar="D",
                         help="target delta, in (0, 1); use less than 1/(dataset size)")
-    parser.add_argument("--accountant", choices=sorted(ACCOUNTANTS), default=None,
+    parser.add_argument("--accountant", type=_accountant, default=None, metavar="NAME",
                         help="rdp (Renyi DP, Opacus) or prv (PRV accountant, tighter, slower) for poisson "
                         "sampling; wor (Wang-Balle-Kasiviswanathan RDP bound) for without_replacement; "
                         "default rdp, or wor with --sampling without_replacement")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def _accountant(name: str) -> str:
+    """An accountant's name, checked against the registry (imported only when the option is given)."""
+    from dpsynth.privacy.accountants import ACCOUNTANTS
+
+    if name not in ACCOUNTANTS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(sorted(ACCOUNTANTS))}, got {name!r}")
+    return name
 
 
 def _resolve(args: argparse.Namespace) -> str:
@@ -77,6 +85,9 @@ def _resolve(args: argparse.Namespace) -> str:
 
 
 def _event(args: argparse.Namespace, noise_multiplier: float) -> MechanismEvent:
+    from dpsynth.privacy.events import MechanismEvent
+    from dpsynth.privacy.validation import as_count
+
     return MechanismEvent(
         sampling=args.sampling, sample_rate=args.sample_rate, noise_multiplier=noise_multiplier,
         sensitivity=_resolve(args), count=as_count(args.steps, "steps"),
@@ -89,6 +100,8 @@ def _report(args: argparse.Namespace, result: dict, line: str) -> int:
 
 
 def run_epsilon(args: argparse.Namespace) -> int:
+    from dpsynth.privacy.accountants import epsilon
+
     event = _event(args, args.noise_multiplier)
     eps = epsilon([event], delta=args.delta, accountant=args.accountant)
     result = {
@@ -102,6 +115,9 @@ def run_epsilon(args: argparse.Namespace) -> int:
 
 
 def run_noise(args: argparse.Namespace) -> int:
+    from dpsynth.privacy.accountants import epsilon
+    from dpsynth.privacy.calibration import calibrate_noise
+
     sensitivity = _resolve(args)
     sigma = calibrate_noise(
         target_epsilon=args.epsilon, delta=args.delta, sample_rate=args.sample_rate,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from dpsynth.privacy.ledger import DEFAULT_URL, Ledger
+if TYPE_CHECKING:  # SQLAlchemy: only when a command runs
+    from dpsynth.privacy.ledger import Ledger
 
 ENV_URL = "DPSYNTH_LEDGER_URL"
 
@@ -23,7 +24,8 @@ def register(subparsers) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--db", metavar="URL",
-        help=f"SQLAlchemy URL of the ledger (default: ${ENV_URL}, else {DEFAULT_URL})",
+        help=f"SQLAlchemy URL of the ledger (default: ${ENV_URL}, else the SQLite file outputs/ledger.db, "
+        "where `make run` keeps it)",
     )
     common.add_argument("--json", action="store_true", help="print as JSON")
     actions = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
@@ -54,6 +56,8 @@ def register(subparsers) -> None:
 
 
 def open_ledger(args: argparse.Namespace) -> Ledger:
+    from dpsynth.privacy.ledger import DEFAULT_URL, Ledger
+
     return Ledger(args.db or os.environ.get(ENV_URL) or DEFAULT_URL)
 
 

@@ -178,7 +178,7 @@ def accounting_check(cfg: RunConfig, *marks: dict) -> dict:
     found = [cfg.privacy.accounting, *(m.get("accounting") for m in marks if isinstance(m, dict))]
     unsound = [a for a in found if a not in (None, "sound")]
     return _check("accounting", not unsound,
-                  "sound accounting (DESIGN.md)" if not unsound else
+                  "sound accounting (docs/privacy.md)" if not unsound else
                   f"accounting {unsound[0]!r}: a paper's own account, reproduced for comparison; marked unsound, "
                   "it can never be released")
 

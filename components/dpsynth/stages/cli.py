@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
+import shlex
+import sys
 
 from dpsynth.config import RunConfig, load_config
 
@@ -99,7 +102,10 @@ def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
     if getattr(args, "shard", None) is not None:
         from dpsynth.stages import warmstart
 
+        log = logging.getLogger(__name__)
+        log.info("warmstart shard %d: started", args.shard)
         record = warmstart.run_shard(_context(args, cfg), args.shard)
+        log.info("warmstart shard %d: %s", args.shard, record.get("status") or record.get("reason") or "done")
         print(json.dumps(record, indent=2) if args.json else
               f"warmstart shard {args.shard}: {record.get('status', 'not performed')}"
               + (f", {record['output']['uri']}" if "output" in record else f" ({record.get('reason')})"))
@@ -161,7 +167,7 @@ def show_command(args) -> int:
         print(table(s))
         if ctx.cfg.tracking.enabled:
             print(f"MLflow: experiment {ctx.experiment!r} at {ctx.tracking_uri}, parent run "
-                  f"pipeline-{ctx.pipeline_run_id}\n  open it: mlflow ui --backend-store-uri {ctx.tracking_uri}")
+                  f"pipeline-{ctx.pipeline_run_id}\n  open it: {mlflow_ui(ctx.tracking_uri)}")
     return 0 if s["succeeded"] else 2
 
 
@@ -169,5 +175,11 @@ def _where(ctx) -> str:
     if not (ctx.parent_run_id and ctx.cfg.tracking.enabled):
         return f"run directory: {ctx.run_dir} (MLflow tracking is off)"
     return (f"MLflow: parent run {ctx.parent_run_id} in experiment {ctx.experiment!r} at {ctx.tracking_uri}\n"
-            f"  open it: mlflow ui --backend-store-uri {ctx.tracking_uri}  (then the experiment, run "
+            f"  open it: {mlflow_ui(ctx.tracking_uri)}  (then the experiment, run "
             f"pipeline-{ctx.pipeline_run_id})")
+
+
+def mlflow_ui(tracking_uri: str) -> str:
+    """The command that opens the MLflow UI on ``tracking_uri``, runnable as printed (this interpreter,
+    by its absolute path: nothing needs to be on PATH or activated)."""
+    return shlex.join([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri, "--port", "5000"])

@@ -23,6 +23,7 @@ Outputs (release zone): report.json, report.html, manifest.json.
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import numpy as np
@@ -36,6 +37,8 @@ from dpsynth.evaluation.classifiers import ReferenceClassifier
 from dpsynth.grids import tile
 from dpsynth.stages import common, manifest
 from dpsynth.stages.sample import load_generator, synthesize
+
+log = logging.getLogger(__name__)
 
 STAGE = "evaluate"
 SECTIONS = ("evaluate",)
@@ -169,21 +172,28 @@ def evaluate(cfg, *, synthetic: ImageDataset, reference: ImageDataset, reference
     val_idx, train_idx = _split(len(synthetic), fraction=e.validation_fraction, seed=e.seed)
     train = _cap(synthetic.subset(train_idx), e.max_train_records, seed=e.seed)
     validation = synthetic.subset(val_idx)
+    log.info("evaluate: training the reference classifier on %d real records", len(fit_real))
     classifier = ReferenceClassifier(fit_real, steps=e.feature_steps, seed=e.seed)
     space = fid.feature_space(e.inception_weights, classifier)
     utility = accuracy.utility(cfg, synthetic=train, validation=validation, fit_real=fit_real, test_real=test_real,
                                names=accuracy.suite(cfg))
+    log.info("evaluate: sample quality (%s, Inception Score, JS score)", space.name)
+    sample_quality = quality(cfg, synthetic=synthetic, fit_real=fit_real, test_real=test_real, classifier=classifier,
+                             space=space)
+    curve = []
+    if snapshots and e.curve_samples:
+        log.info("evaluate: ε curve over %d generator snapshots", len(snapshots))
+        curve = epsilon_curve(cfg, list(snapshots), test_real=test_real, classifier=classifier, space=space)
+    if e.mia:
+        log.info("evaluate: membership inference")
+    attack = membership(cfg, generator=generator, members=members, nonmembers=nonmembers)
     status = "internal" if reference_info["kind"] == "sensitive" else "releasable"
     first = utility["classifiers"][0]
     compat = {"classifier": first["classifier"], "accuracy": first.get("gen2real"),
               "per_class_accuracy": first.get("gen2real_per_class")}
     return {
-        "format": FORMAT, "classifier_accuracy": compat, "utility": utility,
-        "quality": quality(cfg, synthetic=synthetic, fit_real=fit_real, test_real=test_real, classifier=classifier,
-                           space=space),
-        "epsilon_curve": (epsilon_curve(cfg, list(snapshots), test_real=test_real, classifier=classifier, space=space)
-                          if snapshots and e.curve_samples else []),
-        "membership_inference": membership(cfg, generator=generator, members=members, nonmembers=nonmembers),
+        "format": FORMAT, "classifier_accuracy": compat, "utility": utility, "quality": sample_quality,
+        "epsilon_curve": curve, "membership_inference": attack,
         "reference": {**reference_info, "records": len(reference), "status": status,
                       "split": {"fit": len(fit_real), "test": len(test_real), "seed": e.seed},
                       "note": REFERENCE_NOTES[reference_info["kind"]]},

@@ -28,7 +28,9 @@ reservation id is tagged on the parent run and reported in the summary.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -43,11 +45,22 @@ assert tuple(MODULES) == common.STAGES
 
 PRIVATE_STAGES = ("train",)  # the stages that spend ε on the sensitive data
 LEDGER_ENV = "DPSYNTH_LEDGER_URL"
+log = logging.getLogger(__name__)
 
 
 def run_stage(ctx: common.StageContext, stage: str) -> common.Outcome:
-    with lineage_env(ctx, stage):
-        return MODULES[stage].run(ctx)
+    log.info("%s: started, pipeline run %s, writing under %s", stage, ctx.pipeline_run_id, ctx.stage_dir(stage))
+    started = time.monotonic()
+    try:
+        with lineage_env(ctx, stage):
+            outcome = MODULES[stage].run(ctx)
+    except BaseException as exc:
+        log.error("%s: failed after %.0f s: %s", stage, time.monotonic() - started, str(exc) or repr(exc))
+        raise
+    eps = _epsilon(outcome.manifest, outcome.status)
+    log.info("%s: %s in %.0f s, ε consumed %s, manifest %s", stage, outcome.status, time.monotonic() - started,
+             "?" if eps is None else f"{eps:.4g}", outcome.manifest_uri)
+    return outcome
 
 
 @contextlib.contextmanager
@@ -197,6 +210,9 @@ def start(cfg: RunConfig, *, run_dir: str | None = None, pipeline_run_id: str | 
     pipeline_run_id = pipeline_run_id or uuid.uuid4().hex[:12]
     ctx = common.StageContext.create(cfg, run_dir=run_dir, pipeline_run_id=pipeline_run_id, force=force)
     res = reserve(ctx)  # before anything is written or tracked: a run the budget cannot afford stops here
+    if res is not None:
+        log.info("pipeline %s: reserved ε=%.4g, δ=%g of population %r (ledger reservation %s)", pipeline_run_id,
+                 res["epsilon_reserved"], res["delta"], res["population_id"], res["id"])
     if not cfg.tracking.enabled:
         return ctx
     from mlflow import MlflowClient
@@ -291,6 +307,8 @@ def finish(ctx: common.StageContext, outcomes: dict[str, common.Outcome] | None 
     there is one) and close it."""
     s = summary(ctx, outcomes)
     s["ledger"] = _ledger_summary(settle(ctx, s, outcomes))
+    log.info("pipeline %s: %s, total ε %.4g, audit %s", ctx.pipeline_run_id,
+             "succeeded" if s["succeeded"] else "failed", s["epsilon_total"], s["audit"])
     if ctx.parent_run_id and ctx.cfg.tracking.enabled:
         from mlflow import MlflowClient
 

@@ -9,9 +9,14 @@ stage succeeded. Tasks pass only plain values: ids, URIs, ε.
 
 from __future__ import annotations
 
+import collections
+import io
 import os
 import re
+import shlex
 import subprocess
+import threading
+import time
 
 from airflow.sdk import Param, task
 
@@ -48,14 +53,72 @@ def params(dataset_uri: str = DATASET_URI) -> dict:
     }
 
 
+PROGRESS_EVERY = 30.0  # seconds between the progress-bar refreshes copied into the task log
+QUIET = 50.0  # seconds of silence after which the task log says the stage is still running
+
+
 def _run_local(argv: list[str]):
-    """The stage CLI in the stage venv; its JSON output, or an error with its stderr."""
-    proc = subprocess.run([*pods.local_command(), *argv], cwd=pods.REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    print(proc.stderr[-20000:])
+    """The stage CLI in the stage venv; its JSON output, or an error with the end of its stderr.
+
+    The stage's stderr (its log lines and progress bars) goes into the task log line by line while it
+    runs, and a stage silent for ``QUIET`` seconds gets a "still running" line, so the log is never
+    silent for a minute; stdout is kept for the JSON result."""
+    command = [*pods.local_command(), *argv]
+    started = last = time.monotonic()
+
+    def write(line: str) -> None:
+        nonlocal last
+        last = time.monotonic()
+        print(line, flush=True)
+
+    def heartbeat() -> None:
+        while not done.wait(5):
+            if time.monotonic() - last >= QUIET:
+                write(f"{time.strftime('%H:%M:%S')} dpsynth INFO {argv[0]}: still running, "
+                      f"{time.monotonic() - started:.0f} s so far")
+
+    write(f"dpsynth {argv[0]}: running {shlex.join(command)}")
+    done = threading.Event()
+    with subprocess.Popen(command, cwd=pods.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
+        out: list[bytes] = []
+        reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
+        reader.start()
+        threading.Thread(target=heartbeat, daemon=True).start()
+        try:
+            tail = stream(proc.stderr, write)
+        finally:
+            done.set()
+        reader.join()
     if proc.returncode != 0:
-        raise RuntimeError(f"dpsynth {argv[0]} exited {proc.returncode}: {proc.stderr[-3000:]}")
-    return pods.parse_json(proc.stdout)
+        raise RuntimeError(f"dpsynth {argv[0]} exited {proc.returncode}: " + "\n".join(tail))
+    return pods.parse_json(out[0].decode())
+
+
+def stream(pipe, write=None, clock=time.monotonic, keep: int = 40) -> list[str]:
+    """Copy ``pipe``'s lines to ``write`` (default: print them into the task log) as they come; returns
+    the last ``keep`` lines. A progress bar redraws itself with carriage returns: of those redraws, one
+    every ``PROGRESS_EVERY`` seconds is copied (and the last one), so the log shows progress without a
+    line per redraw."""
+    write = write or (lambda line: print(line, flush=True))
+    tail: collections.deque[str] = collections.deque(maxlen=keep)
+    last_shown, pending = -PROGRESS_EVERY, None
+    for line in io.TextIOWrapper(pipe, encoding="utf-8", errors="replace", newline=""):
+        text = line.rstrip("\r\n")
+        if not text.strip():
+            continue
+        if line.endswith("\r") and not line.endswith("\r\n"):  # a redraw: more will follow
+            if clock() - last_shown < PROGRESS_EVERY:
+                pending = text
+                continue
+            last_shown = clock()
+        pending = None
+        write(text)
+        tail.append(text)
+    if pending is not None:
+        write(pending)
+        tail.append(pending)
+    return list(tail)
 
 
 @task

@@ -1,0 +1,7 @@
+"""``python -m dpsynth``: the ``dpsynth`` command."""
+
+import sys
+
+from dpsynth.cli import main
+
+sys.exit(main())
