@@ -97,6 +97,30 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     assert out["outlets"] == [dataset] and out["retrain_assets"] == [dataset]
 
 
+def hostile_values(tmp: Path) -> list[str]:
+    """Trigger-form values that would run a command (creating a file in TMP) if a shell parsed them."""
+    return [f"; touch {tmp}/semicolon", f"$(touch {tmp}/dollar)", f"`touch {tmp}/backtick`",
+            f"x'; touch {tmp}/quote1; echo '", f'x"; touch {tmp}/quote2; echo "', f"x\ntouch {tmp}/newline",
+            f"x && touch {tmp}/and | tee {tmp}/pipe > {tmp}/redirect", "--help", "{{ 7 * 7 }}", "a b\tc"]
+
+
+FAKE_DPSYNTH = """\
+import json, os, sys
+with open(os.environ["FAKE_ARGV_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+print(json.dumps({"parent_run_id": "PARENT", "uri": "x", "sha256": "0" * 64, "rows": 1}))
+"""
+
+
+@pytest.fixture
+def fake_dpsynth(tmp_path) -> tuple[Path, Path]:
+    """An executable standing in for ``dpsynth``: it appends its argv (JSON) to a log and prints JSON."""
+    fake, log = tmp_path / "fake-dpsynth", tmp_path / "argv.jsonl"
+    fake.write_text(f"#!{AIRFLOW_BIN / 'python'}\n" + FAKE_DPSYNTH)
+    fake.chmod(0o755)
+    return fake, log
+
+
 def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, tmp_path):
     (tmp_path / "kubeconfig").write_text(KUBECONFIG)
     env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(tmp_path / "kubeconfig"),
@@ -105,10 +129,18 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
            "DPSYNTH_GPU_TOLERATIONS": '[{"key": "gpu", "operator": "Equal", "value": "a100", "effect": "NoSchedule"}]'}
     out = in_airflow(LOAD + """
     from kubernetes.client import ApiClient
+    import dpsynth_pipeline, dpsynth_pods
     dag = bag.dags["dpsynth_train"]
+    plan = dpsynth_pods.plan({**dag.params.dump(), "config": None}, "run-1")
+    argv = {**dpsynth_pipeline.start_command.function(plan),
+            **dpsynth_pipeline.stage_commands.function(plan, {"parent_run_id": "PARENT"})}
     ops = [t for t in dag.tasks if type(t).__name__ == "KubernetesPodOperator"]
+    sources = {t.task_id: [t.arguments.operator.task_id, t.arguments.key] for t in ops}
+    for t in ops:  # as the XComArg resolves at run time
+        t.arguments = argv[t.task_id]
     mapped = [t for t in dag.tasks if type(t).__name__ == "MappedOperator"]
     print(json.dumps({"pods": {t.task_id: ApiClient().sanitize_for_serialization(t.build_pod_request_obj()) for t in ops},
+                      "sources": sources, "argv": argv, "pod_cmds": dpsynth_pods.POD_CMDS,
                       "mapped": {t.task_id: [t.operator_class.__name__ if hasattr(t.operator_class, "__name__")
                                              else t.operator_class["task_type"], sorted(t.expand_input.value)]
                                  for t in mapped},
@@ -118,11 +150,13 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
     assert "nvidia.com/gpu" in out["mapped_gpu"]["warmstart_shard"]
     pods = out["pods"]
     assert sorted(pods) == sorted(["start", *STAGES, "finish"])
+    assert out["sources"] == {t: ["start_command" if t == "start" else "stage_commands", t] for t in pods}
     for task_id, pod in pods.items():
         spec = pod["spec"]
         container = next(c for c in spec["containers"] if c["name"] == "base")  # beside it: the XCom sidecar
         assert container["image"] == "registry.example/dpsynth-stage:test" and pod["metadata"]["namespace"] == "dpsynth"
-        assert container["command"] == ["sh", "-c"] and "/airflow/xcom/return.json" in container["args"][0]
+        assert container["command"] == out["pod_cmds"] and "/airflow/xcom/return.json" in container["command"][2]
+        assert container["args"] == out["argv"][task_id] and container["args"][0] == "dpsynth"
         limits = container["resources"].get("limits", {})
         if task_id in ("warmstart", "train"):
             assert limits["nvidia.com/gpu"] == "1"
@@ -131,8 +165,66 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
         else:
             assert "nvidia.com/gpu" not in limits and not spec.get("nodeSelector")
             assert not any(t.get("key") == "gpu" for t in spec.get("tolerations") or [])
-    train = next(c for c in pods["train"]["spec"]["containers"] if c["name"] == "base")
-    assert "['shell']['train']" in train["args"][0] and "--parent-run-id" in train["args"][0]
+    train = out["argv"]["train"]
+    assert train[:2] == ["dpsynth", "train"] and train[train.index("--parent-run-id") + 1] == "PARENT"
+
+
+def run_pod_command(pod_cmds: list[str], args: list[str], fake: Path, log: Path, xcom: Path) -> None:
+    """What the container runtime does with command + args: exec them (no shell around them), with
+    ``dpsynth`` replaced by the fake and the XCom file by XCOM."""
+    cmds = [c.replace("/airflow/xcom/return.json", str(xcom)) for c in pod_cmds]
+    subprocess.run([*cmds, str(fake), *args[1:]], check=True, timeout=30, env={**os.environ, "FAKE_ARGV_LOG": str(log)})
+
+
+def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env, tmp_path, fake_dpsynth):
+    """Hostile trigger-form values (shell metacharacters, quotes, newlines, Jinja) in every string field
+    end up as single argv elements of the stage pods and of the import command, local and on Kubernetes;
+    running the pods' command line executes none of them."""
+    fake, log = fake_dpsynth
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    hostile = hostile_values(marks)
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    k8s = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(tmp_path / "kubeconfig")}
+    out = in_airflow(LOAD + f"""
+    import dpsynth_pipeline, dpsynth_pods
+    hostile = {hostile!r}
+    train, imp = bag.dags["dpsynth_train"], bag.dags["dpsynth_import_data"]
+    runs = []
+    for h in hostile:
+        params = {{**train.params.dump(), "dataset_uri": h, "run_root": h, "config": h, "tracking_uri": h,
+                  "overrides": ["train.seed=" + h]}}
+        plan = dpsynth_pods.plan(params, "run-1")
+        argv = {{**dpsynth_pipeline.start_command.function(plan),
+                 **dpsynth_pipeline.stage_commands.function(plan, {{"parent_run_id": h}})}}
+        op = imp.get_task("import_data")
+        runs.append({{"argv": argv, "import": op.render_template(op.arguments, {{"params": {{"source": h}}}})}})
+    print(json.dumps({{"runs": runs, "pod_cmds": dpsynth_pods.POD_CMDS}}))
+    """, k8s)
+    dataset = "outputs/data/mnist.parquet"  # DPSYNTH_DATASET_URI's default
+    for h, run in zip(hostile, out["runs"]):
+        assert run["import"] == ["dpsynth", "data", "import", "--json", "--", h, dataset]
+        for name, argv in run["argv"].items():
+            assert h in argv and f"data.uri={h}" in argv and f"train.seed={h}" in argv, (name, argv)
+        for args in (run["import"], run["argv"]["train"]):
+            log.unlink(missing_ok=True)
+            xcom = tmp_path / "return.json"
+            run_pod_command(out["pod_cmds"], args, fake, log, xcom)
+            assert [json.loads(line) for line in log.read_text().splitlines()] == [args[1:]]
+            assert json.loads(xcom.read_text())["parent_run_id"] == "PARENT"  # stdout went to the XCom file
+
+    # the local executor: the import task's callable runs the stage CLI as an argv list
+    local = {**airflow_env, "DPSYNTH_STAGE_BIN": str(fake), "FAKE_ARGV_LOG": str(log)}
+    log.unlink(missing_ok=True)
+    in_airflow(LOAD + f"""
+    op = bag.dags["dpsynth_import_data"].get_task("import_data")
+    for h in {hostile!r}:
+        op.python_callable(params={{"source": h}})
+    print(json.dumps({{}}))
+    """, local)
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [
+        ["data", "import", "--json", "--", h, dataset] for h in hostile]
+    assert not list(marks.iterdir()), "a hostile value ran a command"
 
 
 def test_train_dag_end_to_end(airflow_env, tmp_path):

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from pathlib import Path
 
 STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
 METHODS = ("dpgan", "gswgan", "dpac", "zhang", "gswgan_federated")  # as dpsynth.config.TrainConfig.method
 REPO = Path(os.environ.get("DPSYNTH_REPO", Path(__file__).resolve().parents[3]))
 XCOM_FILE = "/airflow/xcom/return.json"  # what KubernetesPodOperator's sidecar pushes as XCom
+# The stage pods' entrypoint: a constant script that runs its positional arguments ("$@", the argv of
+# ``dpsynth <command> ...``) and sends the JSON to the XCom sidecar. The arguments are never parsed
+# by the shell, so a value from the trigger form stays one inert argument whatever it contains.
+POD_CMDS = ["sh", "-c", f'exec "$@" > {XCOM_FILE}', "dpsynth-stage"]
 
 
 def setting(name: str, default: str | None = None) -> str | None:
@@ -59,8 +62,7 @@ def plan(params: dict, pipeline_run_id: str) -> dict:
               "--pipeline-run-id", pipeline_run_id, "--json"]
     argv = {"start": ["pipeline", "start", *common], "finish": ["pipeline", "finish", *common],
             **{stage: [stage, *common] for stage in STAGES}}
-    return {"pipeline_run_id": pipeline_run_id, "run_dir": run_dir, "argv": argv,
-            "shell": {name: shlex.join(["dpsynth", *a]) for name, a in argv.items()}}
+    return {"pipeline_run_id": pipeline_run_id, "run_dir": run_dir, "argv": argv}
 
 
 def with_parent(argv: list[str], parent_run_id: str | None) -> list[str]:
@@ -124,18 +126,14 @@ def pod_settings(stage: str) -> dict:
     return kw
 
 
-def to_xcom(shell: str) -> str:
-    return f"{shell} > {XCOM_FILE}"
-
-
-def stage_pod_operator(task_id: str, stage: str, shell: str | None, *, mapped_arguments=None, **kwargs):
-    """A KubernetesPodOperator running ``sh -c SHELL`` (a templated command) in the stage image;
-    the command's JSON goes to the XCom sidecar. With ``mapped_arguments`` (an XComArg of argument
-    lists) it is mapped: one pod per list, e.g. per shard."""
+def stage_pod_operator(task_id: str, stage: str, arguments, *, mapped: bool = False, **kwargs):
+    """A KubernetesPodOperator running ``arguments`` (``["dpsynth", <command>, ...]``: a list, or an
+    XComArg of one) in the stage image through :data:`POD_CMDS`; the command's JSON goes to the XCom
+    sidecar. ``mapped``: ``arguments`` is an XComArg of argument lists, one pod each (e.g. per shard)."""
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
-    settings = dict(task_id=task_id, name=f"dpsynth-{stage}", cmds=["sh", "-c"], do_xcom_push=True, get_logs=True,
+    settings = dict(task_id=task_id, name=f"dpsynth-{stage}", cmds=POD_CMDS, do_xcom_push=True, get_logs=True,
                     on_finish_action="delete_succeeded_pod", **pod_settings(stage), **kwargs)
-    if mapped_arguments is not None:
-        return KubernetesPodOperator.partial(**settings).expand(arguments=mapped_arguments)
-    return KubernetesPodOperator(arguments=[to_xcom(shell)], **settings)
+    if mapped:
+        return KubernetesPodOperator.partial(**settings).expand(arguments=arguments)
+    return KubernetesPodOperator(arguments=arguments, **settings)

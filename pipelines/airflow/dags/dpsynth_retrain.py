@@ -5,7 +5,6 @@ that Asset and runs the same pipeline as ``dpsynth_train`` with the form's defau
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
@@ -21,6 +20,11 @@ def asset_uri(uri: str) -> str:
     return uri if "://" in uri else (pods.REPO / uri).resolve().as_uri()
 
 
+def import_args(source: str) -> list[str]:
+    """``dpsynth data import``'s arguments: options first, then ``--`` and the two paths."""
+    return ["--json", "--", source, DATASET_URI]
+
+
 DATASET = Asset(name=DATASET_URI, uri=asset_uri(DATASET_URI), group="dpsynth-dataset")
 
 
@@ -29,13 +33,15 @@ DATASET = Asset(name=DATASET_URI, uri=asset_uri(DATASET_URI), group="dpsynth-dat
                              description="anything `dpsynth data import` reads (local path or s3://)")})
 def dpsynth_import_data():
     if pods.executor() == "kubernetes":
-        cmd = "dpsynth data import {{ params.source }} " + shlex.quote(DATASET_URI) + " --json"
-        pods.stage_pod_operator("import_data", "import", cmd, outlets=[DATASET])
+        # One argv element per value: the rendered source is a single argument, after "--" so that
+        # it is never read as an option either.
+        argv = ["dpsynth", "data", "import", *import_args("{{ params.source }}")]
+        pods.stage_pod_operator("import_data", "import", argv, outlets=[DATASET])
         return
 
     @task(outlets=[DATASET])
     def import_data(**context) -> dict:
-        return _run_local(["data", "import", context["params"]["source"], DATASET_URI, "--json"])
+        return _run_local(["data", "import", *import_args(context["params"]["source"])])
 
     import_data()
 
