@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,70 @@ def test_cuda_image_pins_a_cuda_torch_of_the_locked_release():
     pins = [ln for ln in (REPO / "images" / "stage-cuda.constraints").read_text().splitlines()
             if ln and not ln.startswith("#")]
     assert len(pins) == 1 and re.fullmatch(rf"torch=={re.escape(locked.group(1))}\+cu\d+", pins[0]), pins
+
+
+# --- the Airflow image's entrypoint (official-image conventions; the upstream chart's commands) -------
+
+FAKE_AIRFLOW = """#!/usr/bin/env python3
+import json, sys
+print(json.dumps(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("args, airflow_argv", [
+    (["bash", "-c", "exec airflow scheduler"], ["scheduler"]),             # the chart's components
+    (["bash", "-c", "exec \\\nairflow db migrate"], ["db", "migrate"]),    # the chart's migration job
+    (["airflow", "db", "check-migrations", "--migration-wait-timeout=60"],  # its wait-for-migrations init
+     ["db", "check-migrations", "--migration-wait-timeout=60"]),
+    (["api-server"], ["api-server"]),                                       # a bare airflow sub-command
+    ([], ["version"]),
+])
+def test_airflow_entrypoint_runs_what_the_upstream_chart_asks(tmp_path, args, airflow_argv):
+    (tmp_path / "airflow").write_text(FAKE_AIRFLOW)
+    (tmp_path / "airflow").chmod(0o755)
+    proc = subprocess.run(["bash", str(REPO / "images" / "airflow-entrypoint.sh"), *args], capture_output=True,
+                          text=True, timeout=30, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == airflow_argv
+
+
+def test_airflow_entrypoint_runs_python(tmp_path):
+    proc = subprocess.run(["bash", str(REPO / "images" / "airflow-entrypoint.sh"), "python", "-c", "print(6 * 7)"],
+                          capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})  # as the image's venv
+    assert proc.returncode == 0 and proc.stdout.strip() == "42", proc.stderr
+
+
+def test_airflow_image_uses_the_entrypoint_under_dumb_init():
+    lines = (REPO / "images" / "airflow.Dockerfile").read_text().splitlines()
+    [entrypoint] = [json.loads(ln.split(None, 1)[1]) for ln in lines if ln.startswith("ENTRYPOINT ")]
+    assert entrypoint[0].endswith("/dumb-init") and entrypoint[1:] == ["--", "/entrypoint"]
+    assert "CMD []" in lines
+    copies = {ln.split()[-1]: ln.split()[-2] for ln in lines if ln.startswith("COPY ")}
+    assert copies["/entrypoint"] == "images/airflow-entrypoint.sh"
+    assert copies["/clean-logs"] == "images/airflow-clean-logs.sh"
+    assert any(ln.startswith("USER 50000") for ln in lines)
+
+
+def test_clean_logs_removes_old_task_logs_only(tmp_path):
+    import os
+    import time
+
+    logs = tmp_path / "logs" / "dag_id=x" / "run_id=old"
+    logs.mkdir(parents=True)
+    old, new = logs / "attempt=1.log", tmp_path / "logs" / "recent.log"
+    old.write_text("old")
+    new.write_text("new")
+    month_ago = time.time() - 30 * 86400
+    os.utime(old, (month_ago, month_ago))
+    proc = subprocess.Popen(["bash", str(REPO / "images" / "airflow-clean-logs.sh")], stdout=subprocess.PIPE,
+                            env={"PATH": "/usr/bin:/bin", "AIRFLOW_HOME": str(tmp_path),
+                                 "AIRFLOW__LOG_RETENTION_DAYS": "15"})
+    try:
+        deadline = time.time() + 20
+        while (old.exists() or logs.exists()) and time.time() < deadline:
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert not old.exists() and not logs.exists() and new.read_text() == "new"
