@@ -86,6 +86,10 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
         "retrain_schedule": type(retrain.timetable).__name__,
         "retrain_assets": [a.uri for a in retrain.timetable.asset_condition.objects],
         "outlets": [o.uri for o in bag.dags["dpsynth_import_data"].get_task("import_data").outlets],
+        "settings": {f"{d.dag_id}.{t.task_id}": [t.retries, t.retry_delay.total_seconds(),
+                                                 t.execution_timeout.total_seconds()]
+                     for d in bag.dags.values() for t in d.tasks},
+        "map_index_template": train.get_task("warmstart_shard").map_index_template,
     }))
     """, airflow_env)
     assert out["dags"] == ["dpsynth_import_data", "dpsynth_retrain_on_new_data", "dpsynth_train"]
@@ -95,6 +99,31 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     assert out["retrain_schedule"] == "AssetTriggeredTimetable"
     dataset = (REPO / "outputs" / "data" / "mnist.parquet").as_uri()  # DPSYNTH_DATASET_URI's default
     assert out["outlets"] == [dataset] and out["retrain_assets"] == [dataset]
+    for task, (retries, delay, timeout) in out["settings"].items():  # default_args: stages are idempotent
+        assert retries == (0 if task.endswith(".finish") else 2) and delay == 120 and timeout == 12 * 3600, task
+    assert out["map_index_template"] == "shard {{ task.op_kwargs['shard'] }}"
+
+
+def test_task_settings_come_from_airflow_variables_else_the_environment(airflow_env, tmp_path):
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(tmp_path / "kubeconfig"),
+           "AIRFLOW_VAR_DPSYNTH_TASK_RETRIES": "5",  # an Airflow Variable (environment secrets backend)
+           "DPSYNTH_TASK_RETRIES": "3",               # loses to the Variable
+           "DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS": "1800", "DPSYNTH_TASK_TIMEOUT_SECONDS": "600"}
+    out = in_airflow(LOAD + """
+    dag = bag.dags["dpsynth_train"]
+    pods = [t for t in dag.tasks if type(t).__name__ == "KubernetesPodOperator"]
+    shard = dag.get_task("warmstart_shard")
+    print(json.dumps({
+        "pods": {t.task_id: [t.deferrable, t.startup_timeout_seconds, t.schedule_timeout_seconds, t.retries,
+                             t.execution_timeout.total_seconds()] for t in pods},
+        "shard": [shard.partial_kwargs["deferrable"], shard.partial_kwargs["startup_timeout_seconds"],
+                  shard.map_index_template]}))
+    """, env)
+    assert sorted(out["pods"]) == sorted(["start", *STAGES, "finish"])
+    for task_id, settings in out["pods"].items():
+        assert settings == [True, 1800, 1800, 0 if task_id == "finish" else 5, 600], task_id
+    assert out["shard"] == [True, 1800, "shard {{ task.arguments[-1] }}"]
 
 
 def hostile_values(tmp: Path) -> list[str]:
@@ -217,9 +246,10 @@ def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env
     local = {**airflow_env, "DPSYNTH_STAGE_BIN": str(fake), "FAKE_ARGV_LOG": str(log)}
     log.unlink(missing_ok=True)
     in_airflow(LOAD + f"""
+    from airflow.sdk.execution_time.context import OutletEventAccessors
     op = bag.dags["dpsynth_import_data"].get_task("import_data")
     for h in {hostile!r}:
-        op.python_callable(params={{"source": h}})
+        op.python_callable(params={{"source": h}}, outlet_events=OutletEventAccessors())
     print(json.dumps({{}}))
     """, local)
     assert [json.loads(line) for line in log.read_text().splitlines()] == [
@@ -227,7 +257,50 @@ def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env
     assert not list(marks.iterdir()), "a hostile value ran a command"
 
 
-def test_train_dag_end_to_end(airflow_env, tmp_path):
+@pytest.fixture(scope="module")
+def airflow_db(airflow_env) -> dict:
+    """``airflow_env`` with its metadata database migrated."""
+    subprocess.run([str(AIRFLOW_BIN / "airflow"), "db", "migrate"], env=airflow_env, check=True, capture_output=True,
+                   timeout=300)
+    return airflow_env
+
+
+def test_import_emits_the_dataset_version_and_retrain_reads_it(airflow_db, tmp_path, fake_dpsynth):
+    """`airflow dags test dpsynth_import_data` (the stage CLI faked): its asset event carries the
+    dataset URI and sha256 as ``extra``; the retrain DAG's plan takes them from triggering_asset_events."""
+    import sqlite3
+
+    fake, log = fake_dpsynth
+    env = {**airflow_db, "DPSYNTH_STAGE_BIN": str(fake), "FAKE_ARGV_LOG": str(log)}
+    proc = subprocess.run([str(AIRFLOW_BIN / "airflow"), "dags", "test", "dpsynth_import_data", "-c",
+                           json.dumps({"source": "data/mnist"})], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "state=success" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-5000:]
+    db = sqlite3.connect(Path(airflow_db["AIRFLOW_HOME"]) / "airflow.db")
+    [(extra, uri)] = db.execute("SELECT e.extra, a.uri FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                                "WHERE e.source_dag_id = 'dpsynth_import_data'").fetchall()
+    assert uri == (REPO / "outputs" / "data" / "mnist.parquet").as_uri()
+    assert json.loads(extra) == {"dataset_uri": "outputs/data/mnist.parquet", "sha256": "0" * 64, "rows": 1}
+
+    out = in_airflow(LOAD + """
+    import datetime
+    from types import SimpleNamespace
+    import dpsynth_pipeline
+    from airflow.sdk import Asset
+    dag = bag.dags["dpsynth_retrain_on_new_data"]
+    asset = dag.timetable.asset_condition.objects[0]
+    t = lambda h: datetime.datetime(2026, 1, 1, h, tzinfo=datetime.timezone.utc)
+    events = {asset: [SimpleNamespace(timestamp=t(2), extra={"dataset_uri": "s3://b/new.parquet", "sha256": "new"}),
+                      SimpleNamespace(timestamp=t(1), extra={"dataset_uri": "s3://b/old.parquet", "sha256": "old"})]}
+    plan = dpsynth_pipeline.plan.function(params={**dag.params.dump(), "config": None}, run_id="r1",
+                                          triggering_asset_events=events)
+    print(json.dumps({"update": plan["dataset_update"], "train": plan["argv"]["train"]}))
+    """, airflow_db)
+    assert out["update"] == {"dataset_uri": "s3://b/new.parquet", "sha256": "new"}
+    assert "data.uri=s3://b/new.parquet" in out["train"]
+
+
+def test_train_dag_end_to_end(airflow_db, tmp_path):
     """`airflow dags test dpsynth_train` with K=2 on 600 MNIST records: every task succeeds, the run
     directory holds the release, and MLflow has the parent run with one child per stage."""
     from mlflow import MlflowClient
@@ -242,12 +315,16 @@ def test_train_dag_end_to_end(airflow_env, tmp_path):
             "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None, "tracking_uri": mlflow_uri,
             "pipeline_run_id": "af-e2e", "overrides": TINY}
     airflow = str(AIRFLOW_BIN / "airflow")
-    subprocess.run([airflow, "db", "migrate"], env=airflow_env, check=True, capture_output=True, timeout=120)
-    proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=airflow_env,
+    proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=airflow_db,
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "DagRun Finished: dag_id=dpsynth_train" in log and "state=success" in log, log[-6000:]
     assert log.count("running task <TaskInstance: dpsynth_train.warmstart_shard") == 2  # mapped over K=2 shards
+    import sqlite3
+    db = sqlite3.connect(Path(airflow_db["AIRFLOW_HOME"]) / "airflow.db")
+    labels = db.execute("SELECT rendered_map_index FROM task_instance WHERE task_id = 'warmstart_shard' "
+                        "ORDER BY map_index").fetchall()
+    assert labels == [("shard 0",), ("shard 1",)]  # map_index_template
 
     release = tmp_path / "runs" / "af-e2e" / "release"
     assert sorted(str(p.relative_to(release)) for p in release.rglob("*") if p.is_file()) == RELEASE

@@ -57,11 +57,21 @@ def _run_local(argv: list[str]):
     return pods.parse_json(proc.stdout)
 
 
+def dataset_update(context) -> dict | None:
+    """The ``extra`` of the newest asset event that triggered this run (``dpsynth_import_data``'s:
+    dataset URI and content sha256), or None for a run not triggered by an asset."""
+    events = [e for evs in (context.get("triggering_asset_events") or {}).values() for e in evs]
+    return max(events, key=lambda e: e.timestamp).extra if events else None
+
+
 @task
 def plan(**context) -> dict:
-    p = context["params"]
+    p = dict(context["params"])
+    if update := dataset_update(context):  # retrain on the imported version
+        print(f"triggered by a dataset update: {update}")
+        p["dataset_uri"] = update.get("dataset_uri") or p["dataset_uri"]
     run_id = p.get("pipeline_run_id") or re.sub(r"[^A-Za-z0-9_.-]+", "-", context["run_id"])[:60]
-    return pods.plan(p, run_id)
+    return {**pods.plan(p, run_id), "dataset_update": update}
 
 
 @task
@@ -73,7 +83,7 @@ def shards(partition: dict) -> list[int]:
     return list(range(len(names)))
 
 
-@task
+@task(map_index_template="shard {{ task.op_kwargs['shard'] }}")
 def warmstart_shard(plan: dict, shard: int) -> dict:
     """``dpsynth warmstart --shard K``: one shard's non-private warm start (GS-WGAN, DPAC); a no-op
     record for methods without one. The ``warmstart`` task after them is the fan-in."""
@@ -91,7 +101,7 @@ def _local_tasks(plan_out):
             return pods.summarise(_run_local(pods.with_parent(plan["argv"][stage], ids["parent_run_id"])))
         return run
 
-    @task(task_id="finish", trigger_rule="all_done")
+    @task(task_id="finish", trigger_rule="all_done", retries=0)  # a failed pipeline is a verdict, not a glitch
     def finish(plan: dict, ids: dict) -> dict:
         s = _run_local(pods.with_parent(plan["argv"]["finish"], ids["parent_run_id"]))
         out = {k: s[k] for k in ("succeeded", "epsilon_total", "delta", "audit", "run_dir", "parent_run_id",
@@ -128,7 +138,7 @@ def _kubernetes_tasks(plan_out):
     ids = pods.stage_pod_operator("start", "start", start_command(plan_out)["start"])
     argv = stage_commands(plan_out, ids.output)
     stages = {stage: pods.stage_pod_operator(stage, stage, argv[stage]) for stage in pods.STAGES}
-    finish = pods.stage_pod_operator("finish", "finish", argv["finish"], trigger_rule="all_done")
+    finish = pods.stage_pod_operator("finish", "finish", argv["finish"], trigger_rule="all_done", retries=0)
     return ids, {s: op.output for s, op in stages.items()}, finish
 
 

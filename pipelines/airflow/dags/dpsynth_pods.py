@@ -1,8 +1,9 @@
 """What the dpsynth DAGs need besides Airflow: the stage command lines, and the pod of a stage.
 
 Plain Python (the kubernetes client only inside ``stage_pod_operator``), so tests can build the
-commands and the pod specs offline. Settings come from the environment (or ``AIRFLOW_VAR_*``,
-which is how Airflow Variables are set from the environment):
+commands and the pod specs offline. Each setting is an Airflow Variable (any secrets backend: the
+metadata DB, ``AIRFLOW_VAR_<NAME>``, ...), else the environment variable of that name (the chart's
+ConfigMap), else its default:
 
 - ``DPSYNTH_EXECUTOR``: "local" (the stage CLI in the stage venv, a subprocess) or "kubernetes"
   (a KubernetesPodOperator per stage, running ``DPSYNTH_STAGE_IMAGE``).
@@ -11,13 +12,18 @@ which is how Airflow Variables are set from the environment):
 - kubernetes: ``DPSYNTH_K8S_NAMESPACE``, ``DPSYNTH_GPU_STAGES`` (default "warmstart,train"),
   ``DPSYNTH_GPU_LIMIT``, ``DPSYNTH_GPU_NODE_SELECTOR`` and ``DPSYNTH_GPU_TOLERATIONS`` (JSON),
   ``DPSYNTH_STAGE_SECRET`` (a Secret with S3/MLflow credentials, as environment),
-  ``DPSYNTH_K8S_CONFIG_FILE`` (a kubeconfig; else in-cluster).
+  ``DPSYNTH_K8S_CONFIG_FILE`` (a kubeconfig; else in-cluster), ``DPSYNTH_K8S_DEFERRABLE`` ("true":
+  pods are waited for in the triggerer), ``DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS`` (900: time for a pod to
+  be scheduled, e.g. while a GPU node is added by the autoscaler, and again to start).
+- every task: ``DPSYNTH_TASK_RETRIES`` (2), ``DPSYNTH_TASK_RETRY_DELAY_SECONDS`` (120),
+  ``DPSYNTH_TASK_TIMEOUT_SECONDS`` (43200). Retrying is safe: a stage skips work its manifest records.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 
 STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
@@ -31,7 +37,21 @@ POD_CMDS = ["sh", "-c", f'exec "$@" > {XCOM_FILE}', "dpsynth-stage"]
 
 
 def setting(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(name) or os.environ.get(f"AIRFLOW_VAR_{name}") or default
+    """The Airflow Variable NAME, else the environment variable NAME, else ``default``."""
+    try:
+        from airflow.sdk import Variable
+    except ImportError:  # outside Airflow, e.g. a test of the pod specs in the stage venv
+        value = None
+    else:
+        value = Variable.get(name, default=None)
+    return value or os.environ.get(name) or default
+
+
+def default_args() -> dict:
+    """Every task's retries, retry delay and time limit (the DAGs' ``default_args``)."""
+    return {"retries": int(setting("DPSYNTH_TASK_RETRIES", "2")),
+            "retry_delay": timedelta(seconds=int(setting("DPSYNTH_TASK_RETRY_DELAY_SECONDS", "120"))),
+            "execution_timeout": timedelta(seconds=int(setting("DPSYNTH_TASK_TIMEOUT_SECONDS", "43200")))}
 
 
 def executor() -> str:
@@ -106,7 +126,10 @@ def pod_settings(stage: str) -> dict:
     gpu = stage in setting("DPSYNTH_GPU_STAGES", "warmstart,train").split(",")
     kw: dict = {"image": setting("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest"),
                 "namespace": setting("DPSYNTH_K8S_NAMESPACE", "dpsynth"),
-                "labels": {"app.kubernetes.io/name": "dpsynth", "dpsynth.stage": stage}}
+                "labels": {"app.kubernetes.io/name": "dpsynth", "dpsynth.stage": stage},
+                "deferrable": setting("DPSYNTH_K8S_DEFERRABLE", "true").lower() == "true",
+                # the provider also waits this long for the pod to be scheduled (schedule_timeout_seconds)
+                "startup_timeout_seconds": int(setting("DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS", "900"))}
     if gpu:
         n = setting("DPSYNTH_GPU_LIMIT", "1")
         kw["container_resources"] = k8s.V1ResourceRequirements(
@@ -134,6 +157,7 @@ def stage_pod_operator(task_id: str, stage: str, arguments, *, mapped: bool = Fa
 
     settings = dict(task_id=task_id, name=f"dpsynth-{stage}", cmds=POD_CMDS, do_xcom_push=True, get_logs=True,
                     on_finish_action="delete_succeeded_pod", **pod_settings(stage), **kwargs)
-    if mapped:
-        return KubernetesPodOperator.partial(**settings).expand(arguments=arguments)
+    if mapped:  # each argv ends with "--shard", K: the task instance's label in the UI
+        return KubernetesPodOperator.partial(map_index_template="shard {{ task.arguments[-1] }}",
+                                             **settings).expand(arguments=arguments)
     return KubernetesPodOperator(arguments=arguments, **settings)
