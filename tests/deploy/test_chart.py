@@ -281,3 +281,30 @@ def test_clean_logs_removes_old_task_logs_only(tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
     assert not old.exists() and not logs.exists() and new.read_text() == "new"
+
+
+# --- usage telemetry off (MLflow 3 reads MLFLOW_DISABLE_TELEMETRY / DO_NOT_TRACK; Airflow 3.3.2 has none) --
+
+@tools
+def test_chart_switches_mlflow_telemetry_off():
+    docs = render()
+    [container] = find(docs, "Deployment", "-mlflow")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MLFLOW_DISABLE_TELEMETRY"] == "true" and env["DO_NOT_TRACK"] == "true"
+    airflow_env = find(docs, "ConfigMap", "-airflow-env")["data"]
+    assert airflow_env["MLFLOW_DISABLE_TELEMETRY"] == "true" and airflow_env["DO_NOT_TRACK"] == "true"
+    opted_in = find(render("--set", "telemetry.enabled=true"), "Deployment", "-mlflow")
+    assert "MLFLOW_DISABLE_TELEMETRY" not in str(opted_in)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_images_switch_telemetry_off(dockerfile):
+    text = dockerfile.read_text()
+    assert "DO_NOT_TRACK=true" in text
+    if dockerfile.name.startswith("stage-"):  # MLflow lives in the stage images (also the chart's server)
+        assert "MLFLOW_DISABLE_TELEMETRY=true" in text
+
+
+def test_platform_script_switches_telemetry_off():
+    exports = [ln for ln in (REPO / "scripts" / "platform.sh").read_text().splitlines() if ln.startswith("export ")]
+    assert any("MLFLOW_DISABLE_TELEMETRY=true" in ln and "DO_NOT_TRACK=true" in ln for ln in exports)
