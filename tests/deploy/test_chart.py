@@ -173,7 +173,7 @@ def test_secrets_rendered_when_asked():
     assert set(creds) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POSTGRES_PASSWORD"}
     stage = find(docs, "Secret", "-stage")["stringData"]
     assert stage["MLFLOW_TRACKING_URI"] == "http://dpsynth-mlflow.dpsynth.svc:5000"
-    assert stage["DPSYNTH_S3_ENDPOINT_URL"] == stage["MLFLOW_S3_ENDPOINT_URL"] == "http://dpsynth-minio.dpsynth.svc:9000"
+    assert stage["AWS_ENDPOINT_URL_S3"] == stage["MLFLOW_S3_ENDPOINT_URL"] == "http://dpsynth-minio.dpsynth.svc:9000"
     assert stage["DPSYNTH_LEDGER_URL"] == "postgresql://dpsynth:p%40ss%2Fword@dpsynth-postgresql.dpsynth.svc:5432/ledger"
 
 
