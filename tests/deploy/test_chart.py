@@ -124,6 +124,7 @@ def test_airflow_env_builds_the_gpu_pod(monkeypatch):
     assert kw["node_selector"]["dpsynth.io/pool"] == "gpu"
     assert {t.key for t in kw["tolerations"]} == {"nvidia.com/gpu", "dpsynth.io/pool"}
     assert kw["env_from"][0].secret_ref.name == "dpsynth-stage"
+    assert kw["env_from"][1].config_map_ref.name == "dpsynth-stage-config"
     assert "nvidia.com/gpu" not in (pods.pod_settings("partition")["container_resources"].limits or {})
 
 
@@ -172,9 +173,23 @@ def test_secrets_rendered_when_asked():
     creds = find(docs, "Secret", "-credentials")["stringData"]
     assert set(creds) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POSTGRES_PASSWORD"}
     stage = find(docs, "Secret", "-stage")["stringData"]
-    assert stage["MLFLOW_TRACKING_URI"] == "http://dpsynth-mlflow.dpsynth.svc:5000"
-    assert stage["AWS_ENDPOINT_URL_S3"] == stage["MLFLOW_S3_ENDPOINT_URL"] == "http://dpsynth-minio.dpsynth.svc:9000"
+    assert set(stage) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL"}
     assert stage["DPSYNTH_LEDGER_URL"] == "postgresql://dpsynth:p%40ss%2Fword@dpsynth-postgresql.dpsynth.svc:5432/ledger"
+
+
+@tools
+@pytest.mark.parametrize("variant", ["default", "gpu", "external"])
+def test_stage_config_map_has_the_non_secret_settings(variant):
+    """What KFP's configMapAsEnv (pipelines/kfp) and Airflow's envFrom read, in the stage namespace."""
+    docs = render(*VARIANTS[variant])
+    config = find(docs, "ConfigMap", "-stage-config")
+    assert config["metadata"]["name"] == "dpsynth-stage-config"  # pipelines/kfp: STAGE_CONFIG_MAP
+    assert config["metadata"]["namespace"] == ("dpsynth-stages" if variant == "gpu" else "dpsynth")
+    data = config["data"]
+    assert data["MLFLOW_TRACKING_URI"] == "http://dpsynth-mlflow.dpsynth.svc:5000"
+    endpoint = "https://s3.example.org" if variant == "external" else "http://dpsynth-minio.dpsynth.svc:9000"
+    assert data["AWS_ENDPOINT_URL_S3"] == data["MLFLOW_S3_ENDPOINT_URL"] == endpoint
+    assert find(docs, "ConfigMap", "-airflow-env")["data"]["DPSYNTH_STAGE_CONFIG_MAP"] == "dpsynth-stage-config"
 
 
 @tools

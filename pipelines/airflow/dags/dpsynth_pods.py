@@ -11,7 +11,8 @@ ConfigMap), else its default:
   (``python -m dpsynth.cli``); default ``<repo>/.venv/stage/bin/dpsynth``, run in ``DPSYNTH_REPO``.
 - kubernetes: ``DPSYNTH_K8S_NAMESPACE``, ``DPSYNTH_GPU_STAGES`` (default "warmstart,train"),
   ``DPSYNTH_GPU_LIMIT``, ``DPSYNTH_GPU_NODE_SELECTOR`` and ``DPSYNTH_GPU_TOLERATIONS`` (JSON),
-  ``DPSYNTH_STAGE_SECRET`` (a Secret with S3/MLflow credentials, as environment),
+  ``DPSYNTH_STAGE_SECRET`` and ``DPSYNTH_STAGE_CONFIG_MAP`` (a Secret with the S3 credentials and the
+  ledger URL, a ConfigMap with the MLflow URI and S3 endpoint: the stage pods' environment),
   ``DPSYNTH_K8S_CONFIG_FILE`` (a kubeconfig; else in-cluster), ``DPSYNTH_K8S_DEFERRABLE`` ("true":
   pods are waited for in the triggerer), ``DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS`` (900: time for a pod to
   be scheduled, e.g. while a GPU node is added by the autoscaler, and again to start).
@@ -140,8 +141,11 @@ def pod_settings(stage: str) -> dict:
     else:
         kw["container_resources"] = k8s.V1ResourceRequirements(requests={"cpu": "1", "memory": "4Gi"},
                                                                limits={"memory": "8Gi"})
+    kw["env_from"] = []
     if secret := setting("DPSYNTH_STAGE_SECRET"):
-        kw["env_from"] = [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=secret))]
+        kw["env_from"].append(k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=secret)))
+    if config_map := setting("DPSYNTH_STAGE_CONFIG_MAP"):
+        kw["env_from"].append(k8s.V1EnvFromSource(config_map_ref=k8s.V1ConfigMapEnvSource(name=config_map)))
     if config_file := setting("DPSYNTH_K8S_CONFIG_FILE"):
         kw["config_file"] = config_file
     else:
