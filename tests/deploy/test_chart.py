@@ -7,6 +7,7 @@ Dockerfiles are linted for structure instead.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -323,3 +324,118 @@ def test_images_switch_telemetry_off(dockerfile):
 def test_platform_script_switches_telemetry_off():
     exports = [ln for ln in (REPO / "scripts" / "platform.sh").read_text().splitlines() if ln.startswith("export ")]
     assert any("MLFLOW_DISABLE_TELEMETRY=true" in ln and "DO_NOT_TRACK=true" in ln for ln in exports)
+
+
+# --- values.schema.json and the `helm test` hook ------------------------------------------------
+
+@tools
+@pytest.mark.parametrize("bad, where", [
+    (["--set", "mlflow.port=abc"], "/mlflow/port"),
+    (["--set", "stage.gpu.stages={warmstart,trian}"], "/stage/gpu/stages/1"),
+    (["--set", "minio.enabeld=false"], "enabeld"),
+    (["--set", "stage.startupTimeoutSeconds=0"], "/stage/startupTimeoutSeconds"),
+    (["--set", "ledger.database=led-ger"], "/ledger/database"),
+])
+def test_values_schema_rejects_bad_values(bad, where):
+    proc = subprocess.run([str(HELM), "template", "dpsynth", str(CHART), *bad], capture_output=True, text=True)
+    assert proc.returncode != 0 and where in proc.stderr, proc.stderr
+
+
+@tools
+def test_airflow_task_settings_reach_the_airflow_env():
+    env = find(render("--set", "stage.startupTimeoutSeconds=1800", "--set", "stage.deferrable=false"),
+               "ConfigMap", "-airflow-env")["data"]
+    assert env["DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS"] == "1800" and env["DPSYNTH_K8S_DEFERRABLE"] == "false"
+    assert (env["DPSYNTH_TASK_RETRIES"], env["DPSYNTH_TASK_RETRY_DELAY_SECONDS"], env["DPSYNTH_TASK_TIMEOUT_SECONDS"]) == (
+        "2", "120", "43200")
+
+
+def helm_test_pod(docs: list[dict]) -> dict:
+    [pod] = [d for d in docs if d["kind"] == "Pod" and d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    return pod
+
+
+@tools
+def test_helm_test_pod_checks_mlflow_and_the_ledger_database():
+    pod = helm_test_pod(render())
+    [container] = pod["spec"]["containers"]
+    assert pod["spec"]["restartPolicy"] == "Never" and container["image"] == "dpsynth-stage:cpu"
+    assert container["command"] == ["python", "-c"]
+    assert container["args"][0] == (CHART / "files" / "test_connections.py").read_text()
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["MLFLOW_URL"] == "http://dpsynth-mlflow.dpsynth.svc:5000"
+    assert (env["PGHOST"], env["PGPORT"], env["PGUSER"], env["PGDATABASE"]) == (
+        "dpsynth-postgresql.dpsynth.svc", "5432", "dpsynth", "ledger")
+    assert env["PGPASSWORD"] == {"secretKeyRef": {"name": "dpsynth-credentials", "key": "POSTGRES_PASSWORD"}}
+    [no_mlflow] = helm_test_pod(render("--set", "mlflow.enabled=false"))["spec"]["containers"]
+    assert "MLFLOW_URL" not in {e["name"] for e in no_mlflow["env"]}
+    assert not [d for d in render("--set", "tests.enabled=false") if d["kind"] == "Pod"]
+
+
+@pytest.fixture
+def postgres():
+    """A PostgreSQL 15 server (password auth) on a private port, as ENVIRONMENT.md describes; its env."""
+    import shutil
+    import socket
+    import tempfile
+
+    if not shutil.which("pg_ctl") or subprocess.run(["id", "postgres"], capture_output=True).returncode:
+        pytest.skip("no PostgreSQL server binaries / postgres user")
+    root = Path(tempfile.mkdtemp(prefix="dpsynth-pg-"))
+    root.chmod(0o755)
+    (root / "pw").write_text("s3cret:pw\n")
+    shutil.chown(root, "postgres")
+    shutil.chown(root / "pw", "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    as_pg = lambda cmd: subprocess.run(["su", "postgres", "-c", cmd], check=True, capture_output=True, timeout=120)  # noqa: E731
+    as_pg(f"initdb -D {root}/db -A scram-sha-256 -U dpsynth --pwfile={root}/pw")
+    as_pg(f"pg_ctl -D {root}/db -o '-p {port} -k {root} -h 127.0.0.1' -l {root}/log -w start")
+    try:
+        subprocess.run(["psql", f"postgresql://dpsynth:s3cret:pw@127.0.0.1:{port}/postgres", "-c", "CREATE DATABASE ledger"],
+                       check=True, capture_output=True, timeout=60)
+        yield {"PGHOST": "127.0.0.1", "PGPORT": str(port), "PGUSER": "dpsynth", "PGDATABASE": "ledger",
+               "PGPASSWORD": "s3cret:pw"}
+    finally:
+        as_pg(f"pg_ctl -D {root}/db -m fast -w stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def mlflow_health():
+    """An HTTP server answering /health like MLflow's (``OK``); its URL."""
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            ok = self.path == "/health"
+            self.send_response(200 if ok else 404)
+            self.end_headers()
+            self.wfile.write(b"OK" if ok else b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("psycopg2") is None,
+                    reason="psycopg2 is not installed here (the stage image has it: images/stage-cpu.Dockerfile)")
+def test_helm_test_script_passes_and_fails_for_real(postgres, mlflow_health):
+    """The hook's script against a real PostgreSQL and an MLflow-like /health."""
+    script = str(CHART / "files" / "test_connections.py")
+
+    def check(**env):
+        return subprocess.run([sys.executable, script], env={"PATH": "/usr/bin:/bin", **postgres, **env},
+                              capture_output=True, text=True, timeout=60)
+
+    ok = check(MLFLOW_URL=mlflow_health)
+    assert ok.returncode == 0 and "MLflow /health: OK" in ok.stdout and "reachable" in ok.stdout, ok.stdout + ok.stderr
+    assert check(MLFLOW_URL=mlflow_health, PGPASSWORD="wrong").returncode == 1
+    assert check(MLFLOW_URL=mlflow_health, PGDATABASE="nope").returncode == 1
+    assert check(MLFLOW_URL=mlflow_health + "/nothing-here").returncode == 1
