@@ -98,7 +98,8 @@ def _ensure_experiment(mlflow, name: str, tracking_uri: str, artifact_location: 
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         if EXPERIMENT_KIND_TAG not in exp.tags:  # made before dpsynth tagged its experiments
-            mlflow.MlflowClient(tracking_uri).set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+            client = mlflow.MlflowClient(tracking_uri)
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     location = artifact_location
     if location is None and tracking_uri.startswith("sqlite:///"):

@@ -200,7 +200,8 @@ def _on_cluster(task, *, gpu: bool, retry: bool) -> None:
     if retry:
         # KFP's default backoff_max_duration (1 h, counted from the first attempt) would forbid retrying
         # a stage that failed after an hour: allow every attempt its full time limit.
-        task.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF, backoff_max_duration=f"{(RETRIES + 1) * TIMEOUT_SECONDS}s")
+        task.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF,
+                       backoff_max_duration=f"{(RETRIES + 1) * TIMEOUT_SECONDS}s")
     if kubernetes is None:
         return
     kubernetes.use_secret_as_env(task, STAGE_SECRET, secret_key_to_env={k: k for k in SECRET_ENV})

@@ -389,12 +389,15 @@ def postgres():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    as_pg = lambda cmd: subprocess.run(["su", "postgres", "-c", cmd], check=True, capture_output=True, timeout=120)  # noqa: E731
+
+    def as_pg(cmd: str) -> None:
+        subprocess.run(["su", "postgres", "-c", cmd], check=True, capture_output=True, timeout=120)
+
     as_pg(f"initdb -D {root}/db -A scram-sha-256 -U dpsynth --pwfile={root}/pw")
     as_pg(f"pg_ctl -D {root}/db -o '-p {port} -k {root} -h 127.0.0.1' -l {root}/log -w start")
     try:
-        subprocess.run(["psql", f"postgresql://dpsynth:s3cret:pw@127.0.0.1:{port}/postgres", "-c", "CREATE DATABASE ledger"],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(["psql", f"postgresql://dpsynth:s3cret:pw@127.0.0.1:{port}/postgres",
+                        "-c", "CREATE DATABASE ledger"], check=True, capture_output=True, timeout=60)
         yield {"PGHOST": "127.0.0.1", "PGPORT": str(port), "PGUSER": "dpsynth", "PGDATABASE": "ledger",
                "PGPASSWORD": "s3cret:pw"}
     finally:

@@ -315,8 +315,9 @@ def test_train_dag_end_to_end(airflow_db, tmp_path):
             "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None, "tracking_uri": mlflow_uri,
             "pipeline_run_id": "af-e2e", "overrides": TINY}
     airflow = str(AIRFLOW_BIN / "airflow")
+    # timeout: a hang guard (over 300 s were seen on 2 shared, busy cores)
     proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=airflow_db,
-                          cwd=REPO, capture_output=True, text=True, timeout=900)  # a hang guard: >300 s seen on 2 shared, busy cores
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "DagRun Finished: dag_id=dpsynth_train" in log and "state=success" in log, log[-6000:]
     assert log.count("running task <TaskInstance: dpsynth_train.warmstart_shard") == 2  # mapped over K=2 shards
