@@ -257,6 +257,27 @@ def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env
     assert not list(marks.iterdir()), "a hostile value ran a command"
 
 
+def test_a_variable_in_the_metadata_db_reaches_dag_parsing(airflow_env, tmp_path):
+    """`airflow variables set DPSYNTH_TASK_RETRIES 7`, then one pass of the real dag-processor: the
+    serialized DAGs carry retries=7 (Airflow 3 serves Variables to parsing through its supervisor)."""
+    import sqlite3
+    import zlib
+
+    env = {**airflow_env, "AIRFLOW_HOME": str(tmp_path),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}"}
+    airflow = str(AIRFLOW_BIN / "airflow")
+    for args in (["db", "migrate"], ["variables", "set", "DPSYNTH_TASK_RETRIES", "7"], ["dag-processor", "-n", "1"]):
+        subprocess.run([airflow, *args], env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
+    db = sqlite3.connect(tmp_path / "airflow.db")
+    retries = {}
+    for dag_id, data, compressed in db.execute("SELECT dag_id, data, data_compressed FROM serialized_dag"):
+        dag = json.loads(data or zlib.decompress(compressed))["dag"]
+        retries[dag_id] = {t["__var"]["task_id"]: t["__var"].get("retries", 0) for t in dag["tasks"]}  # 0: omitted
+    assert sorted(retries) == ["dpsynth_import_data", "dpsynth_retrain_on_new_data", "dpsynth_train"]
+    assert retries["dpsynth_train"]["train"] == 7 and retries["dpsynth_train"]["finish"] == 0
+    assert retries["dpsynth_import_data"]["import_data"] == 7
+
+
 @pytest.fixture(scope="module")
 def airflow_db(airflow_env) -> dict:
     """``airflow_env`` with its metadata database migrated."""
