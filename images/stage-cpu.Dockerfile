@@ -12,7 +12,8 @@ ARG PIP_FIND_LINKS
 # A CA bundle mounted into the build, for networks that intercept TLS (pip reads PIP_CERT).
 ARG PIP_CERT
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    VIRTUAL_ENV=/opt/dpsynth PATH=/opt/dpsynth/bin:$PATH
+    VIRTUAL_ENV=/opt/dpsynth PATH=/opt/dpsynth/bin:$PATH \
+    MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true
 
 RUN python3 -m venv /opt/dpsynth
 COPY requirements/stage.lock /tmp/stage.lock

@@ -8,7 +8,8 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 ARG PYTHON=python3.11
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/dpsynth PATH=/opt/dpsynth/bin:$PATH \
-    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true
 
 # The nvidia/cuda images carry no Python 3.11; take it from the deadsnakes PPA on Ubuntu
 # (or use a base that has it and pass --build-arg PYTHON=python3).

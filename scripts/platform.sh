@@ -28,6 +28,8 @@ export AIRFLOW__API_AUTH__JWT_SECRET="$(cat "$DIR/secret")" AIRFLOW__API__SECRET
 export MLFLOW_TRACKING_URI="$MLFLOW_URL" DPSYNTH_TRACKING_URI="$MLFLOW_URL"
 export DPSYNTH_REPO="$REPO" DPSYNTH_STAGE_BIN="$STAGE_BIN/dpsynth" DPSYNTH_RUN_ROOT="${DPSYNTH_RUN_ROOT:-$DIR/runs}"
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PYTHONUNBUFFERED=1
+# No usage telemetry: MLflow 3 reads MLFLOW_DISABLE_TELEMETRY (and DO_NOT_TRACK); Airflow 3.3.2 collects none.
+export MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true
 
 running() {  # running NAME: its process group is alive
   local f="$DIR/pids/$1.pid"

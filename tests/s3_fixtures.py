@@ -68,12 +68,12 @@ def s3_env(moto_endpoint, monkeypatch):
     """Point the AWS environment at the server (dummy credentials); returns a boto3 client."""
     import boto3
 
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL"):
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("DPSYNTH_S3_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)  # boto3's standard endpoint setting
     return boto3.client("s3", endpoint_url=moto_endpoint)
 
 

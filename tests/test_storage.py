@@ -146,21 +146,43 @@ def test_parquet_written_to_s3_reads_back_with_pyarrow(both):
 
 
 def test_endpoint_precedence(monkeypatch):
-    for var in storage.ENDPOINT_VARS:
+    """boto3's own AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (boto3 applies them: nothing explicit), else MLflow's."""
+    for var in (*storage.AWS_ENDPOINT_VARS, storage.MLFLOW_ENDPOINT_VAR):
         monkeypatch.delenv(var, raising=False)
     assert storage.endpoint_url() is None
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://aws")
     monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", "http://mlflow")
     assert storage.endpoint_url() == "http://mlflow"
-    monkeypatch.setenv("DPSYNTH_S3_ENDPOINT_URL", "http://dpsynth")
-    assert storage.endpoint_url() == "http://dpsynth"
+    for var, url in (("AWS_ENDPOINT_URL", "http://aws"), ("AWS_ENDPOINT_URL_S3", "http://aws-s3")):
+        monkeypatch.setenv(var, url)
+        assert storage.endpoint_url() is None
+        assert storage._client().meta.endpoint_url == url  # boto3 resolved it (the S3-specific one wins)
 
 
 def test_mlflow_endpoint_alone_reaches_the_server(s3_bucket, moto_endpoint, monkeypatch):
-    monkeypatch.delenv("DPSYNTH_S3_ENDPOINT_URL")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
     monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", moto_endpoint)
     storage.write_bytes(f"s3://{s3_bucket}/m.bin", b"m")
     assert storage.read_bytes(f"s3://{s3_bucket}/m.bin") == b"m"
+
+
+def test_large_objects_go_up_in_parts_and_round_trip(s3_env, s3_bucket, monkeypatch, tmp_path):
+    """Above the multipart threshold the managed transfer uploads (and copies) in parts: the ETag of
+    a multipart object is "<md5 of the part md5s>-<number of parts>". 5 MiB is S3's smallest part."""
+    monkeypatch.setattr(storage, "MULTIPART_THRESHOLD", 5 * storage.MiB)
+    monkeypatch.setattr(storage, "MULTIPART_CHUNKSIZE", 5 * storage.MiB)
+    data = os.urandom(11 * storage.MiB)  # 3 parts: 5 + 5 + 1 MiB
+    uri, copied = f"s3://{s3_bucket}/big/model.pt", f"s3://{s3_bucket}/big/copy.pt"
+    with storage.atomic_write(uri) as fh:
+        fh.write(data)
+    storage.copy(uri, copied)  # S3 to S3, server-side
+    for u in (uri, copied):
+        assert s3_env.head_object(Bucket=s3_bucket, Key=u.split("/", 3)[3])["ETag"].strip('"').endswith("-3"), u
+        assert storage.sha256(u) == hashlib.sha256(data).hexdigest()
+    storage.copy(uri, tmp_path / "local.pt")
+    assert (tmp_path / "local.pt").read_bytes() == data
+    small = f"s3://{s3_bucket}/small.bin"
+    storage.write_bytes(small, b"x" * 100)  # below the threshold: one PutObject
+    assert "-" not in s3_env.head_object(Bucket=s3_bucket, Key="small.bin")["ETag"]
 
 
 def test_zones(tmp_path):

@@ -1,12 +1,13 @@
 """Where bytes live: local paths (or ``file://``) and ``s3://bucket/key``, behind one interface.
 
 Every write is atomic. Locally, data goes to a temporary sibling that is renamed into place;
-on S3, it is buffered in a local temporary file and sent in one PutObject once the writing
-block succeeds. Either way an output appears whole or not at all.
+on S3, it is buffered in a local temporary file and uploaded with boto3's managed transfer once
+the writing block succeeds (a multipart upload above ``TRANSFER_CONFIG.multipart_threshold``,
+which S3 completes atomically). Either way an output appears whole or not at all.
 
-S3 credentials and region come from the standard AWS environment; the endpoint from
-``DPSYNTH_S3_ENDPOINT_URL``, else ``MLFLOW_S3_ENDPOINT_URL``, else ``AWS_ENDPOINT_URL``
-(so one local S3-compatible server serves both dpsynth and MLflow).
+S3 credentials, region and endpoint come from boto3's standard settings (``AWS_ENDPOINT_URL_S3``,
+``AWS_ENDPOINT_URL``, the AWS config file). When neither endpoint variable is set,
+``MLFLOW_S3_ENDPOINT_URL`` is used, so one S3-compatible server configured for MLflow serves dpsynth too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,20 @@ import threading
 from pathlib import Path
 from typing import IO, Iterator
 
-ENDPOINT_VARS = ("DPSYNTH_S3_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL")
+AWS_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # boto3 reads these itself
+MLFLOW_ENDPOINT_VAR = "MLFLOW_S3_ENDPOINT_URL"
+MiB = 1024 * 1024
+# Multipart above 64 MiB, in 64 MiB parts: S3 allows 10,000 parts, so objects up to 625 GiB
+# (a single PutObject stops at 5 GiB).
+MULTIPART_THRESHOLD = 64 * MiB
+MULTIPART_CHUNKSIZE = 64 * MiB
+
+
+def transfer_config():
+    """boto3's ``TransferConfig`` for the managed uploads, downloads and copies."""
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_CHUNKSIZE)
 
 
 # --- URIs -------------------------------------------------------------------------------------
@@ -75,36 +89,45 @@ def join(base_uri: str | os.PathLike, *parts: str) -> str:
 
 
 def endpoint_url() -> str | None:
-    return next((os.environ[v] for v in ENDPOINT_VARS if os.environ.get(v)), None)
+    """The endpoint to give boto3 explicitly: ``MLFLOW_S3_ENDPOINT_URL`` when boto3's own
+    ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` are unset (which boto3 then applies itself), else None."""
+    if any(os.environ.get(v) for v in AWS_ENDPOINT_VARS):
+        return None
+    return os.environ.get(MLFLOW_ENDPOINT_VAR) or None
 
 
 _client_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
-def _client_for(endpoint: str | None, pid: int):  # pid: a forked child must not share connections
+def _client_for(endpoint: str | None, custom: bool, pid: int):  # pid: a forked child must not share connections
     import boto3
     from botocore.config import Config
 
     # S3-compatible servers (MinIO, moto) behind a custom endpoint want path-style addressing.
-    config = Config(s3={"addressing_style": "path"}) if endpoint else None
+    config = Config(s3={"addressing_style": "path"}) if custom else None
     with _client_lock:  # creating clients from boto3's default session is not thread-safe
         return boto3.client("s3", endpoint_url=endpoint, config=config)
 
 
 def _client():
-    return _client_for(endpoint_url(), os.getpid())
+    custom = tuple(os.environ.get(v) for v in (*AWS_ENDPOINT_VARS, MLFLOW_ENDPOINT_VAR))  # part of the cache key
+    return _client_for(endpoint_url(), custom if any(custom) else (), os.getpid())
 
 
 @contextlib.contextmanager
 def _s3_errors(uri: str) -> Iterator[None]:
     """Missing buckets and objects become FileNotFoundError naming ``uri``."""
+    from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import ClientError
 
     try:
         yield
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
+    except (ClientError, S3UploadFailedError) as exc:
+        error = exc if isinstance(exc, ClientError) else exc.__context__  # a managed upload wraps the ClientError
+        if not isinstance(error, ClientError):
+            raise
+        code = error.response.get("Error", {}).get("Code", "")
         if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
             what = "bucket does not exist" if code == "NoSuchBucket" else "no such object"
             raise FileNotFoundError(f"{uri}: {what}") from None
@@ -153,7 +176,7 @@ def open_input(uri: str | os.PathLike) -> Iterator[IO[bytes]]:
     bucket, key = _bucket_key(str(uri))
     with tempfile.TemporaryFile() as fh:
         with _s3_errors(str(uri)):
-            _client().download_fileobj(bucket, key, fh)
+            _client().download_fileobj(bucket, key, fh, Config=transfer_config())
         fh.seek(0)
         yield fh
 
@@ -191,8 +214,8 @@ def list_uris(prefix_uri: str | os.PathLike) -> list[str]:
 @contextlib.contextmanager
 def atomic_write(uri: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
     """Open a temporary file for ``uri``; when the block succeeds, move it into place (locally:
-    fsync, chmod 0644, rename; on S3: one PutObject). When the block raises, nothing is written
-    and the temporary file is removed. S3 objects are limited to 5 GB (one PutObject)."""
+    fsync, chmod 0644, rename; on S3: a managed upload, multipart when large). When the block
+    raises, nothing is written and the temporary file is removed."""
     if _is_s3(uri):
         bucket, key = _bucket_key(str(uri))
         directory = None  # the system temp dir
@@ -209,8 +232,8 @@ def atomic_write(uri: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
             if directory is not None:
                 os.fsync(fh.fileno())
         if directory is None:
-            with open(tmp, "rb") as body, _s3_errors(str(uri)):
-                _client().put_object(Bucket=bucket, Key=key, Body=body)
+            with _s3_errors(str(uri)):
+                _client().upload_file(tmp, bucket, key, Config=transfer_config())
         else:
             os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are read by other stages and users
             os.replace(tmp, path)
@@ -235,8 +258,8 @@ def copy(src_uri: str | os.PathLike, dst_uri: str | os.PathLike) -> None:
         (src_bucket, src_key), (bucket, key) = _bucket_key(str(src_uri)), _bucket_key(str(dst_uri))
         with _s3_errors(str(src_uri)):
             _client().head_object(Bucket=src_bucket, Key=src_key)  # so a missing source is named
-        with _s3_errors(str(dst_uri)):
-            _client().copy_object(CopySource={"Bucket": src_bucket, "Key": src_key}, Bucket=bucket, Key=key)
+        with _s3_errors(str(dst_uri)):  # server-side; multipart (UploadPartCopy) when large
+            _client().copy({"Bucket": src_bucket, "Key": src_key}, bucket, key, Config=transfer_config())
         return
     with open_input(src_uri) as src, atomic_write(dst_uri, "wb") as dst:
         shutil.copyfileobj(src, dst)

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -30,6 +31,11 @@ TAG_METHOD = "dpsynth.method"
 TAG_POPULATION = "dpsynth.population_id"
 TAG_LEDGER_RESERVATION = "dpsynth.ledger_reservation_id"
 TAG_IMAGE = "dpsynth.image"
+
+# MLflow 3's experiment type: its UI opens a "custom_model_development" experiment on the training
+# runs (not the GenAI traces view). Set on the experiments dpsynth creates, or finds without one.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 # What the run-context provider of mlflow_plugins (dpsynth_mlflow) reads: the pipeline sets these
 # in the environment of each stage, so every MLflow run a stage starts carries its lineage tags.
@@ -91,11 +97,14 @@ def _ensure_experiment(mlflow, name: str, tracking_uri: str, artifact_location: 
     SQLite store, else where the tracking server puts them. An existing experiment keeps its own."""
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
+        if EXPERIMENT_KIND_TAG not in exp.tags:  # made before dpsynth tagged its experiments
+            client = mlflow.MlflowClient(tracking_uri)
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     location = artifact_location
     if location is None and tracking_uri.startswith("sqlite:///"):
         location = (Path(tracking_uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
-    return mlflow.create_experiment(name, artifact_location=location)
+    return mlflow.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
 
 
 @contextlib.contextmanager
@@ -109,15 +118,15 @@ def start_run(
     tags: dict[str, str] | None = None,
     artifact_location: str | None = None,
 ) -> Iterator[object]:
-    """Start (or nest under ``parent_run_id``) an MLflow run tagged with the stage and code version."""
+    """Start an MLflow run tagged with the stage and code version; with ``parent_run_id``, nested under
+    that run (MLflow sets the ``mlflow.parentRunId`` tag, after checking that the parent exists)."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
     experiment_id = _ensure_experiment(mlflow, experiment, tracking_uri, artifact_location)
     all_tags = {TAG_STAGE: stage, TAG_CODE_VERSION: code_version(), **(tags or {})}
-    if parent_run_id:
-        all_tags["mlflow.parentRunId"] = parent_run_id
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name or stage, tags=all_tags) as run:
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name or stage, tags=all_tags,
+                          parent_run_id=parent_run_id or None) as run:
         yield run
 
 
@@ -134,14 +143,23 @@ def create_parent_run(*, tracking_uri: str, experiment: str, run_name: str, tags
     return MlflowClient(tracking_uri).create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
 
 
+def dataset_source(uri: str):
+    """MLflow's dataset source for a storage URI: "local" for a path or file://, "s3" for s3://."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.filesystem_dataset_source import FileSystemDatasetSource
+
+    uri = uri if "://" in uri else Path(uri).resolve().as_uri()
+    with warnings.catch_warnings():  # "" and "file" register the same local source class: harmless
+        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways")
+        return resolve_dataset_source(uri, candidate_sources=[FileSystemDatasetSource])
+
+
 def log_dataset_input(*, uri: str, sha256: str, name: str, context: str = "training") -> None:
     """Record the dataset a run read, by URI and content hash (lineage for auditors)."""
     import mlflow
     from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.data.http_dataset_source import HTTPDatasetSource
 
-    source = HTTPDatasetSource(url=uri if "://" in uri else Path(uri).resolve().as_uri())
-    mlflow.log_input(MetaDataset(source=source, name=name, digest=sha256[:32]), context=context)
+    mlflow.log_input(MetaDataset(source=dataset_source(uri), name=name, digest=sha256[:32]), context=context)
     mlflow.set_tag(TAG_DATASET_SHA256, sha256)
 
 

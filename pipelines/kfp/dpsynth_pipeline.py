@@ -13,7 +13,15 @@ Two flavours of one wiring (``_wire``), so they cannot drift apart:
 
 Tasks pass only plain values: the run directory URI, the MLflow parent run id (an output of
 ``start``), the pipeline run id (KFP's job id) and the settings, as ``--set section.field=value``.
-MLflow: a pod reads ``MLFLOW_TRACKING_URI`` from its environment (else SQLite under the run dir).
+
+On a cluster (``dpsynth_pipeline``; kfp-kubernetes) every stage pod gets its configuration from the
+dpsynth chart's objects in the run's namespace: the Secret ``STAGE_SECRET`` (AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, DPSYNTH_LEDGER_URL) and the ConfigMap ``STAGE_CONFIG_MAP`` (MLFLOW_TRACKING_URI;
+AWS_ENDPOINT_URL_S3 and MLFLOW_S3_ENDPOINT_URL where an S3-compatible endpoint is used), as environment;
+CPU/memory requests and limits (``CPU_RESOURCES``, ``GPU_RESOURCES``), ``RETRIES`` retries with backoff
+(the stages skip work their manifests record; not ``finish``, whose failure is the verdict) and a
+per-pod time limit (``TIMEOUT_SECONDS``, activeDeadlineSeconds). Without MLFLOW_TRACKING_URI a pod
+would track into SQLite under the run dir.
 """
 
 import argparse
@@ -30,6 +38,19 @@ GPU_STAGES = ("warmstart shard", "train")  # the per-shard warm starts and the p
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
 YAML = Path(__file__).with_name("dpsynth_pipeline.yaml")
+
+# Cluster settings of the stage pods (dpsynth_pipeline only). Names: the dpsynth chart's defaults for a
+# release called "dpsynth" (env at compile time to change them).
+STAGE_SECRET = os.environ.get("DPSYNTH_STAGE_SECRET", "dpsynth-stage")
+STAGE_CONFIG_MAP = os.environ.get("DPSYNTH_STAGE_CONFIG_MAP", "dpsynth-stage-config")
+SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL")
+CONFIG_ENV = ("MLFLOW_TRACKING_URI",)
+ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL")  # optional: absent for AWS S3 itself
+CPU_RESOURCES = {"cpu_request": "1", "memory_request": "4Gi", "memory_limit": "8Gi"}
+GPU_RESOURCES = {"cpu_request": "4", "memory_request": "16Gi", "memory_limit": "32Gi"}
+RETRIES = 2
+RETRY_BACKOFF = "120s"
+TIMEOUT_SECONDS = 12 * 3600
 
 # The pipeline parameters that become stage settings: pipeline parameter -> config field.
 SETTINGS = {"dataset_uri": "data.uri", "method": "train.method", "epsilon": "privacy.epsilon",
@@ -139,9 +160,10 @@ def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: s
 
 # --- the wiring both flavours share -------------------------------------------------------------
 
-def _wire(step, p: dict, *, gpu: bool) -> None:
+def _wire(step, p: dict, *, cluster: bool) -> None:
     """``step(command, **inputs)`` makes a task; ``p`` holds the pipeline parameters. No KFP caching:
-    a cached ``start`` would hand out a closed parent run; the stages skip their own repeats by manifest."""
+    a cached ``start`` would hand out a closed parent run; the stages skip their own repeats by manifest.
+    ``cluster``: the stage pods' GPUs, configuration, resources, retries and time limits."""
     step = _uncached(step)
     settings = {name: p[name] for name in SETTINGS}
     common = dict(run_dir=p["run_dir"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **settings)
@@ -155,22 +177,39 @@ def _wire(step, p: dict, *, gpu: bool) -> None:
         per_shard = step("warmstart shard", shard_index=shard.shard, **dict(ids, parent_run_id=shard.parent_run_id))
     warm = step("warmstart", **ids).after(per_shard)  # fan-in: after every iteration of the loop
     train = step("train", **ids).after(warm)
-    if gpu:
-        for task in (per_shard, train):
-            _on_gpu(task)
     audit = step("audit", **ids).after(train)
     sample = step("sample", **ids).after(audit)
     evaluate = step("evaluate", **ids).after(sample)
-    step("pipeline finish", **ids).after(evaluate)
+    finish = step("pipeline finish", **ids).after(evaluate)
+    if cluster:
+        for task in (start, partition, per_shard, warm, train, audit, sample, evaluate, finish):
+            _on_cluster(task, gpu=task in (per_shard, train), retry=task is not finish)
+        shards.set_cpu_request("100m").set_memory_request("256Mi").set_memory_limit("512Mi")
 
 
 def _uncached(step):
     return lambda command, **kw: step(command, **kw).set_caching_options(False)
 
 
-def _on_gpu(task) -> None:
-    task.set_accelerator_type(ACCELERATOR).set_accelerator_limit(1)
-    if kubernetes is not None:
+def _on_cluster(task, *, gpu: bool, retry: bool) -> None:
+    """One stage pod's cluster settings (see the module docstring)."""
+    r = GPU_RESOURCES if gpu else CPU_RESOURCES
+    task.set_cpu_request(r["cpu_request"]).set_memory_request(r["memory_request"]).set_memory_limit(r["memory_limit"])
+    if gpu:
+        task.set_accelerator_type(ACCELERATOR).set_accelerator_limit(1)
+    if retry:
+        # KFP's default backoff_max_duration (1 h, counted from the first attempt) would forbid retrying
+        # a stage that failed after an hour: allow every attempt its full time limit.
+        task.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF,
+                       backoff_max_duration=f"{(RETRIES + 1) * TIMEOUT_SECONDS}s")
+    if kubernetes is None:
+        return
+    kubernetes.use_secret_as_env(task, STAGE_SECRET, secret_key_to_env={k: k for k in SECRET_ENV})
+    kubernetes.use_config_map_as_env(task, STAGE_CONFIG_MAP, config_map_key_to_env={k: k for k in CONFIG_ENV})
+    kubernetes.use_config_map_as_env(task, STAGE_CONFIG_MAP, config_map_key_to_env={k: k for k in ENDPOINT_ENV},
+                                     optional=True)
+    kubernetes.set_timeout(task, TIMEOUT_SECONDS)
+    if gpu:
         kubernetes.add_toleration(task, **GPU_TOLERATION)
         for label, value in GPU_NODE_SELECTOR.items():
             kubernetes.add_node_selector(task, label_key=label, label_value=value)
@@ -180,14 +219,14 @@ def _on_gpu(task) -> None:
 def dpsynth_pipeline(dataset_uri: str, run_dir: str, method: str = "dpgan", epsilon: float = 10.0,
                      delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
                      seed: int = 0):
-    _wire(lambda command, **kw: CONTAINER[command](**kw), locals(), gpu=True)
+    _wire(lambda command, **kw: CONTAINER[command](**kw), locals(), cluster=True)
 
 
 @dsl.pipeline(name="dpsynth-local", description="dpsynth_pipeline's shape, stages as local Python subprocesses")
 def local_pipeline(dataset_uri: str, run_dir: str, method: str = "dpgan", epsilon: float = 10.0,
                    delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
                    seed: int = 0, extra: list = []):  # noqa: B006 (KFP default)
-    _wire(lambda command, **kw: local_stage(command=command, extra=extra, **kw), locals(), gpu=False)
+    _wire(lambda command, **kw: local_stage(command=command, extra=extra, **kw), locals(), cluster=False)
 
 
 def compile_yaml(path: str | os.PathLike = YAML) -> Path:

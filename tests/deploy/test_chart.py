@@ -7,9 +7,11 @@ Dockerfiles are linted for structure instead.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,6 +125,7 @@ def test_airflow_env_builds_the_gpu_pod(monkeypatch):
     assert kw["node_selector"]["dpsynth.io/pool"] == "gpu"
     assert {t.key for t in kw["tolerations"]} == {"nvidia.com/gpu", "dpsynth.io/pool"}
     assert kw["env_from"][0].secret_ref.name == "dpsynth-stage"
+    assert kw["env_from"][1].config_map_ref.name == "dpsynth-stage-config"
     assert "nvidia.com/gpu" not in (pods.pod_settings("partition")["container_resources"].limits or {})
 
 
@@ -171,9 +174,23 @@ def test_secrets_rendered_when_asked():
     creds = find(docs, "Secret", "-credentials")["stringData"]
     assert set(creds) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POSTGRES_PASSWORD"}
     stage = find(docs, "Secret", "-stage")["stringData"]
-    assert stage["MLFLOW_TRACKING_URI"] == "http://dpsynth-mlflow.dpsynth.svc:5000"
-    assert stage["DPSYNTH_S3_ENDPOINT_URL"] == stage["MLFLOW_S3_ENDPOINT_URL"] == "http://dpsynth-minio.dpsynth.svc:9000"
+    assert set(stage) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL"}
     assert stage["DPSYNTH_LEDGER_URL"] == "postgresql://dpsynth:p%40ss%2Fword@dpsynth-postgresql.dpsynth.svc:5432/ledger"
+
+
+@tools
+@pytest.mark.parametrize("variant", ["default", "gpu", "external"])
+def test_stage_config_map_has_the_non_secret_settings(variant):
+    """What KFP's configMapAsEnv (pipelines/kfp) and Airflow's envFrom read, in the stage namespace."""
+    docs = render(*VARIANTS[variant])
+    config = find(docs, "ConfigMap", "-stage-config")
+    assert config["metadata"]["name"] == "dpsynth-stage-config"  # pipelines/kfp: STAGE_CONFIG_MAP
+    assert config["metadata"]["namespace"] == ("dpsynth-stages" if variant == "gpu" else "dpsynth")
+    data = config["data"]
+    assert data["MLFLOW_TRACKING_URI"] == "http://dpsynth-mlflow.dpsynth.svc:5000"
+    endpoint = "https://s3.example.org" if variant == "external" else "http://dpsynth-minio.dpsynth.svc:9000"
+    assert data["AWS_ENDPOINT_URL_S3"] == data["MLFLOW_S3_ENDPOINT_URL"] == endpoint
+    assert find(docs, "ConfigMap", "-airflow-env")["data"]["DPSYNTH_STAGE_CONFIG_MAP"] == "dpsynth-stage-config"
 
 
 @tools
@@ -213,3 +230,215 @@ def test_cuda_image_pins_a_cuda_torch_of_the_locked_release():
     pins = [ln for ln in (REPO / "images" / "stage-cuda.constraints").read_text().splitlines()
             if ln and not ln.startswith("#")]
     assert len(pins) == 1 and re.fullmatch(rf"torch=={re.escape(locked.group(1))}\+cu\d+", pins[0]), pins
+
+
+# --- the Airflow image's entrypoint (official-image conventions; the upstream chart's commands) -------
+
+FAKE_AIRFLOW = """#!/usr/bin/env python3
+import json, sys
+print(json.dumps(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("args, airflow_argv", [
+    (["bash", "-c", "exec airflow scheduler"], ["scheduler"]),             # the chart's components
+    (["bash", "-c", "exec \\\nairflow db migrate"], ["db", "migrate"]),    # the chart's migration job
+    (["airflow", "db", "check-migrations", "--migration-wait-timeout=60"],  # its wait-for-migrations init
+     ["db", "check-migrations", "--migration-wait-timeout=60"]),
+    (["api-server"], ["api-server"]),                                       # a bare airflow sub-command
+    ([], ["version"]),
+])
+def test_airflow_entrypoint_runs_what_the_upstream_chart_asks(tmp_path, args, airflow_argv):
+    (tmp_path / "airflow").write_text(FAKE_AIRFLOW)
+    (tmp_path / "airflow").chmod(0o755)
+    proc = subprocess.run(["bash", str(REPO / "images" / "airflow-entrypoint.sh"), *args], capture_output=True,
+                          text=True, timeout=30, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == airflow_argv
+
+
+def test_airflow_entrypoint_runs_python(tmp_path):
+    proc = subprocess.run(["bash", str(REPO / "images" / "airflow-entrypoint.sh"), "python", "-c", "print(6 * 7)"],
+                          capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})  # as the image's venv
+    assert proc.returncode == 0 and proc.stdout.strip() == "42", proc.stderr
+
+
+def test_airflow_image_uses_the_entrypoint_under_dumb_init():
+    lines = (REPO / "images" / "airflow.Dockerfile").read_text().splitlines()
+    [entrypoint] = [json.loads(ln.split(None, 1)[1]) for ln in lines if ln.startswith("ENTRYPOINT ")]
+    assert entrypoint[0].endswith("/dumb-init") and entrypoint[1:] == ["--", "/entrypoint"]
+    assert "CMD []" in lines
+    copies = {ln.split()[-1]: ln.split()[-2] for ln in lines if ln.startswith("COPY ")}
+    assert copies["/entrypoint"] == "images/airflow-entrypoint.sh"
+    assert copies["/clean-logs"] == "images/airflow-clean-logs.sh"
+    assert any(ln.startswith("USER 50000") for ln in lines)
+
+
+def test_clean_logs_removes_old_task_logs_only(tmp_path):
+    import os
+    import time
+
+    logs = tmp_path / "logs" / "dag_id=x" / "run_id=old"
+    logs.mkdir(parents=True)
+    old, new = logs / "attempt=1.log", tmp_path / "logs" / "recent.log"
+    old.write_text("old")
+    new.write_text("new")
+    month_ago = time.time() - 30 * 86400
+    os.utime(old, (month_ago, month_ago))
+    proc = subprocess.Popen(["bash", str(REPO / "images" / "airflow-clean-logs.sh")], stdout=subprocess.PIPE,
+                            env={"PATH": "/usr/bin:/bin", "AIRFLOW_HOME": str(tmp_path),
+                                 "AIRFLOW__LOG_RETENTION_DAYS": "15"})
+    try:
+        deadline = time.time() + 20
+        while (old.exists() or logs.exists()) and time.time() < deadline:
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert not old.exists() and not logs.exists() and new.read_text() == "new"
+
+
+# --- usage telemetry off (MLflow 3 reads MLFLOW_DISABLE_TELEMETRY / DO_NOT_TRACK; Airflow 3.3.2 has none) --
+
+@tools
+def test_chart_switches_mlflow_telemetry_off():
+    docs = render()
+    [container] = find(docs, "Deployment", "-mlflow")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MLFLOW_DISABLE_TELEMETRY"] == "true" and env["DO_NOT_TRACK"] == "true"
+    airflow_env = find(docs, "ConfigMap", "-airflow-env")["data"]
+    assert airflow_env["MLFLOW_DISABLE_TELEMETRY"] == "true" and airflow_env["DO_NOT_TRACK"] == "true"
+    opted_in = find(render("--set", "telemetry.enabled=true"), "Deployment", "-mlflow")
+    assert "MLFLOW_DISABLE_TELEMETRY" not in str(opted_in)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_images_switch_telemetry_off(dockerfile):
+    text = dockerfile.read_text()
+    assert "DO_NOT_TRACK=true" in text
+    if dockerfile.name.startswith("stage-"):  # MLflow lives in the stage images (also the chart's server)
+        assert "MLFLOW_DISABLE_TELEMETRY=true" in text
+
+
+def test_platform_script_switches_telemetry_off():
+    exports = [ln for ln in (REPO / "scripts" / "platform.sh").read_text().splitlines() if ln.startswith("export ")]
+    assert any("MLFLOW_DISABLE_TELEMETRY=true" in ln and "DO_NOT_TRACK=true" in ln for ln in exports)
+
+
+# --- values.schema.json and the `helm test` hook ------------------------------------------------
+
+@tools
+@pytest.mark.parametrize("bad, where", [
+    (["--set", "mlflow.port=abc"], "/mlflow/port"),
+    (["--set", "stage.gpu.stages={warmstart,trian}"], "/stage/gpu/stages/1"),
+    (["--set", "minio.enabeld=false"], "enabeld"),
+    (["--set", "stage.startupTimeoutSeconds=0"], "/stage/startupTimeoutSeconds"),
+    (["--set", "ledger.database=led-ger"], "/ledger/database"),
+])
+def test_values_schema_rejects_bad_values(bad, where):
+    proc = subprocess.run([str(HELM), "template", "dpsynth", str(CHART), *bad], capture_output=True, text=True)
+    assert proc.returncode != 0 and where in proc.stderr, proc.stderr
+
+
+@tools
+def test_airflow_task_settings_reach_the_airflow_env():
+    env = find(render("--set", "stage.startupTimeoutSeconds=1800", "--set", "stage.deferrable=false"),
+               "ConfigMap", "-airflow-env")["data"]
+    assert env["DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS"] == "1800" and env["DPSYNTH_K8S_DEFERRABLE"] == "false"
+    assert (env["DPSYNTH_TASK_RETRIES"], env["DPSYNTH_TASK_RETRY_DELAY_SECONDS"], env["DPSYNTH_TASK_TIMEOUT_SECONDS"]) == (
+        "2", "120", "43200")
+
+
+def helm_test_pod(docs: list[dict]) -> dict:
+    [pod] = [d for d in docs if d["kind"] == "Pod" and d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    return pod
+
+
+@tools
+def test_helm_test_pod_checks_mlflow_and_the_ledger_database():
+    pod = helm_test_pod(render())
+    [container] = pod["spec"]["containers"]
+    assert pod["spec"]["restartPolicy"] == "Never" and container["image"] == "dpsynth-stage:cpu"
+    assert container["command"] == ["python", "-c"]
+    assert container["args"][0] == (CHART / "files" / "test_connections.py").read_text()
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["MLFLOW_URL"] == "http://dpsynth-mlflow.dpsynth.svc:5000"
+    assert (env["PGHOST"], env["PGPORT"], env["PGUSER"], env["PGDATABASE"]) == (
+        "dpsynth-postgresql.dpsynth.svc", "5432", "dpsynth", "ledger")
+    assert env["PGPASSWORD"] == {"secretKeyRef": {"name": "dpsynth-credentials", "key": "POSTGRES_PASSWORD"}}
+    [no_mlflow] = helm_test_pod(render("--set", "mlflow.enabled=false"))["spec"]["containers"]
+    assert "MLFLOW_URL" not in {e["name"] for e in no_mlflow["env"]}
+    assert not [d for d in render("--set", "tests.enabled=false") if d["kind"] == "Pod"]
+
+
+@pytest.fixture
+def postgres():
+    """A PostgreSQL 15 server (password auth) on a private port, as ENVIRONMENT.md describes; its env."""
+    import shutil
+    import socket
+    import tempfile
+
+    if not shutil.which("pg_ctl") or subprocess.run(["id", "postgres"], capture_output=True).returncode:
+        pytest.skip("no PostgreSQL server binaries / postgres user")
+    root = Path(tempfile.mkdtemp(prefix="dpsynth-pg-"))
+    root.chmod(0o755)
+    (root / "pw").write_text("s3cret:pw\n")
+    shutil.chown(root, "postgres")
+    shutil.chown(root / "pw", "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def as_pg(cmd: str) -> None:
+        subprocess.run(["su", "postgres", "-c", cmd], check=True, capture_output=True, timeout=120)
+
+    as_pg(f"initdb -D {root}/db -A scram-sha-256 -U dpsynth --pwfile={root}/pw")
+    as_pg(f"pg_ctl -D {root}/db -o '-p {port} -k {root} -h 127.0.0.1' -l {root}/log -w start")
+    try:
+        subprocess.run(["psql", f"postgresql://dpsynth:s3cret:pw@127.0.0.1:{port}/postgres",
+                        "-c", "CREATE DATABASE ledger"], check=True, capture_output=True, timeout=60)
+        yield {"PGHOST": "127.0.0.1", "PGPORT": str(port), "PGUSER": "dpsynth", "PGDATABASE": "ledger",
+               "PGPASSWORD": "s3cret:pw"}
+    finally:
+        as_pg(f"pg_ctl -D {root}/db -m fast -w stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def mlflow_health():
+    """An HTTP server answering /health like MLflow's (``OK``); its URL."""
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            ok = self.path == "/health"
+            self.send_response(200 if ok else 404)
+            self.end_headers()
+            self.wfile.write(b"OK" if ok else b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("psycopg2") is None,
+                    reason="psycopg2 is not installed here (the stage image has it: images/stage-cpu.Dockerfile)")
+def test_helm_test_script_passes_and_fails_for_real(postgres, mlflow_health):
+    """The hook's script against a real PostgreSQL and an MLflow-like /health."""
+    script = str(CHART / "files" / "test_connections.py")
+
+    def check(**env):
+        return subprocess.run([sys.executable, script], env={"PATH": "/usr/bin:/bin", **postgres, **env},
+                              capture_output=True, text=True, timeout=60)
+
+    ok = check(MLFLOW_URL=mlflow_health)
+    assert ok.returncode == 0 and "MLflow /health: OK" in ok.stdout and "reachable" in ok.stdout, ok.stdout + ok.stderr
+    assert check(MLFLOW_URL=mlflow_health, PGPASSWORD="wrong").returncode == 1
+    assert check(MLFLOW_URL=mlflow_health, PGDATABASE="nope").returncode == 1
+    assert check(MLFLOW_URL=mlflow_health + "/nothing-here").returncode == 1

@@ -86,6 +86,10 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
         "retrain_schedule": type(retrain.timetable).__name__,
         "retrain_assets": [a.uri for a in retrain.timetable.asset_condition.objects],
         "outlets": [o.uri for o in bag.dags["dpsynth_import_data"].get_task("import_data").outlets],
+        "settings": {f"{d.dag_id}.{t.task_id}": [t.retries, t.retry_delay.total_seconds(),
+                                                 t.execution_timeout.total_seconds()]
+                     for d in bag.dags.values() for t in d.tasks},
+        "map_index_template": train.get_task("warmstart_shard").map_index_template,
     }))
     """, airflow_env)
     assert out["dags"] == ["dpsynth_import_data", "dpsynth_retrain_on_new_data", "dpsynth_train"]
@@ -95,6 +99,55 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     assert out["retrain_schedule"] == "AssetTriggeredTimetable"
     dataset = (REPO / "outputs" / "data" / "mnist.parquet").as_uri()  # DPSYNTH_DATASET_URI's default
     assert out["outlets"] == [dataset] and out["retrain_assets"] == [dataset]
+    for task, (retries, delay, timeout) in out["settings"].items():  # default_args: stages are idempotent
+        assert retries == (0 if task.endswith(".finish") else 2) and delay == 120 and timeout == 12 * 3600, task
+    assert out["map_index_template"] == "shard {{ task.op_kwargs['shard'] }}"
+
+
+def test_task_settings_come_from_airflow_variables_else_the_environment(airflow_env, tmp_path):
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(tmp_path / "kubeconfig"),
+           "AIRFLOW_VAR_DPSYNTH_TASK_RETRIES": "5",  # an Airflow Variable (environment secrets backend)
+           "DPSYNTH_TASK_RETRIES": "3",               # loses to the Variable
+           "DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS": "1800", "DPSYNTH_TASK_TIMEOUT_SECONDS": "600"}
+    out = in_airflow(LOAD + """
+    dag = bag.dags["dpsynth_train"]
+    pods = [t for t in dag.tasks if type(t).__name__ == "KubernetesPodOperator"]
+    shard = dag.get_task("warmstart_shard")
+    print(json.dumps({
+        "pods": {t.task_id: [t.deferrable, t.startup_timeout_seconds, t.schedule_timeout_seconds, t.retries,
+                             t.execution_timeout.total_seconds()] for t in pods},
+        "shard": [shard.partial_kwargs["deferrable"], shard.partial_kwargs["startup_timeout_seconds"],
+                  shard.map_index_template]}))
+    """, env)
+    assert sorted(out["pods"]) == sorted(["start", *STAGES, "finish"])
+    for task_id, settings in out["pods"].items():
+        assert settings == [True, 1800, 1800, 0 if task_id == "finish" else 5, 600], task_id
+    assert out["shard"] == [True, 1800, "shard {{ task.arguments[-1] }}"]
+
+
+def hostile_values(tmp: Path) -> list[str]:
+    """Trigger-form values that would run a command (creating a file in TMP) if a shell parsed them."""
+    return [f"; touch {tmp}/semicolon", f"$(touch {tmp}/dollar)", f"`touch {tmp}/backtick`",
+            f"x'; touch {tmp}/quote1; echo '", f'x"; touch {tmp}/quote2; echo "', f"x\ntouch {tmp}/newline",
+            f"x && touch {tmp}/and | tee {tmp}/pipe > {tmp}/redirect", "--help", "{{ 7 * 7 }}", "a b\tc"]
+
+
+FAKE_DPSYNTH = """\
+import json, os, sys
+with open(os.environ["FAKE_ARGV_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+print(json.dumps({"parent_run_id": "PARENT", "uri": "x", "sha256": "0" * 64, "rows": 1}))
+"""
+
+
+@pytest.fixture
+def fake_dpsynth(tmp_path) -> tuple[Path, Path]:
+    """An executable standing in for ``dpsynth``: it appends its argv (JSON) to a log and prints JSON."""
+    fake, log = tmp_path / "fake-dpsynth", tmp_path / "argv.jsonl"
+    fake.write_text(f"#!{AIRFLOW_BIN / 'python'}\n" + FAKE_DPSYNTH)
+    fake.chmod(0o755)
+    return fake, log
 
 
 def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, tmp_path):
@@ -105,10 +158,18 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
            "DPSYNTH_GPU_TOLERATIONS": '[{"key": "gpu", "operator": "Equal", "value": "a100", "effect": "NoSchedule"}]'}
     out = in_airflow(LOAD + """
     from kubernetes.client import ApiClient
+    import dpsynth_pipeline, dpsynth_pods
     dag = bag.dags["dpsynth_train"]
+    plan = dpsynth_pods.plan({**dag.params.dump(), "config": None}, "run-1")
+    argv = {**dpsynth_pipeline.start_command.function(plan),
+            **dpsynth_pipeline.stage_commands.function(plan, {"parent_run_id": "PARENT"})}
     ops = [t for t in dag.tasks if type(t).__name__ == "KubernetesPodOperator"]
+    sources = {t.task_id: [t.arguments.operator.task_id, t.arguments.key] for t in ops}
+    for t in ops:  # as the XComArg resolves at run time
+        t.arguments = argv[t.task_id]
     mapped = [t for t in dag.tasks if type(t).__name__ == "MappedOperator"]
     print(json.dumps({"pods": {t.task_id: ApiClient().sanitize_for_serialization(t.build_pod_request_obj()) for t in ops},
+                      "sources": sources, "argv": argv, "pod_cmds": dpsynth_pods.POD_CMDS,
                       "mapped": {t.task_id: [t.operator_class.__name__ if hasattr(t.operator_class, "__name__")
                                              else t.operator_class["task_type"], sorted(t.expand_input.value)]
                                  for t in mapped},
@@ -118,11 +179,13 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
     assert "nvidia.com/gpu" in out["mapped_gpu"]["warmstart_shard"]
     pods = out["pods"]
     assert sorted(pods) == sorted(["start", *STAGES, "finish"])
+    assert out["sources"] == {t: ["start_command" if t == "start" else "stage_commands", t] for t in pods}
     for task_id, pod in pods.items():
         spec = pod["spec"]
         container = next(c for c in spec["containers"] if c["name"] == "base")  # beside it: the XCom sidecar
         assert container["image"] == "registry.example/dpsynth-stage:test" and pod["metadata"]["namespace"] == "dpsynth"
-        assert container["command"] == ["sh", "-c"] and "/airflow/xcom/return.json" in container["args"][0]
+        assert container["command"] == out["pod_cmds"] and "/airflow/xcom/return.json" in container["command"][2]
+        assert container["args"] == out["argv"][task_id] and container["args"][0] == "dpsynth"
         limits = container["resources"].get("limits", {})
         if task_id in ("warmstart", "train"):
             assert limits["nvidia.com/gpu"] == "1"
@@ -131,11 +194,134 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
         else:
             assert "nvidia.com/gpu" not in limits and not spec.get("nodeSelector")
             assert not any(t.get("key") == "gpu" for t in spec.get("tolerations") or [])
-    train = next(c for c in pods["train"]["spec"]["containers"] if c["name"] == "base")
-    assert "['shell']['train']" in train["args"][0] and "--parent-run-id" in train["args"][0]
+    train = out["argv"]["train"]
+    assert train[:2] == ["dpsynth", "train"] and train[train.index("--parent-run-id") + 1] == "PARENT"
 
 
-def test_train_dag_end_to_end(airflow_env, tmp_path):
+def run_pod_command(pod_cmds: list[str], args: list[str], fake: Path, log: Path, xcom: Path) -> None:
+    """What the container runtime does with command + args: exec them (no shell around them), with
+    ``dpsynth`` replaced by the fake and the XCom file by XCOM."""
+    cmds = [c.replace("/airflow/xcom/return.json", str(xcom)) for c in pod_cmds]
+    subprocess.run([*cmds, str(fake), *args[1:]], check=True, timeout=30, env={**os.environ, "FAKE_ARGV_LOG": str(log)})
+
+
+def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env, tmp_path, fake_dpsynth):
+    """Hostile trigger-form values (shell metacharacters, quotes, newlines, Jinja) in every string field
+    end up as single argv elements of the stage pods and of the import command, local and on Kubernetes;
+    running the pods' command line executes none of them."""
+    fake, log = fake_dpsynth
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    hostile = hostile_values(marks)
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    k8s = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(tmp_path / "kubeconfig")}
+    out = in_airflow(LOAD + f"""
+    import dpsynth_pipeline, dpsynth_pods
+    hostile = {hostile!r}
+    train, imp = bag.dags["dpsynth_train"], bag.dags["dpsynth_import_data"]
+    runs = []
+    for h in hostile:
+        params = {{**train.params.dump(), "dataset_uri": h, "run_root": h, "config": h, "tracking_uri": h,
+                  "overrides": ["train.seed=" + h]}}
+        plan = dpsynth_pods.plan(params, "run-1")
+        argv = {{**dpsynth_pipeline.start_command.function(plan),
+                 **dpsynth_pipeline.stage_commands.function(plan, {{"parent_run_id": h}})}}
+        op = imp.get_task("import_data")
+        runs.append({{"argv": argv, "import": op.render_template(op.arguments, {{"params": {{"source": h}}}})}})
+    print(json.dumps({{"runs": runs, "pod_cmds": dpsynth_pods.POD_CMDS}}))
+    """, k8s)
+    dataset = "outputs/data/mnist.parquet"  # DPSYNTH_DATASET_URI's default
+    for h, run in zip(hostile, out["runs"]):
+        assert run["import"] == ["dpsynth", "data", "import", "--json", "--", h, dataset]
+        for name, argv in run["argv"].items():
+            assert h in argv and f"data.uri={h}" in argv and f"train.seed={h}" in argv, (name, argv)
+        for args in (run["import"], run["argv"]["train"]):
+            log.unlink(missing_ok=True)
+            xcom = tmp_path / "return.json"
+            run_pod_command(out["pod_cmds"], args, fake, log, xcom)
+            assert [json.loads(line) for line in log.read_text().splitlines()] == [args[1:]]
+            assert json.loads(xcom.read_text())["parent_run_id"] == "PARENT"  # stdout went to the XCom file
+
+    # the local executor: the import task's callable runs the stage CLI as an argv list
+    local = {**airflow_env, "DPSYNTH_STAGE_BIN": str(fake), "FAKE_ARGV_LOG": str(log)}
+    log.unlink(missing_ok=True)
+    in_airflow(LOAD + f"""
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+    op = bag.dags["dpsynth_import_data"].get_task("import_data")
+    for h in {hostile!r}:
+        op.python_callable(params={{"source": h}}, outlet_events=OutletEventAccessors())
+    print(json.dumps({{}}))
+    """, local)
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [
+        ["data", "import", "--json", "--", h, dataset] for h in hostile]
+    assert not list(marks.iterdir()), "a hostile value ran a command"
+
+
+def test_a_variable_in_the_metadata_db_reaches_dag_parsing(airflow_env, tmp_path):
+    """`airflow variables set DPSYNTH_TASK_RETRIES 7`, then one pass of the real dag-processor: the
+    serialized DAGs carry retries=7 (Airflow 3 serves Variables to parsing through its supervisor)."""
+    import sqlite3
+    import zlib
+
+    env = {**airflow_env, "AIRFLOW_HOME": str(tmp_path),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}"}
+    airflow = str(AIRFLOW_BIN / "airflow")
+    for args in (["db", "migrate"], ["variables", "set", "DPSYNTH_TASK_RETRIES", "7"], ["dag-processor", "-n", "1"]):
+        subprocess.run([airflow, *args], env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
+    db = sqlite3.connect(tmp_path / "airflow.db")
+    retries = {}
+    for dag_id, data, compressed in db.execute("SELECT dag_id, data, data_compressed FROM serialized_dag"):
+        dag = json.loads(data or zlib.decompress(compressed))["dag"]
+        retries[dag_id] = {t["__var"]["task_id"]: t["__var"].get("retries", 0) for t in dag["tasks"]}  # 0: omitted
+    assert sorted(retries) == ["dpsynth_import_data", "dpsynth_retrain_on_new_data", "dpsynth_train"]
+    assert retries["dpsynth_train"]["train"] == 7 and retries["dpsynth_train"]["finish"] == 0
+    assert retries["dpsynth_import_data"]["import_data"] == 7
+
+
+@pytest.fixture(scope="module")
+def airflow_db(airflow_env) -> dict:
+    """``airflow_env`` with its metadata database migrated."""
+    subprocess.run([str(AIRFLOW_BIN / "airflow"), "db", "migrate"], env=airflow_env, check=True, capture_output=True,
+                   timeout=300)
+    return airflow_env
+
+
+def test_import_emits_the_dataset_version_and_retrain_reads_it(airflow_db, tmp_path, fake_dpsynth):
+    """`airflow dags test dpsynth_import_data` (the stage CLI faked): its asset event carries the
+    dataset URI and sha256 as ``extra``; the retrain DAG's plan takes them from triggering_asset_events."""
+    import sqlite3
+
+    fake, log = fake_dpsynth
+    env = {**airflow_db, "DPSYNTH_STAGE_BIN": str(fake), "FAKE_ARGV_LOG": str(log)}
+    proc = subprocess.run([str(AIRFLOW_BIN / "airflow"), "dags", "test", "dpsynth_import_data", "-c",
+                           json.dumps({"source": "data/mnist"})], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "state=success" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-5000:]
+    db = sqlite3.connect(Path(airflow_db["AIRFLOW_HOME"]) / "airflow.db")
+    [(extra, uri)] = db.execute("SELECT e.extra, a.uri FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                                "WHERE e.source_dag_id = 'dpsynth_import_data'").fetchall()
+    assert uri == (REPO / "outputs" / "data" / "mnist.parquet").as_uri()
+    assert json.loads(extra) == {"dataset_uri": "outputs/data/mnist.parquet", "sha256": "0" * 64, "rows": 1}
+
+    out = in_airflow(LOAD + """
+    import datetime
+    from types import SimpleNamespace
+    import dpsynth_pipeline
+    from airflow.sdk import Asset
+    dag = bag.dags["dpsynth_retrain_on_new_data"]
+    asset = dag.timetable.asset_condition.objects[0]
+    t = lambda h: datetime.datetime(2026, 1, 1, h, tzinfo=datetime.timezone.utc)
+    events = {asset: [SimpleNamespace(timestamp=t(2), extra={"dataset_uri": "s3://b/new.parquet", "sha256": "new"}),
+                      SimpleNamespace(timestamp=t(1), extra={"dataset_uri": "s3://b/old.parquet", "sha256": "old"})]}
+    plan = dpsynth_pipeline.plan.function(params={**dag.params.dump(), "config": None}, run_id="r1",
+                                          triggering_asset_events=events)
+    print(json.dumps({"update": plan["dataset_update"], "train": plan["argv"]["train"]}))
+    """, airflow_db)
+    assert out["update"] == {"dataset_uri": "s3://b/new.parquet", "sha256": "new"}
+    assert "data.uri=s3://b/new.parquet" in out["train"]
+
+
+def test_train_dag_end_to_end(airflow_db, tmp_path):
     """`airflow dags test dpsynth_train` with K=2 on 600 MNIST records: every task succeeds, the run
     directory holds the release, and MLflow has the parent run with one child per stage."""
     from mlflow import MlflowClient
@@ -150,12 +336,17 @@ def test_train_dag_end_to_end(airflow_env, tmp_path):
             "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None, "tracking_uri": mlflow_uri,
             "pipeline_run_id": "af-e2e", "overrides": TINY}
     airflow = str(AIRFLOW_BIN / "airflow")
-    subprocess.run([airflow, "db", "migrate"], env=airflow_env, check=True, capture_output=True, timeout=120)
-    proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=airflow_env,
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    # timeout: a hang guard (over 300 s were seen on 2 shared, busy cores)
+    proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=airflow_db,
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "DagRun Finished: dag_id=dpsynth_train" in log and "state=success" in log, log[-6000:]
     assert log.count("running task <TaskInstance: dpsynth_train.warmstart_shard") == 2  # mapped over K=2 shards
+    import sqlite3
+    db = sqlite3.connect(Path(airflow_db["AIRFLOW_HOME"]) / "airflow.db")
+    labels = db.execute("SELECT rendered_map_index FROM task_instance WHERE task_id = 'warmstart_shard' "
+                        "ORDER BY map_index").fetchall()
+    assert labels == [("shard 0",), ("shard 1",)]  # map_index_template
 
     release = tmp_path / "runs" / "af-e2e" / "release"
     assert sorted(str(p.relative_to(release)) for p in release.rglob("*") if p.is_file()) == RELEASE

@@ -47,7 +47,12 @@ def test_gpu_stages_and_fan_out(compiled):
     for stage in ("warmstart-shard", "train"):
         accelerator = executors[f"exec-dpsynth-{stage}"]["container"]["resources"]["accelerator"]
         assert accelerator["resourceType"] == "nvidia.com/gpu" and accelerator["resourceCount"] == "1"
-    assert all("resources" not in executors[f"exec-dpsynth-{s}"]["container"] for s in ("partition", "warmstart", "audit"))
+    for s in ("partition", "warmstart", "audit"):  # CPU only
+        resources = executors[f"exec-dpsynth-{s}"]["container"]["resources"]
+        assert "accelerator" not in resources
+        assert (resources["resourceCpuRequest"], resources["resourceMemoryRequest"], resources["resourceMemoryLimit"]) == (
+            "1", "4Gi", "8Gi")
+    assert executors["exec-dpsynth-train"]["container"]["resources"]["resourceMemoryLimit"] == "32Gi"
     assert all(e["container"]["image"] == kp.STAGE_IMAGE for e in executors.values())
 
     dag = compiled["root"]["dag"]["tasks"]
@@ -79,6 +84,35 @@ def test_gpu_toleration_and_node_selector(documents):
     for stage in ("warmstart-shard", "train"):
         assert configs[f"exec-dpsynth-{stage}"]["tolerations"][0]["key"] == "nvidia.com/gpu"
         assert configs[f"exec-dpsynth-{stage}"]["nodeSelector"]["labels"] == kp.GPU_NODE_SELECTOR
+
+
+def test_stage_pods_get_configuration_retries_and_time_limits(compiled, documents):
+    """Every stage pod: the chart's Secret and ConfigMap as environment, a time limit; every stage
+    but finish: retries with backoff."""
+    if kp.kubernetes is None:
+        pytest.skip("kfp-kubernetes is not installed")
+    configs = documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    stages = ["start", "partition", "warmstart-shard", "warmstart", "train", "audit", "sample", "evaluate", "finish"]
+    for stage in stages:
+        config = configs[f"exec-dpsynth-{stage}"]
+        [secret] = config["secretAsEnv"]
+        assert secret["secretName"] == "dpsynth-stage" and not secret["optional"]
+        assert {e["envVar"] for e in secret["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                                             "DPSYNTH_LEDGER_URL"}
+        required, endpoints = config["configMapAsEnv"]
+        assert required["configMapName"] == endpoints["configMapName"] == "dpsynth-stage-config"
+        assert [e["envVar"] for e in required["keyToEnv"]] == ["MLFLOW_TRACKING_URI"] and not required["optional"]
+        assert [e["envVar"] for e in endpoints["keyToEnv"]] == ["AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL"]
+        assert endpoints["optional"]
+        assert config["activeDeadlineSeconds"] == str(12 * 3600)
+    tasks = {**compiled["root"]["dag"]["tasks"], **compiled["components"]["comp-for-loop-1"]["dag"]["tasks"]}
+    for stage in stages:
+        policy = tasks[f"dpsynth-{stage}"].get("retryPolicy")
+        if stage == "finish":
+            assert policy is None
+        else:
+            assert policy["maxRetryCount"] == 2 and policy["backoffDuration"] == "120s", stage
+            assert policy["backoffMaxDuration"] == f"{3 * 12 * 3600}s"
 
 
 def test_local_component_runs_the_containers_command(compiled, monkeypatch):

@@ -39,6 +39,10 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default (printf "%s-stage" (include "dpsynth.fullname" .)) .Values.stage.existingSecret -}}
 {{- end -}}
 
+{{- define "dpsynth.stageConfigMap" -}}
+{{- printf "%s-stage-config" (include "dpsynth.fullname" .) -}}
+{{- end -}}
+
 {{- define "dpsynth.airflowServiceAccount" -}}
 {{- default (printf "%s-airflow" (include "dpsynth.fullname" .)) .Values.airflow.serviceAccount.name -}}
 {{- end -}}

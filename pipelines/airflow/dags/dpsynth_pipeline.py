@@ -23,7 +23,6 @@ from airflow.sdk import Param, task
 import dpsynth_pods as pods
 
 DATASET_URI = pods.setting("DPSYNTH_DATASET_URI", "outputs/data/mnist.parquet")
-START = "{{ ti.xcom_pull(task_ids='start')['parent_run_id'] }}"
 
 
 def params(dataset_uri: str = DATASET_URI) -> dict:
@@ -121,11 +120,21 @@ def stream(pipe, write=None, clock=time.monotonic, keep: int = 40) -> list[str]:
     return list(tail)
 
 
+def dataset_update(context) -> dict | None:
+    """The ``extra`` of the newest asset event that triggered this run (``dpsynth_import_data``'s:
+    dataset URI and content sha256), or None for a run not triggered by an asset."""
+    events = [e for evs in (context.get("triggering_asset_events") or {}).values() for e in evs]
+    return max(events, key=lambda e: e.timestamp).extra if events else None
+
+
 @task
 def plan(**context) -> dict:
-    p = context["params"]
+    p = dict(context["params"])
+    if update := dataset_update(context):  # retrain on the imported version
+        print(f"triggered by a dataset update: {update}")
+        p["dataset_uri"] = update.get("dataset_uri") or p["dataset_uri"]
     run_id = p.get("pipeline_run_id") or re.sub(r"[^A-Za-z0-9_.-]+", "-", context["run_id"])[:60]
-    return pods.plan(p, run_id)
+    return {**pods.plan(p, run_id), "dataset_update": update}
 
 
 @task
@@ -137,7 +146,7 @@ def shards(partition: dict) -> list[int]:
     return list(range(len(names)))
 
 
-@task
+@task(map_index_template="shard {{ task.op_kwargs['shard'] }}")
 def warmstart_shard(plan: dict, shard: int) -> dict:
     """``dpsynth warmstart --shard K``: one shard's non-private warm start (GS-WGAN, DPAC); a no-op
     record for methods without one. The ``warmstart`` task after them is the fan-in."""
@@ -155,7 +164,7 @@ def _local_tasks(plan_out):
             return pods.summarise(_run_local(pods.with_parent(plan["argv"][stage], ids["parent_run_id"])))
         return run
 
-    @task(task_id="finish", trigger_rule="all_done")
+    @task(task_id="finish", trigger_rule="all_done", retries=0)  # a failed pipeline is a verdict, not a glitch
     def finish(plan: dict, ids: dict) -> dict:
         s = _run_local(pods.with_parent(plan["argv"]["finish"], ids["parent_run_id"]))
         out = {k: s[k] for k in ("succeeded", "epsilon_total", "delta", "audit", "run_dir", "parent_run_id",
@@ -168,25 +177,32 @@ def _local_tasks(plan_out):
     return ids, {stage: stage_task(stage)(plan_out, ids) for stage in pods.STAGES}, finish(plan_out, ids)
 
 
-def _kubernetes_tasks(plan_out):
-    def shell(name: str, parent: bool = True) -> str:
-        cmd = "{{ ti.xcom_pull(task_ids='plan')['shell']['%s'] }}" % name
-        return f"{cmd} --parent-run-id {START}" if parent else cmd
+@task(multiple_outputs=True)
+def start_command(plan: dict) -> dict:
+    """``{"start": argv}``: the start pod's ``dpsynth pipeline start ...`` (an argv list, no shell)."""
+    return {"start": ["dpsynth", *plan["argv"]["start"]]}
 
-    ids = pods.stage_pod_operator("start", "start", shell("start", parent=False))
-    stages = {stage: pods.stage_pod_operator(stage, stage, shell(stage)) for stage in pods.STAGES}
-    finish = pods.stage_pod_operator("finish", "finish", shell("finish"), trigger_rule="all_done")
-    plan_out >> ids
-    for op in (*stages.values(), finish):
-        ids >> op
-    return ids, {s: op.output for s, op in stages.items()}, finish
+
+@task(multiple_outputs=True)
+def stage_commands(plan: dict, ids: dict) -> dict:
+    """``{stage: argv}`` for every stage pod and ``finish``, each nested under the parent run."""
+    return {name: ["dpsynth", *pods.with_parent(plan["argv"][name], ids["parent_run_id"])]
+            for name in (*pods.STAGES, "finish")}
 
 
 @task
 def shard_commands(plan: dict, partition: dict) -> list[list[str]]:
-    """One ``sh -c`` argument list per shard, for the mapped warm-start pods."""
+    """One argv per shard (``dpsynth warmstart --shard K``), for the mapped warm-start pods."""
     names = pods.summarise(partition)["shards"]
-    return [[pods.to_xcom(f"{plan['shell']['warmstart']} --shard {k}")] for k in range(len(names))]
+    return [["dpsynth", *plan["argv"]["warmstart"], "--shard", str(k)] for k in range(len(names))]
+
+
+def _kubernetes_tasks(plan_out):
+    ids = pods.stage_pod_operator("start", "start", start_command(plan_out)["start"])
+    argv = stage_commands(plan_out, ids.output)
+    stages = {stage: pods.stage_pod_operator(stage, stage, argv[stage]) for stage in pods.STAGES}
+    finish = pods.stage_pod_operator("finish", "finish", argv["finish"], trigger_rule="all_done", retries=0)
+    return ids, {s: op.output for s, op in stages.items()}, finish
 
 
 def pipeline() -> None:
@@ -195,8 +211,8 @@ def pipeline() -> None:
     build = _kubernetes_tasks if pods.executor() == "kubernetes" else _local_tasks
     ids, out, finish = build(plan_out)
     if pods.executor() == "kubernetes":
-        per_shard = pods.stage_pod_operator("warmstart_shard", "warmstart", None,
-                                            mapped_arguments=shard_commands(plan_out, out["partition"]))
+        per_shard = pods.stage_pod_operator("warmstart_shard", "warmstart", shard_commands(plan_out, out["partition"]),
+                                            mapped=True)
     else:
         per_shard = warmstart_shard.partial(plan=plan_out).expand(shard=shards(out["partition"]))
     out["partition"] >> per_shard >> out["warmstart"]

@@ -1,8 +1,9 @@
 """What the dpsynth DAGs need besides Airflow: the stage command lines, and the pod of a stage.
 
 Plain Python (the kubernetes client only inside ``stage_pod_operator``), so tests can build the
-commands and the pod specs offline. Settings come from the environment (or ``AIRFLOW_VAR_*``,
-which is how Airflow Variables are set from the environment):
+commands and the pod specs offline. Each setting is an Airflow Variable (any secrets backend: the
+metadata DB, ``AIRFLOW_VAR_<NAME>``, ...), else the environment variable of that name (the chart's
+ConfigMap), else its default:
 
 - ``DPSYNTH_EXECUTOR``: "local" (the stage CLI in the stage venv, a subprocess) or "kubernetes"
   (a KubernetesPodOperator per stage, running ``DPSYNTH_STAGE_IMAGE``).
@@ -10,25 +11,48 @@ which is how Airflow Variables are set from the environment):
   (``python -m dpsynth.cli``); default ``<repo>/.venv/stage/bin/dpsynth``, run in ``DPSYNTH_REPO``.
 - kubernetes: ``DPSYNTH_K8S_NAMESPACE``, ``DPSYNTH_GPU_STAGES`` (default "warmstart,train"),
   ``DPSYNTH_GPU_LIMIT``, ``DPSYNTH_GPU_NODE_SELECTOR`` and ``DPSYNTH_GPU_TOLERATIONS`` (JSON),
-  ``DPSYNTH_STAGE_SECRET`` (a Secret with S3/MLflow credentials, as environment),
-  ``DPSYNTH_K8S_CONFIG_FILE`` (a kubeconfig; else in-cluster).
+  ``DPSYNTH_STAGE_SECRET`` and ``DPSYNTH_STAGE_CONFIG_MAP`` (a Secret with the S3 credentials and the
+  ledger URL, a ConfigMap with the MLflow URI and S3 endpoint: the stage pods' environment),
+  ``DPSYNTH_K8S_CONFIG_FILE`` (a kubeconfig; else in-cluster), ``DPSYNTH_K8S_DEFERRABLE`` ("true":
+  pods are waited for in the triggerer), ``DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS`` (900: time for a pod to
+  be scheduled, e.g. while a GPU node is added by the autoscaler, and again to start).
+- every task: ``DPSYNTH_TASK_RETRIES`` (2), ``DPSYNTH_TASK_RETRY_DELAY_SECONDS`` (120),
+  ``DPSYNTH_TASK_TIMEOUT_SECONDS`` (43200). Retrying is safe: a stage skips work its manifest records.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
+from datetime import timedelta
 from pathlib import Path
 
 STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
 METHODS = ("dpgan", "gswgan", "dpac", "zhang", "gswgan_federated")  # as dpsynth.config.TrainConfig.method
 REPO = Path(os.environ.get("DPSYNTH_REPO", Path(__file__).resolve().parents[3]))
 XCOM_FILE = "/airflow/xcom/return.json"  # what KubernetesPodOperator's sidecar pushes as XCom
+# The stage pods' entrypoint: a constant script that runs its positional arguments ("$@", the argv of
+# ``dpsynth <command> ...``) and sends the JSON to the XCom sidecar. The arguments are never parsed
+# by the shell, so a value from the trigger form stays one inert argument whatever it contains.
+POD_CMDS = ["sh", "-c", f'exec "$@" > {XCOM_FILE}', "dpsynth-stage"]
 
 
 def setting(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(name) or os.environ.get(f"AIRFLOW_VAR_{name}") or default
+    """The Airflow Variable NAME, else the environment variable NAME, else ``default``."""
+    try:
+        from airflow.sdk import Variable
+    except ImportError:  # outside Airflow, e.g. a test of the pod specs in the stage venv
+        value = None
+    else:
+        value = Variable.get(name, default=None)
+    return value or os.environ.get(name) or default
+
+
+def default_args() -> dict:
+    """Every task's retries, retry delay and time limit (the DAGs' ``default_args``)."""
+    return {"retries": int(setting("DPSYNTH_TASK_RETRIES", "2")),
+            "retry_delay": timedelta(seconds=int(setting("DPSYNTH_TASK_RETRY_DELAY_SECONDS", "120"))),
+            "execution_timeout": timedelta(seconds=int(setting("DPSYNTH_TASK_TIMEOUT_SECONDS", "43200")))}
 
 
 def executor() -> str:
@@ -59,8 +83,7 @@ def plan(params: dict, pipeline_run_id: str) -> dict:
               "--pipeline-run-id", pipeline_run_id, "--json"]
     argv = {"start": ["pipeline", "start", *common], "finish": ["pipeline", "finish", *common],
             **{stage: [stage, *common] for stage in STAGES}}
-    return {"pipeline_run_id": pipeline_run_id, "run_dir": run_dir, "argv": argv,
-            "shell": {name: shlex.join(["dpsynth", *a]) for name, a in argv.items()}}
+    return {"pipeline_run_id": pipeline_run_id, "run_dir": run_dir, "argv": argv}
 
 
 def with_parent(argv: list[str], parent_run_id: str | None) -> list[str]:
@@ -104,7 +127,10 @@ def pod_settings(stage: str) -> dict:
     gpu = stage in setting("DPSYNTH_GPU_STAGES", "warmstart,train").split(",")
     kw: dict = {"image": setting("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest"),
                 "namespace": setting("DPSYNTH_K8S_NAMESPACE", "dpsynth"),
-                "labels": {"app.kubernetes.io/name": "dpsynth", "dpsynth.stage": stage}}
+                "labels": {"app.kubernetes.io/name": "dpsynth", "dpsynth.stage": stage},
+                "deferrable": setting("DPSYNTH_K8S_DEFERRABLE", "true").lower() == "true",
+                # the provider also waits this long for the pod to be scheduled (schedule_timeout_seconds)
+                "startup_timeout_seconds": int(setting("DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS", "900"))}
     if gpu:
         n = setting("DPSYNTH_GPU_LIMIT", "1")
         kw["container_resources"] = k8s.V1ResourceRequirements(
@@ -115,8 +141,11 @@ def pod_settings(stage: str) -> dict:
     else:
         kw["container_resources"] = k8s.V1ResourceRequirements(requests={"cpu": "1", "memory": "4Gi"},
                                                                limits={"memory": "8Gi"})
+    kw["env_from"] = []
     if secret := setting("DPSYNTH_STAGE_SECRET"):
-        kw["env_from"] = [k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=secret))]
+        kw["env_from"].append(k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=secret)))
+    if config_map := setting("DPSYNTH_STAGE_CONFIG_MAP"):
+        kw["env_from"].append(k8s.V1EnvFromSource(config_map_ref=k8s.V1ConfigMapEnvSource(name=config_map)))
     if config_file := setting("DPSYNTH_K8S_CONFIG_FILE"):
         kw["config_file"] = config_file
     else:
@@ -124,18 +153,15 @@ def pod_settings(stage: str) -> dict:
     return kw
 
 
-def to_xcom(shell: str) -> str:
-    return f"{shell} > {XCOM_FILE}"
-
-
-def stage_pod_operator(task_id: str, stage: str, shell: str | None, *, mapped_arguments=None, **kwargs):
-    """A KubernetesPodOperator running ``sh -c SHELL`` (a templated command) in the stage image;
-    the command's JSON goes to the XCom sidecar. With ``mapped_arguments`` (an XComArg of argument
-    lists) it is mapped: one pod per list, e.g. per shard."""
+def stage_pod_operator(task_id: str, stage: str, arguments, *, mapped: bool = False, **kwargs):
+    """A KubernetesPodOperator running ``arguments`` (``["dpsynth", <command>, ...]``: a list, or an
+    XComArg of one) in the stage image through :data:`POD_CMDS`; the command's JSON goes to the XCom
+    sidecar. ``mapped``: ``arguments`` is an XComArg of argument lists, one pod each (e.g. per shard)."""
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
-    settings = dict(task_id=task_id, name=f"dpsynth-{stage}", cmds=["sh", "-c"], do_xcom_push=True, get_logs=True,
+    settings = dict(task_id=task_id, name=f"dpsynth-{stage}", cmds=POD_CMDS, do_xcom_push=True, get_logs=True,
                     on_finish_action="delete_succeeded_pod", **pod_settings(stage), **kwargs)
-    if mapped_arguments is not None:
-        return KubernetesPodOperator.partial(**settings).expand(arguments=mapped_arguments)
-    return KubernetesPodOperator(arguments=[to_xcom(shell)], **settings)
+    if mapped:  # each argv ends with "--shard", K: the task instance's label in the UI
+        return KubernetesPodOperator.partial(map_index_template="shard {{ task.arguments[-1] }}",
+                                             **settings).expand(arguments=arguments)
+    return KubernetesPodOperator(arguments=arguments, **settings)

@@ -1,11 +1,12 @@
 """Retrain on new data: ``dpsynth_import_data`` imports a source into the configured dataset URI
 (``DPSYNTH_DATASET_URI``) and updates its Asset; ``dpsynth_retrain_on_new_data`` is scheduled on
-that Asset and runs the same pipeline as ``dpsynth_train`` with the form's defaults.
+that Asset and runs the same pipeline as ``dpsynth_train`` with the form's defaults. The asset event
+carries ``extra`` = {dataset_uri, sha256, rows} (the imported content version); the retrain run's
+``plan`` reads it from ``triggering_asset_events``.
 """
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
@@ -21,27 +22,48 @@ def asset_uri(uri: str) -> str:
     return uri if "://" in uri else (pods.REPO / uri).resolve().as_uri()
 
 
+def import_args(source: str) -> list[str]:
+    """``dpsynth data import``'s arguments: options first, then ``--`` and the two paths."""
+    return ["--json", "--", source, DATASET_URI]
+
+
 DATASET = Asset(name=DATASET_URI, uri=asset_uri(DATASET_URI), group="dpsynth-dataset")
 
 
+def dataset_event(imported: dict) -> dict:
+    """The ``extra`` of the dataset's asset event: where it is and which content version it holds."""
+    return {"dataset_uri": DATASET_URI, "sha256": imported["sha256"], "rows": imported["rows"]}
+
+
 @dag(dag_id="dpsynth_import_data", schedule=None, catchup=False, tags=["dpsynth"], doc_md=__doc__,
+     default_args=pods.default_args(),
      params={"source": Param("data/mnist", type="string", minLength=1,
                              description="anything `dpsynth data import` reads (local path or s3://)")})
 def dpsynth_import_data():
     if pods.executor() == "kubernetes":
-        cmd = "dpsynth data import {{ params.source }} " + shlex.quote(DATASET_URI) + " --json"
-        pods.stage_pod_operator("import_data", "import", cmd, outlets=[DATASET])
+        # One argv element per value: the rendered source is a single argument, after "--" so that
+        # it is never read as an option either.
+        argv = ["dpsynth", "data", "import", *import_args("{{ params.source }}")]
+        imported = pods.stage_pod_operator("import_data", "import", argv)
+
+        @task(outlets=[DATASET])
+        def dataset_updated(imported: dict, **context) -> None:
+            context["outlet_events"][DATASET].extra = dataset_event(imported)
+
+        dataset_updated(imported.output)
         return
 
     @task(outlets=[DATASET])
     def import_data(**context) -> dict:
-        return _run_local(["data", "import", context["params"]["source"], DATASET_URI, "--json"])
+        imported = _run_local(["data", "import", *import_args(context["params"]["source"])])
+        context["outlet_events"][DATASET].extra = dataset_event(imported)
+        return imported
 
     import_data()
 
 
 @dag(dag_id="dpsynth_retrain_on_new_data", schedule=[DATASET], catchup=False, params=params(DATASET_URI),
-     tags=["dpsynth"], doc_md=__doc__, max_active_runs=1)
+     tags=["dpsynth"], doc_md=__doc__, max_active_runs=1, default_args=pods.default_args())
 def dpsynth_retrain_on_new_data():
     pipeline()
 

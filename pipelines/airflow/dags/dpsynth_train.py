@@ -12,11 +12,12 @@ from pathlib import Path
 from airflow.sdk import dag
 
 sys.path.insert(0, str(Path(__file__).parent))  # the helper modules beside this file
+import dpsynth_pods as pods  # noqa: E402
 from dpsynth_pipeline import params, pipeline  # noqa: E402
 
 
 @dag(dag_id="dpsynth_train", schedule=None, catchup=False, params=params(), tags=["dpsynth"],
-     doc_md=__doc__, max_active_runs=4)
+     doc_md=__doc__, max_active_runs=4, default_args=pods.default_args())
 def dpsynth_train():
     pipeline()
 
