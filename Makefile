@@ -14,7 +14,7 @@ TOOLS_STAMP := $(TOOLS_VENV)/.installed
 OUT    ?= outputs
 CONFIG ?= configs/dpgan-mnist-cpu.yaml
 
-.PHONY: image help venv airflow-venv tools-venv up down run run-train run-pipeline run-kfp kfp-yaml test test-slow bench lock airflow-lock clean mlflow-ui
+.PHONY: image help venv airflow-venv tools-venv up down run run-train run-pipeline run-kfp kfp-yaml test test-slow bench bench-utility lock airflow-lock clean mlflow-ui
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -80,6 +80,10 @@ test-slow: $(STAMP)  ## the slower checks kept out of `make test`
 
 bench: $(STAMP)  ## speed ratios of the DP discriminator step (see benchmarks/README.md)
 	$(PY) benchmarks/dp_discriminator_step.py
+
+bench-utility: $(STAMP)  ## CNN-on-synthetic accuracy of every recipe at ε ∈ {1, 10} (slow: hours on 2 cores)
+	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
+	$(PY) benchmarks/utility.py --dataset $(OUT)/data/mnist.parquet --out $(OUT)/bench-utility --baselines
 
 lock: $(STAMP)  ## re-freeze requirements/stage.lock from requirements/stage.in
 	$(PY) -m pip install --quiet -r requirements/stage.in

@@ -41,7 +41,7 @@ def gen2real(G, test_x, test_y, *, n=5000, epochs=5, seed=0):
 
 
 def run_arm(arm, x, y, test_x, test_y, *, steps, B, width, C, sigma, seed, log_every, warm=None, n_d=1,
-            lr_d=2e-4, lr_g=2e-4, d_opt="adam"):
+            lr_d=2e-4, lr_g=2e-4, d_opt="adam", return_generator=False):
     torch.manual_seed(seed)
     n = len(x)
     G = Generator(num_classes=10, width=width)
@@ -109,9 +109,11 @@ def run_arm(arm, x, y, test_x, test_y, *, steps, B, width, C, sigma, seed, log_e
         if step % log_every == 0:
             print(f"  {arm:10s} step {step:5d}  D fake acc (mean of last {log_every}) "
                   f"{mean(accs[-k:]):.2f}  real acc {mean(accs_real[-k:]):.2f}  cpu {time.process_time() - t0:.0f} s", flush=True)
-        if step % 500 == 0 and step < steps:
+        if step % 500 == 0 and step < steps and not return_generator:
             print(f"  {arm:10s} step {step:5d}  gen2real {gen2real(G, test_x, test_y):.3f}", flush=True)
     cpu = time.process_time() - t0
+    if return_generator:
+        return G
     return {"arm": arm, "gen2real_cnn": gen2real(G, test_x, test_y), "cpu_s": cpu,
             "d_fake_acc_last": mean(accs[-k:])}
 

@@ -1,0 +1,176 @@
+"""Utility benchmark (DPImageBench protocol): is the synthetic data any use to someone who trains on it?
+
+For each recipe (a config in configs/) and each ε it runs the whole pipeline as a user would
+(`dpsynth pipeline run`: partition with a 10% keyed-hash hold-out never trained on, warm start,
+private training, audit, sample, evaluate) on the bundled MNIST and reads the evaluate stage's
+report: CNN gen2real accuracy on the held-out real records (trained on synthetic, epoch chosen on
+synthetic validation, tested on real), logistic regression, fid_classifier, Inception Score; plus the
+audited ε, CPU-minutes and wall time. Beside them, on the same held-out test records:
+
+* ``nonprivate``: DPGAN's generator and discriminator trained *without* privacy (uniform batches,
+  mean loss, no clipping, no noise) for the recipe's step budget;
+* ``real``: the same CNN trained on the real training records (the ceiling);
+* the published figures of each method's paper (CNN accuracy on MNIST at ε = 10 unless noted).
+
+Results go to ``benchmarks/results/utility.json`` and ``.md``. Not a test: it takes tens of CPU-minutes
+per recipe. Run ``make bench-utility`` (all recipes, ε ∈ {1, 10}) or pick with ``--recipes``/``--epsilons``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from dpsynth.config import load_config  # noqa: E402
+from dpsynth.data import read_parquet  # noqa: E402
+from dpsynth.evaluation import accuracy  # noqa: E402
+from dpsynth.stages.evaluate import _split  # noqa: E402
+
+RECIPES = {
+    "dpgan": "configs/dpgan-mnist-cpu.yaml",
+    "zhang": "configs/zhang-mnist-cpu.yaml",
+    "gswgan": "configs/gswgan-mnist-cpu.yaml",
+    "dpac": "configs/dpac-mnist-cpu.yaml",
+}
+# Published CNN accuracy on MNIST (%), read from the papers (seeds) and DPImageBench; full-size
+# networks, 60k training images, hours of GPU.
+PUBLISHED = {
+    "dpgan": "93.0 (ε=10, n_D=50; Bie et al. Fig. 2a)",
+    "gswgan": "≈80 (ε=10; Chen et al. 2020, as reported by Bie et al. Table 2)",
+    "dpac": "above GS-WGAN (Chen et al. 2023)",
+    "zhang": "not reported as CNN accuracy",
+}
+
+
+def cpu_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_pipeline(recipe: str, eps: float, out: Path, dataset: Path, extra: list[str]) -> dict:
+    run_dir = out / f"{Path(recipe).stem}-eps{eps:g}"
+    cmd = [str(ROOT / ".venv/stage/bin/dpsynth"), "pipeline", "run", "--config", str(ROOT / recipe),
+           "--run-dir", str(run_dir), "--set", f"data.uri={dataset}", "--set", f"privacy.epsilon={eps}",
+           "--set", "tracking.enabled=false", "--set", f"ledger.url=sqlite:///{out}/ledger.db"]
+    for item in extra:
+        cmd += ["--set", item]
+    cpu0, t0 = cpu_children(), time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall, cpu = time.monotonic() - t0, cpu_children() - cpu0
+    if proc.returncode != 0:
+        return {"recipe": recipe, "epsilon_target": eps, "error": proc.stderr[-2000:], "wall_s": wall}
+    report = json.loads((run_dir / "release/evaluate/report.json").read_text())
+    rows = {r["classifier"]: r for r in report["utility"]["classifiers"]}
+    q = report["quality"]
+    return {"recipe": recipe, "epsilon_target": eps, "epsilon_audited": report["privacy"]["epsilon"],
+            "cnn_gen2real": rows["cnn"].get("gen2real"), "logreg_gen2real": rows.get("logreg", {}).get("gen2real"),
+            "cnn_real": rows["cnn"].get("real"), q["frechet"]["name"]: q["frechet"]["value"],
+            "frechet_real_vs_real": q["frechet"]["real_vs_real"], "inception_score": q["inception_score"]["mean"],
+            "cpu_min": cpu / 60, "wall_min": wall / 60, "run_dir": str(run_dir)}
+
+
+def heldout_split(run_dir: Path, cfg):
+    heldout = read_parquet(str(run_dir / "sensitive/partition/heldout.parquet"))
+    fit_idx, test_idx = _split(len(heldout), fraction=0.5, seed=cfg.evaluate.seed)
+    return heldout.subset(fit_idx), heldout.subset(test_idx)
+
+
+def baselines(run_dir: Path, recipe: str, steps: int) -> list[dict]:
+    """Non-private DPGAN models on the same step budget, and real data, on the run's test records."""
+    import dataclasses
+
+    import numpy as np
+
+    from dpgan_ablation import run_arm
+    from dpsynth.data import ImageDataset
+
+    cfg = load_config(ROOT / recipe)
+    fit_real, test_real = heldout_split(run_dir, cfg)
+    shard = read_parquet(str(next((run_dir / "sensitive/partition").glob("shard-*.parquet"))))
+    out = []
+    x, y = shard.to_tensors()
+    tx, ty = test_real.to_tensors()
+    cpu0 = time.process_time()
+    G = run_arm("plain", x, y, tx, ty, steps=steps, B=cfg.train.batch_size, width=cfg.train.g_width, C=1.0,
+                sigma=0.0, seed=0, log_every=max(1, steps // 4), return_generator=True)
+    with torch.no_grad():
+        labels = torch.arange(10000) % shard.num_classes
+        gx, gy = G.sample(len(labels), labels=labels, generator=torch.Generator().manual_seed(0))
+    pixels = ((gx.permute(0, 2, 3, 1).numpy() + 1) * 127.5).round().clip(0, 255).astype(np.uint8)
+    synthetic = ImageDataset(record_ids=[f"s{i}" for i in range(len(gy))], labels=gy.numpy(), images=pixels,
+                             splits=None, num_classes=shard.num_classes, source="nonprivate baseline")
+    val, tr = _split(len(synthetic), fraction=cfg.evaluate.validation_fraction, seed=cfg.evaluate.seed)
+    u = accuracy.utility(cfg, synthetic=synthetic.subset(tr), validation=synthetic.subset(val), fit_real=fit_real,
+                         test_real=test_real, names=("cnn", "logreg"))
+    rows = {r["classifier"]: r for r in u["classifiers"]}
+    out.append({"recipe": f"nonprivate DPGAN models, {steps} steps", "cnn_gen2real": rows["cnn"]["gen2real"],
+                "logreg_gen2real": rows["logreg"]["gen2real"], "cpu_min": (time.process_time() - cpu0) / 60})
+    real = dataclasses.replace(shard)
+    val, tr = _split(len(real), fraction=cfg.evaluate.validation_fraction, seed=cfg.evaluate.seed)
+    u = accuracy.utility(cfg, synthetic=real.subset(tr), validation=real.subset(val), fit_real=fit_real,
+                         test_real=test_real, names=("cnn", "logreg"))
+    rows = {r["classifier"]: r for r in u["classifiers"]}
+    out.append({"recipe": f"real training records ({len(real)}), the ceiling", "cnn_gen2real": rows["cnn"]["gen2real"],
+                "logreg_gen2real": rows["logreg"]["gen2real"]})
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    head = "| run | ε target | ε audited | CNN gen2real | logreg gen2real | fid_classifier (real-vs-real) | IS | CPU-min | wall-min | published |"
+    lines = [head, "|" + "---|" * 10]
+    f = lambda v, p=3: "—" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))  # noqa: E731
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['recipe']} | {r['epsilon_target']} | failed: {r['error'][-120:]!r} |" + " |" * 7)
+            continue
+        fid = r.get("fid_classifier")
+        fid_s = "—" if fid is None else f"{fid:.1f} ({r['frechet_real_vs_real']:.1f})"
+        method = Path(r["recipe"]).stem.split("-")[0]
+        lines.append(f"| {r['recipe']} | {f(r.get('epsilon_target'), 0)} | {f(r.get('epsilon_audited'))} | "
+                     f"{f(r.get('cnn_gen2real'))} | {f(r.get('logreg_gen2real'))} | {fid_s} | {f(r.get('inception_score'), 2)} | "
+                     f"{f(r.get('cpu_min'), 1)} | {f(r.get('wall_min'), 1)} | {PUBLISHED.get(method, '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
+    ap.add_argument("--epsilons", default="10,1")
+    ap.add_argument("--dataset", default=str(ROOT / "outputs/data/mnist.parquet"))
+    ap.add_argument("--out", default=str(ROOT / "outputs/bench-utility"))
+    ap.add_argument("--baselines", action="store_true", help="also the non-private and real-data rows")
+    ap.add_argument("--set", dest="extra", action="append", default=[], help="extra --set for every run")
+    ap.add_argument("--results", default=str(ROOT / "benchmarks/results/utility"))
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in a.recipes.split(","):
+        for eps in (float(e) for e in a.epsilons.split(",")):
+            row = run_pipeline(RECIPES[name], eps, out, Path(a.dataset), a.extra)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        if a.baselines and name == "dpgan" and "error" not in rows[-1]:
+            cfg = load_config(ROOT / RECIPES[name])
+            for row in baselines(Path(rows[-1]["run_dir"]), RECIPES[name], cfg.train.steps):
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    results = Path(a.results)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
+    results.with_suffix(".md").write_text(markdown(rows))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The central-image release (dpsynth.privacy.central_images) against first principles."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dpsynth.errors import PrivacyError
+from dpsynth.privacy import MechanismTrace, get_accountant
+from dpsynth.privacy.central_images import central_images, class_sums, event_for
+
+
+def _data(n=40, k=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, 6, 6, generator=g) * 2 - 1
+    x[:5] = 1.0  # all-white images, norm 6 in [0, 1]: clipped
+    return x, torch.randint(0, k, (n,), generator=g)
+
+
+def test_sensitivity_of_the_query_is_at_most_clip_under_add_remove():
+    """Brute force: removing any one record moves the stacked class sums by at most C."""
+    x, y = _data()
+    clip = 2.5
+    full = class_sums(x, y, num_classes=3, clip=clip)
+    worst = 0.0
+    for i in range(len(x)):
+        keep = torch.arange(len(x)) != i
+        worst = max(worst, float((full - class_sums(x[keep], y[keep], num_classes=3, clip=clip)).norm()))
+    assert worst <= clip * (1 + 1e-12)
+    assert worst > 0.9 * clip  # the clipped all-white records reach the bound
+
+
+def test_noiseless_means_are_the_class_means_of_the_clipped_images():
+    x, y = _data()
+    clip = 100.0  # nothing is clipped
+    means = central_images(x, y, num_classes=3, clip=clip, noise_multiplier=0.0)
+    for k in range(3):
+        expected = x[y == k].double().mean(0)
+        assert torch.allclose(means[k].double(), expected, atol=1e-6)
+
+
+def test_noise_is_sigma_times_clip_on_the_sums_and_counts():
+    """Over many releases, the empirical std of a class mean's pixel (scaled back to a sum) is σ·C."""
+    x, y = _data(n=2000, k=2)
+    x[:] = 0.0  # grey images in [-1, 1] = 0.5 in [0, 1]: means stay inside (0, 1), no clamping
+    clip, sigma = 100.0, 0.05
+    g = torch.Generator().manual_seed(3)
+    exact_counts = torch.bincount(y, minlength=2).double()
+    pixels = torch.stack([central_images(x, y, num_classes=2, clip=clip, noise_multiplier=sigma, generator=g)[:, 0, 0, 0]
+                          for _ in range(300)]).double()
+    sums_std = (((pixels + 1) / 2) * exact_counts).std(0)  # ≈ σC: the count's noise is negligible here
+    assert torch.allclose(sums_std, torch.full((2,), sigma * clip, dtype=torch.float64), rtol=0.15)
+
+
+def test_one_release_is_one_gaussian_mechanism_in_the_accounts():
+    """ε of the event equals the analytic Gaussian mechanism's RDP bound: α/(2σ²) at the best order."""
+    sigma, delta = 8.0, 1e-5
+    eps = get_accountant("rdp").epsilon(MechanismTrace([event_for(sigma)]), delta=delta)
+    # independent reference: ε = min_α α/(2σ²) + log(1/δ)/(α−1) over a fine grid (Mironov 2017, Prop. 3)
+    alphas = np.linspace(1.01, 500, 200000)
+    reference = float(np.min(alphas / (2 * sigma**2) + np.log(1 / delta) / (alphas - 1)))
+    assert eps <= reference * 1.001  # the accountant may use a tighter conversion, never a looser one
+    assert eps > 0.5 * reference
+
+
+def test_refuses_a_bad_clip():
+    x, y = _data()
+    with pytest.raises(PrivacyError, match="warmup.clip"):
+        class_sums(x, y, num_classes=3, clip=0.0)
