@@ -23,6 +23,7 @@ from dpsynth.methods.gswgan import (
 )
 from dpsynth.models.gswgan import Classifier, Discriminator, Generator
 from dpsynth.privacy import MechanismEvent, MechanismTrace
+from dpsynth.privacy.randomness import MechanismRandomness
 from dpsynth.stages.partition import assign
 from tests.privacy.test_wor import autodp_acct, autodp_mechanism_epsilon
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
@@ -82,7 +83,7 @@ def test_generator_step_sanitizes_exactly_the_per_sample_image_gradients(float64
     draw = torch.Generator().manual_seed(1)
     labels = torch.randint(0, 10, (B,), generator=draw)
     z = torch.randn(B, 4, generator=draw)
-    noise = torch.randn(B, 28 * 28, generator=draw)
+    noise = torch.randn(B, 28 * 28, generator=torch.Generator().manual_seed(2))  # the mechanism's coins
     norms = []
     for i in range(B):
         x_i = G0(z[i:i + 1], labels[i:i + 1]).detach().requires_grad_(True)
@@ -101,7 +102,7 @@ def test_generator_step_sanitizes_exactly_the_per_sample_image_gradients(float64
 
     opt = torch.optim.SGD(G.parameters(), lr=1.0)
     sanitized_generator_step(G, opt, lambda x, y: -D(x, y), batch_size=B, clip_norm=C, noise_multiplier=sigma,
-                             generator=torch.Generator().manual_seed(1))
+                             generator=torch.Generator().manual_seed(1), randomness=MechanismRandomness(seed=2))
     for p, p0, g in zip(G.parameters(), G0.parameters(), expected):
         torch.testing.assert_close(p.grad, g, rtol=1e-9, atol=1e-12)  # what the optimizer stepped with
         torch.testing.assert_close(p0 - p, g, rtol=1e-7, atol=1e-10)  # SGD, lr 1: θ moved by exactly that
@@ -116,7 +117,7 @@ def test_sanitize_clips_each_row_and_adds_sigma_c_noise():
     out = sanitize(grads, clip_norm=C, noise_multiplier=0.0)
     torch.testing.assert_close(out, clipped, rtol=1e-5, atol=1e-7)
     assert out.norm(dim=1).max() <= C * (1 + 1e-5)
-    noise = sanitize(grads, clip_norm=C, noise_multiplier=sigma, generator=gen) - clipped
+    noise = sanitize(grads, clip_norm=C, noise_multiplier=sigma) - clipped
     assert noise.std().item() == pytest.approx(sigma * C, rel=0.01)  # 10⁶ draws: std error ≈ 0.07 %
     assert abs(noise.mean().item()) < 0.005
     # the noise does not depend on the row's norm: same spread for the smallest and largest gradients
@@ -313,10 +314,10 @@ def test_audit_recomputes_a_calibrated_noise_multiplier(tmp_path, shards):
 
 def test_resume_equals_uninterrupted(tmp_path, shards):
     warm = warm_files(tiny(tmp_path), shards, tmp_path)
-    full = GSWGANTrainer(tiny(tmp_path / "full"), shards, warm=warm).train()
+    full = GSWGANTrainer(tiny(tmp_path / "full"), shards, warm=warm, mechanism_seed=5).train()
     cfg = tiny(tmp_path / "split", "output.checkpoint_every=2")
-    assert GSWGANTrainer(cfg, shards, warm=warm).train(stop_after=4) is None
-    resumed = GSWGANTrainer(cfg, shards, warm=warm).train()
+    assert GSWGANTrainer(cfg, shards, warm=warm, mechanism_seed=5).train(stop_after=4) is None
+    resumed = GSWGANTrainer(cfg, shards, warm=warm).train()  # its coins continue from the checkpoint
     assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()
     a, b = (torch.load(r.generator_path, weights_only=False) for r in (full, resumed))
     for name in a["state_dict"]:

@@ -130,9 +130,10 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
     warm = warm_files(tiny(tmp_path, *overrides), two_shards, tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the server process logs to MLflow
     result = train_federated(tiny(tmp_path / "processes", *overrides, "tracking.enabled=true", f"tracking.uri={uri}"),
-                             two_shards, warm=warm)
+                             two_shards, warm=warm, mechanism_seed=11)
     assert multiprocessing.active_children() == []
-    reference = FederatedGSWGANTrainer(tiny(tmp_path / "reference", *overrides), two_shards, warm=warm).train()
+    reference = FederatedGSWGANTrainer(tiny(tmp_path / "reference", *overrides), two_shards, warm=warm,
+                                       mechanism_seed=11).train()
 
     got = torch.load(result["generator_path"], weights_only=True)
     want = torch.load(reference.generator_path, weights_only=True)
@@ -175,9 +176,9 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
 
 def test_reference_resumes_clients_and_all_and_the_processes_refuse_to(tmp_path, two_shards):
     overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
-    full = FederatedGSWGANTrainer(tiny(tmp_path / "full", *overrides), two_shards).train()
+    full = FederatedGSWGANTrainer(tiny(tmp_path / "full", *overrides), two_shards, mechanism_seed=5).train()
     cfg = tiny(tmp_path / "split", *overrides, "output.checkpoint_every=2")
-    assert FederatedGSWGANTrainer(cfg, two_shards).train(stop_after=3) is None
+    assert FederatedGSWGANTrainer(cfg, two_shards, mechanism_seed=5).train(stop_after=3) is None
     resumed = FederatedGSWGANTrainer(cfg, two_shards).train()
     assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()
     a, b = (torch.load(r.generator_path, weights_only=True)["state_dict"] for r in (full, resumed))

@@ -35,6 +35,7 @@ from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.privacy.randomness import MechanismRandomness
 
 # Opacus' hooks fire on module outputs because image inputs need no gradient; that is expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -96,7 +97,9 @@ class DPGANTrainer:
     """Trains a label-conditioned DCGAN with a DP-SGD discriminator. ``train()`` runs to the end."""
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, parent_run_id: str | None = None,
-                 run_tags: dict[str, str] | None = None, log_generator: bool = True):
+                 run_tags: dict[str, str] | None = None, log_generator: bool = True,
+                 mechanism_seed: int | None = None):
+        """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         self.cfg = cfg
         # MLflow: nest the run under a pipeline's parent run, add tags; the pipeline logs the
         # generator only after the audit, from `dpsynth sample` (log_generator=False).
@@ -126,10 +129,14 @@ class DPGANTrainer:
         betas = (t.adam_beta1, t.adam_beta2)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=t.lr_d, betas=betas)
         self.opt_g = torch.optim.Adam(self.G.parameters(), lr=t.lr_g, betas=betas)
-        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)
+        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)  # latents and fake labels only
+        # the secret coins: Poisson masks and noise (never train.seed)
+        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
+                                             seed=mechanism_seed)
         self.sanitizer = GradientSanitizer(
             list(self.D.parameters()), max_grad_norm=cfg.privacy.max_grad_norm,
-            noise_multiplier=self.event.noise_multiplier, expected_batch_size=2 * t.batch_size, generator=self.rng,
+            noise_multiplier=self.event.noise_multiplier, expected_batch_size=2 * t.batch_size,
+            randomness=self.mechanism,
         )
         self.n_d = (AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta)
                     if t.n_d == "adaptive" else FixedSteps(t.n_d))
@@ -142,7 +149,7 @@ class DPGANTrainer:
     # --- one discriminator step (Algorithm 1, lines 4–8) -------------------------------
     def discriminator_step(self) -> None:
         B = self.cfg.train.batch_size
-        take = torch.rand(self.n, device=self.device, generator=self.rng) < self.event.sample_rate
+        take = self.mechanism.poisson_mask(self.n, self.event.sample_rate)
         real_x, real_y = self.images[take], self.labels[take]
         with torch.no_grad():
             fake_x, fake_y = self.G.sample(B, generator=self.rng)
@@ -197,7 +204,7 @@ class DPGANTrainer:
             "noise_multiplier": self.event.noise_multiplier,
             "G": self.G.state_dict(), "D": self.D.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
-            "rng": self.rng.get_state(), "torch_rng": torch.get_rng_state(),
+            "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(), "torch_rng": torch.get_rng_state(),
             "n_d": self.n_d.state_dict(), "trace": self.trace.to_dict(),
         }
 
@@ -210,6 +217,7 @@ class DPGANTrainer:
         self.opt_g.load_state_dict(state["opt_g"])
         self.opt_d.load_state_dict(state["opt_d"])
         self.rng.set_state(state["rng"])
+        self.mechanism.load_state_dict(state["mechanism"])
         torch.set_rng_state(state["torch_rng"])
         self.n_d.load_state_dict(state["n_d"])
         self.trace = MechanismTrace.from_dict(state["trace"])

@@ -5,8 +5,9 @@ neighbouring datasets differ in one shard). Each shard k has its own WGAN-GP cri
 started non-privately on shard k alone (:func:`warm_start_shard`, fanned out by the warmstart
 stage). Each private iteration then
 
-1. draws k uniformly from a dedicated RNG (never logged; only checkpoints, which stay in the
-   sensitive zone, hold its state),
+1. draws k uniformly from the mechanism's secret randomness (seeded from OS entropy, never from
+   train.seed; only checkpoints, which stay in the sensitive zone, hold its state;
+   :mod:`dpsynth.privacy.randomness`), which also draws the noise,
 2. takes ``n_dis`` non-private WGAN-GP steps of D_k on shard k,
 3. takes one generator step in which only the per-sample gradient g_i = ∂ℓ_i/∂x_i of the
    generator loss w.r.t. the generated image x_i = G(z_i, y_i) is sanitized:
@@ -64,6 +65,7 @@ from dpsynth.privacy import (
     gswgan_event,
 )
 from dpsynth.privacy.accountants import get_accountant
+from dpsynth.privacy.randomness import MechanismRandomness
 
 DISCRIMINATOR_FORMAT = "dpsynth.gswgan.discriminator/1"
 ACCOUNTANT = "wor"  # whatever privacy.accountant says: shard sampling needs the without-replacement bound
@@ -132,18 +134,26 @@ def critic_loss(D, real_x, real_y, fake_x, *, gp_weight: float, drift_weight: fl
 
 
 def sanitize(grads: torch.Tensor, *, clip_norm: float, noise_multiplier: float,
-             generator: torch.Generator | None = None) -> torch.Tensor:
-    """M_{σ,C} on each row: clip g_i to L2 norm ≤ C, add independent N(0, (σC)²) to every coordinate."""
+             randomness: MechanismRandomness | None = None) -> torch.Tensor:
+    """M_{σ,C} on each row: clip g_i to L2 norm ≤ C, add independent N(0, (σC)²) to every coordinate.
+
+    The noise comes from ``randomness`` (the mechanism's secret coins); None: fresh OS-entropy coins."""
     flat = grads.flatten(1)
     scale = (clip_norm / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)
     clipped = flat * scale[:, None]
-    noise = torch.randn(clipped.shape, device=clipped.device, dtype=clipped.dtype, generator=generator)
+    if noise_multiplier == 0:
+        return clipped.view_as(grads)
+    randomness = randomness or MechanismRandomness(device=clipped.device)
+    noise = randomness.standard_normal(clipped.shape, dtype=clipped.dtype)
     return (clipped + noise * (noise_multiplier * clip_norm)).view_as(grads)
 
 
 def sanitized_generator_step(G, opt_g, per_sample_loss: Callable, *, batch_size: int, clip_norm: float,
-                             noise_multiplier: float, generator: torch.Generator) -> None:
+                             noise_multiplier: float, generator: torch.Generator,
+                             randomness: MechanismRandomness) -> None:
     """One generator update in which only ∂ℓ_i/∂G(z_i) is sanitized (paper Eq. 11).
+
+    ``generator`` draws the latents and labels (train.seed), ``randomness`` the noise (secret).
 
     ``per_sample_loss(x, y)`` returns the vector (ℓ_1 … ℓ_B); ℓ_i may depend on x_i alone
     (no batch statistics), so the gradient of Σℓ w.r.t. x holds the per-sample gradients.
@@ -153,7 +163,7 @@ def sanitized_generator_step(G, opt_g, per_sample_loss: Callable, *, batch_size:
     x = G(z, labels)
     x_in = x.detach().requires_grad_(True)
     (grads,) = torch.autograd.grad(per_sample_loss(x_in, labels).sum(), x_in)
-    released = sanitize(grads, clip_norm=clip_norm, noise_multiplier=noise_multiplier, generator=generator)
+    released = sanitize(grads, clip_norm=clip_norm, noise_multiplier=noise_multiplier, randomness=randomness)
     opt_g.zero_grad(set_to_none=True)
     x.backward(released / batch_size)  # (1/B) Σ g̃_i · J_θ G(z_i): post-processing of the releases
     opt_g.step()
@@ -324,7 +334,8 @@ class GSWGANTrainer:
 
     def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
                  parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
-                 log_generator: bool = True):
+                 log_generator: bool = True, mechanism_seed: int | None = None):
+        """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         if len(shards) != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         self.cfg, self.out = cfg, Path(cfg.output.dir)
@@ -354,9 +365,11 @@ class GSWGANTrainer:
         self.d_states: dict[int, dict] = {k: read_discriminator(data, expect_kwargs=kwargs, shard_index=k)
                                           for k, data in (warm or {}).items()}
         self.opt_states: dict[int, dict] = {}
-        self.shard_rng = _cpu_rng(seed, "shard-choice")  # k ~ U[0, K): never logged
+        # the secret coins: shard choice k ~ U[0, K) and the noise (never train.seed, never logged)
+        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
+                                             seed=mechanism_seed)
         self.data_rng = _cpu_rng(seed, "real-batches")
-        self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents-and-noise"))
+        self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
         self.step = 0
 
     def make_plan(self, cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
@@ -379,7 +392,7 @@ class GSWGANTrainer:
 
     # --- one private iteration (Algorithm 1, lines 13–20) -------------------------------------
     def iteration(self) -> None:
-        k = int(torch.randint(self.K, (1,), generator=self.shard_rng))
+        k = self.mechanism.choice(self.K)
         images, labels = self.shards[k]
         opt_d = self._load_discriminator(k)
         critic_steps(self.D, opt_d, self.G, images, labels, cfg=self.cfg, data_rng=self.data_rng, rng=self.rng)
@@ -389,7 +402,8 @@ class GSWGANTrainer:
         try:
             sanitized_generator_step(self.G, self.opt_g, loss, batch_size=self.cfg.gswgan.batch_size,
                                      clip_norm=self.cfg.privacy.max_grad_norm,
-                                     noise_multiplier=self.plan.release_noise_multiplier, generator=self.rng)
+                                     noise_multiplier=self.plan.release_noise_multiplier, generator=self.rng,
+                                     randomness=self.mechanism)
         finally:
             self.D.requires_grad_(True).train()
         self.trace.record(self.event)
@@ -415,7 +429,7 @@ class GSWGANTrainer:
             "noise_multiplier": self.plan.release_noise_multiplier,
             "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(), "opt_g": self.opt_g.state_dict(),
             "d_states": self.d_states, "opt_states": self.opt_states,
-            "shard_rng": self.shard_rng.get_state(), "data_rng": self.data_rng.get_state(),
+            "mechanism": self.mechanism.state_dict(), "data_rng": self.data_rng.get_state(),
             "rng": self.rng.get_state(), "trace": self.trace.to_dict(),
         }
 
@@ -427,7 +441,7 @@ class GSWGANTrainer:
         self.G_ema.load_state_dict(state["G_ema"])
         self.opt_g.load_state_dict(state["opt_g"])
         self.d_states, self.opt_states = state["d_states"], state["opt_states"]
-        self.shard_rng.set_state(state["shard_rng"])
+        self.mechanism.load_state_dict(state["mechanism"])
         self.data_rng.set_state(state["data_rng"])
         self.rng.set_state(state["rng"])
         self.trace = MechanismTrace.from_dict(state["trace"])

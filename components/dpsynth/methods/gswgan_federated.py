@@ -87,6 +87,7 @@ from dpsynth.methods.gswgan import (
 )
 from dpsynth.models.gswgan import Generator
 from dpsynth.privacy import MechanismTrace, fold_releases, gswgan_event
+from dpsynth.privacy.randomness import MechanismRandomness, secret_seed
 
 CONTINUE, STOP = 1, 0
 IDLE_TIMEOUT_S = 7 * 24 * 3600.0  # how long a client may wait for its next request (see client_main)
@@ -101,9 +102,14 @@ class Client:
     """One client: its data, its D_k and D_k's optimizer; answers a batch of fakes with sanitized gradients."""
 
     def __init__(self, cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], D: torch.nn.Module,
-                 opt: torch.optim.Optimizer, *, data_rng: torch.Generator, rng: torch.Generator):
+                 opt: torch.optim.Optimizer, *, data_rng: torch.Generator, rng: torch.Generator,
+                 randomness: MechanismRandomness | None = None):
+        """``rng`` draws the critic's interpolation weights (train.seed); ``randomness`` the noise
+        (the mechanism's secret coins; None: fresh OS-entropy coins)."""
         self.cfg, (self.images, self.labels), self.D, self.opt = cfg, shard, D, opt
         self.data_rng, self.rng = data_rng, rng
+        self.randomness = randomness or MechanismRandomness(device=self.images.device,
+                                                            secure_mode=cfg.privacy.secure_mode)
 
     def update(self, fake_x: torch.Tensor, fake_y: torch.Tensor, *, noise_multiplier: float) -> torch.Tensor:
         """ClientUpdate (Algorithm 2, lines 28–32): one step of D_k, then the sanitized ∂(−D_k)/∂x_i."""
@@ -122,22 +128,33 @@ class Client:
         finally:
             self.D.requires_grad_(True).train()
         return sanitize(grads, clip_norm=self.cfg.privacy.max_grad_norm, noise_multiplier=noise_multiplier,
-                        generator=self.rng)
+                        randomness=self.randomness)
 
     def state_dict(self) -> dict:
         return {"D": _cpu_copy(self.D.state_dict()), "opt": _cpu_copy(self.opt.state_dict()),
-                "data_rng": self.data_rng.get_state(), "rng": self.rng.get_state()}
+                "data_rng": self.data_rng.get_state(), "rng": self.rng.get_state(),
+                "randomness": self.randomness.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.D.load_state_dict(state["D"])
         self.opt.load_state_dict(state["opt"])
         self.data_rng.set_state(state["data_rng"])
         self.rng.set_state(state["rng"])
+        self.randomness.load_state_dict(state["randomness"])
+
+
+def mechanism_seeds(master: int | None, num_clients: int) -> tuple[int, list[int]]:
+    """The secret seeds of the server's client choice and of each client's noise, from one master seed
+    (None: a fresh :func:`~dpsynth.privacy.randomness.secret_seed`). The master is drawn once per run by
+    whoever launches it and passed to the processes in memory only; nothing logs or stores it."""
+    master = secret_seed() if master is None else master
+    return derived_seed(master, "client-choice"), [derived_seed(master, "client-noise", k) for k in range(num_clients)]
 
 
 def make_client(cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], *, spec: dict, shard_index: int,
-                warm: bytes | None) -> Client:
-    """Client k with its warm-started D_k (or a fresh one) and RNGs of its own, seeded by train.seed and k."""
+                warm: bytes | None, mechanism_seed: int | None = None) -> Client:
+    """Client k with its warm-started D_k (or a fresh one), RNGs of its own seeded by train.seed and k,
+    and its secret noise coins (``mechanism_seed``, from :func:`mechanism_seeds`; None: fresh)."""
     device = resolve_device(cfg.train.device)
     D = fresh_discriminator(cfg, spec, shard_index=shard_index).to(device)
     if warm is not None:
@@ -146,7 +163,9 @@ def make_client(cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], *, spe
     seed = cfg.train.seed
     return Client(cfg, tuple(t.to(device) for t in shard), D, _adam(D.parameters(), lr=cfg.gswgan.lr_d, cfg=cfg),
                   data_rng=_cpu_rng(seed, "client-real-batches", shard_index),
-                  rng=torch.Generator(device=device).manual_seed(derived_seed(seed, "client-noise", shard_index)))
+                  rng=torch.Generator(device=device).manual_seed(derived_seed(seed, "client-critic", shard_index)),
+                  randomness=MechanismRandomness(device=device, secure_mode=cfg.privacy.secure_mode,
+                                                 seed=mechanism_seed))
 
 
 # --- privacy plan ----------------------------------------------------------------------------
@@ -289,7 +308,8 @@ class FederatedServer(GSWGANTrainer):
     method = "gswgan_federated"
 
     def __init__(self, cfg: RunConfig, clients, *, meta: FederationMeta, parent_run_id: str | None = None,
-                 run_tags: dict[str, str] | None = None, log_generator: bool = True):
+                 run_tags: dict[str, str] | None = None, log_generator: bool = True,
+                 mechanism_seed: int | None = None):
         if meta.num_clients != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {meta.num_clients} clients")
         self.cfg, self.out, self.clients = cfg, Path(cfg.output.dir), clients
@@ -308,13 +328,15 @@ class FederatedServer(GSWGANTrainer):
         self.G_ema.load_state_dict(self.G.state_dict())
         self.opt_g = _adam(self.G.parameters(), lr=g.lr_g, cfg=cfg)
         self.D = fresh_discriminator(cfg, self.spec, shard_index=0)  # architecture only: logs its parameter count
-        self.shard_rng = _cpu_rng(seed, "shard-choice")  # k ~ U[0, K): never logged
+        # the secret client choice k ~ U[0, K) (never train.seed, never logged)
+        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
+                                             seed=mechanism_seed)
         self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
         self.step = 0
 
     def iteration(self) -> None:
         g = self.cfg.gswgan
-        k = int(torch.randint(self.K, (1,), generator=self.shard_rng))
+        k = self.mechanism.choice(self.K)
         for r in range(g.n_dis):  # every round's answer is a release the server sees
             labels = torch.randint(0, self.num_classes, (g.batch_size,), device=self.device, generator=self.rng)
             z = torch.randn(g.batch_size, self.G.latent_dim, device=self.device, generator=self.rng)
@@ -333,7 +355,7 @@ class FederatedServer(GSWGANTrainer):
             "fingerprint": self.cfg.fingerprint(), "method": self.method, "step": self.step,
             "noise_multiplier": self.plan.release_noise_multiplier,
             "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(), "opt_g": self.opt_g.state_dict(),
-            "shard_rng": self.shard_rng.get_state(), "rng": self.rng.get_state(), "trace": self.trace.to_dict(),
+            "mechanism": self.mechanism.state_dict(), "rng": self.rng.get_state(), "trace": self.trace.to_dict(),
             "clients": self.clients.state_dict(),
         }
 
@@ -344,7 +366,7 @@ class FederatedServer(GSWGANTrainer):
         self.G.load_state_dict(state["G"])
         self.G_ema.load_state_dict(state["G_ema"])
         self.opt_g.load_state_dict(state["opt_g"])
-        self.shard_rng.set_state(state["shard_rng"])
+        self.mechanism.load_state_dict(state["mechanism"])
         self.rng.set_state(state["rng"])
         self.trace = MechanismTrace.from_dict(state["trace"])
         self.clients.load_state_dict(state["clients"])
@@ -393,14 +415,17 @@ class FederatedGSWGANTrainer(FederatedServer):
     """The in-process reference: the server and all K clients in this process."""
 
     def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
-                 **kwargs):
+                 mechanism_seed: int | None = None, **kwargs):
+        """``mechanism_seed``: tests only (the multi-process run given the same one must match bit for bit)."""
         if len(shards) != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         meta = federation_meta(cfg, shards)
         sigma = plan_federated_privacy(cfg, n=meta.n, num_shards=meta.num_clients).release_noise_multiplier
-        clients = [make_client(cfg, s.to_tensors(), spec=meta.spec, shard_index=k, warm=(warm or {}).get(k))
-                   for k, s in enumerate(shards)]
-        super().__init__(cfg, InProcessClients(clients, noise_multiplier=sigma), meta=meta, **kwargs)
+        choice_seed, client_seeds = mechanism_seeds(mechanism_seed, len(shards))
+        clients = [make_client(cfg, s.to_tensors(), spec=meta.spec, shard_index=k, warm=(warm or {}).get(k),
+                               mechanism_seed=client_seeds[k]) for k, s in enumerate(shards)]
+        super().__init__(cfg, InProcessClients(clients, noise_multiplier=sigma), meta=meta,
+                         mechanism_seed=choice_seed, **kwargs)
 
 
 # --- processes --------------------------------------------------------------------------------
@@ -419,13 +444,13 @@ def _join_group(*, rank: int, world: int, port: int, timeout_s: float) -> None:
 
 
 def server_main(*, cfg: RunConfig, meta: FederationMeta, port: int, timeout_s: float, parent_run_id: str | None,
-                run_tags: dict | None, log_generator: bool, results) -> None:
+                run_tags: dict | None, log_generator: bool, mechanism_seed: int, results) -> None:
     """Rank 0. Receives metadata only: no shard, no shard URI, no record."""
     try:
         _join_group(rank=0, world=meta.num_clients + 1, port=port, timeout_s=timeout_s)
         clients = GlooClients(spec=meta.spec, batch_size=cfg.gswgan.batch_size)
         server = FederatedServer(cfg, clients, meta=meta, parent_run_id=parent_run_id, run_tags=run_tags,
-                                 log_generator=log_generator)
+                                 log_generator=log_generator, mechanism_seed=mechanism_seed)
         result = server.train()
         results.put(("result", 0, asdict(result)))
         torch.distributed.destroy_process_group()
@@ -435,7 +460,8 @@ def server_main(*, cfg: RunConfig, meta: FederationMeta, port: int, timeout_s: f
 
 
 def client_main(*, cfg: RunConfig, shard_index: int, shard: tuple[torch.Tensor, torch.Tensor], warm: bytes | None,
-                spec: dict, noise_multiplier: float, port: int, world: int, idle_timeout_s: float, results) -> None:
+                spec: dict, noise_multiplier: float, port: int, world: int, idle_timeout_s: float,
+                mechanism_seed: int, results) -> None:
     """Rank k + 1: client k with its own shard and D_k only.
 
     A client waits for its next request for about K iterations on average, so its own gloo timeout
@@ -443,7 +469,7 @@ def client_main(*, cfg: RunConfig, shard_index: int, shard: tuple[torch.Tensor, 
     dying closes the connection, which fails the other at once, whatever the timeouts.
     """
     try:
-        client = make_client(cfg, shard, spec=spec, shard_index=shard_index, warm=warm)
+        client = make_client(cfg, shard, spec=spec, shard_index=shard_index, warm=warm, mechanism_seed=mechanism_seed)
         _join_group(rank=shard_index + 1, world=world, port=port, timeout_s=idle_timeout_s)
         rounds = serve(client, spec=spec, batch_size=cfg.gswgan.batch_size, noise_multiplier=noise_multiplier)
         results.put(("done", shard_index + 1, rounds))
@@ -468,26 +494,31 @@ def _call(kwargs: dict, parent: int) -> None:
 
 
 def process_jobs(cfg: RunConfig, shards: list[ImageDataset], *, meta: FederationMeta, warm: dict[int, bytes] | None,
-                 noise_multiplier: float, port: int, timeout_s: float, results, server_kwargs: dict) -> list[dict]:
-    """What each rank's process is given: the server metadata only, client k its own shard and D_k only."""
+                 noise_multiplier: float, port: int, timeout_s: float, results, server_kwargs: dict,
+                 mechanism_seed: int | None = None) -> list[dict]:
+    """What each rank's process is given: the server metadata only, client k its own shard and D_k only
+    (and each its own secret seed, in memory: see :func:`mechanism_seeds`)."""
     world = meta.num_clients + 1
+    choice_seed, client_seeds = mechanism_seeds(mechanism_seed, meta.num_clients)
     jobs = [dict(target=server_main, cfg=cfg, meta=meta, port=port, timeout_s=timeout_s, results=results,
-                 **server_kwargs)]
+                 mechanism_seed=choice_seed, **server_kwargs)]
     jobs += [dict(target=client_main, cfg=cfg, shard_index=k, shard=shard.to_tensors(), warm=(warm or {}).get(k),
                   spec=meta.spec, noise_multiplier=noise_multiplier, port=port, world=world,
-                  idle_timeout_s=max(timeout_s, IDLE_TIMEOUT_S), results=results) for k, shard in enumerate(shards)]
+                  idle_timeout_s=max(timeout_s, IDLE_TIMEOUT_S), mechanism_seed=client_seeds[k], results=results)
+             for k, shard in enumerate(shards)]
     return jobs
 
 
 def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
                     parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
-                    log_generator: bool = True, timeout_s: float = 120.0) -> dict:
+                    log_generator: bool = True, timeout_s: float = 120.0, mechanism_seed: int | None = None) -> dict:
     """Run the server and K clients as K + 1 processes over gloo on loopback; returns the server's result.
 
     Any process failing terminates the others and raises here with its traceback (no orphans:
     the children are daemonic, killed in ``finally``, and die with this process). ``timeout_s``
     bounds the server's wait for any one message; clients wait for requests up to IDLE_TIMEOUT_S.
     Checkpoints hold the server's state only, so the multi-process run does not resume mid-run.
+    ``mechanism_seed``: tests only (compare with the in-process reference); None: drawn from OS entropy.
     """
     if cfg.output.resume and (Path(cfg.output.dir) / "checkpoints").is_dir() and any(
             (Path(cfg.output.dir) / "checkpoints").glob("*.pt")):
@@ -499,7 +530,7 @@ def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[in
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     jobs = process_jobs(cfg, shards, meta=meta, warm=warm, noise_multiplier=sigma, port=_free_port(),
-                        timeout_s=timeout_s, results=results, server_kwargs=dict(
+                        timeout_s=timeout_s, results=results, mechanism_seed=mechanism_seed, server_kwargs=dict(
                             parent_run_id=parent_run_id, run_tags=run_tags, log_generator=log_generator))
     procs = [ctx.Process(target=_call, args=(job, os.getpid()), daemon=True, name=f"gswgan-federated-rank{rank}")
              for rank, job in enumerate(jobs)]

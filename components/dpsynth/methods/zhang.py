@@ -52,6 +52,7 @@ from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy import grouping
 from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.privacy.randomness import MechanismRandomness
 
 WARM_START_FORMAT = "dpsynth.zhang_warm_start/1"
 
@@ -246,7 +247,9 @@ class ZhangTrainer:
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, public: ImageDataset | None = None,
                  warm_start_state: dict | None = None, parent_run_id: str | None = None,
-                 run_tags: dict[str, str] | None = None, log_generator: bool = True):
+                 run_tags: dict[str, str] | None = None, log_generator: bool = True,
+                 mechanism_seed: int | None = None):
+        """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         self.cfg = cfg
         self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
         self.out = Path(cfg.output.dir)
@@ -301,13 +304,16 @@ class ZhangTrainer:
         betas = (z.adam_beta1, z.adam_beta2)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=z.lr, betas=betas)
         self.opt_g = torch.optim.Adam(self.G.parameters(), lr=z.lr, betas=betas)
-        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)
+        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)  # fakes, interpolation, G steps
+        # the secret coins: Poisson masks and noise (never train.seed)
+        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
+                                             seed=mechanism_seed)
         self.public_rng = torch.Generator(device=self.device).manual_seed(t.seed + 2)
         groups = ([self.names[i::self.plan.num_groups] for i in range(self.plan.num_groups)]  # replaced at step 0
                   if z.grouping == "clustering" else grouping.fixed_groups(self.names, strategy=z.grouping))
         self.sanitizer = GradientSanitizer(
             [[self.params[nm] for nm in g] for g in groups], max_grad_norm=cfg.privacy.max_grad_norm,
-            noise_multiplier=self.plan.sigma, expected_batch_size=t.batch_size, generator=self.rng,
+            noise_multiplier=self.plan.sigma, expected_batch_size=t.batch_size, randomness=self.mechanism,
         )
         self.group_names = groups
         self.step = 0
@@ -350,7 +356,7 @@ class ZhangTrainer:
         z, t = self.cfg.zhang, self.cfg.train
         if self._due_for_bounds():
             self.update_bounds()
-        take = torch.rand(self.n, device=self.device, generator=self.rng) < self.event.sample_rate
+        take = self.mechanism.poisson_mask(self.n, self.event.sample_rate)
         real, y = self.images[take], self.labels[take]
         m = len(real)
         with torch.no_grad():
@@ -383,7 +389,7 @@ class ZhangTrainer:
             "noise_multiplier": self.plan.sigma, "groups": self.group_names, "bounds": list(self.sanitizer.bounds),
             "G": self.G.state_dict(), "D": self.D.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
-            "rng": self.rng.get_state(), "public_rng": self.public_rng.get_state(), "torch_rng": torch.get_rng_state(),
+            "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(), "public_rng": self.public_rng.get_state(), "torch_rng": torch.get_rng_state(),
             "trace": self.trace.to_dict(),
         }
 
@@ -398,6 +404,7 @@ class ZhangTrainer:
         self.group_names = [list(g) for g in state["groups"]]
         self.sanitizer.regroup([[self.params[nm] for nm in g] for g in self.group_names], state["bounds"])
         self.rng.set_state(state["rng"])
+        self.mechanism.load_state_dict(state["mechanism"])
         self.public_rng.set_state(state["public_rng"])
         torch.set_rng_state(state["torch_rng"])
         self.trace = MechanismTrace.from_dict(state["trace"])
