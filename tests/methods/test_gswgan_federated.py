@@ -274,12 +274,13 @@ def test_the_method_is_wired_into_config_stages_and_airflow():
     from typing import get_args, get_type_hints
 
     from dpsynth.config import TrainConfig
-    from dpsynth.stages import audit, train, warmstart
+    from dpsynth.methods import registry
 
     assert "gswgan_federated" in get_args(get_type_hints(TrainConfig)["method"])
-    assert "gswgan_federated" in train.TRAINERS and train.METHOD_SECTIONS["gswgan_federated"] == ("gswgan",)
-    assert warmstart.SHARD_WARM_STARTS["gswgan_federated"] == warmstart.SHARD_WARM_STARTS["gswgan"]
-    assert audit.INVARIANTS["gswgan_federated"] == "dpsynth.methods.gswgan_federated:audit_invariants"
+    fed, central = registry.get("gswgan_federated"), registry.get("gswgan")
+    assert fed.sections == ("gswgan",) and fed.warm_start == "shard"
+    assert fed.warm_start_fn() is central.warm_start_fn()  # each client warms its own D_k as GS-WGAN does
+    assert fed.audit_invariants() is audit_invariants
     path = Path(__file__).resolve().parents[2] / "pipelines" / "airflow" / "dags" / "dpsynth_pods.py"
     spec = importlib.util.spec_from_file_location("dpsynth_pods_for_test", path)
     pods = importlib.util.module_from_spec(spec)

@@ -10,6 +10,9 @@ from opacus.accountants import RDPAccountant
 from dpsynth import tracking
 from dpsynth.config import load_config
 from dpsynth.privacy import MechanismEvent, MechanismTrace
+from dataclasses import replace
+
+from dpsynth.methods import registry
 from dpsynth.stages import audit
 from tests.privacy.test_wor import autodp_mechanism_epsilon
 from tests.stages.helpers import manifest, release_files, stage, stages
@@ -194,11 +197,12 @@ def test_without_replacement_traces_are_recomputed_with_the_wor_bound_only():
 
 def test_methods_register_their_invariants_lazily(monkeypatch):
     cfg = load_config(overrides=["privacy.epsilon=4", "privacy.delta=1e-5", "train.steps=1000"])
-    monkeypatch.setitem(audit.INVARIANTS, "dpgan", "dpsynth.methods.not_there:audit_invariants")
+    dpgan = registry.METHODS["dpgan"]
+    monkeypatch.setitem(registry.METHODS, "dpgan", replace(dpgan, invariants="dpsynth.methods.not_there:audit_invariants"))
     report = audit.evaluate(cfg, trace_text=wor_trace(3.0, 1000).to_json(), n=60_000, integrity=[])
     (check,) = [c for c in report["checks"] if c["name"] == "invariants"]
     assert not check["passed"] and "not_there" in check["detail"] and report["decision"] == "failed"
-    monkeypatch.setitem(audit.INVARIANTS, "dpgan", "tests.stages.test_audit:_record_invariants")
+    monkeypatch.setitem(registry.METHODS, "dpgan", replace(dpgan, invariants="tests.stages.test_audit:_record_invariants"))
     _CALLS.clear()
     report = audit.evaluate(cfg, trace_text=wor_trace(3.0, 1000).to_json(), n=60_000, integrity=[])
     assert _CALLS == [(1000, 60_000)] and report["decision"] == "passed", report["checks"]

@@ -7,15 +7,19 @@ import json
 from dataclasses import asdict
 
 from dpsynth.config import load_config
+from dpsynth.methods import registry
 from dpsynth.stages import cli as stage_cli
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
-        help="train a DP GAN (DPGAN of 'Private GANs, Revisited') and print the ε spent",
+        help="train a DP GAN with the method train.method names and print the ε spent",
         description=(
-            "Train a differentially private GAN. Settings come from --config (YAML with sections "
+            "Train a differentially private GAN with the method train.method names "
+            "(" + "; ".join(f"{m.name}: {m.description}" for m in registry.METHODS.values()) + "). "
+            "Without --run-dir only methods without a warm start run (the others need the pipeline's "
+            "shards and warm start: use `dpsynth pipeline run`). Settings come from --config (YAML with sections "
             "data, privacy, train, output, tracking) and --set overrides, e.g. "
             "--set privacy.epsilon=10 --set train.steps=2000. Without privacy.noise_multiplier the "
             "noise is calibrated so that train.steps spend at most privacy.epsilon; with it, training "
@@ -35,19 +39,18 @@ def register(subparsers) -> None:
 
 
 def run_train(args) -> int:
-    from dpsynth.methods.dpgan import DPGANTrainer
-
     cfg = load_config(args.config, overrides=args.overrides)
     if args.run_dir or cfg.pipeline.run_dir:
         return stage_cli.run_stage_command("train", args, cfg)
+    method = registry.standalone_or_refuse(cfg.train.method)  # ConfigError (exit 2) names the command to use
     from dpsynth.stages.partition import load_source
 
-    result = DPGANTrainer(cfg, load_source(cfg)).train()
+    result = method.trainer_class()(cfg, load_source(cfg)).train()
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:
         print(
-            f"trained {result.steps} private discriminator steps ({result.generator_steps} generator steps) "
+            f"{method.name}: trained {result.steps} private steps ({result.generator_steps} generator steps) "
             f"in {result.seconds:.0f} s\n"
             f"  ε = {result.epsilon:.4f}  δ = {result.delta:g}  accountant = {result.accountant} "
             f"(noise multiplier {result.noise_multiplier:.4f}, sample rate {result.sample_rate:.5f}, "

@@ -327,6 +327,24 @@ class DPGANTrainer:
         return _logged_run(self, uri, tr.experiment or tracking.experiment_name(self.dataset_name))
 
 
+def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
+    """Checks of a DPGAN trace against its config, for the audit: every event Poisson/add-remove at
+    q = B/n (and the configured σ when set); no more steps than configured."""
+    q = cfg.train.batch_size / n
+    checks = []
+    for i, e in enumerate(trace.events):
+        ok = (e.sampling == "poisson" and e.sensitivity == "add_remove"
+              and math.isclose(e.sample_rate, q, rel_tol=1e-9)
+              and (cfg.privacy.noise_multiplier is None
+                   or math.isclose(e.noise_multiplier, cfg.privacy.noise_multiplier, rel_tol=1e-12)))
+        checks.append({"name": f"event[{i}]", "passed": ok,
+                       "detail": f"{e.sampling}/{e.sensitivity} q={e.sample_rate:.6g} σ={e.noise_multiplier:.6g} "
+                                 f"× {e.count}; expected poisson/add_remove q=B/n={q:.6g}"})
+    checks.append({"name": "steps", "passed": trace.steps <= cfg.train.steps,
+                   "detail": f"{trace.steps} steps, train.steps={cfg.train.steps}"})
+    return checks
+
+
 class _null_run:
     def __enter__(self):
         return None

@@ -241,17 +241,6 @@ def read_discriminator(data: bytes, *, expect_kwargs: dict, shard_index: int) ->
     return state["state_dict"]
 
 
-def warm_discriminators(warmstart_manifest: dict | None) -> dict[int, bytes]:
-    """Shard index → the bytes of its warm-started D_k file, from the warmstart stage's manifest."""
-    from dpsynth.stages import manifest
-
-    found = {}
-    for item in (warmstart_manifest or {}).get("outputs", []):
-        if item.get("role") == "discriminator":
-            found[int(item["shard"])] = storage.read_bytes(manifest.verify(item)["uri"])
-    return found
-
-
 # --- privacy plan -------------------------------------------------------------------------------
 
 
@@ -590,16 +579,7 @@ class _logged_run:
         return self._ctx.__exit__(*exc)
 
 
-# --- the train stage and the audit ----------------------------------------------------------------
-
-
-def train_stage(ctx, cfg: RunConfig, dataset: ImageDataset, *, shards: list[ImageDataset], warmstart: dict,
-                trainer_class: type | None = None) -> dict:
-    """What ``dpsynth train`` calls for method gswgan (and dpac, with its trainer class)."""
-    cls = trainer_class or GSWGANTrainer
-    trainer = cls(cfg, shards, warm=warm_discriminators(warmstart), parent_run_id=ctx.parent_run_id,
-                  run_tags=ctx.run_tags(), log_generator=False)
-    return asdict(trainer.train())
+# --- the audit ------------------------------------------------------------------------------------
 
 
 def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
@@ -647,6 +627,5 @@ __all__ = [
     "plan_privacy",
     "sanitize",
     "sanitized_generator_step",
-    "train_stage",
     "warm_start_shard",
 ]

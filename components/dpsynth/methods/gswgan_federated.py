@@ -83,7 +83,6 @@ from dpsynth.methods.gswgan import (
     read_discriminator,
     real_batch,
     sanitize,
-    warm_discriminators,
 )
 from dpsynth.models.gswgan import Generator
 from dpsynth.privacy import MechanismTrace, fold_releases, gswgan_event
@@ -582,13 +581,19 @@ def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[in
     return result
 
 
-# --- the train stage and the audit ----------------------------------------------------------------
+class FederatedProcesses:
+    """What ``train.method=gswgan_federated`` runs (the registry's trainer): :func:`train_federated`
+    behind the trainer interface, ``FederatedProcesses(cfg, shards, warm=…, **run options).train()``."""
+
+    def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
+                 **kwargs):
+        self.cfg, self.shards, self.warm, self.kwargs = cfg, shards, warm, kwargs
+
+    def train(self) -> FederatedTrainResult:
+        return FederatedTrainResult(**train_federated(self.cfg, self.shards, warm=self.warm, **self.kwargs))
 
 
-def train_stage(ctx, cfg: RunConfig, dataset: ImageDataset, *, shards: list[ImageDataset], warmstart: dict) -> dict:
-    """What ``dpsynth train`` calls for method gswgan_federated: the multi-process run."""
-    return train_federated(cfg, shards, warm=warm_discriminators(warmstart), parent_run_id=ctx.parent_run_id,
-                           run_tags=ctx.run_tags(), log_generator=False)
+# --- the audit ------------------------------------------------------------------------------------
 
 
 def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
@@ -608,6 +613,7 @@ def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict
 __all__ = [
     "Client",
     "FederatedGSWGANTrainer",
+    "FederatedProcesses",
     "FederatedServer",
     "FederatedTrainResult",
     "audit_invariants",
@@ -616,5 +622,4 @@ __all__ = [
     "process_jobs",
     "server_main",
     "train_federated",
-    "train_stage",
 ]

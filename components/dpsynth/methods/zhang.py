@@ -73,7 +73,7 @@ def require_public(cfg: RunConfig, ds: ImageDataset, *, what: str) -> None:
     """Refuse ``ds`` unless the config declares public data and every record of ``ds`` is public
     under it (the partition's keyed hash, or the public split): non-private training on it is free
     only because it is public."""
-    from dpsynth.stages.partition import public_mask
+    from dpsynth.data.assignment import public_mask
 
     d = cfg.data
     if d.public_fraction == 0 and d.public_split is None:

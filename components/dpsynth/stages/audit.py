@@ -12,8 +12,8 @@ only when every check holds:
   replace-one), and the trainer's accountant is one that applies to it;
 * ``accounting``: the run used sound accounting — a config, trace or result marked
   ``as_published`` (a paper's own, unsound account) never passes;
-* the method's invariants (:data:`INVARIANTS`: DPGAN's here, the other methods' in their own
-  modules, imported when used), so a trace cannot understate its sampling rate or steps;
+* the method's invariants (each method's own, named by :mod:`dpsynth.methods.registry`, imported
+  when used), so a trace cannot understate its sampling rate or steps;
 * ``epsilon``: every accountant that applies bounds ε within the target. Poisson events have
   two independent ones, RDP (ε_RDP ≤ target·(1 + 1e-9), floating-point rounding only) and PRV
   (ε_PRV,upper ≤ target + eps_error, its own grid error: soundness rests on the RDP bound, a
@@ -35,13 +35,13 @@ non-zero. ε consumed: 0.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.errors import AuditFailed, DpsynthError
+from dpsynth.methods import registry
 from dpsynth.privacy import MechanismTrace, PRVAccountant, check_delta, get_accountant
 from dpsynth.stages import common, manifest
 
@@ -59,45 +59,15 @@ def _check(name: str, ok: bool, detail: str) -> dict:
     return {"name": name, "passed": bool(ok), "detail": detail}
 
 
-def _dpgan_invariants(cfg, trace: MechanismTrace, n: int) -> list[dict]:
-    q = cfg.train.batch_size / n
-    checks = []
-    for i, e in enumerate(trace.events):
-        ok = (e.sampling == "poisson" and e.sensitivity == "add_remove"
-              and math.isclose(e.sample_rate, q, rel_tol=1e-9)
-              and (cfg.privacy.noise_multiplier is None
-                   or math.isclose(e.noise_multiplier, cfg.privacy.noise_multiplier, rel_tol=1e-12)))
-        checks.append(_check(f"event[{i}]", ok, f"{e.sampling}/{e.sensitivity} q={e.sample_rate:.6g} "
-                             f"σ={e.noise_multiplier:.6g} × {e.count}; expected poisson/add_remove q=B/n={q:.6g}"))
-    checks.append(_check("steps", trace.steps <= cfg.train.steps, f"{trace.steps} steps, train.steps={cfg.train.steps}"))
-    return checks
-
-
-# method -> fn(cfg, trace, n_training_records) -> list of {"name", "passed", "detail"}, or the
-# "module:function" that provides it (imported when an audit needs it, so that the audit runs
-# before a method's module exists, and fails that method's runs until it does).
-INVARIANTS = {
-    "dpgan": _dpgan_invariants,
-    "gswgan": "dpsynth.methods.gswgan:audit_invariants",
-    "dpac": "dpsynth.methods.dpac:audit_invariants",
-    "gswgan_federated": "dpsynth.methods.gswgan_federated:audit_invariants",
-    "zhang": "dpsynth.methods.zhang:audit_invariants",
-}
-
-
 def invariants(method: str):
-    """The invariant checker of ``method``; DpsynthError when there is none (yet)."""
-    fn = INVARIANTS.get(method)
-    if fn is None:
-        raise DpsynthError(f"train.method: no audit invariants for {method!r} (have: {', '.join(sorted(INVARIANTS))})")
-    if isinstance(fn, str):
-        module, _, name = fn.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as exc:
-            raise DpsynthError(f"train.method: the audit invariants of {method!r} ({INVARIANTS[method]}) "
-                               f"cannot be loaded ({exc})") from None
-    return fn
+    """The audit invariants of ``method`` (the method registry's ``invariants``); DpsynthError when
+    there are none or they cannot be loaded (the audit then fails closed)."""
+    spec = registry.get(method)
+    try:
+        return spec.audit_invariants()
+    except (ImportError, AttributeError) as exc:
+        raise DpsynthError(f"train.method: the audit invariants of {method!r} ({spec.invariants}) "
+                           f"cannot be loaded ({exc})") from None
 
 
 def accountants_for(trace: MechanismTrace) -> tuple[str, ...]:
