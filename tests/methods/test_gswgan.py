@@ -346,6 +346,5 @@ def test_mlflow_gets_no_per_step_private_values(tmp_path, shards):
     result = GSWGANTrainer(cfg, shards).train()
     run = MlflowClient(uri).get_run(result.mlflow_run_id)
     assert set(run.data.metrics) == {"epsilon"}
-    config_keys = {k for k in run.data.params if not k.startswith("derived.")}
-    assert tracking.data_dependent_keys(run.data.params, exempt=config_keys) == []
+    assert GSWGANTrainer.MLFLOW_KEYS.undeclared(metrics=run.data.metrics, params=run.data.params) == []
     assert run.data.tags[tracking.TAG_ACCOUNTANT] == "wor"

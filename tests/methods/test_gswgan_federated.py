@@ -21,6 +21,7 @@ from dpsynth.methods.gswgan import audit_invariants as gswgan_invariants
 from dpsynth.methods.gswgan_federated import (
     Client,
     FederatedGSWGANTrainer,
+    FederatedServer,
     audit_invariants,
     federation_meta,
     process_jobs,
@@ -170,8 +171,7 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
     assert run.data.params["derived.bytes_per_iteration"] == str(to_clients + from_clients)
     assert run.data.metrics["bytes_per_iteration_to_clients"] == to_clients
     assert run.data.metrics["bytes_per_iteration_from_clients"] == from_clients
-    config_keys = {k for k in run.data.params if not k.startswith("derived.")}
-    assert tracking.data_dependent_keys(run.data.params, exempt=config_keys) == []
+    assert FederatedServer.MLFLOW_KEYS.undeclared(metrics=run.data.metrics, params=run.data.params) == []
 
 
 def test_reference_resumes_clients_and_all_and_the_processes_refuse_to(tmp_path, two_shards):

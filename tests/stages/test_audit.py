@@ -165,12 +165,15 @@ def test_a_logged_batch_size_series_fails_the_audit(tracked, source):
     assert release_files(run_dir) == []
 
 
-def test_data_dependent_key_names():
+def test_the_train_allow_list_of_dpgan():
+    from dpsynth.stages.train import logged_keys
+
     keys = ["epsilon", "n_d", "d_accuracy_fake", "d_accuracy_fake_ema", "g_loss", "generator_steps", "noise_multiplier",
-            "sample_rate", "actual_batch_size", "shard_index", "per_example_norm", "grad_norm_mean", "d_loss_real"]
-    assert tracking.data_dependent_keys(keys) == sorted(keys[8:])
-    assert tracking.data_dependent_keys(["train.batch_size", "partition.num_shards"],
-                                        exempt={"train.batch_size", "partition.num_shards"}) == []
+            "sample_rate", "epsilon_spent", "actual_batch_size", "shard_index", "per_example_norm", "grad_norm_mean",
+            "d_loss_real"]
+    assert logged_keys("dpgan").undeclared(metrics=keys) == [f"metric {k}" for k in sorted(keys[9:])]
+    assert logged_keys("dpgan").undeclared(params=["train.batch_size", "partition.num_shards", "derived.batch_count"]) \
+        == ["param derived.batch_count"]
 
 
 def wor_trace(sigma, steps, q=0.01):

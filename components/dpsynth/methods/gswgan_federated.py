@@ -59,7 +59,7 @@ from pathlib import Path
 
 import torch
 
-from dpsynth import storage
+from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyError
@@ -301,10 +301,21 @@ class FederatedTrainResult(TrainResult):
     bytes_at_stop: int  # the K STOP messages at the end
 
 
+_PROTOCOL = "bytes of the protocol's messages: from shapes (config) alone"
+
+
 class FederatedServer(GSWGANTrainer):
     """The server of Algorithm 2: G, G_ema, opt_g, the plan, the trace and the shard choice. No data."""
 
     method = "gswgan_federated"
+    MLFLOW_KEYS = GSWGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
+        metrics={k: _PROTOCOL for k in ("bytes_per_iteration_to_clients", "bytes_per_iteration_from_clients",
+                                        "bytes_per_iteration")},
+        params={"derived.privacy_unit": "client (fixed)", "derived.clients": "K (configuration)",
+                "derived.transport": "the transport's name",
+                "derived.delta_below_one_over_clients": "δ < 1/K, from the configuration",
+                **{f"derived.{k}": _PROTOCOL for k in ("bytes_per_iteration_to_clients",
+                                                        "bytes_per_iteration_from_clients", "bytes_per_iteration")}})
 
     def __init__(self, cfg: RunConfig, clients, *, meta: FederationMeta, parent_run_id: str | None = None,
                  run_tags: dict[str, str] | None = None, log_generator: bool = True,
@@ -584,6 +595,8 @@ def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[in
 class FederatedProcesses:
     """What ``train.method=gswgan_federated`` runs (the registry's trainer): :func:`train_federated`
     behind the trainer interface, ``FederatedProcesses(cfg, shards, warm=…, **run options).train()``."""
+
+    MLFLOW_KEYS = FederatedServer.MLFLOW_KEYS  # the server process logs the run
 
     def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
                  **kwargs):

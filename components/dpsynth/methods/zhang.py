@@ -47,7 +47,7 @@ from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
 from dpsynth.grids import class_grid
 from dpsynth.methods import checkpoint
-from dpsynth.methods.dpgan import TrainResult, _logged_run, _null_run, _torch_bytes, resolve_device
+from dpsynth.methods.dpgan import DPGANTrainer, TrainResult, _logged_run, _null_run, _torch_bytes, resolve_device
 from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy import grouping
@@ -244,6 +244,12 @@ def _generator_step(G, D, opt_g, m: int, rng) -> float:
 
 class ZhangTrainer:
     """Algorithm 3 on ``dataset`` (the private records). ``train()`` runs to the end."""
+
+    # what its MLflow run holds (the train stage's allow-list, checked by the audit)
+    MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
+        metrics={"as_published_epsilon_unsound": "the paper's account of the steps taken (from the plan)"},
+        params={"derived.num_groups": "k, from the critic's architecture and the config",
+                "derived.sigma_per_group": "σ of the plan", "derived.warm_started": "whether a public warm start was given"})
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, public: ImageDataset | None = None,
                  warm_start_state: dict | None = None, parent_run_id: str | None = None,

@@ -21,10 +21,10 @@ only when every check holds:
   bound ("wor": RDP and PRV assume Poisson sampling and do not apply — the report says so);
 * ``claim``: the trainer's claimed ε agrees with the audit's recomputation by the same
   accountant within :data:`CLAIM_TOLERANCE` (relative, RDP curves) or PRV's eps_error;
-* ``mlflow``: the pipeline's MLflow runs (parent and children) hold no data-dependent per-step
-  value: no metric or parameter whose name matches ``tracking.DATA_DEPENDENT_KEYS`` (actual
-  batch sizes, shard indices, per-example norms, losses on real data); configuration
-  parameters, which are data-independent, are exempt.
+* ``mlflow``: the pipeline's MLflow runs (parent and children) hold only the metrics and
+  parameters their stage declares (each stage's ``MLFLOW_KEYS``, a trainer's for the train run:
+  an allow-list with the reason each key is data-independent or accounted), so no actual batch
+  size, shard index, per-example norm or loss on real data can slip through under a new name.
 
 Outputs (sensitive zone, because a failed audit must release nothing): ``audit.json`` and
 ``audit.md``, also logged to the audit's MLflow run; the decision is tagged ``dpsynth.audit`` on
@@ -49,6 +49,10 @@ STAGE = "audit"
 SECTIONS = ("data", "partition", "privacy", "train")
 FORMAT = "dpsynth.audit/2"
 RDP_RELATIVE_TOLERANCE = 1e-9  # floating-point rounding only
+_BOUND = "ε recomputed from the mechanism trace (data-independent: the trace records the mechanism only)"
+MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+    "target_epsilon": "privacy.epsilon (configuration)", "epsilon_upper_bound": _BOUND, "epsilon_rdp": _BOUND,
+    "epsilon_wor": _BOUND, "epsilon_prv_upper": _BOUND, "epsilon_prv_lower": _BOUND})
 CLAIM_TOLERANCE = 1e-6  # relative: the trainer's RDP/WOR claim vs the audit's recomputation
 # The adjacency each sampling scheme needs, and the accountants that bound it (first: the rigorous one).
 SAMPLING_ADJACENCY = {"poisson": "add_remove", "full_batch": "add_remove", "without_replacement": "replace_one"}
@@ -159,7 +163,9 @@ def claim_check(claimed: dict | None, epsilons: dict | None) -> dict:
 
 
 def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str], parent_run_id: str | None) -> dict:
-    """No run of the pipeline (``run_ids``, and every child of ``parent_run_id``) holds a data-dependent key."""
+    """Every run of the pipeline (``run_ids``, and every child of ``parent_run_id``) holds only the
+    metrics and parameters its stage declares (``MLFLOW_KEYS``: an allow-list, each key with why it is
+    data-independent or accounted); a run of an unknown stage fails."""
     if not cfg.tracking.enabled or not (run_ids or parent_run_id):
         return _check("mlflow", True, "MLflow tracking is off for this pipeline run: no runs to inspect")
     try:
@@ -173,22 +179,19 @@ def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str]
                 runs.setdefault(r.info.run_id, r)
     except Exception as exc:  # cannot verify: fail closed
         return _check("mlflow", False, f"cannot read the pipeline's MLflow runs at {tracking_uri} ({exc})")
-    exempt = frozenset(_flatten(RunConfig().to_dict()))
+    from dpsynth.stages.pipeline import logged_keys  # the pipeline module knows every stage's module
+
     found = []
     for rid, r in runs.items():
         stage = r.data.tags.get(tracking.TAG_STAGE, "?")
-        found += [f"{stage} run {rid}: metric {k}" for k in tracking.data_dependent_keys(r.data.metrics)]
-        found += [f"{stage} run {rid}: param {k}" for k in tracking.data_dependent_keys(r.data.params, exempt=exempt)]
+        declared = logged_keys(stage, cfg.train.method)
+        if declared is None:
+            found.append(f"run {rid} of unknown stage {stage!r}")
+            continue
+        found += [f"{stage} run {rid}: {k}" for k in declared.undeclared(metrics=r.data.metrics, params=r.data.params)]
     return _check("mlflow", not found,
-                  f"{len(runs)} MLflow runs hold no data-dependent per-step value" if not found else
-                  "data-dependent values logged outside the accounting: " + "; ".join(found))
-
-
-def _flatten(d: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k, v in d.items():
-        out += _flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
-    return out
+                  f"{len(runs)} MLflow runs hold only the metrics and parameters their stages declare" if not found else
+                  "undeclared MLflow keys (not on their stage's allow-list): " + "; ".join(found))
 
 
 def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: dict | None = None,

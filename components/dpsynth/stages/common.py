@@ -42,6 +42,9 @@ ZONE = {"partition": "sensitive", "warmstart": "sensitive", "train": "sensitive"
         "sample": "release", "evaluate": "release"}
 TAG_STATUS = "dpsynth.stage_status"  # succeeded | failed | skipped
 TAG_REUSED_RUN = "dpsynth.reused_run_id"  # a skipped stage: the run that made the outputs it reuses
+# What every stage run logs (finish / reuse); each stage's MLFLOW_KEYS adds its own.
+STAGE_RUN_KEYS = tracking.LoggedKeys(metrics={
+    "epsilon_spent": "the stage's ε from its manifest: the accountant's bound of the recorded trace, or 0"})
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import dataclasses
 
 import numpy as np
 
-from dpsynth import storage
+from dpsynth import storage, tracking
 from dpsynth.data import ImageDataset, import_source, read_parquet, validate, write_parquet
 from dpsynth.data.assignment import HELDOUT, PUBLIC, assign, public_mask  # noqa: F401 (re-exported)
 from dpsynth.errors import DatasetError
@@ -29,6 +29,9 @@ from dpsynth.stages import common, manifest
 
 STAGE = "partition"
 SECTIONS = ("data", "partition")
+_COUNT = "a record count; n is public in this design (the audit checks δ < 1/n against it)"
+MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+    "records": _COUNT, "training_records": _COUNT, "heldout_records": _COUNT, "public_records": _COUNT})
 
 
 def shard_name(k: int, num_shards: int) -> str:

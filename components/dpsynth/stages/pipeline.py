@@ -39,6 +39,20 @@ from dpsynth.stages import audit, common, evaluate, manifest, partition, sample,
 
 MODULES = {m.STAGE: m for m in (partition, warmstart, train, audit, sample, evaluate)}
 assert tuple(MODULES) == common.STAGES
+# The parent run (dpsynth.stage = "pipeline"): what finish() logs.
+MLFLOW_KEYS = tracking.LoggedKeys(metrics={
+    "epsilon_total": "the sum of the stages' recorded ε (accounted)",
+    "ledger_epsilon_charged": "the ε the ledger charged this run (accounted)"})
+
+
+def logged_keys(stage: str, method: str) -> tracking.LoggedKeys | None:
+    """The allow-list of an MLflow run of ``stage`` (``"pipeline"``: the parent run); None: unknown stage."""
+    if stage == "pipeline":
+        return MLFLOW_KEYS
+    if stage == "train":
+        return train.logged_keys(method)
+    module = MODULES.get(stage)
+    return module.MLFLOW_KEYS if module is not None else None
 
 
 PRIVATE_STAGES = ("train",)  # the stages that spend ε on the sensitive data

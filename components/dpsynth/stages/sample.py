@@ -70,6 +70,21 @@ def synthesize(generator: torch.nn.Module, *, num_samples: int, seed: int, chunk
     )
 
 
+MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+    "release_epsilon": "the audit's recomputed upper bound on ε (after the gate)"})
+
+
+def picklable(generator):
+    """``generator`` as MLflow can pickle it: GS-WGAN's spectrally normalised one with its weights baked in."""
+    from torch.nn.utils import parametrize
+
+    if any(parametrize.is_parametrized(m) for m in generator.modules()):
+        from dpsynth.models.gswgan import without_spectral_norm
+
+        return without_spectral_norm(generator)
+    return generator
+
+
 def require_passed_audit(ctx: common.StageContext) -> tuple[dict, dict, list[dict]]:
     """The release gate, for this stage and any other step that publishes: the audit manifest,
     its report (which must record a pass, every check passed, files intact) and their input
@@ -121,7 +136,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
             mlflow.set_tag(tracking.TAG_AUDIT, "passed")
             mlflow.log_metric("release_epsilon", release["epsilon"])
             tracking.log_png(grid, "grids/samples.png")
-            tracking.log_generator(generator)  # the audited generator, as an MLflow model
+            tracking.log_generator(picklable(generator))  # the audited generator, as an MLflow model
         return common.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=audit["dataset_sha256"], inputs=inputs, outputs=outputs,
             details={"num_samples": len(synthetic), "num_classes": synthetic.num_classes, "release": release,

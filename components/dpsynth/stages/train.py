@@ -20,15 +20,22 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dpsynth import storage
+from dpsynth import storage, tracking
 from dpsynth.data import read_parquet
 from dpsynth.methods import registry
 from dpsynth.stages import common, manifest
 
 STAGE = "train"
 SECTIONS = ("data", "partition", "privacy", "train")  # plus the method's own (registry: Method.sections)
+# The train run is the trainer's: it logs the config and what its class declares (Trainer.MLFLOW_KEYS).
+MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.config_params()
 OUTPUTS = {"generator": "generator.pt", "trace": "trace.json", "result": "result.json",
            "grid": "samples.png", "config": "config.yaml"}
+
+
+def logged_keys(method: str) -> tracking.LoggedKeys:
+    """What a train run of ``method`` may hold: the stage's keys and its trainer's."""
+    return MLFLOW_KEYS | registry.get(method).trainer_class().MLFLOW_KEYS
 
 
 def warm_discriminators(warmstart_manifest: dict | None) -> dict[int, bytes]:

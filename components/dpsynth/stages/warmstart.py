@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dpsynth import storage
+from dpsynth import storage, tracking
 from dpsynth.data import read_parquet
 from dpsynth.errors import StageError
 from dpsynth.methods import registry
@@ -32,6 +32,18 @@ from dpsynth.stages import common, manifest
 STAGE = "warmstart"
 SECTIONS = ("data", "partition", "train")
 SHARD_FORMAT = "dpsynth.warmstart-shard/1"
+_TIME = ("wall-clock of a fixed number of iterations at fixed batch sizes: depends on the machine and the "
+         "shard sizes (record counts), not on record contents")
+MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+    "shards": "K = partition.num_shards (configuration)",
+    "ran_here": "how many shard warm starts this invocation ran (the rest were current): orchestration, not data",
+    "workers": "warmstart.workers (configuration)",
+    "fan_in_seconds": _TIME, "shard_seconds_total": _TIME, "shard_seconds_max": _TIME,
+    "public_records": "the public records' count (public data)",
+    "iterations": "zhang.warm_start_iterations (configuration)",
+    "critic_steps_per_iteration": "zhang.n_critic (configuration)",
+    "seconds": "wall-clock of the warm start on public data",
+})
 # What runs comes from the method registry (dpsynth.methods.registry): Method.warm_start is the kind,
 # Method.warm_start_fn the function. "shard": fn(cfg, shard: ImageDataset, *, shard_index, out_path) -> details,
 # training on that shard alone and writing its discriminator to the local file out_path; "public":
