@@ -160,15 +160,15 @@ def create_parent_run(*, tracking_uri: str, experiment: str, run_name: str, tags
     return MlflowClient(tracking_uri).create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
 
 
-def log_dataset_input(*, uri: str, sha256: str, name: str, context: str = "training") -> None:
-    """Record the dataset a run read, by URI and content hash (lineage for auditors)."""
+def log_dataset_input(*, uri: str, digest: str, name: str, context: str = "training") -> None:
+    """Record a dataset a run read, by URI and ``digest``: a keyed version id
+    (``dpsynth.stages.common.dataset_version``), never a raw content hash (lineage for auditors)."""
     import mlflow
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.data.http_dataset_source import HTTPDatasetSource
 
     source = HTTPDatasetSource(url=uri if "://" in uri else Path(uri).resolve().as_uri())
-    mlflow.log_input(MetaDataset(source=source, name=name, digest=sha256[:32]), context=context)
-    mlflow.set_tag(TAG_DATASET_SHA256, sha256)
+    mlflow.log_input(MetaDataset(source=source, name=name, digest=digest[:32]), context=context)
 
 
 def log_privacy(*, epsilon: float, delta: float, accountant: str, step: int | None = None) -> None:

@@ -1,9 +1,12 @@
 """Every MLflow key a stage logs is on its declared allow-list, and the audit checks it; GS-WGAN end to end
-(its warm start logs shard counts and timings) now passes its own audit and releases."""
+(its warm start logs shard counts and timings) now passes its own audit and releases. Nothing before the
+gate: no image or model on the train run, no raw content hash in MLflow or the release zone."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -28,7 +31,7 @@ def pipeline_runs(uri, experiment, pipeline_run_id):
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_every_key_every_stage_logs_is_declared_and_the_release_exists(tmp_path, source, method):
+def test_every_key_every_stage_logs_is_declared_and_nothing_passes_the_gate(tmp_path, source, mnist600, method):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_dir = tmp_path / "run"
     tracked = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=keys-test")
@@ -50,6 +53,30 @@ def test_every_key_every_stage_logs_is_declared_and_the_release_exists(tmp_path,
     if method == "gswgan":  # what the deny-list used to reject: the warm start's shard count and timings
         assert {"shards", "shard_seconds_total", "shard_seconds_max"} <= set(by_stage["warmstart"].data.metrics)
     assert len(by_stage["train"].data.metrics) >= 2 and len(by_stage["train"].data.params) > 20
+
+    # nothing before the gate: the train run holds no image and no model (the sample stage logs them)
+    def artifact_paths(run_id, path=None):
+        for a in client.list_artifacts(run_id, path):
+            yield from artifact_paths(run_id, a.path) if a.is_dir else [a.path]
+
+    train_artifacts = list(artifact_paths(by_stage["train"].info.run_id))
+    assert not [p for p in train_artifacts if p.endswith((".png", ".jpg", ".pt", ".pth", ".pkl", "MLmodel"))]
+    assert any(p.endswith(".png") for p in artifact_paths(by_stage["sample"].info.run_id))
+    # no raw content hash (the dataset's, the source file's, the shard files') in any tag, param, input
+    # digest or artifact of the pipeline's runs, or in any file of the release zone
+    partition = json.loads(storage.read_bytes(f"{run_dir}/sensitive/partition/manifest.json"))
+    raw = {mnist600.content_sha256(), hashlib.sha256(Path(source).read_bytes()).hexdigest(),
+           *(o["sha256"] for o in partition["outputs"])}
+    assert partition["inputs"][0]["content_sha256"] in raw  # the sensitive manifest does hold it
+    texts = []
+    for run in by_stage.values():
+        texts.append(json.dumps([run.data.tags, run.data.params, [i.dataset.digest for i in run.inputs.dataset_inputs]]))
+        local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts" / run.info.run_id)))
+        texts += [p.read_bytes().decode("latin-1") for p in local.rglob("*") if p.is_file()]
+    release = Path(run_dir) / "release"
+    texts += [p.read_bytes().decode("latin-1") for p in release.rglob("*") if p.is_file()]
+    leaks = [h for h in raw for t in texts if h in t or h[:32] in t]
+    assert leaks == []
 
 
 def test_a_key_no_stage_declared_fails_the_audit_whatever_its_name(tmp_path, source):

@@ -30,7 +30,7 @@ from dpsynth.config import RunConfig, dump_config
 from dpsynth.data import ImageDataset
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import checkpoint
+from dpsynth.methods import artifacts, checkpoint
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
@@ -112,18 +112,16 @@ class DPGANTrainer:
                 "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, parent_run_id: str | None = None,
-                 run_tags: dict[str, str] | None = None, log_generator: bool = True,
-                 mechanism_seed: int | None = None):
+                 run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
         """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         self.cfg = cfg
-        # MLflow: nest the run under a pipeline's parent run, add tags; the pipeline logs the
-        # generator only after the audit, from `dpsynth sample` (log_generator=False).
-        self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
+        # MLflow: nest the run under a pipeline's parent run, add tags. Nothing before the gate: the
+        # run gets no image, no model and no dataset hash (the sample stage logs them after the audit).
+        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         self.out = Path(cfg.output.dir)
         t = cfg.train
         self.device = resolve_device(t.device)
         self.num_classes = cfg.data.num_classes or dataset.num_classes
-        self.dataset_sha256 = dataset.content_sha256()
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         images, labels = dataset.to_tensors()
         self.images, self.labels = images.to(self.device), labels.to(self.device)
@@ -265,8 +263,9 @@ class DPGANTrainer:
                 bar.update(1)
                 if o.log_every and self.step % o.log_every == 0:
                     self._log_progress(bar, run)
-                if o.sample_every and self.step % o.sample_every == 0 and run is not None:
-                    tracking.log_png(class_grid(self.G, num_classes=self.num_classes), f"grids/step-{self.step:07d}.png")
+                if o.sample_every and self.step % o.sample_every == 0:  # sensitive zone only, never MLflow
+                    artifacts.write_grid(self.out / "grids" / f"step-{self.step:07d}.png",
+                                         class_grid(self.G, num_classes=self.num_classes))
                 if o.checkpoint_every and self.step % o.checkpoint_every == 0:
                     checkpoint.save(ckpt_dir, self.state_dict())
                     # the generator so far, with the ε spent so far: evaluate's ε-vs-metric curve
@@ -294,13 +293,12 @@ class DPGANTrainer:
 
     def _generator_file(self, eps: float) -> bytes:
         p = self.cfg.privacy
-        return _torch_bytes({
-            "format": "dpsynth.generator/1", "state_dict": self.G.state_dict(),
-            "model": {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
-                      "channels": self.image_shape[0], "image_size": self.image_shape[1],
-                      "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
-            "privacy": {"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "step": self.step},
-        })
+        return artifacts.generator_bytes(
+            self.G.state_dict(),
+            model={"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
+                   "channels": self.image_shape[0], "image_size": self.image_shape[1],
+                   "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
+            privacy={"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "step": self.step})
 
     def _finish(self, run, started: float) -> TrainResult:
         p = self.cfg.privacy
@@ -312,9 +310,7 @@ class DPGANTrainer:
         grid_path = self.out / "samples.png"
         storage.write_bytes(generator_path, self._generator_file(eps))
         storage.write_text(trace_path, self.trace.to_json())
-        grid = class_grid(self.G, num_classes=self.num_classes)
-        with storage.atomic_write(grid_path) as fh:
-            grid.save(fh, format="PNG")
+        artifacts.write_grid(grid_path, class_grid(self.G, num_classes=self.num_classes))
         stopped_by = "steps" if self.total_steps == self.cfg.train.steps else "budget"
         result = TrainResult(
             epsilon=eps, delta=p.delta, accountant=p.accountant, steps=self.step, generator_steps=self.g_steps,
@@ -330,9 +326,6 @@ class DPGANTrainer:
             mlflow.log_metrics({"noise_multiplier": self.event.noise_multiplier,
                                 "sample_rate": self.event.sample_rate, "generator_steps": self.g_steps})
             tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
-            tracking.log_png(grid, "grids/final.png")
-            if self.log_generator:
-                tracking.log_generator(self.G)
         storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
         return result
 
@@ -391,7 +384,6 @@ class _logged_run:
                            "derived.d_parameters": count_parameters(tr.D),
                            "derived.g_parameters": count_parameters(tr.G)})
         mlflow.log_text(dump_config(tr.cfg), "config.yaml")
-        tracking.log_dataset_input(uri=str(tr.cfg.data.uri), sha256=tr.dataset_sha256, name=tr.dataset_name)
         return run
 
     def __exit__(self, *exc):
@@ -407,11 +399,3 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[key] = v
     return out
-
-
-def _torch_bytes(obj) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()

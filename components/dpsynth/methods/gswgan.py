@@ -51,9 +51,9 @@ from dpsynth.config import RunConfig, dump_config
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import checkpoint
+from dpsynth.methods import artifacts, checkpoint
 from dpsynth.methods.dpgan import _flatten, _null_run, resolve_device
-from dpsynth.models.gswgan import Discriminator, Generator, count_parameters, without_spectral_norm
+from dpsynth.models.gswgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import (
     BudgetGuard,
     MechanismEvent,
@@ -335,19 +335,18 @@ class GSWGANTrainer:
 
     def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
                  parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
-                 log_generator: bool = True, mechanism_seed: int | None = None):
+                 mechanism_seed: int | None = None):
         """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         if len(shards) != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         self.cfg, self.out = cfg, Path(cfg.output.dir)
-        self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
+        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})  # MLflow: no image, model or hash
         g, seed = cfg.gswgan, cfg.train.seed
         self.device = resolve_device(cfg.train.device)
         self.spec = _image_spec(cfg, shards[0])
         self.num_classes = self.spec["num_classes"]
         self.K = len(shards)
         self.n = sum(len(s) for s in shards)
-        self.dataset_sha256 = hashlib.sha256("".join(s.content_sha256() for s in shards).encode()).hexdigest()
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         self.shards = [tuple(t.to(self.device) for t in s.to_tensors()) for s in shards]
 
@@ -475,12 +474,16 @@ class GSWGANTrainer:
                         import mlflow
 
                         mlflow.log_metrics({"epsilon": eps}, step=self.step)
-                if o.sample_every and self.step % o.sample_every == 0 and run is not None:
-                    tracking.log_png(self._grid(), f"grids/step-{self.step:07d}.png")
+                if o.sample_every and self.step % o.sample_every == 0:  # sensitive zone only, never MLflow
+                    artifacts.write_grid(self.out / "grids" / f"step-{self.step:07d}.png", self._grid())
                 if o.checkpoint_every and self.step % o.checkpoint_every == 0:
                     checkpoint.save(ckpt_dir, self.state_dict())
             bar.close()
             return self._finish(run, started)
+
+    def privacy_unit(self) -> dict:
+        """What the generator file records about the privacy unit besides the record (none here)."""
+        return {}
 
     def _grid(self):
         _refresh_spectral_norm(self.G_ema)
@@ -501,14 +504,12 @@ class GSWGANTrainer:
         privacy = {"epsilon": eps, "delta": p.delta, "accountant": ACCOUNTANT, "accounting": p.accounting}
         if published is not None:
             privacy.update(epsilon_as_published=published, sound=False)
-        buf = io.BytesIO()
-        torch.save({"format": "dpsynth.generator/1", "state_dict": self.G_ema.state_dict(),
-                    "model": {"class": "dpsynth.models.gswgan.Generator", **generator_kwargs(self.cfg, self.spec)},
-                    "privacy": privacy}, buf)
-        storage.write_bytes(generator_path, buf.getvalue())
+        privacy.update(self.privacy_unit())
+        storage.write_bytes(generator_path, artifacts.generator_bytes(
+            self.G_ema.state_dict(), privacy=privacy,
+            model={"class": "dpsynth.models.gswgan.Generator", **generator_kwargs(self.cfg, self.spec)}))
         storage.write_text(trace_path, self.trace.to_json())
-        with storage.atomic_write(grid_path) as fh:
-            grid.save(fh, format="PNG")
+        artifacts.write_grid(grid_path, grid)
         result = TrainResult(
             epsilon=eps, delta=p.delta, accountant=ACCOUNTANT, accounting=p.accounting,
             epsilon_as_published=published, steps=self.step, generator_steps=self.step,
@@ -527,9 +528,6 @@ class GSWGANTrainer:
             if published is not None:
                 mlflow.log_metric("epsilon_as_published_unsound", published)
             tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
-            tracking.log_png(grid, "grids/final.png")
-            if self.log_generator:
-                tracking.log_generator(without_spectral_norm(self.G_ema))
         storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
         return result
 
@@ -584,7 +582,6 @@ class _logged_run:
                            "derived.d_parameters": count_parameters(tr.D),
                            "derived.g_parameters": count_parameters(tr.G)})
         mlflow.log_text(dump_config(cfg), "config.yaml")
-        tracking.log_dataset_input(uri=str(cfg.data.uri), sha256=tr.dataset_sha256, name=tr.dataset_name)
         return run
 
     def __exit__(self, *exc):

@@ -42,8 +42,6 @@ here are the shards of ``dpsynth partition`` (a keyed hash of record ids); one c
 from __future__ import annotations
 
 import datetime
-import hashlib
-import io
 import json
 import math
 import multiprocessing.connection
@@ -191,14 +189,12 @@ class FederationMeta:
     spec: dict  # num_classes, channels, image_size
     n: int  # total records (for δ < 1/n and the plan)
     num_clients: int
-    dataset_sha256: str
     dataset_name: str
 
 
 def federation_meta(cfg: RunConfig, shards: list[ImageDataset]) -> FederationMeta:
     return FederationMeta(
         spec=_image_spec(cfg, shards[0]), n=sum(len(s) for s in shards), num_clients=len(shards),
-        dataset_sha256=hashlib.sha256("".join(s.content_sha256() for s in shards).encode()).hexdigest(),
         dataset_name=Path(str(cfg.data.uri).rstrip("/")).stem or "dataset")
 
 
@@ -318,17 +314,16 @@ class FederatedServer(GSWGANTrainer):
                                                         "bytes_per_iteration_from_clients", "bytes_per_iteration")}})
 
     def __init__(self, cfg: RunConfig, clients, *, meta: FederationMeta, parent_run_id: str | None = None,
-                 run_tags: dict[str, str] | None = None, log_generator: bool = True,
-                 mechanism_seed: int | None = None):
+                 run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
         if meta.num_clients != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {meta.num_clients} clients")
         self.cfg, self.out, self.clients = cfg, Path(cfg.output.dir), clients
-        self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
+        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         g, seed = cfg.gswgan, cfg.train.seed
         self.device = resolve_device(cfg.train.device)
         self.spec, self.num_classes = meta.spec, meta.spec["num_classes"]
         self.K, self.n = meta.num_clients, meta.n
-        self.dataset_sha256, self.dataset_name = meta.dataset_sha256, meta.dataset_name
+        self.dataset_name = meta.dataset_name
         self.plan = plan_federated_privacy(cfg, n=self.n, num_shards=self.K)
         self.event, self.total_steps = self.plan.event, self.plan.steps
         self.trace = MechanismTrace()
@@ -359,6 +354,10 @@ class FederatedServer(GSWGANTrainer):
         self.trace.record(self.event)
         self.step += 1
         self._update_ema()
+
+    def privacy_unit(self) -> dict:
+        delta = self.cfg.privacy.delta
+        return {"unit": PRIVACY_UNIT, "clients": self.K, "delta_below_one_over_clients": delta < 1 / self.K}
 
     def state_dict(self) -> dict:
         return {
@@ -400,11 +399,6 @@ class FederatedServer(GSWGANTrainer):
             transport=self.clients.transport, bytes_per_iteration_to_clients=to_clients,
             bytes_per_iteration_from_clients=from_clients, bytes_per_iteration=to_clients + from_clients,
             bytes_at_stop=bytes_at_stop)
-        generator = torch.load(result.generator_path, map_location="cpu", weights_only=True)
-        generator["privacy"].update(unit=PRIVACY_UNIT, clients=self.K, delta_below_one_over_clients=delta < 1 / self.K)
-        buf = io.BytesIO()
-        torch.save(generator, buf)
-        storage.write_bytes(result.generator_path, buf.getvalue())
         storage.write_text(self.out / "result.json", json.dumps(asdict(fed), indent=2))
         if run is not None:
             import mlflow
@@ -454,13 +448,13 @@ def _join_group(*, rank: int, world: int, port: int, timeout_s: float) -> None:
 
 
 def server_main(*, cfg: RunConfig, meta: FederationMeta, port: int, timeout_s: float, parent_run_id: str | None,
-                run_tags: dict | None, log_generator: bool, mechanism_seed: int, results) -> None:
+                run_tags: dict | None, mechanism_seed: int, results) -> None:
     """Rank 0. Receives metadata only: no shard, no shard URI, no record."""
     try:
         _join_group(rank=0, world=meta.num_clients + 1, port=port, timeout_s=timeout_s)
         clients = GlooClients(spec=meta.spec, batch_size=cfg.gswgan.batch_size)
         server = FederatedServer(cfg, clients, meta=meta, parent_run_id=parent_run_id, run_tags=run_tags,
-                                 log_generator=log_generator, mechanism_seed=mechanism_seed)
+                                 mechanism_seed=mechanism_seed)
         result = server.train()
         results.put(("result", 0, asdict(result)))
         torch.distributed.destroy_process_group()
@@ -521,7 +515,7 @@ def process_jobs(cfg: RunConfig, shards: list[ImageDataset], *, meta: Federation
 
 def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
                     parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
-                    log_generator: bool = True, timeout_s: float = 120.0, mechanism_seed: int | None = None) -> dict:
+                    timeout_s: float = 120.0, mechanism_seed: int | None = None) -> dict:
     """Run the server and K clients as K + 1 processes over gloo on loopback; returns the server's result.
 
     Any process failing terminates the others and raises here with its traceback (no orphans:
@@ -541,7 +535,7 @@ def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[in
     results = ctx.Queue()
     jobs = process_jobs(cfg, shards, meta=meta, warm=warm, noise_multiplier=sigma, port=_free_port(),
                         timeout_s=timeout_s, results=results, mechanism_seed=mechanism_seed, server_kwargs=dict(
-                            parent_run_id=parent_run_id, run_tags=run_tags, log_generator=log_generator))
+                            parent_run_id=parent_run_id, run_tags=run_tags))
     procs = [ctx.Process(target=_call, args=(job, os.getpid()), daemon=True, name=f"gswgan-federated-rank{rank}")
              for rank, job in enumerate(jobs)]
     messages, result = [], None

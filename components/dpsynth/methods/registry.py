@@ -5,8 +5,9 @@ stages — reads this table; none keeps a table of its own. A :class:`Method` na
 class, its warm start, the config sections it reads and its audit invariants by ``"module:attr"``
 references, imported only when used (the table itself imports no torch).
 
-A trainer class is built as ``Trainer(cfg, data, *, parent_run_id=, run_tags=, log_generator=,
-**inputs)`` and ``.train()`` returns a frozen result dataclass. ``data`` and ``inputs`` depend on
+A trainer class is built as ``Trainer(cfg, data, *, parent_run_id=, run_tags=, **inputs)`` and
+``.train()`` returns a frozen result dataclass; it logs no image, model or dataset hash to MLflow
+(nothing before the gate) and declares what it does log (``Trainer.MLFLOW_KEYS``). ``data`` and ``inputs`` depend on
 the warm-start kind:
 
 * ``"none"``: ``data`` is the training dataset; no inputs. Runs standalone (``dpsynth train``).

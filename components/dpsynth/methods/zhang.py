@@ -46,8 +46,8 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import checkpoint
-from dpsynth.methods.dpgan import DPGANTrainer, TrainResult, _logged_run, _null_run, _torch_bytes, resolve_device
+from dpsynth.methods import artifacts, checkpoint
+from dpsynth.methods.dpgan import DPGANTrainer, TrainResult, _logged_run, _null_run, resolve_device
 from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy import grouping
@@ -253,16 +253,14 @@ class ZhangTrainer:
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, public: ImageDataset | None = None,
                  warm_start_state: dict | None = None, parent_run_id: str | None = None,
-                 run_tags: dict[str, str] | None = None, log_generator: bool = True,
-                 mechanism_seed: int | None = None):
+                 run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
         """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         self.cfg = cfg
-        self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
+        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         self.out = Path(cfg.output.dir)
         z, t = cfg.zhang, cfg.train
         self.device = resolve_device(t.device)
         self.num_classes = cfg.data.num_classes or dataset.num_classes
-        self.dataset_sha256 = dataset.content_sha256()
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         images, labels = dataset.to_tensors()
         self.images, self.labels = images.to(self.device), labels.to(self.device)
@@ -465,8 +463,9 @@ class ZhangTrainer:
                 bar.update(1)
                 if o.log_every and self.step % o.log_every == 0:
                     self._log_progress(bar, run)
-                if o.sample_every and self.step % o.sample_every == 0 and run is not None:
-                    tracking.log_png(class_grid(self.G, num_classes=self.num_classes), f"grids/step-{self.step:07d}.png")
+                if o.sample_every and self.step % o.sample_every == 0:  # sensitive zone only, never MLflow
+                    artifacts.write_grid(self.out / "grids" / f"step-{self.step:07d}.png",
+                                         class_grid(self.G, num_classes=self.num_classes))
                 if o.checkpoint_every and self.step % o.checkpoint_every == 0:
                     checkpoint.save(ckpt_dir, self.state_dict())
             bar.close()
@@ -494,17 +493,14 @@ class ZhangTrainer:
         privacy = {"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "accounting": p.accounting}
         if published is not None:
             privacy.update(as_published_epsilon=published, sound=False)
-        storage.write_bytes(generator_path, _torch_bytes({
-            "format": "dpsynth.generator/1", "state_dict": self.G.state_dict(),
-            "model": {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
-                      "channels": self.image_shape[0], "image_size": self.image_shape[1],
-                      "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
-            "privacy": privacy,
-        }))
+        storage.write_bytes(generator_path, artifacts.generator_bytes(
+            self.G.state_dict(),
+            model={"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
+                   "channels": self.image_shape[0], "image_size": self.image_shape[1],
+                   "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
+            privacy=privacy))
         storage.write_text(trace_path, self.trace.to_json())
-        grid = class_grid(self.G, num_classes=self.num_classes)
-        with storage.atomic_write(grid_path) as fh:
-            grid.save(fh, format="PNG")
+        artifacts.write_grid(grid_path, class_grid(self.G, num_classes=self.num_classes))
         result = ZhangResult(
             epsilon=eps, delta=p.delta, accountant=p.accountant, steps=self.step, generator_steps=self.g_steps,
             noise_multiplier=self.event.noise_multiplier, sample_rate=self.event.sample_rate,
@@ -525,9 +521,6 @@ class ZhangTrainer:
                 mlflow.set_tag("dpsynth.accounting", "as_published (unsound)")
             mlflow.log_metrics(metrics)
             tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
-            tracking.log_png(grid, "grids/final.png")
-            if self.log_generator:
-                tracking.log_generator(self.G)
         storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
         return result
 

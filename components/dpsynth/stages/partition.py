@@ -121,7 +121,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
             mlflow.log_metrics({"records": len(ds), "training_records": rows["shard"],
                                 "heldout_records": rows.get("heldout", 0), "public_records": rows.get("public", 0)})
         return common.finish(
-            ctx, STAGE, run, fingerprint=fp, dataset_sha256=content, inputs=[source], outputs=outputs, details=details,
+            ctx, STAGE, run, fingerprint=fp, dataset_sha256=common.dataset_version(ctx, content), inputs=[source], outputs=outputs, details=details,
             privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="no release: the assignment is a keyed hash "
                                         "of record ids and never looks at the data"),
         )

@@ -128,9 +128,16 @@ def reserve(ctx: common.StageContext) -> dict | None:
             return open_one
     if cfg.ledger.default_epsilon is not None:
         ledger.ensure_budget(pid, epsilon=cfg.ledger.default_epsilon, delta=cfg.ledger.default_delta)
-    dataset_sha256 = partition.load_source(cfg).content_sha256()  # the version this run is charged for
+    # the version this run is charged for, as its keyed id (the raw content hash never leaves the sensitive
+    # zone); a fresh key is written only once the ledger accepted the run, so a refused run writes nothing
+    key = common.version_key(ctx)
+    fresh = key is None
+    key = os.urandom(32) if fresh else key
+    dataset_sha256 = common.keyed_version(key, partition.load_source(cfg).content_sha256())
     rid = ledger.reserve(pid, epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, dataset_sha256=dataset_sha256,
                          pipeline_run_id=ctx.pipeline_run_id, accountant=cfg.privacy.accountant, stage="train")
+    if fresh:
+        common.write_version_key(ctx, key)
     return ledger.reservation(rid)
 
 

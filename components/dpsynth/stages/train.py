@@ -100,9 +100,8 @@ def run(ctx: common.StageContext) -> common.Outcome:
         )
         data, method_kwargs = method_inputs(ctx, method, dataset=dataset, shards=shard_data,
                                             warmstart=warmstart_manifest)
-        # log_generator=False: the pipeline releases the generator only after the audit (sample stage)
         trainer = method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id, run_tags=ctx.run_tags(),
-                                         log_generator=False, **method_kwargs)
+                                         **method_kwargs)
         result = dataclasses.asdict(trainer.train())
         # generator snapshots a trainer left at its checkpoints (evaluate's ε-vs-metric curve)
         snapshots = sorted(p.relative_to(workdir).as_posix()
@@ -120,5 +119,4 @@ def run(ctx: common.StageContext) -> common.Outcome:
                   if k in result}}
     with common.child_run(ctx, STAGE, run_id=result.get("mlflow_run_id")) as run:
         return common.finish(ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"],
-                             inputs=inputs, outputs=outputs, privacy=privacy, details=details,
-                             log_inputs=False)  # the trainer logged its training data
+                             inputs=inputs, outputs=outputs, privacy=privacy, details=details)
