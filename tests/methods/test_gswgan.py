@@ -271,8 +271,8 @@ def test_training_stops_before_the_budget(tmp_path, shards):
 def test_as_published_run_reports_both_and_is_marked_unsound(tmp_path, shards):
     cfg = tiny(tmp_path, "privacy.noise_multiplier=1.07", "privacy.accounting=as_published", "privacy.epsilon=100")
     result = GSWGANTrainer(cfg, shards).train()
-    assert result.accounting == "as_published" and result.epsilon_as_published is not None
-    assert result.epsilon > result.epsilon_as_published  # the sound ε, recorded and reported
+    assert result.accounting == "as_published" and result.epsilon_as_published_unsound is not None
+    assert result.epsilon > result.epsilon_as_published_unsound  # the sound ε, recorded and reported
     saved = torch.load(result.generator_path, weights_only=False)["privacy"]
     assert saved["accounting"] == "as_published" and saved["sound"] is False
     trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
@@ -341,10 +341,12 @@ def test_mlflow_gets_no_per_step_private_values(tmp_path, shards):
     from dpsynth import tracking
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    location = (tmp_path / "artifact-store").as_uri()
     cfg = tiny(tmp_path / "out", "tracking.enabled=true", f"tracking.uri={uri}", "output.log_every=2",
-               "output.sample_every=3")
+               "output.sample_every=3", f"tracking.artifact_location={location}")
     result = GSWGANTrainer(cfg, shards).train()
     run = MlflowClient(uri).get_run(result.mlflow_run_id)
+    assert run.info.artifact_uri.startswith(location)  # tracking.artifact_location is honoured
     assert set(run.data.metrics) == {"epsilon"}
     assert GSWGANTrainer.MLFLOW_KEYS.undeclared(metrics=run.data.metrics, params=run.data.params) == []
     assert run.data.tags[tracking.TAG_ACCOUNTANT] == "wor"

@@ -152,14 +152,15 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
     # per round: control int64[1], fakes float32[B,1,28,28], labels int64[B] out; float32[B,1,28,28] back
     to_clients, from_clients = N_DIS * (8 + B * IMAGE * 4 + B * 8), N_DIS * B * IMAGE * 4
     assert (to_clients, from_clients) == (100624, 100352)
-    assert result["transport"] == "torch.distributed/gloo"
-    assert result["bytes_per_iteration_to_clients"] == to_clients
-    assert result["bytes_per_iteration_from_clients"] == from_clients
-    assert result["bytes_per_iteration"] == to_clients + from_clients and result["bytes_at_stop"] == 2 * 8
+    fed = result["details"]
+    assert fed["transport"] == "torch.distributed/gloo"
+    assert fed["bytes_per_iteration_to_clients"] == to_clients
+    assert fed["bytes_per_iteration_from_clients"] == from_clients
+    assert fed["bytes_per_iteration"] == to_clients + from_clients and fed["bytes_at_stop"] == 2 * 8
 
     recorded = json.loads(Path(tmp_path / "processes" / "result.json").read_text())
-    assert recorded == result and recorded["privacy_unit"] == "client" and recorded["clients"] == 2
-    assert recorded["delta_below_one_over_clients"] is True  # δ = 1e-4 < 1/2
+    assert recorded == result and recorded["details"]["privacy_unit"] == "client" and recorded["details"]["clients"] == 2
+    assert recorded["details"]["delta_below_one_over_clients"] is True  # δ = 1e-4 < 1/2
     assert got["privacy"]["unit"].startswith("client") and got["privacy"]["clients"] == 2
 
     from mlflow import MlflowClient
@@ -262,7 +263,8 @@ def test_stages_partition_warmstart_train_audit(tmp_path):
     assert trained["details"]["method"] == "gswgan_federated" and trained["details"]["steps"] == 4
     assert all(e["sample_rate"] == pytest.approx(1 / 2) for e in trained["privacy"]["events"])
     result = json.loads(storage.read_bytes([o["uri"] for o in trained["outputs"] if o["role"] == "result"][0]))
-    assert result["privacy_unit"] == "client" and result["bytes_per_iteration"] == 2 * (8 + 2 * 16 * 784 * 4 + 16 * 8)
+    assert result["details"]["privacy_unit"] == "client"
+    assert result["details"]["bytes_per_iteration"] == 2 * (8 + 2 * 16 * 784 * 4 + 16 * 8)
     audit = manifest(run, "sensitive", "audit")
     report = json.loads(storage.read_bytes([o["uri"] for o in audit["outputs"] if o["uri"].endswith(".json")][0]))
     assert [c["name"] for c in report["checks"] if not c["passed"]] == []

@@ -135,9 +135,9 @@ def test_as_published_reports_both_and_fails_the_audit(tmp_path, mnist600):
     q = 32 / len(private)
     sigma = trainer.plan.sigma
     assert result.noise_multiplier == pytest.approx(sigma / math.sqrt(5))  # the trace stays sound
-    assert result.as_published_epsilon == pytest.approx(
+    assert result.epsilon_as_published_unsound == pytest.approx(
         autodp_epsilon(sigma=sigma, groups=1, q=q, steps=result.steps, delta=1e-4), rel=5e-3)
-    assert result.as_published_epsilon <= 3 < result.epsilon
+    assert result.epsilon_as_published_unsound <= 3 < result.epsilon
     # the sound account of the same run is over budget by the independent reference too
     assert autodp_epsilon(sigma=sigma, groups=5, q=q, steps=result.steps, delta=1e-4) > 3 * 2
     checks = {c["name"]: c for c in audit_invariants(cfg, MechanismTrace.from_json(Path(result.trace_path).read_text()),
@@ -222,7 +222,7 @@ def test_training_updates_g_and_records_the_trace(tmp_path, mnist600):
     assert result.epsilon <= 10
     saved = torch.load(result.generator_path, weights_only=False)
     assert saved["format"] == "dpsynth.generator/1" and saved["model"]["class"] == "dpsynth.models.dcgan.Generator"
-    assert json.loads((tmp_path / "result.json").read_text())["num_groups"] == 3
+    assert json.loads((tmp_path / "result.json").read_text())["details"]["num_groups"] == 3
     assert all(c["passed"] for c in audit_invariants(cfg, trace, len(private)))
 
 
@@ -291,7 +291,7 @@ def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, mnist600):
     assert warm["details"]["public_records"] == public_rows
     train = manifest(run, "sensitive", "train")
     assert train["details"]["steps"] == 6 and train["privacy"]["epsilon"] <= 10
-    assert json.loads((run / "sensitive" / "train" / "result.json").read_text())["warm_started"]
+    assert json.loads((run / "sensitive" / "train" / "result.json").read_text())["details"]["warm_started"]
     audit = manifest(run, "sensitive", "audit")
     assert audit["status"] == "succeeded"
     report = json.loads((run / "sensitive" / "audit" / "audit.json").read_text())
@@ -311,9 +311,9 @@ def test_mlflow_gets_no_data_dependent_series(tmp_path, mnist600):
     # ε, counts, the fixed mechanism, and G's loss on fresh fakes through the privatized critic: no batch
     # sizes, per-example norms, critic losses on private records, or bounds
     assert set(run.data.metrics) <= {"epsilon", "generator_steps", "g_loss", "noise_multiplier", "sample_rate",
-                                     "as_published_epsilon_unsound"}
-    assert run.data.metrics["as_published_epsilon_unsound"] == pytest.approx(result.as_published_epsilon)
-    assert run.data.tags["dpsynth.accounting"] == "as_published (unsound)"
+                                     "epsilon_as_published_unsound"}
+    assert run.data.metrics["epsilon_as_published_unsound"] == pytest.approx(result.epsilon_as_published_unsound)
+    assert run.data.tags["dpsynth.accounting"] == "as_published"
     assert run.data.params["derived.num_groups"] == "3"
 
 

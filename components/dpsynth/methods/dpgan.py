@@ -17,7 +17,7 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -26,11 +26,12 @@ from opacus.grad_sample.utils import prepare_module
 from tqdm import tqdm
 
 from dpsynth import storage, tracking
-from dpsynth.config import RunConfig, dump_config
+from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import artifacts, checkpoint
+from dpsynth.methods import artifacts, checkpoint, core
+from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
@@ -42,32 +43,6 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 
 SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    epsilon: float
-    delta: float
-    accountant: str
-    steps: int
-    generator_steps: int
-    noise_multiplier: float
-    sample_rate: float
-    stopped_by: str  # "steps": the step budget was reached; "budget": the next step would exceed ε
-    output_dir: str
-    generator_path: str
-    trace_path: str
-    grid_path: str
-    mlflow_run_id: str | None
-    seconds: float
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise PrivacyError("train.device: 'cuda' requested but no CUDA device is available")
-    return torch.device(name)
 
 
 def plan_privacy(cfg: RunConfig, n: int) -> tuple[MechanismEvent, int, BudgetGuard]:
@@ -247,8 +222,7 @@ class DPGANTrainer:
         started = time.monotonic()
         ckpt_dir = checkpoint.begin(self, cfg, self.out)
 
-        run_ctx = self._mlflow_run() if cfg.tracking.enabled else _null_run()
-        with run_ctx as run:
+        with core.mlflow_run(self, derived=self.derived_params()) as run:
             bar = tqdm(total=self.total_steps, initial=self.step, desc="DP discriminator steps",
                        unit="step", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
             while self.step < self.total_steps:
@@ -329,10 +303,11 @@ class DPGANTrainer:
         storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
         return result
 
-    def _mlflow_run(self):
-        tr = self.cfg.tracking
-        uri = tr.uri or tracking.default_tracking_uri(self.out)
-        return _logged_run(self, uri, tr.experiment or tracking.experiment_name(self.dataset_name))
+    def derived_params(self) -> dict:
+        """What the MLflow run records before the first step (data-independent: the plan, n, model sizes)."""
+        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
+                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
+                "g_parameters": count_parameters(self.G)}
 
 
 def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
@@ -351,51 +326,3 @@ def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict
     checks.append({"name": "steps", "passed": trace.steps <= cfg.train.steps,
                    "detail": f"{trace.steps} steps, train.steps={cfg.train.steps}"})
     return checks
-
-
-class _null_run:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-class _logged_run:
-    """Open the MLflow run and log what is known before the first step."""
-
-    def __init__(self, trainer: DPGANTrainer, uri: str, experiment: str):
-        self.trainer, self.uri, self.experiment = trainer, uri, experiment
-        self._ctx = None
-
-    def __enter__(self):
-        import mlflow
-
-        tr = self.trainer
-        self._ctx = tracking.start_run(tracking_uri=self.uri, experiment=self.experiment, stage="train",
-                                       run_name=f"train-{tr.cfg.train.method}", parent_run_id=tr.parent_run_id,
-                                       tags={tracking.TAG_METHOD: tr.cfg.train.method, **tr.run_tags},
-                                       artifact_location=tr.cfg.tracking.artifact_location)
-        run = self._ctx.__enter__()
-        mlflow.log_params(_flatten(tr.cfg.to_dict()))
-        mlflow.log_params({"derived.sample_rate": tr.event.sample_rate,
-                           "derived.noise_multiplier": tr.event.noise_multiplier,
-                           "derived.total_steps": tr.total_steps, "derived.records": tr.n,
-                           "derived.d_parameters": count_parameters(tr.D),
-                           "derived.g_parameters": count_parameters(tr.G)})
-        mlflow.log_text(dump_config(tr.cfg), "config.yaml")
-        return run
-
-    def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out

@@ -47,12 +47,12 @@ import torch
 from tqdm import tqdm
 
 from dpsynth import storage, tracking
-from dpsynth.config import RunConfig, dump_config
+from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import artifacts, checkpoint
-from dpsynth.methods.dpgan import _flatten, _null_run, resolve_device
+from dpsynth.methods import artifacts, checkpoint, core
+from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.models.gswgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import (
     BudgetGuard,
@@ -295,27 +295,6 @@ def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
 # --- the trainer --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TrainResult:
-    epsilon: float  # the sound ε of the recorded trace (always; also under as_published accounting)
-    delta: float
-    accountant: str
-    accounting: str  # "sound" | "as_published" (then unsound: the audit refuses the release)
-    epsilon_as_published: float | None  # UNSOUND, as_published only: the authors' own account
-    steps: int  # private generator iterations (= mechanism events)
-    generator_steps: int
-    noise_multiplier: float  # per-release σ
-    event_noise_multiplier: float  # σ/√B, what the trace records
-    sample_rate: float  # 1/K
-    stopped_by: str  # "steps" | "budget"
-    output_dir: str
-    generator_path: str
-    trace_path: str
-    grid_path: str
-    mlflow_run_id: str | None
-    seconds: float
-
-
 _PLAN = "the privacy plan: from the configuration, n and K, before any iteration"
 
 
@@ -455,8 +434,7 @@ class GSWGANTrainer:
         cfg, o = self.cfg, self.cfg.output
         started = time.monotonic()
         ckpt_dir = checkpoint.begin(self, cfg, self.out)
-        run_ctx = self._mlflow_run() if cfg.tracking.enabled else _null_run()
-        with run_ctx as run:
+        with core.mlflow_run(self, derived=self.derived_params()) as run:
             bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{self.method} private iterations",
                        unit="it", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
             while self.step < self.total_steps:
@@ -503,7 +481,7 @@ class GSWGANTrainer:
         grid = self._grid()
         privacy = {"epsilon": eps, "delta": p.delta, "accountant": ACCOUNTANT, "accounting": p.accounting}
         if published is not None:
-            privacy.update(epsilon_as_published=published, sound=False)
+            privacy.update(epsilon_as_published_unsound=published, sound=False)
         privacy.update(self.privacy_unit())
         storage.write_bytes(generator_path, artifacts.generator_bytes(
             self.G_ema.state_dict(), privacy=privacy,
@@ -512,8 +490,9 @@ class GSWGANTrainer:
         artifacts.write_grid(grid_path, grid)
         result = TrainResult(
             epsilon=eps, delta=p.delta, accountant=ACCOUNTANT, accounting=p.accounting,
-            epsilon_as_published=published, steps=self.step, generator_steps=self.step,
-            noise_multiplier=self.plan.release_noise_multiplier, event_noise_multiplier=self.event.noise_multiplier,
+            epsilon_as_published_unsound=published, steps=self.step, generator_steps=self.step,
+            noise_multiplier=self.plan.release_noise_multiplier,  # per-release σ
+            details={"event_noise_multiplier": self.event.noise_multiplier},  # σ/√B, what the trace records
             sample_rate=self.event.sample_rate,
             stopped_by="steps" if self.total_steps == self.cfg.train.steps else "budget",
             output_dir=str(self.out), generator_path=str(generator_path), trace_path=str(trace_path),
@@ -531,8 +510,12 @@ class GSWGANTrainer:
         storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
         return result
 
-    def _mlflow_run(self):
-        return _logged_run(self)
+    def derived_params(self) -> dict:
+        """What the MLflow run records before the first iteration (data-independent: the plan, n, model sizes)."""
+        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
+                "release_noise_multiplier": self.plan.release_noise_multiplier, "total_steps": self.total_steps,
+                "records": self.n, "accountant": ACCOUNTANT, "d_parameters": count_parameters(self.D),
+                "g_parameters": count_parameters(self.G)}
 
 
 def _cpu_copy(obj):
@@ -555,37 +538,6 @@ def _refresh_spectral_norm(G: torch.nn.Module, iterations: int = 10) -> None:
     for _ in range(iterations):
         G(z, y)
     G.train(was_training)
-
-
-class _logged_run:
-    """Open the MLflow run and log what is known before the first iteration (no per-step private values)."""
-
-    def __init__(self, trainer: GSWGANTrainer):
-        self.trainer, self._ctx = trainer, None
-
-    def __enter__(self):
-        import mlflow
-
-        tr, cfg = self.trainer, self.trainer.cfg
-        uri = cfg.tracking.uri or tracking.default_tracking_uri(tr.out)
-        experiment = cfg.tracking.experiment or tracking.experiment_name(tr.dataset_name)
-        self._ctx = tracking.start_run(tracking_uri=uri, experiment=experiment, stage="train",
-                                       run_name=f"train-{cfg.train.method}", parent_run_id=tr.parent_run_id,
-                                       tags={tracking.TAG_METHOD: cfg.train.method, **tr.run_tags})
-        run = self._ctx.__enter__()
-        mlflow.log_params(_flatten(cfg.to_dict()))
-        mlflow.log_params({"derived.sample_rate": tr.event.sample_rate,
-                           "derived.noise_multiplier": tr.event.noise_multiplier,
-                           "derived.release_noise_multiplier": tr.plan.release_noise_multiplier,
-                           "derived.total_steps": tr.total_steps, "derived.records": tr.n,
-                           "derived.accountant": ACCOUNTANT,
-                           "derived.d_parameters": count_parameters(tr.D),
-                           "derived.g_parameters": count_parameters(tr.G)})
-        mlflow.log_text(dump_config(cfg), "config.yaml")
-        return run
-
-    def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc)
 
 
 # --- the audit ------------------------------------------------------------------------------------

@@ -61,11 +61,10 @@ from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyError
-from dpsynth.methods.dpgan import resolve_device
+from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.gswgan import (
     GSWGANTrainer,
     PrivacyPlan,
-    TrainResult,
     _adam,
     _cpu_copy,
     _cpu_rng,
@@ -285,18 +284,6 @@ def serve(client: Client, *, spec: dict, batch_size: int, noise_multiplier: floa
 # --- the server --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FederatedTrainResult(TrainResult):
-    privacy_unit: str
-    clients: int
-    delta_below_one_over_clients: bool  # client-level reading of δ; the audit checks δ < 1/n
-    transport: str
-    bytes_per_iteration_to_clients: int  # server → client, control messages included
-    bytes_per_iteration_from_clients: int
-    bytes_per_iteration: int
-    bytes_at_stop: int  # the K STOP messages at the end
-
-
 _PROTOCOL = "bytes of the protocol's messages: from shapes (config) alone"
 
 
@@ -380,7 +367,11 @@ class FederatedServer(GSWGANTrainer):
         self.trace = MechanismTrace.from_dict(state["trace"])
         self.clients.load_state_dict(state["clients"])
 
-    def _finish(self, run, started: float) -> FederatedTrainResult:
+    def _finish(self, run, started: float) -> TrainResult:
+        """GS-WGAN's result, with the federation in ``details``: privacy_unit, clients,
+        delta_below_one_over_clients (client-level reading of δ; the audit checks δ < 1/n), transport,
+        bytes per iteration to / from the clients (control messages included) and in all, and
+        bytes_at_stop (the K STOP messages at the end)."""
         sent_before, received_before = getattr(self.clients, "sent", 0), getattr(self.clients, "received", 0)
         self.clients.close()  # STOP to every client; not part of any iteration
         bytes_at_stop = getattr(self.clients, "sent", 0) - sent_before
@@ -394,18 +385,18 @@ class FederatedServer(GSWGANTrainer):
             moved = message_bytes(self.cfg, self.spec)
             to_clients, from_clients, bytes_at_stop = moved["to_clients"], moved["from_clients"], 8 * self.K
         delta = self.cfg.privacy.delta
-        fed = FederatedTrainResult(
-            **asdict(result), privacy_unit="client", clients=self.K, delta_below_one_over_clients=delta < 1 / self.K,
-            transport=self.clients.transport, bytes_per_iteration_to_clients=to_clients,
-            bytes_per_iteration_from_clients=from_clients, bytes_per_iteration=to_clients + from_clients,
-            bytes_at_stop=bytes_at_stop)
+        fed = replace(result, details={
+            **result.details, "privacy_unit": "client", "clients": self.K,
+            "delta_below_one_over_clients": delta < 1 / self.K, "transport": self.clients.transport,
+            "bytes_per_iteration_to_clients": to_clients, "bytes_per_iteration_from_clients": from_clients,
+            "bytes_per_iteration": to_clients + from_clients, "bytes_at_stop": bytes_at_stop})
         storage.write_text(self.out / "result.json", json.dumps(asdict(fed), indent=2))
         if run is not None:
             import mlflow
 
             mlflow.log_params({"derived.privacy_unit": "client", "derived.clients": self.K,
-                               "derived.transport": fed.transport,
-                               "derived.delta_below_one_over_clients": fed.delta_below_one_over_clients,
+                               "derived.transport": self.clients.transport,
+                               "derived.delta_below_one_over_clients": delta < 1 / self.K,
                                "derived.bytes_per_iteration_to_clients": to_clients,
                                "derived.bytes_per_iteration_from_clients": from_clients,
                                "derived.bytes_per_iteration": to_clients + from_clients})
@@ -596,8 +587,8 @@ class FederatedProcesses:
                  **kwargs):
         self.cfg, self.shards, self.warm, self.kwargs = cfg, shards, warm, kwargs
 
-    def train(self) -> FederatedTrainResult:
-        return FederatedTrainResult(**train_federated(self.cfg, self.shards, warm=self.warm, **self.kwargs))
+    def train(self) -> TrainResult:
+        return TrainResult(**train_federated(self.cfg, self.shards, warm=self.warm, **self.kwargs))
 
 
 # --- the audit ------------------------------------------------------------------------------------
@@ -622,7 +613,6 @@ __all__ = [
     "FederatedGSWGANTrainer",
     "FederatedProcesses",
     "FederatedServer",
-    "FederatedTrainResult",
     "audit_invariants",
     "message_bytes",
     "plan_federated_privacy",

@@ -46,24 +46,16 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import artifacts, checkpoint
-from dpsynth.methods.dpgan import DPGANTrainer, TrainResult, _logged_run, _null_run, resolve_device
-from dpsynth.models.dcgan import Discriminator, Generator
+from dpsynth.methods import artifacts, checkpoint, core
+from dpsynth.methods.core import TrainResult, resolve_device
+from dpsynth.methods.dpgan import DPGANTrainer
+from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy import grouping
 from dpsynth.privacy.dpsgd import GradientSanitizer
 from dpsynth.privacy.randomness import MechanismRandomness
 
 WARM_START_FORMAT = "dpsynth.zhang_warm_start/1"
-
-
-@dataclass(frozen=True)
-class ZhangResult(TrainResult):
-    num_groups: int = 1
-    grouping: str = "global"
-    accounting: str = "sound"
-    as_published_epsilon: float | None = None  # the paper's (unsound) account; only in as_published mode
-    warm_started: bool = False
 
 
 # --- public data ---------------------------------------------------------------------------------
@@ -247,7 +239,7 @@ class ZhangTrainer:
 
     # what its MLflow run holds (the train stage's allow-list, checked by the audit)
     MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
-        metrics={"as_published_epsilon_unsound": "the paper's account of the steps taken (from the plan)"},
+        metrics={"epsilon_as_published_unsound": "the paper's account of the steps taken (from the plan)"},
         params={"derived.num_groups": "k, from the critic's architecture and the config",
                 "derived.sigma_per_group": "σ of the plan", "derived.warm_started": "whether a public warm start was given"})
 
@@ -434,21 +426,13 @@ class ZhangTrainer:
         return MechanismTrace([self.plan.published_event.with_count(self.trace.steps)]) if self.trace.steps else MechanismTrace()
 
     # --- the loop ------------------------------------------------------------------------------
-    def train(self, *, stop_after: int | None = None) -> ZhangResult | None:
+    def train(self, *, stop_after: int | None = None) -> TrainResult | None:
         """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
         cfg, o = self.cfg, self.cfg.output
         started = time.monotonic()
         ckpt_dir = checkpoint.begin(self, cfg, self.out)
 
-        run_ctx = _logged_run(self, cfg.tracking.uri or tracking.default_tracking_uri(self.out),
-                              cfg.tracking.experiment or tracking.experiment_name(self.dataset_name)) \
-            if cfg.tracking.enabled else _null_run()
-        with run_ctx as run:
-            if run is not None:
-                import mlflow
-
-                mlflow.log_params({"derived.num_groups": self.plan.num_groups, "derived.sigma_per_group": self.plan.sigma,
-                                   "derived.warm_started": self.warm_started})
+        with core.mlflow_run(self, derived=self.derived_params()) as run:
             bar = tqdm(total=self.total_steps, initial=self.step, desc="DP critic steps", unit="step",
                        file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
             while self.step < self.total_steps:
@@ -471,6 +455,13 @@ class ZhangTrainer:
             bar.close()
             return self._finish(run, started)
 
+    def derived_params(self) -> dict:
+        """What the MLflow run records before the first step (data-independent: the plan, n, model sizes)."""
+        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
+                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
+                "g_parameters": count_parameters(self.G), "num_groups": self.plan.num_groups,
+                "sigma_per_group": self.plan.sigma, "warm_started": self.warm_started}
+
     def _log_progress(self, bar, run) -> None:
         cheap = self.cfg.privacy.accountant == "rdp" or self.step % (10 * self.cfg.output.log_every) == 0
         eps = self.epsilon_spent() if cheap else self._epsilon_cache[1]
@@ -483,7 +474,7 @@ class ZhangTrainer:
                 metrics["g_loss"] = self.last_g_loss
             mlflow.log_metrics(metrics, step=self.step)
 
-    def _finish(self, run, started: float) -> ZhangResult:
+    def _finish(self, run, started: float) -> TrainResult:
         p = self.cfg.privacy
         eps = self.epsilon_spent()
         published = self.published_epsilon()
@@ -492,7 +483,7 @@ class ZhangTrainer:
         generator_path, trace_path, grid_path = self.out / "generator.pt", self.out / "trace.json", self.out / "samples.png"
         privacy = {"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "accounting": p.accounting}
         if published is not None:
-            privacy.update(as_published_epsilon=published, sound=False)
+            privacy.update(epsilon_as_published_unsound=published, sound=False)
         storage.write_bytes(generator_path, artifacts.generator_bytes(
             self.G.state_dict(),
             model={"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
@@ -501,14 +492,15 @@ class ZhangTrainer:
             privacy=privacy))
         storage.write_text(trace_path, self.trace.to_json())
         artifacts.write_grid(grid_path, class_grid(self.G, num_classes=self.num_classes))
-        result = ZhangResult(
+        result = TrainResult(
             epsilon=eps, delta=p.delta, accountant=p.accountant, steps=self.step, generator_steps=self.g_steps,
             noise_multiplier=self.event.noise_multiplier, sample_rate=self.event.sample_rate,
             stopped_by="steps" if self.total_steps == self.cfg.train.steps else "budget",
             output_dir=str(self.out), generator_path=str(generator_path), trace_path=str(trace_path),
             grid_path=str(grid_path), mlflow_run_id=run.info.run_id if run is not None else None,
-            seconds=time.monotonic() - started, num_groups=self.plan.num_groups, grouping=self.cfg.zhang.grouping,
-            accounting=p.accounting, as_published_epsilon=published, warm_started=self.warm_started,
+            seconds=time.monotonic() - started, accounting=p.accounting, epsilon_as_published_unsound=published,
+            details={"num_groups": self.plan.num_groups, "grouping": self.cfg.zhang.grouping,
+                     "warm_started": self.warm_started},
         )
         if run is not None:
             import mlflow
@@ -517,8 +509,8 @@ class ZhangTrainer:
             metrics = {"noise_multiplier": self.event.noise_multiplier, "sample_rate": self.event.sample_rate,
                        "generator_steps": self.g_steps}
             if published is not None:
-                metrics["as_published_epsilon_unsound"] = published
-                mlflow.set_tag("dpsynth.accounting", "as_published (unsound)")
+                metrics["epsilon_as_published_unsound"] = published
+            mlflow.set_tag("dpsynth.accounting", p.accounting)
             mlflow.log_metrics(metrics)
             tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
         storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
