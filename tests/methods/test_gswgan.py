@@ -249,7 +249,7 @@ def test_as_published_reproduces_the_papers_epsilon_and_stays_unsound():
 def test_calibration_is_in_per_release_units_and_spends_the_budget():
     cfg = paper("privacy.epsilon=3.4")
     plan = plan_privacy(cfg, n=60_000, num_shards=1000)
-    sigma = plan.release_noise_multiplier
+    sigma = plan.noise_multiplier
     assert plan.event.noise_multiplier == pytest.approx(sigma / np.sqrt(32), rel=1e-12)
     assert plan.steps == 20_000
     events = lambda s: [(1e-3, s / np.sqrt(32), 20_000)]  # noqa: E731

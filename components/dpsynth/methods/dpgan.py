@@ -36,6 +36,7 @@ from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.privacy.randomness import MechanismRandomness
 
 # Opacus' hooks fire on module outputs because image inputs need no gradient; that is expected.
@@ -45,7 +46,7 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing")
 SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
 
 
-def plan_privacy(cfg: RunConfig, n: int) -> tuple[MechanismEvent, int, BudgetGuard]:
+def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
     """The per-step mechanism event, the number of steps training will take, and its guard."""
     p, t = cfg.privacy, cfg.train
     check_delta(p.delta, n)
@@ -65,7 +66,7 @@ def plan_privacy(cfg: RunConfig, n: int) -> tuple[MechanismEvent, int, BudgetGua
             f"privacy.epsilon: {p.epsilon} does not allow a single step at noise multiplier {sigma:.4g} "
             f"and sample rate {q:.4g}; raise epsilon or the noise multiplier"
         )
-    return event, steps, guard
+    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma)
 
 
 _ACCOUNTED = "ε of the recorded trace by the configured accountant"
@@ -104,7 +105,8 @@ class DPGANTrainer:
         _, channels, size, _ = self.images.shape
         self.image_shape = (channels, size, size)
 
-        self.event, self.total_steps, self.guard = plan_privacy(cfg, self.n)
+        self.plan = plan_privacy(cfg, self.n)
+        self.event, self.total_steps, self.guard = self.plan.event, self.plan.steps, self.plan.guard
         self._epsilon_cache = (0, 0.0)  # (trace steps, ε): PRV evaluations take seconds
         self.trace = MechanismTrace()
 

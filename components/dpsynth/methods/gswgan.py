@@ -39,7 +39,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -56,7 +56,6 @@ from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.models.gswgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import (
     BudgetGuard,
-    MechanismEvent,
     MechanismTrace,
     as_published_epsilon,
     calibrate_noise,
@@ -65,6 +64,7 @@ from dpsynth.privacy import (
     gswgan_event,
 )
 from dpsynth.privacy.accountants import get_accountant
+from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.privacy.randomness import MechanismRandomness
 
 DISCRIMINATOR_FORMAT = "dpsynth.gswgan.discriminator/1"
@@ -244,16 +244,11 @@ def read_discriminator(data: bytes, *, expect_kwargs: dict, shard_index: int) ->
 # --- privacy plan -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PrivacyPlan:
-    event: MechanismEvent  # one iteration: rate 1/K, σ/√B, without replacement, replace-one
-    release_noise_multiplier: float  # σ: noise std / C added to each sanitized per-sample gradient
-    steps: int  # iterations to run
-    guard: BudgetGuard | None  # None under as_published accounting (the sound ε is reported, not enforced)
-    published_epsilon: float | None  # UNSOUND: the authors' account of `steps` iterations (as_published only)
-
-
 def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
+    """GS-WGAN's plan: ``event`` one iteration (rate 1/K, σ/√B, without replacement, replace-one);
+    ``noise_multiplier`` σ, the noise std / C added to each sanitized per-sample gradient; ``releases`` B.
+    Under as_published accounting ``guard`` is None (the sound ε is reported, not enforced) and
+    ``published_epsilon`` is the authors' (unsound) account of ``steps`` iterations."""
     p, B, T = cfg.privacy, cfg.gswgan.batch_size, cfg.train.steps
     check_delta(p.delta, n)
     sigma = p.noise_multiplier
@@ -275,7 +270,8 @@ def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
             lo, hi = (mid, hi) if published(mid) <= p.epsilon else (lo, mid)
         if lo < 1:
             raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow one iteration even as published")
-        return PrivacyPlan(event, sigma, lo, None, published(lo))
+        return PrivacyPlan(event=event, steps=lo, guard=None, noise_multiplier=sigma, releases=B,
+                           published_epsilon=published(lo))
     if sigma is None:
         event_sigma = calibrate_noise(target_epsilon=p.epsilon, delta=p.delta, sample_rate=1.0 / num_shards,
                                       steps=T, accountant=ACCOUNTANT, sampling="without_replacement",
@@ -289,7 +285,7 @@ def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
     if steps < 1:
         raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow a single iteration at per-sample noise "
                            f"multiplier {sigma:.4g} (B = {B}, K = {num_shards}); raise epsilon or the noise")
-    return PrivacyPlan(event, sigma, steps, guard, None)
+    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=B)
 
 
 # --- the trainer --------------------------------------------------------------------------------
@@ -381,7 +377,7 @@ class GSWGANTrainer:
         try:
             sanitized_generator_step(self.G, self.opt_g, loss, batch_size=self.cfg.gswgan.batch_size,
                                      clip_norm=self.cfg.privacy.max_grad_norm,
-                                     noise_multiplier=self.plan.release_noise_multiplier, generator=self.rng,
+                                     noise_multiplier=self.plan.noise_multiplier, generator=self.rng,
                                      randomness=self.mechanism)
         finally:
             self.D.requires_grad_(True).train()
@@ -405,7 +401,7 @@ class GSWGANTrainer:
     def state_dict(self) -> dict:
         return {
             "fingerprint": self.cfg.fingerprint(), "method": self.method, "step": self.step,
-            "noise_multiplier": self.plan.release_noise_multiplier,
+            "noise_multiplier": self.plan.noise_multiplier,
             "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(), "opt_g": self.opt_g.state_dict(),
             "d_states": self.d_states, "opt_states": self.opt_states,
             "mechanism": self.mechanism.state_dict(), "data_rng": self.data_rng.get_state(),
@@ -413,7 +409,7 @@ class GSWGANTrainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if not math.isclose(state["noise_multiplier"], self.plan.release_noise_multiplier, rel_tol=1e-12):
+        if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
             raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
         self.step = state["step"]
         self.G.load_state_dict(state["G"])
@@ -474,7 +470,7 @@ class GSWGANTrainer:
             raise PrivacyError(f"privacy.epsilon: spent {eps} exceeds the target {p.epsilon}")
         published = None
         if p.accounting == "as_published":
-            published = as_published_epsilon(noise_multiplier=self.plan.release_noise_multiplier,
+            published = as_published_epsilon(noise_multiplier=self.plan.noise_multiplier,
                                              batch_size=self.cfg.gswgan.batch_size, num_shards=self.K,
                                              steps=self.step, delta=p.delta)
         generator_path, trace_path, grid_path = self.out / "generator.pt", self.out / "trace.json", self.out / "samples.png"
@@ -491,7 +487,7 @@ class GSWGANTrainer:
         result = TrainResult(
             epsilon=eps, delta=p.delta, accountant=ACCOUNTANT, accounting=p.accounting,
             epsilon_as_published_unsound=published, steps=self.step, generator_steps=self.step,
-            noise_multiplier=self.plan.release_noise_multiplier,  # per-release σ
+            noise_multiplier=self.plan.noise_multiplier,  # per-release σ
             details={"event_noise_multiplier": self.event.noise_multiplier},  # σ/√B, what the trace records
             sample_rate=self.event.sample_rate,
             stopped_by="steps" if self.total_steps == self.cfg.train.steps else "budget",
@@ -513,7 +509,7 @@ class GSWGANTrainer:
     def derived_params(self) -> dict:
         """What the MLflow run records before the first iteration (data-independent: the plan, n, model sizes)."""
         return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
-                "release_noise_multiplier": self.plan.release_noise_multiplier, "total_steps": self.total_steps,
+                "release_noise_multiplier": self.plan.noise_multiplier, "total_steps": self.total_steps,
                 "records": self.n, "accountant": ACCOUNTANT, "d_parameters": count_parameters(self.D),
                 "g_parameters": count_parameters(self.G)}
 

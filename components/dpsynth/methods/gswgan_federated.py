@@ -173,7 +173,7 @@ def plan_federated_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> Privac
         raise ConfigError("privacy.accounting: federated GS-WGAN has no published account to reproduce here")
     releases = cfg.gswgan.n_dis * cfg.gswgan.batch_size
     plan = plan_privacy(replace(cfg, gswgan=replace(cfg.gswgan, batch_size=releases)), n=n, num_shards=num_shards)
-    event = gswgan_event(noise_multiplier=plan.release_noise_multiplier, batch_size=releases, num_shards=num_shards)
+    event = gswgan_event(noise_multiplier=plan.noise_multiplier, batch_size=releases, num_shards=num_shards)
     assert event == plan.event
     return plan
 
@@ -349,14 +349,14 @@ class FederatedServer(GSWGANTrainer):
     def state_dict(self) -> dict:
         return {
             "fingerprint": self.cfg.fingerprint(), "method": self.method, "step": self.step,
-            "noise_multiplier": self.plan.release_noise_multiplier,
+            "noise_multiplier": self.plan.noise_multiplier,
             "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(), "opt_g": self.opt_g.state_dict(),
             "mechanism": self.mechanism.state_dict(), "rng": self.rng.get_state(), "trace": self.trace.to_dict(),
             "clients": self.clients.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if not math.isclose(state["noise_multiplier"], self.plan.release_noise_multiplier, rel_tol=1e-12):
+        if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
             raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
         self.step = state["step"]
         self.G.load_state_dict(state["G"])
@@ -415,7 +415,7 @@ class FederatedGSWGANTrainer(FederatedServer):
         if len(shards) != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         meta = federation_meta(cfg, shards)
-        sigma = plan_federated_privacy(cfg, n=meta.n, num_shards=meta.num_clients).release_noise_multiplier
+        sigma = plan_federated_privacy(cfg, n=meta.n, num_shards=meta.num_clients).noise_multiplier
         choice_seed, client_seeds = mechanism_seeds(mechanism_seed, len(shards))
         clients = [make_client(cfg, s.to_tensors(), spec=meta.spec, shard_index=k, warm=(warm or {}).get(k),
                                mechanism_seed=client_seeds[k]) for k, s in enumerate(shards)]
@@ -521,7 +521,7 @@ def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[in
                           "not checkpointed); clear the checkpoints or set output.resume=false")
     cfg = replace(cfg, output=replace(cfg.output, checkpoint_every=0))
     meta = federation_meta(cfg, shards)
-    sigma = plan_federated_privacy(cfg, n=meta.n, num_shards=meta.num_clients).release_noise_multiplier
+    sigma = plan_federated_privacy(cfg, n=meta.n, num_shards=meta.num_clients).noise_multiplier
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     jobs = process_jobs(cfg, shards, meta=meta, warm=warm, noise_multiplier=sigma, port=_free_port(),

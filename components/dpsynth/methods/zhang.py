@@ -34,7 +34,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -53,6 +53,7 @@ from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy import grouping
 from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.privacy.randomness import MechanismRandomness
 
 WARM_START_FORMAT = "dpsynth.zhang_warm_start/1"
@@ -126,16 +127,6 @@ def per_unit_gradients(D, real, fake, y, rho, *, gp_weight: float, chunk: int | 
 # --- privacy plan ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PrivacyPlan:
-    sigma: float  # per-group noise multiplier: group j gets N(0, (σ c_j)²)
-    num_groups: int
-    event: MechanismEvent  # the sound per-step event: multiplier σ/√k
-    published_event: MechanismEvent | None  # as_published: the paper's per-step event, multiplier σ
-    steps: int
-    guard: BudgetGuard  # guards the sound event, or the published one in as_published mode
-
-
 def planned_num_groups(cfg: RunConfig) -> int:
     """k for this config's critic (the DCGAN critic's layer structure does not depend on image size)."""
     _, D = build_models(cfg, num_classes=2, image_shape=(1, 28, 28))
@@ -144,6 +135,9 @@ def planned_num_groups(cfg: RunConfig) -> int:
 
 
 def plan_privacy(cfg: RunConfig, n: int, *, num_groups: int) -> PrivacyPlan:
+    """dp-GAN's plan: ``noise_multiplier`` σ per group (group j gets N(0, (σ c_j)²)), ``releases`` the k
+    groups, ``event`` the sound per-step event (σ/√k); as_published: ``published_event`` the paper's
+    per-step event (σ), which ``guard`` then guards instead of the sound one."""
     p, t = cfg.privacy, cfg.train
     check_delta(p.delta, n)
     q = t.batch_size / n
@@ -163,8 +157,8 @@ def plan_privacy(cfg: RunConfig, n: int, *, num_groups: int) -> PrivacyPlan:
     if steps < 1:
         raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow a single step at noise multiplier "
                            f"{guard.event.noise_multiplier:.4g} and sample rate {q:.4g}; raise epsilon or the noise")
-    return PrivacyPlan(sigma=sigma, num_groups=num_groups, event=event, published_event=published, steps=steps,
-                       guard=guard)
+    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=num_groups,
+                       published_event=published)
 
 
 # --- warm start (Alg. 3 line 1) --------------------------------------------------------------------
@@ -305,11 +299,11 @@ class ZhangTrainer:
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
                                              seed=mechanism_seed)
         self.public_rng = torch.Generator(device=self.device).manual_seed(t.seed + 2)
-        groups = ([self.names[i::self.plan.num_groups] for i in range(self.plan.num_groups)]  # replaced at step 0
+        groups = ([self.names[i::self.plan.releases] for i in range(self.plan.releases)]  # replaced at step 0
                   if z.grouping == "clustering" else grouping.fixed_groups(self.names, strategy=z.grouping))
         self.sanitizer = GradientSanitizer(
             [[self.params[nm] for nm in g] for g in groups], max_grad_norm=cfg.privacy.max_grad_norm,
-            noise_multiplier=self.plan.sigma, expected_batch_size=t.batch_size, randomness=self.mechanism,
+            noise_multiplier=self.plan.noise_multiplier, expected_batch_size=t.batch_size, randomness=self.mechanism,
         )
         self.group_names = groups
         self.step = 0
@@ -333,7 +327,7 @@ class ZhangTrainer:
     def update_bounds(self) -> None:
         z = self.cfg.zhang
         if z.grouping == "clustering":
-            groups, bounds = grouping.cluster_groups(self.public_gradients(), self.names, k=self.plan.num_groups)
+            groups, bounds = grouping.cluster_groups(self.public_gradients(), self.names, k=self.plan.releases)
             if not z.adaptive_clipping:  # clustered once from public data, then fixed bounds
                 bounds = [self.cfg.privacy.max_grad_norm] * len(groups)
             self.sanitizer.regroup([[self.params[nm] for nm in g] for g in groups], bounds)
@@ -382,7 +376,7 @@ class ZhangTrainer:
         return {
             "fingerprint": self.cfg.fingerprint(),
             "step": self.step, "g_steps": self.g_steps, "since_g": self.since_g,
-            "noise_multiplier": self.plan.sigma, "groups": self.group_names, "bounds": list(self.sanitizer.bounds),
+            "noise_multiplier": self.plan.noise_multiplier, "groups": self.group_names, "bounds": list(self.sanitizer.bounds),
             "G": self.G.state_dict(), "D": self.D.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(), "public_rng": self.public_rng.get_state(), "torch_rng": torch.get_rng_state(),
@@ -390,7 +384,7 @@ class ZhangTrainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if not math.isclose(state["noise_multiplier"], self.plan.sigma, rel_tol=1e-12):
+        if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
             raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
         self.step, self.g_steps, self.since_g = state["step"], state["g_steps"], state["since_g"]
         self.G.load_state_dict(state["G"])
@@ -459,8 +453,8 @@ class ZhangTrainer:
         """What the MLflow run records before the first step (data-independent: the plan, n, model sizes)."""
         return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
                 "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
-                "g_parameters": count_parameters(self.G), "num_groups": self.plan.num_groups,
-                "sigma_per_group": self.plan.sigma, "warm_started": self.warm_started}
+                "g_parameters": count_parameters(self.G), "num_groups": self.plan.releases,
+                "sigma_per_group": self.plan.noise_multiplier, "warm_started": self.warm_started}
 
     def _log_progress(self, bar, run) -> None:
         cheap = self.cfg.privacy.accountant == "rdp" or self.step % (10 * self.cfg.output.log_every) == 0
@@ -499,7 +493,7 @@ class ZhangTrainer:
             output_dir=str(self.out), generator_path=str(generator_path), trace_path=str(trace_path),
             grid_path=str(grid_path), mlflow_run_id=run.info.run_id if run is not None else None,
             seconds=time.monotonic() - started, accounting=p.accounting, epsilon_as_published_unsound=published,
-            details={"num_groups": self.plan.num_groups, "grouping": self.cfg.zhang.grouping,
+            details={"num_groups": self.plan.releases, "grouping": self.cfg.zhang.grouping,
                      "warm_started": self.warm_started},
         )
         if run is not None:
