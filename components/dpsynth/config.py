@@ -115,7 +115,7 @@ class TrainConfig:
 class OutputConfig:
     dir: str = "outputs/run"
     checkpoint_every: int = 500  # discriminator steps between checkpoints; 0 disables
-    sample_every: int = 500  # discriminator steps between sample grids logged to MLflow
+    sample_every: int = 500  # steps between sample grids written to dir/grids (sensitive zone; never to MLflow)
     log_every: int = 50  # discriminator steps between metric logs
     resume: bool = True  # continue from the last checkpoint in `dir` if there is one
 

@@ -13,7 +13,12 @@ Two transports run the same server (:class:`FederatedServer`) and the same :clas
   and each client k (rank k+1) in its own process, talking over torch.distributed/gloo on
   loopback. The server process is given metadata only (n, K, image shape), never a shard.
 * :class:`FederatedGSWGANTrainer` — the same protocol in one process (the reference the
-  multi-process run must match bit for bit, same seeds).
+  multi-process run must match bit for bit, given the same train.seed and, in tests, the same
+  mechanism seed).
+
+Secret coins: the server's client choice and each client's noise come from
+:class:`~dpsynth.privacy.randomness.MechanismRandomness` seeded from one master seed drawn from OS
+entropy per run (:func:`mechanism_seeds`), handed to each process in memory and never logged.
 
 Protocol, per round (server → client k, then client k → server); every message is counted:
 
