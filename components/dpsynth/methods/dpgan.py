@@ -47,7 +47,8 @@ SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every chec
 
 
 def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
-    """The per-step mechanism event, the number of steps training will take, and its guard."""
+    """DPGAN's plan: one Poisson-subsampled Gaussian event per discriminator step (σ as configured or
+    calibrated so that train.steps spend ≤ ε), the steps training will take, and their guard."""
     p, t = cfg.privacy, cfg.train
     check_delta(p.delta, n)
     q = t.batch_size / n
