@@ -63,6 +63,10 @@ class PrivacyConfig:
     # sound: our accounting (DESIGN.md). as_published: reproduce a paper's own (unsound) account;
     # such a run is marked unsound and the audit never passes it.
     accounting: Literal["sound", "as_published"] = "sound"
+    # The mechanism's noise, masks and shard/client choice are always seeded from OS entropy
+    # (dpsynth.privacy.randomness). secure_mode also reseeds from os.urandom before every draw and
+    # sums 4 Gaussian draws / 2 against floating-point attacks (as Opacus' secure_mode).
+    secure_mode: bool = False
 
     def validate(self) -> None:
         _require(self.epsilon > 0, "privacy.epsilon", f"must be > 0, got {self.epsilon}")
@@ -90,7 +94,7 @@ class TrainConfig:
     g_width: int = 128
     latent_dim: int = 100
     grad_sample_mode: Literal["hooks", "ew"] = "ew"
-    seed: int = 0
+    seed: int = 0  # initialisation and latents / fake samples only; never the mechanism's randomness
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     def validate(self) -> None:
@@ -111,7 +115,7 @@ class TrainConfig:
 class OutputConfig:
     dir: str = "outputs/run"
     checkpoint_every: int = 500  # discriminator steps between checkpoints; 0 disables
-    sample_every: int = 500  # discriminator steps between sample grids logged to MLflow
+    sample_every: int = 500  # steps between sample grids written to dir/grids (sensitive zone; never to MLflow)
     log_every: int = 50  # discriminator steps between metric logs
     resume: bool = True  # continue from the last checkpoint in `dir` if there is one
 

@@ -2,9 +2,9 @@
 
 One experiment per dataset; a parent run per pipeline run; a child run per stage.
 Tags (``dpsynth.*``) are what the auditor's views and the ledger read, so every stage sets
-them through this module. Nothing data-dependent per step is ever logged here (no actual
-Poisson batch sizes, shard indices, per-example norms or losses on private data): callers
-pass only post-processed quantities.
+them through this module. Nothing data-dependent per step is ever logged (no actual Poisson
+batch sizes, shard indices, per-example norms or losses on private data): each stage declares
+what it logs (:class:`LoggedKeys`) and the audit checks every run against that allow-list.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import contextlib
 import io
 import json
 import os
-import re
 import subprocess
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 TAG_STAGE = "dpsynth.stage"
 TAG_DATASET_SHA256 = "dpsynth.dataset_sha256"
@@ -47,21 +47,47 @@ ENV_CONTEXT = {
     TAG_IMAGE: "DPSYNTH_IMAGE",  # the container image a stage runs in (set by the pod spec)
 }
 
-# Metric and parameter names that would carry a data-dependent per-step value outside the accounting:
-# actual (Poisson) batch sizes, chosen shard indices, per-example or gradient norms, losses on real
-# data. The audit fails a pipeline whose MLflow runs hold any of them (configuration settings, such
-# as the *expected* batch size train.batch_size, are data-independent and exempt; see
-# :func:`data_dependent_keys`).
-DATA_DEPENDENT_KEYS = re.compile(
-    r"batch_size|actual_batch|batch_count|shard|per_example|per_sample|grad_norm|clip_frac|d_loss_real|loss_real"
-    r"|real_loss|d_accuracy_real|acc_real",
-    re.IGNORECASE,
-)
 
 
-def data_dependent_keys(keys, *, exempt=frozenset()) -> list[str]:
-    """The names in ``keys`` that match :data:`DATA_DEPENDENT_KEYS`, except those in ``exempt``."""
-    return sorted(k for k in set(keys) if k not in exempt and DATA_DEPENDENT_KEYS.search(k))
+@dataclass(frozen=True)
+class LoggedKeys:
+    """The metric and parameter names one kind of MLflow run may hold, each with the reason it is
+    data-independent or accounted: a stage's allow-list (DESIGN.md, "Nothing before the gate").
+
+    A name ending in ``*`` declares a prefix. Stages declare theirs as ``MLFLOW_KEYS`` (trainers as a
+    class attribute); the audit fails a pipeline whose runs hold a key their stage did not declare.
+
+    >>> keys = LoggedKeys(metrics={"epsilon": "accounted", "curve.*": "post-processing"})
+    >>> keys.undeclared(metrics=["epsilon", "curve.fid", "actual_batch_size"], params=["train.seed"])
+    ['metric actual_batch_size', 'param train.seed']
+    """
+
+    metrics: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)
+
+    def __or__(self, other: LoggedKeys) -> LoggedKeys:
+        return LoggedKeys({**self.metrics, **other.metrics}, {**self.params, **other.params})
+
+    def undeclared(self, *, metrics=(), params=()) -> list[str]:
+        """The names in ``metrics`` / ``params`` this allow-list does not declare ("metric NAME", "param NAME")."""
+        return sorted([f"metric {k}" for k in set(metrics) if not _declared(k, self.metrics)]
+                      + [f"param {k}" for k in set(params) if not _declared(k, self.params)])
+
+
+def _declared(name: str, declared: Mapping[str, str]) -> bool:
+    return name in declared or any(d.endswith("*") and name.startswith(d[:-1]) for d in declared)
+
+
+def config_params() -> LoggedKeys:
+    """Every setting of the run config, as the trainers log it (``section.field``): chosen before
+    any data is read (the partition key is logged redacted)."""
+    from dpsynth.config import RunConfig
+
+    def flat(d: dict, prefix: str = "") -> list[str]:
+        return [k for key, v in d.items()
+                for k in (flat(v, f"{prefix}{key}.") if isinstance(v, dict) else [f"{prefix}{key}"])]
+
+    return LoggedKeys(params={k: "configuration, fixed before any data is read" for k in flat(RunConfig().to_dict())})
 
 
 def default_tracking_uri(output_dir: str | os.PathLike) -> str:
@@ -154,13 +180,13 @@ def dataset_source(uri: str):
         return resolve_dataset_source(uri, candidate_sources=[FileSystemDatasetSource])
 
 
-def log_dataset_input(*, uri: str, sha256: str, name: str, context: str = "training") -> None:
-    """Record the dataset a run read, by URI and content hash (lineage for auditors)."""
+def log_dataset_input(*, uri: str, digest: str, name: str, context: str = "training") -> None:
+    """Record a dataset a run read, by URI and ``digest``: a keyed version id
+    (``dpsynth.stages.common.dataset_version``), never a raw content hash (lineage for auditors)."""
     import mlflow
     from mlflow.data.meta_dataset import MetaDataset
 
-    mlflow.log_input(MetaDataset(source=dataset_source(uri), name=name, digest=sha256[:32]), context=context)
-    mlflow.set_tag(TAG_DATASET_SHA256, sha256)
+    mlflow.log_input(MetaDataset(source=dataset_source(uri), name=name, digest=digest[:32]), context=context)
 
 
 def log_privacy(*, epsilon: float, delta: float, accountant: str, step: int | None = None) -> None:

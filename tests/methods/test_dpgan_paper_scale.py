@@ -29,7 +29,8 @@ def test_paper_plan_for_mnist_eps10():
     """Bie et al. §4: σ=1, B=128 on 60k MNIST images targets ε=10 with ≈450K discriminator steps."""
     cfg = load_config(overrides=["privacy.noise_multiplier=1.0", "privacy.epsilon=10", "train.steps=10000000",
                                  "train.batch_size=128"])
-    event, steps, _ = plan_privacy(cfg, 60000)
+    plan = plan_privacy(cfg, 60000)
+    event, steps = plan.event, plan.steps
     assert 445_000 <= steps <= 455_000
     ref = RDPAccountant()
     ref.history = [(1.0, 128 / 60000, steps)]

@@ -23,6 +23,7 @@ from dpsynth.methods.gswgan import (
 )
 from dpsynth.models.gswgan import Classifier, Discriminator, Generator
 from dpsynth.privacy import MechanismEvent, MechanismTrace
+from dpsynth.privacy.randomness import MechanismRandomness
 from dpsynth.stages.partition import assign
 from tests.privacy.test_wor import autodp_acct, autodp_mechanism_epsilon
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
@@ -82,7 +83,7 @@ def test_generator_step_sanitizes_exactly_the_per_sample_image_gradients(float64
     draw = torch.Generator().manual_seed(1)
     labels = torch.randint(0, 10, (B,), generator=draw)
     z = torch.randn(B, 4, generator=draw)
-    noise = torch.randn(B, 28 * 28, generator=draw)
+    noise = torch.randn(B, 28 * 28, generator=torch.Generator().manual_seed(2))  # the mechanism's coins
     norms = []
     for i in range(B):
         x_i = G0(z[i:i + 1], labels[i:i + 1]).detach().requires_grad_(True)
@@ -101,7 +102,7 @@ def test_generator_step_sanitizes_exactly_the_per_sample_image_gradients(float64
 
     opt = torch.optim.SGD(G.parameters(), lr=1.0)
     sanitized_generator_step(G, opt, lambda x, y: -D(x, y), batch_size=B, clip_norm=C, noise_multiplier=sigma,
-                             generator=torch.Generator().manual_seed(1))
+                             generator=torch.Generator().manual_seed(1), randomness=MechanismRandomness(seed=2))
     for p, p0, g in zip(G.parameters(), G0.parameters(), expected):
         torch.testing.assert_close(p.grad, g, rtol=1e-9, atol=1e-12)  # what the optimizer stepped with
         torch.testing.assert_close(p0 - p, g, rtol=1e-7, atol=1e-10)  # SGD, lr 1: θ moved by exactly that
@@ -116,7 +117,7 @@ def test_sanitize_clips_each_row_and_adds_sigma_c_noise():
     out = sanitize(grads, clip_norm=C, noise_multiplier=0.0)
     torch.testing.assert_close(out, clipped, rtol=1e-5, atol=1e-7)
     assert out.norm(dim=1).max() <= C * (1 + 1e-5)
-    noise = sanitize(grads, clip_norm=C, noise_multiplier=sigma, generator=gen) - clipped
+    noise = sanitize(grads, clip_norm=C, noise_multiplier=sigma) - clipped
     assert noise.std().item() == pytest.approx(sigma * C, rel=0.01)  # 10⁶ draws: std error ≈ 0.07 %
     assert abs(noise.mean().item()) < 0.005
     # the noise does not depend on the row's norm: same spread for the smallest and largest gradients
@@ -248,7 +249,7 @@ def test_as_published_reproduces_the_papers_epsilon_and_stays_unsound():
 def test_calibration_is_in_per_release_units_and_spends_the_budget():
     cfg = paper("privacy.epsilon=3.4")
     plan = plan_privacy(cfg, n=60_000, num_shards=1000)
-    sigma = plan.release_noise_multiplier
+    sigma = plan.noise_multiplier
     assert plan.event.noise_multiplier == pytest.approx(sigma / np.sqrt(32), rel=1e-12)
     assert plan.steps == 20_000
     events = lambda s: [(1e-3, s / np.sqrt(32), 20_000)]  # noqa: E731
@@ -270,8 +271,8 @@ def test_training_stops_before_the_budget(tmp_path, shards):
 def test_as_published_run_reports_both_and_is_marked_unsound(tmp_path, shards):
     cfg = tiny(tmp_path, "privacy.noise_multiplier=1.07", "privacy.accounting=as_published", "privacy.epsilon=100")
     result = GSWGANTrainer(cfg, shards).train()
-    assert result.accounting == "as_published" and result.epsilon_as_published is not None
-    assert result.epsilon > result.epsilon_as_published  # the sound ε, recorded and reported
+    assert result.accounting == "as_published" and result.epsilon_as_published_unsound is not None
+    assert result.epsilon > result.epsilon_as_published_unsound  # the sound ε, recorded and reported
     saved = torch.load(result.generator_path, weights_only=False)["privacy"]
     assert saved["accounting"] == "as_published" and saved["sound"] is False
     trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
@@ -313,10 +314,10 @@ def test_audit_recomputes_a_calibrated_noise_multiplier(tmp_path, shards):
 
 def test_resume_equals_uninterrupted(tmp_path, shards):
     warm = warm_files(tiny(tmp_path), shards, tmp_path)
-    full = GSWGANTrainer(tiny(tmp_path / "full"), shards, warm=warm).train()
+    full = GSWGANTrainer(tiny(tmp_path / "full"), shards, warm=warm, mechanism_seed=5).train()
     cfg = tiny(tmp_path / "split", "output.checkpoint_every=2")
-    assert GSWGANTrainer(cfg, shards, warm=warm).train(stop_after=4) is None
-    resumed = GSWGANTrainer(cfg, shards, warm=warm).train()
+    assert GSWGANTrainer(cfg, shards, warm=warm, mechanism_seed=5).train(stop_after=4) is None
+    resumed = GSWGANTrainer(cfg, shards, warm=warm).train()  # its coins continue from the checkpoint
     assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()
     a, b = (torch.load(r.generator_path, weights_only=False) for r in (full, resumed))
     for name in a["state_dict"]:
@@ -340,11 +341,12 @@ def test_mlflow_gets_no_per_step_private_values(tmp_path, shards):
     from dpsynth import tracking
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    location = (tmp_path / "artifact-store").as_uri()
     cfg = tiny(tmp_path / "out", "tracking.enabled=true", f"tracking.uri={uri}", "output.log_every=2",
-               "output.sample_every=3")
+               "output.sample_every=3", f"tracking.artifact_location={location}")
     result = GSWGANTrainer(cfg, shards).train()
     run = MlflowClient(uri).get_run(result.mlflow_run_id)
+    assert run.info.artifact_uri.startswith(location)  # tracking.artifact_location is honoured
     assert set(run.data.metrics) == {"epsilon"}
-    config_keys = {k for k in run.data.params if not k.startswith("derived.")}
-    assert tracking.data_dependent_keys(run.data.params, exempt=config_keys) == []
+    assert GSWGANTrainer.MLFLOW_KEYS.undeclared(metrics=run.data.metrics, params=run.data.params) == []
     assert run.data.tags[tracking.TAG_ACCOUNTANT] == "wor"

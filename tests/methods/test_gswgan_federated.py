@@ -21,6 +21,7 @@ from dpsynth.methods.gswgan import audit_invariants as gswgan_invariants
 from dpsynth.methods.gswgan_federated import (
     Client,
     FederatedGSWGANTrainer,
+    FederatedServer,
     audit_invariants,
     federation_meta,
     process_jobs,
@@ -130,9 +131,10 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
     warm = warm_files(tiny(tmp_path, *overrides), two_shards, tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the server process logs to MLflow
     result = train_federated(tiny(tmp_path / "processes", *overrides, "tracking.enabled=true", f"tracking.uri={uri}"),
-                             two_shards, warm=warm)
+                             two_shards, warm=warm, mechanism_seed=11)
     assert multiprocessing.active_children() == []
-    reference = FederatedGSWGANTrainer(tiny(tmp_path / "reference", *overrides), two_shards, warm=warm).train()
+    reference = FederatedGSWGANTrainer(tiny(tmp_path / "reference", *overrides), two_shards, warm=warm,
+                                       mechanism_seed=11).train()
 
     got = torch.load(result["generator_path"], weights_only=True)
     want = torch.load(reference.generator_path, weights_only=True)
@@ -150,14 +152,15 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
     # per round: control int64[1], fakes float32[B,1,28,28], labels int64[B] out; float32[B,1,28,28] back
     to_clients, from_clients = N_DIS * (8 + B * IMAGE * 4 + B * 8), N_DIS * B * IMAGE * 4
     assert (to_clients, from_clients) == (100624, 100352)
-    assert result["transport"] == "torch.distributed/gloo"
-    assert result["bytes_per_iteration_to_clients"] == to_clients
-    assert result["bytes_per_iteration_from_clients"] == from_clients
-    assert result["bytes_per_iteration"] == to_clients + from_clients and result["bytes_at_stop"] == 2 * 8
+    fed = result["details"]
+    assert fed["transport"] == "torch.distributed/gloo"
+    assert fed["bytes_per_iteration_to_clients"] == to_clients
+    assert fed["bytes_per_iteration_from_clients"] == from_clients
+    assert fed["bytes_per_iteration"] == to_clients + from_clients and fed["bytes_at_stop"] == 2 * 8
 
     recorded = json.loads(Path(tmp_path / "processes" / "result.json").read_text())
-    assert recorded == result and recorded["privacy_unit"] == "client" and recorded["clients"] == 2
-    assert recorded["delta_below_one_over_clients"] is True  # δ = 1e-4 < 1/2
+    assert recorded == result and recorded["details"]["privacy_unit"] == "client" and recorded["details"]["clients"] == 2
+    assert recorded["details"]["delta_below_one_over_clients"] is True  # δ = 1e-4 < 1/2
     assert got["privacy"]["unit"].startswith("client") and got["privacy"]["clients"] == 2
 
     from mlflow import MlflowClient
@@ -169,15 +172,14 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
     assert run.data.params["derived.bytes_per_iteration"] == str(to_clients + from_clients)
     assert run.data.metrics["bytes_per_iteration_to_clients"] == to_clients
     assert run.data.metrics["bytes_per_iteration_from_clients"] == from_clients
-    config_keys = {k for k in run.data.params if not k.startswith("derived.")}
-    assert tracking.data_dependent_keys(run.data.params, exempt=config_keys) == []
+    assert FederatedServer.MLFLOW_KEYS.undeclared(metrics=run.data.metrics, params=run.data.params) == []
 
 
 def test_reference_resumes_clients_and_all_and_the_processes_refuse_to(tmp_path, two_shards):
     overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
-    full = FederatedGSWGANTrainer(tiny(tmp_path / "full", *overrides), two_shards).train()
+    full = FederatedGSWGANTrainer(tiny(tmp_path / "full", *overrides), two_shards, mechanism_seed=5).train()
     cfg = tiny(tmp_path / "split", *overrides, "output.checkpoint_every=2")
-    assert FederatedGSWGANTrainer(cfg, two_shards).train(stop_after=3) is None
+    assert FederatedGSWGANTrainer(cfg, two_shards, mechanism_seed=5).train(stop_after=3) is None
     resumed = FederatedGSWGANTrainer(cfg, two_shards).train()
     assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()
     a, b = (torch.load(r.generator_path, weights_only=True)["state_dict"] for r in (full, resumed))
@@ -261,7 +263,8 @@ def test_stages_partition_warmstart_train_audit(tmp_path):
     assert trained["details"]["method"] == "gswgan_federated" and trained["details"]["steps"] == 4
     assert all(e["sample_rate"] == pytest.approx(1 / 2) for e in trained["privacy"]["events"])
     result = json.loads(storage.read_bytes([o["uri"] for o in trained["outputs"] if o["role"] == "result"][0]))
-    assert result["privacy_unit"] == "client" and result["bytes_per_iteration"] == 2 * (8 + 2 * 16 * 784 * 4 + 16 * 8)
+    assert result["details"]["privacy_unit"] == "client"
+    assert result["details"]["bytes_per_iteration"] == 2 * (8 + 2 * 16 * 784 * 4 + 16 * 8)
     audit = manifest(run, "sensitive", "audit")
     report = json.loads(storage.read_bytes([o["uri"] for o in audit["outputs"] if o["uri"].endswith(".json")][0]))
     assert [c["name"] for c in report["checks"] if not c["passed"]] == []
@@ -273,12 +276,13 @@ def test_the_method_is_wired_into_config_stages_and_airflow():
     from typing import get_args, get_type_hints
 
     from dpsynth.config import TrainConfig
-    from dpsynth.stages import audit, train, warmstart
+    from dpsynth.methods import registry
 
     assert "gswgan_federated" in get_args(get_type_hints(TrainConfig)["method"])
-    assert "gswgan_federated" in train.TRAINERS and train.METHOD_SECTIONS["gswgan_federated"] == ("gswgan",)
-    assert warmstart.SHARD_WARM_STARTS["gswgan_federated"] == warmstart.SHARD_WARM_STARTS["gswgan"]
-    assert audit.INVARIANTS["gswgan_federated"] == "dpsynth.methods.gswgan_federated:audit_invariants"
+    fed, central = registry.get("gswgan_federated"), registry.get("gswgan")
+    assert fed.sections == ("gswgan",) and fed.warm_start == "shard"
+    assert fed.warm_start_fn() is central.warm_start_fn()  # each client warms its own D_k as GS-WGAN does
+    assert fed.audit_invariants() is audit_invariants
     path = Path(__file__).resolve().parents[2] / "pipelines" / "airflow" / "dags" / "dpsynth_pods.py"
     spec = importlib.util.spec_from_file_location("dpsynth_pods_for_test", path)
     pods = importlib.util.module_from_spec(spec)

@@ -120,7 +120,7 @@ def test_calibrated_sigma_spends_the_target_by_an_independent_account(tmp_path):
     cfg = tiny(tmp_path, "privacy.epsilon=2", "privacy.delta=1e-5", "train.steps=1000", "zhang.grouping=weight_bias")
     plan = plan_privacy(cfg, 10_000, num_groups=2)
     assert plan.steps == 1000
-    ref = autodp_epsilon(sigma=plan.sigma, groups=2, q=32 / 10_000, steps=1000, delta=1e-5)
+    ref = autodp_epsilon(sigma=plan.noise_multiplier, groups=2, q=32 / 10_000, steps=1000, delta=1e-5)
     # calibration's 1% tolerance plus the accountants' conversions (autodp 1.984 here); forgetting
     # the √k fold would put autodp's account near 2·√2
     assert 2 * 0.95 < ref < 2 * 1.005
@@ -133,11 +133,11 @@ def test_as_published_reports_both_and_fails_the_audit(tmp_path, mnist600):
     trainer = ZhangTrainer(cfg, private, public=public)
     result = trainer.train()
     q = 32 / len(private)
-    sigma = trainer.plan.sigma
+    sigma = trainer.plan.noise_multiplier
     assert result.noise_multiplier == pytest.approx(sigma / math.sqrt(5))  # the trace stays sound
-    assert result.as_published_epsilon == pytest.approx(
+    assert result.epsilon_as_published_unsound == pytest.approx(
         autodp_epsilon(sigma=sigma, groups=1, q=q, steps=result.steps, delta=1e-4), rel=5e-3)
-    assert result.as_published_epsilon <= 3 < result.epsilon
+    assert result.epsilon_as_published_unsound <= 3 < result.epsilon
     # the sound account of the same run is over budget by the independent reference too
     assert autodp_epsilon(sigma=sigma, groups=5, q=q, steps=result.steps, delta=1e-4) > 3 * 2
     checks = {c["name"]: c for c in audit_invariants(cfg, MechanismTrace.from_json(Path(result.trace_path).read_text()),
@@ -174,7 +174,7 @@ def test_grouping_needs_public_data(tmp_path, mnist600):
         ZhangTrainer(tiny(tmp_path, "zhang.adaptive_clipping=false"), mnist600)
     cfg = tiny(tmp_path, "zhang.adaptive_clipping=false", "zhang.grouping=weight_bias", "data.public_fraction=0")
     t = ZhangTrainer(cfg, mnist600)  # fixed bounds, no public data needed
-    assert t.sanitizer.bounds == [1.0, 1.0] and t.plan.num_groups == 2
+    assert t.sanitizer.bounds == [1.0, 1.0] and t.plan.releases == 2
     public, private = split(mnist600, tiny(tmp_path))
     with pytest.raises(DatasetError, match="also private"):
         ZhangTrainer(tiny(tmp_path), mnist600, public=public)  # public records inside the training set
@@ -218,11 +218,11 @@ def test_training_updates_g_and_records_the_trace(tmp_path, mnist600):
     trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
     (event,) = trace.events
     assert event.count == 8 and event.sample_rate == pytest.approx(32 / len(private))
-    assert event.noise_multiplier == pytest.approx(trainer.plan.sigma / math.sqrt(3))
+    assert event.noise_multiplier == pytest.approx(trainer.plan.noise_multiplier / math.sqrt(3))
     assert result.epsilon <= 10
     saved = torch.load(result.generator_path, weights_only=False)
     assert saved["format"] == "dpsynth.generator/1" and saved["model"]["class"] == "dpsynth.models.dcgan.Generator"
-    assert json.loads((tmp_path / "result.json").read_text())["num_groups"] == 3
+    assert json.loads((tmp_path / "result.json").read_text())["details"]["num_groups"] == 3
     assert all(c["passed"] for c in audit_invariants(cfg, trace, len(private)))
 
 
@@ -242,9 +242,9 @@ def test_stops_before_the_budget_is_exceeded(tmp_path, mnist600):
 def test_resume_equals_uninterrupted(tmp_path, mnist600):
     a, b = tmp_path / "a", tmp_path / "b"
     public, private = split(mnist600, tiny(a))
-    full = ZhangTrainer(tiny(a), private, public=public)
+    full = ZhangTrainer(tiny(a), private, public=public, mechanism_seed=5)
     full.train()
-    first = ZhangTrainer(tiny(b), private, public=public)
+    first = ZhangTrainer(tiny(b), private, public=public, mechanism_seed=5)
     assert first.train(stop_after=4) is None
     second = ZhangTrainer(tiny(b), private, public=public)
     result = second.train()
@@ -291,7 +291,7 @@ def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, mnist600):
     assert warm["details"]["public_records"] == public_rows
     train = manifest(run, "sensitive", "train")
     assert train["details"]["steps"] == 6 and train["privacy"]["epsilon"] <= 10
-    assert json.loads((run / "sensitive" / "train" / "result.json").read_text())["warm_started"]
+    assert json.loads((run / "sensitive" / "train" / "result.json").read_text())["details"]["warm_started"]
     audit = manifest(run, "sensitive", "audit")
     assert audit["status"] == "succeeded"
     report = json.loads((run / "sensitive" / "audit" / "audit.json").read_text())
@@ -311,9 +311,9 @@ def test_mlflow_gets_no_data_dependent_series(tmp_path, mnist600):
     # ε, counts, the fixed mechanism, and G's loss on fresh fakes through the privatized critic: no batch
     # sizes, per-example norms, critic losses on private records, or bounds
     assert set(run.data.metrics) <= {"epsilon", "generator_steps", "g_loss", "noise_multiplier", "sample_rate",
-                                     "as_published_epsilon_unsound"}
-    assert run.data.metrics["as_published_epsilon_unsound"] == pytest.approx(result.as_published_epsilon)
-    assert run.data.tags["dpsynth.accounting"] == "as_published (unsound)"
+                                     "epsilon_as_published_unsound"}
+    assert run.data.metrics["epsilon_as_published_unsound"] == pytest.approx(result.epsilon_as_published_unsound)
+    assert run.data.tags["dpsynth.accounting"] == "as_published"
     assert run.data.params["derived.num_groups"] == "3"
 
 

@@ -9,6 +9,7 @@ import torch
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.privacy.central_images import central_images, class_sums, event_for
+from dpsynth.privacy.randomness import MechanismRandomness
 
 
 def _data(n=40, k=3, seed=0):
@@ -45,9 +46,9 @@ def test_noise_is_sigma_times_clip_on_the_sums_and_counts():
     x, y = _data(n=2000, k=2)
     x[:] = 0.0  # grey images in [-1, 1] = 0.5 in [0, 1]: means stay inside (0, 1), no clamping
     clip, sigma = 100.0, 0.05
-    g = torch.Generator().manual_seed(3)
+    g = MechanismRandomness(seed=3)
     exact_counts = torch.bincount(y, minlength=2).double()
-    pixels = torch.stack([central_images(x, y, num_classes=2, clip=clip, noise_multiplier=sigma, generator=g)[:, 0, 0, 0]
+    pixels = torch.stack([central_images(x, y, num_classes=2, clip=clip, noise_multiplier=sigma, randomness=g)[:, 0, 0, 0]
                           for _ in range(300)]).double()
     sums_std = (((pixels + 1) / 2) * exact_counts).std(0)  # ≈ σC: the count's noise is negligible here
     assert torch.allclose(sums_std, torch.full((2,), sigma * clip, dtype=torch.float64), rtol=0.15)

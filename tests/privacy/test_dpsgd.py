@@ -71,7 +71,7 @@ def test_noise_has_the_nominal_scale():
     gsm = prepare_module(lin, "hooks", loss_reduction="sum")
     sigma, bounds, ebs = 1.7, [0.5, 2.0], 4.0
     san = GradientSanitizer([[lin.weight], [lin.bias]], max_grad_norm=bounds, noise_multiplier=sigma,
-                            expected_batch_size=ebs, generator=torch.Generator().manual_seed(1))
+                            expected_batch_size=ebs)
     (gsm(torch.zeros(3, 200)) * 0).sum().backward()
     san.accumulate()
     san.finalize()
@@ -86,7 +86,7 @@ def test_noise_has_the_nominal_scale():
 def test_empty_batch_still_gets_noise():
     lin = nn.Linear(5, 3)
     san = GradientSanitizer(list(lin.parameters()), max_grad_norm=1.0, noise_multiplier=1.0,
-                            expected_batch_size=1.0, generator=torch.Generator().manual_seed(0))
+                            expected_batch_size=1.0)
     san.finalize()
     assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
 

@@ -10,6 +10,9 @@ from opacus.accountants import RDPAccountant
 from dpsynth import tracking
 from dpsynth.config import load_config
 from dpsynth.privacy import MechanismEvent, MechanismTrace
+from dataclasses import replace
+
+from dpsynth.methods import registry
 from dpsynth.stages import audit
 from tests.privacy.test_wor import autodp_mechanism_epsilon
 from tests.stages.helpers import manifest, release_files, stage, stages
@@ -162,12 +165,15 @@ def test_a_logged_batch_size_series_fails_the_audit(tracked, source):
     assert release_files(run_dir) == []
 
 
-def test_data_dependent_key_names():
+def test_the_train_allow_list_of_dpgan():
+    from dpsynth.stages.train import logged_keys
+
     keys = ["epsilon", "n_d", "d_accuracy_fake", "d_accuracy_fake_ema", "g_loss", "generator_steps", "noise_multiplier",
-            "sample_rate", "actual_batch_size", "shard_index", "per_example_norm", "grad_norm_mean", "d_loss_real"]
-    assert tracking.data_dependent_keys(keys) == sorted(keys[8:])
-    assert tracking.data_dependent_keys(["train.batch_size", "partition.num_shards"],
-                                        exempt={"train.batch_size", "partition.num_shards"}) == []
+            "sample_rate", "epsilon_spent", "actual_batch_size", "shard_index", "per_example_norm", "grad_norm_mean",
+            "d_loss_real"]
+    assert logged_keys("dpgan").undeclared(metrics=keys) == [f"metric {k}" for k in sorted(keys[9:])]
+    assert logged_keys("dpgan").undeclared(params=["train.batch_size", "partition.num_shards", "derived.batch_count"]) \
+        == ["param derived.batch_count"]
 
 
 def wor_trace(sigma, steps, q=0.01):
@@ -194,11 +200,12 @@ def test_without_replacement_traces_are_recomputed_with_the_wor_bound_only():
 
 def test_methods_register_their_invariants_lazily(monkeypatch):
     cfg = load_config(overrides=["privacy.epsilon=4", "privacy.delta=1e-5", "train.steps=1000"])
-    monkeypatch.setitem(audit.INVARIANTS, "dpgan", "dpsynth.methods.not_there:audit_invariants")
+    dpgan = registry.METHODS["dpgan"]
+    monkeypatch.setitem(registry.METHODS, "dpgan", replace(dpgan, invariants="dpsynth.methods.not_there:audit_invariants"))
     report = audit.evaluate(cfg, trace_text=wor_trace(3.0, 1000).to_json(), n=60_000, integrity=[])
     (check,) = [c for c in report["checks"] if c["name"] == "invariants"]
     assert not check["passed"] and "not_there" in check["detail"] and report["decision"] == "failed"
-    monkeypatch.setitem(audit.INVARIANTS, "dpgan", "tests.stages.test_audit:_record_invariants")
+    monkeypatch.setitem(registry.METHODS, "dpgan", replace(dpgan, invariants="tests.stages.test_audit:_record_invariants"))
     _CALLS.clear()
     report = audit.evaluate(cfg, trace_text=wor_trace(3.0, 1000).to_json(), n=60_000, integrity=[])
     assert _CALLS == [(1000, 60_000)] and report["decision"] == "passed", report["checks"]

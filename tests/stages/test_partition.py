@@ -26,7 +26,11 @@ def test_shards_and_heldout_follow_the_keyed_hash(tmp_path, source, mnist600):
     assert stage("partition", run, source, "partition.num_shards=3") == 0
     m = manifest(run, "sensitive", "partition")
     assert m["status"] == "succeeded" and m["privacy"]["epsilon"] == 0
-    assert m["dataset_sha256"] == m["inputs"][0]["content_sha256"] == mnist600.content_sha256()
+    assert m["inputs"][0]["content_sha256"] == mnist600.content_sha256()  # the raw hash: sensitive manifest only
+    # outside the sensitive zone the dataset is named by HMAC-SHA256(key in the sensitive zone, content sha256)
+    key = (run / "sensitive" / "dataset-version.key").read_bytes()
+    assert len(key) == 32
+    assert m["dataset_sha256"] == hmac.new(key, mnist600.content_sha256().encode(), hashlib.sha256).hexdigest()
     assert sorted(o["role"] for o in m["outputs"]) == ["heldout", "shard", "shard", "shard"]
     ids = {}
     for o in m["outputs"]:

@@ -7,19 +7,11 @@ import json
 from dataclasses import asdict
 
 from dpsynth.config import load_config
-from dpsynth.errors import ConfigError
+from dpsynth.methods import registry
 from dpsynth.stages import cli as stage_cli
 
-# train.method -> one line for `dpsynth --help` and `dpsynth train --help` (the values of
-# dpsynth.config.TrainConfig.method; tests/test_cli.py keeps the two in step).
-METHODS = {
-    "dpgan": 'Bie et al., "Private GANs, Revisited": DP-SGD discriminator',
-    "gswgan": "GS-WGAN, Chen et al.: sanitized gradients, one D per shard",
-    "gswgan_federated": "federated GS-WGAN: each shard a client process",
-    "dpac": "DP-GAN-DPAC: GS-WGAN plus an auxiliary classifier",
-    "zhang": 'Zhang et al., "dp-GAN": DP WGAN-GP critic, public warm start',
-}
-STANDALONE = ("dpgan",)  # the methods `dpsynth train` runs without a pipeline run directory
+# train.method -> one line for `dpsynth --help` and `dpsynth train --help`: the registry's
+METHODS = {name: m.description for name, m in registry.METHODS.items()}
 
 
 def methods_text() -> str:
@@ -64,20 +56,15 @@ def run_train(args) -> int:
     cfg = load_config(args.config, overrides=args.overrides)
     if args.run_dir or cfg.pipeline.run_dir:
         return stage_cli.run_stage_command("train", args, cfg)
-    if cfg.train.method not in STANDALONE:
-        raise ConfigError(f"train.method: {cfg.train.method!r} trains only as a pipeline stage (its shards, warm "
-                          f"start or public data come from the partition): run `dpsynth pipeline run --run-dir DIR` "
-                          f"or `dpsynth train --run-dir DIR` after partition and warmstart; alone, `dpsynth train` "
-                          f"runs {', '.join(STANDALONE)}")
-    from dpsynth.methods.dpgan import DPGANTrainer
+    method = registry.standalone_or_refuse(cfg.train.method)  # ConfigError (exit 2) names the command to use
     from dpsynth.stages.partition import load_source
 
-    result = DPGANTrainer(cfg, load_source(cfg)).train()
+    result = method.trainer_class()(cfg, load_source(cfg)).train()
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:
         print(
-            f"trained {result.steps} private discriminator steps ({result.generator_steps} generator steps) "
+            f"{method.name}: trained {result.steps} private steps ({result.generator_steps} generator steps) "
             f"in {result.seconds:.0f} s\n"
             f"  ε = {result.epsilon:.4f}  δ = {result.delta:g}  accountant = {result.accountant} "
             f"(noise multiplier {result.noise_multiplier:.4f}, sample rate {result.sample_rate:.5f}, "

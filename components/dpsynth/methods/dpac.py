@@ -33,7 +33,6 @@ from dpsynth.methods.gswgan import (
     audit_invariants,
     derived_seed,
     real_batch,
-    train_stage,
     warm_start_shard,
 )
 from dpsynth.models.gswgan import Classifier
@@ -75,9 +74,4 @@ class DPACTrainer(GSWGANTrainer):
         return C
 
 
-def dpac_train_stage(ctx, cfg, dataset, *, shards, warmstart) -> dict:
-    """What ``dpsynth train`` calls for method dpac."""
-    return train_stage(ctx, cfg, dataset, shards=shards, warmstart=warmstart, trainer_class=DPACTrainer)
-
-
-__all__ = ["DPACTrainer", "audit_invariants", "balanced_labels", "dpac_train_stage", "warm_start_shard"]
+__all__ = ["DPACTrainer", "audit_invariants", "balanced_labels", "warm_start_shard"]

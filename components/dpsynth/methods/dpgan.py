@@ -17,7 +17,7 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -26,15 +26,18 @@ from opacus.grad_sample.utils import prepare_module
 from tqdm import tqdm
 
 from dpsynth import storage, tracking
-from dpsynth.config import RunConfig, dump_config
+from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import checkpoint, warmup
+from dpsynth.methods import artifacts, checkpoint, core, warmup
+from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, central_images, check_delta
 from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.privacy.plan import PrivacyPlan
+from dpsynth.privacy.randomness import MechanismRandomness
 
 # Opacus' hooks fire on module outputs because image inputs need no gradient; that is expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -43,39 +46,15 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing")
 SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
 
 
-@dataclass(frozen=True)
-class TrainResult:
-    epsilon: float
-    delta: float
-    accountant: str
-    steps: int
-    generator_steps: int
-    noise_multiplier: float
-    sample_rate: float
-    stopped_by: str  # "steps": the step budget was reached; "budget": the next step would exceed ε
-    output_dir: str
-    generator_path: str
-    trace_path: str
-    grid_path: str
-    mlflow_run_id: str | None
-    seconds: float
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise PrivacyError("train.device: 'cuda' requested but no CUDA device is available")
-    return torch.device(name)
-
-
 def warmup_trace(cfg: RunConfig) -> MechanismTrace:
     """The events of the private warm-up that precede training (empty without one)."""
     return MechanismTrace([central_images.event_for(cfg.warmup.noise_multiplier)] if cfg.warmup.central_images else [])
 
 
-def plan_privacy(cfg: RunConfig, n: int) -> tuple[MechanismEvent, int, BudgetGuard]:
-    """The per-step mechanism event, the number of steps training will take, and its guard."""
+def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
+    """DPGAN's plan: one Poisson-subsampled Gaussian event per discriminator step (σ as configured or
+    calibrated so that the warm-up release, when configured, and train.steps spend ≤ ε), the steps
+    training will take, and their guard."""
     p, t = cfg.privacy, cfg.train
     check_delta(p.delta, n)
     q = t.batch_size / n
@@ -96,23 +75,38 @@ def plan_privacy(cfg: RunConfig, n: int) -> tuple[MechanismEvent, int, BudgetGua
             f"privacy.epsilon: {p.epsilon} does not allow a single step at noise multiplier {sigma:.4g} "
             f"and sample rate {q:.4g}; raise epsilon or the noise multiplier"
         )
-    return event, steps, guard
+    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma)
+
+
+_ACCOUNTED = "ε of the recorded trace by the configured accountant"
+_PLAN = "the privacy plan: from the configuration and n (public), before any step"
+_POST = "post-processing of the DP discriminator on fresh fakes (no real record enters)"
 
 
 class DPGANTrainer:
     """Trains a label-conditioned DCGAN with a DP-SGD discriminator. ``train()`` runs to the end."""
 
+    # what its MLflow run holds (the train stage's allow-list, checked by the audit)
+    MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
+        metrics={"epsilon": _ACCOUNTED, "noise_multiplier": _PLAN, "sample_rate": _PLAN,
+                 "n_d": "the adaptive n_D schedule, driven by d_accuracy_fake_ema (post-processing)",
+                 "generator_steps": "follows the n_D schedule (post-processing)", "d_accuracy_fake": _POST,
+                 "d_accuracy_fake_ema": _POST, "g_loss": _POST},
+        params={"derived.sample_rate": _PLAN, "derived.noise_multiplier": _PLAN, "derived.total_steps": _PLAN,
+                "derived.records": "n, the training records' count (public in this design)",
+                "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
+
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, parent_run_id: str | None = None,
-                 run_tags: dict[str, str] | None = None, log_generator: bool = True):
+                 run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
+        """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         self.cfg = cfg
-        # MLflow: nest the run under a pipeline's parent run, add tags; the pipeline logs the
-        # generator only after the audit, from `dpsynth sample` (log_generator=False).
-        self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
+        # MLflow: nest the run under a pipeline's parent run, add tags. Nothing before the gate: the
+        # run gets no image, no model and no dataset hash (the sample stage logs them after the audit).
+        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         self.out = Path(cfg.output.dir)
         t = cfg.train
         self.device = resolve_device(t.device)
         self.num_classes = cfg.data.num_classes or dataset.num_classes
-        self.dataset_sha256 = dataset.content_sha256()
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         images, labels = dataset.to_tensors()
         self.images, self.labels = images.to(self.device), labels.to(self.device)
@@ -120,7 +114,8 @@ class DPGANTrainer:
         _, channels, size, _ = self.images.shape
         self.image_shape = (channels, size, size)
 
-        self.event, self.total_steps, self.guard = plan_privacy(cfg, self.n)
+        self.plan = plan_privacy(cfg, self.n)
+        self.event, self.total_steps, self.guard = self.plan.event, self.plan.steps, self.plan.guard
         self._epsilon_cache = (0, 0.0)  # (trace steps, ε): PRV evaluations take seconds
         self.trace = MechanismTrace()
 
@@ -133,10 +128,14 @@ class DPGANTrainer:
         betas = (t.adam_beta1, t.adam_beta2)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=t.lr_d, betas=betas)
         self.opt_g = torch.optim.Adam(self.G.parameters(), lr=t.lr_g, betas=betas)
-        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)
+        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)  # latents and fake labels only
+        # the secret coins: Poisson masks and noise (never train.seed)
+        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
+                                             seed=mechanism_seed)
         self.sanitizer = GradientSanitizer(
             list(self.D.parameters()), max_grad_norm=cfg.privacy.max_grad_norm,
-            noise_multiplier=self.event.noise_multiplier, expected_batch_size=2 * t.batch_size, generator=self.rng,
+            noise_multiplier=self.event.noise_multiplier, expected_batch_size=2 * t.batch_size,
+            randomness=self.mechanism,
         )
         self.n_d = (AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta)
                     if t.n_d == "adaptive" else FixedSteps(t.n_d))
@@ -149,7 +148,7 @@ class DPGANTrainer:
     # --- one discriminator step (Algorithm 1, lines 4–8) -------------------------------
     def discriminator_step(self) -> None:
         B = self.cfg.train.batch_size
-        take = torch.rand(self.n, device=self.device, generator=self.rng) < self.event.sample_rate
+        take = self.mechanism.poisson_mask(self.n, self.event.sample_rate)
         real_x, real_y = self.images[take], self.labels[take]
         with torch.no_grad():
             fake_x, fake_y = self.G.sample(B, generator=self.rng)
@@ -171,12 +170,13 @@ class DPGANTrainer:
         self.step += 1
         self.since_g += 1
 
-    # --- the private warm-up (dpsynth.methods.warmup), before the first step -----------------
+    # --- the private warm-up, before the first step --------------------------------------
     def warm_up(self) -> None:
-        """Release the central images (one event in the trace) and fit G to them (post-processing)."""
+        """The private warm-up (dpsynth.methods.warmup): release the central images with the secret
+        coins (one event in the trace), then fit G to them (post-processing)."""
         w = self.cfg.warmup
         means = central_images.central_images(self.images, self.labels, num_classes=self.num_classes, clip=w.clip,
-                                              noise_multiplier=w.noise_multiplier, generator=self.rng)
+                                              noise_multiplier=w.noise_multiplier, randomness=self.mechanism)
         self.trace.record(central_images.event_for(w.noise_multiplier))
         warmup.fit_generator(self.G, warmup.clean(means), steps=w.steps, batch_size=w.batch_size, lr=w.lr,
                              generator=self.rng)
@@ -214,7 +214,7 @@ class DPGANTrainer:
             "noise_multiplier": self.event.noise_multiplier,
             "G": self.G.state_dict(), "D": self.D.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
-            "rng": self.rng.get_state(), "torch_rng": torch.get_rng_state(),
+            "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(), "torch_rng": torch.get_rng_state(),
             "n_d": self.n_d.state_dict(), "trace": self.trace.to_dict(),
         }
 
@@ -227,6 +227,7 @@ class DPGANTrainer:
         self.opt_g.load_state_dict(state["opt_g"])
         self.opt_d.load_state_dict(state["opt_d"])
         self.rng.set_state(state["rng"])
+        self.mechanism.load_state_dict(state["mechanism"])
         torch.set_rng_state(state["torch_rng"])
         self.n_d.load_state_dict(state["n_d"])
         self.trace = MechanismTrace.from_dict(state["trace"])
@@ -243,8 +244,7 @@ class DPGANTrainer:
         started = time.monotonic()
         ckpt_dir = checkpoint.begin(self, cfg, self.out)
 
-        run_ctx = self._mlflow_run() if cfg.tracking.enabled else _null_run()
-        with run_ctx as run:
+        with core.mlflow_run(self, derived=self.derived_params()) as run:
             if cfg.warmup.central_images and self.trace.steps == 0:
                 self.warm_up()
                 if o.checkpoint_every:
@@ -263,8 +263,9 @@ class DPGANTrainer:
                 bar.update(1)
                 if o.log_every and self.step % o.log_every == 0:
                     self._log_progress(bar, run)
-                if o.sample_every and self.step % o.sample_every == 0 and run is not None:
-                    tracking.log_png(class_grid(self.G, num_classes=self.num_classes), f"grids/step-{self.step:07d}.png")
+                if o.sample_every and self.step % o.sample_every == 0:  # sensitive zone only, never MLflow
+                    artifacts.write_grid(self.out / "grids" / f"step-{self.step:07d}.png",
+                                         class_grid(self.G, num_classes=self.num_classes))
                 if o.checkpoint_every and self.step % o.checkpoint_every == 0:
                     checkpoint.save(ckpt_dir, self.state_dict())
                     # the generator so far, with the ε spent so far: evaluate's ε-vs-metric curve
@@ -292,13 +293,12 @@ class DPGANTrainer:
 
     def _generator_file(self, eps: float) -> bytes:
         p = self.cfg.privacy
-        return _torch_bytes({
-            "format": "dpsynth.generator/1", "state_dict": self.G.state_dict(),
-            "model": {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
-                      "channels": self.image_shape[0], "image_size": self.image_shape[1],
-                      "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
-            "privacy": {"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "step": self.step},
-        })
+        return artifacts.generator_bytes(
+            self.G.state_dict(),
+            model={"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
+                   "channels": self.image_shape[0], "image_size": self.image_shape[1],
+                   "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
+            privacy={"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "step": self.step})
 
     def _finish(self, run, started: float) -> TrainResult:
         p = self.cfg.privacy
@@ -310,9 +310,7 @@ class DPGANTrainer:
         grid_path = self.out / "samples.png"
         storage.write_bytes(generator_path, self._generator_file(eps))
         storage.write_text(trace_path, self.trace.to_json())
-        grid = class_grid(self.G, num_classes=self.num_classes)
-        with storage.atomic_write(grid_path) as fh:
-            grid.save(fh, format="PNG")
+        artifacts.write_grid(grid_path, class_grid(self.G, num_classes=self.num_classes))
         stopped_by = "steps" if self.total_steps == self.cfg.train.steps else "budget"
         result = TrainResult(
             epsilon=eps, delta=p.delta, accountant=p.accountant, steps=self.step, generator_steps=self.g_steps,
@@ -328,70 +326,30 @@ class DPGANTrainer:
             mlflow.log_metrics({"noise_multiplier": self.event.noise_multiplier,
                                 "sample_rate": self.event.sample_rate, "generator_steps": self.g_steps})
             tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
-            tracking.log_png(grid, "grids/final.png")
-            if self.log_generator:
-                tracking.log_generator(self.G)
         storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
         return result
 
-    def _mlflow_run(self):
-        tr = self.cfg.tracking
-        uri = tr.uri or tracking.default_tracking_uri(self.out)
-        return _logged_run(self, uri, tr.experiment or tracking.experiment_name(self.dataset_name))
+    def derived_params(self) -> dict:
+        """What the MLflow run records before the first step (data-independent: the plan, n, model sizes)."""
+        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
+                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
+                "g_parameters": count_parameters(self.G)}
 
 
-class _null_run:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-class _logged_run:
-    """Open the MLflow run and log what is known before the first step."""
-
-    def __init__(self, trainer: DPGANTrainer, uri: str, experiment: str):
-        self.trainer, self.uri, self.experiment = trainer, uri, experiment
-        self._ctx = None
-
-    def __enter__(self):
-        import mlflow
-
-        tr = self.trainer
-        self._ctx = tracking.start_run(tracking_uri=self.uri, experiment=self.experiment, stage="train",
-                                       run_name=f"train-{tr.cfg.train.method}", parent_run_id=tr.parent_run_id,
-                                       tags={tracking.TAG_METHOD: tr.cfg.train.method, **tr.run_tags},
-                                       artifact_location=tr.cfg.tracking.artifact_location)
-        run = self._ctx.__enter__()
-        mlflow.log_params(_flatten(tr.cfg.to_dict()))
-        mlflow.log_params({"derived.sample_rate": tr.event.sample_rate,
-                           "derived.noise_multiplier": tr.event.noise_multiplier,
-                           "derived.total_steps": tr.total_steps, "derived.records": tr.n,
-                           "derived.d_parameters": count_parameters(tr.D),
-                           "derived.g_parameters": count_parameters(tr.G)})
-        mlflow.log_text(dump_config(tr.cfg), "config.yaml")
-        tracking.log_dataset_input(uri=str(tr.cfg.data.uri), sha256=tr.dataset_sha256, name=tr.dataset_name)
-        return run
-
-    def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _torch_bytes(obj) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
+    """Checks of a DPGAN trace against its config, for the audit: every event Poisson/add-remove at
+    q = B/n (and the configured σ when set); no more steps than configured."""
+    q = cfg.train.batch_size / n
+    checks, events = warmup.invariants(cfg, trace)
+    for i, e in enumerate(events):
+        ok = (e.sampling == "poisson" and e.sensitivity == "add_remove"
+              and math.isclose(e.sample_rate, q, rel_tol=1e-9)
+              and (cfg.privacy.noise_multiplier is None
+                   or math.isclose(e.noise_multiplier, cfg.privacy.noise_multiplier, rel_tol=1e-12)))
+        checks.append({"name": f"event[{i}]", "passed": ok,
+                       "detail": f"{e.sampling}/{e.sensitivity} q={e.sample_rate:.6g} σ={e.noise_multiplier:.6g} "
+                                 f"× {e.count}; expected poisson/add_remove q=B/n={q:.6g}"})
+    steps = sum(e.count for e in events)
+    checks.append({"name": "steps", "passed": steps <= cfg.train.steps,
+                   "detail": f"{steps} steps, train.steps={cfg.train.steps}"})
+    return checks

@@ -5,8 +5,9 @@ neighbouring datasets differ in one shard). Each shard k has its own WGAN-GP cri
 started non-privately on shard k alone (:func:`warm_start_shard`, fanned out by the warmstart
 stage). Each private iteration then
 
-1. draws k uniformly from a dedicated RNG (never logged; only checkpoints, which stay in the
-   sensitive zone, hold its state),
+1. draws k uniformly from the mechanism's secret randomness (seeded from OS entropy, never from
+   train.seed; only checkpoints, which stay in the sensitive zone, hold its state;
+   :mod:`dpsynth.privacy.randomness`), which also draws the noise,
 2. takes ``n_dis`` non-private WGAN-GP steps of D_k on shard k,
 3. takes one generator step in which only the per-sample gradient g_i = ∂ℓ_i/∂x_i of the
    generator loss w.r.t. the generated image x_i = G(z_i, y_i) is sanitized:
@@ -38,7 +39,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -46,16 +47,15 @@ import torch
 from tqdm import tqdm
 
 from dpsynth import storage, tracking
-from dpsynth.config import RunConfig, dump_config
+from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import checkpoint
-from dpsynth.methods.dpgan import _flatten, _null_run, resolve_device
-from dpsynth.models.gswgan import Discriminator, Generator, count_parameters, without_spectral_norm
+from dpsynth.methods import artifacts, checkpoint, core
+from dpsynth.methods.core import TrainResult, resolve_device
+from dpsynth.models.gswgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import (
     BudgetGuard,
-    MechanismEvent,
     MechanismTrace,
     as_published_epsilon,
     calibrate_noise,
@@ -64,6 +64,8 @@ from dpsynth.privacy import (
     gswgan_event,
 )
 from dpsynth.privacy.accountants import get_accountant
+from dpsynth.privacy.plan import PrivacyPlan
+from dpsynth.privacy.randomness import MechanismRandomness
 
 DISCRIMINATOR_FORMAT = "dpsynth.gswgan.discriminator/1"
 ACCOUNTANT = "wor"  # whatever privacy.accountant says: shard sampling needs the without-replacement bound
@@ -132,18 +134,26 @@ def critic_loss(D, real_x, real_y, fake_x, *, gp_weight: float, drift_weight: fl
 
 
 def sanitize(grads: torch.Tensor, *, clip_norm: float, noise_multiplier: float,
-             generator: torch.Generator | None = None) -> torch.Tensor:
-    """M_{σ,C} on each row: clip g_i to L2 norm ≤ C, add independent N(0, (σC)²) to every coordinate."""
+             randomness: MechanismRandomness | None = None) -> torch.Tensor:
+    """M_{σ,C} on each row: clip g_i to L2 norm ≤ C, add independent N(0, (σC)²) to every coordinate.
+
+    The noise comes from ``randomness`` (the mechanism's secret coins); None: fresh OS-entropy coins."""
     flat = grads.flatten(1)
     scale = (clip_norm / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)
     clipped = flat * scale[:, None]
-    noise = torch.randn(clipped.shape, device=clipped.device, dtype=clipped.dtype, generator=generator)
+    if noise_multiplier == 0:
+        return clipped.view_as(grads)
+    randomness = randomness or MechanismRandomness(device=clipped.device)
+    noise = randomness.standard_normal(clipped.shape, dtype=clipped.dtype)
     return (clipped + noise * (noise_multiplier * clip_norm)).view_as(grads)
 
 
 def sanitized_generator_step(G, opt_g, per_sample_loss: Callable, *, batch_size: int, clip_norm: float,
-                             noise_multiplier: float, generator: torch.Generator) -> None:
+                             noise_multiplier: float, generator: torch.Generator,
+                             randomness: MechanismRandomness) -> None:
     """One generator update in which only ∂ℓ_i/∂G(z_i) is sanitized (paper Eq. 11).
+
+    ``generator`` draws the latents and labels (train.seed), ``randomness`` the noise (secret).
 
     ``per_sample_loss(x, y)`` returns the vector (ℓ_1 … ℓ_B); ℓ_i may depend on x_i alone
     (no batch statistics), so the gradient of Σℓ w.r.t. x holds the per-sample gradients.
@@ -153,7 +163,7 @@ def sanitized_generator_step(G, opt_g, per_sample_loss: Callable, *, batch_size:
     x = G(z, labels)
     x_in = x.detach().requires_grad_(True)
     (grads,) = torch.autograd.grad(per_sample_loss(x_in, labels).sum(), x_in)
-    released = sanitize(grads, clip_norm=clip_norm, noise_multiplier=noise_multiplier, generator=generator)
+    released = sanitize(grads, clip_norm=clip_norm, noise_multiplier=noise_multiplier, randomness=randomness)
     opt_g.zero_grad(set_to_none=True)
     x.backward(released / batch_size)  # (1/B) Σ g̃_i · J_θ G(z_i): post-processing of the releases
     opt_g.step()
@@ -231,30 +241,14 @@ def read_discriminator(data: bytes, *, expect_kwargs: dict, shard_index: int) ->
     return state["state_dict"]
 
 
-def warm_discriminators(warmstart_manifest: dict | None) -> dict[int, bytes]:
-    """Shard index → the bytes of its warm-started D_k file, from the warmstart stage's manifest."""
-    from dpsynth.stages import manifest
-
-    found = {}
-    for item in (warmstart_manifest or {}).get("outputs", []):
-        if item.get("role") == "discriminator":
-            found[int(item["shard"])] = storage.read_bytes(manifest.verify(item)["uri"])
-    return found
-
-
 # --- privacy plan -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PrivacyPlan:
-    event: MechanismEvent  # one iteration: rate 1/K, σ/√B, without replacement, replace-one
-    release_noise_multiplier: float  # σ: noise std / C added to each sanitized per-sample gradient
-    steps: int  # iterations to run
-    guard: BudgetGuard | None  # None under as_published accounting (the sound ε is reported, not enforced)
-    published_epsilon: float | None  # UNSOUND: the authors' account of `steps` iterations (as_published only)
-
-
 def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
+    """GS-WGAN's plan: ``event`` one iteration (rate 1/K, σ/√B, without replacement, replace-one);
+    ``noise_multiplier`` σ, the noise std / C added to each sanitized per-sample gradient; ``releases`` B.
+    Under as_published accounting ``guard`` is None (the sound ε is reported, not enforced) and
+    ``published_epsilon`` is the authors' (unsound) account of ``steps`` iterations."""
     p, B, T = cfg.privacy, cfg.gswgan.batch_size, cfg.train.steps
     check_delta(p.delta, n)
     sigma = p.noise_multiplier
@@ -276,7 +270,8 @@ def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
             lo, hi = (mid, hi) if published(mid) <= p.epsilon else (lo, mid)
         if lo < 1:
             raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow one iteration even as published")
-        return PrivacyPlan(event, sigma, lo, None, published(lo))
+        return PrivacyPlan(event=event, steps=lo, guard=None, noise_multiplier=sigma, releases=B,
+                           published_epsilon=published(lo))
     if sigma is None:
         event_sigma = calibrate_noise(target_epsilon=p.epsilon, delta=p.delta, sample_rate=1.0 / num_shards,
                                       steps=T, accountant=ACCOUNTANT, sampling="without_replacement",
@@ -290,52 +285,43 @@ def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
     if steps < 1:
         raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow a single iteration at per-sample noise "
                            f"multiplier {sigma:.4g} (B = {B}, K = {num_shards}); raise epsilon or the noise")
-    return PrivacyPlan(event, sigma, steps, guard, None)
+    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=B)
 
 
 # --- the trainer --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TrainResult:
-    epsilon: float  # the sound ε of the recorded trace (always; also under as_published accounting)
-    delta: float
-    accountant: str
-    accounting: str  # "sound" | "as_published" (then unsound: the audit refuses the release)
-    epsilon_as_published: float | None  # UNSOUND, as_published only: the authors' own account
-    steps: int  # private generator iterations (= mechanism events)
-    generator_steps: int
-    noise_multiplier: float  # per-release σ
-    event_noise_multiplier: float  # σ/√B, what the trace records
-    sample_rate: float  # 1/K
-    stopped_by: str  # "steps" | "budget"
-    output_dir: str
-    generator_path: str
-    trace_path: str
-    grid_path: str
-    mlflow_run_id: str | None
-    seconds: float
+_PLAN = "the privacy plan: from the configuration, n and K, before any iteration"
 
 
 class GSWGANTrainer:
     """Private phase of GS-WGAN on K shards. ``train()`` runs to the end (or resumes)."""
 
     method = "gswgan"
+    # what its MLflow run holds (the train stage's allow-list, checked by the audit)
+    MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
+        metrics={"epsilon": "ε of the recorded trace (wor accountant)",
+                 "epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
+        params={"derived.sample_rate": _PLAN, "derived.noise_multiplier": _PLAN,
+                "derived.release_noise_multiplier": _PLAN, "derived.total_steps": _PLAN,
+                "derived.records": "n, the training records' count (public in this design)",
+                "derived.accountant": "wor (fixed for shard sampling)",
+                "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
 
     def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
                  parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
-                 log_generator: bool = True):
+                 mechanism_seed: int | None = None):
+        """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         if len(shards) != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         self.cfg, self.out = cfg, Path(cfg.output.dir)
-        self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
+        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})  # MLflow: no image, model or hash
         g, seed = cfg.gswgan, cfg.train.seed
         self.device = resolve_device(cfg.train.device)
         self.spec = _image_spec(cfg, shards[0])
         self.num_classes = self.spec["num_classes"]
         self.K = len(shards)
         self.n = sum(len(s) for s in shards)
-        self.dataset_sha256 = hashlib.sha256("".join(s.content_sha256() for s in shards).encode()).hexdigest()
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         self.shards = [tuple(t.to(self.device) for t in s.to_tensors()) for s in shards]
 
@@ -354,9 +340,11 @@ class GSWGANTrainer:
         self.d_states: dict[int, dict] = {k: read_discriminator(data, expect_kwargs=kwargs, shard_index=k)
                                           for k, data in (warm or {}).items()}
         self.opt_states: dict[int, dict] = {}
-        self.shard_rng = _cpu_rng(seed, "shard-choice")  # k ~ U[0, K): never logged
+        # the secret coins: shard choice k ~ U[0, K) and the noise (never train.seed, never logged)
+        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
+                                             seed=mechanism_seed)
         self.data_rng = _cpu_rng(seed, "real-batches")
-        self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents-and-noise"))
+        self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
         self.step = 0
 
     def make_plan(self, cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
@@ -379,7 +367,7 @@ class GSWGANTrainer:
 
     # --- one private iteration (Algorithm 1, lines 13–20) -------------------------------------
     def iteration(self) -> None:
-        k = int(torch.randint(self.K, (1,), generator=self.shard_rng))
+        k = self.mechanism.choice(self.K)
         images, labels = self.shards[k]
         opt_d = self._load_discriminator(k)
         critic_steps(self.D, opt_d, self.G, images, labels, cfg=self.cfg, data_rng=self.data_rng, rng=self.rng)
@@ -389,7 +377,8 @@ class GSWGANTrainer:
         try:
             sanitized_generator_step(self.G, self.opt_g, loss, batch_size=self.cfg.gswgan.batch_size,
                                      clip_norm=self.cfg.privacy.max_grad_norm,
-                                     noise_multiplier=self.plan.release_noise_multiplier, generator=self.rng)
+                                     noise_multiplier=self.plan.noise_multiplier, generator=self.rng,
+                                     randomness=self.mechanism)
         finally:
             self.D.requires_grad_(True).train()
         self.trace.record(self.event)
@@ -412,22 +401,22 @@ class GSWGANTrainer:
     def state_dict(self) -> dict:
         return {
             "fingerprint": self.cfg.fingerprint(), "method": self.method, "step": self.step,
-            "noise_multiplier": self.plan.release_noise_multiplier,
+            "noise_multiplier": self.plan.noise_multiplier,
             "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(), "opt_g": self.opt_g.state_dict(),
             "d_states": self.d_states, "opt_states": self.opt_states,
-            "shard_rng": self.shard_rng.get_state(), "data_rng": self.data_rng.get_state(),
+            "mechanism": self.mechanism.state_dict(), "data_rng": self.data_rng.get_state(),
             "rng": self.rng.get_state(), "trace": self.trace.to_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if not math.isclose(state["noise_multiplier"], self.plan.release_noise_multiplier, rel_tol=1e-12):
+        if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
             raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
         self.step = state["step"]
         self.G.load_state_dict(state["G"])
         self.G_ema.load_state_dict(state["G_ema"])
         self.opt_g.load_state_dict(state["opt_g"])
         self.d_states, self.opt_states = state["d_states"], state["opt_states"]
-        self.shard_rng.set_state(state["shard_rng"])
+        self.mechanism.load_state_dict(state["mechanism"])
         self.data_rng.set_state(state["data_rng"])
         self.rng.set_state(state["rng"])
         self.trace = MechanismTrace.from_dict(state["trace"])
@@ -441,8 +430,7 @@ class GSWGANTrainer:
         cfg, o = self.cfg, self.cfg.output
         started = time.monotonic()
         ckpt_dir = checkpoint.begin(self, cfg, self.out)
-        run_ctx = self._mlflow_run() if cfg.tracking.enabled else _null_run()
-        with run_ctx as run:
+        with core.mlflow_run(self, derived=self.derived_params()) as run:
             bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{self.method} private iterations",
                        unit="it", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
             while self.step < self.total_steps:
@@ -460,12 +448,16 @@ class GSWGANTrainer:
                         import mlflow
 
                         mlflow.log_metrics({"epsilon": eps}, step=self.step)
-                if o.sample_every and self.step % o.sample_every == 0 and run is not None:
-                    tracking.log_png(self._grid(), f"grids/step-{self.step:07d}.png")
+                if o.sample_every and self.step % o.sample_every == 0:  # sensitive zone only, never MLflow
+                    artifacts.write_grid(self.out / "grids" / f"step-{self.step:07d}.png", self._grid())
                 if o.checkpoint_every and self.step % o.checkpoint_every == 0:
                     checkpoint.save(ckpt_dir, self.state_dict())
             bar.close()
             return self._finish(run, started)
+
+    def privacy_unit(self) -> dict:
+        """What the generator file records about the privacy unit besides the record (none here)."""
+        return {}
 
     def _grid(self):
         _refresh_spectral_norm(self.G_ema)
@@ -478,26 +470,25 @@ class GSWGANTrainer:
             raise PrivacyError(f"privacy.epsilon: spent {eps} exceeds the target {p.epsilon}")
         published = None
         if p.accounting == "as_published":
-            published = as_published_epsilon(noise_multiplier=self.plan.release_noise_multiplier,
+            published = as_published_epsilon(noise_multiplier=self.plan.noise_multiplier,
                                              batch_size=self.cfg.gswgan.batch_size, num_shards=self.K,
                                              steps=self.step, delta=p.delta)
         generator_path, trace_path, grid_path = self.out / "generator.pt", self.out / "trace.json", self.out / "samples.png"
         grid = self._grid()
         privacy = {"epsilon": eps, "delta": p.delta, "accountant": ACCOUNTANT, "accounting": p.accounting}
         if published is not None:
-            privacy.update(epsilon_as_published=published, sound=False)
-        buf = io.BytesIO()
-        torch.save({"format": "dpsynth.generator/1", "state_dict": self.G_ema.state_dict(),
-                    "model": {"class": "dpsynth.models.gswgan.Generator", **generator_kwargs(self.cfg, self.spec)},
-                    "privacy": privacy}, buf)
-        storage.write_bytes(generator_path, buf.getvalue())
+            privacy.update(epsilon_as_published_unsound=published, sound=False)
+        privacy.update(self.privacy_unit())
+        storage.write_bytes(generator_path, artifacts.generator_bytes(
+            self.G_ema.state_dict(), privacy=privacy,
+            model={"class": "dpsynth.models.gswgan.Generator", **generator_kwargs(self.cfg, self.spec)}))
         storage.write_text(trace_path, self.trace.to_json())
-        with storage.atomic_write(grid_path) as fh:
-            grid.save(fh, format="PNG")
+        artifacts.write_grid(grid_path, grid)
         result = TrainResult(
             epsilon=eps, delta=p.delta, accountant=ACCOUNTANT, accounting=p.accounting,
-            epsilon_as_published=published, steps=self.step, generator_steps=self.step,
-            noise_multiplier=self.plan.release_noise_multiplier, event_noise_multiplier=self.event.noise_multiplier,
+            epsilon_as_published_unsound=published, steps=self.step, generator_steps=self.step,
+            noise_multiplier=self.plan.noise_multiplier,  # per-release σ
+            details={"event_noise_multiplier": self.event.noise_multiplier},  # σ/√B, what the trace records
             sample_rate=self.event.sample_rate,
             stopped_by="steps" if self.total_steps == self.cfg.train.steps else "budget",
             output_dir=str(self.out), generator_path=str(generator_path), trace_path=str(trace_path),
@@ -512,14 +503,15 @@ class GSWGANTrainer:
             if published is not None:
                 mlflow.log_metric("epsilon_as_published_unsound", published)
             tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
-            tracking.log_png(grid, "grids/final.png")
-            if self.log_generator:
-                tracking.log_generator(without_spectral_norm(self.G_ema))
         storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
         return result
 
-    def _mlflow_run(self):
-        return _logged_run(self)
+    def derived_params(self) -> dict:
+        """What the MLflow run records before the first iteration (data-independent: the plan, n, model sizes)."""
+        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
+                "release_noise_multiplier": self.plan.noise_multiplier, "total_steps": self.total_steps,
+                "records": self.n, "accountant": ACCOUNTANT, "d_parameters": count_parameters(self.D),
+                "g_parameters": count_parameters(self.G)}
 
 
 def _cpu_copy(obj):
@@ -544,48 +536,7 @@ def _refresh_spectral_norm(G: torch.nn.Module, iterations: int = 10) -> None:
     G.train(was_training)
 
 
-class _logged_run:
-    """Open the MLflow run and log what is known before the first iteration (no per-step private values)."""
-
-    def __init__(self, trainer: GSWGANTrainer):
-        self.trainer, self._ctx = trainer, None
-
-    def __enter__(self):
-        import mlflow
-
-        tr, cfg = self.trainer, self.trainer.cfg
-        uri = cfg.tracking.uri or tracking.default_tracking_uri(tr.out)
-        experiment = cfg.tracking.experiment or tracking.experiment_name(tr.dataset_name)
-        self._ctx = tracking.start_run(tracking_uri=uri, experiment=experiment, stage="train",
-                                       run_name=f"train-{cfg.train.method}", parent_run_id=tr.parent_run_id,
-                                       tags={tracking.TAG_METHOD: cfg.train.method, **tr.run_tags})
-        run = self._ctx.__enter__()
-        mlflow.log_params(_flatten(cfg.to_dict()))
-        mlflow.log_params({"derived.sample_rate": tr.event.sample_rate,
-                           "derived.noise_multiplier": tr.event.noise_multiplier,
-                           "derived.release_noise_multiplier": tr.plan.release_noise_multiplier,
-                           "derived.total_steps": tr.total_steps, "derived.records": tr.n,
-                           "derived.accountant": ACCOUNTANT,
-                           "derived.d_parameters": count_parameters(tr.D),
-                           "derived.g_parameters": count_parameters(tr.G)})
-        mlflow.log_text(dump_config(cfg), "config.yaml")
-        tracking.log_dataset_input(uri=str(cfg.data.uri), sha256=tr.dataset_sha256, name=tr.dataset_name)
-        return run
-
-    def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc)
-
-
-# --- the train stage and the audit ----------------------------------------------------------------
-
-
-def train_stage(ctx, cfg: RunConfig, dataset: ImageDataset, *, shards: list[ImageDataset], warmstart: dict,
-                trainer_class: type | None = None) -> dict:
-    """What ``dpsynth train`` calls for method gswgan (and dpac, with its trainer class)."""
-    cls = trainer_class or GSWGANTrainer
-    trainer = cls(cfg, shards, warm=warm_discriminators(warmstart), parent_run_id=ctx.parent_run_id,
-                  run_tags=ctx.run_tags(), log_generator=False)
-    return asdict(trainer.train())
+# --- the audit ------------------------------------------------------------------------------------
 
 
 def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
@@ -633,6 +584,5 @@ __all__ = [
     "plan_privacy",
     "sanitize",
     "sanitized_generator_step",
-    "train_stage",
     "warm_start_shard",
 ]

@@ -13,7 +13,12 @@ Two transports run the same server (:class:`FederatedServer`) and the same :clas
   and each client k (rank k+1) in its own process, talking over torch.distributed/gloo on
   loopback. The server process is given metadata only (n, K, image shape), never a shard.
 * :class:`FederatedGSWGANTrainer` — the same protocol in one process (the reference the
-  multi-process run must match bit for bit, same seeds).
+  multi-process run must match bit for bit, given the same train.seed and, in tests, the same
+  mechanism seed).
+
+Secret coins: the server's client choice and each client's noise come from
+:class:`~dpsynth.privacy.randomness.MechanismRandomness` seeded from one master seed drawn from OS
+entropy per run (:func:`mechanism_seeds`), handed to each process in memory and never logged.
 
 Protocol, per round (server → client k, then client k → server); every message is counted:
 
@@ -42,8 +47,6 @@ here are the shards of ``dpsynth partition`` (a keyed hash of record ids); one c
 from __future__ import annotations
 
 import datetime
-import hashlib
-import io
 import json
 import math
 import multiprocessing.connection
@@ -59,15 +62,14 @@ from pathlib import Path
 
 import torch
 
-from dpsynth import storage
+from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyError
-from dpsynth.methods.dpgan import resolve_device
+from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.gswgan import (
     GSWGANTrainer,
     PrivacyPlan,
-    TrainResult,
     _adam,
     _cpu_copy,
     _cpu_rng,
@@ -83,10 +85,10 @@ from dpsynth.methods.gswgan import (
     read_discriminator,
     real_batch,
     sanitize,
-    warm_discriminators,
 )
 from dpsynth.models.gswgan import Generator
 from dpsynth.privacy import MechanismTrace, fold_releases, gswgan_event
+from dpsynth.privacy.randomness import MechanismRandomness, secret_seed
 
 CONTINUE, STOP = 1, 0
 IDLE_TIMEOUT_S = 7 * 24 * 3600.0  # how long a client may wait for its next request (see client_main)
@@ -101,9 +103,14 @@ class Client:
     """One client: its data, its D_k and D_k's optimizer; answers a batch of fakes with sanitized gradients."""
 
     def __init__(self, cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], D: torch.nn.Module,
-                 opt: torch.optim.Optimizer, *, data_rng: torch.Generator, rng: torch.Generator):
+                 opt: torch.optim.Optimizer, *, data_rng: torch.Generator, rng: torch.Generator,
+                 randomness: MechanismRandomness | None = None):
+        """``rng`` draws the critic's interpolation weights (train.seed); ``randomness`` the noise
+        (the mechanism's secret coins; None: fresh OS-entropy coins)."""
         self.cfg, (self.images, self.labels), self.D, self.opt = cfg, shard, D, opt
         self.data_rng, self.rng = data_rng, rng
+        self.randomness = randomness or MechanismRandomness(device=self.images.device,
+                                                            secure_mode=cfg.privacy.secure_mode)
 
     def update(self, fake_x: torch.Tensor, fake_y: torch.Tensor, *, noise_multiplier: float) -> torch.Tensor:
         """ClientUpdate (Algorithm 2, lines 28–32): one step of D_k, then the sanitized ∂(−D_k)/∂x_i."""
@@ -122,22 +129,33 @@ class Client:
         finally:
             self.D.requires_grad_(True).train()
         return sanitize(grads, clip_norm=self.cfg.privacy.max_grad_norm, noise_multiplier=noise_multiplier,
-                        generator=self.rng)
+                        randomness=self.randomness)
 
     def state_dict(self) -> dict:
         return {"D": _cpu_copy(self.D.state_dict()), "opt": _cpu_copy(self.opt.state_dict()),
-                "data_rng": self.data_rng.get_state(), "rng": self.rng.get_state()}
+                "data_rng": self.data_rng.get_state(), "rng": self.rng.get_state(),
+                "randomness": self.randomness.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.D.load_state_dict(state["D"])
         self.opt.load_state_dict(state["opt"])
         self.data_rng.set_state(state["data_rng"])
         self.rng.set_state(state["rng"])
+        self.randomness.load_state_dict(state["randomness"])
+
+
+def mechanism_seeds(master: int | None, num_clients: int) -> tuple[int, list[int]]:
+    """The secret seeds of the server's client choice and of each client's noise, from one master seed
+    (None: a fresh :func:`~dpsynth.privacy.randomness.secret_seed`). The master is drawn once per run by
+    whoever launches it and passed to the processes in memory only; nothing logs or stores it."""
+    master = secret_seed() if master is None else master
+    return derived_seed(master, "client-choice"), [derived_seed(master, "client-noise", k) for k in range(num_clients)]
 
 
 def make_client(cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], *, spec: dict, shard_index: int,
-                warm: bytes | None) -> Client:
-    """Client k with its warm-started D_k (or a fresh one) and RNGs of its own, seeded by train.seed and k."""
+                warm: bytes | None, mechanism_seed: int | None = None) -> Client:
+    """Client k with its warm-started D_k (or a fresh one), RNGs of its own seeded by train.seed and k,
+    and its secret noise coins (``mechanism_seed``, from :func:`mechanism_seeds`; None: fresh)."""
     device = resolve_device(cfg.train.device)
     D = fresh_discriminator(cfg, spec, shard_index=shard_index).to(device)
     if warm is not None:
@@ -146,7 +164,9 @@ def make_client(cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], *, spe
     seed = cfg.train.seed
     return Client(cfg, tuple(t.to(device) for t in shard), D, _adam(D.parameters(), lr=cfg.gswgan.lr_d, cfg=cfg),
                   data_rng=_cpu_rng(seed, "client-real-batches", shard_index),
-                  rng=torch.Generator(device=device).manual_seed(derived_seed(seed, "client-noise", shard_index)))
+                  rng=torch.Generator(device=device).manual_seed(derived_seed(seed, "client-critic", shard_index)),
+                  randomness=MechanismRandomness(device=device, secure_mode=cfg.privacy.secure_mode,
+                                                 seed=mechanism_seed))
 
 
 # --- privacy plan ----------------------------------------------------------------------------
@@ -158,7 +178,7 @@ def plan_federated_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> Privac
         raise ConfigError("privacy.accounting: federated GS-WGAN has no published account to reproduce here")
     releases = cfg.gswgan.n_dis * cfg.gswgan.batch_size
     plan = plan_privacy(replace(cfg, gswgan=replace(cfg.gswgan, batch_size=releases)), n=n, num_shards=num_shards)
-    event = gswgan_event(noise_multiplier=plan.release_noise_multiplier, batch_size=releases, num_shards=num_shards)
+    event = gswgan_event(noise_multiplier=plan.noise_multiplier, batch_size=releases, num_shards=num_shards)
     assert event == plan.event
     return plan
 
@@ -173,14 +193,12 @@ class FederationMeta:
     spec: dict  # num_classes, channels, image_size
     n: int  # total records (for δ < 1/n and the plan)
     num_clients: int
-    dataset_sha256: str
     dataset_name: str
 
 
 def federation_meta(cfg: RunConfig, shards: list[ImageDataset]) -> FederationMeta:
     return FederationMeta(
         spec=_image_spec(cfg, shards[0]), n=sum(len(s) for s in shards), num_clients=len(shards),
-        dataset_sha256=hashlib.sha256("".join(s.content_sha256() for s in shards).encode()).hexdigest(),
         dataset_name=Path(str(cfg.data.uri).rstrip("/")).stem or "dataset")
 
 
@@ -271,34 +289,33 @@ def serve(client: Client, *, spec: dict, batch_size: int, noise_multiplier: floa
 # --- the server --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FederatedTrainResult(TrainResult):
-    privacy_unit: str
-    clients: int
-    delta_below_one_over_clients: bool  # client-level reading of δ; the audit checks δ < 1/n
-    transport: str
-    bytes_per_iteration_to_clients: int  # server → client, control messages included
-    bytes_per_iteration_from_clients: int
-    bytes_per_iteration: int
-    bytes_at_stop: int  # the K STOP messages at the end
+_PROTOCOL = "bytes of the protocol's messages: from shapes (config) alone"
 
 
 class FederatedServer(GSWGANTrainer):
     """The server of Algorithm 2: G, G_ema, opt_g, the plan, the trace and the shard choice. No data."""
 
     method = "gswgan_federated"
+    MLFLOW_KEYS = GSWGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
+        metrics={k: _PROTOCOL for k in ("bytes_per_iteration_to_clients", "bytes_per_iteration_from_clients",
+                                        "bytes_per_iteration")},
+        params={"derived.privacy_unit": "client (fixed)", "derived.clients": "K (configuration)",
+                "derived.transport": "the transport's name",
+                "derived.delta_below_one_over_clients": "δ < 1/K, from the configuration",
+                **{f"derived.{k}": _PROTOCOL for k in ("bytes_per_iteration_to_clients",
+                                                        "bytes_per_iteration_from_clients", "bytes_per_iteration")}})
 
     def __init__(self, cfg: RunConfig, clients, *, meta: FederationMeta, parent_run_id: str | None = None,
-                 run_tags: dict[str, str] | None = None, log_generator: bool = True):
+                 run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
         if meta.num_clients != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {meta.num_clients} clients")
         self.cfg, self.out, self.clients = cfg, Path(cfg.output.dir), clients
-        self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
+        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         g, seed = cfg.gswgan, cfg.train.seed
         self.device = resolve_device(cfg.train.device)
         self.spec, self.num_classes = meta.spec, meta.spec["num_classes"]
         self.K, self.n = meta.num_clients, meta.n
-        self.dataset_sha256, self.dataset_name = meta.dataset_sha256, meta.dataset_name
+        self.dataset_name = meta.dataset_name
         self.plan = plan_federated_privacy(cfg, n=self.n, num_shards=self.K)
         self.event, self.total_steps = self.plan.event, self.plan.steps
         self.trace = MechanismTrace()
@@ -308,13 +325,15 @@ class FederatedServer(GSWGANTrainer):
         self.G_ema.load_state_dict(self.G.state_dict())
         self.opt_g = _adam(self.G.parameters(), lr=g.lr_g, cfg=cfg)
         self.D = fresh_discriminator(cfg, self.spec, shard_index=0)  # architecture only: logs its parameter count
-        self.shard_rng = _cpu_rng(seed, "shard-choice")  # k ~ U[0, K): never logged
+        # the secret client choice k ~ U[0, K) (never train.seed, never logged)
+        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
+                                             seed=mechanism_seed)
         self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
         self.step = 0
 
     def iteration(self) -> None:
         g = self.cfg.gswgan
-        k = int(torch.randint(self.K, (1,), generator=self.shard_rng))
+        k = self.mechanism.choice(self.K)
         for r in range(g.n_dis):  # every round's answer is a release the server sees
             labels = torch.randint(0, self.num_classes, (g.batch_size,), device=self.device, generator=self.rng)
             z = torch.randn(g.batch_size, self.G.latent_dim, device=self.device, generator=self.rng)
@@ -328,28 +347,36 @@ class FederatedServer(GSWGANTrainer):
         self.step += 1
         self._update_ema()
 
+    def privacy_unit(self) -> dict:
+        delta = self.cfg.privacy.delta
+        return {"unit": PRIVACY_UNIT, "clients": self.K, "delta_below_one_over_clients": delta < 1 / self.K}
+
     def state_dict(self) -> dict:
         return {
             "fingerprint": self.cfg.fingerprint(), "method": self.method, "step": self.step,
-            "noise_multiplier": self.plan.release_noise_multiplier,
+            "noise_multiplier": self.plan.noise_multiplier,
             "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(), "opt_g": self.opt_g.state_dict(),
-            "shard_rng": self.shard_rng.get_state(), "rng": self.rng.get_state(), "trace": self.trace.to_dict(),
+            "mechanism": self.mechanism.state_dict(), "rng": self.rng.get_state(), "trace": self.trace.to_dict(),
             "clients": self.clients.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if not math.isclose(state["noise_multiplier"], self.plan.release_noise_multiplier, rel_tol=1e-12):
+        if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
             raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
         self.step = state["step"]
         self.G.load_state_dict(state["G"])
         self.G_ema.load_state_dict(state["G_ema"])
         self.opt_g.load_state_dict(state["opt_g"])
-        self.shard_rng.set_state(state["shard_rng"])
+        self.mechanism.load_state_dict(state["mechanism"])
         self.rng.set_state(state["rng"])
         self.trace = MechanismTrace.from_dict(state["trace"])
         self.clients.load_state_dict(state["clients"])
 
-    def _finish(self, run, started: float) -> FederatedTrainResult:
+    def _finish(self, run, started: float) -> TrainResult:
+        """GS-WGAN's result, with the federation in ``details``: privacy_unit, clients,
+        delta_below_one_over_clients (client-level reading of δ; the audit checks δ < 1/n), transport,
+        bytes per iteration to / from the clients (control messages included) and in all, and
+        bytes_at_stop (the K STOP messages at the end)."""
         sent_before, received_before = getattr(self.clients, "sent", 0), getattr(self.clients, "received", 0)
         self.clients.close()  # STOP to every client; not part of any iteration
         bytes_at_stop = getattr(self.clients, "sent", 0) - sent_before
@@ -363,23 +390,18 @@ class FederatedServer(GSWGANTrainer):
             moved = message_bytes(self.cfg, self.spec)
             to_clients, from_clients, bytes_at_stop = moved["to_clients"], moved["from_clients"], 8 * self.K
         delta = self.cfg.privacy.delta
-        fed = FederatedTrainResult(
-            **asdict(result), privacy_unit="client", clients=self.K, delta_below_one_over_clients=delta < 1 / self.K,
-            transport=self.clients.transport, bytes_per_iteration_to_clients=to_clients,
-            bytes_per_iteration_from_clients=from_clients, bytes_per_iteration=to_clients + from_clients,
-            bytes_at_stop=bytes_at_stop)
-        generator = torch.load(result.generator_path, map_location="cpu", weights_only=True)
-        generator["privacy"].update(unit=PRIVACY_UNIT, clients=self.K, delta_below_one_over_clients=delta < 1 / self.K)
-        buf = io.BytesIO()
-        torch.save(generator, buf)
-        storage.write_bytes(result.generator_path, buf.getvalue())
+        fed = replace(result, details={
+            **result.details, "privacy_unit": "client", "clients": self.K,
+            "delta_below_one_over_clients": delta < 1 / self.K, "transport": self.clients.transport,
+            "bytes_per_iteration_to_clients": to_clients, "bytes_per_iteration_from_clients": from_clients,
+            "bytes_per_iteration": to_clients + from_clients, "bytes_at_stop": bytes_at_stop})
         storage.write_text(self.out / "result.json", json.dumps(asdict(fed), indent=2))
         if run is not None:
             import mlflow
 
             mlflow.log_params({"derived.privacy_unit": "client", "derived.clients": self.K,
-                               "derived.transport": fed.transport,
-                               "derived.delta_below_one_over_clients": fed.delta_below_one_over_clients,
+                               "derived.transport": self.clients.transport,
+                               "derived.delta_below_one_over_clients": delta < 1 / self.K,
                                "derived.bytes_per_iteration_to_clients": to_clients,
                                "derived.bytes_per_iteration_from_clients": from_clients,
                                "derived.bytes_per_iteration": to_clients + from_clients})
@@ -393,14 +415,17 @@ class FederatedGSWGANTrainer(FederatedServer):
     """The in-process reference: the server and all K clients in this process."""
 
     def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
-                 **kwargs):
+                 mechanism_seed: int | None = None, **kwargs):
+        """``mechanism_seed``: tests only (the multi-process run given the same one must match bit for bit)."""
         if len(shards) != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         meta = federation_meta(cfg, shards)
-        sigma = plan_federated_privacy(cfg, n=meta.n, num_shards=meta.num_clients).release_noise_multiplier
-        clients = [make_client(cfg, s.to_tensors(), spec=meta.spec, shard_index=k, warm=(warm or {}).get(k))
-                   for k, s in enumerate(shards)]
-        super().__init__(cfg, InProcessClients(clients, noise_multiplier=sigma), meta=meta, **kwargs)
+        sigma = plan_federated_privacy(cfg, n=meta.n, num_shards=meta.num_clients).noise_multiplier
+        choice_seed, client_seeds = mechanism_seeds(mechanism_seed, len(shards))
+        clients = [make_client(cfg, s.to_tensors(), spec=meta.spec, shard_index=k, warm=(warm or {}).get(k),
+                               mechanism_seed=client_seeds[k]) for k, s in enumerate(shards)]
+        super().__init__(cfg, InProcessClients(clients, noise_multiplier=sigma), meta=meta,
+                         mechanism_seed=choice_seed, **kwargs)
 
 
 # --- processes --------------------------------------------------------------------------------
@@ -419,13 +444,13 @@ def _join_group(*, rank: int, world: int, port: int, timeout_s: float) -> None:
 
 
 def server_main(*, cfg: RunConfig, meta: FederationMeta, port: int, timeout_s: float, parent_run_id: str | None,
-                run_tags: dict | None, log_generator: bool, results) -> None:
+                run_tags: dict | None, mechanism_seed: int, results) -> None:
     """Rank 0. Receives metadata only: no shard, no shard URI, no record."""
     try:
         _join_group(rank=0, world=meta.num_clients + 1, port=port, timeout_s=timeout_s)
         clients = GlooClients(spec=meta.spec, batch_size=cfg.gswgan.batch_size)
         server = FederatedServer(cfg, clients, meta=meta, parent_run_id=parent_run_id, run_tags=run_tags,
-                                 log_generator=log_generator)
+                                 mechanism_seed=mechanism_seed)
         result = server.train()
         results.put(("result", 0, asdict(result)))
         torch.distributed.destroy_process_group()
@@ -435,7 +460,8 @@ def server_main(*, cfg: RunConfig, meta: FederationMeta, port: int, timeout_s: f
 
 
 def client_main(*, cfg: RunConfig, shard_index: int, shard: tuple[torch.Tensor, torch.Tensor], warm: bytes | None,
-                spec: dict, noise_multiplier: float, port: int, world: int, idle_timeout_s: float, results) -> None:
+                spec: dict, noise_multiplier: float, port: int, world: int, idle_timeout_s: float,
+                mechanism_seed: int, results) -> None:
     """Rank k + 1: client k with its own shard and D_k only.
 
     A client waits for its next request for about K iterations on average, so its own gloo timeout
@@ -443,7 +469,7 @@ def client_main(*, cfg: RunConfig, shard_index: int, shard: tuple[torch.Tensor, 
     dying closes the connection, which fails the other at once, whatever the timeouts.
     """
     try:
-        client = make_client(cfg, shard, spec=spec, shard_index=shard_index, warm=warm)
+        client = make_client(cfg, shard, spec=spec, shard_index=shard_index, warm=warm, mechanism_seed=mechanism_seed)
         _join_group(rank=shard_index + 1, world=world, port=port, timeout_s=idle_timeout_s)
         rounds = serve(client, spec=spec, batch_size=cfg.gswgan.batch_size, noise_multiplier=noise_multiplier)
         results.put(("done", shard_index + 1, rounds))
@@ -468,26 +494,31 @@ def _call(kwargs: dict, parent: int) -> None:
 
 
 def process_jobs(cfg: RunConfig, shards: list[ImageDataset], *, meta: FederationMeta, warm: dict[int, bytes] | None,
-                 noise_multiplier: float, port: int, timeout_s: float, results, server_kwargs: dict) -> list[dict]:
-    """What each rank's process is given: the server metadata only, client k its own shard and D_k only."""
+                 noise_multiplier: float, port: int, timeout_s: float, results, server_kwargs: dict,
+                 mechanism_seed: int | None = None) -> list[dict]:
+    """What each rank's process is given: the server metadata only, client k its own shard and D_k only
+    (and each its own secret seed, in memory: see :func:`mechanism_seeds`)."""
     world = meta.num_clients + 1
+    choice_seed, client_seeds = mechanism_seeds(mechanism_seed, meta.num_clients)
     jobs = [dict(target=server_main, cfg=cfg, meta=meta, port=port, timeout_s=timeout_s, results=results,
-                 **server_kwargs)]
+                 mechanism_seed=choice_seed, **server_kwargs)]
     jobs += [dict(target=client_main, cfg=cfg, shard_index=k, shard=shard.to_tensors(), warm=(warm or {}).get(k),
                   spec=meta.spec, noise_multiplier=noise_multiplier, port=port, world=world,
-                  idle_timeout_s=max(timeout_s, IDLE_TIMEOUT_S), results=results) for k, shard in enumerate(shards)]
+                  idle_timeout_s=max(timeout_s, IDLE_TIMEOUT_S), mechanism_seed=client_seeds[k], results=results)
+             for k, shard in enumerate(shards)]
     return jobs
 
 
 def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
                     parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
-                    log_generator: bool = True, timeout_s: float = 120.0) -> dict:
+                    timeout_s: float = 120.0, mechanism_seed: int | None = None) -> dict:
     """Run the server and K clients as K + 1 processes over gloo on loopback; returns the server's result.
 
     Any process failing terminates the others and raises here with its traceback (no orphans:
     the children are daemonic, killed in ``finally``, and die with this process). ``timeout_s``
     bounds the server's wait for any one message; clients wait for requests up to IDLE_TIMEOUT_S.
     Checkpoints hold the server's state only, so the multi-process run does not resume mid-run.
+    ``mechanism_seed``: tests only (compare with the in-process reference); None: drawn from OS entropy.
     """
     if cfg.output.resume and (Path(cfg.output.dir) / "checkpoints").is_dir() and any(
             (Path(cfg.output.dir) / "checkpoints").glob("*.pt")):
@@ -495,12 +526,12 @@ def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[in
                           "not checkpointed); clear the checkpoints or set output.resume=false")
     cfg = replace(cfg, output=replace(cfg.output, checkpoint_every=0))
     meta = federation_meta(cfg, shards)
-    sigma = plan_federated_privacy(cfg, n=meta.n, num_shards=meta.num_clients).release_noise_multiplier
+    sigma = plan_federated_privacy(cfg, n=meta.n, num_shards=meta.num_clients).noise_multiplier
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     jobs = process_jobs(cfg, shards, meta=meta, warm=warm, noise_multiplier=sigma, port=_free_port(),
-                        timeout_s=timeout_s, results=results, server_kwargs=dict(
-                            parent_run_id=parent_run_id, run_tags=run_tags, log_generator=log_generator))
+                        timeout_s=timeout_s, results=results, mechanism_seed=mechanism_seed, server_kwargs=dict(
+                            parent_run_id=parent_run_id, run_tags=run_tags))
     procs = [ctx.Process(target=_call, args=(job, os.getpid()), daemon=True, name=f"gswgan-federated-rank{rank}")
              for rank, job in enumerate(jobs)]
     messages, result = [], None
@@ -551,13 +582,21 @@ def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[in
     return result
 
 
-# --- the train stage and the audit ----------------------------------------------------------------
+class FederatedProcesses:
+    """What ``train.method=gswgan_federated`` runs (the registry's trainer): :func:`train_federated`
+    behind the trainer interface, ``FederatedProcesses(cfg, shards, warm=…, **run options).train()``."""
+
+    MLFLOW_KEYS = FederatedServer.MLFLOW_KEYS  # the server process logs the run
+
+    def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
+                 **kwargs):
+        self.cfg, self.shards, self.warm, self.kwargs = cfg, shards, warm, kwargs
+
+    def train(self) -> TrainResult:
+        return TrainResult(**train_federated(self.cfg, self.shards, warm=self.warm, **self.kwargs))
 
 
-def train_stage(ctx, cfg: RunConfig, dataset: ImageDataset, *, shards: list[ImageDataset], warmstart: dict) -> dict:
-    """What ``dpsynth train`` calls for method gswgan_federated: the multi-process run."""
-    return train_federated(cfg, shards, warm=warm_discriminators(warmstart), parent_run_id=ctx.parent_run_id,
-                           run_tags=ctx.run_tags(), log_generator=False)
+# --- the audit ------------------------------------------------------------------------------------
 
 
 def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
@@ -577,13 +616,12 @@ def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict
 __all__ = [
     "Client",
     "FederatedGSWGANTrainer",
+    "FederatedProcesses",
     "FederatedServer",
-    "FederatedTrainResult",
     "audit_invariants",
     "message_bytes",
     "plan_federated_privacy",
     "process_jobs",
     "server_main",
     "train_federated",
-    "train_stage",
 ]

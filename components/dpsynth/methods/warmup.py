@@ -28,6 +28,20 @@ import torch.nn.functional as F
 LATENT_CONTROLS = 6  # z coordinates that choose the deformation
 
 
+def invariants(cfg, trace) -> tuple[list[dict], list]:
+    """For the audit: the warm-up's release, when configured, must open ``trace`` exactly as planned
+    (``warmup.noise_multiplier``); returns its checks and the events after it."""
+    from dpsynth.privacy import central_images
+
+    events = list(trace.events)
+    if not cfg.warmup.central_images:
+        return [], events
+    expected = central_images.event_for(cfg.warmup.noise_multiplier)
+    first = events[0] if events else None
+    return [{"name": "warmup", "passed": first == expected,
+             "detail": f"{first} opens the trace; expected the central-image release {expected}"}], events[1:]
+
+
 def deform(x: torch.Tensor, u: torch.Tensor, *, max_rotate: float = 15.0, max_shear: float = 0.25,
            scale: tuple[float, float] = (0.85, 1.1), max_shift: float = 0.1) -> torch.Tensor:
     """Deform images ``x`` (N×C×H×W in [-1, 1]) by uniforms ``u`` (N×6 in [0, 1]): rotation, shear,

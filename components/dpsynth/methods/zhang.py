@@ -34,7 +34,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -46,23 +46,17 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import checkpoint
-from dpsynth.methods.dpgan import TrainResult, _logged_run, _null_run, _torch_bytes, resolve_device
-from dpsynth.models.dcgan import Discriminator, Generator
+from dpsynth.methods import artifacts, checkpoint, core
+from dpsynth.methods.core import TrainResult, resolve_device
+from dpsynth.methods.dpgan import DPGANTrainer
+from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy import grouping
 from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.privacy.plan import PrivacyPlan
+from dpsynth.privacy.randomness import MechanismRandomness
 
 WARM_START_FORMAT = "dpsynth.zhang_warm_start/1"
-
-
-@dataclass(frozen=True)
-class ZhangResult(TrainResult):
-    num_groups: int = 1
-    grouping: str = "global"
-    accounting: str = "sound"
-    as_published_epsilon: float | None = None  # the paper's (unsound) account; only in as_published mode
-    warm_started: bool = False
 
 
 # --- public data ---------------------------------------------------------------------------------
@@ -72,7 +66,7 @@ def require_public(cfg: RunConfig, ds: ImageDataset, *, what: str) -> None:
     """Refuse ``ds`` unless the config declares public data and every record of ``ds`` is public
     under it (the partition's keyed hash, or the public split): non-private training on it is free
     only because it is public."""
-    from dpsynth.stages.partition import public_mask
+    from dpsynth.data.assignment import public_mask
 
     d = cfg.data
     if d.public_fraction == 0 and d.public_split is None:
@@ -133,16 +127,6 @@ def per_unit_gradients(D, real, fake, y, rho, *, gp_weight: float, chunk: int | 
 # --- privacy plan ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PrivacyPlan:
-    sigma: float  # per-group noise multiplier: group j gets N(0, (σ c_j)²)
-    num_groups: int
-    event: MechanismEvent  # the sound per-step event: multiplier σ/√k
-    published_event: MechanismEvent | None  # as_published: the paper's per-step event, multiplier σ
-    steps: int
-    guard: BudgetGuard  # guards the sound event, or the published one in as_published mode
-
-
 def planned_num_groups(cfg: RunConfig) -> int:
     """k for this config's critic (the DCGAN critic's layer structure does not depend on image size)."""
     _, D = build_models(cfg, num_classes=2, image_shape=(1, 28, 28))
@@ -151,6 +135,9 @@ def planned_num_groups(cfg: RunConfig) -> int:
 
 
 def plan_privacy(cfg: RunConfig, n: int, *, num_groups: int) -> PrivacyPlan:
+    """dp-GAN's plan: ``noise_multiplier`` σ per group (group j gets N(0, (σ c_j)²)), ``releases`` the k
+    groups, ``event`` the sound per-step event (σ/√k); as_published: ``published_event`` the paper's
+    per-step event (σ), which ``guard`` then guards instead of the sound one."""
     p, t = cfg.privacy, cfg.train
     check_delta(p.delta, n)
     q = t.batch_size / n
@@ -170,8 +157,8 @@ def plan_privacy(cfg: RunConfig, n: int, *, num_groups: int) -> PrivacyPlan:
     if steps < 1:
         raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow a single step at noise multiplier "
                            f"{guard.event.noise_multiplier:.4g} and sample rate {q:.4g}; raise epsilon or the noise")
-    return PrivacyPlan(sigma=sigma, num_groups=num_groups, event=event, published_event=published, steps=steps,
-                       guard=guard)
+    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=num_groups,
+                       published_event=published)
 
 
 # --- warm start (Alg. 3 line 1) --------------------------------------------------------------------
@@ -244,16 +231,22 @@ def _generator_step(G, D, opt_g, m: int, rng) -> float:
 class ZhangTrainer:
     """Algorithm 3 on ``dataset`` (the private records). ``train()`` runs to the end."""
 
+    # what its MLflow run holds (the train stage's allow-list, checked by the audit)
+    MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
+        metrics={"epsilon_as_published_unsound": "the paper's account of the steps taken (from the plan)"},
+        params={"derived.num_groups": "k, from the critic's architecture and the config",
+                "derived.sigma_per_group": "σ of the plan", "derived.warm_started": "whether a public warm start was given"})
+
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, public: ImageDataset | None = None,
                  warm_start_state: dict | None = None, parent_run_id: str | None = None,
-                 run_tags: dict[str, str] | None = None, log_generator: bool = True):
+                 run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
+        """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         self.cfg = cfg
-        self.parent_run_id, self.run_tags, self.log_generator = parent_run_id, dict(run_tags or {}), log_generator
+        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         self.out = Path(cfg.output.dir)
         z, t = cfg.zhang, cfg.train
         self.device = resolve_device(t.device)
         self.num_classes = cfg.data.num_classes or dataset.num_classes
-        self.dataset_sha256 = dataset.content_sha256()
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         images, labels = dataset.to_tensors()
         self.images, self.labels = images.to(self.device), labels.to(self.device)
@@ -301,13 +294,16 @@ class ZhangTrainer:
         betas = (z.adam_beta1, z.adam_beta2)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=z.lr, betas=betas)
         self.opt_g = torch.optim.Adam(self.G.parameters(), lr=z.lr, betas=betas)
-        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)
+        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)  # fakes, interpolation, G steps
+        # the secret coins: Poisson masks and noise (never train.seed)
+        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
+                                             seed=mechanism_seed)
         self.public_rng = torch.Generator(device=self.device).manual_seed(t.seed + 2)
-        groups = ([self.names[i::self.plan.num_groups] for i in range(self.plan.num_groups)]  # replaced at step 0
+        groups = ([self.names[i::self.plan.releases] for i in range(self.plan.releases)]  # replaced at step 0
                   if z.grouping == "clustering" else grouping.fixed_groups(self.names, strategy=z.grouping))
         self.sanitizer = GradientSanitizer(
             [[self.params[nm] for nm in g] for g in groups], max_grad_norm=cfg.privacy.max_grad_norm,
-            noise_multiplier=self.plan.sigma, expected_batch_size=t.batch_size, generator=self.rng,
+            noise_multiplier=self.plan.noise_multiplier, expected_batch_size=t.batch_size, randomness=self.mechanism,
         )
         self.group_names = groups
         self.step = 0
@@ -331,7 +327,7 @@ class ZhangTrainer:
     def update_bounds(self) -> None:
         z = self.cfg.zhang
         if z.grouping == "clustering":
-            groups, bounds = grouping.cluster_groups(self.public_gradients(), self.names, k=self.plan.num_groups)
+            groups, bounds = grouping.cluster_groups(self.public_gradients(), self.names, k=self.plan.releases)
             if not z.adaptive_clipping:  # clustered once from public data, then fixed bounds
                 bounds = [self.cfg.privacy.max_grad_norm] * len(groups)
             self.sanitizer.regroup([[self.params[nm] for nm in g] for g in groups], bounds)
@@ -350,7 +346,7 @@ class ZhangTrainer:
         z, t = self.cfg.zhang, self.cfg.train
         if self._due_for_bounds():
             self.update_bounds()
-        take = torch.rand(self.n, device=self.device, generator=self.rng) < self.event.sample_rate
+        take = self.mechanism.poisson_mask(self.n, self.event.sample_rate)
         real, y = self.images[take], self.labels[take]
         m = len(real)
         with torch.no_grad():
@@ -380,15 +376,15 @@ class ZhangTrainer:
         return {
             "fingerprint": self.cfg.fingerprint(),
             "step": self.step, "g_steps": self.g_steps, "since_g": self.since_g,
-            "noise_multiplier": self.plan.sigma, "groups": self.group_names, "bounds": list(self.sanitizer.bounds),
+            "noise_multiplier": self.plan.noise_multiplier, "groups": self.group_names, "bounds": list(self.sanitizer.bounds),
             "G": self.G.state_dict(), "D": self.D.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
-            "rng": self.rng.get_state(), "public_rng": self.public_rng.get_state(), "torch_rng": torch.get_rng_state(),
+            "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(), "public_rng": self.public_rng.get_state(), "torch_rng": torch.get_rng_state(),
             "trace": self.trace.to_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if not math.isclose(state["noise_multiplier"], self.plan.sigma, rel_tol=1e-12):
+        if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
             raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
         self.step, self.g_steps, self.since_g = state["step"], state["g_steps"], state["since_g"]
         self.G.load_state_dict(state["G"])
@@ -398,6 +394,7 @@ class ZhangTrainer:
         self.group_names = [list(g) for g in state["groups"]]
         self.sanitizer.regroup([[self.params[nm] for nm in g] for g in self.group_names], state["bounds"])
         self.rng.set_state(state["rng"])
+        self.mechanism.load_state_dict(state["mechanism"])
         self.public_rng.set_state(state["public_rng"])
         torch.set_rng_state(state["torch_rng"])
         self.trace = MechanismTrace.from_dict(state["trace"])
@@ -423,21 +420,13 @@ class ZhangTrainer:
         return MechanismTrace([self.plan.published_event.with_count(self.trace.steps)]) if self.trace.steps else MechanismTrace()
 
     # --- the loop ------------------------------------------------------------------------------
-    def train(self, *, stop_after: int | None = None) -> ZhangResult | None:
+    def train(self, *, stop_after: int | None = None) -> TrainResult | None:
         """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
         cfg, o = self.cfg, self.cfg.output
         started = time.monotonic()
         ckpt_dir = checkpoint.begin(self, cfg, self.out)
 
-        run_ctx = _logged_run(self, cfg.tracking.uri or tracking.default_tracking_uri(self.out),
-                              cfg.tracking.experiment or tracking.experiment_name(self.dataset_name)) \
-            if cfg.tracking.enabled else _null_run()
-        with run_ctx as run:
-            if run is not None:
-                import mlflow
-
-                mlflow.log_params({"derived.num_groups": self.plan.num_groups, "derived.sigma_per_group": self.plan.sigma,
-                                   "derived.warm_started": self.warm_started})
+        with core.mlflow_run(self, derived=self.derived_params()) as run:
             bar = tqdm(total=self.total_steps, initial=self.step, desc="DP critic steps", unit="step",
                        file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
             while self.step < self.total_steps:
@@ -452,12 +441,20 @@ class ZhangTrainer:
                 bar.update(1)
                 if o.log_every and self.step % o.log_every == 0:
                     self._log_progress(bar, run)
-                if o.sample_every and self.step % o.sample_every == 0 and run is not None:
-                    tracking.log_png(class_grid(self.G, num_classes=self.num_classes), f"grids/step-{self.step:07d}.png")
+                if o.sample_every and self.step % o.sample_every == 0:  # sensitive zone only, never MLflow
+                    artifacts.write_grid(self.out / "grids" / f"step-{self.step:07d}.png",
+                                         class_grid(self.G, num_classes=self.num_classes))
                 if o.checkpoint_every and self.step % o.checkpoint_every == 0:
                     checkpoint.save(ckpt_dir, self.state_dict())
             bar.close()
             return self._finish(run, started)
+
+    def derived_params(self) -> dict:
+        """What the MLflow run records before the first step (data-independent: the plan, n, model sizes)."""
+        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
+                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
+                "g_parameters": count_parameters(self.G), "num_groups": self.plan.releases,
+                "sigma_per_group": self.plan.noise_multiplier, "warm_started": self.warm_started}
 
     def _log_progress(self, bar, run) -> None:
         cheap = self.cfg.privacy.accountant == "rdp" or self.step % (10 * self.cfg.output.log_every) == 0
@@ -471,7 +468,7 @@ class ZhangTrainer:
                 metrics["g_loss"] = self.last_g_loss
             mlflow.log_metrics(metrics, step=self.step)
 
-    def _finish(self, run, started: float) -> ZhangResult:
+    def _finish(self, run, started: float) -> TrainResult:
         p = self.cfg.privacy
         eps = self.epsilon_spent()
         published = self.published_epsilon()
@@ -480,26 +477,24 @@ class ZhangTrainer:
         generator_path, trace_path, grid_path = self.out / "generator.pt", self.out / "trace.json", self.out / "samples.png"
         privacy = {"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "accounting": p.accounting}
         if published is not None:
-            privacy.update(as_published_epsilon=published, sound=False)
-        storage.write_bytes(generator_path, _torch_bytes({
-            "format": "dpsynth.generator/1", "state_dict": self.G.state_dict(),
-            "model": {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
-                      "channels": self.image_shape[0], "image_size": self.image_shape[1],
-                      "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
-            "privacy": privacy,
-        }))
+            privacy.update(epsilon_as_published_unsound=published, sound=False)
+        storage.write_bytes(generator_path, artifacts.generator_bytes(
+            self.G.state_dict(),
+            model={"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
+                   "channels": self.image_shape[0], "image_size": self.image_shape[1],
+                   "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
+            privacy=privacy))
         storage.write_text(trace_path, self.trace.to_json())
-        grid = class_grid(self.G, num_classes=self.num_classes)
-        with storage.atomic_write(grid_path) as fh:
-            grid.save(fh, format="PNG")
-        result = ZhangResult(
+        artifacts.write_grid(grid_path, class_grid(self.G, num_classes=self.num_classes))
+        result = TrainResult(
             epsilon=eps, delta=p.delta, accountant=p.accountant, steps=self.step, generator_steps=self.g_steps,
             noise_multiplier=self.event.noise_multiplier, sample_rate=self.event.sample_rate,
             stopped_by="steps" if self.total_steps == self.cfg.train.steps else "budget",
             output_dir=str(self.out), generator_path=str(generator_path), trace_path=str(trace_path),
             grid_path=str(grid_path), mlflow_run_id=run.info.run_id if run is not None else None,
-            seconds=time.monotonic() - started, num_groups=self.plan.num_groups, grouping=self.cfg.zhang.grouping,
-            accounting=p.accounting, as_published_epsilon=published, warm_started=self.warm_started,
+            seconds=time.monotonic() - started, accounting=p.accounting, epsilon_as_published_unsound=published,
+            details={"num_groups": self.plan.releases, "grouping": self.cfg.zhang.grouping,
+                     "warm_started": self.warm_started},
         )
         if run is not None:
             import mlflow
@@ -508,13 +503,10 @@ class ZhangTrainer:
             metrics = {"noise_multiplier": self.event.noise_multiplier, "sample_rate": self.event.sample_rate,
                        "generator_steps": self.g_steps}
             if published is not None:
-                metrics["as_published_epsilon_unsound"] = published
-                mlflow.set_tag("dpsynth.accounting", "as_published (unsound)")
+                metrics["epsilon_as_published_unsound"] = published
+            mlflow.set_tag("dpsynth.accounting", p.accounting)
             mlflow.log_metrics(metrics)
             tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
-            tracking.log_png(grid, "grids/final.png")
-            if self.log_generator:
-                tracking.log_generator(self.G)
         storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
         return result
 

@@ -32,6 +32,7 @@ import torch
 
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy.events import MechanismEvent
+from dpsynth.privacy.randomness import MechanismRandomness
 
 
 def event_for(noise_multiplier: float) -> MechanismEvent:
@@ -54,17 +55,20 @@ def class_sums(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, 
 
 
 def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
-                   noise_multiplier: float, generator: torch.Generator | None = None) -> torch.Tensor:
+                   noise_multiplier: float, randomness: MechanismRandomness | None = None) -> torch.Tensor:
     """The noisy class means, shaped (num_classes, C, H, W) in [-1, 1]; the caller records
     ``event_for(noise_multiplier)`` in the mechanism trace.
 
-    ``images`` are N×C×H×W in [-1, 1]. ``generator`` must be the mechanism's secret generator.
+    ``images`` are N×C×H×W in [-1, 1]. ``randomness`` is the mechanism's secret coins (required when
+    ``noise_multiplier`` > 0).
     """
     if noise_multiplier < 0:
         raise PrivacyError(f"warmup.noise_multiplier: must be >= 0, got {noise_multiplier}")
     sums = class_sums(images, labels, num_classes=num_classes, clip=clip)
     if noise_multiplier > 0:
-        noise = torch.randn(sums.shape, generator=generator, dtype=torch.float64)
+        if randomness is None:
+            raise PrivacyError("central images: noise needs the mechanism's secret randomness")
+        noise = randomness.standard_normal(tuple(sums.shape), dtype=torch.float64).cpu()
         sums = sums + noise_multiplier * clip * noise
     counts = (sums[:, -1] / (clip / math.sqrt(2))).clamp(min=1.0)
     means = (sums[:, :-1] / counts.unsqueeze(1)).clamp(0, 1) * 2 - 1

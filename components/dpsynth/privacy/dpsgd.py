@@ -10,6 +10,10 @@ grouping); each group of each example is clipped to c_j and gets noise σ·c_j. 
 group this is plain DP-SGD. The k groups of one step form a single Gaussian release with
 multiplier σ/√k (``dpsynth.privacy.events.fold_releases``), and the caller records it so.
 
+The noise comes from the sanitizer's :class:`~dpsynth.privacy.randomness.MechanismRandomness`,
+seeded from OS entropy (never from ``train.seed``); a trainer that also Poisson-samples passes its
+own, so that the masks and the noise are the one secret stream of the mechanism.
+
 Physical batches larger than memory allows are handled by calling ``accumulate`` after
 each chunk's backward pass and ``finalize`` once per logical step: the step semantics
 (one clip per example, one noise draw, division by the *expected* batch size) are exact.
@@ -23,6 +27,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from dpsynth.privacy.randomness import MechanismRandomness
+
 
 class GradientSanitizer:
     """Clip, sum and noise the per-example gradients held in ``p.grad_sample``."""
@@ -34,7 +40,7 @@ class GradientSanitizer:
         max_grad_norm: float | Sequence[float],
         noise_multiplier: float,
         expected_batch_size: float,
-        generator: torch.Generator | None = None,
+        randomness: MechanismRandomness | None = None,
     ):
         params = list(params)
         groups = [list(g) for g in params] if params and not isinstance(params[0], nn.Parameter) else [params]
@@ -51,7 +57,10 @@ class GradientSanitizer:
         self.bounds = bounds
         self.noise_multiplier = float(noise_multiplier)
         self.expected_batch_size = float(expected_batch_size)
-        self.generator = generator
+        if randomness is None:  # the sanitizer owns its secret noise
+            device = groups[0][0].device if groups and groups[0] else "cpu"
+            randomness = MechanismRandomness(device=device)
+        self.randomness = randomness
         self._sums: list[list[torch.Tensor]] | None = None
 
     @property
@@ -110,7 +119,7 @@ class GradientSanitizer:
         for group, bound, sums in zip(self.groups, self.bounds, self._sums):
             std = self.noise_multiplier * bound
             for p, acc in zip(group, sums):
-                noise = torch.normal(0.0, std, size=p.shape, device=p.device, generator=self.generator) if std > 0 else 0.0
+                noise = self.randomness.standard_normal(p.shape, dtype=p.dtype) * std if std > 0 else 0.0
                 p.grad = (acc + noise) / self.expected_batch_size
         self._sums = None
 

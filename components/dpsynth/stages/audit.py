@@ -12,8 +12,8 @@ only when every check holds:
   replace-one), and the trainer's accountant is one that applies to it;
 * ``accounting``: the run used sound accounting — a config, trace or result marked
   ``as_published`` (a paper's own, unsound account) never passes;
-* the method's invariants (:data:`INVARIANTS`: DPGAN's here, the other methods' in their own
-  modules, imported when used), so a trace cannot understate its sampling rate or steps;
+* the method's invariants (each method's own, named by :mod:`dpsynth.methods.registry`, imported
+  when used), so a trace cannot understate its sampling rate or steps;
 * ``epsilon``: every accountant that applies bounds ε within the target. Poisson events have
   two independent ones, RDP (ε_RDP ≤ target·(1 + 1e-9), floating-point rounding only) and PRV
   (ε_PRV,upper ≤ target + eps_error, its own grid error: soundness rests on the RDP bound, a
@@ -21,10 +21,10 @@ only when every check holds:
   bound ("wor": RDP and PRV assume Poisson sampling and do not apply — the report says so);
 * ``claim``: the trainer's claimed ε agrees with the audit's recomputation by the same
   accountant within :data:`CLAIM_TOLERANCE` (relative, RDP curves) or PRV's eps_error;
-* ``mlflow``: the pipeline's MLflow runs (parent and children) hold no data-dependent per-step
-  value: no metric or parameter whose name matches ``tracking.DATA_DEPENDENT_KEYS`` (actual
-  batch sizes, shard indices, per-example norms, losses on real data); configuration
-  parameters, which are data-independent, are exempt.
+* ``mlflow``: the pipeline's MLflow runs (parent and children) hold only the metrics and
+  parameters their stage declares (each stage's ``MLFLOW_KEYS``, a trainer's for the train run:
+  an allow-list with the reason each key is data-independent or accounted), so no actual batch
+  size, shard index, per-example norm or loss on real data can slip through under a new name.
 
 Outputs (sensitive zone, because a failed audit must release nothing): ``audit.json`` and
 ``audit.md``, also logged to the audit's MLflow run; the decision is tagged ``dpsynth.audit`` on
@@ -35,20 +35,24 @@ non-zero. ε consumed: 0.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.errors import AuditFailed, DpsynthError
-from dpsynth.privacy import MechanismTrace, PRVAccountant, central_images, check_delta, get_accountant
+from dpsynth.methods import registry
+from dpsynth.privacy import MechanismTrace, PRVAccountant, check_delta, get_accountant
 from dpsynth.stages import common, manifest
 
 STAGE = "audit"
 SECTIONS = ("data", "partition", "privacy", "train", "warmup")
 FORMAT = "dpsynth.audit/2"
 RDP_RELATIVE_TOLERANCE = 1e-9  # floating-point rounding only
+_BOUND = "ε recomputed from the mechanism trace (data-independent: the trace records the mechanism only)"
+MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+    "target_epsilon": "privacy.epsilon (configuration)", "epsilon_upper_bound": _BOUND, "epsilon_rdp": _BOUND,
+    "epsilon_wor": _BOUND, "epsilon_prv_upper": _BOUND, "epsilon_prv_lower": _BOUND})
 CLAIM_TOLERANCE = 1e-6  # relative: the trainer's RDP/WOR claim vs the audit's recomputation
 # The adjacency each sampling scheme needs, and the accountants that bound it (first: the rigorous one).
 SAMPLING_ADJACENCY = {"poisson": "add_remove", "full_batch": "add_remove", "without_replacement": "replace_one"}
@@ -59,58 +63,15 @@ def _check(name: str, ok: bool, detail: str) -> dict:
     return {"name": name, "passed": bool(ok), "detail": detail}
 
 
-def _warmup_invariants(cfg, trace: MechanismTrace) -> tuple[list[dict], list]:
-    """The private warm-up's release (when configured) must open the trace, exactly as planned;
-    returns its checks and the events after it."""
-    events = list(trace.events)
-    if not cfg.warmup.central_images:
-        return [], events
-    expected = central_images.event_for(cfg.warmup.noise_multiplier)
-    first = events[0] if events else None
-    ok = first is not None and first == expected
-    return [_check("warmup", ok, f"{first} opens the trace; expected the central-image release {expected}")], events[1:]
-
-
-def _dpgan_invariants(cfg, trace: MechanismTrace, n: int) -> list[dict]:
-    q = cfg.train.batch_size / n
-    checks, events = _warmup_invariants(cfg, trace)
-    for i, e in enumerate(events):
-        ok = (e.sampling == "poisson" and e.sensitivity == "add_remove"
-              and math.isclose(e.sample_rate, q, rel_tol=1e-9)
-              and (cfg.privacy.noise_multiplier is None
-                   or math.isclose(e.noise_multiplier, cfg.privacy.noise_multiplier, rel_tol=1e-12)))
-        checks.append(_check(f"event[{i}]", ok, f"{e.sampling}/{e.sensitivity} q={e.sample_rate:.6g} "
-                             f"σ={e.noise_multiplier:.6g} × {e.count}; expected poisson/add_remove q=B/n={q:.6g}"))
-    steps = sum(e.count for e in events)
-    checks.append(_check("steps", steps <= cfg.train.steps, f"{steps} steps, train.steps={cfg.train.steps}"))
-    return checks
-
-
-# method -> fn(cfg, trace, n_training_records) -> list of {"name", "passed", "detail"}, or the
-# "module:function" that provides it (imported when an audit needs it, so that the audit runs
-# before a method's module exists, and fails that method's runs until it does).
-INVARIANTS = {
-    "dpgan": _dpgan_invariants,
-    "gswgan": "dpsynth.methods.gswgan:audit_invariants",
-    "dpac": "dpsynth.methods.dpac:audit_invariants",
-    "gswgan_federated": "dpsynth.methods.gswgan_federated:audit_invariants",
-    "zhang": "dpsynth.methods.zhang:audit_invariants",
-}
-
-
 def invariants(method: str):
-    """The invariant checker of ``method``; DpsynthError when there is none (yet)."""
-    fn = INVARIANTS.get(method)
-    if fn is None:
-        raise DpsynthError(f"train.method: no audit invariants for {method!r} (have: {', '.join(sorted(INVARIANTS))})")
-    if isinstance(fn, str):
-        module, _, name = fn.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as exc:
-            raise DpsynthError(f"train.method: the audit invariants of {method!r} ({INVARIANTS[method]}) "
-                               f"cannot be loaded ({exc})") from None
-    return fn
+    """The audit invariants of ``method`` (the method registry's ``invariants``); DpsynthError when
+    there are none or they cannot be loaded (the audit then fails closed)."""
+    spec = registry.get(method)
+    try:
+        return spec.audit_invariants()
+    except (ImportError, AttributeError) as exc:
+        raise DpsynthError(f"train.method: the audit invariants of {method!r} ({spec.invariants}) "
+                           f"cannot be loaded ({exc})") from None
 
 
 def accountants_for(trace: MechanismTrace) -> tuple[str, ...]:
@@ -202,7 +163,9 @@ def claim_check(claimed: dict | None, epsilons: dict | None) -> dict:
 
 
 def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str], parent_run_id: str | None) -> dict:
-    """No run of the pipeline (``run_ids``, and every child of ``parent_run_id``) holds a data-dependent key."""
+    """Every run of the pipeline (``run_ids``, and every child of ``parent_run_id``) holds only the
+    metrics and parameters its stage declares (``MLFLOW_KEYS``: an allow-list, each key with why it is
+    data-independent or accounted); a run of an unknown stage fails."""
     if not cfg.tracking.enabled or not (run_ids or parent_run_id):
         return _check("mlflow", True, "MLflow tracking is off for this pipeline run: no runs to inspect")
     try:
@@ -216,22 +179,19 @@ def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str]
                 runs.setdefault(r.info.run_id, r)
     except Exception as exc:  # cannot verify: fail closed
         return _check("mlflow", False, f"cannot read the pipeline's MLflow runs at {tracking_uri} ({exc})")
-    exempt = frozenset(_flatten(RunConfig().to_dict()))
+    from dpsynth.stages.pipeline import logged_keys  # the pipeline module knows every stage's module
+
     found = []
     for rid, r in runs.items():
         stage = r.data.tags.get(tracking.TAG_STAGE, "?")
-        found += [f"{stage} run {rid}: metric {k}" for k in tracking.data_dependent_keys(r.data.metrics)]
-        found += [f"{stage} run {rid}: param {k}" for k in tracking.data_dependent_keys(r.data.params, exempt=exempt)]
+        declared = logged_keys(stage, cfg.train.method)
+        if declared is None:
+            found.append(f"run {rid} of unknown stage {stage!r}")
+            continue
+        found += [f"{stage} run {rid}: {k}" for k in declared.undeclared(metrics=r.data.metrics, params=r.data.params)]
     return _check("mlflow", not found,
-                  f"{len(runs)} MLflow runs hold no data-dependent per-step value" if not found else
-                  "data-dependent values logged outside the accounting: " + "; ".join(found))
-
-
-def _flatten(d: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k, v in d.items():
-        out += _flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
-    return out
+                  f"{len(runs)} MLflow runs hold only the metrics and parameters their stages declare" if not found else
+                  "undeclared MLflow keys (not on their stage's allow-list): " + "; ".join(found))
 
 
 def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: dict | None = None,

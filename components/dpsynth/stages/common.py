@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ ZONE = {"partition": "sensitive", "warmstart": "sensitive", "train": "sensitive"
         "sample": "release", "evaluate": "release"}
 TAG_STATUS = "dpsynth.stage_status"  # succeeded | failed | skipped
 TAG_REUSED_RUN = "dpsynth.reused_run_id"  # a skipped stage: the run that made the outputs it reuses
+# What every stage run logs (finish / reuse); each stage's MLFLOW_KEYS adds its own.
+STAGE_RUN_KEYS = tracking.LoggedKeys(metrics={
+    "epsilon_spent": "the stage's ε from its manifest: the accountant's bound of the recorded trace, or 0"})
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,56 @@ class StageContext:
                 tracking.TAG_DELTA: f"{self.cfg.privacy.delta:.3g}"}
 
 
+VERSION_KEY = "dataset-version.key"  # under the run's sensitive zone: 32 random bytes
+
+
+def dataset_version(ctx: StageContext, sha256: str) -> str:
+    """What names a dataset (or a data file) outside the sensitive zone: HMAC-SHA256(key, its sha256), the
+    key random and kept in the run's sensitive zone. A raw content hash would let anyone holding a
+    candidate dataset test whether it is the one trained on (membership); the raw hashes stay in the
+    sensitive manifests only. Every manifest's ``dataset_sha256`` field and the ``dpsynth.dataset_sha256``
+    tag hold this version id (64 hex digits); ids are comparable within one run directory."""
+    key = version_key(ctx)
+    if key is None:
+        key = os.urandom(32)
+        write_version_key(ctx, key)
+    return keyed_version(key, sha256)
+
+
+def keyed_version(key: bytes, sha256: str) -> str:
+    return hmac.new(key, sha256.encode(), hashlib.sha256).hexdigest()
+
+
+def version_key(ctx: StageContext) -> bytes | None:
+    """The run's dataset-version key (sensitive zone), None while it has none."""
+    uri = storage.join(ctx.zones.sensitive, VERSION_KEY)
+    return storage.read_bytes(uri) if storage.exists(uri) else None
+
+
+def write_version_key(ctx: StageContext, key: bytes) -> None:
+    storage.write_bytes(storage.join(ctx.zones.sensitive, VERSION_KEY), key)
+
+
+def outside_view(ctx: StageContext, items: list[dict]) -> list[dict]:
+    """Manifest entries as they may appear outside the sensitive zone (MLflow, release-zone manifests):
+    every data file not in the release zone (an entry with ``rows``: the source, shards, held-out and
+    public records) is named by keyed version ids instead of its raw hashes (deterministic, so a re-run
+    still matches)."""
+    out = []
+    for item in items:
+        if "rows" in item and ctx.zones.zone_of(item["uri"]) != "release":
+            item = {**item, "sha256": dataset_version(ctx, item["sha256"]),
+                    **({"content_sha256": dataset_version(ctx, item["content_sha256"])}
+                       if "content_sha256" in item else {})}
+        out.append(item)
+    return out
+
+
+def release_inputs(ctx: StageContext, stage: str, inputs: list[dict]) -> list[dict]:
+    """``inputs`` as the manifest of ``stage`` records them: keyed (:func:`outside_view`) in the release zone."""
+    return outside_view(ctx, inputs) if ZONE[stage] == "release" else inputs
+
+
 def dataset_name(uri: str) -> str:
     return Path(str(uri).rstrip("/")).stem or "dataset"
 
@@ -173,28 +227,28 @@ def child_run(ctx: StageContext, stage: str, *, run_id: str | None = None) -> It
         yield run
 
 
-def _log_manifest(m: dict, *, epsilon: float, status: str, log_inputs: bool = True) -> None:
+def _log_manifest(ctx: StageContext, m: dict, *, epsilon: float, status: str) -> None:
     import mlflow
 
-    for item in m["inputs"] if log_inputs else ():
-        if "rows" in item:  # datasets: lineage by URI and sha256
-            tracking.log_dataset_input(uri=item["uri"], sha256=item["sha256"], name=item["role"], context=m["stage"])
+    view = {**m, "inputs": outside_view(ctx, m["inputs"]), "outputs": outside_view(ctx, m["outputs"])}
+    for item in view["inputs"]:
+        if "rows" in item:  # datasets: lineage by URI and keyed version id (never the raw file hash)
+            tracking.log_dataset_input(uri=item["uri"], digest=item["sha256"], name=item["role"], context=m["stage"])
     mlflow.log_metric("epsilon_spent", epsilon)
     mlflow.set_tags({
-        tracking.TAG_DATASET_SHA256: m["dataset_sha256"],  # the source dataset version, on every stage
+        tracking.TAG_DATASET_SHA256: m["dataset_sha256"],  # the dataset version id (keyed), on every stage
         tracking.TAG_EPSILON_SPENT: f"{epsilon:.6g}",
         tracking.TAG_DELTA: f"{m['privacy']['delta']:.3g}",
         tracking.TAG_ACCOUNTANT: m["privacy"]["accountant"],
         TAG_STATUS: status,
     })
-    tracking.log_json(m, "manifest.json")
+    tracking.log_json(view, "manifest.json")
 
 
-def finish(ctx: StageContext, stage: str, run, *, status: str = "succeeded", log_inputs: bool = True,
-           **fields) -> Outcome:
-    """Write the stage's manifest (its commit record) and log it, its inputs (unless ``log_inputs``
-    is False: a trainer logged them) and its ε to ``run``."""
+def finish(ctx: StageContext, stage: str, run, *, status: str = "succeeded", **fields) -> Outcome:
+    """Write the stage's manifest (its commit record) and log it, its inputs and its ε to ``run``."""
     run_id = run.info.run_id if run is not None else None
+    fields["inputs"] = release_inputs(ctx, stage, fields["inputs"])
     m = manifest.build(stage=stage, status=status, pipeline_run_id=ctx.pipeline_run_id,
                        parent_run_id=ctx.parent_run_id, mlflow_run_id=run_id, **fields)
     for item in m["outputs"]:
@@ -203,7 +257,7 @@ def finish(ctx: StageContext, stage: str, run, *, status: str = "succeeded", log
     uri = ctx.manifest_uri(stage)
     manifest.write(uri, m)
     if run is not None:
-        _log_manifest(m, epsilon=m["privacy"]["epsilon"], status=status, log_inputs=log_inputs)
+        _log_manifest(ctx, m, epsilon=m["privacy"]["epsilon"], status=status)
     return Outcome(stage=stage, status=status, manifest=m, manifest_uri=uri, mlflow_run_id=run_id)
 
 
@@ -214,13 +268,13 @@ def reuse(ctx: StageContext, stage: str, *, fingerprint: str, inputs: list[dict]
     if ctx.force or not storage.exists(uri):
         return None
     old = manifest.read(uri)
-    if not manifest.matches(old, fingerprint=fingerprint, inputs=inputs):
+    if not manifest.matches(old, fingerprint=fingerprint, inputs=release_inputs(ctx, stage, inputs)):
         return None
     with child_run(ctx, stage) as run:
         if run is not None:
             import mlflow
 
             mlflow.set_tag(TAG_REUSED_RUN, old.get("mlflow_run_id") or "")
-            _log_manifest(old, epsilon=0.0, status="skipped")
+            _log_manifest(ctx, old, epsilon=0.0, status="skipped")
     return Outcome(stage=stage, status="skipped", manifest=old, manifest_uri=uri,
                    mlflow_run_id=run.info.run_id if run is not None else None)

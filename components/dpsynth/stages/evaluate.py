@@ -202,6 +202,18 @@ def evaluate(cfg, *, synthetic: ImageDataset, reference: ImageDataset, reference
     }
 
 
+_SYNTHETIC = ("computed from the audited, released generator (post-processing) against the held-out or "
+              "public reference records, after the gate")
+MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+    **{k: _SYNTHETIC for k in ("accuracy", "accuracy_class_*", "gen2real.*", "real.*", "calibrated.*", "real2gen.*",
+                               "fid", "fid_real_vs_real", "fid_classifier", "fid_classifier_real_vs_real",
+                               "inception_score", "inception_score_std", "js_score", "curve.*")},
+    "mia_auc": "membership-inference test on (up to evaluate.mia_records) training records: an empirical "
+               "privacy measurement, after the gate; the report labels it internal",
+    "mia_tpr_at_1pct_fpr": "as mia_auc",
+})
+
+
 def mlflow_metrics(report: dict) -> dict[str, float]:
     m = {}
     compat = report["classifier_accuracy"]

@@ -18,51 +18,20 @@ shard. Every output is in the sensitive zone. ε consumed: 0 (no release; the as
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
 
 import numpy as np
 
-from dpsynth import storage
+from dpsynth import storage, tracking
 from dpsynth.data import ImageDataset, import_source, read_parquet, validate, write_parquet
+from dpsynth.data.assignment import HELDOUT, PUBLIC, assign, public_mask  # noqa: F401 (re-exported)
 from dpsynth.errors import DatasetError
 from dpsynth.stages import common, manifest
 
 STAGE = "partition"
 SECTIONS = ("data", "partition")
-HELDOUT = -1
-PUBLIC = -2
-
-
-def assign(record_ids: list[str], *, key: str, heldout_fraction: float, num_shards: int,
-           public_fraction: float = 0.0) -> np.ndarray:
-    """Each record's shard in ``[0, num_shards)``, or ``HELDOUT`` (-1), or ``PUBLIC`` (-2).
-
-    >>> assign(["a", "b", "c"], key="k", heldout_fraction=0.0, num_shards=1).tolist()
-    [0, 0, 0]
-    """
-    out = np.empty(len(record_ids), np.int64)
-    secret = key.encode()
-    for i, rid in enumerate(record_ids):
-        h = hmac.new(secret, rid.encode(), hashlib.sha256).digest()
-        u = int.from_bytes(h[:8], "big") / 2**64
-        if u < heldout_fraction:
-            out[i] = HELDOUT
-        elif u < heldout_fraction + public_fraction:
-            out[i] = PUBLIC
-        else:
-            out[i] = int.from_bytes(h[8:16], "big") % num_shards
-    return out
-
-
-def public_mask(ds: ImageDataset, cfg) -> np.ndarray:
-    """Which records of ``ds`` are public under ``cfg`` (the keyed-hash band, or the public split)."""
-    if cfg.data.public_split is not None:
-        return np.array([s == cfg.data.public_split for s in (ds.splits or [None] * len(ds))], dtype=bool)
-    if cfg.data.public_fraction == 0:
-        return np.zeros(len(ds), dtype=bool)
-    return assign(ds.record_ids, key=cfg.partition.key, heldout_fraction=cfg.data.heldout_fraction,
-                  num_shards=cfg.partition.num_shards, public_fraction=cfg.data.public_fraction) == PUBLIC
+_COUNT = "a record count; n is public in this design (the audit checks δ < 1/n against it)"
+MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+    "records": _COUNT, "training_records": _COUNT, "heldout_records": _COUNT, "public_records": _COUNT})
 
 
 def shard_name(k: int, num_shards: int) -> str:
@@ -152,7 +121,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
             mlflow.log_metrics({"records": len(ds), "training_records": rows["shard"],
                                 "heldout_records": rows.get("heldout", 0), "public_records": rows.get("public", 0)})
         return common.finish(
-            ctx, STAGE, run, fingerprint=fp, dataset_sha256=content, inputs=[source], outputs=outputs, details=details,
+            ctx, STAGE, run, fingerprint=fp, dataset_sha256=common.dataset_version(ctx, content), inputs=[source], outputs=outputs, details=details,
             privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="no release: the assignment is a keyed hash "
                                         "of record ids and never looks at the data"),
         )

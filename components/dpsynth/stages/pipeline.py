@@ -41,6 +41,20 @@ from dpsynth.stages import audit, common, evaluate, manifest, partition, sample,
 
 MODULES = {m.STAGE: m for m in (partition, warmstart, train, audit, sample, evaluate)}
 assert tuple(MODULES) == common.STAGES
+# The parent run (dpsynth.stage = "pipeline"): what finish() logs.
+MLFLOW_KEYS = tracking.LoggedKeys(metrics={
+    "epsilon_total": "the sum of the stages' recorded ε (accounted)",
+    "ledger_epsilon_charged": "the ε the ledger charged this run (accounted)"})
+
+
+def logged_keys(stage: str, method: str) -> tracking.LoggedKeys | None:
+    """The allow-list of an MLflow run of ``stage`` (``"pipeline"``: the parent run); None: unknown stage."""
+    if stage == "pipeline":
+        return MLFLOW_KEYS
+    if stage == "train":
+        return train.logged_keys(method)
+    module = MODULES.get(stage)
+    return module.MLFLOW_KEYS if module is not None else None
 
 
 PRIVATE_STAGES = ("train",)  # the stages that spend ε on the sensitive data
@@ -127,9 +141,16 @@ def reserve(ctx: common.StageContext) -> dict | None:
             return open_one
     if cfg.ledger.default_epsilon is not None:
         ledger.ensure_budget(pid, epsilon=cfg.ledger.default_epsilon, delta=cfg.ledger.default_delta)
-    dataset_sha256 = partition.load_source(cfg).content_sha256()  # the version this run is charged for
+    # the version this run is charged for, as its keyed id (the raw content hash never leaves the sensitive
+    # zone); a fresh key is written only once the ledger accepted the run, so a refused run writes nothing
+    key = common.version_key(ctx)
+    fresh = key is None
+    key = os.urandom(32) if fresh else key
+    dataset_sha256 = common.keyed_version(key, partition.load_source(cfg).content_sha256())
     rid = ledger.reserve(pid, epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta, dataset_sha256=dataset_sha256,
                          pipeline_run_id=ctx.pipeline_run_id, accountant=cfg.privacy.accountant, stage="train")
+    if fresh:
+        common.write_version_key(ctx, key)
     return ledger.reservation(rid)
 
 

@@ -9,7 +9,6 @@ the first write. ε consumed: 0 (post-processing of the generator).
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
@@ -19,42 +18,11 @@ from dpsynth import storage, tracking
 from dpsynth.data import ImageDataset, write_parquet
 from dpsynth.errors import StageError
 from dpsynth.grids import class_grid
+from dpsynth.methods.artifacts import load_generator  # noqa: F401 (the stages' reader of generator files)
 from dpsynth.stages import common, manifest
 
 STAGE = "sample"
 SECTIONS = ("sample",)
-GENERATOR_FORMAT = "dpsynth.generator/1"
-# The generator classes a generator file may name (an allow-list: the file is data, not code).
-# Each is built with the file's "model" keywords and is a dpsynth.models.dcgan.ConditionalGenerator: a
-# ``num_classes`` attribute and ``sample(n, labels=, generator=) -> (images in [-1, 1] NCHW, labels)``.
-GENERATOR_CLASSES = {name: name for name in (
-    "dpsynth.models.dcgan.Generator",
-    "dpsynth.models.gswgan.Generator",
-)}
-
-
-def _import(dotted: str):
-    import importlib
-
-    module, _, name = dotted.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
-def load_generator(uri: str) -> tuple[torch.nn.Module, dict]:
-    """The generator a trainer saved (``dpsynth.generator/1``) and its privacy record."""
-    state = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != GENERATOR_FORMAT:
-        raise StageError(f"{uri}: not a dpsynth generator (expected format {GENERATOR_FORMAT!r})")
-    model = dict(state["model"])
-    cls = GENERATOR_CLASSES.get(model.pop("class", "dpsynth.models.dcgan.Generator"))
-    if cls is None:
-        raise StageError(f"{uri}: unknown generator class {state['model'].get('class')!r} "
-                         f"(known: {', '.join(GENERATOR_CLASSES)})")
-    generator = _import(cls)(**model)
-    generator.load_state_dict(state["state_dict"])
-    return generator.eval(), state["privacy"]
-
-
 @torch.no_grad()
 def synthesize(generator: torch.nn.Module, *, num_samples: int, seed: int, chunk: int = 1000) -> ImageDataset:
     rng = torch.Generator().manual_seed(seed)
@@ -68,6 +36,21 @@ def synthesize(generator: torch.nn.Module, *, num_samples: int, seed: int, chunk
         images=np.concatenate(images), splits=None, num_classes=generator.num_classes,
         source=f"dpsynth sample: {num_samples} records from an audited generator, seed {seed}",
     )
+
+
+MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+    "release_epsilon": "the audit's recomputed upper bound on ε (after the gate)"})
+
+
+def picklable(generator):
+    """``generator`` as MLflow can pickle it: GS-WGAN's spectrally normalised one with its weights baked in."""
+    from torch.nn.utils import parametrize
+
+    if any(parametrize.is_parametrized(m) for m in generator.modules()):
+        from dpsynth.models.gswgan import without_spectral_norm
+
+        return without_spectral_norm(generator)
+    return generator
 
 
 def require_passed_audit(ctx: common.StageContext) -> tuple[dict, dict, list[dict]]:
@@ -121,7 +104,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
             mlflow.set_tag(tracking.TAG_AUDIT, "passed")
             mlflow.log_metric("release_epsilon", release["epsilon"])
             tracking.log_png(grid, "grids/samples.png")
-            tracking.log_generator(generator)  # the audited generator, as an MLflow model
+            tracking.log_generator(picklable(generator))  # the audited generator, as an MLflow model
         return common.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=audit["dataset_sha256"], inputs=inputs, outputs=outputs,
             details={"num_samples": len(synthetic), "num_classes": synthetic.num_classes, "release": release,

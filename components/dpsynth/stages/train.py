@@ -19,75 +19,49 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
 
-from dpsynth import storage
-from dpsynth.errors import ConfigError
+from dpsynth import storage, tracking
 from dpsynth.data import read_parquet
+from dpsynth.methods import registry
 from dpsynth.stages import common, manifest
 
 STAGE = "train"
-SECTIONS = ("data", "partition", "privacy", "train", "warmup")
-# The config sections a method's trainer reads besides SECTIONS (part of the stage's fingerprint).
-METHOD_SECTIONS = {"zhang": ("zhang",)}
-METHOD_SECTIONS.update(gswgan=("gswgan",), dpac=("gswgan", "dpac"))
-METHOD_SECTIONS.update(gswgan_federated=("gswgan",))
+SECTIONS = ("data", "partition", "privacy", "train", "warmup")  # plus the method's own (registry: Method.sections)
+# The train run is the trainer's: it logs the config and what its class declares (Trainer.MLFLOW_KEYS).
+MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.config_params()
 OUTPUTS = {"generator": "generator.pt", "trace": "trace.json", "result": "result.json",
            "grid": "samples.png", "config": "config.yaml"}
 
 
-def _train_dpgan(ctx: common.StageContext, cfg, dataset, *, shards, warmstart) -> dict:
-    from dpsynth.methods.dpgan import DPGANTrainer
-
-    trainer = DPGANTrainer(cfg, dataset, parent_run_id=ctx.parent_run_id, run_tags=ctx.run_tags(), log_generator=False)
-    return dataclasses.asdict(trainer.train())
+def logged_keys(method: str) -> tracking.LoggedKeys:
+    """What a train run of ``method`` may hold: the stage's keys and its trainer's."""
+    return MLFLOW_KEYS | registry.get(method).trainer_class().MLFLOW_KEYS
 
 
-# method -> fn(ctx, cfg, dataset, *, shards, warmstart) -> a dict with at least epsilon, delta, accountant,
-# mlflow_run_id; the function writes OUTPUTS into cfg.output.dir. ``dataset`` is the union of the training
-# shards, ``shards`` the list of shard datasets in shard order, ``warmstart`` the warmstart stage's manifest
-# (its outputs: per-shard "discriminator" entries carrying "shard": k, or a "warm_start" entry).
-TRAINERS: dict[str, Callable] = {"dpgan": _train_dpgan}
+def warm_discriminators(warmstart_manifest: dict | None) -> dict[int, bytes]:
+    """Shard index → the bytes of its warm-started D_k file, from the warmstart stage's manifest."""
+    found = {}
+    for item in (warmstart_manifest or {}).get("outputs", []):
+        if item.get("role") == "discriminator":
+            found[int(item["shard"])] = storage.read_bytes(manifest.verify(item)["uri"])
+    return found
 
 
-def _train_zhang(ctx: common.StageContext, cfg, dataset, *, shards, warmstart) -> dict:
-    from dpsynth.methods.zhang import ZhangTrainer, load_warm_start
+def method_inputs(ctx: common.StageContext, method: registry.Method, *, dataset, shards, warmstart) -> tuple:
+    """``(data, inputs)`` for the method's trainer (see :mod:`dpsynth.methods.registry`), from the
+    partition's and the warmstart stage's manifests."""
+    if method.warm_start == "shard":
+        return shards, {"warm": warm_discriminators(warmstart)}
+    if method.warm_start == "public":
+        from dpsynth.methods.zhang import load_warm_start
 
-    partition, _ = common.upstream(ctx, "partition")
-    found = manifest.outputs(partition, "public")
-    public = read_parquet(manifest.verify(found[0])["uri"]) if found else None
-    warm = manifest.outputs(warmstart, "warm_start")
-    state = load_warm_start(storage.read_bytes(manifest.verify(warm[0])["uri"])) if warm else None
-    trainer = ZhangTrainer(cfg, dataset, public=public, warm_start_state=state, parent_run_id=ctx.parent_run_id,
-                           run_tags=ctx.run_tags(), log_generator=False)
-    return dataclasses.asdict(trainer.train())
-
-
-TRAINERS["zhang"] = _train_zhang
-
-
-def _train_gswgan(ctx: common.StageContext, cfg, dataset, *, shards, warmstart) -> dict:
-    from dpsynth.methods.gswgan import train_stage
-
-    return train_stage(ctx, cfg, dataset, shards=shards, warmstart=warmstart)
-
-
-def _train_dpac(ctx: common.StageContext, cfg, dataset, *, shards, warmstart) -> dict:
-    from dpsynth.methods.dpac import dpac_train_stage
-
-    return dpac_train_stage(ctx, cfg, dataset, shards=shards, warmstart=warmstart)
-
-
-TRAINERS.update(gswgan=_train_gswgan, dpac=_train_dpac)
-
-
-def _train_gswgan_federated(ctx: common.StageContext, cfg, dataset, *, shards, warmstart) -> dict:
-    from dpsynth.methods.gswgan_federated import train_stage
-
-    return train_stage(ctx, cfg, dataset, shards=shards, warmstart=warmstart)
-
-
-TRAINERS["gswgan_federated"] = _train_gswgan_federated
+        partition, _ = common.upstream(ctx, "partition")
+        found = manifest.outputs(partition, "public")
+        warm = manifest.outputs(warmstart, "warm_start")
+        return dataset, {
+            "public": read_parquet(manifest.verify(found[0])["uri"]) if found else None,
+            "warm_start_state": load_warm_start(storage.read_bytes(manifest.verify(warm[0])["uri"])) if warm else None}
+    return dataset, {}
 
 
 def _discard_stale_checkpoints(workdir: str, *, stamp: str, force: bool) -> None:
@@ -102,13 +76,12 @@ def _discard_stale_checkpoints(workdir: str, *, stamp: str, force: bool) -> None
 
 def run(ctx: common.StageContext) -> common.Outcome:
     cfg = ctx.cfg
-    if cfg.train.method not in TRAINERS:
-        raise ConfigError(f"train.method: {cfg.train.method!r} has no trainer yet (have: {', '.join(sorted(TRAINERS))})")
+    method = registry.get(cfg.train.method)
     partition, partition_entry = common.upstream(ctx, "partition")
     warmstart_manifest, warmstart_entry = common.upstream(ctx, "warmstart")
     shards = [manifest.verify(s) for s in manifest.outputs(partition, "shard")]
     inputs = [partition_entry, warmstart_entry, *shards]
-    fp = common.fingerprint(cfg, SECTIONS + METHOD_SECTIONS.get(cfg.train.method, ()))
+    fp = common.fingerprint(cfg, SECTIONS + method.sections)
     if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
     shard_data = [read_parquet(s["uri"]) for s in shards]
@@ -125,7 +98,11 @@ def run(ctx: common.StageContext) -> common.Outcome:
             tracking=dataclasses.replace(cfg.tracking, uri=ctx.tracking_uri if cfg.tracking.enabled else None,
                                          experiment=ctx.experiment),
         )
-        result = TRAINERS[cfg.train.method](ctx, tcfg, dataset, shards=shard_data, warmstart=warmstart_manifest)
+        data, method_kwargs = method_inputs(ctx, method, dataset=dataset, shards=shard_data,
+                                            warmstart=warmstart_manifest)
+        trainer = method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id, run_tags=ctx.run_tags(),
+                                         **method_kwargs)
+        result = dataclasses.asdict(trainer.train())
         # generator snapshots a trainer left at its checkpoints (evaluate's ε-vs-metric curve)
         snapshots = sorted(p.relative_to(workdir).as_posix()
                            for p in (Path(workdir) / "checkpoints" / "snapshots").glob("generator-*.pt"))
@@ -142,5 +119,4 @@ def run(ctx: common.StageContext) -> common.Outcome:
                   if k in result}}
     with common.child_run(ctx, STAGE, run_id=result.get("mlflow_run_id")) as run:
         return common.finish(ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"],
-                             inputs=inputs, outputs=outputs, privacy=privacy, details=details,
-                             log_inputs=False)  # the trainer logged its training data
+                             inputs=inputs, outputs=outputs, privacy=privacy, details=details)

@@ -16,7 +16,6 @@ Every output stays in the sensitive zone, which is the only reason the stage con
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
 import json
 import multiprocessing
 import os
@@ -24,39 +23,35 @@ import tempfile
 import time
 from pathlib import Path
 
-from dpsynth import storage
+from dpsynth import storage, tracking
 from dpsynth.data import read_parquet
 from dpsynth.errors import StageError
+from dpsynth.methods import registry
 from dpsynth.stages import common, manifest
 
 STAGE = "warmstart"
 SECTIONS = ("data", "partition", "train")
 SHARD_FORMAT = "dpsynth.warmstart-shard/1"
-
-# method -> "module:function", fn(cfg, shard: ImageDataset, *, shard_index: int, out_path: str) -> details,
-# training on that shard alone and writing its discriminator to the local file out_path.
-SHARD_WARM_STARTS = {
-    "gswgan": "dpsynth.methods.gswgan:warm_start_shard",
-    "dpac": "dpsynth.methods.gswgan:warm_start_shard",
-    "gswgan_federated": "dpsynth.methods.gswgan:warm_start_shard",  # each client warms its own D_k
-}
-# method -> "module:function", fn(cfg, public: ImageDataset, *, out_path: str) -> details.
-PUBLIC_WARM_STARTS = {
-    "zhang": "dpsynth.methods.zhang:warm_start",
-}
-# The config sections a method's warm start reads besides SECTIONS (only those the config has).
-METHOD_SECTIONS = {"gswgan": ("gswgan",), "dpac": ("gswgan", "dpac"), "zhang": ("zhang",)}
-METHOD_SECTIONS["gswgan_federated"] = ("gswgan",)
-
-
-def _function(spec: str):
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
+_TIME = ("wall-clock of a fixed number of iterations at fixed batch sizes: depends on the machine and the "
+         "shard sizes (record counts), not on record contents")
+MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+    "shards": "K = partition.num_shards (configuration)",
+    "ran_here": "how many shard warm starts this invocation ran (the rest were current): orchestration, not data",
+    "workers": "warmstart.workers (configuration)",
+    "fan_in_seconds": _TIME, "shard_seconds_total": _TIME, "shard_seconds_max": _TIME,
+    "public_records": "the public records' count (public data)",
+    "iterations": "zhang.warm_start_iterations (configuration)",
+    "critic_steps_per_iteration": "zhang.n_critic (configuration)",
+    "seconds": "wall-clock of the warm start on public data",
+})
+# What runs comes from the method registry (dpsynth.methods.registry): Method.warm_start is the kind,
+# Method.warm_start_fn the function. "shard": fn(cfg, shard: ImageDataset, *, shard_index, out_path) -> details,
+# training on that shard alone and writing its discriminator to the local file out_path; "public":
+# fn(cfg, public: ImageDataset, *, out_path) -> details.
 
 
 def _fingerprint(cfg) -> str:
-    extra = tuple(s for s in METHOD_SECTIONS.get(cfg.train.method, ()) if hasattr(cfg, s))
-    return common.fingerprint(cfg, SECTIONS + extra)
+    return common.fingerprint(cfg, SECTIONS + registry.get(cfg.train.method).sections)
 
 
 def _shards(partition: dict) -> list[dict]:
@@ -95,12 +90,12 @@ def _is_current(record: dict | None, *, fingerprint: str, shard: dict) -> bool:
 def run_shard(ctx: common.StageContext, index: int) -> dict:
     """Warm-start shard ``index`` (one fan-out task); returns its record. Skipped when already done."""
     cfg = ctx.cfg
-    method = cfg.train.method
+    method = registry.get(cfg.train.method)
     partition, _ = common.upstream(ctx, "partition")
     shards = _shards(partition)
-    if method not in SHARD_WARM_STARTS:
+    if method.warm_start != "shard":
         return {"format": SHARD_FORMAT, "shard": index, "performed": False,
-                "reason": f"method {method!r} has no per-shard warm start"}
+                "reason": f"method {method.name!r} has no per-shard warm start"}
     if not 0 <= index < len(shards):
         raise StageError(f"--shard {index}: the partition has {len(shards)} shards (0..{len(shards) - 1})")
     shard = manifest.verify(shards[index])
@@ -112,8 +107,7 @@ def run_shard(ctx: common.StageContext, index: int) -> dict:
     out_uri = storage.join(_shard_dir(ctx, index), "discriminator.pt")
     with tempfile.TemporaryDirectory(prefix="dpsynth-warmstart-") as scratch:
         local = str(Path(scratch) / "discriminator.pt")
-        details = _function(SHARD_WARM_STARTS[method])(cfg, read_parquet(shard["uri"]), shard_index=index,
-                                                        out_path=local)
+        details = method.warm_start_fn()(cfg, read_parquet(shard["uri"]), shard_index=index, out_path=local)
         storage.copy(local, out_uri)
     record = {"format": SHARD_FORMAT, "shard": index, "config_fingerprint": fp, "input_sha256": shard["sha256"],
               "output": manifest.entry(out_uri, role="discriminator", zones=ctx.zones, shard=index),
@@ -171,8 +165,8 @@ def _public(ctx: common.StageContext, partition: dict) -> tuple[list[dict], dict
     out_uri = ctx.uri(STAGE, "warm_start.pt")
     with tempfile.TemporaryDirectory(prefix="dpsynth-warmstart-") as scratch:
         local = str(Path(scratch) / "warm_start.pt")
-        details = _function(PUBLIC_WARM_STARTS[ctx.cfg.train.method])(ctx.cfg, read_parquet(public["uri"]),
-                                                                       out_path=local)
+        details = registry.get(ctx.cfg.train.method).warm_start_fn()(ctx.cfg, read_parquet(public["uri"]),
+                                                                      out_path=local)
         storage.copy(local, out_uri)
     return [ctx.entry(out_uri, role="warm_start")], {"public_records": public.get("rows"), **details}
 
@@ -187,13 +181,13 @@ def run(ctx: common.StageContext, *, shard: int | None = None) -> common.Outcome
     fp = _fingerprint(cfg)
     if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
-    method = cfg.train.method
-    if method in SHARD_WARM_STARTS:
+    method = registry.get(cfg.train.method)
+    if method.warm_start == "shard":
         outputs, details = _per_shard(ctx, partition)
-    elif method in PUBLIC_WARM_STARTS:
+    elif method.warm_start == "public":
         outputs, details = _public(ctx, partition)
     else:
-        outputs, details = [], {"performed": False, "reason": f"method {method!r} does not warm-start"}
+        outputs, details = [], {"performed": False, "reason": f"method {method.name!r} does not warm-start"}
     with common.child_run(ctx, STAGE) as run:
         if run is not None and outputs:
             import mlflow

@@ -1,0 +1,50 @@
+"""Where a record belongs — a training shard, held out, or public — from its id and the partition key alone.
+
+``h = HMAC-SHA256(partition.key, record_id)``: the first 8 bytes of ``h`` as a fraction of 2⁶⁴ below
+``data.heldout_fraction`` hold the record out, in [heldout_fraction, heldout_fraction + public_fraction)
+make it public, otherwise the next 8 bytes mod K name its shard (see ``dpsynth partition``). Data-
+independent, so neighbouring datasets differ in one shard only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import numpy as np
+
+from dpsynth.data.dataset import ImageDataset
+
+HELDOUT = -1
+PUBLIC = -2
+
+
+def assign(record_ids: list[str], *, key: str, heldout_fraction: float, num_shards: int,
+           public_fraction: float = 0.0) -> np.ndarray:
+    """Each record's shard in ``[0, num_shards)``, or ``HELDOUT`` (-1), or ``PUBLIC`` (-2).
+
+    >>> assign(["a", "b", "c"], key="k", heldout_fraction=0.0, num_shards=1).tolist()
+    [0, 0, 0]
+    """
+    out = np.empty(len(record_ids), np.int64)
+    secret = key.encode()
+    for i, rid in enumerate(record_ids):
+        h = hmac.new(secret, rid.encode(), hashlib.sha256).digest()
+        u = int.from_bytes(h[:8], "big") / 2**64
+        if u < heldout_fraction:
+            out[i] = HELDOUT
+        elif u < heldout_fraction + public_fraction:
+            out[i] = PUBLIC
+        else:
+            out[i] = int.from_bytes(h[8:16], "big") % num_shards
+    return out
+
+
+def public_mask(ds: ImageDataset, cfg) -> np.ndarray:
+    """Which records of ``ds`` are public under ``cfg`` (the keyed-hash band, or the public split)."""
+    if cfg.data.public_split is not None:
+        return np.array([s == cfg.data.public_split for s in (ds.splits or [None] * len(ds))], dtype=bool)
+    if cfg.data.public_fraction == 0:
+        return np.zeros(len(ds), dtype=bool)
+    return assign(ds.record_ids, key=cfg.partition.key, heldout_fraction=cfg.data.heldout_fraction,
+                  num_shards=cfg.partition.num_shards, public_fraction=cfg.data.public_fraction) == PUBLIC

@@ -1,0 +1,55 @@
+"""What a trainer leaves in its (sensitive) output directory, each format written and read in one place.
+
+* the generator file, ``dpsynth.generator/1``: ``{"format", "state_dict", "model": {"class", **kwargs},
+  "privacy": {...}}`` — :func:`generator_bytes` writes it, :func:`load_generator` reads it back (the
+  sample and evaluate stages, after the audit);
+* sample grids (PNG), for people with access to the sensitive zone: trainers log no image to MLflow,
+  the sample stage logs grids of the audited generator.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+from pathlib import Path
+
+import torch
+
+from dpsynth import storage
+from dpsynth.errors import StageError
+
+GENERATOR_FORMAT = "dpsynth.generator/1"
+# The generator classes a generator file may name (an allow-list: the file is data, not code).
+# Each is built with the file's "model" keywords and is a dpsynth.models.dcgan.ConditionalGenerator: a
+# ``num_classes`` attribute and ``sample(n, labels=, generator=) -> (images in [-1, 1] NCHW, labels)``.
+GENERATOR_CLASSES = ("dpsynth.models.dcgan.Generator", "dpsynth.models.gswgan.Generator")
+
+
+def generator_bytes(state_dict: dict, *, model: dict, privacy: dict) -> bytes:
+    """A ``dpsynth.generator/1`` file: ``model`` names the class (one of GENERATOR_CLASSES) and its keywords."""
+    if model.get("class") not in GENERATOR_CLASSES:
+        raise ValueError(f"model class {model.get('class')!r} is not one of {GENERATOR_CLASSES}")
+    buf = io.BytesIO()
+    torch.save({"format": GENERATOR_FORMAT, "state_dict": state_dict, "model": model, "privacy": privacy}, buf)
+    return buf.getvalue()
+
+
+def load_generator(uri: str) -> tuple[torch.nn.Module, dict]:
+    """The generator a trainer saved (``dpsynth.generator/1``) and its privacy record."""
+    state = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != GENERATOR_FORMAT:
+        raise StageError(f"{uri}: not a dpsynth generator (expected format {GENERATOR_FORMAT!r})")
+    model = dict(state["model"])
+    name = model.pop("class", "dpsynth.models.dcgan.Generator")
+    if name not in GENERATOR_CLASSES:
+        raise StageError(f"{uri}: unknown generator class {name!r} (known: {', '.join(GENERATOR_CLASSES)})")
+    module, _, attr = name.rpartition(".")
+    generator = getattr(importlib.import_module(module), attr)(**model)
+    generator.load_state_dict(state["state_dict"])
+    return generator.eval(), state["privacy"]
+
+
+def write_grid(path: str | Path, image) -> None:
+    """A PIL image as a PNG file (atomically)."""
+    with storage.atomic_write(path) as fh:
+        image.save(fh, format="PNG")

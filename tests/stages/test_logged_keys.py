@@ -1,0 +1,108 @@
+"""Every MLflow key a stage logs is on its declared allow-list, and the audit checks it; GS-WGAN end to end
+(its warm start logs shard counts and timings) now passes its own audit and releases. Nothing before the
+gate: no image or model on the train run, no raw content hash in MLflow or the release zone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from dpsynth import storage, tracking
+from dpsynth.methods.gswgan import GSWGANTrainer
+from dpsynth.stages.pipeline import logged_keys
+from tests.stages.helpers import dpsynth, release_files, settings
+
+EVALUATE = ("evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=20",
+            "evaluate.curve_samples=0", "sample.num_samples=200")
+GSWGAN = ("train.method=gswgan", "partition.num_shards=2", "train.steps=4", "gswgan.warmstart_iterations=2",
+          "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=4", "gswgan.n_dis=1")
+METHODS = {"dpgan": ("output.log_every=2",), "gswgan": (*GSWGAN, "output.log_every=2")}
+
+
+def pipeline_runs(uri, experiment, pipeline_run_id):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return client, client.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = '{pipeline_run_id}'")
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_key_every_stage_logs_is_declared_and_nothing_passes_the_gate(tmp_path, source, mnist600, method):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    tracked = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=keys-test")
+    assert dpsynth("pipeline", "run", "--run-dir", run_dir, "--pipeline-run-id", f"keys-{method}",
+                   *settings(source, *tracked, *EVALUATE, *METHODS[method])) == 0
+    audit = json.loads(storage.read_bytes(f"{run_dir}/sensitive/audit/audit.json"))
+    assert audit["decision"] == "passed", [c for c in audit["checks"] if not c["passed"]]
+    assert {"sample/generator.pt", "sample/synthetic.parquet"} <= set(release_files(run_dir))
+
+    client, runs = pipeline_runs(uri, "keys-test", f"keys-{method}")
+    by_stage = {r.data.tags[tracking.TAG_STAGE]: r for r in runs}
+    assert set(by_stage) == {"pipeline", "partition", "warmstart", "train", "audit", "sample", "evaluate"}
+    for stage, run in by_stage.items():
+        declared = logged_keys(stage, method)
+        assert declared.undeclared(metrics=run.data.metrics, params=run.data.params) == [], stage
+        for name in [*run.data.metrics]:  # every declaration says why
+            assert any(reason for key, reason in declared.metrics.items()
+                       if key == name or (key.endswith("*") and name.startswith(key[:-1])))
+    if method == "gswgan":  # what the deny-list used to reject: the warm start's shard count and timings
+        assert {"shards", "shard_seconds_total", "shard_seconds_max"} <= set(by_stage["warmstart"].data.metrics)
+    assert len(by_stage["train"].data.metrics) >= 2 and len(by_stage["train"].data.params) > 20
+
+    # nothing before the gate: the train run holds no image and no model (the sample stage logs them)
+    def artifact_paths(run_id, path=None):
+        for a in client.list_artifacts(run_id, path):
+            yield from artifact_paths(run_id, a.path) if a.is_dir else [a.path]
+
+    train_artifacts = list(artifact_paths(by_stage["train"].info.run_id))
+    assert not [p for p in train_artifacts if p.endswith((".png", ".jpg", ".pt", ".pth", ".pkl", "MLmodel"))]
+    assert any(p.endswith(".png") for p in artifact_paths(by_stage["sample"].info.run_id))
+    # no raw content hash (the dataset's, the source file's, the shard files') in any tag, param, input
+    # digest or artifact of the pipeline's runs, or in any file of the release zone
+    partition = json.loads(storage.read_bytes(f"{run_dir}/sensitive/partition/manifest.json"))
+    raw = {mnist600.content_sha256(), hashlib.sha256(Path(source).read_bytes()).hexdigest(),
+           *(o["sha256"] for o in partition["outputs"])}
+    assert partition["inputs"][0]["content_sha256"] in raw  # the sensitive manifest does hold it
+    texts = []
+    for run in by_stage.values():
+        texts.append(json.dumps([run.data.tags, run.data.params, [i.dataset.digest for i in run.inputs.dataset_inputs]]))
+        local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts" / run.info.run_id)))
+        texts += [p.read_bytes().decode("latin-1") for p in local.rglob("*") if p.is_file()]
+    release = Path(run_dir) / "release"
+    texts += [p.read_bytes().decode("latin-1") for p in release.rglob("*") if p.is_file()]
+    leaks = [h for h in raw for t in texts if h in t or h[:32] in t]
+    assert leaks == []
+
+
+def test_a_key_no_stage_declared_fails_the_audit_whatever_its_name(tmp_path, source):
+    from dpsynth.config import load_config
+    from dpsynth.stages import audit
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config(overrides=["tracking.enabled=true", f"tracking.uri={uri}"])
+    with tracking.start_run(tracking_uri=uri, experiment="keys-audit", stage="train") as run:
+        import mlflow
+
+        mlflow.log_metric("epsilon", 1.0)
+        mlflow.log_param("train.seed", 0)
+    assert audit.mlflow_check(cfg, tracking_uri=uri, run_ids=[run.info.run_id], parent_run_id=None)["passed"]
+    with tracking.start_run(tracking_uri=uri, experiment="keys-audit", stage="train") as leaky:
+        mlflow.log_metric("epsilon", 1.0)
+        mlflow.log_metric("rows_seen", 31.0)  # a name no deny-list pattern would have caught
+    check = audit.mlflow_check(cfg, tracking_uri=uri, run_ids=[leaky.info.run_id], parent_run_id=None)
+    assert not check["passed"] and f"train run {leaky.info.run_id}: metric rows_seen" in check["detail"]
+    with tracking.start_run(tracking_uri=uri, experiment="keys-audit", stage="debug") as unknown:
+        pass
+    assert not audit.mlflow_check(cfg, tracking_uri=uri, run_ids=[unknown.info.run_id], parent_run_id=None)["passed"]
+
+
+def test_trainers_declare_what_their_runs_hold():
+    keys = GSWGANTrainer.MLFLOW_KEYS
+    assert keys.undeclared(metrics=["epsilon"], params=["gswgan.batch_size", "derived.records"]) == []
+    assert keys.undeclared(metrics=["shard_index"], params=["derived.shard"]) == ["metric shard_index",
+                                                                                 "param derived.shard"]
