@@ -89,8 +89,10 @@ def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path,
         result = json.loads(captured.out)
         assert result["steps"] == 2
         # DPGAN's mechanism (Poisson, add/remove) and DPGAN's generator, not another method's
-        (event,) = json.loads((out / "trace.json").read_text())["events"]
+        *warm, event = json.loads((out / "trace.json").read_text())["events"]
         assert event["sampling"] == "poisson" and event["sensitivity"] == "add_remove"
+        # the shipped recipe opens with its private warm-up release (full batch), and nothing else
+        assert [e["sampling"] for e in warm] == (["full_batch"] if load_config(config).warmup.central_images else [])
         assert torch.load(out / "generator.pt", weights_only=False)["model"]["class"] == "dpsynth.models.dcgan.Generator"
     else:
         assert code == 2

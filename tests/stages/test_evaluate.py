@@ -121,7 +121,9 @@ def test_metrics_and_report_in_the_mlflow_run(released, source, tmp_path):
     run = client.get_run(run_id)
     metrics = run.data.metrics
     report = report_of(released)
-    assert metrics["gen2real.logreg"] == report["utility"]["classifiers"][0]["gen2real"]
+    rows = {r["classifier"]: r for r in report["utility"]["classifiers"]}
+    assert metrics["gen2real.logreg"] == rows["logreg"]["gen2real"] and metrics["gen2real.cnn"] == rows["cnn"]["gen2real"]
+    assert metrics["accuracy"] == rows["cnn"]["gen2real"]  # the headline: the CNN (evaluate.classifier)
     assert metrics["fid_classifier"] == report["quality"]["frechet"]["value"] and "fid" not in metrics
     assert metrics["mia_auc"] == report["membership_inference"]["auc"]
     assert {"inception_score", "js_score", "real2gen.logreg", "calibrated.average", "epsilon_spent"} <= set(metrics)
@@ -153,7 +155,7 @@ def test_epsilon_curve_from_generator_snapshots(released, source, tmp_path):
     assert stage("evaluate", run, source, *FAST, "evaluate.curve_samples=100", "evaluate.mia=false") == 0
     curve = report_of(run)["epsilon_curve"]
     assert [p["epsilon"] for p in curve] == [2.0, 5.0]
-    assert set(curve[0]) == {"epsilon", "fid_classifier", "inception_score", "gen2real.logreg"}
+    assert set(curve[0]) == {"epsilon", "fid_classifier", "inception_score", "gen2real.cnn"}
     assert curve[0]["fid_classifier"] == pytest.approx(curve[1]["fid_classifier"])  # the same weights twice
     assert "ε vs metrics" in (run / "release" / "evaluate" / "report.html").read_text()
     roles = [i["role"] for i in manifest(run, "release", "evaluate")["inputs"]]

@@ -56,7 +56,7 @@ def test_runs_nest_by_parent_run_id_and_s3_inputs_are_s3_sources(tmp_path):
     old = mlflow.create_experiment("older")
     parent = tracking.create_parent_run(tracking_uri=uri, experiment="older", run_name="p", tags={})
     with tracking.start_run(tracking_uri=uri, experiment="older", stage="train", parent_run_id=parent) as run:
-        tracking.log_dataset_input(uri="s3://bucket/data/mnist.parquet", sha256="ab" * 32, name="train")
+        tracking.log_dataset_input(uri="s3://bucket/data/mnist.parquet", digest="ab" * 32, name="train")
     client = MlflowClient(uri)
     child = client.get_run(run.info.run_id)
     assert child.data.tags["mlflow.parentRunId"] == parent

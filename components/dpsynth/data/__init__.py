@@ -4,7 +4,7 @@ The names below are imported on first use (PEP 562), so ``dpsynth.data.cli`` can
 sub-commands without loading NumPy and pyarrow.
 """
 
-import importlib
+from dpsynth.lazy import attributes
 
 _WHERE = {"ImageDataset": "dataset", "read_parquet": "dataset", "write_parquet": "dataset",
           "import_source": "importers", "validate": "validation"}
@@ -12,9 +12,4 @@ _WHERE = {"ImageDataset": "dataset", "read_parquet": "dataset", "write_parquet":
 __all__ = ["ImageDataset", "import_source", "read_parquet", "validate", "write_parquet"]
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = attributes(__name__, _WHERE)

@@ -5,7 +5,7 @@ The flow: training records one :class:`MechanismEvent` per step into a
 trace; the audit recomputes ε from the stored trace with :func:`epsilon`.
 """
 
-import importlib
+from dpsynth.lazy import attributes
 
 # Imported on first use (PEP 562), so the CLI can register `dpsynth privacy` and `dpsynth ledger`
 # without loading Opacus and torch.
@@ -19,12 +19,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = attributes(__name__, _WHERE)
 
 
 __all__ = [

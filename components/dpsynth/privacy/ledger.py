@@ -45,6 +45,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, make_url
 
+from dpsynth import commands
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy.validation import as_real, check_delta_range, check_epsilon
 
@@ -173,7 +174,7 @@ class Ledger:
             if row is None:
                 raise PrivacyError(
                     f"population_id: no budget for population {pid!r}; "
-                    f"set one first with `dpsynth ledger set-budget {pid} --epsilon E --delta D`")
+                    f"set one first with `{commands.dpsynth('ledger', 'set-budget', pid, '--epsilon E --delta D')}`")
             bal = _balance(conn, row)
             if not _fits(bal["committed"] + bal["reserved"] + eps, bal["budget"]):
                 raise PrivacyError(
@@ -223,7 +224,7 @@ class Ledger:
             if row is None:
                 raise PrivacyError(
                     f"population_id: no budget for population {pid!r}; "
-                    f"set one with `dpsynth ledger set-budget {pid} --epsilon E --delta D`")
+                    f"set one with `{commands.dpsynth('ledger', 'set-budget', pid, '--epsilon E --delta D')}`")
             return _balance(conn, row)
 
     def populations(self) -> list[dict[str, Any]]:

@@ -7,6 +7,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Sequence
 
+from dpsynth import commands
+
 if TYPE_CHECKING:  # SQLAlchemy: only when a command runs
     from dpsynth.privacy.ledger import Ledger
 
@@ -67,7 +69,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows if not args.population else rows[0]))
     elif not rows:
-        print("no populations yet; add one with `dpsynth ledger set-budget POPULATION --epsilon E --delta D`")
+        print(f"no populations yet; add one with `{commands.dpsynth('ledger', 'set-budget', 'POPULATION --epsilon E --delta D')}`")
     else:
         print(_table(rows, ["population_id", "budget", "committed", "reserved", "remaining", "delta", "delta_used"]))
     return 0

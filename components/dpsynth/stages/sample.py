@@ -42,8 +42,8 @@ MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     "release_epsilon": "the audit's recomputed upper bound on ε (after the gate)"})
 
 
-def picklable(generator):
-    """``generator`` as MLflow can pickle it: GS-WGAN's spectrally normalised one with its weights baked in."""
+def exportable(generator):
+    """``generator`` as ``torch.export`` takes it: GS-WGAN's spectrally normalised one with its weights baked in."""
     from torch.nn.utils import parametrize
 
     if any(parametrize.is_parametrized(m) for m in generator.modules()):
@@ -104,7 +104,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
             mlflow.set_tag(tracking.TAG_AUDIT, "passed")
             mlflow.log_metric("release_epsilon", release["epsilon"])
             tracking.log_png(grid, "grids/samples.png")
-            tracking.log_generator(picklable(generator))  # the audited generator, as an MLflow model
+            tracking.log_generator(exportable(generator))  # the audited generator, as an MLflow model (pt2)
         return common.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=audit["dataset_sha256"], inputs=inputs, outputs=outputs,
             details={"num_samples": len(synthetic), "num_classes": synthetic.num_classes, "release": release,
