@@ -3,6 +3,7 @@ the report (JSON, HTML) in the release zone and the reference-data policy applie
 
 import io
 import json
+from pathlib import Path
 import shutil
 
 import numpy as np
@@ -78,9 +79,15 @@ def test_quality_and_mia_sections(released, source):
     assert q["frechet"]["name"] == "fid_classifier" and q["frechet"]["value"] >= 0  # no Inception weights here
     assert 1 <= q["inception_score"]["mean"] <= 10
     assert q["js_score"]["js_score"] >= 0
-    m = report["membership_inference"]
+    # membership inference reads training records: its numbers stay in the sensitive zone
+    kept = report["membership_inference"]
+    assert kept["status"] == "internal" and set(kept) == {"status", "kept_in", "note"}
+    assert Path(kept["kept_in"]) == released / "sensitive" / "evaluate" / "membership_inference.json"
+    m = json.loads(Path(kept["kept_in"]).read_text())
     assert m["status"] == "internal" and 0 <= m["auc"] <= 1 and 0 <= m["tpr_at_1pct_fpr"] <= 1
     assert m["records"]["generated"] == 200 and m["records"]["held_in"] == m["records"]["held_out"]
+    released_text = "".join(p.read_text() for p in (released / "release" / "evaluate").glob("*.*"))
+    assert "tpr_at_1pct_fpr" not in released_text and "auc" not in json.dumps(report["membership_inference"])
     page = (released / "release" / "evaluate" / "report.html").read_text()
     assert "fid_classifier" in page and "internal" in page and "data:image/png;base64," in page
     assert ">FID<" not in page
@@ -125,7 +132,7 @@ def test_metrics_and_report_in_the_mlflow_run(released, source, tmp_path):
     assert metrics["gen2real.logreg"] == rows["logreg"]["gen2real"] and metrics["gen2real.cnn"] == rows["cnn"]["gen2real"]
     assert metrics["accuracy"] == rows["cnn"]["gen2real"]  # the headline: the CNN (evaluate.classifier)
     assert metrics["fid_classifier"] == report["quality"]["frechet"]["value"] and "fid" not in metrics
-    assert metrics["mia_auc"] == report["membership_inference"]["auc"]
+    assert not any(k.startswith("mia") for k in metrics)  # membership inference never reaches MLflow
     assert {"inception_score", "js_score", "real2gen.logreg", "calibrated.average", "epsilon_spent"} <= set(metrics)
     assert run.data.tags["dpsynth.evaluate.reference"] == "heldout" and run.data.tags["dpsynth.evaluate.frechet"] == "fid_classifier"
     artifacts = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "grids")}

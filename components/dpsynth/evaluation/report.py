@@ -91,6 +91,8 @@ def _quality(q: dict, status: str) -> str:
 def _mia(m: dict) -> str:
     if "skipped" in m:
         return f"<h2>Membership inference</h2><p>skipped: {escape(m['skipped'])}</p>"
+    if "auc" not in m:  # the results stay in the sensitive zone
+        return f"<h2>Membership inference {_tag('internal')}</h2><p class=note>{escape(m['note'])}</p>"
     r = m["records"]
     rows = [["AUC", _num(m["auc"])], ["TPR at 1% FPR", _num(m["tpr_at_1pct_fpr"])],
             ["held-in / held-out / generated", f"{r['held_in']} / {r['held_out']} / {r['generated']}"]]

@@ -56,6 +56,9 @@ REFERENCE_NOTES = {
                  "on it is internal, an exact statistic of sensitive data outside the release's (ε, δ); none of "
                  "them may select a model or be published unless that use is accounted.",
 }
+MIA_FILE = "membership_inference.json"  # under the run's sensitive zone, evaluate/
+MIA_KEPT = (" So its results are written to the sensitive zone only (for the auditor), never to the release zone "
+            "or MLflow.")
 MIA_NOTE = ("Membership inference reads training records (held-in) and held-out records: its numbers are exact "
             "statistics of sensitive data, internal to the auditor, not released statistics.")
 
@@ -208,9 +211,6 @@ MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     **{k: _SYNTHETIC for k in ("accuracy", "accuracy_class_*", "gen2real.*", "real.*", "calibrated.*", "real2gen.*",
                                "fid", "fid_real_vs_real", "fid_classifier", "fid_classifier_real_vs_real",
                                "inception_score", "inception_score_std", "js_score", "curve.*")},
-    "mia_auc": "membership-inference test on (up to evaluate.mia_records) training records: an empirical "
-               "privacy measurement, after the gate; the report labels it internal",
-    "mia_tpr_at_1pct_fpr": "as mia_auc",
 })
 
 
@@ -231,10 +231,7 @@ def mlflow_metrics(report: dict) -> dict[str, float]:
     m[f"{q['frechet']['name']}_real_vs_real"] = q["frechet"]["real_vs_real"]
     m["inception_score"], m["inception_score_std"] = q["inception_score"]["mean"], q["inception_score"]["std"]
     m["js_score"] = q["js_score"]["js_score"]
-    if "auc" in report["membership_inference"]:
-        m["mia_auc"] = report["membership_inference"]["auc"]
-        m["mia_tpr_at_1pct_fpr"] = report["membership_inference"]["tpr_at_1pct_fpr"]
-    return m
+    return m  # never the membership-inference results: they stay in the sensitive zone
 
 
 def _reference_item(ctx, heldout: list[dict]) -> tuple[dict, dict]:
@@ -292,6 +289,11 @@ def run(ctx: common.StageContext) -> common.Outcome:
         snapshots.append((float(claim["epsilon"]), snapshot))
     report = evaluate(cfg, synthetic=synthetic, reference=reference, reference_info=reference_info, generator=generator,
                       members=members, nonmembers=nonmembers, snapshots=snapshots)
+    if "auc" in report["membership_inference"]:
+        # exact statistics of training records: kept in the sensitive zone, never in the release or MLflow
+        mia_uri = storage.join(ctx.zones.sensitive, STAGE, MIA_FILE)
+        storage.write_text(mia_uri, json.dumps(report["membership_inference"], indent=2) + "\n")
+        report["membership_inference"] = {"status": "internal", "kept_in": mia_uri, "note": MIA_NOTE + MIA_KEPT}
     audit_report = json.loads(storage.read_bytes(audit_item["uri"]))
     report.update({"privacy": _privacy(audit_report, sampled),
                    "train": {"uri": synthetic_item["uri"], "records": report["utility"]["records"]["synthetic_train"],
@@ -327,7 +329,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
         details = {"metrics_status": report["labels"], "frechet": report["quality"]["frechet"]["name"],
                    "accuracy": report["classifier_accuracy"]["accuracy"], "suite": cfg.evaluate.suite}
         note = (f"0 for the training records. {REFERENCE_NOTES[reference_info['kind']]}"
-                + (f" {MIA_NOTE}" if "auc" in report["membership_inference"] else ""))
+                + (f" {MIA_NOTE}{MIA_KEPT}" if "kept_in" in report["membership_inference"] else ""))
         return common.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"], inputs=inputs,
             outputs=[ctx.entry(ctx.uri(STAGE, "report.json"), role="report"),
