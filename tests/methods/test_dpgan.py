@@ -8,23 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
 from dpsynth.config import load_config
-from dpsynth.data import import_source
 from dpsynth.methods.dpgan import DPGANTrainer
-
-MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
-
-
-@pytest.fixture(scope="module")
-def small_mnist():
-    ds = import_source(str(MNIST))
-    return ds.subset(np.arange(600))
-
 
 def tiny(tmp_path, *extra):
     return load_config(overrides=[

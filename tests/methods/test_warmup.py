@@ -3,24 +3,15 @@
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
 from dpsynth.config import load_config
-from dpsynth.data import import_source
 from dpsynth.methods import warmup
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
 from dpsynth.stages.audit import invariants
-
-MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
-
-
-@pytest.fixture(scope="module")
-def small_mnist():
-    return import_source(str(MNIST)).subset(np.arange(600))
 
 
 def tiny(tmp_path, *extra):
