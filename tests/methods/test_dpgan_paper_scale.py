@@ -1,5 +1,7 @@
 """Slow checks (`make test-slow`): the paper's full-width networks and the paper's privacy plan."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
@@ -9,7 +11,7 @@ from dpsynth.data import import_source
 from dpsynth.methods.dpgan import DPGANTrainer, plan_privacy
 from dpsynth.models.dcgan import count_parameters
 
-from .test_dpgan import MNIST
+MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
 
 pytestmark = pytest.mark.slow
 
