@@ -87,8 +87,6 @@ def heldout_split(run_dir: Path, cfg):
 
 def baselines(run_dir: Path, recipe: str, steps: int) -> list[dict]:
     """Non-private DPGAN models on the same step budget, and real data, on the run's test records."""
-    import dataclasses
-
     import numpy as np
 
     from dpgan_ablation import run_arm
@@ -115,12 +113,11 @@ def baselines(run_dir: Path, recipe: str, steps: int) -> list[dict]:
     rows = {r["classifier"]: r for r in u["classifiers"]}
     out.append({"recipe": f"nonprivate DPGAN models, {steps} steps", "cnn_gen2real": rows["cnn"]["gen2real"],
                 "logreg_gen2real": rows["logreg"]["gen2real"], "cpu_min": (time.process_time() - cpu0) / 60})
-    real = dataclasses.replace(shard)
-    val, tr = _split(len(real), fraction=cfg.evaluate.validation_fraction, seed=cfg.evaluate.seed)
-    u = accuracy.utility(cfg, synthetic=real.subset(tr), validation=real.subset(val), fit_real=fit_real,
+    val, tr = _split(len(shard), fraction=cfg.evaluate.validation_fraction, seed=cfg.evaluate.seed)
+    u = accuracy.utility(cfg, synthetic=shard.subset(tr), validation=shard.subset(val), fit_real=fit_real,
                          test_real=test_real, names=("cnn", "logreg"))
     rows = {r["classifier"]: r for r in u["classifiers"]}
-    out.append({"recipe": f"real training records ({len(real)}), the ceiling", "cnn_gen2real": rows["cnn"]["gen2real"],
+    out.append({"recipe": f"real training records ({len(shard)}), the ceiling", "cnn_gen2real": rows["cnn"]["gen2real"],
                 "logreg_gen2real": rows["logreg"]["gen2real"]})
     return out
 
