@@ -33,11 +33,16 @@ class DataConfig:
     # The pipeline holds out the records whose keyed hash (see PartitionConfig) falls below this
     # fraction; `evaluate` tests on them and they are never trained on. 0: nothing held out.
     heldout_fraction: float = 0.1
-    # Public data (dp-GAN of Zhang et al.: warm start, adaptive clipping bounds). Either a keyed-hash
-    # fraction, assigned like the held-out records (HMAC u in [heldout_fraction, heldout_fraction +
-    # public_fraction)), or the records of a named split; public records are never in a training shard.
+    # Public data (dp-GAN of Zhang et al.: warm start, adaptive clipping bounds), at most one of: a separate
+    # source (public_source: "sklearn:digits", offline, or any source `dpsynth data import` reads), the records
+    # of a named split, or a keyed-hash fraction of the sensitive data (HMAC u in [heldout_fraction,
+    # heldout_fraction + public_fraction)) — the last only with public_fraction_unprotected: true, which
+    # acknowledges that those records are unprotected (the audit and the release say so). Public records are
+    # never in a training shard. See dpsynth.data.public.
     public_fraction: float = 0.0
     public_split: str | None = None
+    public_source: str | None = None
+    public_fraction_unprotected: bool = False
 
     def validate(self) -> None:
         _require(bool(self.uri), "data.uri", "must name a dataset")
@@ -47,6 +52,14 @@ class DataConfig:
                  f"held-out plus public fractions must stay below 1, got {self.heldout_fraction} + {self.public_fraction}")
         _require(self.public_split is None or self.public_fraction == 0, "data.public_split",
                  "declare public data by public_split or by public_fraction, not both")
+        _require(self.public_source is None or (self.public_split is None and self.public_fraction == 0),
+                 "data.public_source", "declare public data by one of public_source, public_split, public_fraction")
+        _require(self.public_source is None or self.public_source != self.uri, "data.public_source",
+                 "is data.uri: the sensitive dataset is not a public source")
+        _require(self.public_fraction == 0 or self.public_fraction_unprotected, "data.public_fraction",
+                 f"{self.public_fraction} labels a slice of the sensitive dataset 'public' and trains on it without "
+                 "privacy; use a separate source (data.public_source, e.g. sklearn:digits), or acknowledge that "
+                 "these records are unprotected with data.public_fraction_unprotected=true")
         _require(self.public_split is None or self.public_split != self.train_split, "data.public_split",
                  f"{self.public_split!r} is also data.train_split: public records cannot be private training data")
         _require(self.num_classes is None or self.num_classes >= 2, "data.num_classes", "must be >= 2")

@@ -20,7 +20,11 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 TAG_STAGE = "dpsynth.stage"
-TAG_DATASET_SHA256 = "dpsynth.dataset_sha256"
+# The dataset's version id: HMAC-SHA256 under a key in the run's sensitive zone, never a raw content hash
+# (stages.common.dataset_version). Named for what it holds; it was "dpsynth.dataset_sha256" before, and
+# TAG_DATASET_SHA256 stays as an alias of the constant for code that imports it.
+TAG_DATASET_VERSION = "dpsynth.dataset_version"
+TAG_DATASET_SHA256 = TAG_DATASET_VERSION  # deprecated name of the constant (same tag)
 TAG_EPSILON_SPENT = "dpsynth.epsilon_spent"
 TAG_DELTA = "dpsynth.delta"
 TAG_ACCOUNTANT = "dpsynth.accountant"
@@ -42,7 +46,7 @@ EXPERIMENT_KIND = "custom_model_development"
 ENV_CONTEXT = {
     TAG_PIPELINE_RUN_ID: "DPSYNTH_PIPELINE_RUN_ID",
     TAG_STAGE: "DPSYNTH_STAGE",
-    TAG_DATASET_SHA256: "DPSYNTH_DATASET_SHA256",
+    TAG_DATASET_VERSION: "DPSYNTH_DATASET_VERSION",
     TAG_POPULATION: "DPSYNTH_POPULATION_ID",
     TAG_IMAGE: "DPSYNTH_IMAGE",  # the container image a stage runs in (set by the pod spec)
 }

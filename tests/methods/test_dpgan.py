@@ -12,6 +12,7 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
+from dpsynth import tracking
 from dpsynth.config import load_config
 from dpsynth.methods.dpgan import DPGANTrainer
 
@@ -139,7 +140,7 @@ def test_mlflow_gets_no_data_dependent_series(tmp_path, small_mnist):
     assert run.data.tags["dpsynth.stage"] == "train"
     assert float(run.data.tags["dpsynth.epsilon_spent"]) == pytest.approx(result.epsilon, rel=1e-5)
     # nothing before the gate: no dataset hash, no image, no model on the train run
-    assert "dpsynth.dataset_sha256" not in run.data.tags
+    assert "dpsynth.dataset_sha256" not in run.data.tags and tracking.TAG_DATASET_VERSION not in run.data.tags
     assert small_mnist.content_sha256() not in json.dumps([run.data.tags, run.data.params])
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "privacy"}
     assert (tmp_path / "out" / "grids" / "step-0000006.png").exists()  # grids stay in the sensitive output dir

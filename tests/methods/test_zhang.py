@@ -35,7 +35,7 @@ def tiny(tmp_path, *extra):
     return load_config(overrides=[
         f"output.dir={tmp_path}", "tracking.enabled=false", "train.d_width=4", "train.g_width=4",
         "train.latent_dim=8", "train.batch_size=32", "train.steps=8", "data.heldout_fraction=0",
-        "data.public_fraction=0.1", "zhang.public_batch_size=16", "zhang.warm_start_iterations=2",
+        "data.public_fraction=0.1", "data.public_fraction_unprotected=true", "zhang.public_batch_size=16", "zhang.warm_start_iterations=2",
         "zhang.num_groups=3", "zhang.n_critic=2", "output.checkpoint_every=4", "output.sample_every=0",
         "output.log_every=0", "privacy.epsilon=10", "privacy.delta=1e-4", *extra,
     ])
@@ -190,7 +190,7 @@ def test_warm_start_refuses_private_records(tmp_path, mnist600):
         warm_start(cfg, mnist600.subset(np.concatenate([np.flatnonzero(public_mask(mnist600, cfg)),
                                                         [np.flatnonzero(~public_mask(mnist600, cfg))[0]]])),
                    out_path=out)
-    with pytest.raises(ConfigError, match="data.public_fraction"):  # no public data declared at all
+    with pytest.raises(ConfigError, match="data.public_source"):  # no public data declared at all
         warm_start(tiny(tmp_path, "data.public_fraction=0"), public, out_path=out)
     assert not Path(out).exists()
     details = warm_start(cfg, public, out_path=out)
@@ -280,7 +280,7 @@ def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, mnist600):
     src = tmp_path / "mnist600.parquet"
     write_parquet(mnist600, src)
     run = tmp_path / "run"
-    zhang = ("train.method=zhang", "data.public_fraction=0.1", "zhang.public_batch_size=16",
+    zhang = ("train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
              "zhang.warm_start_iterations=2", "zhang.num_groups=3", "zhang.n_critic=2", "train.steps=6")
     for name in ("partition", "warmstart", "train", "audit", "sample"):
         assert stage(name, run, str(src), *zhang) == 0, name

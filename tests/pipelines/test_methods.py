@@ -29,7 +29,7 @@ TINY = {
     "gswgan": GSWGAN,
     "gswgan_federated": GSWGAN,
     "dpac": [*GSWGAN, "dpac.start_iteration=2", "dpac.n_f=1", "dpac.n_r=1", "dpac.c_width=4"],
-    "zhang": ["data.public_fraction=0.1", "train.d_width=4", "train.g_width=4", "train.latent_dim=8",
+    "zhang": ["data.public_source=sklearn:digits", "train.d_width=4", "train.g_width=4", "train.latent_dim=8",
               "train.batch_size=32", "zhang.n_critic=2", "zhang.warm_start_iterations=2", "zhang.public_batch_size=16",
               "zhang.num_groups=2"],
 }

@@ -70,7 +70,8 @@ def test_a_trace_over_the_target_fails_and_nothing_is_released(trained, source, 
     report, m = read(trained, "audit.json"), manifest(trained, "sensitive", "audit")
     assert report["decision"] == "failed" and m["status"] == "failed"
     failed = {c["name"] for c in report["checks"] if not c["passed"]}
-    assert failed == {"epsilon", "claim"} and report["epsilon_upper_bound"] > 10
+    # over the target, not the plan, and not the trace the generator file is bound to
+    assert failed == {"epsilon", "claim", "plan", "generator_trace"} and report["epsilon_upper_bound"] > 10
     assert stage("sample", trained, source) == 2
     assert "did not pass" in capsys.readouterr().err
     assert stage("evaluate", trained, source) == 2
@@ -85,7 +86,8 @@ def test_each_failed_check_fails_the_audit(trained, source):
     assert "delta" in failed_checks()
     rewrite_trace(trained, lambda t: t.update(steps=6) or t["events"][0].update(count=6), update_manifest=False)
     assert stage("audit", trained, source) == 2  # not the trace training recorded (and understating it)
-    assert failed_checks() == {"trace_sha256", "claim"}  # and the trainer's ε no longer matches it
+    # and the trainer's ε, the plan and the generator's trace binding no longer match it
+    assert failed_checks() == {"trace_sha256", "claim", "plan", "generator_trace"}
     assert release_files(trained) == []
 
 
@@ -97,7 +99,7 @@ def test_as_published_accounting_never_passes(trained, source):
     assert failed_checks() == {"accounting"}
     rewrite_trace(trained, lambda t: t.update(accounting="as_published"), update_manifest=True)
     assert stage("audit", trained, source) == 2  # the trace itself says so
-    assert failed_checks() == {"accounting"}
+    assert failed_checks() == {"accounting", "generator_trace"}  # (and it is no longer the trace G was bound to)
     assert "never be released" in (trained / "sensitive" / "audit" / "audit.md").read_text()
     assert release_files(trained) == []
 
@@ -150,6 +152,7 @@ def test_a_logged_batch_size_series_fails_the_audit(tracked, source):
     assert check["passed"] and re.match(r"[4-9] MLflow runs", check["detail"]), check
     assert client.get_run(train_run).data.tags[tracking.TAG_AUDIT] == "passed"
     assert client.get_run(parent).data.tags[tracking.TAG_AUDIT] == "passed"
+    assert client.get_run(train_run).data.tags[audit.TAG_ADJACENCY].startswith("add/remove one record")
     audit_run = manifest(run_dir, "sensitive", "audit")["mlflow_run_id"]
     assert {"audit.json", "audit.md"} <= {a.path for a in client.list_artifacts(audit_run)}
 
@@ -191,7 +194,8 @@ def test_without_replacement_traces_are_recomputed_with_the_wor_bound_only():
     (eps_check,) = [c for c in report["checks"] if c["name"] == "epsilon"]
     assert eps_check["passed"]
     # DPGAN's invariants demand Poisson sampling, so this trace still fails for a DPGAN run
-    assert report["decision"] == "failed" and [c["name"] for c in report["checks"] if not c["passed"]] == ["event[0]"]
+    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    assert report["decision"] == "failed" and failed == ["event[0]", "plan"]
     # over the target by the independent reference: fails the epsilon check
     loud = audit.evaluate(cfg, trace_text=wor_trace(1.0, 1000).to_json(), n=60_000, integrity=ok)
     assert autodp_mechanism_epsilon([(0.01, 1.0, 1000)], delta=1e-5) > 4
@@ -208,7 +212,8 @@ def test_methods_register_their_invariants_lazily(monkeypatch):
     monkeypatch.setitem(registry.METHODS, "dpgan", replace(dpgan, invariants="tests.stages.test_audit:_record_invariants"))
     _CALLS.clear()
     report = audit.evaluate(cfg, trace_text=wor_trace(3.0, 1000).to_json(), n=60_000, integrity=[])
-    assert _CALLS == [(1000, 60_000)] and report["decision"] == "passed", report["checks"]
+    assert _CALLS == [(1000, 60_000)]
+    assert [c["name"] for c in report["checks"] if not c["passed"]] == ["plan"]  # not DPGAN's plan, whatever invariants say
 
 
 _CALLS = []

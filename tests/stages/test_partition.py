@@ -124,7 +124,8 @@ def test_doctests():
 
 def test_public_fraction_is_a_keyed_hash_band_outside_every_shard(tmp_path, source, mnist600):
     run = tmp_path / "run"
-    assert stage("partition", run, source, "partition.num_shards=2", "data.public_fraction=0.2") == 0
+    assert stage("partition", run, source, "partition.num_shards=2", "data.public_fraction=0.2",
+                 "data.public_fraction_unprotected=true") == 0
     m = manifest(run, "sensitive", "partition")
     assert sorted(o["role"] for o in m["outputs"]) == ["heldout", "public", "shard", "shard"]
     ids = {o["role"] + Path(o["uri"]).stem: set(read_parquet(o["uri"]).record_ids) for o in m["outputs"]}
@@ -164,6 +165,34 @@ def test_bad_public_declarations_name_the_field(tmp_path, source, capsys, overri
     assert stage("partition", tmp_path / "run", source, override) == 2
     assert field in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_sensitive_slice_is_refused_as_public_without_acknowledgement(tmp_path, source, capsys):
+    assert stage("partition", tmp_path / "run", source, "data.public_fraction=0.2") == 2
+    err = capsys.readouterr().err
+    assert "data.public_fraction" in err and "data.public_fraction_unprotected=true" in err and "sklearn:digits" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_sklearn_digits_is_a_separate_public_source(tmp_path, source, mnist600):
+    run = tmp_path / "run"
+    assert stage("partition", run, source, "data.public_source=sklearn:digits") == 0
+    m = manifest(run, "sensitive", "partition")
+    (public,) = [o for o in m["outputs"] if o["role"] == "public"]
+    ds = read_parquet(public["uri"])
+    from sklearn.datasets import load_digits
+
+    ref = load_digits()  # scikit-learn's bundled 1,797 digits, independent of dpsynth
+    assert public["rows"] == len(ds) == len(ref.target) == 1797 and ds.shape == (28, 28, 1)
+    assert sorted(ds.labels.tolist()) == sorted(ref.target.tolist()) and ds.images.max() == 255
+    i = ds.record_ids.index("sklearn-digits-0000")  # the first digit, a 0: dark centre, bright ring, black border
+    img = ds.images[i, :, :, 0]
+    assert ds.labels[i] == ref.target[0] == 0 and img[:4].max() == 0 and img[:, :4].max() == 0
+    assert img[14, 14] < 100 < img[6:22, 6:22].max()
+    training = sum(o["rows"] for o in m["outputs"] if o["role"] in ("shard", "heldout"))
+    assert training == len(mnist600)  # no sensitive record became public
+    assert stage("partition", tmp_path / "r2", source, "data.public_source=sklearn:digits",
+                 "data.public_fraction=0.1", "data.public_fraction_unprotected=true") == 2
 
 
 def test_public_split_cannot_be_the_training_split():

@@ -41,7 +41,13 @@ def assign(record_ids: list[str], *, key: str, heldout_fraction: float, num_shar
 
 
 def public_mask(ds: ImageDataset, cfg) -> np.ndarray:
-    """Which records of ``ds`` are public under ``cfg`` (the keyed-hash band, or the public split)."""
+    """Which records of ``ds`` are public under ``cfg`` (the separate source's records, the public split,
+    or the keyed-hash band)."""
+    if cfg.data.public_source is not None:
+        from dpsynth.data.public import load_public_source
+
+        return np.isin(np.array(ds.record_ids, dtype=object),
+                       np.array(load_public_source(cfg.data.public_source).record_ids, dtype=object))
     if cfg.data.public_split is not None:
         return np.array([s == cfg.data.public_split for s in (ds.splits or [None] * len(ds))], dtype=bool)
     if cfg.data.public_fraction == 0:

@@ -1,14 +1,17 @@
 """What a trainer leaves in its (sensitive) output directory, each format written and read in one place.
 
 * the generator file, ``dpsynth.generator/1``: ``{"format", "state_dict", "model": {"class", **kwargs},
-  "privacy": {...}}`` — :func:`generator_bytes` writes it, :func:`load_generator` reads it back (the
-  sample and evaluate stages, after the audit);
+  "privacy": {..., "trace_sha256", "trace_steps"}}`` — :func:`generator_bytes` writes it, binding it
+  to the mechanism trace it was trained under (the sha256 of :func:`trace_bytes` and its step count;
+  the audit and the sample stage refuse a generator whose binding does not match the audited trace),
+  :func:`load_generator` reads it back (the sample and evaluate stages, after the audit);
 * sample grids (PNG), for people with access to the sensitive zone: trainers log no image to MLflow,
   the sample stage logs grids of the audited generator.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import io
 from pathlib import Path
@@ -25,20 +28,43 @@ GENERATOR_FORMAT = "dpsynth.generator/1"
 GENERATOR_CLASSES = ("dpsynth.models.dcgan.Generator", "dpsynth.models.gswgan.Generator")
 
 
-def generator_bytes(state_dict: dict, *, model: dict, privacy: dict) -> bytes:
-    """A ``dpsynth.generator/1`` file: ``model`` names the class (one of GENERATOR_CLASSES) and its keywords."""
+def trace_bytes(trace) -> bytes:
+    """The bytes of ``trace.json`` (a MechanismTrace), as every trainer writes them."""
+    return trace.to_json().encode()
+
+
+def trace_binding(trace) -> dict:
+    """What a generator file records of the trace it was trained under."""
+    return {"trace_sha256": hashlib.sha256(trace_bytes(trace)).hexdigest(), "trace_steps": trace.steps}
+
+
+def generator_bytes(state_dict: dict, *, model: dict, privacy: dict, trace) -> bytes:
+    """A ``dpsynth.generator/1`` file: ``model`` names the class (one of GENERATOR_CLASSES) and its keywords;
+    ``privacy`` gets the binding to ``trace`` (:func:`trace_binding`)."""
     if model.get("class") not in GENERATOR_CLASSES:
         raise ValueError(f"model class {model.get('class')!r} is not one of {GENERATOR_CLASSES}")
     buf = io.BytesIO()
-    torch.save({"format": GENERATOR_FORMAT, "state_dict": state_dict, "model": model, "privacy": privacy}, buf)
+    torch.save({"format": GENERATOR_FORMAT, "state_dict": state_dict, "model": model,
+                "privacy": {**privacy, **trace_binding(trace)}}, buf)
     return buf.getvalue()
+
+
+def generator_privacy(uri: str) -> dict:
+    """The privacy record of a generator file (no model is built); StageError when it is not one."""
+    state = _read(uri)
+    return state["privacy"] if isinstance(state.get("privacy"), dict) else {}
+
+
+def _read(uri: str) -> dict:
+    state = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != GENERATOR_FORMAT:
+        raise StageError(f"{uri}: not a dpsynth generator (expected format {GENERATOR_FORMAT!r})")
+    return state
 
 
 def load_generator(uri: str) -> tuple[torch.nn.Module, dict]:
     """The generator a trainer saved (``dpsynth.generator/1``) and its privacy record."""
-    state = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != GENERATOR_FORMAT:
-        raise StageError(f"{uri}: not a dpsynth generator (expected format {GENERATOR_FORMAT!r})")
+    state = _read(uri)
     model = dict(state["model"])
     name = model.pop("class", "dpsynth.models.dcgan.Generator")
     if name not in GENERATOR_CLASSES:

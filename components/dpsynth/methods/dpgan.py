@@ -75,7 +75,7 @@ def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
             f"privacy.epsilon: {p.epsilon} does not allow a single step at noise multiplier {sigma:.4g} "
             f"and sample rate {q:.4g}; raise epsilon or the noise multiplier"
         )
-    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma)
+    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, prefix=prefix.events)
 
 
 _ACCOUNTED = "ε of the recorded trace by the configured accountant"
@@ -298,7 +298,7 @@ class DPGANTrainer:
             model={"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
                    "channels": self.image_shape[0], "image_size": self.image_shape[1],
                    "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
-            privacy={"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "step": self.step})
+            privacy={"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "step": self.step}, trace=self.trace)
 
     def _finish(self, run, started: float) -> TrainResult:
         p = self.cfg.privacy
@@ -309,7 +309,7 @@ class DPGANTrainer:
         trace_path = self.out / "trace.json"
         grid_path = self.out / "samples.png"
         storage.write_bytes(generator_path, self._generator_file(eps))
-        storage.write_text(trace_path, self.trace.to_json())
+        storage.write_bytes(trace_path, artifacts.trace_bytes(self.trace))
         artifacts.write_grid(grid_path, class_grid(self.G, num_classes=self.num_classes))
         stopped_by = "steps" if self.total_steps == self.cfg.train.steps else "budget"
         result = TrainResult(
@@ -353,3 +353,16 @@ def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict
     checks.append({"name": "steps", "passed": steps <= cfg.train.steps,
                    "detail": f"{steps} steps, train.steps={cfg.train.steps}"})
     return checks
+
+
+def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
+    """What DPGAN's (ε, δ) means (for the audit, the release record and the MLflow tags)."""
+    from dpsynth.privacy.statement import REPLACE_BY_GROUP_PRIVACY, statement
+
+    warm = (" The private warm-up's class-mean release is one full-batch Gaussian (q = 1): each record moves the "
+            "stacked class sums by ≤ C, noise σ_w·C." if cfg.warmup.central_images else "")
+    return statement(
+        adjacency=f"add/remove one record: every step Poisson-samples records at q = B/n = {plan.event.sample_rate:.6g}; "
+                  f"{REPLACE_BY_GROUP_PRIVACY}.",
+        noise=f"σ·C: N(0, (σC)²) per coordinate on the sum of per-example gradients clipped to C (sensitivity C), "
+              f"σ = {plan.event.noise_multiplier:.6g}.{warm}")

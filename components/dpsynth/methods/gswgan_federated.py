@@ -32,6 +32,12 @@ data, so one iteration is ONE without-replacement event at rate 1/K whose noise 
 folds all n_dis·B releases: σ/√(n_dis·B). (Counting only the B releases the server uses would
 be unsound: the other rounds' releases are also observed.)
 
+Against whom. The rate-1/K amplification needs the client choice to be secret; the server makes it,
+so the audited ε holds against everyone *but* the server (who sees only the released generator).
+Against the server, which sees the choice and every sanitized release, the guarantee is the account
+without amplification (:func:`privacy_statement`, :func:`dpsynth.privacy.statement.revealed_choice_account`);
+the audit states both; only the first rests on GS-WGAN's shard-state assumption.
+
 Client-level guarantee. The same ε holds when neighbouring datasets differ in one client's
 *entire* shard: whatever a client's data, each release it sends is clipped to norm ≤ C, so
 replacing all of its records moves each release by ≤ 2C — the very sensitivity the
@@ -613,14 +619,39 @@ def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict
     return checks
 
 
+def audit_plan(cfg: RunConfig, n: int) -> PrivacyPlan:
+    """The plan the audit recomputes: :func:`plan_federated_privacy` with K = partition.num_shards clients."""
+    return plan_federated_privacy(cfg, n=n, num_shards=cfg.partition.num_shards)
+
+
+def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
+    """Two guarantees: against everyone but the server (the released generator; rate 1/K amplification,
+    under the shard-state assumption), and against the server, which picks the client each iteration and
+    so sees the choice: no 1/K amplification (:func:`revealed_choice_account`)."""
+    from dpsynth.methods.gswgan import SHARD_STATE_ASSUMPTION, noise_convention, shard_adjacency
+    from dpsynth.privacy.statement import revealed_choice_account, statement
+
+    K = cfg.partition.num_shards
+    server = revealed_choice_account(plan.event, plan.steps, num_shards=K, delta=cfg.privacy.delta)
+    return statement(
+        adjacency=shard_adjacency(K, "client") + " The audited ε is the guarantee against everyone except the "
+        "server (who sees only the released generator and what is sampled from it).",
+        noise=noise_convention(plan.releases, plan),
+        assumptions=[SHARD_STATE_ASSUMPTION.replace("shard's discriminator", "client's discriminator")],
+        accounts=[{"against": "the server (it picks the client of every iteration, so the choice gives no "
+                              "amplification; it also sees every sanitized release)", **server}])
+
+
 __all__ = [
     "Client",
     "FederatedGSWGANTrainer",
     "FederatedProcesses",
     "FederatedServer",
     "audit_invariants",
+    "audit_plan",
     "message_bytes",
     "plan_federated_privacy",
+    "privacy_statement",
     "process_jobs",
     "server_main",
     "train_federated",

@@ -40,6 +40,11 @@ class Method:
     sections: tuple[str, ...]  # config sections the method reads besides data, partition, privacy, train
     invariants: str  # "module:function": fn(cfg, trace, n) -> [{"name", "passed", "detail"}], for the audit
     warm_start_function: str | None = None  # "module:function" (shard: per shard; public: on the public records)
+    # For the audit: "module:function" fn(cfg, n) -> PrivacyPlan, the plan recomputed from the config and n
+    # (its .trace is the trace the run must have written), and fn(cfg, plan, n) -> the privacy statement
+    # (dpsynth.privacy.statement.Statement: adjacency, noise convention, assumptions, other accounts).
+    plan: str = ""
+    statement: str = ""
 
     @property
     def standalone(self) -> bool:
@@ -55,6 +60,12 @@ class Method:
     def warm_start_fn(self):
         return load(self.warm_start_function) if self.warm_start_function else None
 
+    def audit_plan(self):
+        return load(self.plan)
+
+    def audit_statement(self):
+        return load(self.statement)
+
 
 def load(ref: str):
     """The object a ``"module:attr"`` reference names."""
@@ -63,22 +74,27 @@ def load(ref: str):
 
 
 _SHARD_WARM_START = "dpsynth.methods.gswgan:warm_start_shard"
+_GSWGAN_AUDIT = {"plan": "dpsynth.methods.gswgan:audit_plan", "statement": "dpsynth.methods.gswgan:privacy_statement"}
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("dpgan", "DPGAN of Bie et al., 'Private GANs, Revisited': DP-SGD discriminator, Poisson sampling",
-           "dpsynth.methods.dpgan:DPGANTrainer", "none", (), "dpsynth.methods.dpgan:audit_invariants"),
+           "dpsynth.methods.dpgan:DPGANTrainer", "none", (), "dpsynth.methods.dpgan:audit_invariants",
+           plan="dpsynth.methods.dpgan:plan_privacy", statement="dpsynth.methods.dpgan:privacy_statement"),
     Method("gswgan", "GS-WGAN (Chen et al. 2020): sanitized generator gradients, K warm-started shard critics",
            "dpsynth.methods.gswgan:GSWGANTrainer", "shard", ("gswgan",), "dpsynth.methods.gswgan:audit_invariants",
-           _SHARD_WARM_START),
+           _SHARD_WARM_START, **_GSWGAN_AUDIT),
     Method("dpac", "DP-GAN-DPAC (Chen et al. 2023): GS-WGAN plus a dual-purpose auxiliary classifier",
            "dpsynth.methods.dpac:DPACTrainer", "shard", ("gswgan", "dpac"), "dpsynth.methods.dpac:audit_invariants",
-           _SHARD_WARM_START),
+           _SHARD_WARM_START, **_GSWGAN_AUDIT),
     Method("zhang", "dp-GAN (Zhang et al.): WGAN-GP with a DP critic, parameter grouping, public warm start",
            "dpsynth.methods.zhang:ZhangTrainer", "public", ("zhang",), "dpsynth.methods.zhang:audit_invariants",
-           "dpsynth.methods.zhang:warm_start"),
+           "dpsynth.methods.zhang:warm_start", plan="dpsynth.methods.zhang:audit_plan",
+           statement="dpsynth.methods.zhang:privacy_statement"),
     Method("gswgan_federated", "federated GS-WGAN: server and K client processes over gloo",
            "dpsynth.methods.gswgan_federated:FederatedProcesses", "shard", ("gswgan",),
-           "dpsynth.methods.gswgan_federated:audit_invariants", _SHARD_WARM_START),
+           "dpsynth.methods.gswgan_federated:audit_invariants", _SHARD_WARM_START,
+           plan="dpsynth.methods.gswgan_federated:audit_plan",
+           statement="dpsynth.methods.gswgan_federated:privacy_statement"),
 )}
 
 

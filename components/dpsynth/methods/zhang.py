@@ -4,8 +4,10 @@ A conditional WGAN-GP whose critic D is trained with DP-SGD; the generator G tou
 only through D, so releasing it is post-processing.
 
 * Warm start (§4.3): :func:`warm_start` trains G and D without privacy on *public* records
-  only (``data.public_fraction`` / ``data.public_split``, as the partition stage assigned
-  them); it refuses any record that is not public under the config.
+  only (``data.public_source``, a separate source such as ``sklearn:digits``; or
+  ``data.public_split`` / ``data.public_fraction``, as the partition stage assigned them —
+  a fraction of the sensitive data only when acknowledged unprotected, :mod:`dpsynth.data.public`);
+  it refuses any record that is not public under the config.
 * Critic step (Alg. 3 lines 4–17): Poisson-sample real records at q = B/n. Each sampled
   record (x_i, y_i) is one unit with its own fake G(z_i, y_i) and interpolate
   x̂_i = ρx_i + (1−ρ)G(z_i, y_i): ℓ_i = D(G(z_i, y_i)) − D(x_i) + λ(‖∇_x̂ D(x̂_i)‖ − 1)², D conditioned
@@ -44,6 +46,7 @@ from tqdm import tqdm
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
+from dpsynth.data.public import declared as public_declared, describe as public_source_statement, unprotected_statement
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
 from dpsynth.grids import class_grid
 from dpsynth.methods import artifacts, checkpoint, core
@@ -69,14 +72,15 @@ def require_public(cfg: RunConfig, ds: ImageDataset, *, what: str) -> None:
     from dpsynth.data.assignment import public_mask
 
     d = cfg.data
-    if d.public_fraction == 0 and d.public_split is None:
-        raise ConfigError(f"data.public_fraction: {what} trains without privacy and needs public records; "
-                          "declare them with data.public_fraction or data.public_split")
+    if not public_declared(cfg):
+        raise ConfigError(f"data.public_source: {what} trains without privacy and needs public records; "
+                          "declare them with data.public_source (e.g. sklearn:digits) or data.public_split")
     if len(ds) == 0:
         raise DatasetError(f"{what}: the public dataset is empty")
     private = int((~public_mask(ds, cfg)).sum())
     if private:
-        field = "data.public_split" if d.public_split is not None else "data.public_fraction"
+        field = ("data.public_source" if d.public_source is not None else
+                 "data.public_split" if d.public_split is not None else "data.public_fraction")
         raise DatasetError(f"{field}: {private} of {len(ds)} records given to {what} are not public under this "
                            "config; refusing to train without privacy on private records")
 
@@ -257,8 +261,8 @@ class ZhangTrainer:
         if public is not None:
             # The caller vouches that ``public`` is the partition's public output (the stage reads it from the
             # partition manifest; the key that would let us recompute it is redacted here); we check what we can.
-            if cfg.data.public_fraction == 0 and cfg.data.public_split is None:
-                raise ConfigError("data.public_fraction: public records given, but the config declares none public")
+            if not public_declared(cfg):
+                raise ConfigError("data.public_source: public records given, but the config declares none public")
             overlap = set(public.record_ids) & set(dataset.record_ids)
             if overlap:
                 raise DatasetError(f"data.public_fraction: {len(overlap)} public records are also private training records")
@@ -266,7 +270,7 @@ class ZhangTrainer:
             self.public_images, self.public_labels = pub_x.to(self.device), pub_y.to(self.device)
         elif needs_public:
             field = "zhang.adaptive_clipping" if z.adaptive_clipping else "zhang.grouping"
-            raise ConfigError(f"{field}: needs public data (data.public_fraction or data.public_split); "
+            raise ConfigError(f"{field}: needs public data (data.public_source, e.g. sklearn:digits); "
                               "or set zhang.adaptive_clipping=false and a grouping other than 'clustering'")
         else:
             self.public_images = self.public_labels = None
@@ -483,8 +487,8 @@ class ZhangTrainer:
             model={"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
                    "channels": self.image_shape[0], "image_size": self.image_shape[1],
                    "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
-            privacy=privacy))
-        storage.write_text(trace_path, self.trace.to_json())
+            privacy=privacy, trace=self.trace))
+        storage.write_bytes(trace_path, artifacts.trace_bytes(self.trace))
         artifacts.write_grid(grid_path, class_grid(self.G, num_classes=self.num_classes))
         result = TrainResult(
             epsilon=eps, delta=p.delta, accountant=p.accountant, steps=self.step, generator_steps=self.g_steps,
@@ -512,6 +516,24 @@ class ZhangTrainer:
 
 
 # --- the audit's checks ----------------------------------------------------------------------------
+
+
+def audit_plan(cfg: RunConfig, n: int) -> PrivacyPlan:
+    """The plan the audit recomputes: :func:`plan_privacy` with this config's number of clip groups."""
+    return plan_privacy(cfg, n, num_groups=planned_num_groups(cfg))
+
+
+def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
+    """What dp-GAN's (ε, δ) means; ``unprotected`` names the sensitive records used as public, if any."""
+    from dpsynth.privacy.statement import REPLACE_BY_GROUP_PRIVACY, statement
+
+    return statement(
+        adjacency=f"add/remove one record (one real/fake/interpolate unit): every critic step Poisson-samples "
+                  f"records at q = B/n = {plan.event.sample_rate:.6g}; {REPLACE_BY_GROUP_PRIVACY}.",
+        noise=f"σ·c_j: clip group j gets N(0, (σ c_j)²) with per-group sensitivity c_j; the k = {plan.releases} "
+              f"groups of one step fold to σ/√k = {plan.event.noise_multiplier:.6g}.",
+        assumptions=["the warm start and clipping bounds use public records only: " + public_source_statement(cfg)],
+        unprotected=unprotected_statement(cfg))
 
 
 def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:

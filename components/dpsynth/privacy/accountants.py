@@ -14,7 +14,10 @@ the ε for which the whole trace is (ε, δ)-DP. Each says which events it can a
   (``opacus.accountants.analysis.prv``), not Microsoft's ``prv-accountant`` 0.2.0 from
   PyPI: that release predates the upstream robustness fixes Opacus carries, and Opacus
   is already the library that computes the gradients, so one pinned dependency owns both.
-  ``prv-accountant`` stays as an independent cross-check in the tests. The bound returned
+  ``prv-accountant`` stays as an independent cross-check in the tests. The audit runs PRV
+  through :func:`prv_bounds_or_rdp`: in a child process with a time limit
+  (:data:`PRV_TIME_LIMIT_S`), falling back to the RDP bound (a valid upper bound) when PRV fails
+  or runs out of time. The bound returned
   is the PRV ``eps_upper`` for the stated ``eps_error`` (default 0.01) and
   ``delta_error`` (default δ/1000, as Opacus). Two things differ from Opacus'
   ``PRVAccountant``: repeated events are grouped before composing, and the discretization
@@ -280,6 +283,54 @@ class PRVAccountant(PoissonGaussianAccountant):
 
     def __repr__(self) -> str:
         return f"PRVAccountant(eps_error={self.eps_error}, delta_error={self.delta_error})"
+
+
+PRV_TIME_LIMIT_S = 120.0  # the audit's limit on one PRV computation (seconds of wall-clock)
+
+
+def _prv_child(conn, trace_json: str, delta: float, eps_error: float) -> None:
+    try:
+        prv = PRVAccountant(eps_error=eps_error)
+        conn.send(("ok", prv.bounds(MechanismTrace.from_json(trace_json), delta=delta)))
+    except Exception as exc:  # noqa: BLE001 — reported to the parent, which falls back
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def prv_bounds_or_rdp(trace: MechanismTrace, *, delta: float, time_limit_s: float = PRV_TIME_LIMIT_S,
+                      eps_error: float = 0.01) -> dict:
+    """PRV's ``{"lower", "estimate", "upper", "eps_error"}`` of ``trace``, computed in a child process
+    stopped after ``time_limit_s``; when it fails or runs out of time, the RDP bound instead:
+    ``{"upper": ε_RDP, "eps_error": 0, "fallback": "rdp", "reason": …}``.
+
+    The fallback is sound: RDP of the Poisson-subsampled Gaussian converted by Balle et al. 2020
+    Thm 21 is a rigorous upper bound on ε of the same trace (PRV's upper bound only tightens it,
+    within its eps_error), so replacing PRV's number by RDP's can only state more ε, never less.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_prv_child, args=(child, trace.to_json(), delta, eps_error), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        result = parent.recv() if parent.poll(max(time_limit_s, 0.0)) else ("timeout", None)
+    except EOFError:  # the child died (out of memory, killed)
+        result = ("error", f"the PRV process ended with exit code {proc.exitcode}")
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        parent.close()
+    status, value = result
+    if status == "ok":
+        low, est, up = value
+        return {"lower": low, "estimate": est, "upper": up, "eps_error": eps_error}
+    reason = f"PRV did not finish within {time_limit_s:g} s" if status == "timeout" else f"PRV failed ({value})"
+    return {"upper": get_accountant("rdp").epsilon(trace, delta=delta), "eps_error": 0.0, "fallback": "rdp",
+            "reason": reason + "; the RDP bound, a valid upper bound on the same trace, stands in"}
 
 
 def epsilon(

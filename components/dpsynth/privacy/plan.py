@@ -2,7 +2,9 @@
 
 Every method plans the same way — which Gaussian event one step is (after folding its releases),
 how many steps the budget allows, and the guard each step asks — and records the plan's ``event``
-in its mechanism trace once per step.
+in its mechanism trace once per step, after the plan's ``prefix`` (DPGAN's warm-up release).
+:attr:`PrivacyPlan.trace` is therefore the whole trace training must write; the audit recomputes
+the plan from the configuration and n and requires the trace to equal it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from dpsynth.privacy.budget import BudgetGuard
-from dpsynth.privacy.events import MechanismEvent
+from dpsynth.privacy.events import MechanismEvent, MechanismTrace
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,12 @@ class PrivacyPlan:
     releases: int = 1  # the releases one step folds into its event: 1, B (GS-WGAN), n_dis·B (federated), k groups
     published_event: MechanismEvent | None = None  # as_published only: the paper's (unsound) per-step event
     published_epsilon: float | None = None  # as_published only: the paper's (unsound) ε of `steps`
+    prefix: tuple[MechanismEvent, ...] = ()  # events recorded before the first step (DPGAN's warm-up release)
+
+    @property
+    def trace(self) -> MechanismTrace:
+        """The trace a run of this plan records: ``prefix``, then ``event`` once per step."""
+        return MechanismTrace([*self.prefix, self.event.with_count(self.steps)])
 
     def __post_init__(self) -> None:
         folded = self.noise_multiplier / math.sqrt(self.releases)

@@ -4,7 +4,9 @@ The audit reads the trace the train manifest lists and the config, never the ε 
 claims (it compares with that claim, but the decision rests on its own numbers). It passes
 only when every check holds:
 
-* integrity: the trace and the generator have the sha256 the train manifest recorded;
+* integrity: the trace and the generator have the sha256 the train manifest recorded, and the
+  generator file is bound to the trace (``generator_trace``: the trace's sha256 and step count that
+  the trainer wrote into the generator file equal the audited trace's);
 * ``delta``: δ < 1/n for the n training records the partition manifest counts;
 * ``noise``: every event of the trace adds noise (σ > 0, finite);
 * ``sampling``: every event pairs its sampling scheme with the adjacency its accountant assumes
@@ -14,10 +16,17 @@ only when every check holds:
   ``as_published`` (a paper's own, unsound account) never passes;
 * the method's invariants (each method's own, named by :mod:`dpsynth.methods.registry`, imported
   when used), so a trace cannot understate its sampling rate or steps;
+* ``plan``: the trace equals the privacy plan recomputed from the config and n (the method's
+  ``plan`` in the registry: :attr:`~dpsynth.privacy.plan.PrivacyPlan.trace`) — every event's
+  sampling, adjacency and step count exactly, its rate and σ to 1e-9 relative (calibration
+  recomputed), including the warm-up release that opens DPGAN's trace;
 * ``epsilon``: every accountant that applies bounds ε within the target. Poisson events have
   two independent ones, RDP (ε_RDP ≤ target·(1 + 1e-9), floating-point rounding only) and PRV
   (ε_PRV,upper ≤ target + eps_error, its own grid error: soundness rests on the RDP bound, a
-  rigorous upper bound); without-replacement events have one, the Wang–Balle–Kasiviswanathan
+  rigorous upper bound). PRV runs in a child process stopped after
+  :data:`~dpsynth.privacy.accountants.PRV_TIME_LIMIT_S`; when it fails or runs out of time the
+  RDP bound stands in for it (a valid upper bound on the same trace), and the report says so.
+  Without-replacement events have one, the Wang–Balle–Kasiviswanathan
   bound ("wor": RDP and PRV assume Poisson sampling and do not apply — the report says so);
 * ``claim``: the trainer's claimed ε agrees with the audit's recomputation by the same
   accountant within :data:`CLAIM_TOLERANCE` (relative, RDP curves) or PRV's eps_error;
@@ -25,6 +34,12 @@ only when every check holds:
   parameters their stage declares (each stage's ``MLFLOW_KEYS``, a trainer's for the train run:
   an allow-list with the reason each key is data-independent or accounted), so no actual batch
   size, shard index, per-example norm or loss on real data can slip through under a new name.
+
+Every report also *states* what its ε means (the method's ``statement`` in the registry,
+:mod:`dpsynth.privacy.statement`): the adjacency and the rate that matches it, the σ convention,
+the assumptions the account makes (GS-WGAN's shard-state assumption), other accounts beside it
+(the shard choice revealed; federated: against the server), and any records used without privacy.
+``audit.md``, the release record and the MLflow tags (``dpsynth.privacy.*``) carry the statement.
 
 Outputs (sensitive zone, because a failed audit must release nothing): ``audit.json`` and
 ``audit.md``, also logged to the audit's MLflow run; the decision is tagged ``dpsynth.audit`` on
@@ -35,6 +50,7 @@ non-zero. ε consumed: 0.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -42,7 +58,9 @@ from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.errors import AuditFailed, DpsynthError
 from dpsynth.methods import registry
-from dpsynth.privacy import MechanismTrace, PRVAccountant, check_delta, get_accountant
+from dpsynth.methods.artifacts import generator_privacy
+from dpsynth.privacy import MechanismTrace, check_delta, get_accountant
+from dpsynth.privacy.accountants import PRV_TIME_LIMIT_S, prv_bounds_or_rdp
 from dpsynth.stages import common, manifest
 
 STAGE = "audit"
@@ -57,6 +75,10 @@ CLAIM_TOLERANCE = 1e-6  # relative: the trainer's RDP/WOR claim vs the audit's r
 # The adjacency each sampling scheme needs, and the accountants that bound it (first: the rigorous one).
 SAMPLING_ADJACENCY = {"poisson": "add_remove", "full_batch": "add_remove", "without_replacement": "replace_one"}
 SAMPLING_ACCOUNTANTS = {"poisson": ("rdp", "prv"), "full_batch": ("rdp", "prv"), "without_replacement": ("wor",)}
+PLAN_RELATIVE_TOLERANCE = 1e-9  # a recomputed rate or calibrated σ against the trace's
+# MLflow tags that carry the statement (audit, train and parent runs)
+TAG_ADJACENCY, TAG_ASSUMPTIONS, TAG_UNPROTECTED = "dpsynth.privacy.adjacency", "dpsynth.privacy.assumptions", \
+    "dpsynth.privacy.unprotected"
 
 
 def _check(name: str, ok: bool, detail: str) -> dict:
@@ -82,14 +104,14 @@ def accountants_for(trace: MechanismTrace) -> tuple[str, ...]:
     return tuple(a for a in ("rdp", "prv", "wor") if a in common_names)
 
 
-def recompute(trace: MechanismTrace, *, delta: float, accountants: tuple[str, ...] | None = None) -> dict:
-    """ε upper bounds of ``trace`` by each applicable accountant (PRV also its lower bound and estimate)."""
+def recompute(trace: MechanismTrace, *, delta: float, accountants: tuple[str, ...] | None = None,
+              prv_time_limit_s: float = PRV_TIME_LIMIT_S) -> dict:
+    """ε upper bounds of ``trace`` by each applicable accountant (PRV also its lower bound and estimate;
+    past its time limit or on failure, the RDP bound marked ``"fallback": "rdp"``)."""
     out = {}
     for name in accountants if accountants is not None else accountants_for(trace):
         if name == "prv":
-            prv = PRVAccountant()
-            low, est, up = prv.bounds(trace, delta=delta)
-            out["prv"] = {"lower": low, "estimate": est, "upper": up, "eps_error": prv.eps_error}
+            out["prv"] = prv_bounds_or_rdp(trace, delta=delta, time_limit_s=prv_time_limit_s)
         else:
             out[name] = get_accountant(name).epsilon(trace, delta=delta)
     return out
@@ -106,6 +128,8 @@ def _within(name: str, value, target: float) -> bool:
 
 
 def _fmt_eps(name: str, value) -> str:
+    if isinstance(value, dict) and value.get("fallback"):
+        return f"ε_{name.upper()}≤{value['upper']:.6g} (the {value['fallback'].upper()} fallback: {value['reason']})"
     if isinstance(value, dict):
         return f"ε_{name.upper()}≤{value['upper']:.6g} (±{value['eps_error']})"
     return f"ε_{name.upper()}={value:.6g}"
@@ -154,12 +178,55 @@ def claim_check(claimed: dict | None, epsilons: dict | None) -> dict:
         return _check("claim", False, f"the trainer accounted with {name!r}, which does not apply to this trace "
                       f"(applicable: {applicable})")
     value = epsilons[name]
+    if isinstance(value, dict) and value.get("fallback"):  # PRV not recomputed: the claim must not exceed the bound
+        ok = isinstance(eps, (int, float)) and eps <= value["upper"] * (1 + CLAIM_TOLERANCE)
+        return _check("claim", ok, f"trainer claimed ε={eps} ({name}); {name} could not be recomputed "
+                      f"({value['reason']}); the claim is {'within' if ok else 'above'} that bound {value['upper']:.6g}")
     if isinstance(value, dict):
         ref, tol = value["upper"], value["eps_error"]
     else:
         ref, tol = value, CLAIM_TOLERANCE * max(abs(value), 1e-12)
     ok = isinstance(eps, (int, float)) and abs(eps - ref) <= tol
     return _check("claim", ok, f"trainer claimed ε={eps} ({name}); recomputed {ref:.6g}, tolerance ±{tol:.3g}")
+
+
+def plan_check(planned: MechanismTrace, trace: MechanismTrace) -> dict:
+    """The trace equals the recomputed plan: the same events in order, each with the same sampling,
+    adjacency and count, and the same rate and σ up to :data:`PLAN_RELATIVE_TOLERANCE`."""
+    want, got = planned.events, trace.events
+
+    def same(a, b) -> bool:
+        return (a.sampling == b.sampling and a.sensitivity == b.sensitivity and a.count == b.count
+                and math.isclose(a.sample_rate, b.sample_rate, rel_tol=PLAN_RELATIVE_TOLERANCE)
+                and math.isclose(a.noise_multiplier, b.noise_multiplier, rel_tol=PLAN_RELATIVE_TOLERANCE))
+
+    def show(e) -> str:
+        return f"{e.sampling}/{e.sensitivity} q={e.sample_rate:.6g} σ={e.noise_multiplier:.6g} ×{e.count}"
+
+    bad = [i for i, (a, b) in enumerate(zip(want, got)) if not same(a, b)]
+    if len(want) != len(got):
+        bad.append(min(len(want), len(got)))
+    if not bad:
+        return _check("plan", True, f"the trace is the plan recomputed from the config and n: "
+                      + "; ".join(show(e) for e in want))
+    i = bad[0]
+    return _check("plan", False, f"the trace is not the recomputed plan (event[{i}]: trace "
+                  f"{show(got[i]) if i < len(got) else 'none'}, plan {show(want[i]) if i < len(want) else 'none'}; "
+                  f"{trace.steps} steps recorded, {planned.steps} planned)")
+
+
+def generator_trace_check(generator_record: dict | None, trace_text: str) -> dict:
+    """The generator file is bound to the audited trace: its recorded trace sha256 and step count match."""
+    sha = hashlib.sha256(trace_text.encode()).hexdigest()
+    try:
+        steps = MechanismTrace.from_json(trace_text).steps
+    except DpsynthError:
+        steps = None
+    rec = generator_record or {}
+    ok = rec.get("trace_sha256") == sha and rec.get("trace_steps") == steps and steps is not None
+    return _check("generator_trace", ok,
+                  f"the generator file records trace sha256 {rec.get('trace_sha256')} and {rec.get('trace_steps')} "
+                  f"steps; the audited trace has {sha} and {steps}")
 
 
 def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str], parent_run_id: str | None) -> dict:
@@ -195,7 +262,7 @@ def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str]
 
 
 def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: dict | None = None,
-             marks: tuple[dict, ...] = (), extra: list[dict] = ()) -> dict:
+             marks: tuple[dict, ...] = (), extra: list[dict] = (), prv_time_limit_s: float = PRV_TIME_LIMIT_S) -> dict:
     """The audit report of a trace (the decision and every check behind it)."""
     p = cfg.privacy
     checks = list(integrity)
@@ -210,13 +277,20 @@ def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: di
     except json.JSONDecodeError:
         raw = {}
     checks.append(accounting_check(cfg, raw if isinstance(raw, dict) else {}, *marks))
-    epsilons, note = None, None
+    epsilons, note, statement = None, None, None
     try:
         trace = MechanismTrace.from_json(trace_text)
         try:
             checks += invariants(cfg.train.method)(cfg, trace, n)
         except DpsynthError as exc:
             checks.append(_check("invariants", False, str(exc)))
+        try:
+            spec = registry.get(cfg.train.method)
+            plan = spec.audit_plan()(cfg, n)
+            checks.append(plan_check(plan.trace, trace))
+            statement = spec.audit_statement()(cfg, plan, n)
+        except (DpsynthError, ImportError, AttributeError) as exc:
+            checks.append(_check("plan", False, f"cannot recompute the privacy plan from the config and n: {exc}"))
         names = accountants_for(trace)
         if not names:
             raise DpsynthError("no accountant applies to a trace that mixes sampling schemes "
@@ -226,7 +300,7 @@ def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: di
                     "bound ('wor') applies; RDP and PRV of the Poisson-subsampled Gaussian do not")
         else:
             note = "Poisson sampling: two independent accountants, RDP (rigorous upper bound) and PRV"
-        epsilons = recompute(trace, delta=p.delta, accountants=names)
+        epsilons = recompute(trace, delta=p.delta, accountants=names, prv_time_limit_s=prv_time_limit_s)
         ok = all(_within(k, v, p.epsilon) for k, v in epsilons.items())
         checks.append(_check("epsilon", ok, ", ".join(_fmt_eps(k, v) for k, v in epsilons.items())
                              + f"; target {p.epsilon:g} at δ={p.delta:g}"))
@@ -238,7 +312,9 @@ def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: di
     bound = upper_bound(epsilons) if epsilons else None  # None: not accountable
     return {"format": FORMAT, "decision": "passed" if all(c["passed"] for c in checks) else "failed",
             "target": {"epsilon": p.epsilon, "delta": p.delta}, "epsilon_upper_bound": bound,
-            "epsilons": epsilons, "accountants_note": note, "training_records": n, "checks": checks}
+            "epsilons": epsilons, "accountants_note": note, "training_records": n, "checks": checks,
+            "statement": statement or {"adjacency": "not stated: the privacy plan could not be recomputed",
+                                       "noise": "not stated", "assumptions": [], "accounts": [], "unprotected": None}}
 
 
 def markdown(report: dict) -> str:
@@ -252,10 +328,33 @@ def markdown(report: dict) -> str:
         lines += ["| accountant | ε |", "|---|---|"]
         lines += [f"| {k} | {_fmt_eps(k, v)} |" for k, v in report["epsilons"].items()]
         lines += ["", report.get("accountants_note") or "", ""]
+    lines += statement_markdown(report["statement"], delta=report["target"]["delta"])
     lines += [f"Generator sha256: `{report['generator']['sha256']}`", "",
               "| check | passed | detail |", "|---|---|---|"]
     lines += [f"| {c['name']} | {'yes' if c['passed'] else '**no**'} | {c['detail']} |" for c in report["checks"]]
     return "\n".join(lines) + "\n"
+
+
+def statement_markdown(st: dict, *, delta: float) -> list[str]:
+    """The statement of what the ε means, as audit.md shows it."""
+    lines = ["## What this ε means", "", f"**Adjacency.** {st['adjacency']}", "", f"**Noise (σ convention).** {st['noise']}", ""]
+    lines += [f"**Assumption.** {a}" for a in st.get("assumptions") or []]
+    for acc in st.get("accounts") or []:
+        lines += ["", f"**Against {acc['against']}:** ε ≤ {_num(acc['epsilon'])} at δ = {acc['delta']:g} ({acc['how']})."]
+    if st.get("unprotected"):
+        lines += ["", f"**UNPROTECTED RECORDS.** {st['unprotected']}"]
+    return lines + [""]
+
+
+def statement_tags(st: dict) -> dict[str, str]:
+    """The statement as MLflow tags (values cut to MLflow's 5000 characters)."""
+    tags = {TAG_ADJACENCY: st["adjacency"], TAG_ASSUMPTIONS: " | ".join(st.get("assumptions") or []) or "none"}
+    accounts = [f"against {a['against']}: ε ≤ {_num(a['epsilon'])} at δ = {a['delta']:g}" for a in st.get("accounts") or []]
+    if accounts:
+        tags[TAG_ASSUMPTIONS] += " | other accounts: " + "; ".join(accounts)
+    if st.get("unprotected"):
+        tags[TAG_UNPROTECTED] = st["unprotected"]
+    return {k: v[:5000] for k, v in tags.items()}
 
 
 def _num(x) -> str:
@@ -272,13 +371,14 @@ def _json_or_empty(uri: str | None) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _tag_runs(ctx: common.StageContext, run_ids: list[str | None], decision: str) -> None:
-    """``dpsynth.audit`` = the decision on the runs the audit judged (train, parent)."""
+def _tag_runs(ctx: common.StageContext, run_ids: list[str | None], decision: str, statement: dict) -> None:
+    """``dpsynth.audit`` = the decision, and the statement's tags, on the runs the audit judged (train, parent)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(ctx.tracking_uri)
     for rid in dict.fromkeys(r for r in run_ids if r):
-        client.set_tag(rid, tracking.TAG_AUDIT, decision)
+        for key, value in {tracking.TAG_AUDIT: decision, **statement_tags(statement)}.items():
+            client.set_tag(rid, key, value)
 
 
 def run(ctx: common.StageContext) -> common.Outcome:
@@ -294,6 +394,12 @@ def run(ctx: common.StageContext) -> common.Outcome:
     integrity = [_check(f"{role}_sha256", current[role]["sha256"] == recorded[role]["sha256"],
                         f"{current[role]['sha256']} (train manifest: {recorded[role]['sha256']})") for role in recorded]
     n = sum(s["rows"] for s in manifest.outputs(partition, "shard"))
+    trace_text = storage.read_bytes(recorded["trace"]["uri"]).decode()
+    try:
+        bound = generator_privacy(current["generator"]["uri"])
+    except Exception:  # noqa: BLE001 — not a generator file: the check fails
+        bound = None
+    integrity.append(generator_trace_check(bound, trace_text))
     claimed = {k: trained["privacy"].get(k) for k in ("epsilon", "accountant")}
     result_items = manifest.outputs(trained, "result")
     marks = (trained["privacy"], trained.get("details") or {},
@@ -301,9 +407,10 @@ def run(ctx: common.StageContext) -> common.Outcome:
     train_run = trained.get("mlflow_run_id")
     extra = [mlflow_check(cfg, tracking_uri=ctx.tracking_uri if cfg.tracking.enabled else None,
                           run_ids=[train_run] if train_run else [], parent_run_id=ctx.parent_run_id)]
-    report = evaluate(cfg, trace_text=storage.read_bytes(recorded["trace"]["uri"]).decode(), n=n,
+    report = evaluate(cfg, trace_text=trace_text, n=n,
                       integrity=integrity, claimed=claimed, marks=marks, extra=extra)
     report["generator"] = {"uri": current["generator"]["uri"], "sha256": current["generator"]["sha256"]}
+    report["trace"] = {"uri": recorded["trace"]["uri"], "sha256": hashlib.sha256(trace_text.encode()).hexdigest()}
     report["claimed"] = claimed
     report["runs"] = {"train": train_run, "parent": ctx.parent_run_id, "pipeline_run_id": ctx.pipeline_run_id}
     status = "succeeded" if report["decision"] == "passed" else "failed"
@@ -313,18 +420,20 @@ def run(ctx: common.StageContext) -> common.Outcome:
         if run is not None:
             import mlflow
 
-            mlflow.set_tag(tracking.TAG_AUDIT, report["decision"])
+            mlflow.set_tags({tracking.TAG_AUDIT: report["decision"], **statement_tags(report["statement"])})
             mlflow.log_metric("target_epsilon", cfg.privacy.epsilon)
             if report["epsilons"]:
                 e = report["epsilons"]
                 metrics = {"epsilon_upper_bound": report["epsilon_upper_bound"]}
                 metrics.update({f"epsilon_{k}": v for k, v in e.items() if not isinstance(v, dict)})
                 if "prv" in e:
-                    metrics.update(epsilon_prv_upper=e["prv"]["upper"], epsilon_prv_lower=e["prv"]["lower"])
+                    metrics["epsilon_prv_upper"] = e["prv"]["upper"]
+                    if "lower" in e["prv"]:
+                        metrics["epsilon_prv_lower"] = e["prv"]["lower"]
                 mlflow.log_metrics(metrics)
             mlflow.log_text(markdown(report), "audit.md")
             tracking.log_json(report, "audit.json")
-            _tag_runs(ctx, [train_run, ctx.parent_run_id], report["decision"])
+            _tag_runs(ctx, [train_run, ctx.parent_run_id], report["decision"], report["statement"])
         outputs = [ctx.entry(ctx.uri(STAGE, "audit.json"), role="report"),
                    ctx.entry(ctx.uri(STAGE, "audit.md"), role="report_markdown")]
         privacy = {**manifest.no_privacy(delta=cfg.privacy.delta, note="recomputes ε; touches no data"),

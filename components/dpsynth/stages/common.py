@@ -123,7 +123,7 @@ def dataset_version(ctx: StageContext, sha256: str) -> str:
     """What names a dataset (or a data file) outside the sensitive zone: HMAC-SHA256(key, its sha256), the
     key random and kept in the run's sensitive zone. A raw content hash would let anyone holding a
     candidate dataset test whether it is the one trained on (membership); the raw hashes stay in the
-    sensitive manifests only. Every manifest's ``dataset_sha256`` field and the ``dpsynth.dataset_sha256``
+    sensitive manifests only. Every manifest's ``dataset_sha256`` field and the ``dpsynth.dataset_version``
     tag hold this version id (64 hex digits); ids are comparable within one run directory."""
     key = version_key(ctx)
     if key is None:
@@ -236,7 +236,7 @@ def _log_manifest(ctx: StageContext, m: dict, *, epsilon: float, status: str) ->
             tracking.log_dataset_input(uri=item["uri"], digest=item["sha256"], name=item["role"], context=m["stage"])
     mlflow.log_metric("epsilon_spent", epsilon)
     mlflow.set_tags({
-        tracking.TAG_DATASET_SHA256: m["dataset_sha256"],  # the dataset version id (keyed), on every stage
+        tracking.TAG_DATASET_VERSION: m["dataset_sha256"],  # the dataset version id (keyed), on every stage
         tracking.TAG_EPSILON_SPENT: f"{epsilon:.6g}",
         tracking.TAG_DELTA: f"{m['privacy']['delta']:.3g}",
         tracking.TAG_ACCOUNTANT: m["privacy"]["accountant"],

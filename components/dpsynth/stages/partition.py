@@ -12,7 +12,10 @@ that use public data: dp-GAN's warm start and clipping bounds) are declared by
 ``data.public_fraction``, a keyed-hash band right above the held-out one (``h``'s fraction in
 [heldout_fraction, heldout_fraction + public_fraction)), or by ``data.public_split``, the records
 of a named split; they are written to ``public.parquet`` (role "public") and are in no training
-shard. Every output is in the sensitive zone. ε consumed: 0 (no release; the assignment does not look at the data).
+shard. ``data.public_source`` takes them from a separate source instead (``sklearn:digits``, or any
+source ``dpsynth data import`` reads; :mod:`dpsynth.data.public`), which is the honest choice: a
+``public_fraction`` slice of the sensitive data is refused unless the config acknowledges that those
+records are unprotected. Every output is in the sensitive zone. ε consumed: 0 (no release; the assignment does not look at the data).
 """
 
 from __future__ import annotations
@@ -97,6 +100,13 @@ def run(ctx: common.StageContext) -> common.Outcome:
     if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=[source])) is not None:
         return reused
     parts = split(ds, cfg)  # every check before the first write
+    if cfg.data.public_source is not None:  # a separate source: never a record of the sensitive dataset
+        from dpsynth.data.public import load_public_source
+
+        public_split = load_public_source(cfg.data.public_source, shape=ds.shape)
+        shared = set(public_split.record_ids) & set(ds.record_ids)
+        if shared:
+            raise DatasetError(f"data.public_source: {len(shared)} record ids are also in data.uri")
     if public_split is not None:
         parts["public"] = public_split.subset(np.argsort(np.array(public_split.record_ids, dtype=object), kind="stable"))
     with common.child_run(ctx, STAGE) as run:
@@ -112,7 +122,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
         details = {"num_shards": cfg.partition.num_shards, "heldout_fraction": cfg.data.heldout_fraction,
                    "records": len(ds), "training_records": rows["shard"], "heldout_records": rows.get("heldout", 0),
                    "public_records": rows.get("public", 0), "public_fraction": cfg.data.public_fraction,
-                   "public_split": cfg.data.public_split,
+                   "public_split": cfg.data.public_split, "public_source": cfg.data.public_source,
                    "num_classes": ds.num_classes, "image_shape": list(ds.shape),
                    "key": common.redacted(cfg).partition.key, "assignment": "HMAC-SHA256(key, record_id)"}
         if run is not None:

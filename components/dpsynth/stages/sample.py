@@ -1,7 +1,8 @@
 """``dpsynth sample``: release the audited generator, a synthetic dataset and a sample grid.
 
 The only stage that writes the generator into the release zone, and only after reading a
-passed audit whose generator sha256 is the generator's: otherwise it exits non-zero having
+passed audit whose generator sha256 is the generator's, and whose trace is the one the generator file is
+bound to (its trace sha256): otherwise it exits non-zero having
 written nothing. Labels are balanced over the classes (record i has label i mod K): the real
 label distribution would be a statistic of the sensitive data. Everything is computed before
 the first write. ε consumed: 0 (post-processing of the generator).
@@ -83,6 +84,10 @@ def run(ctx: common.StageContext) -> common.Outcome:
     if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
     generator, claimed = load_generator(generator_item["uri"])
+    audited_trace = (report.get("trace") or {}).get("sha256")
+    if not audited_trace or claimed.get("trace_sha256") != audited_trace:
+        raise StageError(f"{generator_item['uri']}: bound to trace {claimed.get('trace_sha256')}, not the audited "
+                         f"trace {audited_trace}; nothing is released")
     synthetic = synthesize(generator, num_samples=cfg.sample.num_samples, seed=cfg.sample.seed)
     grid = class_grid(generator, num_classes=generator.num_classes, per_class=cfg.sample.per_class, seed=cfg.sample.seed)
     with common.child_run(ctx, STAGE) as run:
@@ -97,7 +102,8 @@ def run(ctx: common.StageContext) -> common.Outcome:
                    ctx.entry(ctx.uri(STAGE, "samples.png"), role="grid"),
                    ctx.entry(ctx.uri(STAGE, "audit.json"), role="audit_report"),
                    ctx.entry(ctx.uri(STAGE, "audit.md"), role="audit_report_markdown")]
-        release = {"epsilon": report["epsilon_upper_bound"], "delta": report["target"]["delta"], "audit": "passed"}
+        release = {"epsilon": report["epsilon_upper_bound"], "delta": report["target"]["delta"], "audit": "passed",
+                   "statement": report.get("statement")}  # adjacency, σ convention, assumptions, other accounts
         if run is not None:
             import mlflow
 

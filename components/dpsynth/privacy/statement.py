@@ -1,0 +1,57 @@
+"""What a release's (ε, δ) means, in words the audit prints: adjacency, noise convention, assumptions.
+
+Every method states, for the audit (``audit.md``), the release record and the MLflow tags:
+
+* ``adjacency`` — the neighbouring relation the ε holds for (add/remove one record, or replace one),
+  with the sampling rate that matches it;
+* ``noise`` — the σ convention: the noise standard deviation in units of the clip norm C (σ·C) and
+  the sensitivity the accountant charges (C, or 2C for a replaced release);
+* ``assumptions`` — what the account assumes beyond the trace (GS-WGAN: the shard-state assumption);
+* ``accounts`` — other guarantees stated beside the main one (the account with the shard choice
+  revealed; federated: the guarantee against the server);
+* ``unprotected`` — records used without privacy, when the operator acknowledged it (``None``
+  otherwise).
+
+:func:`revealed_choice_account` is the account of a shard-sampled mechanism against an adversary who
+sees which shard each iteration drew (GS-WGAN's server, or anyone, without the shard-state assumption).
+"""
+
+from __future__ import annotations
+
+import math
+
+from dpsynth.privacy.events import MechanismEvent, MechanismTrace
+
+REPLACE_BY_GROUP_PRIVACY = ("replacing one record (remove one, add another) is covered by group privacy "
+                            "at (2ε, (1 + e^ε)·δ)")
+
+
+def statement(*, adjacency: str, noise: str, assumptions=(), accounts=(), unprotected: str | None = None) -> dict:
+    return {"adjacency": adjacency, "noise": noise, "assumptions": list(assumptions), "accounts": list(accounts),
+            "unprotected": unprotected}
+
+
+def revealed_choice_account(event: MechanismEvent, steps: int, *, num_shards: int, delta: float) -> dict:
+    """(ε, δ) of ``steps`` shard-sampled iterations (``event``: rate 1/K, σ_e per C, replace_one, i.e.
+    sensitivity 2C) when the adversary sees each iteration's shard: no amplification by the choice.
+
+    The shard holding the differing record is drawn m ~ Binomial(steps, 1/K) times, independently of
+    the data. With probability ≥ 1 − δ/2, m ≤ m* (the binomial's upper δ/2 tail, scipy), and m
+    Gaussian releases of sensitivity 2C and noise σ_e·C are m full-batch Gaussian releases of
+    multiplier σ_e/2, bounded by RDP at δ/2. So the mechanism is (ε(m*), δ)-DP against that adversary.
+    """
+    from scipy.stats import binom
+
+    from dpsynth.privacy.accountants import get_accountant
+
+    m = int(binom.isf(delta / 2, steps, 1 / num_shards))
+    while binom.sf(m, steps, 1 / num_shards) > delta / 2:  # isf is a float search: make the tail hold
+        m += 1
+    trace = MechanismTrace([MechanismEvent(sampling="full_batch", sample_rate=1.0,
+                                           noise_multiplier=event.noise_multiplier / 2,
+                                           sensitivity="add_remove", count=m)] if m else [])
+    eps = get_accountant("rdp").epsilon(trace, delta=delta / 2)
+    return {"epsilon": eps if math.isfinite(eps) else math.inf, "delta": delta, "iterations_bound": m,
+            "how": f"the record's shard is drawn at most m* = {m} of {steps} iterations except with probability "
+                   f"δ/2 (Binomial({steps}, 1/{num_shards})); {m} Gaussian releases of multiplier σ_e/2 = "
+                   f"{event.noise_multiplier / 2:.6g} (sensitivity 2C), RDP at δ/2"}
