@@ -8,7 +8,7 @@ import pytest
 from dpsynth import tracking
 from dpsynth_mlflow.context import LineageContextProvider
 
-ENV = {"DPSYNTH_PIPELINE_RUN_ID": "p-ctx", "DPSYNTH_STAGE": "train", "DPSYNTH_DATASET_SHA256": "ab" * 32,
+ENV = {"DPSYNTH_PIPELINE_RUN_ID": "p-ctx", "DPSYNTH_STAGE": "train", "DPSYNTH_DATASET_VERSION": "ab" * 32,
        "DPSYNTH_POPULATION_ID": "mnist", "DPSYNTH_IMAGE": "registry.example/dpsynth-stage:cpu"}
 INSTALLED = any(e.name == "dpsynth" and e.value == "dpsynth_mlflow.context:LineageContextProvider"
                 for e in entry_points(group="mlflow.run_context_provider"))
@@ -32,7 +32,7 @@ def test_tags_from_the_environment(clean_env):
     assert provider.in_context()
     tags = provider.tags()
     assert tags == {tracking.TAG_PIPELINE_RUN_ID: "p-ctx", tracking.TAG_STAGE: "train",
-                    tracking.TAG_DATASET_SHA256: "ab" * 32, tracking.TAG_POPULATION: "mnist",
+                    tracking.TAG_DATASET_VERSION: "ab" * 32, tracking.TAG_POPULATION: "mnist",
                     tracking.TAG_IMAGE: "registry.example/dpsynth-stage:cpu",
                     tracking.TAG_CODE_VERSION: tracking.code_version()}
 
@@ -48,5 +48,5 @@ def test_a_run_started_in_a_stage_gets_the_tags_and_explicit_tags_win(clean_env,
         pass
     tags = mlflow.MlflowClient().get_run(run.info.run_id).data.tags
     assert tags[tracking.TAG_PIPELINE_RUN_ID] == "p-ctx" and tags[tracking.TAG_IMAGE] == ENV["DPSYNTH_IMAGE"]
-    assert tags[tracking.TAG_DATASET_SHA256] == "ab" * 32 and tags[tracking.TAG_CODE_VERSION]
+    assert tags[tracking.TAG_DATASET_VERSION] == "ab" * 32 and tags[tracking.TAG_CODE_VERSION]
     assert tags[tracking.TAG_STAGE] == "audit"  # what the caller says wins over the context

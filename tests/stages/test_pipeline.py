@@ -68,7 +68,7 @@ def test_parent_and_child_runs(tmp_path, source, mlflow_uri, capsys):
     for stage, child in children.items():
         tags = child.data.tags
         assert tags["mlflow.parentRunId"] == parent.info.run_id and child.info.status == "FINISHED"
-        assert tags[tracking.TAG_DATASET_SHA256] == dataset and tags[tracking.TAG_CODE_VERSION]
+        assert tags[tracking.TAG_DATASET_VERSION] == dataset and tags[tracking.TAG_CODE_VERSION]
         assert tags[tracking.TAG_DELTA] == "0.0001" and tags[tracking.TAG_ACCOUNTANT]
         assert float(tags[tracking.TAG_EPSILON_SPENT]) == pytest.approx(train_eps if stage == "train" else 0, rel=1e-5)
         zone = "release" if stage in ("sample", "evaluate") else "sensitive"
