@@ -207,6 +207,8 @@ class WarmupConfig:
     central_images: bool = False
     noise_multiplier: float = 8.0  # σ of the release: noise std σ·clip on every class sum
     clip: float = 10.0  # C: L2 bound of a record's [image in [0, 1], count] contribution
+    styles: int = 0  # s > 0: a second release, the means of s × s style groups per class (0: none)
+    styles_noise_multiplier: float = 1.0  # σ of the style release (noise std σ·clip on every group sum)
     steps: int = 800  # generator regression steps on the deformed central images (no data access)
     batch_size: int = 128
     lr: float = 1e-3
@@ -214,6 +216,9 @@ class WarmupConfig:
     def validate(self) -> None:
         _require(self.noise_multiplier > 0, "warmup.noise_multiplier", f"must be > 0, got {self.noise_multiplier}")
         _require(self.clip > 0, "warmup.clip", f"must be > 0, got {self.clip}")
+        _require(0 <= self.styles <= 6, "warmup.styles", f"must be between 0 and 6, got {self.styles}")
+        _require(self.styles_noise_multiplier > 0, "warmup.styles_noise_multiplier",
+                 f"must be > 0, got {self.styles_noise_multiplier}")
         _require(self.steps >= 0, "warmup.steps", f"must be >= 0, got {self.steps}")
         _require(self.batch_size >= 1, "warmup.batch_size", f"must be >= 1, got {self.batch_size}")
         _require(self.lr > 0, "warmup.lr", f"must be > 0, got {self.lr}")

@@ -43,6 +43,22 @@ def test_the_trace_opens_with_the_release_and_the_total_stays_in_budget(tmp_path
     assert all(c["passed"] for c in checks), checks
 
 
+def test_the_style_release_is_a_second_event_accounted_with_the_steps(tmp_path, small_mnist):
+    cfg = tiny(tmp_path, "warmup.styles=2", "warmup.styles_noise_multiplier=3")
+    result = DPGANTrainer(cfg, small_mnist).train()
+    events = json.loads(Path(result.trace_path).read_text())["events"]
+    assert [(e["sampling"], e["noise_multiplier"]) for e in events[:2]] == [("full_batch", 5.0), ("full_batch", 3.0)]
+    assert events[2]["sampling"] == "poisson" and events[2]["count"] == 6
+    ref = RDPAccountant()  # independent account of the same history
+    ref.history = [(5.0, 1.0, 1), (3.0, 1.0, 1), (events[2]["noise_multiplier"], 32 / 600, 6)]
+    assert result.epsilon == pytest.approx(ref.get_epsilon(1e-4), rel=1e-6)
+    assert result.epsilon <= 8
+    trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
+    assert all(c["passed"] for c in invariants("dpgan")(cfg, trace, 600))
+    # audited as if only the class means were released (the style release unaccounted): refused
+    assert not all(c["passed"] for c in invariants("dpgan")(tiny(tmp_path), trace, 600))
+
+
 def test_the_audit_refuses_a_trace_without_the_configured_release(tmp_path, small_mnist):
     cfg = tiny(tmp_path, "warmup.central_images=false")
     result = DPGANTrainer(cfg, small_mnist).train()
@@ -74,3 +90,30 @@ def test_the_generator_learns_the_central_images_it_is_given():
         x, y = G.sample(20, labels=torch.arange(20) % 2, generator=g)
     d = ((x[:, None] - means[None]) ** 2).flatten(2).mean(2)  # 20 × 2 distances
     assert (d.argmin(1) == y).all()
+
+
+def test_the_generator_uses_every_released_image_of_a_class():
+    """Two images of one class (a left bar, a right bar): z picks which, so G draws both."""
+    from dpsynth.models.dcgan import Generator
+
+    images = -torch.ones(2, 1, 28, 28)
+    images[0, :, 6:22, 4:8] = 1.0
+    images[1, :, 6:22, 20:24] = 1.0
+    torch.manual_seed(0)
+    G = Generator(num_classes=1, width=8, latent_dim=8)
+    g = torch.Generator().manual_seed(0)
+    warmup.fit_generator(G, images, labels=torch.tensor([0, 0]), steps=200, batch_size=32, lr=2e-3, generator=g)
+    with torch.no_grad():
+        x, _ = G.sample(40, labels=torch.zeros(40, dtype=torch.long), generator=g)
+    nearest = ((x[:, None] - images[None]) ** 2).flatten(2).mean(2).argmin(1)
+    assert 8 <= int(nearest.sum()) <= 32  # both templates drawn, neither rare
+
+
+def test_style_groups_with_too_few_records_are_dropped_and_a_class_keeps_its_mean():
+    styles = torch.stack([torch.full((1, 2, 2), float(v)) for v in range(4)])
+    labels = torch.tensor([0, 0, 1, 1])
+    counts = torch.tensor([50.0, 5.0, 3.0, -2.0])  # class 1 has no group worth keeping
+    means = torch.stack([torch.full((1, 2, 2), -0.5), torch.full((1, 2, 2), 0.5)])
+    images, classes = warmup.keep_styles(styles, counts, labels, means)
+    assert classes.tolist() == [0, 1]
+    assert images[0].eq(0.0).all() and images[1].eq(0.5).all()

@@ -8,7 +8,8 @@ import torch
 
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy import MechanismTrace, get_accountant
-from dpsynth.privacy.central_images import central_images, class_sums, event_for
+from dpsynth.privacy.central_images import (central_images, class_sums, event_for, group_sums, nearest_template,
+                                           style_images)
 from dpsynth.privacy.randomness import MechanismRandomness
 
 
@@ -30,6 +31,51 @@ def test_sensitivity_of_the_query_is_at_most_clip_under_add_remove():
         worst = max(worst, float((full - class_sums(x[keep], y[keep], num_classes=3, clip=clip)).norm()))
     assert worst <= clip * (1 + 1e-12)
     assert worst > 0.9 * clip  # the clipped all-white records reach the bound
+
+
+def _templates(k=3, per_class=2, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(k * per_class, 1, 6, 6, generator=g) * 2 - 1, torch.arange(k).repeat_interleave(per_class)
+
+
+def test_sensitivity_of_the_style_query_is_at_most_clip_under_add_remove():
+    """Brute force on the whole query, assignment included: removing any one record (and re-assigning
+    everyone from scratch) moves the stacked (class, template) group sums by at most C."""
+    x, y = _data()
+    t, ty = _templates()
+    clip = 2.5
+
+    def query(x, y):
+        return group_sums(x, nearest_template(x, y, t, ty), num_groups=len(t), clip=clip)
+
+    full = query(x, y)
+    worst = max(float((full - query(x[keep], y[keep])).norm())
+                for keep in (torch.arange(len(x)) != i for i in range(len(x))))
+    assert worst <= clip * (1 + 1e-12)
+    assert worst > 0.9 * clip
+
+
+def test_records_go_to_the_nearest_template_of_their_own_class():
+    x, y = _data()
+    t, ty = _templates()
+    groups = nearest_template(x, y, t, ty)
+    for i in range(len(x)):
+        same = (ty == y[i]).nonzero().view(-1)
+        d = ((x[i] - t[same]) ** 2).flatten(1).sum(1)  # brute force, on [-1, 1] (same order as on [0, 1])
+        assert int(groups[i]) == int(same[d.argmin()])
+        assert int(ty[groups[i]]) == int(y[i])
+
+
+def test_noiseless_style_means_are_the_group_means():
+    x, y = _data()
+    t, ty = _templates()
+    styles, counts = style_images(x, y, t, ty, clip=100.0, noise_multiplier=0.0)
+    groups = nearest_template(x, y, t, ty)
+    for k in range(len(t)):
+        members = groups == k
+        assert counts[k].item() == pytest.approx(float(members.sum()), rel=1e-6)
+        if members.any():
+            assert torch.allclose(styles[k].double(), x[members].double().mean(0), atol=1e-6)
 
 
 def test_noiseless_means_are_the_class_means_of_the_clipped_images():

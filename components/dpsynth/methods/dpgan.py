@@ -48,7 +48,7 @@ SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every chec
 
 def warmup_trace(cfg: RunConfig) -> MechanismTrace:
     """The events of the private warm-up that precede training (empty without one)."""
-    return MechanismTrace([central_images.event_for(cfg.warmup.noise_multiplier)] if cfg.warmup.central_images else [])
+    return MechanismTrace(warmup.events(cfg))
 
 
 def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
@@ -172,13 +172,23 @@ class DPGANTrainer:
 
     # --- the private warm-up, before the first step --------------------------------------
     def warm_up(self) -> None:
-        """The private warm-up (dpsynth.methods.warmup): release the central images with the secret
-        coins (one event in the trace), then fit G to them (post-processing)."""
+        """The private warm-up (dpsynth.methods.warmup): release the central images — the class means,
+        then the style groups' means when configured — with the secret coins (one event each in the
+        trace), then fit G to them (post-processing)."""
         w = self.cfg.warmup
-        means = central_images.central_images(self.images, self.labels, num_classes=self.num_classes, clip=w.clip,
-                                              noise_multiplier=w.noise_multiplier, randomness=self.mechanism)
+        means = warmup.clean(central_images.central_images(
+            self.images, self.labels, num_classes=self.num_classes, clip=w.clip,
+            noise_multiplier=w.noise_multiplier, randomness=self.mechanism))
         self.trace.record(central_images.event_for(w.noise_multiplier))
-        warmup.fit_generator(self.G, warmup.clean(means), steps=w.steps, batch_size=w.batch_size, lr=w.lr,
+        images, classes = means, None
+        if w.styles:
+            templates, template_classes = warmup.style_templates(means, w.styles)
+            styles, counts = central_images.style_images(
+                self.images, self.labels, templates, template_classes, clip=w.clip,
+                noise_multiplier=w.styles_noise_multiplier, randomness=self.mechanism)
+            self.trace.record(central_images.event_for(w.styles_noise_multiplier))
+            images, classes = warmup.keep_styles(warmup.clean(styles), counts, template_classes, means)
+        warmup.fit_generator(self.G, images, labels=classes, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
                              generator=self.rng)
 
     # --- one generator step (Algorithm 1, lines 10–14) ---------------------------------
@@ -361,6 +371,9 @@ def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
 
     warm = (" The private warm-up's class-mean release is one full-batch Gaussian (q = 1): each record moves the "
             "stacked class sums by ≤ C, noise σ_w·C." if cfg.warmup.central_images else "")
+    if cfg.warmup.central_images and cfg.warmup.styles:
+        warm += (" Its style release is one more: each record, assigned to the nearest public template of its "
+                 "class, moves the stacked group sums by ≤ C, noise σ_s·C.")
     return statement(
         adjacency=f"add/remove one record: every step Poisson-samples records at q = B/n = {plan.event.sample_rate:.6g}; "
                   f"{REPLACE_BY_GROUP_PRIVACY}.",

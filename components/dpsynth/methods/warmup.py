@@ -6,9 +6,15 @@ image, released once by a Gaussian mechanism (:mod:`dpsynth.privacy.central_imag
 the mechanism trace, composed with training by the same accountant) — then spend the private
 training steps on the hard part.
 
-The generator is fitted to the released central images under deformations that its latent code
-chooses: the first six coordinates of z pick a rotation, shear, scale, shift and stroke width, and
-G(z, y) regresses onto the class-y central image deformed that way. That reads only the released
+With ``warmup.styles`` = s > 0 a second release follows: s × s public templates per class (the
+released class mean sheared and thickened or thinned on an s × s grid) split every class into groups
+by each record's nearest template, and the groups' means are released the same way (one more
+Gaussian event; :func:`dpsynth.privacy.central_images.style_images`). A group whose noisy count is
+below ``MIN_COUNT`` is dropped (post-processing); its class keeps its other groups, or its mean.
+
+The generator is fitted to the released images under deformations that its latent code chooses:
+the first six coordinates of z pick a rotation, shear, scale, shift and stroke width, the seventh
+which of the class's released images, and G(z, y) regresses onto that image deformed that way. That reads only the released
 means, so it is post-processing and costs no further privacy; it leaves G producing varied,
 digit-shaped images for every class, from which private training starts.
 
@@ -25,21 +31,60 @@ import math
 import torch
 import torch.nn.functional as F
 
-LATENT_CONTROLS = 6  # z coordinates that choose the deformation
+LATENT_CONTROLS = 7  # z coordinates that choose the deformation (6) and the released image (1)
+MIN_COUNT = 20.0  # a style group with fewer (noisy) records is dropped: its mean is mostly noise
+
+
+def events(cfg) -> list:
+    """The warm-up's mechanism events, in order: the class-mean release, then the style release."""
+    from dpsynth.privacy import central_images
+
+    w = cfg.warmup
+    if not w.central_images:
+        return []
+    out = [central_images.event_for(w.noise_multiplier)]
+    if w.styles:
+        out.append(central_images.event_for(w.styles_noise_multiplier))
+    return out
 
 
 def invariants(cfg, trace) -> tuple[list[dict], list]:
-    """For the audit: the warm-up's release, when configured, must open ``trace`` exactly as planned
-    (``warmup.noise_multiplier``); returns its checks and the events after it."""
-    from dpsynth.privacy import central_images
+    """For the audit: the warm-up's releases, when configured, must open ``trace`` exactly as planned
+    (``warmup.noise_multiplier``, then ``warmup.styles_noise_multiplier``); returns its checks and the
+    events after them."""
+    expected = events(cfg)
+    got = list(trace.events)
+    if not expected:
+        return [], got
+    head = got[:len(expected)]
+    return [{"name": "warmup", "passed": head == expected,
+             "detail": f"{head} open the trace; expected the warm-up releases {expected}"}], got[len(expected):]
 
-    events = list(trace.events)
-    if not cfg.warmup.central_images:
-        return [], events
-    expected = central_images.event_for(cfg.warmup.noise_multiplier)
-    first = events[0] if events else None
-    return [{"name": "warmup", "passed": first == expected,
-             "detail": f"{first} opens the trace; expected the central-image release {expected}"}], events[1:]
+
+def style_templates(means: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Public templates from released class means (K×C×H×W in [-1, 1]): each mean sheared and
+    thickened/thinned on a ``levels`` × ``levels`` grid; returns (templates, their classes)."""
+    grid = torch.linspace(0.1, 0.9, levels)
+    u = torch.full((levels * levels, 6), 0.5)
+    u[:, 1] = grid.repeat_interleave(levels)  # shear
+    u[:, 5] = grid.repeat(levels)             # stroke width
+    k = len(u)
+    templates = deform(means.repeat_interleave(k, 0), u.repeat(len(means), 1))
+    return templates, torch.arange(len(means)).repeat_interleave(k)
+
+
+def keep_styles(styles: torch.Tensor, counts: torch.Tensor, labels: torch.Tensor, means: torch.Tensor):
+    """The released style images worth fitting: groups with a noisy count ≥ MIN_COUNT, and the class mean
+    for a class left with none. Returns (images, their classes), sorted by class."""
+    keep = counts >= MIN_COUNT
+    images, classes = [styles[keep]], [labels[keep]]
+    for c in range(len(means)):
+        if not bool((labels[keep] == c).any()):
+            images.append(means[c:c + 1])
+            classes.append(torch.tensor([c]))
+    images, classes = torch.cat(images), torch.cat(classes)
+    order = torch.argsort(classes, stable=True)
+    return images[order], classes[order]
 
 
 def deform(x: torch.Tensor, u: torch.Tensor, *, max_rotate: float = 15.0, max_shear: float = 0.25,
@@ -70,19 +115,33 @@ def clean(means: torch.Tensor, *, floor: float = 0.15) -> torch.Tensor:
     return m * 2 - 1
 
 
-def fit_generator(G, means: torch.Tensor, *, steps: int, batch_size: int, lr: float, generator: torch.Generator) -> float:
-    """Regress G(z, y) onto ``deform(means[y], Φ(z[:, :6]))`` for ``steps`` Adam steps; returns the last loss."""
+def fit_generator(G, means: torch.Tensor, *, steps: int, batch_size: int, lr: float, generator: torch.Generator,
+                  labels: torch.Tensor | None = None) -> float:
+    """Regress G(z, y) onto ``deform(image, Φ(z[:, :6]))``, the image one of class y's released images
+    (``means``, of classes ``labels``; one per class when None) picked by Φ(z[:, 6]), for ``steps`` Adam
+    steps; returns the last loss."""
     if G.latent_dim < LATENT_CONTROLS:
         raise ValueError(f"warmup: the generator's latent_dim must be >= {LATENT_CONTROLS}")
     device = next(G.parameters()).device
     means = means.to(device)
+    labels = torch.arange(len(means)) if labels is None else labels.long().cpu()
+    num_classes = int(labels.max()) + 1
+    order = torch.argsort(labels, stable=True)
+    means, labels = means[order], labels[order]
+    per_class = torch.bincount(labels, minlength=num_classes)
+    if bool((per_class == 0).any()):
+        raise ValueError("warmup: every class needs at least one released image")
+    first = (torch.cumsum(per_class, 0) - per_class).to(device)
+    per_class = per_class.to(device)
     opt = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.5, 0.999))
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
-        y = torch.randint(0, len(means), (batch_size,), device=device, generator=generator)
+        y = torch.randint(0, num_classes, (batch_size,), device=device, generator=generator)
         z = torch.randn(batch_size, G.latent_dim, device=device, generator=generator)
         with torch.no_grad():
-            target = deform(means[y], 0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2))))
+            u = 0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2)))
+            pick = first[y] + (u[:, 6] * per_class[y]).long().clamp(max=per_class[y] - 1)
+            target = deform(means[pick], u[:, :6])
         loss = F.mse_loss(G(z, y), target)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -14,6 +14,13 @@ dataset, i.e. the mechanism event ``full_batch`` (q = 1), σ, ``add_remove``. Ea
 is its noisy pixel sum divided by its noisy count (post-processing). The generator is then fitted to
 these means and their augmentations without touching the data again (post-processing, free).
 
+Style images, a second release. Each class is split into groups by a rule that reads only the
+record itself and public values: record i goes to the nearest of its class's *templates* (public
+images, e.g. deformations of the released class means). The query is the same stacked sum, now with
+one block per (class, template) group, so adding or removing a record still changes one block by at
+most C: one more Gaussian event ``full_batch``, q = 1, σ_s, ``add_remove``. The noisy group means
+keep the styles the class mean averages away (slant, stroke width, the variants of a digit).
+
 >>> import torch
 >>> x = torch.full((4, 1, 2, 2), -1.0); x[2:] = 1.0          # two black, two white images
 >>> y = torch.tensor([0, 0, 1, 1])
@@ -41,17 +48,57 @@ def event_for(noise_multiplier: float) -> MechanismEvent:
                           sensitivity="add_remove")
 
 
-def class_sums(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float) -> torch.Tensor:
-    """The noiseless query: a (num_classes, D + 1) matrix, row k = Σ over class-k records of [x̃_i, c]."""
+def _contributions(images: torch.Tensor, clip: float) -> torch.Tensor:
+    """Every record's [x̃_i, c]: the image in [0, 1] clipped to C/√2, and the count coordinate C/√2."""
     if clip <= 0:
         raise PrivacyError(f"warmup.clip: must be > 0, got {clip}")
     x = ((images.double() + 1) / 2).flatten(1)  # [0, 1]
     part = clip / math.sqrt(2)
     x = x * (part / x.norm(dim=1).clamp(min=part)).unsqueeze(1)
-    v = torch.cat([x, torch.full((len(x), 1), part, dtype=x.dtype)], dim=1)
-    sums = torch.zeros(num_classes, v.shape[1], dtype=v.dtype)
-    sums.index_add_(0, labels.long(), v)
+    return torch.cat([x, torch.full((len(x), 1), part, dtype=x.dtype)], dim=1)
+
+
+def group_sums(images: torch.Tensor, groups: torch.Tensor, *, num_groups: int, clip: float) -> torch.Tensor:
+    """The noiseless query: a (num_groups, D + 1) matrix, row k = Σ over the records of group k of [x̃_i, c].
+    Each record's group must be a function of that record and public values only."""
+    v = _contributions(images, clip)
+    sums = torch.zeros(num_groups, v.shape[1], dtype=v.dtype)
+    sums.index_add_(0, groups.long().cpu(), v)
     return sums
+
+
+def class_sums(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float) -> torch.Tensor:
+    """The class-mean query: one group per class."""
+    return group_sums(images, labels, num_groups=num_classes, clip=clip)
+
+
+def nearest_template(images: torch.Tensor, labels: torch.Tensor, templates: torch.Tensor,
+                     template_labels: torch.Tensor) -> torch.Tensor:
+    """Each record's group: the index of the nearest (L2, on [0, 1]) of the templates of its own class.
+    Reads the record and the public templates only, so one record moves one group's sum."""
+    x = ((images.float() + 1) / 2).flatten(1).cpu()
+    t = ((templates.float() + 1) / 2).flatten(1).cpu()
+    d = torch.cdist(x, t)
+    d[labels.long().cpu().unsqueeze(1) != template_labels.long().cpu().unsqueeze(0)] = float("inf")
+    if torch.isinf(d.min(1).values).any():
+        raise PrivacyError("warmup: a class has no template")
+    return d.argmin(1)
+
+
+def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
+                randomness: MechanismRandomness | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Gaussian mechanism on stacked sums: N(0, (σC)²) on every coordinate; returns every group's
+    mean in [0, 1] (noisy sum / noisy count, post-processing) and its noisy count."""
+    if noise_multiplier < 0:
+        raise PrivacyError(f"warmup.noise_multiplier: must be >= 0, got {noise_multiplier}")
+    if noise_multiplier > 0:
+        if randomness is None:
+            raise PrivacyError("central images: noise needs the mechanism's secret randomness")
+        noise = randomness.standard_normal(tuple(sums.shape), dtype=torch.float64).cpu()
+        sums = sums + noise_multiplier * clip * noise
+    counts = sums[:, -1] / (clip / math.sqrt(2))
+    means = (sums[:, :-1] / counts.clamp(min=1.0).unsqueeze(1)).clamp(0, 1)
+    return means, counts
 
 
 def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
@@ -62,14 +109,18 @@ def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: i
     ``images`` are N×C×H×W in [-1, 1]. ``randomness`` is the mechanism's secret coins (required when
     ``noise_multiplier`` > 0).
     """
-    if noise_multiplier < 0:
-        raise PrivacyError(f"warmup.noise_multiplier: must be >= 0, got {noise_multiplier}")
     sums = class_sums(images, labels, num_classes=num_classes, clip=clip)
-    if noise_multiplier > 0:
-        if randomness is None:
-            raise PrivacyError("central images: noise needs the mechanism's secret randomness")
-        noise = randomness.standard_normal(tuple(sums.shape), dtype=torch.float64).cpu()
-        sums = sums + noise_multiplier * clip * noise
-    counts = (sums[:, -1] / (clip / math.sqrt(2))).clamp(min=1.0)
-    means = (sums[:, :-1] / counts.unsqueeze(1)).clamp(0, 1) * 2 - 1
-    return means.float().view(num_classes, *images.shape[1:])
+    means, _ = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness)
+    return (means * 2 - 1).float().view(num_classes, *images.shape[1:])
+
+
+def style_images(images: torch.Tensor, labels: torch.Tensor, templates: torch.Tensor, template_labels: torch.Tensor,
+                 *, clip: float, noise_multiplier: float,
+                 randomness: MechanismRandomness | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The noisy means of the groups that the public ``templates`` (K×C×H×W in [-1, 1], class
+    ``template_labels``) induce: (K×C×H×W in [-1, 1], the K noisy counts). One Gaussian event; the
+    caller records ``event_for(noise_multiplier)``."""
+    groups = nearest_template(images, labels, templates, template_labels)
+    sums = group_sums(images, groups, num_groups=len(templates), clip=clip)
+    means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness)
+    return (means * 2 - 1).float().view(len(templates), *images.shape[1:]), counts.float()
