@@ -22,6 +22,12 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$AIRFLOW_HOME"
 
 .venv/stage/bin/dpsynth data import data/mnist "$DATASET"
+# The ledger never gives a population a budget by default: `make run` creates its demo population's
+# explicitly, once (an existing budget is left as it is). When it is spent, `dpsynth pipeline start`
+# refuses the run and says how to raise it: dpsynth ledger set-budget mnist --epsilon E --delta D --reason TEXT
+# (δ stays < 1/n = 1e-4 for the 10,000 records: at δ = 1e-5 per attempt, 9 attempts in all).
+.venv/stage/bin/dpsynth ledger set-budget mnist --db "sqlite:///$ROOT/ledger.db" --if-new --epsilon 90 \
+    --delta 9e-5 --records 10000 --reason "make run: the bundled MNIST demo population"
 # MLflow's SQLite migration is not safe when several stage processes create the store at once.
 .venv/stage/bin/python -c "import mlflow; mlflow.MlflowClient('$TRACKING').search_experiments()" 2>/dev/null
 .venv/airflow/bin/airflow db migrate > "$AIRFLOW_HOME/db-migrate.log" 2>&1
