@@ -211,7 +211,8 @@ class Ledger:
         """
         return self.open_attempt(population_id, epsilon=epsilon, delta=delta, dataset_sha256=dataset_sha256,
                                  pipeline_run_id=pipeline_run_id, accountant=accountant, records=records,
-                                 stage=stage, attempt_id=None, resumes_id=None, stale_after_s=None)[0]
+                                 stage=stage, attempt_id=None, resumes_id=None, stale_after_s=None,
+                                 settle_stale=False)[0]
 
     def check_affordable(self, population_id: str, *, epsilon: float, delta: float, records: int) -> dict[str, Any]:
         """Refuse (PrivacyError) what :meth:`reserve` would refuse, writing nothing; the balance otherwise."""
@@ -224,7 +225,7 @@ class Ledger:
     def open_attempt(self, population_id: str, *, epsilon: float, delta: float, dataset_sha256: str,
                      pipeline_run_id: str, accountant: str, records: int, stage: str, attempt_id: str | None,
                      resumes_id: int | None, stale_after_s: float | None,
-                     resumed_steps: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+                     resumed_steps: int | None = None, settle_stale: bool = True) -> tuple[int, list[dict[str, Any]]]:
         """Open the reservation of one attempt at a private stage: ``(reservation id, settled)``.
 
         In the same transaction, first settles (committed at its whole reservation, reason recorded)
@@ -255,7 +256,7 @@ class Ledger:
                            f"of population {adopted.population_id!r}, stage {adopted.stage!r}")
                         + f", not of population {pid!r}, stage {stage!r}: refusing to resume it (start afresh)")
             settled = []
-            if row is not None:
+            if row is not None and settle_stale:
                 _check_rows(conn, row)
                 settled = self._settle_stale(conn, pid, stage=stage, run_id=run_id, resumes=resumes,
                                              attempt=attempt, stale_after_s=stale_after_s, now=now)
