@@ -124,7 +124,7 @@ def tracked(tmp_path, source):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     overrides = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=audit-test",
-                 "output.log_every=2", "ledger.enabled=false")
+                 "output.log_every=2")
     run_dir = tmp_path / "run"
     cfg = load_config(overrides=[f"data.uri={source}", "train.d_width=4", "train.g_width=4", "train.latent_dim=8",
                                  "train.batch_size=32", "train.steps=12", "train.n_d=2", "privacy.epsilon=10",
