@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dpsynth.privacy.ledger import Ledger
 
 LEDGER_ENV = "DPSYNTH_LEDGER_URL"
@@ -21,3 +23,10 @@ def budgeted_ledger(directory: Path, monkeypatch, population: str = "mnist600", 
     ledger = Ledger(url)
     ledger.set_budget(population, epsilon=epsilon, delta=delta, records=records, reason="test budget")
     return ledger
+
+
+def assert_charged_once(ledger: Ledger, trained: dict, population: str = "mnist600") -> None:
+    """The train stage's one attempt was charged to ``population`` what its manifest says it spent."""
+    (charged,) = ledger.history(population)
+    assert charged["stage"] == "train" and charged["status"] == "committed"
+    assert charged["epsilon_spent"] == pytest.approx(trained["privacy"]["epsilon"], rel=1e-6)
