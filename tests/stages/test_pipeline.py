@@ -131,17 +131,20 @@ def test_stops_at_the_first_failing_stage(tmp_path, source, mlflow_uri, capsys):
     assert res["status"] == "released" and "before its first private step" in res["note"]
 
 
-def test_on_s3(s3_bucket, source, tmp_path, capsys):
+def test_on_s3(s3_bucket, source, tmp_path, capsys, monkeypatch, ledger_with_budget):
+    monkeypatch.delenv("DPSYNTH_LEDGER_URL")  # no ledger beside a remote run directory: it must be named
     src = f"s3://{s3_bucket}/data/mnist600.parquet"
     storage.copy(source, src)
     run = f"s3://{s3_bucket}/runs/r1"
     assert dpsynth("pipeline", "run", "--run-dir", run, "--json", *settings(src)) == 2  # where is the ledger?
     assert "ledger.url: required" in capsys.readouterr().err
     assert not storage.exists(f"{run}/sensitive/partition/manifest.json")
-    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"  # the fixture's, with mnist600's budget
     assert dpsynth("pipeline", "run", "--run-dir", run, "--json", *settings(src, f"ledger.url={ledger_url}")) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["ledger"]["attempts"] == 1 and summary["ledger"]["population_id"] == "mnist600"
+    (res,) = ledger_with_budget.history("mnist600")
+    assert summary["ledger"]["reservation_ids"] == [res["id"]] and res["status"] == "committed"
     assert [r["status"] for r in summary["stages"]] == ["succeeded"] * 6 and summary["audit"] == "passed"
     assert release_zone_holds_only_releasables(run)
     for stage in STAGES:
