@@ -13,8 +13,14 @@ TOOLS_VENV  := .venv/tools
 TOOLS_STAMP := $(TOOLS_VENV)/.installed
 OUT    ?= outputs
 CONFIG ?= configs/dpgan-mnist-cpu.yaml
+# The privacy ledger the run-* targets charge (`make run` uses the same file, beside $(OUT)/mlflow.db), and
+# the bundled MNIST's population in it. The ledger gives no budget by default: `budget` sets this one's
+# explicitly, once (an existing budget stays as it is; raise it with `dpsynth ledger set-budget`).
+# δ stays < 1/n = 1e-4 for the 10,000 records: 9 attempts at δ = 1e-5.
+LEDGER_URL := sqlite:///$(abspath $(OUT))/ledger.db
+POPULATION := mnist
 
-.PHONY: image help venv airflow-venv tools-venv up down run run-train run-pipeline run-kfp kfp-yaml test test-slow bench bench-utility lock airflow-lock clean mlflow-ui
+.PHONY: image help venv airflow-venv tools-venv up down budget run run-train run-pipeline run-kfp kfp-yaml test test-slow bench bench-utility lock airflow-lock clean mlflow-ui
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -46,14 +52,20 @@ tools-venv: $(TOOLS_STAMP)  ## helm + kubernetes-validate for the chart tests (.
 run: $(STAMP) $(AIRFLOW_STAMP)  ## the six stages through Airflow (`airflow dags test`) on the bundled MNIST at (ε=10, δ=1e-5)
 	OUT=$(OUT) CONFIG=$(CONFIG) pipelines/airflow/run_embedded.sh
 
-run-train: $(STAMP)  ## only import the bundled MNIST and train a CPU-sized DPGAN (no stages, no Airflow)
+budget: $(STAMP)  ## give the bundled MNIST's population (mnist) its lifetime budget in $(OUT)/ledger.db, if it has none
+	$(PY) -m dpsynth.cli ledger set-budget $(POPULATION) --db $(LEDGER_URL) --if-new --epsilon 90 --delta 9e-5 \
+	    --records 10000 --reason "make: the bundled MNIST demo population"
+
+run-train: budget  ## only import the bundled MNIST and train a CPU-sized DPGAN (no stages, no Airflow)
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
-	$(PY) -m dpsynth.cli train --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --set output.dir=$(OUT)/dpgan-mnist
+	$(PY) -m dpsynth.cli train --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --set output.dir=$(OUT)/dpgan-mnist \
+	    --set ledger.population_id=$(POPULATION) --set ledger.url=$(LEDGER_URL)
 	@echo "Look at the runs:  make mlflow-ui OUT=$(OUT)   (then http://127.0.0.1:5000)"
 
-run-pipeline: $(STAMP)  ## the six stages locally (partition … evaluate) on the bundled MNIST, one MLflow parent run
+run-pipeline: budget  ## the six stages locally (partition … evaluate) on the bundled MNIST, one MLflow parent run
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
-	$(PY) -m dpsynth.cli pipeline run --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --run-dir $(OUT)/pipeline
+	$(PY) -m dpsynth.cli pipeline run --config $(CONFIG) --set data.uri=$(OUT)/data/mnist.parquet --run-dir $(OUT)/pipeline \
+	    --set ledger.population_id=$(POPULATION) --set ledger.url=$(LEDGER_URL)
 
 image:  ## build the CPU stage image with buildah and run a stage in it (slow: ~10+ min; root, podman/buildah)
 	scripts/build_image.sh
@@ -65,9 +77,10 @@ down:  ## stop the local platform (safe when nothing is running)
 	scripts/platform.sh down
 
 KFP_STEPS ?= 200
-run-kfp: $(STAMP)  ## the Kubeflow pipeline's shape run locally (kfp.local, stages as subprocesses) on the bundled MNIST
+run-kfp: budget  ## the Kubeflow pipeline's shape run locally (kfp.local, stages as subprocesses) on the bundled MNIST
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
-	$(PY) pipelines/kfp/run_local.py --config $(CONFIG) --dataset $(OUT)/data/mnist.parquet --run-dir $(OUT)/kfp --steps $(KFP_STEPS)
+	$(PY) pipelines/kfp/run_local.py --config $(CONFIG) --dataset $(OUT)/data/mnist.parquet --run-dir $(OUT)/kfp --steps $(KFP_STEPS) \
+	    --population-id $(POPULATION) --set ledger.url=$(LEDGER_URL)
 
 kfp-yaml: $(STAMP)  ## regenerate pipelines/kfp/dpsynth_pipeline.yaml (a test keeps it in sync)
 	$(PY) pipelines/kfp/dpsynth_pipeline.py --compile

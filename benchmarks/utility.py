@@ -14,6 +14,11 @@ audited ε, CPU-minutes and wall time. Beside them, on the same held-out test re
 
 Results go to ``benchmarks/results/utility.json`` and ``.md``. Not a test: it takes tens of CPU-minutes
 per recipe. Run ``make bench-utility`` (all recipes, ε ∈ {1, 10}) or pick with ``--recipes``/``--epsilons``.
+
+Every training attempt is charged to a privacy ledger, which gives no budget by default. The benchmark
+keeps its own (``OUT/ledger.db``) and population (``mnist-bench``), and sets that population's budget
+explicitly, with a reason, to what the planned runs need on top of what it has already charged
+(:func:`budget_for`); a lifetime δ ≥ 1/n (too many runs on one ledger) is refused: use a new ``--out``.
 """
 
 from __future__ import annotations
@@ -57,11 +62,38 @@ def cpu_children() -> float:
     return r.ru_utime + r.ru_stime
 
 
+POPULATION = "mnist-bench"  # the benchmark's own population, in its own ledger
+
+
+def ledger_url(out: Path) -> str:
+    return f"sqlite:///{out.resolve()}/ledger.db"
+
+
+def budget_for(out: Path, dataset: Path, plan: list[tuple[str, float]], extra: list[str]) -> dict:
+    """Set the benchmark population's lifetime budget to what is charged already plus the (ε, δ) of every
+    planned run (a re-run reuses finished stages and is charged nothing more, but each run's start checks
+    that its target is affordable); returns the balance."""
+    import pyarrow.parquet as pq
+
+    from dpsynth.privacy.ledger import Ledger
+
+    ledger = Ledger(ledger_url(out))
+    cfgs = [load_config(ROOT / recipe, overrides=[f"privacy.epsilon={eps}", *extra]) for recipe, eps in plan]
+    known = {p["population_id"]: p for p in ledger.populations()}
+    charged = known.get(POPULATION, {"committed": 0.0, "reserved": 0.0, "delta_used": 0.0})
+    return ledger.set_budget(
+        POPULATION, epsilon=charged["committed"] + charged["reserved"] + sum(c.privacy.epsilon for c in cfgs),
+        delta=charged["delta_used"] + sum(c.privacy.delta for c in cfgs), records=pq.ParquetFile(dataset).metadata.num_rows,
+        reason=f"benchmarks/utility.py: {len(plan)} planned run(s) "
+               + ", ".join(f"{Path(r).stem} ε={e:g}" for r, e in plan))
+
+
 def run_pipeline(recipe: str, eps: float, out: Path, dataset: Path, extra: list[str]) -> dict:
     run_dir = out / f"{Path(recipe).stem}-eps{eps:g}"
     cmd = [str(ROOT / ".venv/stage/bin/dpsynth"), "pipeline", "run", "--config", str(ROOT / recipe),
            "--run-dir", str(run_dir), "--set", f"data.uri={dataset}", "--set", f"privacy.epsilon={eps}",
-           "--set", "tracking.enabled=false", "--set", f"ledger.url=sqlite:///{out}/ledger.db"]
+           "--set", "tracking.enabled=false", "--set", f"ledger.url={ledger_url(out)}",
+           "--set", f"ledger.population_id={POPULATION}"]
     for item in extra:
         cmd += ["--set", item]
     cpu0, t0 = cpu_children(), time.monotonic()
@@ -152,6 +184,10 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+    plan = [(RECIPES[name], float(e)) for name in a.recipes.split(",") for e in a.epsilons.split(",")]
+    balance = budget_for(out, Path(a.dataset), plan, a.extra)
+    print(f"ledger {ledger_url(out)}: population {POPULATION} budget ε={balance['budget']:g}, "
+          f"δ={balance['delta']:g} (remaining ε={balance['remaining']:g})", flush=True)
     for name in a.recipes.split(","):
         for eps in (float(e) for e in a.epsilons.split(",")):
             row = run_pipeline(RECIPES[name], eps, out, Path(a.dataset), a.extra)

@@ -149,26 +149,24 @@ class TrackingConfig:
 
 @dataclass(frozen=True)
 class LedgerConfig:
-    """The lifetime privacy-budget ledger (``dpsynth.privacy.ledger``) every pipeline run is charged to."""
+    """The lifetime privacy-budget ledger (``dpsynth.privacy.ledger``): every private training attempt is charged."""
 
-    enabled: bool = True
     # SQLAlchemy URL. None: $DPSYNTH_LEDGER_URL, else a SQLite ledger.db beside the run's SQLite MLflow
-    # store, else beside a local run directory; required (or the variable) for a remote run directory.
+    # store, else beside a local run directory (standalone `dpsynth train`: outputs/ledger.db); required
+    # (or the variable) for a remote run directory.
     url: str | None = None
-    # The dataset across its versions (the budget is per population). None: the dataset's name.
+    # The population (the people whose records the dataset holds, across its versions): its lifetime
+    # budget is charged. Required for training; never derived from a file name (a rename would reset it).
     population_id: str | None = None
-    # The lifetime (ε, δ) given to a population the ledger does not know yet; None for epsilon:
-    # refuse instead, until someone runs `dpsynth ledger set-budget`.
-    default_epsilon: float | None = 100.0
-    default_delta: float = 1e-3
+    # An open reservation whose attempt has not written a checkpoint (its heartbeat) for this long is
+    # settled at its whole amount by the next attempt on the population.
+    stale_after_hours: float = 48.0
 
     def validate(self) -> None:
         _require(self.url is None or bool(self.url), "ledger.url", "must be a SQLAlchemy URL or null")
         _require(self.population_id is None or 0 < len(self.population_id.strip()) <= 200, "ledger.population_id",
                  "must be a non-empty string of at most 200 characters, or null")
-        _require(self.default_epsilon is None or self.default_epsilon > 0, "ledger.default_epsilon",
-                 f"must be > 0 or null, got {self.default_epsilon}")
-        _require(0 < self.default_delta < 1, "ledger.default_delta", f"must be in (0, 1), got {self.default_delta}")
+        _require(self.stale_after_hours > 0, "ledger.stale_after_hours", f"must be > 0, got {self.stale_after_hours}")
 
 
 @dataclass(frozen=True)

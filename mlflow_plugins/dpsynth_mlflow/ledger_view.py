@@ -2,8 +2,11 @@
 
 :func:`gather` returns plain data (also served as JSON); :func:`render` turns it into the HTML page.
 Per population: lifetime budget, ε spent (committed), reserved, remaining and δ. Per pipeline run
-charged to it: the ledger's reservation, ε per stage and the audit decision from its MLflow runs,
-and the lineage chain dataset → shards → train run → generator → synthetic data from its manifests.
+charged to it: the ledger's reservations — one per training attempt (a killed attempt and its
+resumption, a ``--force`` restart, a retried task: each its own), their ε summed —, ε per stage and the
+audit decision from its MLflow runs, and the lineage chain dataset → shards → train run → generator →
+synthetic data from its manifests. A standalone ``dpsynth train`` (pipeline run id ``train:<dir>``) has
+no MLflow pipeline run.
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ def gather(*, ledger_url: str, tracking_uri: str) -> dict[str, Any]:
     parents = _pipeline_runs(client)
     populations = []
     for pop in ledger.populations():
-        runs = [_run(client, res, parents.get(res["pipeline_run_id"])) for res in ledger.history(pop["population_id"])]
+        by_run: dict[str, list[dict]] = {}
+        for res in ledger.history(pop["population_id"]):  # oldest first
+            by_run.setdefault(res["pipeline_run_id"], []).append(res)
+        runs = [_run(client, rows, parents.get(run_id)) for run_id, rows in by_run.items()]
         populations.append({**{k: pop[k] for k in ("population_id", "budget", "committed", "reserved", "remaining",
                                                    "delta", "delta_used")}, "runs": runs})
-    return {"format": "dpsynth.privacy_ledger/1", "populations": populations}
+    return {"format": "dpsynth.privacy_ledger/2", "populations": populations}
 
 
 def _pipeline_runs(client) -> dict[str, Any]:
@@ -52,13 +58,32 @@ def _pipeline_runs(client) -> dict[str, Any]:
 
 
 def _charged(res: dict) -> float:
+    """What the reservation counts against the budget: an open one its whole reservation."""
     return {"reserved": res["epsilon_reserved"], "committed": res["epsilon_spent"] or 0.0, "released": 0.0}[res["status"]]
 
 
-def _run(client, res: dict, parent) -> dict[str, Any]:
-    row = {"reservation_id": res["id"], "pipeline_run_id": res["pipeline_run_id"], "status": res["status"],
-           "epsilon_reserved": res["epsilon_reserved"], "epsilon_charged": _charged(res), "delta": res["delta"],
-           "dataset_sha256": res["dataset_sha256"], "created_at": res["created_at"], "note": res.get("note"),
+def _status(rows: list[dict]) -> str:
+    """A pipeline run's ledger status: open while any attempt's reservation is; else committed when any
+    attempt was charged; released when every attempt was released (it ran no private step)."""
+    statuses = {r["status"] for r in rows}
+    return "reserved" if "reserved" in statuses else "committed" if "committed" in statuses else "released"
+
+
+def _attempt(res: dict) -> dict[str, Any]:
+    return {"reservation_id": res["id"], "stage": res["stage"], "status": res["status"],
+            "epsilon_reserved": res["epsilon_reserved"], "epsilon_charged": _charged(res), "delta": res["delta"],
+            "resumes_id": res.get("resumes_id"), "steps": res.get("steps"), "created_at": res["created_at"],
+            "closed_at": res.get("closed_at"), "note": res.get("note")}
+
+
+def _run(client, rows: list[dict], parent) -> dict[str, Any]:
+    """One pipeline run: its reservations (``rows``, oldest first) and its MLflow parent run, if any."""
+    attempts = [_attempt(r) for r in rows]
+    row = {"pipeline_run_id": rows[0]["pipeline_run_id"], "reservation_ids": [r["id"] for r in rows],
+           "attempts": attempts, "status": _status(rows),
+           "epsilon_charged": sum(a["epsilon_charged"] for a in attempts),
+           "delta": sum(a["delta"] for a in attempts if a["status"] != "released"),
+           "dataset_sha256": sorted({r["dataset_sha256"] for r in rows}), "created_at": rows[0]["created_at"],
            "mlflow": None, "lineage": []}
     if parent is None:
         return row
@@ -72,13 +97,20 @@ def _run(client, res: dict, parent) -> dict[str, Any]:
             stages[stage] = {"run_id": c.info.run_id, "epsilon": float(eps) if eps is not None else None,
                              "status": c.data.tags.get(TAG_STATUS) or c.info.status.lower()}
     tags = parent.data.tags
+    recorded = tags.get(tracking.TAG_LEDGER_RESERVATION)  # what `pipeline finish` recorded: "3,4"
     row["mlflow"] = {"parent_run_id": parent.info.run_id, "experiment_id": parent.info.experiment_id,
                      "status": parent.info.status, "audit": tags.get(tracking.TAG_AUDIT, "not run"),
                      "epsilon_total": tags.get(tracking.TAG_EPSILON_SPENT), "stages": stages,
-                     "run_dir": tags.get(TAG_RUN_DIR)}
+                     "run_dir": tags.get(TAG_RUN_DIR),
+                     "ledger_reservation_ids": None if recorded is None else _ids(recorded)}
     if tags.get(TAG_RUN_DIR):
         row["lineage"] = lineage(tags[TAG_RUN_DIR])
     return row
+
+
+def _ids(tag: str) -> list[int | str]:
+    """The parent run's comma-separated reservation ids (a part that is not a number is kept as text)."""
+    return [int(p) if p.strip().isdigit() else p.strip() for p in tag.split(",") if p.strip()]
 
 
 def _manifest(run_dir: str, stage: str) -> dict | None:
@@ -156,10 +188,13 @@ def render(data: dict[str, Any]) -> str:
     out = ["<!doctype html><html><head><meta charset='utf-8'><title>Privacy ledger · dpsynth</title>",
            f"<style>{STYLE}</style></head><body>",
            "<h1>Privacy ledger</h1><p>Each dataset population's lifetime (ε, δ) budget and every pipeline run charged "
-           "to it. Runs compose by basic composition: their ε's and δ's add up. <a href='/'>Back to MLflow</a></p>"]
+           "to it: each training attempt holds its own reservation (a killed attempt is charged its whole "
+           "reservation; its resumption the steps it added). Attempts compose by basic composition: their ε's and "
+           "δ's add up. <a href='/'>Back to MLflow</a></p>"]
     if not data["populations"]:
-        out.append("<p id='empty'>No populations yet: <code>dpsynth ledger set-budget POPULATION --epsilon E "
-                   "--delta D</code>, or run a pipeline.</p>")
+        out.append("<p id='empty'>No populations yet: an operator sets each one's budget with <code>dpsynth ledger "
+                   "set-budget POPULATION --epsilon E --delta D --records N --reason TEXT</code> (there is no "
+                   "default budget).</p>")
     for pop in data["populations"]:
         pid = pop["population_id"]
         out.append(f"<section data-population='{_e(pid)}'><h2>Population <code>{_e(pid)}</code></h2>")
@@ -169,7 +204,7 @@ def render(data: dict[str, Any]) -> str:
                    f"<td data-field='reserved'>{_f(pop['reserved'])}</td>"
                    f"<td data-field='remaining'>{_f(pop['remaining'])}</td><td>{_e(pop['delta'])}</td>"
                    f"<td>{pop['delta_used']:.3g}</td></tr></table>")
-        out.append("<table class='runs'><tr><th>pipeline run</th><th>ledger</th><th>ε charged</th>"
+        out.append("<table class='runs'><tr><th>pipeline run</th><th>ledger (attempts)</th><th>ε charged</th>"
                    + "".join(f"<th>ε {s}</th>" for s in STAGES) + "<th>audit</th><th>dataset version</th></tr>")
         for run in pop["runs"]:
             m = run["mlflow"] or {}
@@ -177,12 +212,19 @@ def render(data: dict[str, Any]) -> str:
             audit = m.get("audit", "no MLflow run")
             cells = "".join(f"<td data-stage='{s}' title='{_e(stages.get(s, {}).get('status'))}'>"
                             f"{_f(stages.get(s, {}).get('epsilon'))}</td>" for s in STAGES)
+            attempts = "".join(
+                f"<li data-reservation='{a['reservation_id']}' title='{_e(a['note'])}'>#{a['reservation_id']} "
+                f"{_e(a['stage'])} {_e(a['status'])} ε {_f(a['epsilon_charged'])}"
+                + (f" (resumes #{a['resumes_id']})" if a["resumes_id"] else "") + "</li>" for a in run["attempts"])
+            name = (_run_link(m.get('experiment_id'), m.get('parent_run_id'), run['pipeline_run_id'])
+                    if m.get("parent_run_id") else _e(run["pipeline_run_id"]))
             out.append(f"<tr data-run='{_e(run['pipeline_run_id'])}'>"
-                       f"<td>{_run_link(m.get('experiment_id'), m.get('parent_run_id'), run['pipeline_run_id'])}</td>"
-                       f"<td data-field='ledger-status' title='{_e(run['note'])}'>#{run['reservation_id']} {_e(run['status'])}</td>"
+                       f"<td>{name}</td>"
+                       f"<td><ul data-field='attempts'>{attempts}</ul>"
+                       f"<span data-field='ledger-status'>{len(run['attempts'])} attempt(s) {_e(run['status'])}</span></td>"
                        f"<td data-field='charged'>{_f(run['epsilon_charged'])}</td>{cells}"
                        f"<td data-field='audit' class='{_e(audit)}'>{_e(audit)}</td>"
-                       f"<td><code>{_e(run['dataset_sha256'][:12])}</code></td></tr>")
+                       f"<td><code>{_e(', '.join(s[:12] for s in run['dataset_sha256']))}</code></td></tr>")
         out.append("</table>")
         for run in pop["runs"]:
             if run["lineage"]:

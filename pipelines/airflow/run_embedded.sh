@@ -22,23 +22,32 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$AIRFLOW_HOME"
 
 .venv/stage/bin/dpsynth data import data/mnist "$DATASET"
+# The ledger never gives a population a budget by default: `make run` creates its demo population's
+# explicitly, once (an existing budget is left as it is), in the ledger the stages use (beside the SQLite
+# MLflow store: $ROOT/ledger.db). When it is spent, `dpsynth pipeline start` refuses the run and says how
+# to raise it: dpsynth ledger set-budget mnist --epsilon E --delta D --reason TEXT
+# (δ stays < 1/n = 1e-4 for the 10,000 records: at δ = 1e-5 per attempt, 9 attempts in all).
+# The DAG run is charged to this population (its trigger form's population id), whatever $CONFIG says.
+POPULATION=mnist
+.venv/stage/bin/dpsynth ledger set-budget "$POPULATION" --db "sqlite:///$ROOT/ledger.db" --if-new --epsilon 90 \
+    --delta 9e-5 --records 10000 --reason "make run: the bundled MNIST demo population"
 # MLflow's SQLite migration is not safe when several stage processes create the store at once.
 .venv/stage/bin/python -c "import mlflow; mlflow.MlflowClient('$TRACKING').search_experiments()" 2>/dev/null
 .venv/airflow/bin/airflow db migrate > "$AIRFLOW_HOME/db-migrate.log" 2>&1
 
 # The DAG's trigger form: the settings it has a field for come from $CONFIG (each field's --set
 # overrides the config file, so leaving one at the form's default would change the run).
-CONF=$(.venv/stage/bin/python - "$CONFIG" "$DATASET" "$ROOT/runs" "$TRACKING" "$RUN_ID" <<'PY'
+CONF=$(.venv/stage/bin/python - "$CONFIG" "$DATASET" "$ROOT/runs" "$TRACKING" "$RUN_ID" "$POPULATION" <<'PY'
 import json, sys
 from dpsynth.config import load_config
 from dpsynth.errors import DpsynthError
-config, dataset, run_root, tracking, run_id = sys.argv[1:]
+config, dataset, run_root, tracking, run_id, population = sys.argv[1:]
 try:
     c = load_config(config)
 except DpsynthError as exc:
     sys.exit(f"dpsynth: error: {exc}")
 print(json.dumps({"dataset_uri": dataset, "config": config, "run_root": run_root, "tracking_uri": tracking,
-                  "pipeline_run_id": run_id, "method": c.train.method, "epsilon": c.privacy.epsilon,
+                  "pipeline_run_id": run_id, "population_id": population, "method": c.train.method, "epsilon": c.privacy.epsilon,
                   "delta": c.privacy.delta, "steps": c.train.steps, "num_shards": c.partition.num_shards,
                   "n_d": str(c.train.n_d), "seed": c.train.seed}))
 PY
@@ -74,5 +83,5 @@ if ! .venv/airflow/bin/airflow dags test dpsynth_train -c "$CONF" 2>&1 | tee "$L
 fi
 echo "DAG run succeeded in ${SECONDS} s; full log: $LOG"
 .venv/stage/bin/dpsynth pipeline show --config "$CONFIG" --run-dir "$ROOT/runs/$RUN_ID" \
-    --pipeline-run-id "$RUN_ID" --set "tracking.uri=$TRACKING"
+    --pipeline-run-id "$RUN_ID" --set "tracking.uri=$TRACKING" --set "ledger.population_id=$POPULATION"
 echo "Look at it in the MLflow UI:  make mlflow-ui${OUT:+ OUT=$OUT}   (then http://127.0.0.1:5000)"

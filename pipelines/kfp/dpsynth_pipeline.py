@@ -14,6 +14,12 @@ Two flavours of one wiring (``_wire``), so they cannot drift apart:
 Tasks pass only plain values: the run directory URI, the MLflow parent run id (an output of
 ``start``), the pipeline run id (KFP's job id) and the settings, as ``--set section.field=value``.
 
+``population_id`` (``ledger.population_id``, a required parameter: the stage pods read no config file)
+names whose lifetime privacy budget every training attempt is charged, in the ledger at
+``DPSYNTH_LEDGER_URL``. The ledger gives no budget by default: an operator sets it beforehand with
+``dpsynth ledger set-budget POPULATION --epsilon E --delta D --records N --reason TEXT`` (docs/cluster.md);
+``start`` refuses a run the budget cannot afford.
+
 On a cluster (``dpsynth_pipeline``; kfp-kubernetes) every stage pod gets its configuration from the
 dpsynth chart's objects in the run's namespace: the Secret ``STAGE_SECRET`` (AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, DPSYNTH_LEDGER_URL) and the ConfigMap ``STAGE_CONFIG_MAP`` (MLFLOW_TRACKING_URI;
@@ -53,7 +59,7 @@ RETRY_BACKOFF = "120s"
 TIMEOUT_SECONDS = 12 * 3600
 
 # The pipeline parameters that become stage settings: pipeline parameter -> config field.
-SETTINGS = {"dataset_uri": "data.uri", "method": "train.method", "epsilon": "privacy.epsilon",
+SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", "method": "train.method", "epsilon": "privacy.epsilon",
             "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
             "n_d": "train.n_d", "seed": "train.seed"}
 
@@ -90,17 +96,17 @@ out.write_text(ids["parent_run_id"] or "")  # "" when MLflow tracking is off
 def _container(command: str):
     """The container component of one ``dpsynth`` command (its name: dpsynth-<command>)."""
 
-    def stage(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, method: str,
-              epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int):
+    def stage(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
+              method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int):
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
 
-    def warmstart_shard(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, method: str,
-                        epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int,
+    def warmstart_shard(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
+                        method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int,
                         shard_index: int):
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
 
-    def start(run_dir: str, pipeline_run_id: str, dataset_uri: str, method: str, epsilon: float, delta: float,
-              steps: int, num_shards: int, n_d: str, seed: int, parent_run_id: dsl.OutputPath(str)):
+    def start(run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, method: str, epsilon: float,
+              delta: float, steps: int, num_shards: int, n_d: str, seed: int, parent_run_id: dsl.OutputPath(str)):
         args = _cli_args(command, {**locals(), "parent_run_id": None})
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["python", "-c", _START, parent_run_id, "dpsynth"],
                                  args=args)
@@ -128,8 +134,8 @@ def shard_indices(num_shards: int, parent_run_id: str) -> list:
 # --- local flavour: the same CLI with the current interpreter ---------------------------------------
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)  # runs locally; image for symmetry
-def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: str, method: str, epsilon: float,
-                delta: float, steps: int, num_shards: int, n_d: str, seed: int, extra: list,
+def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, method: str,
+                epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, extra: list,
                 parent_run_id: str = "", shard_index: int = -1) -> NamedTuple("Outputs", [("parent_run_id", str)]):
     """Runs ``python -m dpsynth.cli <command>`` like the container does; outputs the parent run id."""
     import json
@@ -137,9 +143,10 @@ def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: s
     import sys
     from typing import NamedTuple
 
-    values = {"dataset_uri": dataset_uri, "method": method, "epsilon": epsilon, "delta": delta, "steps": steps,
+    values = {"dataset_uri": dataset_uri, "population_id": population_id, "method": method, "epsilon": epsilon, "delta": delta, "steps": steps,
               "num_shards": num_shards, "n_d": n_d, "seed": seed}
-    fields = {"dataset_uri": "data.uri", "method": "train.method", "epsilon": "privacy.epsilon",  # = SETTINGS
+    fields = {"dataset_uri": "data.uri", "population_id": "ledger.population_id",  # = SETTINGS
+              "method": "train.method", "epsilon": "privacy.epsilon",
               "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
               "n_d": "train.n_d", "seed": "train.seed"}
     head = ["warmstart", "--shard", str(shard_index)] if command == "warmstart shard" else command.split()
@@ -216,14 +223,14 @@ def _on_cluster(task, *, gpu: bool, retry: bool) -> None:
 
 
 @dsl.pipeline(name="dpsynth", description="dpsynth: partition, warmstart ×K, train (GPU), audit, sample, evaluate")
-def dpsynth_pipeline(dataset_uri: str, run_dir: str, method: str = "dpgan", epsilon: float = 10.0,
+def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = "dpgan", epsilon: float = 10.0,
                      delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
                      seed: int = 0):
     _wire(lambda command, **kw: CONTAINER[command](**kw), locals(), cluster=True)
 
 
 @dsl.pipeline(name="dpsynth-local", description="dpsynth_pipeline's shape, stages as local Python subprocesses")
-def local_pipeline(dataset_uri: str, run_dir: str, method: str = "dpgan", epsilon: float = 10.0,
+def local_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = "dpgan", epsilon: float = 10.0,
                    delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
                    seed: int = 0, extra: list = []):  # noqa: B006 (KFP default)
     _wire(lambda command, **kw: local_stage(command=command, extra=extra, **kw), locals(), cluster=False)

@@ -4,8 +4,11 @@
         --config configs/dpgan-mnist-cpu.yaml --steps 200
 
 Settings from ``--config`` (a YAML file) and ``--set section.field=value`` reach every stage as
-overrides; the pipeline parameters (dataset, method, ε, δ, steps, K, n_D, seed) default to the
-config's values and, when given, win.
+overrides; the pipeline parameters (dataset, population id, method, ε, δ, steps, K, n_D, seed) default
+to the config's values and, when given, win. The population id (``ledger.population_id``) is required:
+its lifetime budget, set beforehand with ``dpsynth ledger set-budget`` (``make run-kfp`` does it for the
+bundled MNIST), is charged for every training attempt, in the ledger beside the SQLite MLflow store or
+the local run directory (or ``ledger.url``, ``$DPSYNTH_LEDGER_URL``).
 """
 
 import argparse
@@ -67,6 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--run-dir", required=True, help="root of the pipeline run, local or s3://")
     ap.add_argument("--config", help="YAML config file; its settings become overrides")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    ap.add_argument("--population-id", help="ledger.population_id (default: the config's; required)")
     ap.add_argument("--method")
     ap.add_argument("--epsilon", type=float)
     ap.add_argument("--delta", type=float)
@@ -78,6 +82,9 @@ def main(argv=None) -> int:
     extra, params = flatten(a.config, [f"data.uri={a.dataset}", *a.overrides])
     params.update({k: v for k, v in vars(a).items() if k in params and v is not None})
     params["n_d"] = str(params["n_d"])
+    if not params["population_id"]:
+        ap.error("ledger.population_id: required (--population-id, or in --config): the population whose "
+                 "lifetime privacy budget the run is charged")
     run(dataset=params.pop("dataset_uri"), run_dir=a.run_dir, extra=extra, **params)
     print(f"run directory: {a.run_dir} (release/sample, release/evaluate); MLflow: see the finish task's table")
     return 0

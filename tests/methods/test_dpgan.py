@@ -97,16 +97,18 @@ def test_resume_refuses_other_settings(tmp_path, small_mnist):
         DPGANTrainer(tiny(tmp_path, "train.seed=7"), small_mnist).train()
 
 
-def test_killed_run_resumes_from_its_last_checkpoint(tmp_path, small_mnist):
+def test_killed_run_resumes_from_its_last_checkpoint(tmp_path, small_mnist, monkeypatch):
     from dpsynth.data import write_parquet
+    from tests.ledger_fixtures import budgeted_ledger
 
+    ledger = budgeted_ledger(tmp_path, monkeypatch, "mnist600", epsilon=100.0)  # $DPSYNTH_LEDGER_URL
     data = tmp_path / "d.parquet"
     write_parquet(small_mnist, str(data))
     out = tmp_path / "run"
     args = [sys.executable, "-m", "dpsynth.cli", "train", "--set", f"data.uri={data}", "--set", f"output.dir={out}",
             "--set", "tracking.enabled=false", "--set", "train.steps=400", "--set", "train.d_width=4",
             "--set", "train.g_width=4", "--set", "train.batch_size=32", "--set", "output.checkpoint_every=20",
-            "--set", "privacy.delta=1e-4"]
+            "--set", "privacy.delta=1e-4", "--set", "ledger.population_id=mnist600"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt = out / "checkpoints" / "last.pt"
     deadline = time.monotonic() + 120
@@ -123,6 +125,10 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path, small_mnist):
     result = json.loads(done.stdout)
     assert result["steps"] == 400
     assert json.loads(Path(result["trace_path"]).read_text())["events"][0]["count"] == 400
+    # both attempts charged: the killed one at its whole reservation, adopted by the resumption
+    killed, resumed = ledger.history("mnist600")
+    assert killed["status"] == "committed" and killed["epsilon_spent"] == killed["epsilon_reserved"]
+    assert resumed["status"] == "committed" and resumed["resumes_id"] == killed["id"]
 
 
 def test_mlflow_gets_no_data_dependent_series(tmp_path, small_mnist):

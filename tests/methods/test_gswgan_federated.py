@@ -31,6 +31,7 @@ from dpsynth.methods.gswgan_federated import (
 from dpsynth.models.gswgan import Discriminator
 from dpsynth.privacy import MechanismTrace, gswgan_event
 from dpsynth.stages.partition import assign
+from tests.ledger_fixtures import assert_charged_once
 from tests.methods.test_gswgan import (  # noqa: F401 (fixtures)
     K,
     MNIST,
@@ -246,7 +247,7 @@ def test_audit_checks_the_folded_event_at_rate_one_over_k(tmp_path, shards):  # 
 # --- through the stages -------------------------------------------------------------------------
 
 
-def test_stages_partition_warmstart_train_audit(tmp_path):
+def test_stages_partition_warmstart_train_audit(tmp_path, stage_ledger):
     from tests.stages.helpers import manifest, stage
 
     source = tmp_path / "mnist400.parquet"
@@ -264,6 +265,7 @@ def test_stages_partition_warmstart_train_audit(tmp_path):
     assert all(e["sample_rate"] == pytest.approx(1 / 2) for e in trained["privacy"]["events"])
     result = json.loads(storage.read_bytes([o["uri"] for o in trained["outputs"] if o["role"] == "result"][0]))
     assert result["details"]["privacy_unit"] == "client"
+    assert_charged_once(stage_ledger, trained)
     assert result["details"]["bytes_per_iteration"] == 2 * (8 + 2 * 16 * 784 * 4 + 16 * 8)
     audit = manifest(run, "sensitive", "audit")
     report = json.loads(storage.read_bytes([o["uri"] for o in audit["outputs"] if o["uri"].endswith(".json")][0]))

@@ -11,6 +11,7 @@ from dpsynth import storage
 from dpsynth.data import import_source, read_parquet, write_parquet
 from dpsynth.methods.gswgan import audit_invariants
 from dpsynth.privacy import MechanismTrace
+from tests.ledger_fixtures import assert_charged_once
 from tests.stages.helpers import MNIST, manifest, stage
 from tests.stages.helpers import TINY as STAGE_SETTINGS
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
@@ -31,7 +32,7 @@ def source(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("method", ["gswgan", "dpac"])
-def test_pipeline_stages(tmp_path, source, method):
+def test_pipeline_stages(tmp_path, source, method, stage_ledger):
     run = tmp_path / "run"
     overrides = (f"train.method={method}", *TINY)
     for name in ("partition", "warmstart", "train", "audit", "sample"):
@@ -43,6 +44,7 @@ def test_pipeline_stages(tmp_path, source, method):
     assert trained["privacy"]["accountant"] == "wor" and trained["details"]["steps"] == 6
     assert 0 < trained["privacy"]["epsilon"] <= 10  # the default budget
     assert all(e["sample_rate"] == pytest.approx(1 / 3) for e in trained["privacy"]["events"])
+    assert_charged_once(stage_ledger, trained)
     from dpsynth.config import load_config
 
     cfg = load_config(overrides=[*STAGE_SETTINGS, *overrides])  # what the stages ran with

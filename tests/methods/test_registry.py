@@ -77,7 +77,10 @@ def source(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path, source, capsys):
+def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path, source, capsys, monkeypatch):
+    from tests.ledger_fixtures import budgeted_ledger
+
+    ledger = budgeted_ledger(tmp_path, monkeypatch, load_config(config).ledger.population_id)
     out = tmp_path / "out"
     argv = ["train", "--config", str(config), "--json", "--set", f"data.uri={source}",
             "--set", f"output.dir={out}", *[a for s in TINY for a in ("--set", s)]]
@@ -94,7 +97,11 @@ def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path,
         # the shipped recipe opens with its private warm-up release (full batch), and nothing else
         assert [e["sampling"] for e in warm] == (["full_batch"] if load_config(config).warmup.central_images else [])
         assert torch.load(out / "generator.pt", weights_only=False)["model"]["class"] == "dpsynth.models.dcgan.Generator"
+        (charged,) = ledger.history()  # the attempt, charged to the config's population
+        assert charged["status"] == "committed" and charged["population_id"] == "mnist"
+        assert 0 < charged["epsilon_spent"] <= charged["epsilon_reserved"]
     else:
         assert code == 2
         assert f"train.method: {method!r}" in captured.err and "dpsynth pipeline run" in captured.err
         assert not out.exists() or not any(out.iterdir())  # nothing trained, nothing written
+        assert ledger.history() == []  # and nothing charged

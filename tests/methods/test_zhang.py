@@ -20,6 +20,7 @@ from dpsynth.models.dcgan import Discriminator
 from dpsynth.privacy import MechanismTrace, grouping
 from dpsynth.privacy.dpsgd import GradientSanitizer
 from dpsynth.stages.partition import public_mask
+from tests.ledger_fixtures import assert_charged_once
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
@@ -273,7 +274,7 @@ def test_audit_invariants_catch_a_tampered_trace(tmp_path):
 # --- the pipeline stages ---------------------------------------------------------------------------
 
 
-def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, mnist600):
+def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, mnist600, stage_ledger):
     from dpsynth.data import write_parquet
     from tests.stages.helpers import manifest, stage
 
@@ -291,6 +292,7 @@ def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, mnist600):
     assert warm["details"]["public_records"] == public_rows
     train = manifest(run, "sensitive", "train")
     assert train["details"]["steps"] == 6 and train["privacy"]["epsilon"] <= 10
+    assert_charged_once(stage_ledger, train)
     assert json.loads((run / "sensitive" / "train" / "result.json").read_text())["details"]["warm_started"]
     audit = manifest(run, "sensitive", "audit")
     assert audit["status"] == "succeeded"

@@ -44,23 +44,40 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, source, capsys_module):
-    """Two pipeline runs charged to population mnist600: one audited and released, one refused by partition."""
+    """Population mnist600 (budget ε=100, set beforehand as an operator does) and what was charged to it:
+    pipeline run p-page, audited and released, whose train stage took two attempts (the first left its
+    reservation open, as a killed task does; the retry settled it in full); p-early, refused by partition
+    before any training (charged nothing); and a standalone `dpsynth train` attempt released before its
+    first private step."""
     capsys = capsys_module
     home = tmp_path_factory.mktemp("ledger-page")
     uri = f"sqlite:///{home / 'mlflow.db'}"
+    ledger_url = f"sqlite:///{home / 'ledger.db'}"  # beside mlflow.db: where the stages look for it
+    ledger = Ledger(ledger_url)
+    ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, records=600, reason="ledger page test")
     tracked = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=ledger-page")
     run_dir = home / "runs" / "p-page"
-    # the orchestrators' path (start, each stage, finish), up to the release: evaluate adds nothing here
-    assert dpsynth("pipeline", "start", "--run-dir", run_dir, "--pipeline-run-id", "p-page", *settings(source, *tracked)) == 0
-    parent = json.loads(capsys.readouterr().out)["parent_run_id"]
-    ids = ["--run-dir", run_dir, "--parent-run-id", parent, "--pipeline-run-id", "p-page"]
-    for stage in ("partition", "warmstart", "train", "audit", "sample"):
-        assert dpsynth(stage, *ids, *settings(source, *tracked)) == 0, stage
-    dpsynth("pipeline", "finish", *ids, *settings(source, *tracked))
-    assert dpsynth("pipeline", "run", "--run-dir", home / "runs" / "p-early", "--pipeline-run-id", "p-early",
-                   *settings(source, *tracked, "partition.num_shards=50000")) == 2
-    return {"home": home, "tracking_uri": uri, "ledger_url": f"sqlite:///{home / 'ledger.db'}",  # beside mlflow.db
-            "run_dir": home / "runs" / "p-page"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("DPSYNTH_LEDGER_URL", raising=False)
+        # the orchestrators' path (start, each stage, finish), up to the release: evaluate adds nothing here
+        assert dpsynth("pipeline", "start", "--run-dir", run_dir, "--pipeline-run-id", "p-page",
+                       *settings(source, *tracked)) == 0
+        parent = json.loads(capsys.readouterr().out)["parent_run_id"]
+        ids = ["--run-dir", run_dir, "--parent-run-id", parent, "--pipeline-run-id", "p-page"]
+        for stage in ("partition", "warmstart", "train", "audit", "sample"):
+            if stage == "train":  # a first train attempt that died holding its reservation (no checkpoint)
+                killed = ledger.reserve("mnist600", epsilon=10.0, delta=1e-4, pipeline_run_id="p-page",
+                                        dataset_sha256=manifest(run_dir, "sensitive", "partition")["dataset_sha256"],
+                                        accountant="rdp", records=600)
+            assert dpsynth(stage, *ids, *settings(source, *tracked)) == 0, stage
+        dpsynth("pipeline", "finish", *ids, *settings(source, *tracked))
+        assert dpsynth("pipeline", "run", "--run-dir", home / "runs" / "p-early", "--pipeline-run-id", "p-early",
+                       *settings(source, *tracked, "partition.num_shards=50000")) == 2
+    released = ledger.reserve("mnist600", epsilon=10.0, delta=1e-4, pipeline_run_id="train:/elsewhere/out",
+                              dataset_sha256="ab" * 32, accountant="rdp", records=600)
+    ledger.release(released, note="the trainer could not be built: no private step ran")
+    return {"home": home, "tracking_uri": uri, "ledger_url": ledger_url, "run_dir": run_dir, "killed": killed,
+            "released": released}
 
 
 @pytest.fixture(scope="module")
@@ -109,17 +126,22 @@ def expected(runs):
 
     ledger = Ledger(runs["ledger_url"])
     balance = ledger.balance("mnist600")
-    history = {r["pipeline_run_id"]: r for r in ledger.history("mnist600")}
+    history = {}
+    for r in ledger.history("mnist600"):
+        history.setdefault(r["pipeline_run_id"], []).append(r)
     client = MlflowClient(runs["tracking_uri"])
     exp = client.get_experiment_by_name("ledger-page")
     found = client.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = 'p-page'")
+    (parent,) = [r for r in found if r.data.tags[tracking.TAG_STAGE] == "pipeline"]
+    early = client.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = 'p-early'")
     eps = {r.data.tags[tracking.TAG_STAGE]: float(r.data.tags[tracking.TAG_EPSILON_SPENT]) for r in found
            if r.data.tags[tracking.TAG_STAGE] != "pipeline"}
     part = manifest(runs["run_dir"], "sensitive", "partition")
     train = manifest(runs["run_dir"], "sensitive", "train")
     sample = manifest(runs["run_dir"], "release", "sample")
     return {
-        "balance": balance, "history": history, "eps": eps,
+        "balance": balance, "history": history, "eps": eps, "parent_tags": parent.data.tags,
+        "early_parents": [r for r in early if r.data.tags[tracking.TAG_STAGE] == "pipeline"],
         "dataset": part["dataset_sha256"],
         "shards": [o["sha256"] for o in part["outputs"] if o["role"] == "shard"],
         "train_run": train["mlflow_run_id"],
@@ -135,9 +157,24 @@ def test_the_json_view(runs, server):
     assert pop["population_id"] == "mnist600" and pop["budget"] == want["balance"]["budget"] == 100
     assert pop["committed"] == pytest.approx(want["balance"]["committed"]) and pop["reserved"] == 0
     runs_by_id = {r["pipeline_run_id"]: r for r in pop["runs"]}
-    assert runs_by_id["p-page"]["status"] == "committed" and runs_by_id["p-early"]["status"] == "released"
-    assert runs_by_id["p-page"]["epsilon_charged"] == pytest.approx(want["history"]["p-page"]["epsilon_spent"])
+    # one row per pipeline run (not per reservation); p-early trained nothing, so the ledger has no charge for it
+    assert sorted(runs_by_id) == ["p-page", "train:/elsewhere/out"] and len(want["early_parents"]) == 1
+    killed, retried = want["history"]["p-page"]
     page_run = runs_by_id["p-page"]
+    assert page_run["reservation_ids"] == [runs["killed"], retried["id"]] == [killed["id"], retried["id"]]
+    assert page_run["status"] == "committed" and [a["status"] for a in page_run["attempts"]] == ["committed"] * 2
+    # the killed attempt is charged its whole reservation, the retry what it spent; the run their sum
+    assert page_run["attempts"][0]["epsilon_charged"] == killed["epsilon_spent"] == killed["epsilon_reserved"] == 10
+    assert page_run["attempts"][1]["epsilon_charged"] == pytest.approx(retried["epsilon_spent"]) and 0 < retried["epsilon_spent"] <= 10
+    assert page_run["epsilon_charged"] == pytest.approx(killed["epsilon_spent"] + retried["epsilon_spent"])
+    assert page_run["delta"] == pytest.approx(killed["delta"] + retried["delta"])
+    # the parent run's tag lists the run's reservations (comma-separated), as the page reads it
+    assert want["parent_tags"][tracking.TAG_LEDGER_RESERVATION] == f"{killed['id']},{retried['id']}"
+    assert page_run["mlflow"]["ledger_reservation_ids"] == [killed["id"], retried["id"]]
+    assert "dpsynth.ledger_status" not in want["parent_tags"]
+    standalone = runs_by_id["train:/elsewhere/out"]
+    assert standalone["status"] == "released" and standalone["epsilon_charged"] == 0 and standalone["delta"] == 0
+    assert standalone["reservation_ids"] == [runs["released"]] and standalone["mlflow"] is None
     assert page_run["mlflow"]["audit"] == "passed"
     assert page_run["mlflow"]["stages"]["train"]["epsilon"] == pytest.approx(want["eps"]["train"])
     kinds = [x["kind"] for x in page_run["lineage"]]
@@ -162,12 +199,16 @@ def test_the_page_in_a_browser(runs, server, browser):
     assert text(f"{pop} [data-field=spent]") == f"{want['balance']['committed']:.4g}"
     assert text(f"{pop} [data-field=remaining]") == f"{want['balance']['remaining']:.4g}"
     row = f"{pop} tr[data-run='p-page']"
-    assert text(f"{row} [data-field=ledger-status]").endswith("committed")
-    assert text(f"{row} [data-field=charged]") == f"{want['history']['p-page']['epsilon_spent']:.4g}"
+    killed, retried = want["history"]["p-page"]
+    assert text(f"{row} [data-field=ledger-status]") == "2 attempt(s) committed"
+    assert browser.js(f"[...document.querySelectorAll(\"{row} [data-reservation]\")].map(e => +e.dataset.reservation)") == [
+        killed["id"], retried["id"]]
+    assert text(f"{row} [data-field=charged]") == f"{killed['epsilon_spent'] + retried['epsilon_spent']:.4g}"
     assert text(f"{row} [data-stage=train]") == f"{want['eps']['train']:.4g}"
     assert text(f"{row} [data-stage=partition]") == "0"
     assert text(f"{row} [data-field=audit]") == "passed"
-    assert text(f"{pop} tr[data-run='p-early'] [data-field=ledger-status]").endswith("released")
+    assert browser.js(f"{q}(\"{pop} tr[data-run='p-early']\") === null")
+    assert text(f"{pop} tr[data-run='train:/elsewhere/out'] [data-field=ledger-status]") == "1 attempt(s) released"
     chain = f"[data-lineage='p-page']"
     shas = browser.js(f"[...document.querySelectorAll(\"{chain} [data-sha256]\")].map(e => e.dataset.sha256)")
     assert shas == [want["dataset"], *want["shards"], want["generator"], want["synthetic"]]

@@ -80,9 +80,11 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     print(json.dumps({
         "dags": sorted(bag.dags), "tasks": sorted(t.task_id for t in train.tasks),
         "mapped": [t.task_id for t in train.tasks if getattr(t, "is_mapped", False) or type(t).__name__ == "MappedOperator"],
-        "ok": not rejected(epsilon=3.5, delta=1e-6, num_shards=4, n_d="5"),
+        "ok": not rejected(epsilon=3.5, delta=1e-6, num_shards=4, n_d="5", population_id="mnist600"),
         "bad": {k: rejected(**{k: v}) for k, v in [("epsilon", -1), ("epsilon", 0), ("delta", 1), ("delta", 0),
-                ("method", "wgan"), ("n_d", "sometimes"), ("num_shards", 0), ("steps", 0)]},
+                ("method", "wgan"), ("n_d", "sometimes"), ("num_shards", 0), ("steps", 0),
+                ("population_id", ""), ("population_id", "x" * 201)]},
+        "population_default": train.params["population_id"],
         "retrain_schedule": type(retrain.timetable).__name__,
         "retrain_assets": [a.uri for a in retrain.timetable.asset_condition.objects],
         "outlets": [o.uri for o in bag.dags["dpsynth_import_data"].get_task("import_data").outlets],
@@ -96,6 +98,7 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     assert out["tasks"] == sorted(["plan", "start", *STAGES, "shards", "warmstart_shard", "finish"])
     assert out["mapped"] == ["warmstart_shard"]
     assert out["ok"] and all(out["bad"].values()), out["bad"]
+    assert out["population_default"] is None  # no DPSYNTH_POPULATION_ID: the config's (never a made-up one)
     assert out["retrain_schedule"] == "AssetTriggeredTimetable"
     dataset = (REPO / "outputs" / "data" / "mnist.parquet").as_uri()  # DPSYNTH_DATASET_URI's default
     assert out["outlets"] == [dataset] and out["retrain_assets"] == [dataset]
@@ -222,7 +225,7 @@ def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env
     runs = []
     for h in hostile:
         params = {{**train.params.dump(), "dataset_uri": h, "run_root": h, "config": h, "tracking_uri": h,
-                  "overrides": ["train.seed=" + h]}}
+                  "population_id": h, "overrides": ["train.seed=" + h]}}
         plan = dpsynth_pods.plan(params, "run-1")
         argv = {{**dpsynth_pipeline.start_command.function(plan),
                  **dpsynth_pipeline.stage_commands.function(plan, {{"parent_run_id": h}})}}
@@ -235,6 +238,7 @@ def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env
         assert run["import"] == ["dpsynth", "data", "import", "--json", "--", h, dataset]
         for name, argv in run["argv"].items():
             assert h in argv and f"data.uri={h}" in argv and f"train.seed={h}" in argv, (name, argv)
+            assert f"ledger.population_id={h}" in argv, (name, argv)
         for args in (run["import"], run["argv"]["train"]):
             log.unlink(missing_ok=True)
             xcom = tmp_path / "return.json"
@@ -323,18 +327,22 @@ def test_import_emits_the_dataset_version_and_retrain_reads_it(airflow_db, tmp_p
 
 def test_train_dag_end_to_end(airflow_db, tmp_path):
     """`airflow dags test dpsynth_train` with K=2 on 600 MNIST records: every task succeeds, the run
-    directory holds the release, and MLflow has the parent run with one child per stage."""
+    directory holds the release, MLflow has the parent run with one child per stage, and the ledger beside
+    the MLflow store (where `make run` sets the budget) charged the form's population for the train attempt."""
     from mlflow import MlflowClient
 
     from dpsynth import tracking
     from dpsynth.data import import_source, write_parquet
+    from dpsynth.privacy.ledger import Ledger
 
     source = tmp_path / "mnist600.parquet"
     write_parquet(import_source(REPO / "data" / "mnist").subset(np.arange(600)), source)
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")  # as `make run`: an explicit budget, beforehand
+    ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, records=600, reason="test_train_dag_end_to_end")
     conf = {"dataset_uri": str(source), "method": "dpgan", "epsilon": 10, "delta": 1e-4, "steps": 10, "num_shards": 2,
             "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None, "tracking_uri": mlflow_uri,
-            "pipeline_run_id": "af-e2e", "overrides": TINY}
+            "pipeline_run_id": "af-e2e", "population_id": "mnist600", "overrides": TINY}
     airflow = str(AIRFLOW_BIN / "airflow")
     # timeout: a hang guard (over 300 s were seen on 2 shared, busy cores)
     proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=airflow_db,
@@ -359,3 +367,9 @@ def test_train_dag_end_to_end(airflow_db, tmp_path):
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
     assert parent.info.status == "FINISHED" and parent.data.tags[tracking.TAG_AUDIT] == "passed"
     assert 0 < parent.data.metrics["epsilon_total"] <= 10
+    (charged,) = ledger.reservations(pipeline_run_id="af-e2e")  # one train attempt, nothing else
+    assert charged["population_id"] == "mnist600" and charged["stage"] == "train"
+    assert charged["status"] == "committed" and 0 < charged["epsilon_spent"] <= 10
+    assert parent.data.tags[tracking.TAG_LEDGER_RESERVATION] == str(charged["id"])
+    assert parent.data.tags[tracking.TAG_POPULATION] == "mnist600"
+    assert parent.data.metrics["ledger_epsilon_charged"] == pytest.approx(charged["epsilon_spent"])

@@ -71,8 +71,14 @@ def test_gpu_stages_and_fan_out(compiled):
     for before, after in zip(order, order[1:]):
         assert before in dag[after]["dependentTasks"], (before, after)
     assert all(not t.get("cachingOptions", {}).get("enableCache") for t in dag.values())
-    assert set(compiled["root"]["inputDefinitions"]["parameters"]) == {
-        "dataset_uri", "method", "epsilon", "delta", "steps", "num_shards", "n_d", "seed", "run_dir"}
+    params = compiled["root"]["inputDefinitions"]["parameters"]
+    assert set(params) == {"dataset_uri", "population_id", "method", "epsilon", "delta", "steps", "num_shards", "n_d",
+                           "seed", "run_dir"}
+    # no default population: a run names whose budget it is charged (the pods read no config file)
+    assert "defaultValue" not in params["population_id"] and not params["population_id"].get("isOptional")
+    for name, executor in executors.items():
+        if name.startswith("exec-dpsynth-"):
+            assert "ledger.population_id={{$.inputs.parameters['population_id']}}" in executor["container"]["args"], name
 
 
 def test_gpu_toleration_and_node_selector(documents):
@@ -124,7 +130,7 @@ def test_local_component_runs_the_containers_command(compiled, monkeypatch):
         return subprocess.CompletedProcess(argv, 0, stdout='{"parent_run_id": "P"}')
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    values = dict(run_dir="R", pipeline_run_id="J", parent_run_id="P", dataset_uri="D", method="dpgan",
+    values = dict(run_dir="R", pipeline_run_id="J", parent_run_id="P", dataset_uri="D", population_id="POP", method="dpgan",
                   epsilon=1.5, delta=1e-5, steps=7, num_shards=2, n_d="adaptive", seed=3, shard_index=1)
     for command in kp.CONTAINER:
         kp.local_stage.python_func(command=command, extra=[], **values)
@@ -151,13 +157,28 @@ TINY = ("train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch
         "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0")
 
 
+def test_run_local_needs_a_population(tmp_path, capsys):
+    config = tmp_path / "no-population.yaml"
+    config.write_text("train:\n  steps: 3\n")
+    with pytest.raises(SystemExit) as exc:
+        run_local.main(["--dataset", "d.parquet", "--run-dir", str(tmp_path / "run"), "--config", str(config)])
+    assert exc.value.code == 2 and "ledger.population_id: required" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch):
+    from dpsynth.privacy.ledger import Ledger
+
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models; other processes share the CPU
+    monkeypatch.delenv("DPSYNTH_LEDGER_URL", raising=False)
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")  # beside the MLflow store; the budget set beforehand
+    ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, records=600, reason="test_local_pipeline_end_to_end")
     extra = [*TINY, f"tracking.uri={mlflow_uri}", "tracking.experiment=kfp-test"]
     run = tmp_path / "run"
     run_local.run(dataset=source, run_dir=str(run), extra=extra, pipeline_root=str(tmp_path / "kfp"),
-                  method="dpgan", epsilon=10.0, delta=1e-4, steps=12, num_shards=2, n_d="2", seed=0)
+                  population_id="mnist600", method="dpgan", epsilon=10.0, delta=1e-4, steps=12, num_shards=2,
+                  n_d="2", seed=0)
 
     assert {"sample/manifest.json", "sample/synthetic.parquet", "evaluate/manifest.json",
             "evaluate/report.json"} <= set(release_files(run))
@@ -176,3 +197,7 @@ def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch):
     job = parent.data.tags[tracking.TAG_PIPELINE_RUN_ID]
     assert all(c.data.tags[tracking.TAG_PIPELINE_RUN_ID] == job for c in children)
     assert manifest(run, "release", "sample")["pipeline_run_id"] == job
+    (charged,) = ledger.history("mnist600")  # the one train attempt of the job
+    assert charged["pipeline_run_id"] == job and charged["stage"] == "train" and charged["status"] == "committed"
+    assert 0 < charged["epsilon_spent"] <= 10
+    assert parent.data.tags[tracking.TAG_LEDGER_RESERVATION] == str(charged["id"])

@@ -46,6 +46,23 @@ def source(tmp_path_factory) -> str:
     return str(path)
 
 
+def budgeted(tmp_path) -> tuple:
+    """A ledger of the test's own (``ledger.url``), with the budget an operator sets beforehand."""
+    from dpsynth.privacy.ledger import Ledger
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ledger = Ledger(url)
+    ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, records=600, reason="tests/pipelines/test_methods")
+    return ledger, [f"ledger.url={url}"]
+
+
+def check_charged(ledger, pipeline_run_id: str) -> None:
+    """The one train attempt was charged to the population, and committed within the target ε."""
+    (charged,) = ledger.reservations(pipeline_run_id=pipeline_run_id)
+    assert charged["population_id"] == "mnist600" and charged["stage"] == "train"
+    assert charged["status"] == "committed" and 0 < charged["epsilon_spent"] <= 10
+
+
 def check_release(run_dir, method: str) -> None:
     audit = json.loads(storage.read_bytes(f"{run_dir}/sensitive/audit/audit.json"))
     assert audit["decision"] == "passed", audit
@@ -63,10 +80,11 @@ def check_release(run_dir, method: str) -> None:
     pytest.param("zhang", marks=SLOW)])
 def test_airflow(method, source, airflow_env, tmp_path):
     airflow = str(AIRFLOW_BIN / "airflow")
+    ledger, ledger_url = budgeted(tmp_path)
     conf = {"dataset_uri": source, "method": method, "epsilon": 10, "delta": 1e-4, "steps": STEPS[method],
             "num_shards": 2, "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None,
-            "tracking_uri": None, "pipeline_run_id": f"af-{method}",
-            "overrides": [*COMMON, *TINY[method], "tracking.enabled=false"]}
+            "tracking_uri": None, "pipeline_run_id": f"af-{method}", "population_id": "mnist600",
+            "overrides": [*COMMON, *TINY[method], "tracking.enabled=false", *ledger_url]}
     subprocess.run([airflow, "db", "migrate"], env=airflow_env, check=True, capture_output=True, timeout=120)
     proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=airflow_env,
                           cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -74,6 +92,7 @@ def test_airflow(method, source, airflow_env, tmp_path):
     assert proc.returncode == 0 and "state=success" in log, log[-6000:]
     assert log.count("running task <TaskInstance: dpsynth_train.warmstart_shard") == 2
     check_release(tmp_path / "runs" / f"af-{method}", method)
+    check_charged(ledger, f"af-{method}")
 
 
 @SLOW
@@ -83,7 +102,10 @@ def test_kfp(method, source, tmp_path, monkeypatch):
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     run = tmp_path / "run"
-    run_local.run(dataset=source, run_dir=str(run), extra=[*COMMON, *TINY[method], "tracking.enabled=false"],
-                  pipeline_root=str(tmp_path / "kfp"), method=method, epsilon=10.0, delta=1e-4, steps=STEPS[method],
-                  num_shards=2, n_d="2", seed=0)
+    ledger, ledger_url = budgeted(tmp_path)
+    run_local.run(dataset=source, run_dir=str(run), extra=[*COMMON, *TINY[method], "tracking.enabled=false", *ledger_url],
+                  pipeline_root=str(tmp_path / "kfp"), population_id="mnist600", method=method, epsilon=10.0,
+                  delta=1e-4, steps=STEPS[method], num_shards=2, n_d="2", seed=0)
     check_release(run, method)
+    (job,) = {r["pipeline_run_id"] for r in ledger.history("mnist600")}  # KFP's job id
+    check_charged(ledger, job)

@@ -1,7 +1,8 @@
 """The local platform end to end, through its UIs: `scripts/platform.sh up` (MLflow + Airflow's four
 services), trigger `dpsynth_train` from the Airflow trigger form in headless Chromium with ε = 8 and a tiny
 training setting, wait for the DAG run to succeed (REST), then check in MLflow that the parent run has one
-child per stage with its ε (train: 0 < ε ≤ 8). Screenshots go to test-artifacts/. Needs Debian `chromium`.
+child per stage with its ε (train: 0 < ε ≤ 8), and in the platform's ledger that the form's population was
+charged for the train attempt. Screenshots go to test-artifacts/. Needs Debian `chromium`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
 EPSILON = 8
 TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch_size=32", "sample.num_samples=200",
         "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.experiment=platform-ui"]
-FORM = {"dataset_uri": None, "epsilon": EPSILON, "delta": 1e-4, "steps": 10, "num_shards": 1, "n_d": "2",
-        "pipeline_run_id": None, "overrides": "\n".join(TINY)}
+POPULATION = "mnist600"
+FORM = {"dataset_uri": None, "population_id": POPULATION, "epsilon": EPSILON, "delta": 1e-4, "steps": 10,
+        "num_shards": 1, "n_d": "2", "pipeline_run_id": None, "overrides": "\n".join(TINY)}
 
 pytestmark = [
     pytest.mark.platform,
@@ -57,7 +59,7 @@ def platform(tmp_path_factory):
     script = str(REPO / "scripts" / "platform.sh")
     try:
         subprocess.run([script, "up"], env=env, check=True, timeout=300)
-        yield {"home": home, "mlflow": f"http://127.0.0.1:{env['MLFLOW_PORT']}",
+        yield {"home": home, "ledger": f"sqlite:///{home / 'ledger.db'}", "mlflow": f"http://127.0.0.1:{env['MLFLOW_PORT']}",
                "airflow": f"http://127.0.0.1:{env['AIRFLOW_PORT']}"}
     finally:
         subprocess.run([script, "down"], env=env, timeout=120)
@@ -99,11 +101,18 @@ def test_trigger_from_the_ui_and_see_epsilon_per_stage_in_mlflow(platform, brows
 
     from dpsynth import tracking
     from dpsynth.data import import_source, write_parquet
+    from dpsynth.privacy.ledger import Ledger
 
     source = tmp_path / "mnist600.parquet"
     write_parquet(import_source(REPO / "data" / "mnist").subset(np.arange(600)), source)
     run_id = f"ui-{int(time.time())}"
     airflow = platform["airflow"]
+    # `up` gave the bundled MNIST's population its demo budget; this run's population gets one as an operator would
+    ledger = Ledger(platform["ledger"])
+    assert {p["population_id"]: p["budget"] for p in ledger.populations()} == {"mnist": 90}
+    subprocess.run([str(REPO / ".venv" / "stage" / "bin" / "dpsynth"), "ledger", "set-budget", POPULATION,
+                    "--db", platform["ledger"], "--epsilon", "50", "--delta", "1e-3", "--records", "600",
+                    "--reason", "platform UI test"], check=True, timeout=120)
 
     browser.goto(f"{airflow}/dags/dpsynth_train")
     click(browser, "button", "Trigger")
@@ -134,6 +143,10 @@ def test_trigger_from_the_ui_and_see_epsilon_per_stage_in_mlflow(platform, brows
     assert sorted(eps) == sorted(STAGES), eps
     assert 0 < eps["train"] <= EPSILON, eps
     assert parent.info.status == "FINISHED" and 0 < float(parent.data.tags[tracking.TAG_EPSILON_SPENT]) <= EPSILON
+    (charged,) = ledger.reservations(pipeline_run_id=run_id)
+    assert charged["population_id"] == POPULATION and charged["status"] == "committed"
+    assert charged["epsilon_spent"] == pytest.approx(eps["train"], rel=1e-6)
+    assert parent.data.tags[tracking.TAG_LEDGER_RESERVATION] == str(charged["id"])
 
     browser.goto(f"{platform['mlflow']}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}")
     browser.wait_for(f"document.body.innerText.includes({json.dumps(parent.info.run_name or parent.info.run_id)})", 60)

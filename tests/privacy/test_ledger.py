@@ -27,13 +27,13 @@ def url(tmp_path):
 @pytest.fixture
 def ledger(url):
     led = Ledger(url)
-    led.set_budget(POP, epsilon=10.0, delta=1e-5)
+    led.set_budget(POP, epsilon=10.0, delta=1e-5, reason="test")
     return led
 
 
 def reserve(ledger, epsilon, *, run="run-1", delta=1e-7, population=POP):
     return ledger.reserve(population, epsilon=epsilon, delta=delta, dataset_sha256=SHA,
-                          pipeline_run_id=run, accountant="rdp")
+                          pipeline_run_id=run, accountant="rdp", records=1000)
 
 
 def charged(ledger):
@@ -93,13 +93,14 @@ def test_unknown_population_points_to_set_budget(ledger):
         ledger.balance("cifar")
 
 
-def test_commit_more_than_reserved_is_refused(ledger):
+def test_an_overdraw_is_recorded_not_capped(ledger):
     rid = reserve(ledger, 2.0)
-    with pytest.raises(PrivacyError, match="epsilon_spent.*reserved ε=2"):
-        ledger.commit(rid, epsilon_spent=2.1)
-    assert ledger.history()[0]["status"] == "reserved"  # left open; the run can still commit truthfully
-    ledger.commit(rid, epsilon_spent=2.0 + 1e-12)  # float slack
-    assert charged(ledger) == (2.0, 0.0, 8.0)
+    ledger.commit(rid, epsilon_spent=2.5)  # an as_published attempt, say: it spent more than it reserved
+    row = ledger.reservation(rid)
+    assert row["epsilon_spent"] == 2.5 and "OVERDRAW" in row["note"]
+    assert charged(ledger) == (2.5, 0.0, 7.5)
+    with pytest.raises(PrivacyError, match="cannot afford ε=8"):  # what is left is what was not overdrawn
+        reserve(ledger, 8.0)
 
 
 @pytest.mark.parametrize("first", ["commit", "release"])
@@ -121,12 +122,12 @@ def test_set_budget_cannot_go_below_what_is_charged(ledger):
     ledger.commit(reserve(ledger, 3.0, run="a"), epsilon_spent=3.0)
     reserve(ledger, 2.0, run="b", delta=4e-6)
     with pytest.raises(PrivacyError, match="epsilon.*charged ε=5"):
-        ledger.set_budget(POP, epsilon=4.9, delta=1e-5)
+        ledger.set_budget(POP, epsilon=4.9, delta=1e-5, reason="test")
     with pytest.raises(PrivacyError, match="delta"):
-        ledger.set_budget(POP, epsilon=20.0, delta=1e-6)
+        ledger.set_budget(POP, epsilon=20.0, delta=1e-6, reason="test")
     assert ledger.balance(POP)["budget"] == 10.0
-    assert ledger.set_budget(POP, epsilon=5.0, delta=1e-5)["remaining"] == 0.0
-    assert ledger.set_budget(POP, epsilon=20.0, delta=2e-5)["remaining"] == 15.0
+    assert ledger.set_budget(POP, epsilon=5.0, delta=1e-5, reason="test")["remaining"] == 0.0
+    assert ledger.set_budget(POP, epsilon=20.0, delta=2e-5, reason="test")["remaining"] == 15.0
 
 
 @pytest.mark.parametrize("field, kwargs", [
@@ -136,27 +137,17 @@ def test_set_budget_cannot_go_below_what_is_charged(ledger):
     ("pipeline_run_id", {"pipeline_run_id": ""}),
 ])
 def test_bad_values_name_the_field(ledger, field, kwargs):
-    args = dict(epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="r", accountant="rdp") | kwargs
+    args = dict(epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="r", accountant="rdp", records=1000) | kwargs
     with pytest.raises(PrivacyError, match=field):
         ledger.reserve(POP, **args)
     if field in ("epsilon", "delta"):
         with pytest.raises(PrivacyError, match=field):
-            ledger.set_budget("new", **{"epsilon": 1.0, "delta": 1e-5, field: kwargs[field]})
+            ledger.set_budget("new", **{"epsilon": 1.0, "delta": 1e-5, field: kwargs[field]}, reason="test")
     rid = reserve(ledger, 1.0)
     for bad in (-0.1, math.nan):
         with pytest.raises(PrivacyError, match="epsilon_spent"):
             ledger.commit(rid, epsilon_spent=bad)
     assert ledger.populations()[0]["population_id"] == POP and len(ledger.populations()) == 1
-
-
-def test_ensure_budget_creates_once_and_never_changes_a_budget(url):
-    ledger = Ledger(url)
-    assert ledger.ensure_budget("fresh", epsilon=5.0, delta=1e-4) is True
-    assert ledger.ensure_budget("fresh", epsilon=50.0, delta=1e-2) is False  # an existing budget stays
-    bal = ledger.balance("fresh")
-    assert (bal["budget"], bal["delta"]) == (5.0, 1e-4)
-    with pytest.raises(PrivacyError, match="epsilon"):
-        ledger.ensure_budget("other", epsilon=0.0, delta=1e-4)
 
 
 def test_reservations_of_a_pipeline_run(ledger):
@@ -176,7 +167,7 @@ def test_reservations_of_a_pipeline_run(ledger):
 def test_the_ledger_persists_and_lists_populations(url, ledger):
     reserve(ledger, 1.0)
     again = Ledger(url)
-    again.set_budget("cifar", epsilon=2.0, delta=1e-6)
+    again.set_budget("cifar", epsilon=2.0, delta=1e-6, reason="test")
     pops = again.populations()
     assert [p["population_id"] for p in pops] == ["cifar", POP]
     assert pops[1]["reserved"] == 1.0 and pops[1]["epsilon_budget"] == 10.0
@@ -193,7 +184,7 @@ def cli(argv):
 
 
 def test_cli_set_budget_show_history(url, capsys, monkeypatch):
-    assert cli(["ledger", "set-budget", POP, "--epsilon", "8", "--delta", "1e-5", "--db", url]) == 0
+    assert cli(["ledger", "set-budget", POP, "--epsilon", "8", "--delta", "1e-5", "--reason", "test", "--db", url]) == 0
     assert "ε=8" in capsys.readouterr().out
     reserve(Ledger(url), 3.0, run="nightly-1")
     monkeypatch.setenv("DPSYNTH_LEDGER_URL", url)  # the default when --db is absent
@@ -205,7 +196,9 @@ def test_cli_set_budget_show_history(url, capsys, monkeypatch):
     assert table[0].split()[:5] == ["population_id", "budget", "committed", "reserved", "remaining"]
     assert table[2].split()[:5] == [POP, "8", "0", "3", "5"]
     assert cli(["ledger", "history", "--json"]) == 0
-    assert [r["pipeline_run_id"] for r in json.loads(capsys.readouterr().out)] == ["nightly-1"]
+    history = json.loads(capsys.readouterr().out)
+    assert [r["pipeline_run_id"] for r in history["reservations"]] == ["nightly-1"]
+    assert [(c["new_epsilon"], c["old_epsilon"], c["reason"]) for c in history["budget_changes"]] == [(8.0, None, "test")]
     assert cli(["ledger", "history", POP]) == 0
     assert "nightly-1" in capsys.readouterr().out
     with pytest.raises(PrivacyError, match="set-budget"):
@@ -247,7 +240,7 @@ results = []
 for i in range(int(attempts)):
     try:
         rid = ledger.reserve("mnist", epsilon=float(eps), delta=1e-9, dataset_sha256=sha,
-                             pipeline_run_id=f"{name}-{i}", accountant="rdp")
+                             pipeline_run_id=f"{name}-{i}", accountant="rdp", records=1000)
     except PrivacyError:
         results.append("refused")
         continue
@@ -286,7 +279,7 @@ def race(url, sync, children):
 
 
 def test_two_processes_racing_past_the_budget_exactly_one_wins(url, tmp_path):
-    Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5)
+    Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5, reason="test")
     results = race(url, tmp_path, {"a": {"eps": 0.6}, "b": {"eps": 0.6}})
     assert sorted(r for rs in results.values() for r in rs) == ["ok", "refused"]
     assert charged(Ledger(url)) == (0.0, 0.6, 0.4)
@@ -294,7 +287,7 @@ def test_two_processes_racing_past_the_budget_exactly_one_wins(url, tmp_path):
 
 
 def test_many_processes_never_overspend(url, tmp_path):
-    Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5)
+    Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5, reason="test")
     children = {f"p{i}": {"eps": 1 / 16, "attempts": 5, "then": "commit" if i % 2 else "hold"} for i in range(8)}
     outcomes = [r for rs in race(url, tmp_path, children).values() for r in rs]
     assert outcomes.count("ok") == 16 and outcomes.count("refused") == 24  # 40 × 1/16 asked, 1.0 to give
@@ -304,7 +297,7 @@ def test_many_processes_never_overspend(url, tmp_path):
 
 
 def test_a_process_killed_mid_transaction_leaves_nothing(url, tmp_path):
-    Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5)
+    Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5, reason="test")
     (tmp_path / "go").touch()
     doomed = spawn(url, tmp_path, "doomed", eps=0.6, then="hang")
     wait_for(tmp_path / "doomed.hanging", doomed)  # it holds the write lock, its row inserted, not committed
@@ -320,3 +313,121 @@ def test_a_process_killed_mid_transaction_leaves_nothing(url, tmp_path):
     assert json.loads(out) == ["ok"]
     assert charged(Ledger(url)) == (0.0, 0.6, 0.4)
     assert [r["pipeline_run_id"] for r in Ledger(url).history()] == ["waiting-0"]
+
+
+# -- attempts, stale reservations, budget history, hostile states ----------------------------------
+
+def open_attempt(ledger, *, run="run-1", resumes=None, stale_after_s=None, stage="train", population=POP):
+    return ledger.open_attempt(population, epsilon=4.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id=run,
+                               accountant="rdp", records=1000, stage=stage, attempt_id=f"a-{run}",
+                               resumes_id=resumes, stale_after_s=stale_after_s)
+
+
+def test_an_adopted_or_superseded_attempt_is_settled_at_its_whole_reservation(ledger):
+    ledger.set_budget(POP, epsilon=20.0, delta=1e-5, reason="room for four attempts")
+    dead, _ = open_attempt(ledger, run="p1")
+    ledger.heartbeat(dead, steps=30)
+    other, _ = open_attempt(ledger, run="p2")  # another run's attempt: alive, untouched
+    resumed, settled = open_attempt(ledger, run="p3", resumes=dead)  # resumes dead's checkpoint
+    assert [r["id"] for r in settled] == [dead] and "adopted" in settled[0]["note"]
+    row = ledger.reservation(dead)
+    assert row["status"] == "committed" and row["epsilon_spent"] == 4.0 and "30 private steps" in row["note"]
+    assert ledger.reservation(resumed)["resumes_id"] == dead and ledger.reservation(other)["status"] == "reserved"
+    retry, settled = open_attempt(ledger, run="p3")  # the same stage of p3 again: the earlier attempt died
+    assert [r["id"] for r in settled] == [resumed] and "superseded" in settled[0]["note"]
+    bal = ledger.balance(POP)
+    assert (bal["committed"], bal["reserved"]) == (8.0, 8.0)  # dead + resumed in full; other + retry open
+    assert [r["id"] for r in ledger.history()] == [dead, other, resumed, retry]
+
+
+def test_a_checkpoint_of_another_population_or_stage_is_refused(ledger):
+    ledger.set_budget("cifar", epsilon=10.0, delta=1e-5, reason="test")
+    theirs, _ = open_attempt(ledger, run="c1", population="cifar")
+    with pytest.raises(PrivacyError, match="resumes_id: .* of population 'cifar'"):
+        open_attempt(ledger, run="m1", resumes=theirs)
+    with pytest.raises(PrivacyError, match="not in this ledger"):
+        open_attempt(ledger, run="m1", resumes=999)
+    assert ledger.reservation(theirs)["status"] == "reserved" and ledger.history(POP) == []
+
+
+def test_an_attempt_without_heartbeat_expires_and_a_late_commit_keeps_the_larger_charge(ledger):
+    old, _ = open_attempt(ledger, run="p1")
+    time.sleep(0.05)
+    _, settled = open_attempt(ledger, run="p2", stale_after_s=0.01)
+    assert [r["id"] for r in settled] == [old] and "expired" in settled[0]["note"]
+    ledger.commit(old, epsilon_spent=1.5)  # it was alive after all: the whole reservation stands
+    assert ledger.reservation(old)["epsilon_spent"] == 4.0
+    ledger.commit(old, epsilon_spent=5.0)  # ... unless it spent more
+    assert ledger.reservation(old)["epsilon_spent"] == 5.0
+
+
+def test_settle_by_an_operator_records_the_reason(ledger):
+    rid, _ = open_attempt(ledger)
+    row = ledger.settle(rid, reason="pod evicted, see incident 12")
+    assert row["status"] == "committed" and row["epsilon_spent"] == 4.0 and "incident 12" in row["note"]
+    with pytest.raises(PrivacyError, match="reason"):
+        ledger.settle(open_attempt(ledger, run="x")[0], reason=" ")
+
+
+def test_lifetime_delta_must_stay_below_one_over_n(ledger):
+    with pytest.raises(PrivacyError, match="δ=1e-05 .* must be < 1/n = 1e-05"):
+        ledger.reserve(POP, epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="r", accountant="rdp",
+                       records=100_000)
+    with pytest.raises(PrivacyError, match="1/n"):
+        ledger.set_budget("big", epsilon=1.0, delta=1e-3, reason="test", records=1000)
+
+
+def test_budget_changes_are_appended_to_the_history(ledger):
+    ledger.set_budget(POP, epsilon=20.0, delta=2e-5, reason="second study approved", changed_by="alice")
+    changes = ledger.budget_history(POP)
+    assert [(c["old_epsilon"], c["new_epsilon"], c["new_delta"], c["reason"]) for c in changes] == [
+        (None, 10.0, 1e-5, "test"), (10.0, 20.0, 2e-5, "second study approved")]
+    assert changes[1]["changed_by"] == "alice" and changes[0]["changed_by"]
+    with pytest.raises(PrivacyError, match="reason"):
+        ledger.set_budget(POP, epsilon=30.0, delta=2e-5, reason="")
+    assert len(ledger.budget_history()) == 2
+
+
+@pytest.mark.parametrize("tamper, message", [
+    ("UPDATE reservations SET epsilon_spent = -1", "corrupt .*invalid spent"),
+    ("UPDATE reservations SET epsilon_spent = NULL", "corrupt .*invalid spent"),
+    ("UPDATE reservations SET epsilon_spent = 1e999", "corrupt .*invalid spent ε=inf"),
+    ("UPDATE reservations SET delta = 2", "corrupt .*invalid reservation"),
+    ("UPDATE reservations SET closed_at = NULL", "corrupt .*status 'committed'"),
+    ("UPDATE populations SET epsilon_budget = 1", "charged ε=3, above its budget"),
+    ("UPDATE populations SET epsilon_budget = 1e999", "invalid budget"),
+])
+def test_a_hand_edited_ledger_is_refused(url, ledger, tamper, message):
+    import sqlite3
+
+    ledger.commit(reserve(ledger, 3.0), epsilon_spent=3.0)
+    with sqlite3.connect(url[len("sqlite:///"):]) as db:
+        db.execute(tamper)
+    for use in (lambda: ledger.balance(POP), lambda: reserve(ledger, 1.0, run="next"),
+                lambda: open_attempt(ledger, run="next2")):
+        with pytest.raises(PrivacyError, match=message):
+            use()
+    assert len(ledger.history(POP)) == 1  # nothing was written
+
+
+def test_an_older_ledger_database_gains_the_attempt_columns(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:  # the first schema: no attempt columns, no budget history
+        db.executescript("""
+            CREATE TABLE populations (population_id VARCHAR(200) PRIMARY KEY, epsilon_budget FLOAT NOT NULL,
+              delta FLOAT NOT NULL, created_at DATETIME NOT NULL, updated_at DATETIME NOT NULL);
+            CREATE TABLE reservations (id INTEGER PRIMARY KEY AUTOINCREMENT, population_id VARCHAR(200) NOT NULL,
+              dataset_sha256 VARCHAR(64) NOT NULL, pipeline_run_id VARCHAR(200) NOT NULL, stage VARCHAR(100) NOT NULL,
+              epsilon_reserved FLOAT NOT NULL, delta FLOAT NOT NULL, epsilon_spent FLOAT, status VARCHAR(16) NOT NULL,
+              accountant VARCHAR(100) NOT NULL, created_at DATETIME NOT NULL, closed_at DATETIME, note TEXT);
+            INSERT INTO populations VALUES ('mnist', 10, 1e-5, '2024-01-01', '2024-01-01');
+            INSERT INTO reservations (population_id, dataset_sha256, pipeline_run_id, stage, epsilon_reserved, delta,
+              epsilon_spent, status, accountant, created_at, closed_at)
+              VALUES ('mnist', 'ab', 'old', 'train', 5, 1e-6, 4, 'committed', 'rdp', '2024-01-01', '2024-01-02');
+        """)
+    ledger = Ledger(f"sqlite:///{path}")
+    assert ledger.balance("mnist")["committed"] == 4.0
+    rid, _ = open_attempt(ledger, population="mnist")
+    assert ledger.reservation(rid)["attempt_id"] == "a-run-1"

@@ -27,3 +27,15 @@ def trained(tmp_path, source):
     stages(run_dir, source, "partition", "warmstart", "train")
     return run_dir
 
+
+
+@pytest.fixture(autouse=True)
+def ledger_with_budget(tmp_path, monkeypatch):
+    """Every stage test's own ledger ($DPSYNTH_LEDGER_URL), with a budget for the TINY population."""
+    from dpsynth.privacy.ledger import Ledger
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    monkeypatch.setenv("DPSYNTH_LEDGER_URL", url)
+    ledger = Ledger(url)
+    ledger.set_budget("mnist600", epsilon=1000.0, delta=1e-3, reason="stage tests")
+    return ledger

@@ -18,8 +18,15 @@ FAST = ("evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory, source):
-    run = tmp_path_factory.mktemp("evaluate") / "run"
-    stages(run, source, "partition", "warmstart", "train", "audit", "sample")
+    from dpsynth.privacy.ledger import Ledger
+
+    home = tmp_path_factory.mktemp("evaluate")
+    run = home / "run"
+    url = f"sqlite:///{home / 'ledger.db'}"  # module-scoped: set up before conftest's per-test ledger
+    Ledger(url).set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="tests/stages/test_evaluate.py")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DPSYNTH_LEDGER_URL", url)
+        stages(run, source, "partition", "warmstart", "train", "audit", "sample")
     return run
 
 

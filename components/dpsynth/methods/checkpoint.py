@@ -4,12 +4,19 @@ A checkpoint holds model and optimizer states, every RNG state, the n_D schedule
 mechanism trace (the accountant's whole state), plus the fingerprint of the settings that
 produced it; resuming under different settings is refused. Writes are atomic, so a run
 killed mid-save resumes from the previous checkpoint.
+
+Lineage: while a ledger attempt is active (:func:`charging`, see :mod:`dpsynth.privacy.attempt`),
+every checkpoint records the reservation and attempt that wrote it, and each save is that attempt's
+heartbeat in the ledger; resuming is refused unless the checkpoint is the one the attempt adopted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+from contextvars import ContextVar
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -18,14 +25,47 @@ from dpsynth.errors import ConfigError
 
 FORMAT = "dpsynth.checkpoint/1"
 LAST = "last.pt"
+LINEAGE = "ledger_attempt"  # the state key: {"reservation_id", "attempt_id"} of the attempt that wrote it
+_ATTEMPT: ContextVar = ContextVar("dpsynth_ledger_attempt", default=None)
+
+
+@contextlib.contextmanager
+def charging(attempt) -> Iterator[None]:
+    """Checkpoints written inside carry ``attempt.lineage`` and call ``attempt.heartbeat(steps)``;
+    a checkpoint loaded inside must carry ``attempt.resumes_id``."""
+    token = _ATTEMPT.set(attempt)
+    try:
+        yield
+    finally:
+        _ATTEMPT.reset(token)
 
 
 def save(directory: str | Path, state: dict) -> Path:
+    attempt = _ATTEMPT.get()
+    if attempt is not None:
+        state = {**state, LINEAGE: attempt.lineage}
     buf = io.BytesIO()
     torch.save({"format": FORMAT, **state}, buf)
     path = Path(directory) / LAST
     storage.write_bytes(path, buf.getvalue())
+    if attempt is not None:
+        attempt.heartbeat(int((state.get("trace") or {}).get("steps", 0)))
     return path
+
+
+def lineage(directory: str | Path) -> dict | None:
+    """``{"reservation_id", "attempt_id", "trace"}`` of the last checkpoint in ``directory`` (ids None
+    when it was written outside a ledger attempt); None when there is none. Reads only those fields
+    (the file is memory-mapped)."""
+    path = Path(directory) / LAST
+    if not path.exists():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    if state.get("format") != FORMAT:
+        raise ConfigError(f"output.dir: {path} is not a dpsynth checkpoint")
+    found = state.get(LINEAGE) or {}
+    return {"reservation_id": found.get("reservation_id"), "attempt_id": found.get("attempt_id"),
+            "trace": state.get("trace")}
 
 
 def load_latest(directory: str | Path, *, fingerprint: str) -> dict | None:
@@ -40,6 +80,12 @@ def load_latest(directory: str | Path, *, fingerprint: str) -> dict | None:
             f"output.dir: {path} was written under different settings; "
             "choose a new output.dir or set output.resume=false to start over"
         )
+    attempt = _ATTEMPT.get()
+    written_by = (state.get(LINEAGE) or {}).get("reservation_id")
+    if attempt is not None and written_by != attempt.resumes_id:
+        raise ConfigError(
+            f"output.dir: {path} was written under ledger reservation {written_by}, but this attempt adopted "
+            f"{attempt.resumes_id}; refusing to resume a checkpoint its reservation does not account for")
     return state
 
 

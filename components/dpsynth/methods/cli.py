@@ -30,7 +30,8 @@ def register(subparsers) -> None:
             "Without privacy.noise_multiplier the noise is calibrated so that train.steps spend at most "
             "privacy.epsilon; with it, training stops before the step that would exceed privacy.epsilon. "
             "Without --run-dir only dpgan trains on its own (outputs in output.dir; a run resumes from the "
-            "last checkpoint there). With --run-dir (or pipeline.run_dir) it is the pipeline's train stage, "
+            "last checkpoint there). Every attempt is charged to ledger.population_id's lifetime budget in the "
+            "ledger (ledger.url, else $DPSYNTH_LEDGER_URL, else outputs/ledger.db; see `dpsynth ledger --help`). With --run-dir (or pipeline.run_dir) it is the pipeline's train stage, "
             "for every method: it trains on the shards of RUN_DIR/sensitive/partition and writes "
             "RUN_DIR/sensitive/train (output.dir is not used) with a manifest and an MLflow child run."
         ),
@@ -57,9 +58,21 @@ def run_train(args) -> int:
     if args.run_dir or cfg.pipeline.run_dir:
         return stage_cli.run_stage_command("train", args, cfg)
     method = registry.standalone_or_refuse(cfg.train.method)  # ConfigError (exit 2) names the command to use
+    import secrets
+    from pathlib import Path
+
+    from dpsynth.stages import charging
     from dpsynth.stages.partition import load_source
 
-    result = method.trainer_class()(cfg, load_source(cfg)).train()
+    charging.population_id(cfg)  # ConfigError before the data is read
+    dataset = load_source(cfg)
+    ledger = charging.open_ledger(charging.ledger_url(cfg, run_dir=None, tracking_uri=None))
+    out = Path(cfg.output.dir).resolve()
+    # the attempt is charged like the train stage's; re-runs in one output.dir are one "run" of the ledger
+    result = charging.train_charged(
+        cfg, lambda: method.trainer_class()(cfg, dataset), ledger=ledger,
+        dataset_version=secrets.token_hex(32),  # a random version id: no content hash leaves the data
+        pipeline_run_id=f"train:{out}"[-200:], records=len(dataset), workdir=str(out))
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:

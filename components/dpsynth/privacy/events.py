@@ -164,6 +164,27 @@ class MechanismTrace:
     def copy(self) -> MechanismTrace:
         return MechanismTrace(self._events)
 
+    def after(self, prefix: MechanismTrace) -> MechanismTrace:
+        """The steps this trace adds to ``prefix`` (a checkpoint's trace it resumed from).
+
+        >>> e = MechanismEvent(sampling="poisson", sample_rate=0.01, noise_multiplier=1.0, sensitivity="add_remove")
+        >>> MechanismTrace([e.with_count(10)]).after(MechanismTrace([e.with_count(4)])).steps
+        6
+
+        PrivacyError when ``prefix`` is not a prefix of this trace.
+        """
+        mine, theirs = list(self._events), list(prefix.events)
+        ok = len(theirs) <= len(mine) and all(a == b for a, b in zip(mine[:len(theirs) - 1], theirs[:-1]))
+        if ok and theirs:
+            last, grown = theirs[-1], mine[len(theirs) - 1]
+            ok = last.same_mechanism(grown) and grown.count >= last.count
+            if ok:
+                rest = [grown.with_count(grown.count - last.count)] if grown.count > last.count else []
+                return MechanismTrace(rest + mine[len(theirs):])
+        if not ok:
+            raise PrivacyError(f"trace: {prefix!r} is not a prefix of {self!r}")
+        return self.copy()
+
     def to_dict(self) -> dict[str, Any]:
         return {"format": TRACE_FORMAT, "steps": self.steps, "events": [e.to_dict() for e in self._events]}
 

@@ -1,29 +1,41 @@
-"""The lifetime privacy-budget ledger: every pipeline run is charged to its dataset's budget.
+"""The lifetime privacy-budget ledger: every attempt at a private stage is charged to its population.
 
-A *population* is a dataset identified across its versions by a declared id; it has one
-lifetime budget (ε, δ). A pipeline run **reserves** its (ε, δ) before it touches the data
-(failing fast if that would exceed the budget), **commits** the ε it actually spent
-afterwards (freeing the unspent part of the reservation) or **releases** the reservation
-when it fails before spending anything. Every run is charged: a retry or a re-run of the
-same pipeline id makes a new reservation, and each committed one counts.
+A *population* is a dataset identified across its versions by a declared id; it has one lifetime
+budget (ε, δ), set explicitly by an operator (:meth:`Ledger.set_budget`; an unknown population is
+refused, never given a default) and changed only with a reason, each change appended to its
+``budget_history``. The lifetime δ must stay below 1/n for the n records of the dataset.
 
-Runs compose by the *basic composition theorem*: mechanisms that are (ε_i, δ_i)-DP on the
-same data are together (Σ ε_i, Σ δ_i)-DP. It is a conservative upper bound (advanced and
-RDP composition across runs would be tighter), so the ledger refuses a reservation unless
-committed ε + outstanding reserved ε + requested ε ≤ the budget's ε, and likewise the
-δ of all charged runs, summed, ≤ the budget's δ.
+Each *attempt* at a private stage (one process running training) opens its own reservation
+(:meth:`Ledger.open_attempt`) before its first private step and closes it when it ends:
 
-The ledger lives in a real database so that concurrent runs cannot overspend: SQLite by
-default, PostgreSQL on the cluster, through the same SQLAlchemy code. Every change is one
-transaction that first takes a lock — ``BEGIN IMMEDIATE`` (the database write lock) on
-SQLite, ``SELECT … FOR UPDATE`` on the population row elsewhere — and only then reads the
-balance; a process that dies mid-transaction leaves nothing behind.
+* **committed** with the ε its private steps cost. A resumed attempt is charged only for the steps it
+  adds to the checkpoint it resumed; an attempt that spent more than it reserved (an ``as_published``
+  run, say) is charged what it spent — the overdraw is recorded, never capped.
+* **released** only when it provably ran no private step.
+* **settled as stale** (committed at its whole reservation, with the reason) when it ended without
+  closing its reservation — killed, say: by the next attempt that resumes its checkpoint (which
+  *adopts* it: the lineage goes on, see ``resumes_id``), by the next attempt of the same stage in
+  the same pipeline run, by the pipeline's ``finish``, by any attempt once its heartbeat is older
+  than ``stale_after_s``, or by an operator (``dpsynth ledger settle``). A stale attempt may have run
+  any of the steps its reservation allows after its last checkpoint, so it is never charged less.
+
+Attempts compose by the *basic composition theorem*: mechanisms that are (ε_i, δ_i)-DP on the same
+data are together (Σ ε_i, Σ δ_i)-DP. It is a conservative upper bound, so a reservation is refused
+unless committed ε + outstanding reserved ε + requested ε ≤ the budget's ε, and likewise for δ.
+
+The ledger lives in a real database so that concurrent attempts cannot overspend: SQLite by default,
+PostgreSQL on the cluster, through the same SQLAlchemy code. Every change is one transaction that
+first takes a lock — ``BEGIN IMMEDIATE`` (the database write lock) on SQLite, ``SELECT … FOR UPDATE``
+on the population row elsewhere — and only then reads the balance; a process that dies
+mid-transaction leaves nothing behind. Rows a person may have edited by hand are checked on every
+read: a negative, NaN or infinite amount, an unknown status or a budget below what is charged is
+refused with the row named.
 
 >>> import tempfile, os
 >>> ledger = Ledger(f"sqlite:///{tempfile.mkdtemp()}/ledger.db")
->>> _ = ledger.set_budget("mnist", epsilon=10.0, delta=1e-5)
+>>> _ = ledger.set_budget("mnist", epsilon=10.0, delta=1e-5, reason="initial budget")
 >>> rid = ledger.reserve("mnist", epsilon=4.0, delta=1e-6, dataset_sha256="ab" * 32,
-...                      pipeline_run_id="run-1", accountant="rdp")
+...                      pipeline_run_id="run-1", accountant="rdp", records=10_000)
 >>> ledger.commit(rid, epsilon_spent=3.5)
 >>> ledger.balance("mnist")["remaining"]
 6.5
@@ -31,9 +43,11 @@ balance; a process that dies mid-transaction leaves nothing behind.
 
 from __future__ import annotations
 
+import getpass
 import math
 import operator
 import re
+import socket
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,7 +55,7 @@ from typing import Any, Iterator
 
 from sqlalchemy import (
     CheckConstraint, Column, DateTime, Float, ForeignKey, Integer, MetaData, String, Table, Text,
-    case, create_engine, event, func, insert, inspect, select, update,
+    case, create_engine, event, func, insert, inspect, or_, select, text, update,
 )
 from sqlalchemy.engine import Connection, make_url
 
@@ -51,6 +65,7 @@ from dpsynth.privacy.validation import as_real, check_delta_range, check_epsilon
 
 DEFAULT_URL = "sqlite:///outputs/ledger.db"
 STATUSES = ("reserved", "committed", "released")
+STALE = "stale, settled at its whole reservation: "  # the note of a reservation settled for a dead attempt
 TOLERANCE = 1e-9  # floating-point slack: on ε spent vs reserved (absolute), on budgets (relative)
 
 metadata = MetaData()
@@ -81,10 +96,31 @@ reservations_table = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("closed_at", DateTime(timezone=True), nullable=True),
     Column("note", Text, nullable=True),
+    # the attempt (one process running the private stage) and its checkpoint lineage
+    Column("attempt_id", String(64), nullable=True),
+    Column("resumes_id", Integer, nullable=True),  # the reservation whose checkpoint this attempt resumed
+    Column("steps", Integer, nullable=True),  # private steps its last checkpoint holds (heartbeat)
+    Column("heartbeat_at", DateTime(timezone=True), nullable=True),
     CheckConstraint("status IN ('reserved', 'committed', 'released')", name="ck_reservations_status"),
     CheckConstraint("epsilon_reserved > 0", name="ck_reservations_epsilon"),
     sqlite_autoincrement=True,  # ids are never reused, even after a rolled-back insert
 )
+
+budget_history_table = Table(
+    "budget_history", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("population_id", String(200), ForeignKey("populations.population_id"), nullable=False, index=True),
+    Column("changed_at", DateTime(timezone=True), nullable=False),
+    Column("changed_by", String(200), nullable=False),
+    Column("old_epsilon", Float, nullable=True),  # null: the population was created
+    Column("old_delta", Float, nullable=True),
+    Column("new_epsilon", Float, nullable=False),
+    Column("new_delta", Float, nullable=False),
+    Column("reason", Text, nullable=False),
+    sqlite_autoincrement=True,
+)
+# columns added since the first ledger schema: an older database gets them (all nullable) on open
+_ADDED_COLUMNS = {"reservations": ("attempt_id", "resumes_id", "steps", "heartbeat_at")}
 
 
 class Ledger:
@@ -106,19 +142,30 @@ class Ledger:
         if self._sqlite:
             _take_sqlite_transactions(self.engine)
         with self._transaction(write=False) as conn:
-            missing = not all(inspect(conn).has_table(name) for name in metadata.tables)
+            missing = not all(inspect(conn).has_table(name) for name in metadata.tables) or bool(_missing_columns(conn))
         if missing:  # take the write lock only when there is something to create
             with self._transaction() as conn:
                 metadata.create_all(conn)
+                for table, column in _missing_columns(conn):
+                    col = metadata.tables[table].c[column]
+                    conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} "
+                                      f"{col.type.compile(dialect=conn.dialect)}"))
 
-    def set_budget(self, population_id: str, *, epsilon: float, delta: float) -> dict[str, Any]:
+    def set_budget(self, population_id: str, *, epsilon: float, delta: float, reason: str,
+                   changed_by: str | None = None, records: int | None = None) -> dict[str, Any]:
         """Create the population or change its lifetime budget; returns its :meth:`balance`.
 
-        Refuses a budget below what is already charged (committed + reserved, in ε and in δ).
+        ``reason`` (required) and ``changed_by`` (default: user@host) go into the population's
+        budget history with the old and new budget. Refuses a budget below what is already charged
+        (committed + reserved, in ε and in δ), and, given the dataset's ``records`` n, a δ ≥ 1/n.
         """
         pid = _check_id(population_id, "population_id")
         eps = check_epsilon(epsilon, "epsilon")
         dlt = check_delta_range(delta, "delta")
+        why = _check_text(reason, "reason")
+        who = _check_text(changed_by or f"{getpass.getuser()}@{socket.gethostname()}", "changed_by")
+        if records is not None:
+            _check_lifetime_delta(pid, dlt, records)
         now = _now()
         with self._transaction() as conn:
             row = self._lock_population(conn, pid)
@@ -139,28 +186,54 @@ class Ledger:
                         f"the budget cannot go below that, got {dlt:g}")
                 conn.execute(update(populations_table).where(populations_table.c.population_id == pid)
                              .values(epsilon_budget=eps, delta=dlt, updated_at=now))
+            conn.execute(insert(budget_history_table).values(
+                population_id=pid, changed_at=now, changed_by=who, reason=why, new_epsilon=eps, new_delta=dlt,
+                old_epsilon=None if row is None else row.epsilon_budget, old_delta=None if row is None else row.delta))
             return _balance(conn, self._lock_population(conn, pid))
 
-    def ensure_budget(self, population_id: str, *, epsilon: float, delta: float) -> bool:
-        """Create the population with this lifetime budget unless it exists (whose budget stays as
-        it is); returns whether it was created. One transaction: concurrent callers create it once."""
-        pid = _check_id(population_id, "population_id")
-        eps = check_epsilon(epsilon, "epsilon")
-        dlt = check_delta_range(delta, "delta")
-        with self._transaction() as conn:
-            if self._lock_population(conn, pid) is not None:
-                return False
-            now = _now()
-            conn.execute(insert(populations_table).values(
-                population_id=pid, epsilon_budget=eps, delta=dlt, created_at=now, updated_at=now))
-            return True
+    def budget_history(self, population_id: str | None = None) -> list[dict[str, Any]]:
+        """Every budget change (of one population, or all), oldest first."""
+        table = budget_history_table
+        query = select(table).order_by(table.c.id)
+        if population_id is not None:
+            query = query.where(table.c.population_id == _check_id(population_id, "population_id"))
+        with self._transaction(write=False) as conn:
+            return [_row_dict(row) for row in conn.execute(query)]
 
     def reserve(self, population_id: str, *, epsilon: float, delta: float, dataset_sha256: str,
-                pipeline_run_id: str, accountant: str, stage: str = "train") -> int:
-        """Reserve (ε, δ) for one run before it touches the data; returns the reservation id.
+                pipeline_run_id: str, accountant: str, records: int, stage: str = "train") -> int:
+        """Reserve (ε, δ) before touching the data; returns the reservation id.
 
         Atomic: under the lock, refuses (PrivacyError, nothing written) unless
-        committed + reserved + ``epsilon`` ≤ the ε budget and the δ's summed ≤ the δ budget.
+        committed + reserved + ``epsilon`` ≤ the ε budget, the δ's summed ≤ the δ budget, and the
+        lifetime δ < 1/``records``. Private stages use :meth:`open_attempt`, which also settles
+        stale attempts.
+        """
+        return self.open_attempt(population_id, epsilon=epsilon, delta=delta, dataset_sha256=dataset_sha256,
+                                 pipeline_run_id=pipeline_run_id, accountant=accountant, records=records,
+                                 stage=stage, attempt_id=None, resumes_id=None, stale_after_s=None,
+                                 settle_stale=False)[0]
+
+    def check_affordable(self, population_id: str, *, epsilon: float, delta: float, records: int) -> dict[str, Any]:
+        """Refuse (PrivacyError) what :meth:`reserve` would refuse, writing nothing; the balance otherwise."""
+        pid = _check_id(population_id, "population_id")
+        eps, dlt = check_epsilon(epsilon, "epsilon"), check_delta_range(delta, "delta")
+        with self._transaction(write=False) as conn:
+            row = conn.execute(select(populations_table).where(populations_table.c.population_id == pid)).first()
+            return self._affordable(conn, row, pid, eps, dlt, records, run_id=None)
+
+    def open_attempt(self, population_id: str, *, epsilon: float, delta: float, dataset_sha256: str,
+                     pipeline_run_id: str, accountant: str, records: int, stage: str, attempt_id: str | None,
+                     resumes_id: int | None, stale_after_s: float | None,
+                     resumed_steps: int | None = None, settle_stale: bool = True) -> tuple[int, list[dict[str, Any]]]:
+        """Open the reservation of one attempt at a private stage: ``(reservation id, settled)``.
+
+        In the same transaction, first settles (committed at its whole reservation, reason recorded)
+        every open reservation of this population that is stale: the one whose checkpoint this
+        attempt resumes (``resumes_id``: adopted — it must be of this population and stage), those of
+        the same ``stage`` and ``pipeline_run_id`` (an earlier attempt of this stage in this pipeline
+        run: only one runs at a time), and, given ``stale_after_s``, those whose last heartbeat is
+        older. ``settled`` lists them. Then reserves as :meth:`reserve` does.
         """
         pid = _check_id(population_id, "population_id")
         eps = check_epsilon(epsilon, "epsilon")
@@ -169,46 +242,120 @@ class Ledger:
         run_id = _check_id(pipeline_run_id, "pipeline_run_id")
         acct = _check_id(accountant, "accountant")
         stage = _check_id(stage, "stage")
+        attempt = None if attempt_id is None else _check_id(attempt_id, "attempt_id")
+        resumes = None if resumes_id is None else _check_reservation_id(resumes_id)
+        now = _now()
         with self._transaction() as conn:
             row = self._lock_population(conn, pid)
-            if row is None:
-                raise PrivacyError(
-                    f"population_id: no budget for population {pid!r}; "
-                    f"set one first with `{commands.dpsynth('ledger', 'set-budget', pid, '--epsilon E --delta D')}`")
-            bal = _balance(conn, row)
-            if not _fits(bal["committed"] + bal["reserved"] + eps, bal["budget"]):
-                raise PrivacyError(
-                    f"epsilon: population {pid!r} cannot afford ε={eps:g} for run {run_id!r}: "
-                    f"lifetime budget ε={bal['budget']:g}, committed {bal['committed']:g}, "
-                    f"reserved by runs in progress {bal['reserved']:g}, remaining {bal['remaining']:g}")
-            if not _fits(bal["delta_used"] + dlt, bal["delta"]):
-                raise PrivacyError(
-                    f"delta: population {pid!r} cannot afford δ={dlt:g} for run {run_id!r}: "
-                    f"lifetime budget δ={bal['delta']:g}, already charged (committed + reserved) "
-                    f"{bal['delta_used']:g}; under basic composition the δ's of all runs add up")
+            if resumes is not None:
+                adopted = conn.execute(select(reservations_table).where(reservations_table.c.id == resumes)).first()
+                if adopted is None or adopted.population_id != pid or adopted.stage != stage:
+                    raise PrivacyError(
+                        f"resumes_id: the checkpoint was written under reservation {resumes}, which is "
+                        + ("not in this ledger" if adopted is None else
+                           f"of population {adopted.population_id!r}, stage {adopted.stage!r}")
+                        + f", not of population {pid!r}, stage {stage!r}: refusing to resume it (start afresh)")
+            settled = []
+            if row is not None and settle_stale:
+                _check_rows(conn, row)
+                settled = self._settle_stale(conn, pid, stage=stage, run_id=run_id, resumes=resumes,
+                                             attempt=attempt, stale_after_s=stale_after_s, now=now)
+            self._affordable(conn, row, pid, eps, dlt, records, run_id=run_id)
             result = conn.execute(insert(reservations_table).values(
                 population_id=pid, dataset_sha256=sha, pipeline_run_id=run_id, stage=stage,
-                epsilon_reserved=eps, delta=dlt, status="reserved", accountant=acct, created_at=_now()))
-            return int(result.inserted_primary_key[0])
+                epsilon_reserved=eps, delta=dlt, status="reserved", accountant=acct, created_at=now,
+                attempt_id=attempt, resumes_id=resumes, steps=resumed_steps, heartbeat_at=now))
+            return int(result.inserted_primary_key[0]), settled
+
+    def heartbeat(self, reservation_id: int, *, steps: int) -> None:
+        """The attempt holding this reservation is alive, and its last checkpoint holds ``steps`` private steps."""
+        with self._transaction() as conn:
+            row = self._lock_open_reservation(conn, reservation_id)
+            conn.execute(update(reservations_table).where(reservations_table.c.id == row.id)
+                         .values(heartbeat_at=_now(), steps=operator.index(steps)))
+
+    def settle(self, reservation_id: int, *, reason: str) -> dict[str, Any]:
+        """Close a stale open reservation at its whole reservation, ``reason`` recorded (``dpsynth ledger settle``)."""
+        why = _check_text(reason, "reason")
+        with self._transaction() as conn:
+            row = self._lock_open_reservation(conn, reservation_id)
+            self._close(conn, row.id, status="committed", epsilon_spent=row.epsilon_reserved,
+                        note=f"{STALE}{why}")
+        return self.reservation(reservation_id)
+
+    def _settle_stale(self, conn: Connection, pid: str, *, stage: str, run_id: str, resumes: int | None,
+                      attempt: str | None, stale_after_s: float | None, now: datetime) -> list[dict[str, Any]]:
+        table = reservations_table
+        stale = [(table.c.stage == stage) & (table.c.pipeline_run_id == run_id)]
+        if resumes is not None:
+            stale.append(table.c.id == resumes)
+        if stale_after_s is not None:
+            cutoff = datetime.fromtimestamp(now.timestamp() - float(stale_after_s), timezone.utc)
+            stale.append(func.coalesce(table.c.heartbeat_at, table.c.created_at) < cutoff)
+        rows = conn.execute(select(table).where(table.c.population_id == pid, table.c.status == "reserved",
+                                                or_(*stale)).with_for_update()).all()
+        by = f"attempt {attempt}" if attempt else f"run {run_id!r}"
+        settled = []
+        for r in rows:
+            if r.id == resumes:
+                why = (f"adopted by {by}, which resumes its checkpoint ({r.steps or 0} private steps); after "
+                       "that checkpoint it may have run up to its reservation")
+            elif r.stage == stage and r.pipeline_run_id == run_id:
+                why = f"superseded by {by} of stage {stage!r} in the same pipeline run: it ended without closing"
+            else:
+                why = f"expired: no heartbeat for more than {stale_after_s:g} s"
+            self._close(conn, r.id, status="committed", epsilon_spent=r.epsilon_reserved,
+                        note=f"{STALE}{why}")
+            settled.append({**_row_dict(r), "status": "committed", "note": why})
+        return settled
+
+    @staticmethod
+    def _affordable(conn: Connection, row, pid: str, eps: float, dlt: float, records: int,
+                    *, run_id: str | None) -> dict[str, Any]:
+        if row is None:
+            raise PrivacyError(
+                f"population_id: the ledger has no budget for population {pid!r}, and it gives none by "
+                f"default; an operator sets one with `{_set_budget_command(pid)}`")
+        bal = _balance(conn, row)
+        _check_lifetime_delta(pid, bal["delta"], records)
+        what = f" for run {run_id!r}" if run_id else ""
+        if not _fits(bal["committed"] + bal["reserved"] + eps, bal["budget"]):
+            raise PrivacyError(
+                f"epsilon: population {pid!r} cannot afford ε={eps:g}{what}: "
+                f"lifetime budget ε={bal['budget']:g}, committed {bal['committed']:g}, "
+                f"reserved by attempts in progress {bal['reserved']:g}, remaining {bal['remaining']:g}; "
+                f"an operator may raise it with `{_set_budget_command(pid)}`")
+        if not _fits(bal["delta_used"] + dlt, bal["delta"]):
+            raise PrivacyError(
+                f"delta: population {pid!r} cannot afford δ={dlt:g}{what}: "
+                f"lifetime budget δ={bal['delta']:g}, already charged (committed + reserved) "
+                f"{bal['delta_used']:g}; under basic composition the δ's of all attempts add up")
+        return bal
 
     def commit(self, reservation_id: int, *, epsilon_spent: float, note: str | None = None) -> None:
-        """Record the ε a run actually spent (≤ its reservation); the rest goes back to the budget.
+        """Record the ε an attempt spent; the unspent part of its reservation goes back to the budget.
 
-        A run that failed after touching the data commits what it spent (its partial products
-        exist); :meth:`release` is for runs that spent nothing.
+        Spending more than was reserved is recorded as it is, flagged OVERDRAW in the note, never
+        capped. An attempt whose reservation was settled as stale while it still ran (its heartbeat
+        had stopped, say) keeps the larger of the two charges. :meth:`release` is for attempts that spent nothing.
         """
         spent = as_real(epsilon_spent, "epsilon_spent")
         if not 0 <= spent < math.inf:
             raise PrivacyError(f"epsilon_spent: must be a finite number >= 0, got {spent:g}")
+        rid = _check_reservation_id(reservation_id)
         with self._transaction() as conn:
-            row = self._lock_open_reservation(conn, reservation_id)
+            table = reservations_table
+            row = conn.execute(select(table).where(table.c.id == rid).with_for_update()).first()
+            if row is not None and row.status == "committed" and (row.note or "").startswith(STALE):
+                conn.execute(update(table).where(table.c.id == rid).values(
+                    epsilon_spent=max(spent, row.epsilon_spent),
+                    note=f"{row.note}; the attempt then committed ε={spent:.6g}" + (f" ({note})" if note else "")))
+                return
+            row = self._lock_open_reservation(conn, rid)
             if spent > row.epsilon_reserved + TOLERANCE:
-                raise PrivacyError(
-                    f"epsilon_spent: reservation {row.id} (population {row.population_id!r}, run "
-                    f"{row.pipeline_run_id!r}) reserved ε={row.epsilon_reserved:g} but reports "
-                    f"ε={spent:g} spent; a run must stop at its reservation (left open)")
-            self._close(conn, row.id, status="committed", epsilon_spent=min(spent, row.epsilon_reserved),
-                        note=note)
+                over = f"OVERDRAW: spent ε={spent:.6g} > reserved ε={row.epsilon_reserved:.6g}"
+                note = f"{over}; {note}" if note else over
+            self._close(conn, row.id, status="committed", epsilon_spent=spent, note=note)
 
     def release(self, reservation_id: int, *, note: str) -> None:
         """Give a failed run's whole reservation back; ``note`` says why."""
@@ -224,7 +371,7 @@ class Ledger:
             if row is None:
                 raise PrivacyError(
                     f"population_id: no budget for population {pid!r}; "
-                    f"set one with `{commands.dpsynth('ledger', 'set-budget', pid, '--epsilon E --delta D')}`")
+                    f"set one with `{_set_budget_command(pid)}`")
             return _balance(conn, row)
 
     def populations(self) -> list[dict[str, Any]]:
@@ -312,6 +459,8 @@ def _take_sqlite_transactions(engine) -> None:
 
 
 def _balance(conn: Connection, population) -> dict[str, Any]:
+    """The population's balance, after checking every one of its rows (a hand-edited ledger is refused)."""
+    _check_rows(conn, population)
     table = reservations_table
     charged = case((table.c.status == "committed", table.c.epsilon_spent), else_=table.c.epsilon_reserved)
     sums = {status: (eps or 0.0, dlt or 0.0) for status, eps, dlt in conn.execute(
@@ -329,6 +478,71 @@ def _balance(conn: Connection, population) -> dict[str, Any]:
         "delta": population.delta,
         "delta_used": delta_committed + delta_reserved,
     }
+
+
+def _check_rows(conn: Connection, population) -> None:
+    """Refuse a population whose rows no code path of this module writes (a hand-edited ledger)."""
+    pid = population.population_id
+
+    def bad(x, *, zero_ok: bool = False) -> bool:
+        return x is None or not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok)
+
+    if bad(population.epsilon_budget) or bad(population.delta) or not population.delta < 1:
+        raise PrivacyError(f"ledger: population {pid!r} has an invalid budget (ε={population.epsilon_budget!r}, "
+                           f"δ={population.delta!r}); refusing to use it until an operator repairs the row")
+    table = reservations_table
+    for r in conn.execute(select(table).where(table.c.population_id == pid)):
+        problem = None
+        if r.status not in STATUSES:
+            problem = f"unknown status {r.status!r}"
+        elif bad(r.epsilon_reserved) or bad(r.delta) or not r.delta < 1:
+            problem = f"invalid reservation ε={r.epsilon_reserved!r}, δ={r.delta!r}"
+        elif r.status == "committed" and bad(r.epsilon_spent, zero_ok=True):
+            problem = f"invalid spent ε={r.epsilon_spent!r}"
+        elif r.status != "committed" and r.epsilon_spent is not None:
+            problem = f"a {r.status} reservation with spent ε={r.epsilon_spent!r}"
+        elif (r.status == "reserved") != (r.closed_at is None):
+            problem = f"status {r.status!r} with closed_at={r.closed_at!r}"
+        if problem:
+            raise PrivacyError(f"ledger: reservation {r.id} of population {pid!r} is corrupt ({problem}); "
+                               "refusing to use the ledger until an operator repairs the row")
+    charged = conn.execute(select(func.sum(case((table.c.status == "committed", table.c.epsilon_spent),
+                                                else_=table.c.epsilon_reserved)))
+                           .where(table.c.population_id == pid, table.c.status != "released")).scalar() or 0.0
+    overdrawn = conn.execute(select(func.count()).select_from(table).where(
+        table.c.population_id == pid, table.c.note.like("%OVERDRAW%"))).scalar()
+    if not _fits(charged, population.epsilon_budget) and not overdrawn:
+        raise PrivacyError(f"ledger: population {pid!r} is charged ε={charged:g}, above its budget "
+                           f"ε={population.epsilon_budget:g}, with no overdraw recorded: the budget was lowered "
+                           "outside `dpsynth ledger set-budget`; refusing to use it until an operator repairs it")
+
+
+def _missing_columns(conn: Connection) -> list[tuple[str, str]]:
+    insp = inspect(conn)
+    found = []
+    for table, columns in _ADDED_COLUMNS.items():
+        if insp.has_table(table):
+            have = {c["name"] for c in insp.get_columns(table)}
+            found += [(table, c) for c in columns if c not in have]
+    return found
+
+
+def _check_lifetime_delta(pid: str, delta: float, records: int) -> None:
+    n = operator.index(records)
+    if n < 1 or not delta < 1 / n:
+        raise PrivacyError(f"delta: the lifetime δ={delta:g} of population {pid!r} must be < 1/n = "
+                           f"{1 / max(n, 1):.6g} for its n = {n} records, or one record may leak outright; "
+                           f"lower it with `{_set_budget_command(pid)}`")
+
+
+def _set_budget_command(pid: str) -> str:
+    return commands.dpsynth("ledger", "set-budget", pid, "--epsilon E --delta D --reason TEXT")
+
+
+def _check_text(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise PrivacyError(f"{field}: required, a non-empty text, got {value!r}")
+    return value.strip()
 
 
 def _fits(total: float, limit: float) -> bool:

@@ -1,4 +1,4 @@
-"""``dpsynth ledger show | set-budget | history``: the lifetime privacy-budget ledger."""
+"""``dpsynth ledger show | set-budget | history | settle``: the lifetime privacy-budget ledger."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ def register(subparsers) -> None:
         "ledger",
         help="show and set each dataset's lifetime privacy budget",
         description="The lifetime (ε, δ) budget of each population (a dataset across its versions), "
-        "what pipeline runs have committed and reserved against it, and the history of every charge. "
-        "Runs compose by the basic composition theorem: their ε's and δ's add up.",
+        "what training attempts have committed and reserved against it, the history of every charge and "
+        "of every budget change. Attempts compose by the basic composition theorem: their ε's and δ's add "
+        "up. A population has no budget until an operator sets one.",
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -41,17 +42,33 @@ def register(subparsers) -> None:
 
     budget = actions.add_parser(
         "set-budget", parents=[common], help="create a population or change its lifetime budget",
-        description="Set the lifetime (ε, δ) budget of POPULATION, creating it if new. "
-        "A budget below what is already committed + reserved is refused.",
+        description="Set the lifetime (ε, δ) budget of POPULATION, creating it if new; the change, who made "
+        "it and why go into its budget history. A budget below what is already committed + reserved is "
+        "refused, and so is a δ ≥ 1/n (checked here with --records, and by every attempt).",
     )
     budget.add_argument("population", metavar="POPULATION", help="population id")
     budget.add_argument("--epsilon", required=True, type=float, metavar="E", help="lifetime ε (> 0)")
-    budget.add_argument("--delta", required=True, type=float, metavar="D", help="lifetime δ, in (0, 1)")
+    budget.add_argument("--delta", required=True, type=float, metavar="D", help="lifetime δ, in (0, 1), < 1/n")
+    budget.add_argument("--reason", required=True, metavar="TEXT", help="why (kept in the budget history)")
+    budget.add_argument("--records", type=int, metavar="N", help="the dataset's records: refuse δ >= 1/N now")
+    budget.add_argument("--if-new", action="store_true",
+                        help="only create the population: leave an existing one's budget as it is")
     budget.set_defaults(func=run_set_budget)
 
+    settle = actions.add_parser(
+        "settle", parents=[common], help="charge a stale open reservation in full",
+        description="Close the open reservation ID, whose attempt died without closing it, at its whole "
+        "reserved ε (it may have run up to it); REASON is recorded. Attempts also settle stale reservations "
+        "themselves: see docs/operations.md.",
+    )
+    settle.add_argument("reservation", type=int, metavar="ID", help="reservation id (`dpsynth ledger history`)")
+    settle.add_argument("--reason", required=True, metavar="TEXT", help="why it is stale (recorded)")
+    settle.set_defaults(func=run_settle)
+
     history = actions.add_parser(
-        "history", parents=[common], help="every reservation, commit and release",
-        description="List every charge to POPULATION (or to all populations), oldest first.",
+        "history", parents=[common], help="every reservation, commit and release, and every budget change",
+        description="List every charge to POPULATION (or to all populations), then every change of its "
+        "budget, oldest first.",
     )
     history.add_argument("population", nargs="?", metavar="POPULATION", help="one population id (default: all)")
     history.set_defaults(func=run_history)
@@ -76,21 +93,50 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_set_budget(args: argparse.Namespace) -> int:
-    balance = open_ledger(args).set_budget(args.population, epsilon=args.epsilon, delta=args.delta)
+    ledger = open_ledger(args)
+    known = {p["population_id"]: p for p in ledger.populations()}
+    if args.if_new and args.population.strip() in known:
+        balance = known[args.population.strip()]
+        if not args.json:
+            print(f"population {balance['population_id']} exists: its budget stays ε={_fmt(balance['budget'])}, "
+                  f"δ={_fmt(balance['delta'])} (remaining ε {_fmt(balance['remaining'])}); to raise it: "
+                  f"{commands.dpsynth('ledger', 'set-budget', balance['population_id'], '--epsilon E --delta D --reason TEXT')}")
+    else:
+        balance = ledger.set_budget(args.population, epsilon=args.epsilon, delta=args.delta, reason=args.reason,
+                                    records=args.records)
     if args.json:
         print(json.dumps(balance))
-    else:
+    elif not (args.if_new and args.population.strip() in known):
         print(f"population {balance['population_id']}: lifetime budget ε={_fmt(balance['budget'])}, "
               f"δ={_fmt(balance['delta'])}; committed {_fmt(balance['committed'])}, "
               f"reserved {_fmt(balance['reserved'])}, remaining {_fmt(balance['remaining'])}")
     return 0
 
 
-def run_history(args: argparse.Namespace) -> int:
-    rows = open_ledger(args).history(args.population)
+def run_settle(args: argparse.Namespace) -> int:
+    row = open_ledger(args).settle(args.reservation, reason=args.reason)
     if args.json:
-        print(json.dumps(rows))
-    elif not rows:
+        print(json.dumps(row))
+    else:
+        print(f"reservation {row['id']} (population {row['population_id']}): committed at its whole "
+              f"ε={_fmt(row['epsilon_spent'])}; {row['note']}")
+    return 0
+
+
+def run_history(args: argparse.Namespace) -> int:
+    ledger = open_ledger(args)
+    rows, changes = ledger.history(args.population), ledger.budget_history(args.population)
+    if args.json:
+        print(json.dumps({"reservations": rows, "budget_changes": changes}))
+        return 0
+    if changes:
+        for row in changes:
+            row["changed_at"] = row["changed_at"][:19]
+        print("budget changes:")
+        print(_table(changes, ["id", "population_id", "changed_at", "changed_by", "old_epsilon", "old_delta",
+                               "new_epsilon", "new_delta", "reason"]))
+        print()
+    if not rows:
         print("no reservations yet")
     else:
         for row in rows:
@@ -98,8 +144,8 @@ def run_history(args: argparse.Namespace) -> int:
             row["created_at"] = row["created_at"][:19]
             row["closed_at"] = row["closed_at"] and row["closed_at"][:19]
         print(_table(rows, ["id", "population_id", "pipeline_run_id", "stage", "status", "epsilon_reserved",
-                            "epsilon_spent", "delta", "accountant", "dataset_sha256", "created_at",
-                            "closed_at", "note"]))
+                            "epsilon_spent", "delta", "accountant", "resumes_id", "steps", "dataset_sha256",
+                            "created_at", "closed_at", "note"]))
     return 0
 
 

@@ -9,6 +9,10 @@ The trainer works in a local directory: ``sensitive/train`` itself when the run 
 local (so an interrupted run resumes from ``checkpoints/`` when its settings are unchanged;
 a checkpoint of other settings, or any with ``--force``, is discarded), else a temporary directory whose
 outputs are then uploaded (no resume across machines for remote run directories yet).
+
+Every attempt is charged to the ledger (:mod:`dpsynth.privacy.attempt`): it opens its own reservation
+before building the trainer, adopting the reservation of the checkpoint it resumes, and commits the ε
+of the steps it added. A reused stage opens none (it spends nothing).
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import hashlib
 import json
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 from dpsynth import storage, tracking
 from dpsynth.data import read_parquet
 from dpsynth.methods import registry
-from dpsynth.stages import common, manifest
+from dpsynth.stages import charging, common, manifest
 
 STAGE = "train"
 SECTIONS = ("data", "partition", "privacy", "train", "warmup")  # plus the method's own (registry: Method.sections)
@@ -84,6 +89,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
     fp = common.fingerprint(cfg, SECTIONS + method.sections)
     if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
+    charging.population_id(cfg)  # ConfigError before the data is read
     shard_data = [read_parquet(s["uri"]) for s in shards]
     dataset = common.concat(shard_data)
     remote = storage.is_remote(ctx.run_dir)
@@ -100,9 +106,14 @@ def run(ctx: common.StageContext) -> common.Outcome:
         )
         data, method_kwargs = method_inputs(ctx, method, dataset=dataset, shards=shard_data,
                                             warmstart=warmstart_manifest)
-        trainer = method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id, run_tags=ctx.run_tags(),
-                                         **method_kwargs)
-        result = dataclasses.asdict(trainer.train())
+        tracking_uri = ctx.tracking_uri if cfg.tracking.enabled else None
+        ledger = charging.open_ledger(charging.ledger_url(cfg, run_dir=ctx.run_dir, tracking_uri=tracking_uri))
+        result = dataclasses.asdict(charging.train_charged(
+            tcfg, lambda: method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id,
+                                                 run_tags=ctx.run_tags(), **method_kwargs),
+            ledger=ledger, dataset_version=partition["dataset_sha256"],
+            pipeline_run_id=ctx.pipeline_run_id or f"stage-{uuid.uuid4().hex[:12]}",
+            records=partition["details"]["records"], workdir=workdir))
         # generator snapshots a trainer left at its checkpoints (evaluate's ε-vs-metric curve)
         snapshots = sorted(p.relative_to(workdir).as_posix()
                            for p in (Path(workdir) / "checkpoints" / "snapshots").glob("generator-*.pt"))

@@ -30,6 +30,12 @@ def params(dataset_uri: str = DATASET_URI) -> dict:
     return {
         "dataset_uri": Param(dataset_uri, type="string", minLength=1, title="Dataset URI",
                              description="canonical Parquet (local path or s3://), e.g. from `dpsynth data import`"),
+        "population_id": Param(pods.setting("DPSYNTH_POPULATION_ID"), type=["null", "string"], minLength=1,
+                               maxLength=200, title="Population id",
+                               description="ledger.population_id: whose lifetime privacy budget every training "
+                                           "attempt is charged; an operator sets that budget beforehand with "
+                                           "`dpsynth ledger set-budget POPULATION --epsilon E --delta D --reason "
+                                           "TEXT` (none is given by default). Empty: the config's"),
         "method": Param("dpgan", type="string", enum=list(pods.METHODS), title="Method",
                         description="dpgan (Bie et al.), gswgan / dpac (one warm-started discriminator per "
                                     "shard), gswgan_federated (GS-WGAN with each shard a client process), "

@@ -16,6 +16,10 @@ ConfigMap), else its default:
   ``DPSYNTH_K8S_CONFIG_FILE`` (a kubeconfig; else in-cluster), ``DPSYNTH_K8S_DEFERRABLE`` ("true":
   pods are waited for in the triggerer), ``DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS`` (900: time for a pod to
   be scheduled, e.g. while a GPU node is added by the autoscaler, and again to start).
+- the trigger form: ``DPSYNTH_POPULATION_ID`` (the default of its population id, ``ledger.population_id``;
+  unset: the config's), ``DPSYNTH_DATASET_URI``, ``DPSYNTH_RUN_ROOT``, ``DPSYNTH_CONFIG``, ``DPSYNTH_TRACKING_URI``.
+  The ledger is ``DPSYNTH_LEDGER_URL`` (the stage Secret on Kubernetes), else beside a SQLite MLflow store or
+  the local run root; the population's budget is set there beforehand (``dpsynth ledger set-budget``).
 - every task: ``DPSYNTH_TASK_RETRIES`` (2), ``DPSYNTH_TASK_RETRY_DELAY_SECONDS`` (120),
   ``DPSYNTH_TASK_TIMEOUT_SECONDS`` (43200). Retrying is safe: a stage skips work its manifest records.
 """
@@ -70,6 +74,8 @@ def overrides(params: dict) -> list[str]:
             f"privacy.epsilon={params['epsilon']}", f"privacy.delta={params['delta']}",
             f"train.steps={params['steps']}", f"partition.num_shards={params['num_shards']}",
             f"train.n_d={params['n_d']}", f"train.seed={params['seed']}"]
+    if params.get("population_id"):  # else the config's (required: `dpsynth pipeline start` refuses a run without)
+        sets.append(f"ledger.population_id={params['population_id']}")
     if params.get("tracking_uri"):
         sets += ["tracking.enabled=true", f"tracking.uri={params['tracking_uri']}"]
     return sets + list(params.get("overrides") or [])

@@ -1,0 +1,155 @@
+"""One attempt at a private stage, charged to the ledger: open before the first private step, closed after.
+
+``dpsynth train`` (the pipeline's train stage, and the standalone command) runs every trainer through
+:func:`run_charged`:
+
+1. :func:`open_attempt` looks at the checkpoint the trainer would resume (``checkpoints/last.pt``). It
+   carries the ledger reservation of the attempt that wrote it (its *lineage*). The new attempt
+   *adopts* that reservation — settling it, when still open, at its whole amount, since the process
+   that held it died and may have run any step its reservation allowed after its last checkpoint —
+   and opens its own reservation for the steps it will add. No checkpoint (a fresh restart, ``--force``,
+   a remote run directory, the federated method) means nothing to adopt: the attempt is charged on its
+   own, again. A checkpoint written under a reservation of another population or stage is refused.
+2. The trainer runs inside :func:`dpsynth.methods.checkpoint.charging`: each checkpoint it writes
+   records the reservation and is the attempt's heartbeat; it may resume only the adopted checkpoint.
+3. The attempt commits the ε of the steps it *added* (the final trace after the resumed checkpoint's
+   trace, composed alone by the accountant: a subset of the run's steps, so at most its target ε).
+   If the trainer fails in this process, it commits the ε of the steps its trace recorded (a step
+   whose record is missing left no output); if that trace cannot be read, its whole reservation.
+   It releases the reservation only when it failed before its first private step (building the trainer).
+
+Each attempt reserves ``privacy.epsilon``: the budget guard stops any trace at that ε, and the steps
+one attempt adds are part of such a trace. An ``as_published`` run, which has no guard, may spend more:
+the overdraw is recorded as such.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dpsynth.errors import PrivacyError
+from dpsynth.privacy.accountants import get_accountant
+from dpsynth.privacy.events import MechanismTrace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Attempt:
+    """An open reservation held by this process."""
+
+    ledger: Any  # dpsynth.privacy.ledger.Ledger
+    reservation_id: int
+    attempt_id: str
+    resumes_id: int | None  # the reservation whose checkpoint this attempt resumes
+    prefix: MechanismTrace  # that checkpoint's trace (empty when the attempt starts afresh)
+    epsilon_reserved: float
+    delta: float
+    settled: list[dict] = field(default_factory=list)  # stale reservations settled when this one opened
+    closed: bool = False
+
+    @property
+    def lineage(self) -> dict:
+        return {"reservation_id": self.reservation_id, "attempt_id": self.attempt_id}
+
+    def heartbeat(self, steps: int) -> None:
+        self.ledger.heartbeat(self.reservation_id, steps=steps)
+
+    def added(self, trace: MechanismTrace) -> MechanismTrace:
+        return trace.after(self.prefix)
+
+    def commit(self, trace: MechanismTrace, *, accountant: str, why: str = "") -> float:
+        """Charge the ε of the steps ``trace`` adds to the resumed checkpoint, composed alone."""
+        added = self.added(trace)
+        eps = get_accountant(accountant).epsilon(added, delta=self.delta) if added.steps else 0.0
+        resumed = (f"{added.steps} private steps added to the {self.prefix.steps} of reservation "
+                   f"{self.resumes_id}'s checkpoint" if self.resumes_id else f"{added.steps} private steps")
+        self._close(lambda: self.ledger.commit(self.reservation_id, epsilon_spent=eps,
+                                               note=f"{why}{resumed}, ε by {accountant}"))
+        return eps
+
+    def charge_in_full(self, why: str) -> None:
+        self._close(lambda: self.ledger.commit(self.reservation_id, epsilon_spent=self.epsilon_reserved,
+                                               note=f"charged its whole reservation: {why}"))
+
+    def release(self, why: str) -> None:
+        self._close(lambda: self.ledger.release(self.reservation_id, note=why))
+
+    def _close(self, fn: Callable[[], None]) -> None:
+        if self.closed:
+            raise PrivacyError(f"reservation {self.reservation_id}: this attempt already closed it")
+        fn()
+        self.closed = True
+
+
+def open_attempt(ledger, *, population_id: str, epsilon: float, delta: float, dataset_version: str,
+                 pipeline_run_id: str, stage: str, records: int, accountant: str, checkpoint_dir,
+                 resume: bool, stale_after_s: float | None) -> Attempt:
+    """Adopt the checkpoint in ``checkpoint_dir`` (when ``resume``) and open this attempt's reservation."""
+    from dpsynth.methods import checkpoint
+
+    found = checkpoint.lineage(checkpoint_dir) if resume else None
+    resumes, prefix = None, MechanismTrace()
+    if found is not None:
+        resumes = found["reservation_id"]
+        if resumes is None:
+            raise PrivacyError(
+                f"checkpoint: {checkpoint_dir} holds a checkpoint written outside any ledger attempt, so no "
+                "reservation accounts for its steps; remove it (or run with --force) to start afresh")
+        prefix = MechanismTrace.from_dict(found["trace"]) if found["trace"] else MechanismTrace()
+    attempt_id = uuid.uuid4().hex
+    rid, settled = ledger.open_attempt(
+        population_id, epsilon=epsilon, delta=delta, dataset_sha256=dataset_version, pipeline_run_id=pipeline_run_id,
+        accountant=accountant, records=records, stage=stage, attempt_id=attempt_id, resumes_id=resumes,
+        stale_after_s=stale_after_s, resumed_steps=prefix.steps)
+    for r in settled:
+        log.warning("ledger: stale reservation %s (run %s) settled at its whole ε=%.4g: %s",
+                    r["id"], r["pipeline_run_id"], r["epsilon_reserved"], r["note"])
+    log.info("ledger: attempt %s holds reservation %s (ε=%.4g, δ=%g of population %r)%s", attempt_id, rid,
+             epsilon, delta, population_id, f", resuming reservation {resumes}'s checkpoint" if resumes else "")
+    return Attempt(ledger=ledger, reservation_id=rid, attempt_id=attempt_id, resumes_id=resumes, prefix=prefix,
+                   epsilon_reserved=epsilon, delta=delta, settled=settled)
+
+
+def run_charged(attempt: Attempt, make_trainer: Callable[[], Any], *, read_trace: Callable[[Any], MechanismTrace]):
+    """Build the trainer, train it under ``attempt``, close the attempt; returns the trainer's result.
+
+    ``read_trace(result)``: the final trace of a finished run.
+    """
+    from dpsynth.methods import checkpoint
+
+    try:
+        trainer = make_trainer()
+    except BaseException as exc:
+        attempt.release(f"failed before its first private step: {str(exc) or repr(exc)}")
+        raise
+    try:
+        with checkpoint.charging(attempt):
+            result = trainer.train()
+    except BaseException as exc:
+        _charge_failure(attempt, trainer, exc)
+        raise
+    try:
+        attempt.commit(read_trace(result), accountant=result.accountant)
+    except BaseException as exc:
+        if not attempt.closed:
+            attempt.charge_in_full(f"its trace could not be accounted ({str(exc) or repr(exc)})")
+        raise
+    return result
+
+
+def _charge_failure(attempt: Attempt, trainer, exc: BaseException) -> None:
+    why = f"failed: {str(exc) or repr(exc)}; "
+    trace = getattr(trainer, "trace", None)
+    guard = getattr(getattr(trainer, "plan", None), "guard", None)
+    if isinstance(trace, MechanismTrace) and guard is not None:
+        try:
+            attempt.commit(trace, accountant=guard.accountant.name, why=why)
+            return
+        except Exception as inner:  # noqa: BLE001 (whatever it is, charge the whole reservation)
+            why += f"its trace could not be accounted ({inner}); "
+    if not attempt.closed:
+        attempt.charge_in_full(f"{why}the steps it ran are unknown")

@@ -1,0 +1,123 @@
+"""Every training attempt is charged: a killed attempt, its resumption and a fresh restart, as real processes.
+
+The reference is Opacus' RDP accountant on the steps that may have run, computed here independently of
+dpsynth's accountants.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpsynth.data import import_source, write_parquet
+from dpsynth.privacy.ledger import Ledger
+
+MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
+STEPS, EPSILON, DELTA = 300, 10.0, 1e-4
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "mnist600.parquet"
+    write_parquet(import_source(str(MNIST)).subset(np.arange(600)), str(path))
+    return path
+
+
+def train_args(data, out, url, *extra):
+    settings = [f"data.uri={data}", f"output.dir={out}", "tracking.enabled=false", f"train.steps={STEPS}",
+                "train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch_size=32",
+                "output.checkpoint_every=20", "output.sample_every=0", f"privacy.epsilon={EPSILON}",
+                f"privacy.delta={DELTA}", f"ledger.url={url}", "ledger.population_id=mnist600", *extra]
+    return [sys.executable, "-m", "dpsynth.cli", "train", "--json", *[a for s in settings for a in ("--set", s)]]
+
+
+def opacus_epsilon(steps: int, sigma: float, q: float) -> float:
+    from opacus.accountants import RDPAccountant
+
+    acc = RDPAccountant()
+    acc.history = [(sigma, q, steps)]
+    return acc.get_epsilon(DELTA)
+
+
+def test_a_killed_attempt_then_its_resumption_are_charged_at_least_what_ran(tmp_path, data):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ledger = Ledger(url)
+    ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="test")
+    out = tmp_path / "run"
+    args = train_args(data, out, url)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = out / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert ckpt.exists(), "no checkpoint appeared"
+    proc.send_signal(signal.SIGKILL)  # after its reservation and some steps, at no particular point
+    proc.wait()
+    (killed,) = ledger.history("mnist600")
+    assert killed["status"] == "reserved"  # what SIGKILL leaves behind
+    resumed_at = torch.load(ckpt, weights_only=False)["step"]
+    assert 0 < resumed_at < STEPS
+
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["steps"] == STEPS
+    first, second = ledger.history("mnist600")
+    assert first["id"] == killed["id"] and first["status"] == "committed" and "adopted" in first["note"]
+    assert second["status"] == "committed" and second["resumes_id"] == first["id"]
+    assert not [r for r in ledger.history() if r["status"] == "reserved"]  # no stale reservation remains
+
+    # what may have run: the killed attempt up to all its steps, then the STEPS - resumed_at added
+    sigma, q = result["noise_multiplier"], result["sample_rate"]
+    may_have_run = STEPS + (STEPS - resumed_at)
+    reference = opacus_epsilon(may_have_run, sigma, q)
+    total = ledger.balance("mnist600")["committed"]
+    assert total >= reference, (total, reference)
+    assert first["epsilon_spent"] == EPSILON  # the killed attempt: its whole reservation
+    # the resumption: the steps it added, composed alone (within 1% of Opacus' RDP)
+    assert second["epsilon_spent"] == pytest.approx(opacus_epsilon(STEPS - resumed_at, sigma, q), rel=0.01)
+    assert second["epsilon_spent"] < EPSILON
+
+
+def test_a_fresh_restart_is_charged_again(tmp_path, data):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ledger = Ledger(url)
+    ledger.set_budget("mnist600", epsilon=25.0, delta=1e-3, reason="test")
+    out = tmp_path / "run"
+    short = ("train.steps=40",)
+    for extra in ((), ("output.resume=false",)):  # the second discards the finished run's checkpoint
+        done = subprocess.run(train_args(data, out, url, *short, *extra), capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    reference = opacus_epsilon(40, result["noise_multiplier"], result["sample_rate"])
+    first, second = ledger.history("mnist600")
+    assert first["resumes_id"] is None and second["resumes_id"] is None
+    assert first["epsilon_spent"] == pytest.approx(reference, rel=0.01)
+    assert second["epsilon_spent"] == pytest.approx(reference, rel=0.01)
+    assert ledger.balance("mnist600")["committed"] == pytest.approx(2 * reference, rel=0.01)
+    # a third would exceed the 25: refused before it trains, with the command that raises the budget
+    refused = subprocess.run(train_args(data, tmp_path / "run3", url, *short), capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode == 2 and "cannot afford ε=10" in refused.stderr and "set-budget" in refused.stderr
+    assert not (tmp_path / "run3" / "checkpoints").exists() and len(ledger.history("mnist600")) == 2
+
+
+def test_training_needs_an_explicit_population_and_a_budget(tmp_path, data):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    args = train_args(data, tmp_path / "run", url)
+    no_population = [a for a in args if a != "ledger.population_id=mnist600"]
+    no_population = [a for i, a in enumerate(no_population) if not (a == "--set" and i + 1 < len(no_population)
+                                                                     and no_population[i + 1] == "--set")]
+    done = subprocess.run(no_population[:-1] if no_population[-1] == "--set" else no_population,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "ledger.population_id: required" in done.stderr
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no budget for population 'mnist600'" in done.stderr
+    assert "dpsynth ledger set-budget mnist600" in done.stderr and not (tmp_path / "run").exists()
