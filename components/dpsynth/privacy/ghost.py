@@ -218,17 +218,17 @@ def _scale(t: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 # --- per-layer rules ------------------------------------------------------------------------------
 
 def _factors(layer: nn.Module, r: _Record) -> tuple[torch.Tensor, torch.Tensor]:
-    """(A (n, T, p), G (n, T, d)) with the per-example weight gradient Σ_t A_tᵀ G_t (up to reshape)."""
+    """(A (n, p, T), G (n, d, T)) with the per-example weight gradient G Aᵀ (up to reshape); views where possible."""
     x, g = r.input, r.grad
     n = x.shape[0]
     if isinstance(layer, nn.Linear):
-        return x.reshape(n, -1, x.shape[-1]), g.reshape(n, -1, g.shape[-1])
+        return x.reshape(n, -1, x.shape[-1]).transpose(1, 2), g.reshape(n, -1, g.shape[-1]).transpose(1, 2)
     if isinstance(layer, nn.Conv2d):
         a = F.unfold(x, layer.kernel_size, dilation=layer.dilation, padding=layer.padding, stride=layer.stride)
-        return a.transpose(1, 2), g.flatten(2).transpose(1, 2)
+        return a, g.flatten(2)
     if isinstance(layer, nn.ConvTranspose2d):  # the transpose: input positions × unfolded output gradients
         gu = F.unfold(g, layer.kernel_size, dilation=layer.dilation, padding=layer.padding, stride=layer.stride)
-        return x.flatten(2).transpose(1, 2), gu.transpose(1, 2)
+        return x.flatten(2), gu
     raise TypeError(type(layer).__name__)
 
 
@@ -244,12 +244,12 @@ def _weight_sq_norms(layer: nn.Module, records: list[_Record]) -> torch.Tensor:
         same = (idx[:, :, None] == idx[:, None, :]).to(g.dtype)
         return (same * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
     parts = [_factors(layer, r) for r in records]
-    a = torch.cat([p[0] for p in parts], dim=1)
-    g = torch.cat([p[1] for p in parts], dim=1)
-    T, p, d = a.shape[1], a.shape[2], g.shape[2]
+    a = parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts], dim=2)
+    g = parts[0][1] if len(parts) == 1 else torch.cat([p[1] for p in parts], dim=2)
+    p, d, T = a.shape[1], g.shape[1], a.shape[2]
     if use_ghost_norm(T, p, d):  # two T×T Gram matrices per example
-        return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
-    return _sq(torch.bmm(g.transpose(1, 2), a))  # instantiate each example's d×p gradient
+        return (torch.bmm(a.transpose(1, 2), a) * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
+    return _sq(torch.bmm(g, a.transpose(1, 2)))  # instantiate each example's d×p gradient
 
 
 def _embedding_grad_rows(layer: nn.Embedding, r: _Record) -> torch.Tensor:
