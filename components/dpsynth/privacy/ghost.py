@@ -30,6 +30,16 @@ parameter, and any spectral-norm-wrapped layer (its weight is a function of a pa
 a power iteration, so ∇W is not the parameter's gradient), is refused by name when the engine
 is built. A layer may run several times in one forward pass (its per-example gradient is then
 the sum over its calls; the calls are stacked along T).
+
+Losses with an input-gradient term (WGAN-GP's penalty ‖∇_x D(x)‖, dp-GAN's critic): with
+``second_order=True`` the Linear and Conv2d layers compute their input gradient, when autograd
+differentiates through it (``create_graph``), as a recorded *transposed use* of the same weight
+(x·Wᵀ's input gradient g·W; a convolution's, the transposed convolution of g). That use adds
+its own outer product to the example's weight gradient, with the roles of the two factors
+swapped (the incoming gradient g plays G, the output gradient of g·W plays A), and is stacked
+along T with the forward uses like any other call. Parameter gradients of such a module then
+come only from the engine (autograd is never asked for them), so the two-pass strategy, which
+asks autograd, refuses it.
 """
 
 from __future__ import annotations
@@ -60,12 +70,48 @@ def _refusal(name: str, layer: nn.Module) -> str | None:
 
 
 class _Record:
-    """One call of a layer: its input and its output (still in the autograd graph)."""
+    """One call of a layer: its input and its output (still in the autograd graph). ``transposed``:
+    the input-gradient use of a Linear/Conv2d weight (input: the incoming gradient g)."""
 
-    __slots__ = ("layer", "input", "output", "grad")
+    __slots__ = ("layer", "input", "output", "grad", "transposed")
 
-    def __init__(self, layer: nn.Module, input: torch.Tensor, output: torch.Tensor):
-        self.layer, self.input, self.output, self.grad = layer, input, output, None
+    def __init__(self, layer: nn.Module, input: torch.Tensor, output: torch.Tensor, transposed: bool = False):
+        self.layer, self.input, self.output, self.grad, self.transposed = layer, input, output, None, transposed
+
+
+def _output_padding(layer: nn.Conv2d, x_shape, g_shape) -> list[int]:
+    """The output padding that makes the transposed convolution of g return x's spatial size."""
+    return [x_shape[2 + i] - ((g_shape[2 + i] - 1) * layer.stride[i] - 2 * layer.padding[i]
+                              + layer.dilation[i] * (layer.kernel_size[i] - 1) + 1) for i in range(2)]
+
+
+class _SecondOrder(torch.autograd.Function):
+    """A Linear/Conv2d call whose input gradient is an ordinary, differentiable (and recorded) op.
+
+    It returns no weight or bias gradient: under the engine those come from book-keeping only."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer, engine):
+        ctx.layer, ctx.engine = layer, engine
+        ctx.save_for_backward(x, weight)
+        if isinstance(layer, nn.Linear):
+            return F.linear(x, weight, bias)
+        return layer._conv_forward(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        layer = ctx.layer
+        if isinstance(layer, nn.Linear):
+            gx = g @ weight
+        else:
+            gx = F.conv_transpose2d(g, weight, None, layer.stride, layer.padding,
+                                    _output_padding(layer, x.shape, g.shape), 1, layer.dilation)
+        if torch.is_grad_enabled() and ctx.engine._enabled:  # differentiated again: a use of W to record
+            ctx.engine._records.append(_Record(layer, g.detach(), gx, transposed=True))
+        return gx, None, None, None, None
 
 
 class GhostClipping(nn.Module):
@@ -77,12 +123,16 @@ class GhostClipping(nn.Module):
     ``losses`` are the per-example losses (batch,) of that forward pass.
     """
 
-    def __init__(self, module: nn.Module, *, strategy: str = "bookkeeping"):
+    def __init__(self, module: nn.Module, *, strategy: str = "bookkeeping", second_order: bool = False):
         super().__init__()
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        if second_order and strategy == "two_pass":
+            raise ValueError("ghost clipping: the two-pass strategy cannot differentiate through input "
+                             "gradients (a gradient penalty); use 'bookkeeping'")
         self._module = module
         self.strategy = strategy
+        self.second_order = second_order
         self._records: list[_Record] = []
         self._enabled = True
         self._owner: dict[int, nn.Module] = {}
@@ -95,9 +145,22 @@ class GhostClipping(nn.Module):
             why = _refusal(name, layer)
             if why:
                 raise ValueError(f"ghost clipping: {why}")
+            if second_order and isinstance(layer, nn.ConvTranspose2d):
+                raise ValueError(f"ghost clipping: layer {name!r} (ConvTranspose2d) has no second-order rule")
             for p in own:
                 self._owner[id(p)] = layer
             layer.register_forward_hook(self._hook)
+            if second_order and isinstance(layer, (nn.Linear, nn.Conv2d)):
+                layer.forward = self._second_order_forward(layer)
+
+    def _second_order_forward(self, layer: nn.Module):
+        plain = layer.forward
+
+        def forward(x):
+            if self._enabled and torch.is_grad_enabled() and layer.weight.requires_grad:
+                return _SecondOrder.apply(x, layer.weight, layer.bias, layer, self)
+            return plain(x)
+        return forward
 
     def forward(self, *args, **kwargs):
         return self._module(*args, **kwargs)
@@ -175,7 +238,7 @@ class GhostClipping(nn.Module):
             if weight is not None and weight.requires_grad:
                 out[id(weight)] = _weight_sq_norms(layer, records)
             if bias is not None and bias.requires_grad:
-                out[id(bias)] = _sq(sum(_bias_grad(layer, r) for r in records))
+                out[id(bias)] = _sq(sum(_bias_grad(layer, r) for r in records if not r.transposed))
         return out
 
     @torch.no_grad()
@@ -198,7 +261,7 @@ class GhostClipping(nn.Module):
                 continue
             if weight is not None and id(weight) in factor_of:
                 add(weight, _weight_grad(layer, r, _scale(r.grad, factor_of[id(weight)])))
-            if bias is not None and id(bias) in factor_of:
+            if bias is not None and id(bias) in factor_of and not r.transposed:
                 add(bias, torch.einsum("n,nd->d", factor_of[id(bias)], _bias_grad(layer, r)))
         return out
 
@@ -221,6 +284,11 @@ def _factors(layer: nn.Module, r: _Record) -> tuple[torch.Tensor, torch.Tensor]:
     """(A (n, p, T), G (n, d, T)) with the per-example weight gradient G Aᵀ (up to reshape); views where possible."""
     x, g = r.input, r.grad
     n = x.shape[0]
+    if r.transposed:  # g·W (or its convolution): the incoming gradient x is G, the output gradient g is A
+        if isinstance(layer, nn.Linear):
+            return g.reshape(n, -1, g.shape[-1]).transpose(1, 2), x.reshape(n, -1, x.shape[-1]).transpose(1, 2)
+        a = F.unfold(g, layer.kernel_size, dilation=layer.dilation, padding=layer.padding, stride=layer.stride)
+        return a, x.flatten(2)
     if isinstance(layer, nn.Linear):
         return x.reshape(n, -1, x.shape[-1]).transpose(1, 2), g.reshape(n, -1, g.shape[-1]).transpose(1, 2)
     if isinstance(layer, nn.Conv2d):
@@ -272,6 +340,12 @@ def _bias_grad(layer: nn.Module, r: _Record) -> torch.Tensor:
 def _weight_grad(layer: nn.Module, r: _Record, g: torch.Tensor) -> torch.Tensor:
     """Σ_i of the weight gradients for output gradients ``g`` (already scaled per example)."""
     x = r.input
+    if r.transposed:  # weight gradient of g·W, or of the transposed convolution of g; here x is g, g the output's
+        if isinstance(layer, nn.Linear):
+            return x.reshape(-1, x.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+        return torch.ops.aten.convolution_backward(
+            g, x, layer.weight, None, layer.stride, layer.padding, layer.dilation, True,
+            _output_padding(layer, g.shape, x.shape), 1, [False, True, False])[1]
     if isinstance(layer, nn.Linear):
         return g.reshape(-1, g.shape[-1]).T @ x.reshape(-1, x.shape[-1])
     if isinstance(layer, nn.Embedding):
