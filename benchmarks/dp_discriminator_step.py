@@ -40,10 +40,11 @@ from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpsynth.methods.zhang import per_unit_gradients, wgan_gp_loss
+from dpsynth.methods.zhang import per_unit_gradients, unit_losses, wgan_gp_loss
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import grouping
 from dpsynth.privacy.dpsgd import GradientSanitizer, private_module
+from dpsynth.privacy.ghost import GhostClipping
 
 MNIST = Path(__file__).resolve().parents[1] / "data" / "mnist"
 C, SIGMA, LR, BETAS = 1.0, 1.0, 2e-4, (0.5, 0.999)  # values do not affect speed
@@ -147,23 +148,30 @@ def zhang_nonprivate(D, x, y, r):
     return step
 
 
-def zhang_private(D, x, y, r):
-    """As ZhangTrainer.critic_step: per-unit gradients (penalty included), 5 per-layer-ish groups, Adam."""
-    opt = torch.optim.Adam(D.parameters(), lr=LR, betas=BETAS)
-    real, fake, yy, rho = zhang_units(x, y, r)
-    params = dict(D.named_parameters())
-    groups = grouping.fixed_groups(list(params), strategy="per_layer")
-    sanitizer = GradientSanitizer([[params[n] for n in g] for g in groups], max_grad_norm=[C] * len(groups),
-                                  noise_multiplier=SIGMA, expected_batch_size=len(real))
+def zhang_private(mode: str):
+    """As ZhangTrainer.critic_step: per-unit gradients (penalty included; torch.func, or ghost clipping),
+    the 5 per-layer groups, Adam."""
+    def factory(D, x, y, r):
+        opt = torch.optim.Adam(D.parameters(), lr=LR, betas=BETAS)
+        real, fake, yy, rho = zhang_units(x, y, r)
+        params = dict(D.named_parameters())
+        groups = grouping.fixed_groups(list(params), strategy="per_layer")
+        model = GhostClipping(D, second_order=True) if mode == "ghost" else None
+        sanitizer = GradientSanitizer([[params[n] for n in g] for g in groups], max_grad_norm=[C] * len(groups),
+                                      noise_multiplier=SIGMA, expected_batch_size=len(real), module=model)
 
-    def step():
-        for name, g in per_unit_gradients(D, real, fake, yy, rho, gp_weight=10.0).items():
-            params[name].grad_sample = g
-        sanitizer.accumulate()
-        sanitizer.finalize()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
+        def step():
+            if model is not None:
+                sanitizer.accumulate(unit_losses(model, real, fake, yy, rho, gp_weight=10.0))
+            else:
+                for name, g in per_unit_gradients(D, real, fake, yy, rho, gp_weight=10.0).items():
+                    params[name].grad_sample = g
+                sanitizer.accumulate()
+            sanitizer.finalize()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+    return factory
 
 
 VARIANTS = {
@@ -176,9 +184,10 @@ VARIANTS = {
     "dpsynth GradientSanitizer, ghost": ours("ghost"),
     "dpsynth GradientSanitizer, ghost_two_pass": ours("ghost_two_pass"),
     "zhang critic + GP, non-private": zhang_nonprivate,
-    "zhang critic + GP, per-layer groups": zhang_private,
+    "zhang critic + GP, per-layer groups, torch.func": zhang_private("func"),
+    "zhang critic + GP, per-layer groups, ghost": zhang_private("ghost"),
 }
-REFERENCE = {"zhang critic + GP, per-layer groups": "zhang critic + GP, non-private"}  # else the DPGAN step
+REFERENCE = {name: "zhang critic + GP, non-private" for name in VARIANTS if name.startswith("zhang critic + GP, per")}  # else the DPGAN step
 DEFAULT_REF = "non-private (autograd + Adam)"
 
 
