@@ -107,8 +107,9 @@ class _SecondOrder(torch.autograd.Function):
         if isinstance(layer, nn.Linear):
             gx = g @ weight
         else:
-            gx = F.conv_transpose2d(g, weight, None, layer.stride, layer.padding,
-                                    _output_padding(layer, x.shape, g.shape), 1, layer.dilation)
+            # the convolution's own input-gradient kernel (differentiable again, and faster than conv_transpose2d)
+            gx = torch.ops.aten.convolution_backward(g, x.detach(), weight, None, layer.stride, layer.padding,
+                                                     layer.dilation, False, [0, 0], 1, [True, False, False])[0]
         if torch.is_grad_enabled() and ctx.engine._enabled:  # differentiated again: a use of W to record
             ctx.engine._records.append(_Record(layer, g.detach(), gx, transposed=True))
         return gx, None, None, None, None
@@ -311,13 +312,20 @@ def _weight_sq_norms(layer: nn.Module, records: list[_Record]) -> torch.Tensor:
         g = torch.cat([_embedding_grad_rows(layer, r) for r in records], dim=1)
         same = (idx[:, :, None] == idx[:, None, :]).to(g.dtype)
         return (same * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
-    parts = [_factors(layer, r) for r in records]
-    a = parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts], dim=2)
-    g = parts[0][1] if len(parts) == 1 else torch.cat([p[1] for p in parts], dim=2)
-    p, d, T = a.shape[1], g.shape[1], a.shape[2]
-    if use_ghost_norm(T, p, d):  # two T×T Gram matrices per example
-        return (torch.bmm(a.transpose(1, 2), a) * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
-    return _sq(torch.bmm(g, a.transpose(1, 2)))  # instantiate each example's d×p gradient
+    parts = [_factors(layer, r) for r in records]  # the calls, stacked along T without copying them
+    p, d, T = parts[0][0].shape[1], parts[0][1].shape[1], sum(a.shape[2] for a, _ in parts)
+    if use_ghost_norm(T, p, d):  # ⟨A Aᵀ, G Gᵀ⟩ over the stacked T×T Gram matrices, block by block
+        total = 0
+        for i, (ai, gi) in enumerate(parts):
+            for j in range(i, len(parts)):
+                aj, gj = parts[j]
+                block = (torch.bmm(ai.transpose(1, 2), aj) * torch.bmm(gi.transpose(1, 2), gj)).sum((1, 2))
+                total = total + (block if i == j else 2 * block)
+        return total
+    grad = torch.bmm(parts[0][1], parts[0][0].transpose(1, 2))  # instantiate each example's d×p gradient
+    for a, g in parts[1:]:
+        grad = grad.baddbmm_(g, a.transpose(1, 2))
+    return _sq(grad)
 
 
 def _embedding_grad_rows(layer: nn.Embedding, r: _Record) -> torch.Tensor:
