@@ -310,6 +310,9 @@ class ZhangTrainer:
         # ghost clipping (train.grad_sample_mode "ghost": norms through the penalty's second-order uses too),
         # else per-unit gradients instantiated with torch.func (per_unit_gradients)
         self.D_private = None
+        if t.grad_sample_mode == "ghost_two_pass":
+            raise ConfigError("train.grad_sample_mode: 'ghost_two_pass' cannot differentiate through the gradient "
+                              "penalty; use 'ghost' (or 'ew'/'hooks': per-unit gradients by torch.func)")
         if t.grad_sample_mode == "ghost":
             self.D_private = GhostClipping(self.D, strategy="bookkeeping", second_order=True)
             self.D_private.disable_hooks()  # recording only inside the critic step
