@@ -185,10 +185,17 @@ def test_two_pass_refuses_groups_and_bad_losses():
                             expected_batch_size=1.0, module=wrapped)
     with pytest.raises(ValueError, match="one group"):
         san.accumulate(wrapped(torch.randn(4, 3)).view(-1))
-    with pytest.raises(ValueError, match="losses"):
-        san.accumulate(wrapped(torch.randn(4, 3)))  # (4, 1): not one loss per example
     with pytest.raises(ValueError, match="grad_sample_mode"):
         private_module(model, "fast")
+    san = GradientSanitizer([model.weight, model.bias], max_grad_norm=1.0, noise_multiplier=0.0,
+                            expected_batch_size=1.0, module=wrapped)
+    with pytest.raises(ValueError, match="losses"):
+        san.accumulate(wrapped(torch.randn(4, 3)))  # (4, 1): not one loss per example
+    outsider = nn.Parameter(torch.zeros(2))
+    san = GradientSanitizer([model.weight, model.bias, outsider], max_grad_norm=1.0, noise_multiplier=0.0,
+                            expected_batch_size=1.0, module=wrapped)
+    with pytest.raises(ValueError, match=r"shapes \[\(2,\)\] are not"):
+        san.accumulate(wrapped(torch.randn(4, 3)).view(-1))
 
 
 def gp_unit_losses(D, real, fake, y, rho, gp_weight=10.0):

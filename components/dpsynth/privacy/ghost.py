@@ -184,6 +184,11 @@ class GhostClipping(nn.Module):
     def clipped_sums(self, losses: torch.Tensor, groups: Sequence[Sequence[nn.Parameter]],
                      bounds: Sequence[float]) -> list[list[torch.Tensor]]:
         try:
+            stray = [tuple(p.shape) for g in groups for p in g if id(p) not in self._owner]
+            if stray:
+                raise ValueError(f"ghost clipping: parameters of shapes {stray} are not trainable parameters of the wrapped module")
+            if self.strategy == "two_pass" and len(groups) != 1:
+                raise ValueError("ghost clipping: the two-pass strategy clips one group only; use 'bookkeeping'")
             n = self._output_grads(losses, keep_graph=self.strategy == "two_pass")
             norms = self.per_example_sq_norms(n)
             factors = []
@@ -191,8 +196,6 @@ class GhostClipping(nn.Module):
                 total = torch.stack([norms.get(id(p), losses.new_zeros(n)) for p in group]).sum(0)
                 factors.append((bound / (total.sqrt() + 1e-6)).clamp(max=1.0))
             if self.strategy == "two_pass":
-                if len(groups) != 1:
-                    raise ValueError("ghost clipping: the two-pass strategy clips one group only; use 'bookkeeping'")
                 params = list(groups[0])
                 grads = torch.autograd.grad((losses * factors[0].detach()).sum(), params, allow_unused=True)
                 return [[torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]]
