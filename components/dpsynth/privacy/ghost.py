@@ -39,7 +39,8 @@ its own outer product to the example's weight gradient, with the roles of the tw
 swapped (the incoming gradient g plays G, the output gradient of g·W plays A), and is stacked
 along T with the forward uses like any other call. Parameter gradients of such a module then
 come only from the engine (autograd is never asked for them), so the two-pass strategy, which
-asks autograd, refuses it.
+asks autograd, refuses it. (The engine replaces those layers' ``forward`` while it records; a
+deep copy of the module would keep calling the original layers, so wrap the copy instead.)
 """
 
 from __future__ import annotations
