@@ -106,7 +106,7 @@ class TrainConfig:
     d_width: int = 128
     g_width: int = 128
     latent_dim: int = 100
-    grad_sample_mode: Literal["hooks", "ew"] = "ew"
+    grad_sample_mode: Literal["hooks", "ew", "ghost", "ghost_two_pass"] = "ghost"
     seed: int = 0  # initialisation and latents / fake samples only; never the mechanism's randomness
     device: Literal["auto", "cpu", "cuda"] = "auto"
 

@@ -75,6 +75,21 @@ def test_physical_batch_cap_keeps_the_step(tmp_path, small_mnist):
         torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["ghost", "ghost_two_pass"])
+def test_ghost_modes_take_the_step_of_expanded_weights(tmp_path, small_mnist, mode):
+    """Same coins, same data: ghost clipping (physical chunks included) moves D as Opacus' ew does."""
+    a = DPGANTrainer(tiny(tmp_path / "a", "train.steps=3", "train.grad_sample_mode=ew"), small_mnist, mechanism_seed=3)
+    b = DPGANTrainer(tiny(tmp_path / "b", "train.steps=3", f"train.grad_sample_mode={mode}",
+                          "train.physical_batch_size=7", "privacy.max_grad_norm=0.05"), small_mnist, mechanism_seed=3)
+    a.sanitizer.set_bounds([0.05])  # clipping active on both sides
+    for t in (a, b):
+        for _ in range(3):
+            t.discriminator_step()
+        t.generator_step()
+    for pa, pb in zip(a.D.parameters(), b.D.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-6)
+
+
 def test_resume_equals_uninterrupted(tmp_path, small_mnist):
     full = DPGANTrainer(tiny(tmp_path / "full"), small_mnist, mechanism_seed=5).train()
     cfg = tiny(tmp_path / "split")

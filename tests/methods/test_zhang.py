@@ -100,6 +100,21 @@ def test_group_clipping_matches_brute_force(strategy):
     assert any(not torch.allclose(expected[n], unclipped[n]) for n in names)  # the bounds bit
 
 
+def test_ghost_critic_step_equals_per_unit_gradients(tmp_path, mnist600):
+    """train.grad_sample_mode=ghost: the critic step (penalty, groups, chunks) moves D as torch.func's does."""
+    steps = {}
+    for mode in ("ew", "ghost"):
+        cfg = tiny(tmp_path / mode, "zhang.grouping=per_layer", "zhang.adaptive_clipping=false",
+                   "privacy.max_grad_norm=0.05", "train.physical_batch_size=7", f"train.grad_sample_mode={mode}")
+        t = ZhangTrainer(cfg, mnist600, mechanism_seed=11)
+        t.critic_step()
+        t.generator_step()
+        t.critic_step()
+        steps[mode] = [p.detach().clone() for p in t.D.parameters()]
+    for a, b in zip(steps["ew"], steps["ghost"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 # --- accounting ------------------------------------------------------------------------------------
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from opacus.grad_sample.utils import prepare_module
 from tqdm import tqdm
 
 from dpsynth import storage, tracking
@@ -35,7 +34,7 @@ from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, central_images, check_delta
-from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.privacy.dpsgd import GradientSanitizer, private_module
 from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.privacy.randomness import MechanismRandomness
 
@@ -124,7 +123,7 @@ class DPGANTrainer:
                            width=t.g_width, latent_dim=t.latent_dim).to(self.device)
         self.D = Discriminator(num_classes=self.num_classes, channels=channels, image_size=size,
                                width=t.d_width).to(self.device)
-        self.D_private = prepare_module(self.D, t.grad_sample_mode, loss_reduction="sum")
+        self.D_private = private_module(self.D, t.grad_sample_mode)
         betas = (t.adam_beta1, t.adam_beta2)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=t.lr_d, betas=betas)
         self.opt_g = torch.optim.Adam(self.G.parameters(), lr=t.lr_g, betas=betas)
@@ -135,7 +134,7 @@ class DPGANTrainer:
         self.sanitizer = GradientSanitizer(
             list(self.D.parameters()), max_grad_norm=cfg.privacy.max_grad_norm,
             noise_multiplier=self.event.noise_multiplier, expected_batch_size=2 * t.batch_size,
-            randomness=self.mechanism,
+            randomness=self.mechanism, module=self.D_private,
         )
         self.n_d = (AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta)
                     if t.n_d == "adaptive" else FixedSteps(t.n_d))
@@ -159,10 +158,8 @@ class DPGANTrainer:
         for start in range(0, len(x), chunk):
             xs, ys, rs = x[start:start + chunk], y[start:start + chunk], is_real[start:start + chunk]
             logits = self.D_private(xs, ys)
-            # -log D(x) for real, -log(1 - D(x)) for fake; summed, so each example's grad is its own.
-            loss = F.softplus(torch.where(rs.bool(), -logits, logits)).sum()
-            loss.backward()
-            self.sanitizer.accumulate()
+            # -log D(x) for real, -log(1 - D(x)) for fake: one loss per example, the sanitizer clips each.
+            self.sanitizer.accumulate(F.softplus(torch.where(rs.bool(), -logits, logits)))
         self.sanitizer.finalize()
         self.opt_d.step()
         self.opt_d.zero_grad(set_to_none=True)

@@ -56,6 +56,7 @@ from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy import grouping
 from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.privacy.ghost import GhostClipping
 from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.privacy.randomness import MechanismRandomness
 
@@ -96,12 +97,17 @@ def build_models(cfg: RunConfig, *, num_classes: int, image_shape: tuple[int, in
     return G, D
 
 
-def wgan_gp_loss(D, real, fake, y, rho, *, gp_weight: float) -> torch.Tensor:
-    """The batch-mean critic loss (non-private: the warm start)."""
+def unit_losses(D, real, fake, y, rho, *, gp_weight: float) -> torch.Tensor:
+    """(m,): each unit's critic loss D(fake_i) − D(real_i) + λ(‖∇_x̂ D(x̂_i)‖ − 1)²."""
     x_hat = (rho.view(-1, 1, 1, 1) * real + (1 - rho.view(-1, 1, 1, 1)) * fake).requires_grad_(True)
     (g,) = torch.autograd.grad(D(x_hat, y).sum(), x_hat, create_graph=True)
     penalty = ((g.flatten(1).pow(2).sum(1) + 1e-12).sqrt() - 1).pow(2)
-    return (D(fake, y) - D(real, y) + gp_weight * penalty).mean()
+    return D(fake, y) - D(real, y) + gp_weight * penalty
+
+
+def wgan_gp_loss(D, real, fake, y, rho, *, gp_weight: float) -> torch.Tensor:
+    """The batch-mean critic loss (non-private: the warm start)."""
+    return unit_losses(D, real, fake, y, rho, gp_weight=gp_weight).mean()
 
 
 def per_unit_gradients(D, real, fake, y, rho, *, gp_weight: float, chunk: int | None = None) -> dict[str, torch.Tensor]:
@@ -305,9 +311,19 @@ class ZhangTrainer:
         self.public_rng = torch.Generator(device=self.device).manual_seed(t.seed + 2)
         groups = ([self.names[i::self.plan.releases] for i in range(self.plan.releases)]  # replaced at step 0
                   if z.grouping == "clustering" else grouping.fixed_groups(self.names, strategy=z.grouping))
+        # ghost clipping (train.grad_sample_mode "ghost": norms through the penalty's second-order uses too),
+        # else per-unit gradients instantiated with torch.func (per_unit_gradients)
+        self.D_private = None
+        if t.grad_sample_mode == "ghost_two_pass":
+            raise ConfigError("train.grad_sample_mode: 'ghost_two_pass' cannot differentiate through the gradient "
+                              "penalty; use 'ghost' (or 'ew'/'hooks': per-unit gradients by torch.func)")
+        if t.grad_sample_mode == "ghost":
+            self.D_private = GhostClipping(self.D, strategy="bookkeeping", second_order=True)
+            self.D_private.disable_hooks()  # recording only inside the critic step
         self.sanitizer = GradientSanitizer(
             [[self.params[nm] for nm in g] for g in groups], max_grad_norm=cfg.privacy.max_grad_norm,
             noise_multiplier=self.plan.noise_multiplier, expected_batch_size=t.batch_size, randomness=self.mechanism,
+            module=self.D_private,
         )
         self.group_names = groups
         self.step = 0
@@ -359,6 +375,14 @@ class ZhangTrainer:
         chunk = t.physical_batch_size or max(m, 1)
         for start in range(0, m, chunk):
             s = slice(start, start + chunk)
+            if self.D_private is not None:
+                self.D_private.enable_hooks()
+                try:
+                    self.sanitizer.accumulate(unit_losses(self.D_private, real[s], fake[s], y[s], rho[s],
+                                                          gp_weight=z.gp_weight))
+                finally:
+                    self.D_private.disable_hooks()
+                continue
             grads = per_unit_gradients(self.D, real[s], fake[s], y[s], rho[s], gp_weight=z.gp_weight)
             for name, g in grads.items():
                 self.params[name].grad_sample = g

@@ -1,7 +1,10 @@
 """The DP-SGD gradient sanitizer: per-example clipping, summed, plus Gaussian noise.
 
-Per-example gradients come from Opacus (``GradSampleModule``: hooks, or expanded weights);
-this module turns them into one privatized gradient:
+Per-example gradients come from Opacus (``GradSampleModule``: hooks, or expanded weights), or
+are never built: the ghost-clipping engine (:mod:`dpsynth.privacy.ghost`) gets each example's
+gradient norm from the layers' inputs and output gradients and forms the clipped sum directly.
+:func:`private_module` wraps a model for one of these modes (``MODES``); this module turns the
+result into one privatized gradient:
 
     g = (Σ_i clip(∇ℓ_i, C) + N(0, σ²C² I)) / expected_batch_size
 
@@ -14,8 +17,8 @@ The noise comes from the sanitizer's :class:`~dpsynth.privacy.randomness.Mechani
 seeded from OS entropy (never from ``train.seed``); a trainer that also Poisson-samples passes its
 own, so that the masks and the noise are the one secret stream of the mechanism.
 
-Physical batches larger than memory allows are handled by calling ``accumulate`` after
-each chunk's backward pass and ``finalize`` once per logical step: the step semantics
+Physical batches larger than memory allows are handled by calling ``accumulate(losses)`` with
+each chunk's per-example losses and ``finalize`` once per logical step: the step semantics
 (one clip per example, one noise draw, division by the *expected* batch size) are exact.
 """
 
@@ -27,11 +30,30 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from dpsynth.privacy.ghost import GhostClipping
 from dpsynth.privacy.randomness import MechanismRandomness
+
+# grad_sample_mode: Opacus' hooks or expanded weights (per-example gradients instantiated), or ghost
+# clipping (norms without per-example gradients) by book-keeping or by a second backward pass
+MODES = ("hooks", "ew", "ghost", "ghost_two_pass")
+
+
+def private_module(module: nn.Module, mode: str) -> nn.Module:
+    """``module`` wrapped for ``mode``: its forward then records what the sanitizer needs."""
+    if mode in ("hooks", "ew"):
+        from opacus.grad_sample.utils import prepare_module
+
+        return prepare_module(module, mode, loss_reduction="sum")
+    if mode == "ghost":
+        return GhostClipping(module, strategy="bookkeeping")
+    if mode == "ghost_two_pass":
+        return GhostClipping(module, strategy="two_pass")
+    raise ValueError(f"grad_sample_mode: must be one of {', '.join(MODES)}, got {mode!r}")
 
 
 class GradientSanitizer:
-    """Clip, sum and noise the per-example gradients held in ``p.grad_sample``."""
+    """Clip, sum and noise per-example gradients: those of ``module`` (from :func:`private_module`),
+    given the per-example losses of its forward pass, or those held in ``p.grad_sample``."""
 
     def __init__(
         self,
@@ -41,6 +63,7 @@ class GradientSanitizer:
         noise_multiplier: float,
         expected_batch_size: float,
         randomness: MechanismRandomness | None = None,
+        module: nn.Module | None = None,
     ):
         params = list(params)
         groups = [list(g) for g in params] if params and not isinstance(params[0], nn.Parameter) else [params]
@@ -61,6 +84,7 @@ class GradientSanitizer:
             device = groups[0][0].device if groups and groups[0] else "cpu"
             randomness = MechanismRandomness(device=device)
         self.randomness = randomness
+        self.module = module
         self._sums: list[list[torch.Tensor]] | None = None
 
     @property
@@ -92,11 +116,30 @@ class GradientSanitizer:
         self.groups = groups
         self.bounds = [float(c) for c in bounds]
 
-    @torch.no_grad()
-    def accumulate(self) -> None:
-        """Clip each example's gradient (per group) and add it to the running sums; clear grad_sample."""
+    def accumulate(self, losses: torch.Tensor | None = None) -> None:
+        """Clip each example's gradient (per group) and add it to the running sums.
+
+        ``losses``: the per-example losses (batch,) of a forward pass through ``module``; the
+        sanitizer runs the backward pass. Without them, the per-example gradients must already be
+        in ``p.grad_sample`` (set by the caller, or by its own backward through an Opacus module).
+        """
         if self._sums is None:
             self._sums = [[torch.zeros_like(p) for p in group] for group in self.groups]
+        if losses is not None and isinstance(self.module, GhostClipping):
+            sums = self.module.clipped_sums(losses, self.groups, self.bounds)
+            with torch.no_grad():
+                for acc_group, part in zip(self._sums, sums):
+                    for acc, s in zip(acc_group, part):
+                        acc.add_(s)
+            return
+        if losses is not None:
+            if losses.dim() != 1:
+                raise ValueError(f"losses: need one loss per example, shape (batch,), got {tuple(losses.shape)}")
+            losses.sum().backward()
+        self._clip_grad_samples()
+
+    @torch.no_grad()
+    def _clip_grad_samples(self) -> None:
         for group, bound, sums in zip(self.groups, self.bounds, self._sums):
             samples = [p.grad_sample for p in group]
             if any(s is None for s in samples):
