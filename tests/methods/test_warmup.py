@@ -92,28 +92,28 @@ def test_the_generator_learns_the_central_images_it_is_given():
     assert (d.argmin(1) == y).all()
 
 
-def test_the_generator_uses_every_released_image_of_a_class():
-    """Two images of one class (a left bar, a right bar): z picks which, so G draws both."""
+def test_the_generator_gives_every_style_slot_its_own_image():
+    """Two slots of one class (a left bar, a right bar): z picks the slot, and G draws that slot's image."""
     from dpsynth.models.dcgan import Generator
 
     images = -torch.ones(2, 1, 28, 28)
     images[0, :, 6:22, 4:8] = 1.0
     images[1, :, 6:22, 20:24] = 1.0
     torch.manual_seed(0)
-    G = Generator(num_classes=1, width=8, latent_dim=8)
+    G = Generator(num_classes=1, width=8, latent_dim=8, styles=2)
     g = torch.Generator().manual_seed(0)
-    warmup.fit_generator(G, images, labels=torch.tensor([0, 0]), steps=200, batch_size=32, lr=2e-3, generator=g)
+    warmup.fit_generator(G, images, steps=200, batch_size=32, lr=2e-3, generator=g)
     with torch.no_grad():
-        x, _ = G.sample(40, labels=torch.zeros(40, dtype=torch.long), generator=g)
+        z = torch.randn(40, 8, generator=g)
+        x = G(z, torch.zeros(40, dtype=torch.long))
     nearest = ((x[:, None] - images[None]) ** 2).flatten(2).mean(2).argmin(1)
-    assert 8 <= int(nearest.sum()) <= 32  # both templates drawn, neither rare
+    assert torch.equal(nearest, G.slot(z))
+    assert 8 <= int(nearest.sum()) <= 32  # both slots drawn, neither rare
 
 
-def test_style_groups_with_too_few_records_are_dropped_and_a_class_keeps_its_mean():
-    styles = torch.stack([torch.full((1, 2, 2), float(v)) for v in range(4)])
-    labels = torch.tensor([0, 0, 1, 1])
-    counts = torch.tensor([50.0, 5.0, 3.0, -2.0])  # class 1 has no group worth keeping
+def test_a_style_group_with_too_few_records_gets_its_class_mean():
+    styles = torch.stack([torch.full((1, 2, 2), float(v)) for v in range(4)])  # 2 classes × 2 slots
+    counts = torch.tensor([50.0, 5.0, 30.0, -2.0])
     means = torch.stack([torch.full((1, 2, 2), -0.5), torch.full((1, 2, 2), 0.5)])
-    images, classes = warmup.keep_styles(styles, counts, labels, means)
-    assert classes.tolist() == [0, 1]
-    assert images[0].eq(0.0).all() and images[1].eq(0.5).all()
+    images = warmup.fill_styles(styles, counts, means)
+    assert [float(i.flatten()[0]) for i in images] == [0.0, -0.5, 2.0, 0.5]

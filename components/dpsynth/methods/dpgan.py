@@ -120,7 +120,7 @@ class DPGANTrainer:
 
         torch.manual_seed(t.seed)
         self.G = Generator(num_classes=self.num_classes, channels=channels, image_size=size,
-                           width=t.g_width, latent_dim=t.latent_dim).to(self.device)
+                           width=t.g_width, latent_dim=t.latent_dim, styles=warmup.style_slots(cfg)).to(self.device)
         self.D = Discriminator(num_classes=self.num_classes, channels=channels, image_size=size,
                                width=t.d_width).to(self.device)
         self.D_private = private_module(self.D, t.grad_sample_mode)
@@ -177,16 +177,15 @@ class DPGANTrainer:
             self.images, self.labels, num_classes=self.num_classes, clip=w.clip,
             noise_multiplier=w.noise_multiplier, randomness=self.mechanism))
         self.trace.record(central_images.event_for(w.noise_multiplier))
-        images, classes = means, None
+        images = means
         if w.styles:
             templates, template_classes = warmup.style_templates(means, w.styles)
             styles, counts = central_images.style_images(
                 self.images, self.labels, templates, template_classes, clip=w.clip,
                 noise_multiplier=w.styles_noise_multiplier, randomness=self.mechanism)
             self.trace.record(central_images.event_for(w.styles_noise_multiplier))
-            images, classes = warmup.keep_styles(warmup.clean(styles), counts, template_classes, means)
-        warmup.fit_generator(self.G, images, labels=classes, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
-                             generator=self.rng)
+            images = warmup.fill_styles(warmup.clean(styles), counts, means)
+        warmup.fit_generator(self.G, images, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=self.rng)
 
     # --- one generator step (Algorithm 1, lines 10–14) ---------------------------------
     def generator_step(self) -> None:
@@ -304,7 +303,8 @@ class DPGANTrainer:
             self.G.state_dict(),
             model={"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
                    "channels": self.image_shape[0], "image_size": self.image_shape[1],
-                   "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
+                   "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim,
+                   "styles": self.G.styles},
             privacy={"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "step": self.step}, trace=self.trace)
 
     def _finish(self, run, started: float) -> TrainResult:

@@ -10,11 +10,13 @@ With ``warmup.styles`` = s > 0 a second release follows: s × s public templates
 released class mean sheared and thickened or thinned on an s × s grid) split every class into groups
 by each record's nearest template, and the groups' means are released the same way (one more
 Gaussian event; :func:`dpsynth.privacy.central_images.style_images`). A group whose noisy count is
-below ``MIN_COUNT`` is dropped (post-processing); its class keeps its other groups, or its mean.
+below ``MIN_COUNT`` is mostly noise: its slot gets the class mean instead (post-processing).
 
 The generator is fitted to the released images under deformations that its latent code chooses:
-the first six coordinates of z pick a rotation, shear, scale, shift and stroke width, the seventh
-which of the class's released images, and G(z, y) regresses onto that image deformed that way. That reads only the released
+the first six coordinates of z pick a rotation, shear, scale, shift and stroke width, and G(z, y)
+regresses onto the class-y image deformed that way. With styles the generator has one slot per style
+group (``dcgan.Generator(styles=…)``, the seventh coordinate of z picks it) and each slot is fitted
+to its group's image. That reads only the released
 means, so it is post-processing and costs no further privacy; it leaves G producing varied,
 digit-shaped images for every class, from which private training starts.
 
@@ -31,7 +33,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-LATENT_CONTROLS = 7  # z coordinates that choose the deformation (6) and the released image (1)
+LATENT_CONTROLS = 6  # z coordinates that choose the deformation
 MIN_COUNT = 20.0  # a style group with fewer (noisy) records is dropped: its mean is mostly noise
 
 
@@ -46,6 +48,12 @@ def events(cfg) -> list:
     if w.styles:
         out.append(central_images.event_for(w.styles_noise_multiplier))
     return out
+
+
+def style_slots(cfg) -> int:
+    """How many style slots per class the generator needs: s × s with styles, else 1."""
+    w = cfg.warmup
+    return w.styles ** 2 if w.central_images and w.styles else 1
 
 
 def invariants(cfg, trace) -> tuple[list[dict], list]:
@@ -73,18 +81,13 @@ def style_templates(means: torch.Tensor, levels: int) -> tuple[torch.Tensor, tor
     return templates, torch.arange(len(means)).repeat_interleave(k)
 
 
-def keep_styles(styles: torch.Tensor, counts: torch.Tensor, labels: torch.Tensor, means: torch.Tensor):
-    """The released style images worth fitting: groups with a noisy count ≥ MIN_COUNT, and the class mean
-    for a class left with none. Returns (images, their classes), sorted by class."""
-    keep = counts >= MIN_COUNT
-    images, classes = [styles[keep]], [labels[keep]]
-    for c in range(len(means)):
-        if not bool((labels[keep] == c).any()):
-            images.append(means[c:c + 1])
-            classes.append(torch.tensor([c]))
-    images, classes = torch.cat(images), torch.cat(classes)
-    order = torch.argsort(classes, stable=True)
-    return images[order], classes[order]
+def fill_styles(styles: torch.Tensor, counts: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+    """The images for the generator's style slots (class-major, ``len(styles) // len(means)`` per class):
+    each released style image, or its class mean where the group's noisy count is below MIN_COUNT."""
+    per_class = len(styles) // len(means)
+    fallback = means.repeat_interleave(per_class, 0)
+    keep = (counts >= MIN_COUNT).view(-1, *[1] * (styles.dim() - 1))
+    return torch.where(keep, styles, fallback)
 
 
 def deform(x: torch.Tensor, u: torch.Tensor, *, max_rotate: float = 15.0, max_shear: float = 0.25,
@@ -115,33 +118,25 @@ def clean(means: torch.Tensor, *, floor: float = 0.15) -> torch.Tensor:
     return m * 2 - 1
 
 
-def fit_generator(G, means: torch.Tensor, *, steps: int, batch_size: int, lr: float, generator: torch.Generator,
-                  labels: torch.Tensor | None = None) -> float:
-    """Regress G(z, y) onto ``deform(image, Φ(z[:, :6]))``, the image one of class y's released images
-    (``means``, of classes ``labels``; one per class when None) picked by Φ(z[:, 6]), for ``steps`` Adam
-    steps; returns the last loss."""
+def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: float,
+                  generator: torch.Generator) -> float:
+    """Regress G(z, y) onto ``deform(image, Φ(z[:, :6]))`` for ``steps`` Adam steps, the image the one of
+    class y's slot that z picks (``images``: G.num_classes × G.styles, class-major); returns the last loss."""
     if G.latent_dim < LATENT_CONTROLS:
         raise ValueError(f"warmup: the generator's latent_dim must be >= {LATENT_CONTROLS}")
+    styles = getattr(G, "styles", 1)
+    if len(images) != G.num_classes * styles:
+        raise ValueError(f"warmup: {len(images)} images for {G.num_classes} classes × {styles} style slots")
     device = next(G.parameters()).device
-    means = means.to(device)
-    labels = torch.arange(len(means)) if labels is None else labels.long().cpu()
-    num_classes = int(labels.max()) + 1
-    order = torch.argsort(labels, stable=True)
-    means, labels = means[order], labels[order]
-    per_class = torch.bincount(labels, minlength=num_classes)
-    if bool((per_class == 0).any()):
-        raise ValueError("warmup: every class needs at least one released image")
-    first = (torch.cumsum(per_class, 0) - per_class).to(device)
-    per_class = per_class.to(device)
+    images = images.to(device)
     opt = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.5, 0.999))
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
-        y = torch.randint(0, num_classes, (batch_size,), device=device, generator=generator)
+        y = torch.randint(0, G.num_classes, (batch_size,), device=device, generator=generator)
         z = torch.randn(batch_size, G.latent_dim, device=device, generator=generator)
         with torch.no_grad():
-            u = 0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2)))
-            pick = first[y] + (u[:, 6] * per_class[y]).long().clamp(max=per_class[y] - 1)
-            target = deform(means[pick], u[:, :6])
+            pick = y * styles + (G.slot(z) if styles > 1 else 0)
+            target = deform(images[pick], 0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2))))
         loss = F.mse_loss(G(z, y), target)
         opt.zero_grad(set_to_none=True)
         loss.backward()

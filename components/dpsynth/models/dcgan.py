@@ -9,6 +9,8 @@ discriminator has ≈1.72M parameters, as the paper states, and the generator �
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,6 +18,7 @@ from torch import nn
 from dpsynth.errors import ConfigError
 
 SUPPORTED_SIZES = (28, 32)
+STYLE_LATENT = 6  # with styles > 1, z[:, 6] picks the style slot (Φ(z₆) cut into equal parts)
 
 
 def _check_size(image_size: int) -> None:
@@ -71,17 +74,24 @@ class Generator(ConditionalGenerator):
     The latent and the label each pass through their own first layer to a 4×4 map of 2·width
     channels; the two maps are concatenated and upsampled (4→7→14→28, or 4→8→16→32).
     LeakyReLU(0.2) throughout, tanh at the end.
+
+    ``styles`` > 1 gives every class that many learned 4×4 maps instead of one, and z[:, 6] picks which
+    (a discrete choice, uniform over the slots): the private warm-up fits one released style image per
+    slot (``dpsynth.methods.warmup``). The interface is unchanged: G(z, y) with y the class.
     """
 
     def __init__(self, *, num_classes: int, channels: int = 1, image_size: int = 28, width: int = 128,
-                 latent_dim: int = 100):
+                 latent_dim: int = 100, styles: int = 1):
         super().__init__()
         _check_size(image_size)
+        if styles < 1 or (styles > 1 and latent_dim <= STYLE_LATENT):
+            raise ConfigError(f"generator: styles={styles} needs styles >= 1 and latent_dim > {STYLE_LATENT}")
         self.latent_dim = latent_dim
         self.num_classes = num_classes
         self.width = width
+        self.styles = styles
         self.latent_branch = nn.ConvTranspose2d(latent_dim, 2 * width, 4, 1, 0)
-        self.label_branch = nn.Embedding(num_classes, 2 * width * 16)  # a learned 4×4 map per class
+        self.label_branch = nn.Embedding(num_classes * styles, 2 * width * 16)  # learned 4×4 maps per class
         k, p = (3, 1) if image_size == 28 else (4, 1)
         self.net = nn.Sequential(
             nn.ConvTranspose2d(4 * width, 2 * width, k, 2, p),
@@ -92,9 +102,17 @@ class Generator(ConditionalGenerator):
             nn.Tanh(),
         )
 
+    def slot(self, z: torch.Tensor) -> torch.Tensor:
+        """The style slot z picks: ⌊Φ(z₆)·styles⌋ (0 when styles = 1)."""
+        if self.styles == 1:
+            return torch.zeros(len(z), dtype=torch.long, device=z.device)
+        u = 0.5 * (1 + torch.erf(z[:, STYLE_LATENT] / math.sqrt(2)))
+        return (u * self.styles).long().clamp(max=self.styles - 1)
+
     def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         h_z = F.leaky_relu(self.latent_branch(z[:, :, None, None]), 0.2)
-        h_y = F.leaky_relu(self.label_branch(y.view(-1)).view(-1, 2 * self.width, 4, 4), 0.2)
+        index = y.view(-1) * self.styles + self.slot(z)
+        h_y = F.leaky_relu(self.label_branch(index).view(-1, 2 * self.width, 4, 4), 0.2)
         return self.net(torch.cat([h_z, h_y], dim=1))
 
 
