@@ -75,6 +75,8 @@ def _run(client, res: dict, parent) -> dict[str, Any]:
     row["mlflow"] = {"parent_run_id": parent.info.run_id, "experiment_id": parent.info.experiment_id,
                      "status": parent.info.status, "audit": tags.get(tracking.TAG_AUDIT, "not run"),
                      "epsilon_total": tags.get(tracking.TAG_EPSILON_SPENT), "stages": stages,
+                     "epsilon_lower": tags.get(tracking.TAG_EPSILON_LOWER),
+                     "empirical_audit": tags.get(tracking.TAG_EMPIRICAL_AUDIT),
                      "run_dir": tags.get(TAG_RUN_DIR)}
     if tags.get(TAG_RUN_DIR):
         row["lineage"] = lineage(tags[TAG_RUN_DIR])
@@ -170,7 +172,8 @@ def render(data: dict[str, Any]) -> str:
                    f"<td data-field='remaining'>{_f(pop['remaining'])}</td><td>{_e(pop['delta'])}</td>"
                    f"<td>{pop['delta_used']:.3g}</td></tr></table>")
         out.append("<table class='runs'><tr><th>pipeline run</th><th>ledger</th><th>ε charged</th>"
-                   + "".join(f"<th>ε {s}</th>" for s in STAGES) + "<th>audit</th><th>dataset version</th></tr>")
+                   + "".join(f"<th>ε {s}</th>" for s in STAGES) + "<th>audit</th><th>ε_lower (empirical audit)</th>"
+                   "<th>dataset version</th></tr>")
         for run in pop["runs"]:
             m = run["mlflow"] or {}
             stages = m.get("stages", {})
@@ -182,6 +185,8 @@ def render(data: dict[str, Any]) -> str:
                        f"<td data-field='ledger-status' title='{_e(run['note'])}'>#{run['reservation_id']} {_e(run['status'])}</td>"
                        f"<td data-field='charged'>{_f(run['epsilon_charged'])}</td>{cells}"
                        f"<td data-field='audit' class='{_e(audit)}'>{_e(audit)}</td>"
+                       f"<td data-field='epsilon-lower' title='{_e(m.get('empirical_audit'))}'>"
+                       f"{_e(m.get('epsilon_lower') or 'not run')}</td>"
                        f"<td><code>{_e(run['dataset_sha256'][:12])}</code></td></tr>")
         out.append("</table>")
         for run in pop["runs"]:

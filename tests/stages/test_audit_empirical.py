@@ -63,3 +63,40 @@ def test_the_command(trained_at_1, source, capsys):
     assert dpsynth("audit", "empirical", "--records", "600", "--image-shape", "28x28", "--num-classes", "10",
                    *settings(source, *AUDITED)) == 2
     assert "--image-shape" in capsys.readouterr().err
+
+
+def test_tracked_the_figures_reach_mlflow_the_release_and_the_ledger_page(tmp_path, source, capsys):
+    from mlflow import MlflowClient
+
+    from dpsynth import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracked = (*AUDITED, "tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=empirical",
+               "ledger.enabled=false")
+    run_dir = tmp_path / "run"
+    assert dpsynth("pipeline", "start", "--run-dir", run_dir, "--pipeline-run-id", "emp", *settings(source, *tracked)) == 0
+    parent = json.loads(capsys.readouterr().out)["parent_run_id"]
+    ids = ["--run-dir", run_dir, "--parent-run-id", parent, "--pipeline-run-id", "emp"]
+    for name in ("partition", "warmstart", "train", "audit", "sample"):
+        assert dpsynth(name, *ids, *settings(source, *tracked)) == 0, name
+    r = report(run_dir)
+    lower = r["empirical"]["epsilon_lower"]
+    client = MlflowClient(uri)
+    audit_run = client.get_run(manifest(run_dir, "sensitive", "audit")["mlflow_run_id"])
+    assert audit_run.data.metrics["epsilon_lower_empirical"] == pytest.approx(lower)
+    assert audit_run.data.metrics["epsilon_accounted_empirical"] == pytest.approx(r["empirical"]["accounted_epsilon"])
+    assert {c["name"]: c["passed"] for c in r["checks"]}["mlflow"]  # the new metrics are on the allow-list
+    sample_run = client.get_run(manifest(run_dir, "release", "sample")["mlflow_run_id"])
+    for run in (client.get_run(parent), audit_run, sample_run):
+        assert float(run.data.tags[tracking.TAG_EPSILON_LOWER]) == pytest.approx(lower, abs=1e-3)
+        assert "m=1000, 95% confidence" in run.data.tags[tracking.TAG_EMPIRICAL_AUDIT]
+    assert manifest(run_dir, "release", "sample")["details"]["release"]["epsilon_lower"] == lower
+
+    ledger_view = pytest.importorskip("dpsynth_mlflow.ledger_view")  # pip install --no-deps -e mlflow_plugins
+    row = ledger_view._run(client, {"id": 1, "pipeline_run_id": "emp", "status": "committed", "epsilon_reserved": 1,
+                                    "epsilon_spent": 1, "delta": 1e-4, "dataset_sha256": "0" * 64, "created_at": "",
+                                    "note": None}, client.get_run(parent))
+    assert float(row["mlflow"]["epsilon_lower"]) == pytest.approx(lower, abs=1e-3)
+    page = ledger_view.render({"populations": [{"population_id": "p", "budget": 10, "committed": 1, "reserved": 0,
+                                                "remaining": 9, "delta": 1e-3, "delta_used": 1e-4, "runs": [row]}]})
+    assert f"<td data-field='epsilon-lower' title='m=1000, 95% confidence" in page

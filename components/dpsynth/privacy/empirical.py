@@ -289,8 +289,18 @@ def markdown(result: dict | None) -> str:
             f"Privacy cost of the audit run: {result['privacy_cost']}.\n")
 
 
-def log_mlflow(result: dict | None) -> None:
-    """The empirical figures on the active (audit) MLflow run."""
+def tags(result: dict) -> dict[str, str]:
+    """The MLflow tags of an empirical audit: on the audit run, the pipeline's parent run and the release."""
+    from dpsynth import tracking
+
+    return {tracking.TAG_EPSILON_LOWER: f"{result['epsilon_lower']:.4g}",
+            tracking.TAG_EMPIRICAL_AUDIT: (f"m={result['canaries']}, {result['confidence']:.0%} confidence, "
+                                           f"{result['mode']} ({result['steps']} steps), {result['attack']}; "
+                                           f"accounted ε of those steps {result['accounted_epsilon']:.4g}")}
+
+
+def log_mlflow(result: dict | None, *, tracking_uri: str | None = None, also: Sequence[str | None] = ()) -> None:
+    """The empirical figures on the active (audit) MLflow run; its tags also on the runs ``also`` names."""
     if not result:
         return
     import mlflow
@@ -298,9 +308,8 @@ def log_mlflow(result: dict | None) -> None:
     mlflow.log_metrics({"epsilon_lower_empirical": result["epsilon_lower"],
                         "epsilon_accounted_empirical": result["accounted_epsilon"],
                         "empirical_canaries": result["canaries"]})
-    mlflow.set_tags({TAG_EPSILON_LOWER: f"{result['epsilon_lower']:.4g}",
-                     TAG_EMPIRICAL: f"m={result['canaries']} confidence={result['confidence']:g} {result['mode']}"})
-
-
-TAG_EPSILON_LOWER = "dpsynth.epsilon_lower"
-TAG_EMPIRICAL = "dpsynth.empirical_audit"
+    mlflow.set_tags(tags(result))
+    client = mlflow.MlflowClient(tracking_uri)
+    for run_id in dict.fromkeys(r for r in also if r):
+        for k, v in tags(result).items():
+            client.set_tag(run_id, k, v)

@@ -327,7 +327,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
                 if "prv" in e:
                     metrics.update(epsilon_prv_upper=e["prv"]["upper"], epsilon_prv_lower=e["prv"]["lower"])
                 mlflow.log_metrics(metrics)
-            empirical.log_mlflow(measured)
+            empirical.log_mlflow(measured, tracking_uri=ctx.tracking_uri, also=[ctx.parent_run_id])
             mlflow.log_text(markdown(report), "audit.md")
             tracking.log_json(report, "audit.json")
             _tag_runs(ctx, [train_run, ctx.parent_run_id], report["decision"])
