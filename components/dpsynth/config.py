@@ -350,6 +350,9 @@ class EvaluateConfig:
         _require(self.curve_samples >= 0, "evaluate.curve_samples", f"must be >= 0, got {self.curve_samples}")
 
 
+EMPIRICAL_AUDIT_METHODS = ("dpgan",)  # the methods dpsynth.privacy.empirical can audit
+
+
 @dataclass(frozen=True)
 class AuditConfig:
     """``dpsynth audit``'s optional empirical step (``dpsynth.privacy.empirical``): an audit run of the
@@ -396,6 +399,10 @@ class RunConfig:
             value = getattr(self, section.name)
             if hasattr(value, "validate"):
                 value.validate()
+        # refused before training spends anything, not at the audit
+        _require(self.audit.empirical == "off" or self.train.method in EMPIRICAL_AUDIT_METHODS, "audit.empirical",
+                 f"the empirical audit supports train.method in {list(EMPIRICAL_AUDIT_METHODS)}, not "
+                 f"{self.train.method!r} (yet); set audit.empirical=off")
         return self
 
     def to_dict(self) -> dict:

@@ -46,13 +46,13 @@ import numpy as np
 import torch
 from scipy import stats
 
+from dpsynth.config import EMPIRICAL_AUDIT_METHODS as SUPPORTED_METHODS
 from dpsynth.errors import ConfigError
 
 CONFIDENCE = 0.95
 # k = fraction · m / 2 canaries guessed "in" and as many "out"; the rest abstain (Bonferroni over these)
 GUESS_FRACTIONS = (1.0, 0.5, 0.2, 0.1, 0.05, 0.02)
 CANARY_SCALE = 1e3  # a canary's raw gradient norm, in units of the clip bound C (clipping must cut it)
-SUPPORTED_METHODS = ("dpgan",)
 ATTACK = "white-box Dirac gradient canaries, scored by the privatized gradient at their coordinate"
 
 
