@@ -350,7 +350,7 @@ class EvaluateConfig:
         _require(self.curve_samples >= 0, "evaluate.curve_samples", f"must be >= 0, got {self.curve_samples}")
 
 
-EMPIRICAL_AUDIT_METHODS = ("dpgan",)  # the methods dpsynth.privacy.empirical can audit
+EMPIRICAL_AUDIT_METHODS = ("dpgan", "zhang")  # the methods dpsynth.privacy.empirical can audit
 
 
 @dataclass(frozen=True)

@@ -122,3 +122,18 @@ def test_bad_settings_name_the_field():
         tiny(1.0, "train.method=gswgan")
     with pytest.raises(ConfigError, match="audit.confidence"):
         tiny(1.0, "audit.confidence=1.5")
+
+
+def zhang(*extra):  # ε = 0.5: this attack is weaker on the WGAN-GP critic, whose data gradients swamp a canary
+    return tiny(0.5, "train.method=zhang", "data.public_fraction=0.1", "zhang.public_batch_size=16",
+                "zhang.num_groups=3", "zhang.n_critic=2", "train.steps=60", *extra)
+
+
+def test_zhang_real_sanitizer_passes_and_without_noise_fails(monkeypatch):
+    """dp-GAN's critic: grouped clipping with adaptive bounds from (stand-in) public data, same canaries."""
+    result = audit(zhang())
+    assert result["method"] == "zhang" and result["accounted_epsilon"] <= 0.5
+    assert empirical.gate(result)["passed"]
+    monkeypatch.setattr(MechanismRandomness, "standard_normal", lambda self, shape, dtype=None: torch.zeros(shape, dtype=dtype))
+    result = audit(zhang())
+    assert result["epsilon_lower"] > 1.5 * result["accounted_epsilon"] and not empirical.gate(result)["passed"]

@@ -17,8 +17,9 @@ The number of guesses k is chosen from a fixed grid (:data:`GUESS_FRACTIONS`); t
 the best over the grid at confidence 1 − β/|grid| each (Bonferroni), so choosing k after seeing the
 scores keeps the 95 % guarantee.
 
-**White-box gradient canaries (DP-SGD discriminator: DPGAN).** Canary i is a record whose
-per-example gradient is ``CANARY_SCALE · C`` on one coordinate c_i of the discriminator's parameters
+**White-box gradient canaries (DP-SGD discriminators: DPGAN, and dp-GAN of Zhang et al.'s critic).**
+Canary i is a record whose per-example gradient is ``CANARY_SCALE`` times the largest clip bound in
+use (C; dp-GAN's per-group bounds c_j) on one coordinate c_i of the discriminator's parameters
 (a Dirac canary, coordinates distinct and random). In every step each included canary joins the
 batch by its own Poisson coin at the trainer's rate q, exactly as a record does; its gradient is
 appended to the per-example gradients the sanitizer (:class:`~dpsynth.privacy.dpsgd.GradientSanitizer`)
@@ -118,28 +119,28 @@ class GradientCanaries:
     ``included`` (the secret ½ coins) and every step's Poisson coins come from ``randomness``; the
     coordinates are public (they only say where to look)."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], *, m: int, sample_rate: float, norm: float,
-                 randomness):
+    def __init__(self, params: Sequence[torch.nn.Parameter], *, m: int, sample_rate: float, randomness):
         self.params = list(params)
         sizes = [p.numel() for p in self.params]
         total = sum(sizes)
         if m > total:
             raise ConfigError(f"audit.canaries: {m} canaries need as many distinct coordinates; the "
                               f"discriminator has {total} parameters")
-        self.m, self.sample_rate, self.norm, self.randomness = m, sample_rate, float(norm), randomness
+        self.m, self.sample_rate, self.randomness = m, sample_rate, randomness
         self.coords = torch.randperm(total, generator=torch.Generator().manual_seed(_public_seed()))[:m]
         self.offsets = np.cumsum([0, *sizes])
         self.included = randomness.poisson_mask(m, 0.5).cpu()
         self.scores = torch.zeros(m, dtype=torch.float64)
 
-    def inject(self) -> None:
-        """Append the per-example gradients of this step's sampled canaries to every ``p.grad_sample``."""
+    def inject(self, norm: float) -> None:
+        """Append the per-example gradients (``norm`` on the canary's coordinate) of this step's sampled
+        canaries to every ``p.grad_sample``."""
         joined = (self.included & self.randomness.poisson_mask(self.m, self.sample_rate).cpu()).nonzero().flatten()
         coords = self.coords[joined]
         for j, p in enumerate(self.params):
             rows = torch.zeros(len(coords), p.numel(), dtype=p.dtype, device=p.device)
             here = (coords >= self.offsets[j]) & (coords < self.offsets[j + 1])
-            rows[here.nonzero().flatten(), coords[here] - int(self.offsets[j])] = self.norm
+            rows[here.nonzero().flatten(), coords[here] - int(self.offsets[j])] = norm
             p.grad_sample = torch.cat([p.grad_sample, rows.view(len(coords), *p.shape)])
 
     @torch.no_grad()
@@ -157,8 +158,8 @@ class _SanitizerWithCanaries:
         self._inner, self._canaries, self._pending = sanitizer, canaries, True
 
     def accumulate(self) -> None:
-        if self._pending:
-            self._canaries.inject()
+        if self._pending:  # clipping must cut a canary under every bound in use (dp-GAN's adapt)
+            self._canaries.inject(CANARY_SCALE * max(self._inner.bounds))
             self._pending = False
         self._inner.accumulate()
 
@@ -176,16 +177,34 @@ def _public_seed() -> int:
 
 
 # --- the audit run -----------------------------------------------------------------------------------
-def stand_in(n: int, image_shape: Sequence[int], num_classes: int, *, seed: int = 0):
+def stand_in(n: int, image_shape: Sequence[int], num_classes: int, *, seed: int = 0, name: str = "stand-in"):
     """A public stand-in of the training data's shape: n uniform-noise images (H, W, C), uniform labels."""
     from dpsynth.data.dataset import ImageDataset
 
     rng = np.random.default_rng(seed)
     h, w, c = (int(d) for d in image_shape)
-    return ImageDataset(record_ids=[f"stand-in-{i}" for i in range(n)],
+    return ImageDataset(record_ids=[f"{name}-{i}" for i in range(n)],
                         labels=rng.integers(0, num_classes, n).astype(np.int64),
                         images=rng.integers(0, 256, (n, h, w, c), dtype=np.uint8),
                         splits=None, num_classes=num_classes, source="public stand-in (uniform noise)")
+
+
+def _trainer(cfg, data, *, mechanism_seed):
+    """The method's trainer on the stand-in, its private step, and when its generator steps follow."""
+    if cfg.train.method == "zhang":
+        from dpsynth.methods.zhang import ZhangTrainer
+
+        z = cfg.zhang
+        public = None
+        if z.adaptive_clipping or z.grouping == "clustering":  # its public data: a second stand-in
+            public = stand_in(max(z.public_batch_size, 2), data.shape, data.num_classes, seed=cfg.train.seed + 1,
+                              name="stand-in-public")
+        t = ZhangTrainer(cfg, data, public=public, mechanism_seed=mechanism_seed)
+        return t, t.D, t.critic_step, lambda: t.since_g >= z.n_critic
+    from dpsynth.methods.dpgan import DPGANTrainer
+
+    t = DPGANTrainer(cfg, data, mechanism_seed=mechanism_seed)
+    return t, t.D, t.discriminator_step, lambda: t.since_g >= t.n_d.n_d
 
 
 def audit_steps(cfg, total_steps: int) -> int:
@@ -210,21 +229,19 @@ def run_audit(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode
         raise ConfigError(f"audit.empirical: the empirical audit supports train.method in {list(SUPPORTED_METHODS)}, "
                           f"not {cfg.train.method!r} (yet); set audit.empirical=off")
     cfg = dataclasses.replace(cfg, audit=dataclasses.replace(cfg.audit, empirical=mode, canaries=m))
-    from dpsynth.methods.dpgan import DPGANTrainer
-
     started = time.process_time()
     with tempfile.TemporaryDirectory(prefix="dpsynth-empirical-") as tmp:
         run_cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, dir=tmp),
                                       tracking=dataclasses.replace(cfg.tracking, enabled=False))
-        trainer = DPGANTrainer(run_cfg, stand_in(n, image_shape, num_classes, seed=cfg.train.seed),
-                               mechanism_seed=mechanism_seed)
-        c = GradientCanaries(list(trainer.D.parameters()), m=m, sample_rate=trainer.event.sample_rate,
-                             norm=CANARY_SCALE * cfg.privacy.max_grad_norm, randomness=trainer.mechanism)
+        trainer, critic, private_step, generator_due = _trainer(
+            run_cfg, stand_in(n, image_shape, num_classes, seed=cfg.train.seed), mechanism_seed=mechanism_seed)
+        c = GradientCanaries(list(critic.parameters()), m=m, sample_rate=trainer.event.sample_rate,
+                             randomness=trainer.mechanism)
         trainer.sanitizer = _SanitizerWithCanaries(trainer.sanitizer, c)
         steps = audit_steps(cfg, trainer.total_steps)
         for _ in range(steps):  # the trainer's own loop body (train() adds checkpoints and logging)
-            trainer.discriminator_step()
-            if trainer.since_g >= trainer.n_d.n_d:
+            private_step()
+            if generator_due():
                 trainer.generator_step()
     audited = MechanismTrace()
     audited.record(trainer.event, count=steps)
