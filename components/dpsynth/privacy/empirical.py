@@ -158,7 +158,7 @@ class _SanitizerWithCanaries:
         self._inner, self._canaries, self._pending = sanitizer, canaries, True
 
     def accumulate(self) -> None:
-        if self._pending:  # clipping must cut a canary under every bound in use (dp-GAN's adapt)
+        if self._pending:  # 1000 × the largest bound in use, so clipping must cut it (dp-GAN's bounds adapt)
             self._canaries.inject(CANARY_SCALE * max(self._inner.bounds))
             self._pending = False
         self._inner.accumulate()

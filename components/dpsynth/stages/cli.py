@@ -19,7 +19,8 @@ HELP = {
     "partition": "validate the dataset, hold out records for evaluation, split the rest into K shards (sensitive zone)",
     "warmstart": "non-private pre-training for methods that warm-start: one discriminator per shard (GS-WGAN, "
                  "DPAC), G and D on public data (dp-GAN); a recorded no-op for DPGAN",
-    "audit": "recompute ε from the mechanism trace with the RDP and PRV accountants; fail unless within target",
+    "audit": "recompute ε from the mechanism trace with the RDP and PRV accountants; fail unless within target "
+             "(with audit.empirical, also unless a canary audit's lower bound ε_lower stays within the accounted ε)",
     "sample": "after a passed audit: release the generator, a synthetic Parquet dataset and sample grids",
     "evaluate": "accuracy of a classifier trained on the synthetic data, tested on held-out real data",
 }
