@@ -25,7 +25,7 @@ batch by its own Poisson coin at the trainer's rate q, exactly as a record does;
 appended to the per-example gradients the sanitizer (:class:`~dpsynth.privacy.dpsgd.GradientSanitizer`)
 reads, so it is clipped, summed and noised by the same code as the data. The auditor sees each step's
 privatized gradient (the mechanism's output) and scores canary i by the sum over steps of its
-coordinate c_i. With a correct sanitizer a canary moves its coordinate by at most C/(2B) per step,
+coordinate c_i, less the stand-in records' clipped part of it (see :class:`_SanitizerWithCanaries`). With a correct sanitizer a canary moves its coordinate by at most C/(2B) per step,
 under noise σC/(2B); without noise or without clipping the canaries stand out and ε_lower exceeds ε.
 
 **What the audit run costs.** It trains on a *public stand-in of the same shape* (n uniform-noise
@@ -109,7 +109,11 @@ def guess_and_bound(scores, included, *, delta: float, confidence: float = CONFI
         eps = epsilon_lower_bound(m, 2 * k, correct, delta=delta, confidence=per_k)
         if eps > best["epsilon_lower"] or best["guesses"] == 0:
             best = {"epsilon_lower": eps, "guesses": 2 * k, "correct": correct}
-    return {**best, "canaries": m, "confidence": confidence, "delta": delta, "guess_grid": list(fractions)}
+    # the most this audit could prove (every guess right at the grid's best k): a gate at a larger ε cannot fail
+    ceiling = max(epsilon_lower_bound(m, 2 * k, 2 * k, delta=delta, confidence=per_k)
+                  for k in {max(1, int(f * m) // 2) for f in fractions})
+    return {**best, "canaries": m, "confidence": confidence, "delta": delta, "guess_grid": list(fractions),
+            "ceiling": ceiling}
 
 
 # --- white-box gradient canaries in the sanitizer's input -----------------------------------------
@@ -143,30 +147,50 @@ class GradientCanaries:
             rows[here.nonzero().flatten(), coords[here] - int(self.offsets[j])] = norm
             p.grad_sample = torch.cat([p.grad_sample, rows.view(len(coords), *p.shape)])
 
-    @torch.no_grad()
-    def observe(self) -> None:
-        """Add each canary's coordinate of the step's privatized gradient (``p.grad``) to its score."""
-        flat = torch.cat([p.grad.detach().reshape(-1).to("cpu", torch.float64) for p in self.params])
-        self.scores += flat[self.coords]
+    def flat_grad(self):
+        return torch.cat([p.grad.detach().reshape(-1).to("cpu", torch.float64) for p in self.params])[self.coords]
+
+    def observe(self, known) -> None:
+        """Add each canary's coordinate of the step's privatized gradient (``p.grad``), less ``known`` (the
+        data records' part of it, at the same coordinates), to its score."""
+        self.scores += self.flat_grad() - known
 
 
 class _SanitizerWithCanaries:
     """The trainer's own sanitizer, with the canaries' gradients appended to its input once per step
-    and the output read after ``finalize``; everything else is the sanitizer itself."""
+    and the output read after ``finalize``; everything else is the sanitizer itself.
+
+    The auditor of its own audit run knows the stand-in records and which of them each step sampled
+    (none of it depends on the canaries' coins), so it subtracts their part: a second, noiseless
+    sanitizer of the same class over the same groups and bounds sums the data records' clipped
+    gradients, and a canary's score is its coordinate of the output less that sum. What is left is the
+    canaries' clipped gradients and the noise: the white-box setting of Nasr et al. 2023."""
 
     def __init__(self, sanitizer, canaries: GradientCanaries):
-        self._inner, self._canaries, self._pending = sanitizer, canaries, True
+        self._inner, self._canaries, self._pending, self._data = sanitizer, canaries, True, None
 
     def accumulate(self) -> None:
+        params = [p for g in self._inner.groups for p in g]
+        if self._pending:
+            self._data = type(self._inner)(self._inner.groups, max_grad_norm=self._inner.bounds, noise_multiplier=0,
+                                           expected_batch_size=self._inner.expected_batch_size)
+        samples = [p.grad_sample for p in params]
+        self._data.accumulate()  # clears grad_sample: put it back for the real sanitizer
+        for p, s in zip(params, samples):
+            p.grad_sample = s
         if self._pending:  # 1000 × the largest bound in use, so clipping must cut it (dp-GAN's bounds adapt)
             self._canaries.inject(CANARY_SCALE * max(self._inner.bounds))
             self._pending = False
         self._inner.accumulate()
 
     def finalize(self) -> None:
+        known = 0.0
+        if self._data is not None:
+            self._data.finalize()  # the data records' clipped sum / expected batch size, in p.grad
+            known = self._canaries.flat_grad()
         self._inner.finalize()
-        self._canaries.observe()
-        self._pending = True
+        self._canaries.observe(known)
+        self._pending, self._data = True, None
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -264,7 +288,10 @@ def gate(result: dict) -> dict:
             "detail": (f"ε_lower={lower:.4g} (m={result['canaries']}, {result['confidence']:.0%} confidence, "
                        f"{result['correct']}/{result['guesses']} guesses correct, {result['mode']}, {result['steps']} "
                        f"steps) {'≤' if ok else '>'} accounted ε={eps:.4g} of the audited steps"
-                       + ("" if ok else ": the code does not implement the accounted mechanism"))}
+                       + ("" if ok else ": the code does not implement the accounted mechanism")
+                       + ("" if result["ceiling"] > eps else
+                          f"; inconclusive: with m={result['canaries']} no audit can prove more than "
+                          f"ε={result['ceiling']:.3g}, below the accounted ε (more canaries, or audit a lower ε)"))}
 
 
 # --- what the audit stage adds ----------------------------------------------------------------------
@@ -299,9 +326,10 @@ def markdown(result: dict | None) -> str:
     if not result:
         return ""
     return ("\n## Empirical audit (one-run canary audit)\n\n"
-            f"| ε_lower ({result['confidence']:.0%}) | accounted ε (audited steps) | canaries m | guesses | correct "
-            f"| mode | steps | attack |\n|---|---|---|---|---|---|---|---|\n"
-            f"| {result['epsilon_lower']:.4g} | {result['accounted_epsilon']:.4g} | {result['canaries']} | "
+            f"| ε_lower ({result['confidence']:.0%}) | accounted ε (audited steps) | largest provable ε | canaries m "
+            f"| guesses | correct | mode | steps | attack |\n|---|---|---|---|---|---|---|---|---|\n"
+            f"| {result['epsilon_lower']:.4g} | {result['accounted_epsilon']:.4g} | {result['ceiling']:.3g} | "
+            f"{result['canaries']} | "
             f"{result['guesses']} | {result['correct']} | {result['mode']} | {result['steps']} | {result['attack']} |\n\n"
             f"Privacy cost of the audit run: {result['privacy_cost']}.\n")
 
