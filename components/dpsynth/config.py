@@ -366,6 +366,26 @@ class EvaluateConfig:
         _require(self.curve_samples >= 0, "evaluate.curve_samples", f"must be >= 0, got {self.curve_samples}")
 
 
+EMPIRICAL_AUDIT_METHODS = ("dpgan", "zhang")  # the methods dpsynth.privacy.empirical can audit
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """``dpsynth audit``'s optional empirical step (``dpsynth.privacy.empirical``): an audit run of the
+    method with canaries on a public stand-in, ε_lower at ``confidence``; the audit fails when ε_lower
+    exceeds the accounted ε. off: skipped; quick: the first ``quick_steps`` steps; full: every step."""
+
+    empirical: Literal["off", "quick", "full"] = "off"
+    canaries: int = 1000  # m
+    confidence: float = 0.95
+    quick_steps: int = 100
+
+    def validate(self) -> None:
+        _require(self.canaries >= 2, "audit.canaries", f"must be >= 2, got {self.canaries}")
+        _require(0 < self.confidence < 1, "audit.confidence", f"must be in (0, 1), got {self.confidence}")
+        _require(self.quick_steps >= 1, "audit.quick_steps", f"must be >= 1, got {self.quick_steps}")
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     run_dir: str | None = None  # root URI (local or s3://) of one pipeline run: run_dir/sensitive, run_dir/release
@@ -387,6 +407,7 @@ class RunConfig:
     dpac: DPACConfig = field(default_factory=DPACConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
     def validate(self) -> "RunConfig":
@@ -394,13 +415,18 @@ class RunConfig:
             value = getattr(self, section.name)
             if hasattr(value, "validate"):
                 value.validate()
+        # refused before training spends anything, not at the audit
+        _require(self.audit.empirical == "off" or self.train.method in EMPIRICAL_AUDIT_METHODS, "audit.empirical",
+                 f"the empirical audit supports train.method in {list(EMPIRICAL_AUDIT_METHODS)}, not "
+                 f"{self.train.method!r} (yet); set audit.empirical=off")
         return self
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def fingerprint(
-        self, *, exclude: tuple[str, ...] = ("output", "tracking", "ledger", "warmstart", "sample", "evaluate", "pipeline")
+        self, *, exclude: tuple[str, ...] = ("output", "tracking", "ledger", "warmstart", "sample", "evaluate", "audit",
+                                  "pipeline")
     ) -> str:
         """sha256 of the settings that determine the training result (what resume must match)."""
         d = {k: v for k, v in self.to_dict().items() if k not in exclude}

@@ -101,6 +101,8 @@ def _run(client, rows: list[dict], parent) -> dict[str, Any]:
     row["mlflow"] = {"parent_run_id": parent.info.run_id, "experiment_id": parent.info.experiment_id,
                      "status": parent.info.status, "audit": tags.get(tracking.TAG_AUDIT, "not run"),
                      "epsilon_total": tags.get(tracking.TAG_EPSILON_SPENT), "stages": stages,
+                     "epsilon_lower": tags.get(tracking.TAG_EPSILON_LOWER),
+                     "empirical_audit": tags.get(tracking.TAG_EMPIRICAL_AUDIT),
                      "run_dir": tags.get(TAG_RUN_DIR),
                      "ledger_reservation_ids": None if recorded is None else _ids(recorded)}
     if tags.get(TAG_RUN_DIR):
@@ -205,7 +207,8 @@ def render(data: dict[str, Any]) -> str:
                    f"<td data-field='remaining'>{_f(pop['remaining'])}</td><td>{_e(pop['delta'])}</td>"
                    f"<td>{pop['delta_used']:.3g}</td></tr></table>")
         out.append("<table class='runs'><tr><th>pipeline run</th><th>ledger (attempts)</th><th>ε charged</th>"
-                   + "".join(f"<th>ε {s}</th>" for s in STAGES) + "<th>audit</th><th>dataset version</th></tr>")
+                   + "".join(f"<th>ε {s}</th>" for s in STAGES) + "<th>audit</th><th>ε_lower (empirical audit)</th>"
+                   "<th>dataset version</th></tr>")
         for run in pop["runs"]:
             m = run["mlflow"] or {}
             stages = m.get("stages", {})
@@ -224,6 +227,8 @@ def render(data: dict[str, Any]) -> str:
                        f"<span data-field='ledger-status'>{len(run['attempts'])} attempt(s) {_e(run['status'])}</span></td>"
                        f"<td data-field='charged'>{_f(run['epsilon_charged'])}</td>{cells}"
                        f"<td data-field='audit' class='{_e(audit)}'>{_e(audit)}</td>"
+                       f"<td data-field='epsilon-lower' title='{_e(m.get('empirical_audit'))}'>"
+                       f"{_e(m.get('epsilon_lower') or 'not run')}</td>"
                        f"<td><code>{_e(', '.join(s[:12] for s in run['dataset_sha256']))}</code></td></tr>")
         out.append("</table>")
         for run in pop["runs"]:

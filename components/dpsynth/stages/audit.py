@@ -59,18 +59,19 @@ from dpsynth.config import RunConfig
 from dpsynth.errors import AuditFailed, DpsynthError
 from dpsynth.methods import registry
 from dpsynth.methods.artifacts import generator_privacy
-from dpsynth.privacy import MechanismTrace, check_delta, get_accountant
+from dpsynth.privacy import MechanismTrace, check_delta, empirical, get_accountant
 from dpsynth.privacy.accountants import PRV_TIME_LIMIT_S, prv_bounds_or_rdp
 from dpsynth.stages import common, manifest
 
 STAGE = "audit"
-SECTIONS = ("data", "partition", "privacy", "train", "warmup")
+SECTIONS = ("data", "partition", "privacy", "train", "warmup", "audit")
 FORMAT = "dpsynth.audit/2"
 RDP_RELATIVE_TOLERANCE = 1e-9  # floating-point rounding only
 _BOUND = "ε recomputed from the mechanism trace (data-independent: the trace records the mechanism only)"
 MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     "target_epsilon": "privacy.epsilon (configuration)", "epsilon_upper_bound": _BOUND, "epsilon_rdp": _BOUND,
-    "epsilon_wor": _BOUND, "epsilon_prv_upper": _BOUND, "epsilon_prv_lower": _BOUND})
+    "epsilon_wor": _BOUND, "epsilon_prv_upper": _BOUND, "epsilon_prv_lower": _BOUND,
+    **empirical.MLFLOW_METRICS})
 CLAIM_TOLERANCE = 1e-6  # relative: the trainer's RDP/WOR claim vs the audit's recomputation
 # The adjacency each sampling scheme needs, and the accountants that bound it (first: the rigorous one).
 SAMPLING_ADJACENCY = {"poisson": "add_remove", "full_batch": "add_remove", "without_replacement": "replace_one"}
@@ -332,7 +333,7 @@ def markdown(report: dict) -> str:
     lines += [f"Generator sha256: `{report['generator']['sha256']}`", "",
               "| check | passed | detail |", "|---|---|---|"]
     lines += [f"| {c['name']} | {'yes' if c['passed'] else '**no**'} | {c['detail']} |" for c in report["checks"]]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + empirical.markdown(report.get("empirical"))
 
 
 def statement_markdown(st: dict, *, delta: float) -> list[str]:
@@ -407,11 +408,15 @@ def run(ctx: common.StageContext) -> common.Outcome:
     train_run = trained.get("mlflow_run_id")
     extra = [mlflow_check(cfg, tracking_uri=ctx.tracking_uri if cfg.tracking.enabled else None,
                           run_ids=[train_run] if train_run else [], parent_run_id=ctx.parent_run_id)]
+    # the optional empirical audit (audit.empirical): ε_lower from canaries on a public stand-in; its gate
+    measured = empirical.stage_audit(cfg, partition)
+    extra += [measured["check"]] if measured else []
     report = evaluate(cfg, trace_text=trace_text, n=n,
                       integrity=integrity, claimed=claimed, marks=marks, extra=extra)
     report["generator"] = {"uri": current["generator"]["uri"], "sha256": current["generator"]["sha256"]}
     report["trace"] = {"uri": recorded["trace"]["uri"], "sha256": hashlib.sha256(trace_text.encode()).hexdigest()}
     report["claimed"] = claimed
+    report["empirical"] = measured
     report["runs"] = {"train": train_run, "parent": ctx.parent_run_id, "pipeline_run_id": ctx.pipeline_run_id}
     status = "succeeded" if report["decision"] == "passed" else "failed"
     with common.child_run(ctx, STAGE) as run:
@@ -431,6 +436,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
                     if "lower" in e["prv"]:
                         metrics["epsilon_prv_lower"] = e["prv"]["lower"]
                 mlflow.log_metrics(metrics)
+            empirical.log_mlflow(measured, tracking_uri=ctx.tracking_uri, also=[ctx.parent_run_id])
             mlflow.log_text(markdown(report), "audit.md")
             tracking.log_json(report, "audit.json")
             _tag_runs(ctx, [train_run, ctx.parent_run_id], report["decision"], report["statement"])
@@ -440,7 +446,8 @@ def run(ctx: common.StageContext) -> common.Outcome:
                    "accountant": "+".join(report["epsilons"]) if report["epsilons"] else "none"}
         outcome = common.finish(ctx, STAGE, run, status=status, fingerprint=fp, inputs=inputs, outputs=outputs,
                                 dataset_sha256=partition["dataset_sha256"], privacy=privacy,
-                                details={"decision": report["decision"], "epsilon_upper_bound": report["epsilon_upper_bound"]})
+                                details={"decision": report["decision"], "epsilon_upper_bound": report["epsilon_upper_bound"],
+                                         "epsilon_lower": measured["epsilon_lower"] if measured else None})
         if status == "failed":
             failed = "; ".join(f"{c['name']}: {c['detail']}" for c in report["checks"] if not c["passed"])
             raise AuditFailed(f"audit failed, nothing may be released ({failed}); report: {ctx.uri(STAGE, 'audit.md')}")

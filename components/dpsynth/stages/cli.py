@@ -19,7 +19,8 @@ HELP = {
     "partition": "validate the dataset, hold out records for evaluation, split the rest into K shards (sensitive zone)",
     "warmstart": "non-private pre-training for methods that warm-start: one discriminator per shard (GS-WGAN, "
                  "DPAC), G and D on public data (dp-GAN); a recorded no-op for DPGAN",
-    "audit": "recompute ε from the mechanism trace with the RDP and PRV accountants; fail unless within target",
+    "audit": "recompute ε from the mechanism trace with the RDP and PRV accountants; fail unless within target "
+             "(with audit.empirical, also unless a canary audit's lower bound ε_lower stays within the accounted ε)",
     "sample": "after a passed audit: release the generator, a synthetic Parquet dataset and sample grids",
     "evaluate": "accuracy of a classifier trained on the synthetic data, tested on held-out real data",
 }
@@ -50,6 +51,15 @@ def register(subparsers) -> None:
         p = subparsers.add_parser(stage, help=text, description=f"{text[0].upper()}{text[1:]}. {_COMMON}")
         add_config_options(p)
         add_stage_options(p)
+        if stage == "audit":
+            p.add_argument("action", nargs="?", choices=["empirical"], metavar="empirical",
+                           help="only the empirical audit (audit.empirical, default quick here): an audit run with "
+                           "canaries on a public stand-in of the training data's shape (--run-dir's partition "
+                           "manifest, or --records/--image-shape/--num-classes); ε_lower beside the accounted ε; "
+                           "exit 2 when ε_lower exceeds it. Writes nothing.")
+            p.add_argument("--records", type=int, metavar="N", help="empirical: training records n (else the partition manifest's)")
+            p.add_argument("--image-shape", metavar="HxWxC", help="empirical: image shape, e.g. 28x28x1")
+            p.add_argument("--num-classes", type=int, metavar="K", help="empirical: number of classes")
         if stage == "warmstart":
             p.add_argument("--shard", type=int, metavar="K", help="warm-start shard K only (one fan-out task: "
                            "no manifest, no MLflow run); without it, run every shard not yet done and write "
@@ -99,6 +109,9 @@ def _context(args, cfg: RunConfig | None = None):
 def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
     from dpsynth.stages.pipeline import run_stage
 
+    if getattr(args, "action", None) == "empirical":
+        return empirical_command(args)
+
     if getattr(args, "shard", None) is not None:
         from dpsynth.stages import warmstart
 
@@ -118,6 +131,48 @@ def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
     else:
         print(f"{stage}: {outcome.status}, ε consumed {m['privacy']['epsilon']:.4g}, {len(m['outputs'])} outputs; "
               f"manifest {outcome.manifest_uri}")
+    return 0
+
+
+def empirical_command(args) -> int:
+    """``dpsynth audit empirical``: one audit run with canaries; exit 2 when ε_lower > the accounted ε."""
+    from dpsynth.errors import AuditFailed, ConfigError
+    from dpsynth.privacy import empirical
+    from dpsynth.stages import common
+
+    cfg = load_config(args.config, overrides=args.overrides)
+    mode = cfg.audit.empirical if cfg.audit.empirical != "off" else "quick"
+    given = [args.records, args.image_shape, args.num_classes]
+    if any(v is not None for v in given):
+        if any(v is None for v in given):
+            raise ConfigError("--records, --image-shape and --num-classes: give all three (or none, with --run-dir)")
+        try:
+            shape = [int(d) for d in args.image_shape.lower().split("x")]
+            assert len(shape) == 3 and min(shape) >= 1
+        except (ValueError, AssertionError):
+            raise ConfigError(f"--image-shape: expected HxWxC, e.g. 28x28x1, got {args.image_shape!r}") from None
+        if args.records < 1 or args.num_classes < 2:
+            raise ConfigError("--records must be >= 1 and --num-classes >= 2")
+        n, classes = args.records, args.num_classes
+    else:
+        if not (args.run_dir or cfg.pipeline.run_dir):
+            raise ConfigError("--run-dir: needed to read the partition manifest (or give --records, --image-shape "
+                              "and --num-classes)")
+        partition, _ = common.upstream(_context(args, cfg), "partition")
+        n, shape, classes = empirical.stand_in_shape(partition)
+    result = empirical.run_audit(cfg, n=n, image_shape=shape, num_classes=classes, mode=mode)
+    check = empirical.gate(result)
+    if args.json:
+        print(json.dumps({**result, "check": check}, indent=2))
+    else:
+        print(f"empirical audit ({result['attack']}; {result['privacy_cost']})\n"
+              f"  ε_lower = {result['epsilon_lower']:.4g} at {result['confidence']:.0%} confidence "
+              f"(m = {result['canaries']}, {result['correct']}/{result['guesses']} correct, {result['mode']}, "
+              f"{result['steps']} steps)\n  accounted ε of the audited steps = {result['accounted_epsilon']:.4g} "
+              f"({result['accountant']})\n  {'passed' if check['passed'] else 'FAILED'}; "
+              f"{result['cpu_seconds']:.1f} CPU-s")
+    if not check["passed"]:
+        raise AuditFailed(check["detail"])
     return 0
 
 

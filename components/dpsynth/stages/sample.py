@@ -104,10 +104,17 @@ def run(ctx: common.StageContext) -> common.Outcome:
                    ctx.entry(ctx.uri(STAGE, "audit.md"), role="audit_report_markdown")]
         release = {"epsilon": report["epsilon_upper_bound"], "delta": report["target"]["delta"], "audit": "passed",
                    "statement": report.get("statement")}  # adjacency, σ convention, assumptions, other accounts
+        measured = report.get("empirical")  # the empirical audit's ε_lower, when it ran (privacy/empirical.py)
+        if measured:
+            release["epsilon_lower"] = measured["epsilon_lower"]
         if run is not None:
             import mlflow
 
             mlflow.set_tag(tracking.TAG_AUDIT, "passed")
+            if measured:
+                from dpsynth.privacy import empirical
+
+                mlflow.set_tags(empirical.tags(measured))
             mlflow.log_metric("release_epsilon", release["epsilon"])
             tracking.log_png(grid, "grids/samples.png")
             tracking.log_generator(exportable(generator))  # the audited generator, as an MLflow model (pt2)

@@ -1,0 +1,148 @@
+"""The empirical audit: the one-run bound against brute force and published values, its soundness on a
+mechanism of known ε, and positive controls — a sanitizer without noise or without clipping fails the gate."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dpsynth.config import load_config
+from dpsynth.errors import ConfigError
+from dpsynth.privacy import empirical
+from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.privacy.randomness import MechanismRandomness
+from tests.torch_threads import one_torch_thread  # noqa: F401
+
+
+def brute_p_value(m, r, v, eps, delta):
+    """The one-run bound from its statement, by explicit binomial sums (math.comb; small r only)."""
+    q = 1 / (1 + math.exp(-eps))
+    pmf = [math.comb(r, j) * q**j * (1 - q) ** (r - j) for j in range(r + 1)]
+    tail = sum(pmf[v:])
+    alpha = max((sum(pmf[v - i:v]) / i for i in range(1, v + 1)), default=0)
+    return min(tail + 2 * m * delta * alpha, 1.0)
+
+
+@pytest.mark.parametrize("m,r,v,eps,delta", [
+    (50, 40, 30, 0.5, 0.0), (50, 40, 30, 1.0, 1e-3), (100, 60, 55, 2.0, 1e-4), (30, 30, 30, 3.0, 1e-2),
+    (80, 20, 3, 0.1, 1e-3), (10, 10, 0, 1.0, 1e-3),
+])
+def test_p_value_matches_brute_force(m, r, v, eps, delta):
+    assert empirical.p_value(m, r, v, eps, delta) == pytest.approx(brute_p_value(m, r, v, eps, delta), rel=1e-9, abs=1e-15)
+
+
+def test_epsilon_lower_is_the_largest_epsilon_rejected_by_brute_force():
+    m, r, v, delta = 60, 50, 44, 1e-4
+    grid = np.arange(0, 6, 0.001)
+    rejected = [e for e in grid if brute_p_value(m, r, v, e, delta) < 0.05]
+    assert empirical.epsilon_lower_bound(m, r, v, delta=delta) == pytest.approx(max(rejected), abs=1.5e-3)
+
+
+def test_published_ceilings():
+    # Steinke, Nasr & Jagielski 2023: all guesses right, 95 %: about 5.8 with 1,000 canaries, 8.1 with 10,000
+    assert empirical.epsilon_lower_bound(1000, 1000, 1000, delta=0) == pytest.approx(5.8, abs=0.05)
+    assert empirical.epsilon_lower_bound(10000, 10000, 10000, delta=0) == pytest.approx(8.1, abs=0.05)
+    assert empirical.epsilon_lower_bound(1000, 1000, 500, delta=0) == 0.0  # chance level proves nothing
+
+
+def test_sound_and_nearly_tight_on_randomized_response():
+    """An ε-DP mechanism of known ε (randomized response on each canary's bit): ε_lower ≤ ε in ≥ 95 % of
+    audits, and close to ε with many canaries."""
+    rng = np.random.default_rng(0)
+    eps, m, trials = 1.0, 1000, 200
+    q = 1 / (1 + math.exp(-eps))
+    over = 0
+    for _ in range(trials):
+        correct = int((rng.random(m) < q).sum())
+        over += empirical.epsilon_lower_bound(m, m, correct, delta=0) > eps
+    assert over <= 0.05 * trials + 3 * math.sqrt(0.05 * 0.95 * trials)
+    eps = 2.0
+    correct = int((rng.random(10000) < 1 / (1 + math.exp(-eps))).sum())
+    assert 1.7 < empirical.epsilon_lower_bound(10000, 10000, correct, delta=0) <= eps + 0.1
+
+
+def test_guess_and_bound_uses_the_grid_with_bonferroni():
+    m = 1000
+    included = np.arange(m) % 2 == 0
+    perfect = empirical.guess_and_bound(included.astype(float), included, delta=0)
+    assert perfect["guesses"] == m and perfect["correct"] == m
+    # the best grid point, at confidence 1 - 0.05/6: a little below the single-test ceiling of 5.8
+    assert 5.0 < perfect["epsilon_lower"] < empirical.epsilon_lower_bound(m, m, m, delta=0)
+    assert perfect["ceiling"] == pytest.approx(perfect["epsilon_lower"])
+    assert empirical.guess_and_bound(np.zeros(m), included, delta=0)["epsilon_lower"] == 0.0
+
+
+def test_the_gate_says_when_it_cannot_fail():
+    result = {"epsilon_lower": 0.5, "accounted_epsilon": 7.0, "canaries": 1000, "confidence": 0.95, "correct": 300,
+              "guesses": 500, "mode": "quick", "steps": 100, "ceiling": 5.3}
+    check = empirical.gate(result)
+    assert check["passed"] and "inconclusive" in check["detail"]
+    assert "inconclusive" not in empirical.gate({**result, "accounted_epsilon": 1.0})["detail"]
+
+
+# --- the audit run through DPGAN's trainer and the real sanitizer -------------------------------------
+def tiny(eps=1.0, *extra):
+    return load_config(overrides=[
+        "tracking.enabled=false", "train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch_size=32",
+        "train.steps=100", "train.n_d=2", f"privacy.epsilon={eps}", "privacy.delta=1e-4", "audit.canaries=1000",
+        "audit.empirical=full", *extra])
+
+
+def audit(cfg):
+    return empirical.run_audit(cfg, n=600, image_shape=(28, 28, 1), num_classes=10)
+
+
+def test_real_sanitizer_passes():
+    result = audit(tiny())
+    assert result["accounted_epsilon"] <= 1.0 and result["steps"] == 100 and result["canaries"] == 1000
+    assert result["epsilon_lower"] <= result["accounted_epsilon"]
+    assert empirical.gate(result)["passed"]
+
+
+def test_without_noise_the_gate_fails(monkeypatch):
+    """A sanitizer whose noise never reaches the gradient (the regression the audit exists for)."""
+    monkeypatch.setattr(MechanismRandomness, "standard_normal", lambda self, shape, dtype=None: torch.zeros(shape, dtype=dtype))
+    result = audit(tiny(1.0, "train.physical_batch_size=16"))  # canaries join once per step, not per chunk
+    assert result["epsilon_lower"] > 2.5 * result["accounted_epsilon"]
+    check = empirical.gate(result)
+    assert not check["passed"] and "does not implement" in check["detail"]
+
+
+def test_without_clipping_the_gate_fails(monkeypatch):
+    def accumulate_unclipped(self):  # sums the raw per-example gradients: clipping removed
+        if self._sums is None:
+            self._sums = [[torch.zeros_like(p) for p in g] for g in self.groups]
+        for group, sums in zip(self.groups, self._sums):
+            for p, acc in zip(group, sums):
+                acc.add_(p.grad_sample.sum(0))
+                p.grad_sample = p.grad = None
+
+    monkeypatch.setattr(GradientSanitizer, "accumulate", accumulate_unclipped)
+    result = audit(tiny(1.0, "train.grad_sample_mode=hooks"))  # Opacus' other per-sample engine
+    assert result["epsilon_lower"] > 2.5 * result["accounted_epsilon"]
+    assert not empirical.gate(result)["passed"]
+
+
+def test_bad_settings_name_the_field():
+    with pytest.raises(ConfigError, match="audit.canaries"):
+        empirical.run_audit(tiny(1.0, "audit.canaries=20000"), n=600, image_shape=(28, 28, 1), num_classes=10)
+    with pytest.raises(ConfigError, match="audit.empirical"):  # refused at load, before training spends anything
+        tiny(1.0, "train.method=gswgan")
+    with pytest.raises(ConfigError, match="audit.confidence"):
+        tiny(1.0, "audit.confidence=1.5")
+
+
+def zhang(*extra):
+    return tiny(1.0, "train.method=zhang", "data.public_fraction=0.1", "zhang.public_batch_size=16",
+                "zhang.num_groups=3", "zhang.n_critic=2", "train.steps=60", *extra)
+
+
+def test_zhang_real_sanitizer_passes_and_without_noise_fails(monkeypatch):
+    """dp-GAN's critic: grouped clipping with adaptive bounds from (stand-in) public data, same canaries."""
+    result = audit(zhang())
+    assert result["method"] == "zhang" and result["accounted_epsilon"] <= 1.0
+    assert empirical.gate(result)["passed"]
+    monkeypatch.setattr(MechanismRandomness, "standard_normal", lambda self, shape, dtype=None: torch.zeros(shape, dtype=dtype))
+    result = audit(zhang())
+    assert result["epsilon_lower"] > 2 * result["accounted_epsilon"] and not empirical.gate(result)["passed"]
