@@ -1,19 +1,19 @@
-"""Fixtures shared by the trainer tests."""
-
-from pathlib import Path
+"""Fixtures shared by the trainer tests (``small_mnist`` is in tests/conftest.py; helpers of the
+GS-WGAN family's tests in tests/methods/gswgan_helpers.py)."""
 
 import numpy as np
 import pytest
 
-from dpsynth.data import import_source
-
-MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
+from tests.methods.gswgan_helpers import K
 
 
 @pytest.fixture(scope="session")
-def small_mnist():
-    """The first 600 bundled MNIST images: enough for a few tiny private steps."""
-    return import_source(str(MNIST)).subset(np.arange(600))
+def shards(small_mnist):
+    """``small_mnist`` in K shards by the partition stage's keyed hash (read-only)."""
+    from dpsynth.stages.partition import assign
+
+    where = assign(small_mnist.record_ids, key="test", heldout_fraction=0.0, num_shards=K)
+    return [small_mnist.subset(np.flatnonzero(where == k)) for k in range(K)]
 
 
 @pytest.fixture
@@ -23,4 +23,3 @@ def stage_ledger(tmp_path, monkeypatch):
     from tests.ledger_fixtures import budgeted_ledger
 
     return budgeted_ledger(tmp_path, monkeypatch, "mnist600", records=None)
-

@@ -115,7 +115,8 @@ def tracked(inputs, tmp_path_factory):
     for name in METHODS:
         root = tmp_path_factory.mktemp(f"tracked-{name}")
         location = (root / "artifact-store").as_uri()
-        cfg = tiny(root / "out", name, "tracking.enabled=true", f"tracking.uri={uri}", f"tracking.experiment=contract-{name}",
+        cfg = tiny(root / "out", name, "tracking.enabled=true", f"tracking.uri={uri}",
+                   f"tracking.experiment=contract-{name}",
                    f"tracking.artifact_location={location}", "output.log_every=2", "output.sample_every=4")
         runs[name] = (cfg, train(name, cfg, inputs), MlflowClient(uri))
     return runs

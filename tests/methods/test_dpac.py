@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from dpsynth.methods import gswgan as gswgan_module
 from dpsynth.methods.dpac import DPACTrainer, balanced_labels
 from dpsynth.models.gswgan import Classifier
-from tests.methods.test_gswgan import K, one_torch_thread, record_owner, shards, tiny, watch_inputs  # noqa: F401
+from tests.methods.gswgan_helpers import K, record_owner, tiny, watch_inputs
 from tests.privacy.test_wor import autodp_mechanism_epsilon
+from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
 
@@ -22,7 +23,7 @@ def test_balanced_labels():
     assert torch.bincount(balanced_labels(32, 10)).tolist() == [4, 4] + [3] * 8
 
 
-def test_classifier_is_fresh_and_trained_on_fakes_then_on_its_shard(tmp_path, shards):  # noqa: F811
+def test_classifier_is_fresh_and_trained_on_fakes_then_on_its_shard(tmp_path, shards):
     cfg = tiny(tmp_path, "dpac.n_f=3", "dpac.n_r=4", "dpac.start_iteration=0")
     trainer = DPACTrainer(cfg, shards)
     owner = record_owner(shards)
@@ -49,7 +50,7 @@ def test_classifier_is_fresh_and_trained_on_fakes_then_on_its_shard(tmp_path, sh
     assert C1 is not C0
 
 
-def test_generator_loss_is_combined_before_sanitization(tmp_path, shards, monkeypatch):  # noqa: F811
+def test_generator_loss_is_combined_before_sanitization(tmp_path, shards, monkeypatch):
     cfg = tiny(tmp_path, "dpac.beta=0.3", "dpac.start_iteration=1", "train.steps=2")
     trainer = DPACTrainer(cfg, shards)
     calls = []
@@ -76,7 +77,7 @@ def test_generator_loss_is_combined_before_sanitization(tmp_path, shards, monkey
         assert kwargs["batch_size"] == cfg.gswgan.batch_size == 16
 
 
-def test_dpac_trace_is_gswgans_mechanism(tmp_path, shards):  # noqa: F811
+def test_dpac_trace_is_gswgans_mechanism(tmp_path, shards):
     cfg = tiny(tmp_path, "privacy.noise_multiplier=8.0", "train.method=dpac")
     result = DPACTrainer(cfg, shards).train()
     (event,) = json.loads(Path(result.trace_path).read_text())["events"]

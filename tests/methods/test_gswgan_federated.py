@@ -32,24 +32,16 @@ from dpsynth.models.gswgan import Discriminator
 from dpsynth.privacy import MechanismTrace, gswgan_event
 from dpsynth.stages.partition import assign
 from tests.ledger_fixtures import assert_charged_once
-from tests.methods.test_gswgan import (  # noqa: F401 (fixtures)
-    K,
-    MNIST,
-    one_torch_thread,
-    record_owner,
-    shards,
-    tiny,
-    warm_files,
-    watch_inputs,
-)
+from tests.methods.gswgan_helpers import K, MNIST, record_owner, tiny, warm_files, watch_inputs
 from tests.privacy.test_wor import autodp_mechanism_epsilon
+from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
 
 B, N_DIS, IMAGE = 16, 2, 1 * 28 * 28  # tiny(): gswgan.batch_size, gswgan.n_dis; MNIST is 1×28×28
 
 
-def test_all_n_dis_rounds_of_releases_are_folded(tmp_path, shards):  # noqa: F811
+def test_all_n_dis_rounds_of_releases_are_folded(tmp_path, shards):
     cfg = tiny(tmp_path, "privacy.noise_multiplier=16.0", "gswgan.n_dis=4")  # B = 16: 64 releases per iteration
     result = FederatedGSWGANTrainer(cfg, shards).train()
     (event,) = json.loads(Path(result.trace_path).read_text())["events"]
@@ -61,7 +53,7 @@ def test_all_n_dis_rounds_of_releases_are_folded(tmp_path, shards):  # noqa: F81
                                shards)
 
 
-def test_client_returns_clipped_noised_gradients_of_its_own_critic(tmp_path, shards):  # noqa: F811
+def test_client_returns_clipped_noised_gradients_of_its_own_critic(tmp_path, shards):
     cfg = tiny(tmp_path, "privacy.max_grad_norm=0.001")
     images, labels = (t for t in shards[2].to_tensors())
     torch.manual_seed(0)
@@ -224,7 +216,7 @@ def test_a_client_killed_mid_run_fails_the_run_at_once(tmp_path, two_shards):
     assert multiprocessing.active_children() == []
 
 
-def test_audit_checks_the_folded_event_at_rate_one_over_k(tmp_path, shards):  # noqa: F811
+def test_audit_checks_the_folded_event_at_rate_one_over_k(tmp_path, shards):
     cfg = tiny(tmp_path, "privacy.noise_multiplier=4.0", method="gswgan_federated")
     folded = MechanismTrace()
     folded.record(gswgan_event(noise_multiplier=4.0, batch_size=N_DIS * B, num_shards=K), count=6)

@@ -12,7 +12,6 @@ from autodp.mechanism_zoo import GaussianMechanism
 from autodp.transformer_zoo import AmplificationBySampling, Composition
 
 from dpsynth.config import load_config
-from dpsynth.data import import_source
 from dpsynth.errors import ConfigError, DatasetError
 from dpsynth.methods.zhang import (ZhangTrainer, audit_invariants, load_warm_start, per_unit_gradients, plan_privacy,
                                    warm_start)
@@ -22,15 +21,6 @@ from dpsynth.privacy.dpsgd import GradientSanitizer
 from dpsynth.stages.partition import public_mask
 from tests.ledger_fixtures import assert_charged_once
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
-
-MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
-
-
-
-@pytest.fixture(scope="module")
-def mnist600():
-    return import_source(str(MNIST)).subset(np.arange(600))
-
 
 def tiny(tmp_path, *extra):
     return load_config(overrides=[
@@ -100,13 +90,13 @@ def test_group_clipping_matches_brute_force(strategy):
     assert any(not torch.allclose(expected[n], unclipped[n]) for n in names)  # the bounds bit
 
 
-def test_ghost_critic_step_equals_per_unit_gradients(tmp_path, mnist600):
+def test_ghost_critic_step_equals_per_unit_gradients(tmp_path, small_mnist):
     """train.grad_sample_mode=ghost: the critic step (penalty, groups, chunks) moves D as torch.func's does."""
     steps = {}
     for mode in ("ew", "ghost"):
         cfg = tiny(tmp_path / mode, "zhang.grouping=per_layer", "zhang.adaptive_clipping=false",
                    "privacy.max_grad_norm=0.05", "train.physical_batch_size=7", f"train.grad_sample_mode={mode}")
-        t = ZhangTrainer(cfg, mnist600, mechanism_seed=11)
+        t = ZhangTrainer(cfg, small_mnist, mechanism_seed=11)
         t.critic_step()
         t.generator_step()
         t.critic_step()
@@ -118,7 +108,7 @@ def test_ghost_critic_step_equals_per_unit_gradients(tmp_path, mnist600):
 # --- accounting ------------------------------------------------------------------------------------
 
 
-def test_k_groups_are_one_event_at_sigma_over_root_k(tmp_path, mnist600):
+def test_k_groups_are_one_event_at_sigma_over_root_k(tmp_path, small_mnist):
     cfg = tiny(tmp_path, "privacy.noise_multiplier=2.0", "zhang.grouping=per_layer", "train.steps=200",
                "privacy.epsilon=50")
     plan = plan_privacy(cfg, 540, num_groups=5)
@@ -142,10 +132,10 @@ def test_calibrated_sigma_spends_the_target_by_an_independent_account(tmp_path):
     assert 2 * 0.95 < ref < 2 * 1.005
 
 
-def test_as_published_reports_both_and_fails_the_audit(tmp_path, mnist600):
+def test_as_published_reports_both_and_fails_the_audit(tmp_path, small_mnist):
     cfg = tiny(tmp_path, "privacy.accounting=as_published", "privacy.epsilon=3", "zhang.grouping=per_layer",
                "zhang.adaptive_clipping=false")
-    public, private = split(mnist600, cfg)
+    public, private = split(small_mnist, cfg)
     trainer = ZhangTrainer(cfg, private, public=public)
     result = trainer.train()
     q = 32 / len(private)
@@ -164,9 +154,9 @@ def test_as_published_reports_both_and_fails_the_audit(tmp_path, mnist600):
 # --- public data only ------------------------------------------------------------------------------
 
 
-def test_adaptive_bounds_never_see_a_private_record(tmp_path, mnist600):
+def test_adaptive_bounds_never_see_a_private_record(tmp_path, small_mnist):
     cfg = tiny(tmp_path)
-    public, private = split(mnist600, cfg)
+    public, private = split(small_mnist, cfg)
     clean = ZhangTrainer(cfg, private, public=public)
     poisoned = ZhangTrainer(cfg, private, public=public)
     poisoned.images = torch.full_like(poisoned.images, float("nan"))  # any private record would turn a bound NaN
@@ -183,28 +173,28 @@ def test_adaptive_bounds_never_see_a_private_record(tmp_path, mnist600):
     assert other.sanitizer.bounds != clean.sanitizer.bounds
 
 
-def test_grouping_needs_public_data(tmp_path, mnist600):
+def test_grouping_needs_public_data(tmp_path, small_mnist):
     with pytest.raises(ConfigError, match="zhang.adaptive_clipping"):
-        ZhangTrainer(tiny(tmp_path), mnist600)
+        ZhangTrainer(tiny(tmp_path), small_mnist)
     with pytest.raises(ConfigError, match="zhang.grouping"):
-        ZhangTrainer(tiny(tmp_path, "zhang.adaptive_clipping=false"), mnist600)
+        ZhangTrainer(tiny(tmp_path, "zhang.adaptive_clipping=false"), small_mnist)
     cfg = tiny(tmp_path, "zhang.adaptive_clipping=false", "zhang.grouping=weight_bias", "data.public_fraction=0")
-    t = ZhangTrainer(cfg, mnist600)  # fixed bounds, no public data needed
+    t = ZhangTrainer(cfg, small_mnist)  # fixed bounds, no public data needed
     assert t.sanitizer.bounds == [1.0, 1.0] and t.plan.releases == 2
-    public, private = split(mnist600, tiny(tmp_path))
+    public, private = split(small_mnist, tiny(tmp_path))
     with pytest.raises(DatasetError, match="also private"):
-        ZhangTrainer(tiny(tmp_path), mnist600, public=public)  # public records inside the training set
+        ZhangTrainer(tiny(tmp_path), small_mnist, public=public)  # public records inside the training set
 
 
-def test_warm_start_refuses_private_records(tmp_path, mnist600):
+def test_warm_start_refuses_private_records(tmp_path, small_mnist):
     cfg = tiny(tmp_path)
-    public, private = split(mnist600, cfg)
+    public, private = split(small_mnist, cfg)
     out = str(tmp_path / "ws.pt")
     with pytest.raises(DatasetError, match=rf"data.public_fraction: {len(private)} of {len(private)} records .* not public"):
         warm_start(cfg, private, out_path=out)
     with pytest.raises(DatasetError, match=f"1 of {len(public) + 1} "):  # one private record among the public ones
-        warm_start(cfg, mnist600.subset(np.concatenate([np.flatnonzero(public_mask(mnist600, cfg)),
-                                                        [np.flatnonzero(~public_mask(mnist600, cfg))[0]]])),
+        warm_start(cfg, small_mnist.subset(np.concatenate([np.flatnonzero(public_mask(small_mnist, cfg)),
+                                                        [np.flatnonzero(~public_mask(small_mnist, cfg))[0]]])),
                    out_path=out)
     with pytest.raises(ConfigError, match="data.public_source"):  # no public data declared at all
         warm_start(tiny(tmp_path, "data.public_fraction=0"), public, out_path=out)
@@ -223,9 +213,9 @@ def test_warm_start_refuses_private_records(tmp_path, mnist600):
 # --- training --------------------------------------------------------------------------------------
 
 
-def test_training_updates_g_and_records_the_trace(tmp_path, mnist600):
+def test_training_updates_g_and_records_the_trace(tmp_path, small_mnist):
     cfg = tiny(tmp_path)
-    public, private = split(mnist600, cfg)
+    public, private = split(small_mnist, cfg)
     trainer = ZhangTrainer(cfg, private, public=public)
     g0 = {k: v.clone() for k, v in trainer.G.state_dict().items()}
     result = trainer.train()
@@ -242,10 +232,10 @@ def test_training_updates_g_and_records_the_trace(tmp_path, mnist600):
     assert all(c["passed"] for c in audit_invariants(cfg, trace, len(private)))
 
 
-def test_stops_before_the_budget_is_exceeded(tmp_path, mnist600):
+def test_stops_before_the_budget_is_exceeded(tmp_path, small_mnist):
     cfg = tiny(tmp_path, "privacy.noise_multiplier=3.0", "privacy.epsilon=2", "train.steps=1000",
                "zhang.adaptive_clipping=false", "zhang.grouping=weight_bias")
-    public, private = split(mnist600, cfg)
+    public, private = split(small_mnist, cfg)
     trainer = ZhangTrainer(cfg, private, public=public)
     steps = trainer.total_steps
     assert 1 <= steps < 1000
@@ -255,9 +245,9 @@ def test_stops_before_the_budget_is_exceeded(tmp_path, mnist600):
     assert autodp_epsilon(sigma=3.0, groups=2, q=q, steps=steps + 1, delta=1e-4) > 2 * 0.995
 
 
-def test_resume_equals_uninterrupted(tmp_path, mnist600):
+def test_resume_equals_uninterrupted(tmp_path, small_mnist):
     a, b = tmp_path / "a", tmp_path / "b"
-    public, private = split(mnist600, tiny(a))
+    public, private = split(small_mnist, tiny(a))
     full = ZhangTrainer(tiny(a), private, public=public, mechanism_seed=5)
     full.train()
     first = ZhangTrainer(tiny(b), private, public=public, mechanism_seed=5)
@@ -289,12 +279,12 @@ def test_audit_invariants_catch_a_tampered_trace(tmp_path):
 # --- the pipeline stages ---------------------------------------------------------------------------
 
 
-def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, mnist600, stage_ledger):
+def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, small_mnist, stage_ledger):
     from dpsynth.data import write_parquet
     from tests.stages.helpers import manifest, stage
 
     src = tmp_path / "mnist600.parquet"
-    write_parquet(mnist600, src)
+    write_parquet(small_mnist, src)
     run = tmp_path / "run"
     zhang = ("train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
              "zhang.warm_start_iterations=2", "zhang.num_groups=3", "zhang.n_critic=2", "train.steps=6")
@@ -316,13 +306,13 @@ def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, mnist600, sta
     assert manifest(run, "release", "sample")["details"]  # the audited generator was released and sampled
 
 
-def test_mlflow_gets_no_data_dependent_series(tmp_path, mnist600):
+def test_mlflow_gets_no_data_dependent_series(tmp_path, small_mnist):
     import mlflow
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = tiny(tmp_path / "out", "tracking.enabled=true", f"tracking.uri={uri}", "output.log_every=2",
                "privacy.accounting=as_published", "privacy.epsilon=30")
-    public, private = split(mnist600, cfg)
+    public, private = split(small_mnist, cfg)
     result = ZhangTrainer(cfg, private, public=public).train()
     run = mlflow.MlflowClient(uri).get_run(result.mlflow_run_id)
     # ε, counts, the fixed mechanism, and G's loss on fresh fakes through the privatized critic: no batch
@@ -334,12 +324,12 @@ def test_mlflow_gets_no_data_dependent_series(tmp_path, mnist600):
     assert run.data.params["derived.num_groups"] == "3"
 
 
-def test_pipeline_refuses_a_warm_start_without_public_data(tmp_path, mnist600, capsys):
+def test_pipeline_refuses_a_warm_start_without_public_data(tmp_path, small_mnist, capsys):
     from dpsynth.data import write_parquet
     from tests.stages.helpers import stage
 
     src = tmp_path / "mnist600.parquet"
-    write_parquet(mnist600, src)
+    write_parquet(small_mnist, src)
     run = tmp_path / "run"
     assert stage("partition", run, str(src), "train.method=zhang") == 0  # no public data declared
     capsys.readouterr()

@@ -10,18 +10,9 @@ import pytest
 import torch
 
 from dpsynth.config import load_config
-from dpsynth.data import import_source
 from dpsynth.privacy import randomness
 from dpsynth.privacy.randomness import MechanismRandomness
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
-
-MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
-
-
-@pytest.fixture(scope="module")
-def small_mnist():
-    return import_source(str(MNIST)).subset(np.arange(600))
-
 
 def tiny(out, *extra):
     return load_config(overrides=[
