@@ -117,3 +117,11 @@ def test_a_style_group_with_too_few_records_gets_its_class_mean():
     means = torch.stack([torch.full((1, 2, 2), -0.5), torch.full((1, 2, 2), 0.5)])
     images = warmup.fill_styles(styles, counts, means)
     assert [float(i.flatten()[0]) for i in images] == [0.0, -0.5, 2.0, 0.5]
+
+
+def test_a_budget_the_warm_up_alone_exceeds_is_refused_naming_the_fields(tmp_path, small_mnist):
+    from dpsynth.errors import PrivacyError
+
+    cfg = tiny(tmp_path, "warmup.styles=2", "warmup.styles_noise_multiplier=1", "privacy.epsilon=1")
+    with pytest.raises(PrivacyError, match="warmup.styles"):
+        DPGANTrainer(cfg, small_mnist)

@@ -33,7 +33,8 @@ from dpsynth.methods import artifacts, checkpoint, core, warmup
 from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
-from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, central_images, check_delta
+from dpsynth.privacy import (BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, central_images, check_delta,
+                              get_accountant)
 from dpsynth.privacy.dpsgd import GradientSanitizer, private_module
 from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.privacy.randomness import MechanismRandomness
@@ -60,6 +61,13 @@ def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
     if q > 1:
         raise PrivacyError(f"train.batch_size: {t.batch_size} exceeds the {n} training records")
     prefix = warmup_trace(cfg)
+    if prefix.steps:
+        spent = get_accountant(p.accountant).epsilon(prefix, delta=p.delta)
+        if spent >= p.epsilon:
+            raise PrivacyError(
+                f"privacy.epsilon: {p.epsilon} is spent by the warm-up's releases alone (ε = {spent:.3g} at δ = "
+                f"{p.delta:g}); set warmup.styles=0 (class means only), raise warmup.noise_multiplier / "
+                f"warmup.styles_noise_multiplier, or raise privacy.epsilon")
     sigma = p.noise_multiplier
     if sigma is None:
         sigma = calibrate_noise(
