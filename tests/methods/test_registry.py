@@ -94,8 +94,10 @@ def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path,
         # DPGAN's mechanism (Poisson, add/remove) and DPGAN's generator, not another method's
         *warm, event = json.loads((out / "trace.json").read_text())["events"]
         assert event["sampling"] == "poisson" and event["sensitivity"] == "add_remove"
-        # the shipped recipe opens with its private warm-up release (full batch), and nothing else
-        assert [e["sampling"] for e in warm] == (["full_batch"] if load_config(config).warmup.central_images else [])
+        # the shipped recipe opens with its private warm-up releases (full batch: class means, then style
+        # groups when configured), and nothing else
+        w = load_config(config).warmup
+        assert [e["sampling"] for e in warm] == ["full_batch"] * (w.central_images * (1 + bool(w.styles)))
         assert torch.load(out / "generator.pt", weights_only=False)["model"]["class"] == "dpsynth.models.dcgan.Generator"
         (charged,) = ledger.history()  # the attempt, charged to the config's population
         assert charged["status"] == "committed" and charged["population_id"] == "mnist"

@@ -134,7 +134,7 @@ def test_bad_settings_name_the_field():
 
 
 def zhang(*extra):
-    return tiny(1.0, "train.method=zhang", "data.public_fraction=0.1", "zhang.public_batch_size=16",
+    return tiny(1.0, "train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
                 "zhang.num_groups=3", "zhang.n_critic=2", "train.steps=60", *extra)
 
 

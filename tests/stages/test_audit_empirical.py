@@ -65,14 +65,13 @@ def test_the_command(trained_at_1, source, capsys):
     assert "--image-shape" in capsys.readouterr().err
 
 
-def test_tracked_the_figures_reach_mlflow_the_release_and_the_ledger_page(tmp_path, source, capsys):
+def test_tracked_the_figures_reach_mlflow_the_release_and_the_ledger_page(tmp_path, source, capsys, ledger_with_budget):
     from mlflow import MlflowClient
 
     from dpsynth import tracking
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracked = (*AUDITED, "tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=empirical",
-               "ledger.enabled=false")
+    tracked = (*AUDITED, "tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=empirical")
     run_dir = tmp_path / "run"
     assert dpsynth("pipeline", "start", "--run-dir", run_dir, "--pipeline-run-id", "emp", *settings(source, *tracked)) == 0
     parent = json.loads(capsys.readouterr().out)["parent_run_id"]
@@ -93,9 +92,7 @@ def test_tracked_the_figures_reach_mlflow_the_release_and_the_ledger_page(tmp_pa
     assert manifest(run_dir, "release", "sample")["details"]["release"]["epsilon_lower"] == lower
 
     ledger_view = pytest.importorskip("dpsynth_mlflow.ledger_view")  # pip install --no-deps -e mlflow_plugins
-    row = ledger_view._run(client, {"id": 1, "pipeline_run_id": "emp", "status": "committed", "epsilon_reserved": 1,
-                                    "epsilon_spent": 1, "delta": 1e-4, "dataset_sha256": "0" * 64, "created_at": "",
-                                    "note": None}, client.get_run(parent))
+    row = ledger_view._run(client, ledger_with_budget.reservations(pipeline_run_id="emp"), client.get_run(parent))
     assert float(row["mlflow"]["epsilon_lower"]) == pytest.approx(lower, abs=1e-3)
     page = ledger_view.render({"populations": [{"population_id": "p", "budget": 10, "committed": 1, "reserved": 0,
                                                 "remaining": 9, "delta": 1e-3, "delta_used": 1e-4, "runs": [row]}]})
