@@ -30,3 +30,21 @@ def assert_charged_once(ledger: Ledger, trained: dict, population: str = "mnist6
     (charged,) = ledger.history(population)
     assert charged["stage"] == "train" and charged["status"] == "committed"
     assert charged["epsilon_spent"] == pytest.approx(trained["privacy"]["epsilon"], rel=1e-6)
+
+
+def kill_after_first_checkpoint(args: list[str], out: Path, *, timeout: float = 120) -> Path:
+    """Start ``dpsynth train`` (``args``), SIGKILL it once its first checkpoint exists (after its
+    reservation and some steps, at no particular point); returns the checkpoint's path."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = Path(out) / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + timeout
+    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert ckpt.exists(), "no checkpoint appeared"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return ckpt

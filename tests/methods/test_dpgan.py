@@ -4,10 +4,8 @@ Resume equals an uninterrupted run: tests/methods/test_contract.py (every regist
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -102,7 +100,7 @@ def test_resume_refuses_other_settings(tmp_path, small_mnist):
 
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path, small_mnist, monkeypatch):
     from dpsynth.data import write_parquet
-    from tests.ledger_fixtures import budgeted_ledger
+    from tests.ledger_fixtures import budgeted_ledger, kill_after_first_checkpoint
 
     ledger = budgeted_ledger(tmp_path, monkeypatch, "mnist600", epsilon=100.0)  # $DPSYNTH_LEDGER_URL
     data = tmp_path / "d.parquet"
@@ -112,14 +110,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path, small_mnist, monk
             "--set", "tracking.enabled=false", "--set", "train.steps=400", "--set", "train.d_width=4",
             "--set", "train.g_width=4", "--set", "train.batch_size=32", "--set", "output.checkpoint_every=20",
             "--set", "privacy.delta=1e-4", "--set", "ledger.population_id=mnist600"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt = out / "checkpoints" / "last.pt"
-    deadline = time.monotonic() + 120
-    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert ckpt.exists(), "no checkpoint appeared"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    ckpt = kill_after_first_checkpoint(args, out)
     assert not (out / "result.json").exists()
     step_at_kill = torch.load(ckpt, weights_only=False)["step"]
     assert 0 < step_at_kill < 400

@@ -5,10 +5,8 @@ dpsynth's accountants.
 """
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ import torch
 
 from dpsynth.data import import_source, write_parquet
 from dpsynth.privacy.ledger import Ledger
+from tests.ledger_fixtures import kill_after_first_checkpoint
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
 STEPS, EPSILON, DELTA = 300, 10.0, 1e-4
@@ -51,14 +50,7 @@ def test_a_killed_attempt_then_its_resumption_are_charged_at_least_what_ran(tmp_
     ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="test")
     out = tmp_path / "run"
     args = train_args(data, out, url)
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt = out / "checkpoints" / "last.pt"
-    deadline = time.monotonic() + 120
-    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    assert ckpt.exists(), "no checkpoint appeared"
-    proc.send_signal(signal.SIGKILL)  # after its reservation and some steps, at no particular point
-    proc.wait()
+    ckpt = kill_after_first_checkpoint(args, out)  # after its reservation and some steps
     (killed,) = ledger.history("mnist600")
     assert killed["status"] == "reserved"  # what SIGKILL leaves behind
     resumed_at = torch.load(ckpt, weights_only=False)["step"]
