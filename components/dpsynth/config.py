@@ -207,6 +207,9 @@ class WarmupConfig:
     clip: float = 10.0  # C: L2 bound of a record's [image in [0, 1], count] contribution
     styles: int = 0  # s > 0: a second release, the means of s × s style groups per class (0: none)
     styles_noise_multiplier: float = 1.0  # σ of the style release (noise std σ·clip on every group sum)
+    variations: int = 0  # r > 0: a third release, each class's r main directions of variation (0: none)
+    variations_noise_multiplier: float = 2.0  # σ of that release (noise std σ·variations_clip² per entry)
+    variations_clip: float = 5.0  # L2 bound of a record's residual (in [0, 1] pixel units) around its image
     steps: int = 800  # generator regression steps on the deformed central images (no data access)
     batch_size: int = 128
     lr: float = 1e-3
@@ -217,6 +220,10 @@ class WarmupConfig:
         _require(0 <= self.styles <= 6, "warmup.styles", f"must be between 0 and 6, got {self.styles}")
         _require(self.styles_noise_multiplier > 0, "warmup.styles_noise_multiplier",
                  f"must be > 0, got {self.styles_noise_multiplier}")
+        _require(0 <= self.variations <= 32, "warmup.variations", f"must be between 0 and 32, got {self.variations}")
+        _require(self.variations_noise_multiplier > 0, "warmup.variations_noise_multiplier",
+                 f"must be > 0, got {self.variations_noise_multiplier}")
+        _require(self.variations_clip > 0, "warmup.variations_clip", f"must be > 0, got {self.variations_clip}")
         _require(self.steps >= 0, "warmup.steps", f"must be >= 0, got {self.steps}")
         _require(self.batch_size >= 1, "warmup.batch_size", f"must be >= 1, got {self.batch_size}")
         _require(self.lr > 0, "warmup.lr", f"must be > 0, got {self.lr}")
@@ -419,6 +426,10 @@ class RunConfig:
         _require(self.audit.empirical == "off" or self.train.method in EMPIRICAL_AUDIT_METHODS, "audit.empirical",
                  f"the empirical audit supports train.method in {list(EMPIRICAL_AUDIT_METHODS)}, not "
                  f"{self.train.method!r} (yet); set audit.empirical=off")
+        w = self.warmup
+        _require(not (w.central_images and w.variations) or self.train.latent_dim >= 7 + w.variations,
+                 "warmup.variations", f"{w.variations} directions need train.latent_dim >= {7 + w.variations} "
+                 f"(z[:, 7:7 + r] weighs them), got {self.train.latent_dim}")
         return self
 
     def to_dict(self) -> dict:

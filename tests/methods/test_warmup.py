@@ -125,3 +125,48 @@ def test_a_budget_the_warm_up_alone_exceeds_is_refused_naming_the_fields(tmp_pat
     cfg = tiny(tmp_path, "warmup.styles=2", "warmup.styles_noise_multiplier=1", "privacy.epsilon=1")
     with pytest.raises(PrivacyError, match="warmup.styles"):
         DPGANTrainer(cfg, small_mnist)
+
+
+def test_the_variation_release_is_a_third_event_accounted_with_the_steps(tmp_path, small_mnist):
+    cfg = tiny(tmp_path, "warmup.styles=2", "warmup.styles_noise_multiplier=3", "warmup.variations=1",
+               "warmup.variations_noise_multiplier=4", "warmup.variations_clip=3")
+    result = DPGANTrainer(cfg, small_mnist).train()
+    events = json.loads(Path(result.trace_path).read_text())["events"]
+    assert [(e["sampling"], e["noise_multiplier"]) for e in events[:3]] == [
+        ("full_batch", 5.0), ("full_batch", 3.0), ("full_batch", 4.0)]
+    assert events[3]["sampling"] == "poisson" and events[3]["count"] == 6
+    ref = RDPAccountant()  # independent account of the same history
+    ref.history = [(5.0, 1.0, 1), (3.0, 1.0, 1), (4.0, 1.0, 1), (events[3]["noise_multiplier"], 32 / 600, 6)]
+    assert result.epsilon == pytest.approx(ref.get_epsilon(1e-4), rel=1e-6)
+    trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
+    assert all(c["passed"] for c in invariants("dpgan")(cfg, trace, 600))
+    # audited as if no variation release was configured: refused (its ε would go unaccounted)
+    unaccounted = tiny(tmp_path, "warmup.styles=2", "warmup.styles_noise_multiplier=3")
+    assert not all(c["passed"] for c in invariants("dpgan")(unaccounted, trace, 600))
+
+
+def test_variations_need_latent_coordinates_and_are_refused_naming_the_field(tmp_path):
+    from dpsynth.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="warmup.variations"):
+        tiny(tmp_path, "warmup.variations=4")  # latent_dim 8 < 7 + 4
+
+
+def test_the_generator_follows_the_variation_directions_its_latent_weighs():
+    """One class, one image (a bar), one direction (a blob of ink near the top): G's ink there must rise
+    with z[:, 7], the coordinate that weighs the direction."""
+    from dpsynth.models.dcgan import Generator
+
+    image = -torch.ones(1, 1, 28, 28)
+    image[0, :, 10:22, 12:16] = 1.0
+    direction = torch.zeros(1, 1, 1, 28, 28)
+    direction[..., 3:9, 9:19] = 1.0
+    torch.manual_seed(0)
+    G = Generator(num_classes=1, width=8, latent_dim=8)
+    g = torch.Generator().manual_seed(0)
+    warmup.fit_generator(G, image, steps=400, batch_size=32, lr=2e-3, generator=g, directions=direction)
+    with torch.no_grad():
+        z = torch.randn(200, 8, generator=g)
+        x = G(z, torch.zeros(200, dtype=torch.long))
+    ink_top = x[:, 0, 2:10, 8:20].mean((1, 2))
+    assert torch.corrcoef(torch.stack([ink_top, z[:, 7]]))[0, 1] > 0.5

@@ -9,7 +9,8 @@ import torch
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.privacy.central_images import (central_images, class_sums, event_for, group_sums, nearest_template,
-                                           style_images)
+                                           residual_second_moments, style_images, symmetric_noise,
+                                           variation_directions)
 from dpsynth.privacy.randomness import MechanismRandomness
 
 
@@ -115,3 +116,66 @@ def test_refuses_a_bad_clip():
     x, y = _data()
     with pytest.raises(PrivacyError, match="warmup.clip"):
         class_sums(x, y, num_classes=3, clip=0.0)
+
+
+# --- the variation release -------------------------------------------------------------------------
+
+
+def _upper(m):
+    iu = torch.triu_indices(m.shape[-1], m.shape[-1])
+    return m[:, iu[0], iu[1]]
+
+
+def test_sensitivity_of_the_variation_query_is_at_most_clip_squared_under_add_remove():
+    """Brute force on the released vector (every class's upper triangle, diagonal included): removing any
+    one record moves it by at most clip² in L2 — the sensitivity the noise is scaled to."""
+    x, y = _data()
+    t, ty = _templates()
+    clip = 0.8
+
+    def query(x, y):
+        return _upper(residual_second_moments(x, y, t, ty, num_classes=3, clip=clip))
+
+    full = query(x, y)
+    worst = max(float((full - query(x[keep], y[keep])).norm())
+                for keep in (torch.arange(len(x)) != i for i in range(len(x))))
+    assert worst <= clip ** 2 * (1 + 1e-12)
+    assert worst > 0.5 * clip ** 2  # residuals reach the clip bound on this data
+
+
+def test_noiseless_variation_directions_are_the_principal_components_of_the_residuals():
+    """σ = 0 (not private): the directions equal an independent SVD (numpy) of the clipped residuals,
+    up to sign, scaled by sqrt(eigenvalue of the second moment / count)."""
+    x, y = _data(n=200, k=2)
+    t, ty = _templates(k=2, per_class=1)
+    clip = 100.0  # no clipping
+    counts = torch.bincount(y, minlength=2).double()
+    d = variation_directions(x, y, t, ty, counts, rank=3, clip=clip, noise_multiplier=0.0)
+    assert d.shape == (2, 3, 1, 6, 6)
+    for c in range(2):
+        r = (((x[y == c] + 1) / 2).flatten(1) - ((t[c] + 1) / 2).flatten()).double().numpy()
+        _, s, vt = np.linalg.svd(r / math.sqrt(counts[c].item()), full_matrices=False)
+        ref = (vt[:3] * s[:3, None]) * 2  # [-1, 1] units
+        got = d[c].flatten(1).double().numpy()
+        for j in range(3):
+            sign = np.sign(np.dot(got[j], ref[j]))
+            np.testing.assert_allclose(got[j] * sign, ref[j], rtol=1e-3, atol=1e-4)
+
+
+def test_variation_noise_is_sigma_clip_squared_on_every_upper_entry_and_symmetric():
+    g = MechanismRandomness(seed=5)
+    draws = torch.stack([symmetric_noise((2, 4, 4), randomness=g) for _ in range(2000)])
+    assert torch.equal(draws, draws.transpose(-1, -2))
+    std = draws.std(0)
+    assert torch.allclose(std, torch.ones_like(std), rtol=0.08)  # each entry one N(0, 1) draw, mirrored
+    corr = torch.corrcoef(torch.stack([draws[:, 0, 0, 1], draws[:, 0, 0, 2], draws[:, 1, 0, 1]]))
+    assert (corr - torch.eye(3)).abs().max() < 0.1  # independent upper coordinates
+
+
+def test_variation_release_refuses_noise_without_the_secret_randomness():
+    x, y = _data()
+    t, ty = _templates()
+    with pytest.raises(PrivacyError, match="secret randomness"):
+        variation_directions(x, y, t, ty, torch.ones(3) * 10, rank=2, clip=1.0, noise_multiplier=1.0)
+    with pytest.raises(PrivacyError, match="warmup.variations_clip"):
+        variation_directions(x, y, t, ty, torch.ones(3) * 10, rank=2, clip=0.0, noise_multiplier=0.0)

@@ -66,8 +66,9 @@ def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
         if spent >= p.epsilon:
             raise PrivacyError(
                 f"privacy.epsilon: {p.epsilon} is spent by the warm-up's releases alone (ε = {spent:.3g} at δ = "
-                f"{p.delta:g}); set warmup.styles=0 (class means only), raise warmup.noise_multiplier / "
-                f"warmup.styles_noise_multiplier, or raise privacy.epsilon")
+                f"{p.delta:g}); set warmup.variations=0 and warmup.styles=0 (class means only), raise "
+                f"warmup.noise_multiplier / warmup.styles_noise_multiplier / warmup.variations_noise_multiplier, "
+                f"or raise privacy.epsilon")
     sigma = p.noise_multiplier
     if sigma is None:
         sigma = calibrate_noise(
@@ -181,11 +182,12 @@ class DPGANTrainer:
         then the style groups' means when configured — with the secret coins (one event each in the
         trace), then fit G to them (post-processing)."""
         w = self.cfg.warmup
-        means = warmup.clean(central_images.central_images(
+        means, class_counts = central_images.central_images(
             self.images, self.labels, num_classes=self.num_classes, clip=w.clip,
-            noise_multiplier=w.noise_multiplier, randomness=self.mechanism))
+            noise_multiplier=w.noise_multiplier, randomness=self.mechanism, with_counts=True)
+        means = warmup.clean(means)
         self.trace.record(central_images.event_for(w.noise_multiplier))
-        images = means
+        images, template_classes = means, torch.arange(self.num_classes)  # one image per slot, and its class
         if w.styles:
             templates, template_classes = warmup.style_templates(means, w.styles)
             styles, counts = central_images.style_images(
@@ -193,7 +195,14 @@ class DPGANTrainer:
                 noise_multiplier=w.styles_noise_multiplier, randomness=self.mechanism)
             self.trace.record(central_images.event_for(w.styles_noise_multiplier))
             images = warmup.fill_styles(warmup.clean(styles), counts, means)
-        warmup.fit_generator(self.G, images, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=self.rng)
+        directions = None
+        if w.variations:  # residuals around each record's nearest released image of its class (public by now)
+            directions = central_images.variation_directions(
+                self.images, self.labels, images, template_classes, class_counts, rank=w.variations,
+                clip=w.variations_clip, noise_multiplier=w.variations_noise_multiplier, randomness=self.mechanism)
+            self.trace.record(central_images.event_for(w.variations_noise_multiplier))
+        warmup.fit_generator(self.G, images, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=self.rng,
+                             directions=directions)
 
     # --- one generator step (Algorithm 1, lines 10–14) ---------------------------------
     def generator_step(self) -> None:
@@ -379,6 +388,10 @@ def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
     if cfg.warmup.central_images and cfg.warmup.styles:
         warm += (" Its style release is one more: each record, assigned to the nearest public template of its "
                  "class, moves the stacked group sums by ≤ C, noise σ_s·C.")
+    if cfg.warmup.central_images and cfg.warmup.variations:
+        warm += (" Its variation release is one more: each record's residual around the released image of its "
+                 "nearest public template, clipped to C_v, adds r·rᵀ to its class's second-moment matrix (upper "
+                 "triangle moved by ≤ C_v² in L2), noise σ_v·C_v² per entry.")
     return statement(
         adjacency=f"add/remove one record: every step Poisson-samples records at q = B/n = {plan.event.sample_rate:.6g}; "
                   f"{REPLACE_BY_GROUP_PRIVACY}.",

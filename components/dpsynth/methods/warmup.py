@@ -12,6 +12,12 @@ by each record's nearest template, and the groups' means are released the same w
 Gaussian event; :func:`dpsynth.privacy.central_images.style_images`). A group whose noisy count is
 below ``MIN_COUNT`` is mostly noise: its slot gets the class mean instead (post-processing).
 
+With ``warmup.variations`` = r > 0 a third release follows: every class's r main directions of variation
+around its released images (:func:`dpsynth.privacy.central_images.variation_directions`: the Gaussian
+mechanism on each class's residual second-moment matrix, sensitivity clip², then its top eigenvectors —
+post-processing). They carry what a handful of images per class cannot: the many small ways a digit is
+written. Coordinates 8 … 7 + r of z weigh them (``VARIATION_LATENT``).
+
 The generator is fitted to the released images under deformations that its latent code chooses:
 the first six coordinates of z pick a rotation, shear, scale, shift and stroke width, and G(z, y)
 regresses onto the class-y image deformed that way. With styles the generator has one slot per style
@@ -34,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 LATENT_CONTROLS = 6  # z coordinates that choose the deformation
+VARIATION_LATENT = 7  # z[:, 7:7 + r] weigh the variation directions (z[:, 6] picks the style slot)
 MIN_COUNT = 20.0  # a style group with fewer (noisy) records is dropped: its mean is mostly noise
 
 
@@ -47,6 +54,8 @@ def events(cfg) -> list:
     out = [central_images.event_for(w.noise_multiplier)]
     if w.styles:
         out.append(central_images.event_for(w.styles_noise_multiplier))
+    if w.variations:
+        out.append(central_images.event_for(w.variations_noise_multiplier))
     return out
 
 
@@ -58,7 +67,8 @@ def style_slots(cfg) -> int:
 
 def invariants(cfg, trace) -> tuple[list[dict], list]:
     """For the audit: the warm-up's releases, when configured, must open ``trace`` exactly as planned
-    (``warmup.noise_multiplier``, then ``warmup.styles_noise_multiplier``); returns its checks and the
+    (``warmup.noise_multiplier``, then ``warmup.styles_noise_multiplier``, then
+    ``warmup.variations_noise_multiplier``); returns its checks and the
     events after them."""
     expected = events(cfg)
     got = list(trace.events)
@@ -118,17 +128,31 @@ def clean(means: torch.Tensor, *, floor: float = 0.15) -> torch.Tensor:
     return m * 2 - 1
 
 
+def vary(images: torch.Tensor, y: torch.Tensor, z: torch.Tensor, directions: torch.Tensor | None) -> torch.Tensor:
+    """``images`` (of classes ``y``) moved along their class's variation directions, weighed by
+    z[:, 7:7 + r]; unchanged without directions."""
+    if directions is None:
+        return images
+    r = directions.shape[1]
+    a = z[:, VARIATION_LATENT:VARIATION_LATENT + r]
+    return (images + torch.einsum("nr,nr...->n...", a, directions[y])).clamp(-1, 1)
+
+
 def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: float,
-                  generator: torch.Generator) -> float:
-    """Regress G(z, y) onto ``deform(image, Φ(z[:, :6]))`` for ``steps`` Adam steps, the image the one of
-    class y's slot that z picks (``images``: G.num_classes × G.styles, class-major); returns the last loss."""
-    if G.latent_dim < LATENT_CONTROLS:
-        raise ValueError(f"warmup: the generator's latent_dim must be >= {LATENT_CONTROLS}")
+                  generator: torch.Generator, directions: torch.Tensor | None = None) -> float:
+    """Regress G(z, y) onto ``deform(vary(image), Φ(z[:, :6]))`` for ``steps`` Adam steps, the image the one
+    of class y's slot that z picks (``images``: G.num_classes × G.styles, class-major), moved along class
+    y's variation ``directions`` (num_classes × r × C×H×W) when given; returns the last loss."""
+    rank = 0 if directions is None else directions.shape[1]
+    if G.latent_dim < max(LATENT_CONTROLS, VARIATION_LATENT + rank if rank else 0):
+        raise ValueError(f"warmup: the generator's latent_dim must be >= "
+                         f"{max(LATENT_CONTROLS, VARIATION_LATENT + rank if rank else 0)}")
     styles = getattr(G, "styles", 1)
     if len(images) != G.num_classes * styles:
         raise ValueError(f"warmup: {len(images)} images for {G.num_classes} classes × {styles} style slots")
     device = next(G.parameters()).device
     images = images.to(device)
+    directions = directions.to(device) if directions is not None else None
     opt = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.5, 0.999))
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
@@ -136,7 +160,8 @@ def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: f
         z = torch.randn(batch_size, G.latent_dim, device=device, generator=generator)
         with torch.no_grad():
             pick = y * styles + (G.slot(z) if styles > 1 else 0)
-            target = deform(images[pick], 0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2))))
+            target = deform(vary(images[pick], y, z, directions),
+                            0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2))))
         loss = F.mse_loss(G(z, y), target)
         opt.zero_grad(set_to_none=True)
         loss.backward()

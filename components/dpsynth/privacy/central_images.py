@@ -102,16 +102,18 @@ def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
 
 
 def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
-                   noise_multiplier: float, randomness: MechanismRandomness | None = None) -> torch.Tensor:
-    """The noisy class means, shaped (num_classes, C, H, W) in [-1, 1]; the caller records
-    ``event_for(noise_multiplier)`` in the mechanism trace.
+                   noise_multiplier: float, randomness: MechanismRandomness | None = None,
+                   with_counts: bool = False):
+    """The noisy class means, shaped (num_classes, C, H, W) in [-1, 1] (and, ``with_counts``, the classes'
+    noisy counts); the caller records ``event_for(noise_multiplier)`` in the mechanism trace.
 
     ``images`` are N×C×H×W in [-1, 1]. ``randomness`` is the mechanism's secret coins (required when
     ``noise_multiplier`` > 0).
     """
     sums = class_sums(images, labels, num_classes=num_classes, clip=clip)
-    means, _ = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness)
-    return (means * 2 - 1).float().view(num_classes, *images.shape[1:])
+    means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness)
+    means = (means * 2 - 1).float().view(num_classes, *images.shape[1:])
+    return (means, counts.float()) if with_counts else means
 
 
 def style_images(images: torch.Tensor, labels: torch.Tensor, templates: torch.Tensor, template_labels: torch.Tensor,
@@ -124,3 +126,60 @@ def style_images(images: torch.Tensor, labels: torch.Tensor, templates: torch.Te
     sums = group_sums(images, groups, num_groups=len(templates), clip=clip)
     means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness)
     return (means * 2 - 1).float().view(len(templates), *images.shape[1:]), counts.float()
+
+
+# --- variation directions: a third release ------------------------------------------------------------
+
+
+def residual_second_moments(images: torch.Tensor, labels: torch.Tensor, centres: torch.Tensor,
+                            centre_labels: torch.Tensor, *, num_classes: int, clip: float) -> torch.Tensor:
+    """The noiseless query of the variation release: for every class c, Σ r_i r_iᵀ over its records, where
+    r_i is record i's image (in [0, 1]) minus the nearest public centre of its class, clipped to L2 norm
+    ``clip``. Returns (num_classes, D, D) in float64. Adding or removing one record changes one class's
+    matrix by r rᵀ, whose Frobenius norm is ‖r‖² ≤ clip²."""
+    if clip <= 0:
+        raise PrivacyError(f"warmup.variations_clip: must be > 0, got {clip}")
+    groups = nearest_template(images, labels, centres, centre_labels)
+    x = ((images.double() + 1) / 2).flatten(1).cpu()
+    r = x - ((centres.double() + 1) / 2).flatten(1).cpu()[groups]
+    r = r * (clip / r.norm(dim=1).clamp(min=clip)).unsqueeze(1)
+    y = labels.long().cpu()
+    return torch.stack([r[y == c].T @ r[y == c] for c in range(num_classes)])
+
+
+def symmetric_noise(shape: tuple[int, int, int], *, randomness: MechanismRandomness) -> torch.Tensor:
+    """Standard normal noise on every entry on or above the diagonal of each matrix, mirrored below it:
+    one independent draw per coordinate of the upper-triangle vectorisation (the query's output)."""
+    n, d, _ = shape
+    iu = torch.triu_indices(d, d)
+    upper = randomness.standard_normal((n, iu.shape[1]), dtype=torch.float64).cpu()
+    out = torch.zeros(shape, dtype=torch.float64)
+    out[:, iu[0], iu[1]] = upper
+    out[:, iu[1], iu[0]] = upper
+    return out
+
+
+def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: torch.Tensor,
+                         centre_labels: torch.Tensor, counts: torch.Tensor, *, rank: int, clip: float,
+                         noise_multiplier: float, randomness: MechanismRandomness | None = None) -> torch.Tensor:
+    """Each class's main directions of variation around its released images: the Gaussian mechanism on the
+    upper triangles of the stacked residual second-moment matrices (sensitivity clip², noise
+    N(0, (σ·clip²)²) per entry), then — post-processing — each divided by the class's released count and its
+    top ``rank`` eigenvectors scaled by the square roots of their eigenvalues. Returns
+    (num_classes, rank, C, H, W) in [-1, 1] units: class c's samples vary as Σ_j a_j·P[c, j], a ~ N(0, I).
+    ``counts`` are the classes' noisy counts from an earlier release (public). One Gaussian event; the
+    caller records ``event_for(noise_multiplier)``."""
+    num_classes = len(counts)
+    moments = residual_second_moments(images, labels, centres, centre_labels, num_classes=num_classes, clip=clip)
+    if noise_multiplier < 0:
+        raise PrivacyError(f"warmup.variations_noise_multiplier: must be >= 0, got {noise_multiplier}")
+    if noise_multiplier > 0:
+        if randomness is None:
+            raise PrivacyError("central images: noise needs the mechanism's secret randomness")
+        moments = moments + noise_multiplier * clip ** 2 * symmetric_noise(tuple(moments.shape), randomness=randomness)
+    cov = moments / counts.double().clamp(min=1.0).view(-1, 1, 1)
+    eigenvalues, eigenvectors = torch.linalg.eigh(cov)  # ascending
+    lam = eigenvalues.flip(-1)[:, :rank].clamp(min=0)
+    vec = eigenvectors.flip(-1)[:, :, :rank]
+    directions = (vec * lam.sqrt().unsqueeze(1)).transpose(1, 2)  # (classes, rank, D), [0, 1] units
+    return (2 * directions).float().view(num_classes, rank, *images.shape[1:])
