@@ -47,7 +47,11 @@ start() {
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
   chmod 700 "$dir"
-  [[ "$(id -u)" == 0 ]] && chown postgres "$dir"
+  if [[ "$(id -u)" == 0 ]]; then
+    chown postgres "$dir"
+    runuser -u postgres -- test -w "$dir" || { echo "the postgres user cannot reach $dir (a parent directory" \
+      "is not searchable by it): choose a data directory it can reach (platform.sh: PG_DIR)" >&2; return 1; }
+  fi
   if [[ ! -f "$dir/db/PG_VERSION" ]]; then
     if [[ -n "${PG_PASSWORD:-}" ]]; then
       (umask 077 && printf '%s\n' "$PG_PASSWORD" > "$dir/pwfile")
@@ -96,9 +100,16 @@ status() {
   as_owner "$bin/pg_ctl" -D "$dir/db" status > /dev/null 2>&1
 }
 
-url() {  # postgresql+psycopg2://USER@/DB?host=DIR&port=PORT, DIR percent-encoded
+url() {  # postgresql+psycopg2://USER@/DB?host=DIR&port=PORT, DIR percent-encoded where it must be
   local dir; dir="$(cd "$1" && pwd)"
-  local enc; enc="$(printf '%s' "$dir" | od -An -tx1 -v | tr -d ' \n' | sed 's/../%&/g')"
+  local enc="" c i
+  for ((i = 0; i < ${#dir}; i++)); do
+    c="${dir:i:1}"
+    case "$c" in
+      [A-Za-z0-9/._~-]) enc+="$c" ;;
+      *) enc+="$(printf '%s' "$c" | od -An -tx1 -v | tr -d ' \n' | sed 's/../%&/g')" ;;
+    esac
+  done
   echo "postgresql+psycopg2://$PG_USER@/$3?host=$enc&port=$2"
 }
 
