@@ -70,10 +70,10 @@ run-pipeline: budget  ## the six stages locally (partition … evaluate) on the 
 image:  ## build the CPU stage image with buildah and run a stage in it (slow: ~10+ min; root, podman/buildah)
 	scripts/build_image.sh
 
-up: $(STAMP) $(AIRFLOW_STAMP)  ## start the local platform: MLflow :5000 + Airflow UI :8080 (state in outputs/platform)
+up: $(STAMP) $(AIRFLOW_STAMP)  ## start the local platform: PostgreSQL (or SQLite if none), MLflow :5000 + ledger page, Airflow UI :8080 (state in outputs/platform)
 	scripts/platform.sh up
 
-down:  ## stop the local platform (safe when nothing is running)
+down:  ## stop the local platform and its PostgreSQL (safe when nothing is running)
 	scripts/platform.sh down
 
 KFP_STEPS ?= 200

@@ -33,7 +33,7 @@ COPY components /src/components
 # (`mlflow server --app-name dpsynth-ledger`).
 COPY mlflow_plugins /src/mlflow_plugins
 # PostgreSQL driver for `mlflow server` (the chart runs MLflow from this image) and the ledger's
-# postgresql:// URL; not in stage.lock because the laptop default is SQLite.
+# postgresql+psycopg2:// URL (also in stage.lock, for `make up`); PG_DRIVER swaps it, e.g. for a source-built psycopg2.
 ARG PG_DRIVER=psycopg2-binary==2.9.13
 RUN pip install "${PG_DRIVER}" && pip install --no-deps /src /src/mlflow_plugins && rm -rf /src /tmp/stage*.lock /tmp/stage-cuda.constraints
 

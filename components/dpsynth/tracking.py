@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import warnings
 from dataclasses import dataclass, field
@@ -37,6 +38,13 @@ TAG_METHOD = "dpsynth.method"
 TAG_POPULATION = "dpsynth.population_id"
 TAG_LEDGER_RESERVATION = "dpsynth.ledger_reservation_id"
 TAG_IMAGE = "dpsynth.image"
+# Model Registry: each population/method's released generators, one version per passed audit
+TAG_TRACE_SHA256 = "dpsynth.trace_sha256"
+TAG_GENERATOR_SHA256 = "dpsynth.generator_sha256"
+TAG_PARENT_RUN_ID = "dpsynth.parent_run_id"
+TAG_AUDIT_RUN_ID = "dpsynth.audit_run_id"
+TAG_TRAIN_RUN_ID = "dpsynth.train_run_id"
+RELEASED_ALIAS = "released"  # the newest audited release of a registered model: models:/NAME@released
 
 # MLflow 3's experiment type: its UI opens a "custom_model_development" experiment on the training
 # runs (not the GenAI traces view). Set on the experiments dpsynth creates, or finds without one.
@@ -218,10 +226,11 @@ def log_png(image, artifact_file: str) -> None:
         mlflow.log_artifact(str(path), artifact_path=str(Path(artifact_file).parent) if "/" in artifact_file else None)
 
 
-def log_generator(generator, *, name: str = "generator") -> None:
+def log_generator(generator, *, name: str = "generator"):
     """Log the audited generator as an MLflow PyTorch model in the ``pt2`` format: ``torch.export``'s
     graph and weights, no pickle, so loading it runs no code. Inputs: ``z`` (N × latent_dim float32)
-    and ``y`` (N int64 class labels); output: N images in [-1, 1]."""
+    and ``y`` (N int64 class labels); output: N images in [-1, 1]. Returns MLflow's ``ModelInfo``
+    (its ``model_id`` is what :func:`register_release` registers)."""
     import mlflow
     import numpy as np
     import torch
@@ -237,10 +246,59 @@ def log_generator(generator, *, name: str = "generator") -> None:
         inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, generator.latent_dim), "z"),
                        TensorSpec(np.dtype(np.int64), (-1,), "y")]),
         outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *image_shape), "image")]))
-    mlflow.pytorch.log_model(
+    return mlflow.pytorch.log_model(
         generator, name=name, serialization_format="pt2", input_example=(z.numpy(), y.numpy()), signature=signature,
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
     )
+
+
+def registered_model_name(population_id: str, method: str) -> str:
+    """The registered model of a population's released generators by one method: ``dpsynth-<population>-<method>``
+    (characters outside ``A-Za-z0-9._-`` become ``-``; the population id itself is a tag of the model)."""
+    return f"dpsynth-{re.sub(r'[^A-Za-z0-9._-]+', '-', population_id).strip('-') or 'population'}-{method}"
+
+
+def register_release(*, tracking_uri: str, model_id: str, population_id: str, method: str,
+                     tags: Mapping[str, str]):
+    """Register the logged model ``model_id`` (an audited generator: :func:`log_generator`'s
+    ``ModelInfo.model_id``) as a new version of the population's registered model for ``method``, with
+    ``tags`` on the version (its run is the logged model's: the sample stage's run), and move the
+    ``released`` alias to it.
+
+    Only the sample stage calls this, after its release gate (a passed audit of this very generator and
+    trace). Needs a tracking store with the Model Registry: a database (``sqlite:///``, PostgreSQL) or a
+    tracking server; a ``DpsynthError`` naming ``tracking.uri`` otherwise. Returns the ``ModelVersion``."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from dpsynth.errors import DpsynthError
+
+    name = registered_model_name(population_id, method)
+    try:
+        client = MlflowClient(tracking_uri)
+        try:
+            model = client.get_registered_model(name)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            model = client.create_registered_model(
+                name, tags={TAG_POPULATION: population_id, TAG_METHOD: method},
+                description=f"Generators trained by dpsynth ({method}) on population {population_id!r} and "
+                            f"released after a passed privacy audit; @{RELEASED_ALIAS} is the newest release.")
+        owner = model.tags.get(TAG_POPULATION)
+        if owner is not None and owner != population_id:
+            raise DpsynthError(f"ledger.population_id: registered model {name!r} holds population {owner!r}'s "
+                               f"releases, not {population_id!r}; choose a population id that differs in its "
+                               "letters, digits or ._- characters")
+        logged = client.get_logged_model(model_id)  # as mlflow.register_model("models:/<id>") does, by this client
+        version = client.create_model_version(name, source=f"models:/{model_id}", run_id=logged.source_run_id,
+                                              tags=dict(tags), model_id=model_id)
+        client.set_registered_model_alias(name, RELEASED_ALIAS, version.version)
+    except MlflowException as exc:
+        raise DpsynthError(f"tracking.uri: cannot register the released generator in the MLflow Model Registry at "
+                           f"{tracking_uri} ({exc.message}); the registry needs a database-backed store "
+                           "(sqlite:///…, postgresql+psycopg2://…) or a tracking server (http://…)") from exc
+    return version
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ Per population: lifetime budget, ε spent (committed), reserved, remaining and �
 charged to it: the ledger's reservations — one per training attempt (a killed attempt and its
 resumption, a ``--force`` restart, a retried task: each its own), their ε summed —, ε per stage and the
 audit decision from its MLflow runs, and the lineage chain dataset → shards → train run → generator →
-synthetic data from its manifests. A standalone ``dpsynth train`` (pipeline run id ``train:<dir>``) has
+synthetic data from its manifests, and the Model Registry version(s) its sample stage registered (linked to
+MLflow's model version page). A standalone ``dpsynth train`` (pipeline run id ``train:<dir>``) has
 no MLflow pipeline run.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import urllib.parse
 from typing import Any
 
 from dpsynth import storage, tracking
@@ -105,9 +107,29 @@ def _run(client, rows: list[dict], parent) -> dict[str, Any]:
                      "empirical_audit": tags.get(tracking.TAG_EMPIRICAL_AUDIT),
                      "run_dir": tags.get(TAG_RUN_DIR),
                      "ledger_reservation_ids": None if recorded is None else _ids(recorded)}
+    row["mlflow"]["registered"] = registered(client, stages.get("sample", {}).get("run_id"))
     if tags.get(TAG_RUN_DIR):
         row["lineage"] = lineage(tags[TAG_RUN_DIR])
+    if row["mlflow"]["registered"]:
+        row["lineage"].append({"kind": "registered model", "versions": row["mlflow"]["registered"]})
     return row
+
+
+def registered(client, sample_run_id: str | None) -> list[dict[str, Any]]:
+    """The Model Registry versions the sample stage's run registered (its audited generator): name, version,
+    aliases, and the release's ε, δ and audit decision from the version's tags; [] without a registry."""
+    if not sample_run_id:
+        return []
+    try:
+        versions = client.search_model_versions(f"run_id = '{sample_run_id}'")
+    except Exception:  # a store without the Model Registry: nothing to link
+        return []
+    # search results carry no aliases (MLflow 3.17's SQL store): each version read once more for them
+    versions = [client.get_model_version(v.name, v.version) for v in versions]
+    return [{"name": v.name, "version": str(v.version), "aliases": sorted(v.aliases or []),
+             "epsilon": v.tags.get(tracking.TAG_EPSILON_SPENT), "delta": v.tags.get(tracking.TAG_DELTA),
+             "audit": v.tags.get(tracking.TAG_AUDIT)}
+            for v in sorted(versions, key=lambda v: (v.name, int(v.version)))]
 
 
 def _ids(tag: str) -> list[int | str]:
@@ -208,7 +230,7 @@ def render(data: dict[str, Any]) -> str:
                    f"<td>{pop['delta_used']:.3g}</td></tr></table>")
         out.append("<table class='runs'><tr><th>pipeline run</th><th>ledger (attempts)</th><th>ε charged</th>"
                    + "".join(f"<th>ε {s}</th>" for s in STAGES) + "<th>audit</th><th>ε_lower (empirical audit)</th>"
-                   "<th>dataset version</th></tr>")
+                   "<th>dataset version</th><th>released (Model Registry)</th></tr>")
         for run in pop["runs"]:
             m = run["mlflow"] or {}
             stages = m.get("stages", {})
@@ -229,7 +251,8 @@ def render(data: dict[str, Any]) -> str:
                        f"<td data-field='audit' class='{_e(audit)}'>{_e(audit)}</td>"
                        f"<td data-field='epsilon-lower' title='{_e(m.get('empirical_audit'))}'>"
                        f"{_e(m.get('epsilon_lower') or 'not run')}</td>"
-                       f"<td><code>{_e(', '.join(s[:12] for s in run['dataset_sha256']))}</code></td></tr>")
+                       f"<td><code>{_e(', '.join(s[:12] for s in run['dataset_sha256']))}</code></td>"
+                       f"<td data-field='registered'>{'<br>'.join(_version_link(v) for v in m.get('registered') or []) or '-'}</td></tr>")
         out.append("</table>")
         for run in pop["runs"]:
             if run["lineage"]:
@@ -242,8 +265,20 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _version_link(v: dict) -> str:
+    """A registered version, linked to its page in MLflow's UI (models/NAME/versions/N)."""
+    aliases = "".join(f" @{_e(a)}" for a in v["aliases"])
+    return (f"<a data-model='{_e(v['name'])}' data-version='{_e(v['version'])}' "
+            f"href=\"/#/models/{_e(urllib.parse.quote(v['name'], safe=''))}/versions/{_e(v['version'])}\">"
+            f"{_e(v['name'])} v{_e(v['version'])}</a>{aliases} (ε {_e(v['epsilon'])}, δ {_e(v['delta'])}, "
+            f"audit {_e(v['audit'])})")
+
+
 def _link(item: dict, exp) -> str:
     kind = item["kind"]
+    if kind == "registered model":
+        return (f"<span class='link' data-kind='registered model'><b>registered model</b> "
+                + "; ".join(_version_link(v) for v in item["versions"]) + "</span>")
     if kind == "shards":
         inner = ", ".join(f"<code title='{_e(s['sha256'])}' data-sha256='{_e(s['sha256'])}'>{_e(s['name'])} "
                           f"{_e(s['sha256'][:12])}</code>" for s in item["items"])

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.pg_fixtures import pg_server, postgres  # noqa: F401 (fixtures: a real PostgreSQL 15)
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "dpsynth"
 TOOLS = REPO / ".venv" / "tools" / "bin"
@@ -153,7 +155,7 @@ def test_mlflow_reads_credentials_from_the_secret():
     assert {r["name"] for r in refs.values()} == {"dpsynth-credentials"}
     assert not any("value" in e and "PASSWORD" in e["name"] for e in container["env"])
     args = " ".join(container["args"])
-    assert "--backend-store-uri=postgresql://dpsynth:$(POSTGRES_PASSWORD)@dpsynth-postgresql.dpsynth.svc:5432/mlflow" in args
+    assert "--backend-store-uri=postgresql+psycopg2://dpsynth:$(POSTGRES_PASSWORD)@dpsynth-postgresql.dpsynth.svc:5432/mlflow" in args
     assert "--artifacts-destination=s3://mlflow/" in args
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["MLFLOW_S3_ENDPOINT_URL"] == "http://dpsynth-minio.dpsynth.svc:9000"
@@ -175,7 +177,7 @@ def test_secrets_rendered_when_asked():
     assert set(creds) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POSTGRES_PASSWORD"}
     stage = find(docs, "Secret", "-stage")["stringData"]
     assert set(stage) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL"}
-    assert stage["DPSYNTH_LEDGER_URL"] == "postgresql://dpsynth:p%40ss%2Fword@dpsynth-postgresql.dpsynth.svc:5432/ledger"
+    assert stage["DPSYNTH_LEDGER_URL"] == "postgresql+psycopg2://dpsynth:p%40ss%2Fword@dpsynth-postgresql.dpsynth.svc:5432/ledger"
 
 
 @tools
@@ -373,39 +375,6 @@ def test_helm_test_pod_checks_mlflow_and_the_ledger_database():
 
 
 @pytest.fixture
-def postgres():
-    """A PostgreSQL 15 server (password auth) on a private port, as ENVIRONMENT.md describes; its env."""
-    import shutil
-    import socket
-    import tempfile
-
-    if not shutil.which("pg_ctl") or subprocess.run(["id", "postgres"], capture_output=True).returncode:
-        pytest.skip("no PostgreSQL server binaries / postgres user")
-    root = Path(tempfile.mkdtemp(prefix="dpsynth-pg-"))
-    root.chmod(0o755)
-    (root / "pw").write_text("s3cret:pw\n")
-    shutil.chown(root, "postgres")
-    shutil.chown(root / "pw", "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-
-    def as_pg(cmd: str) -> None:
-        subprocess.run(["su", "postgres", "-c", cmd], check=True, capture_output=True, timeout=120)
-
-    as_pg(f"initdb -D {root}/db -A scram-sha-256 -U dpsynth --pwfile={root}/pw")
-    as_pg(f"pg_ctl -D {root}/db -o '-p {port} -k {root} -h 127.0.0.1' -l {root}/log -w start")
-    try:
-        subprocess.run(["psql", f"postgresql://dpsynth:s3cret:pw@127.0.0.1:{port}/postgres",
-                        "-c", "CREATE DATABASE ledger"], check=True, capture_output=True, timeout=60)
-        yield {"PGHOST": "127.0.0.1", "PGPORT": str(port), "PGUSER": "dpsynth", "PGDATABASE": "ledger",
-               "PGPASSWORD": "s3cret:pw"}
-    finally:
-        as_pg(f"pg_ctl -D {root}/db -m fast -w stop")
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
 def mlflow_health():
     """An HTTP server answering /health like MLflow's (``OK``); its URL."""
     import http.server
@@ -427,8 +396,6 @@ def mlflow_health():
     server.shutdown()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("psycopg2") is None,
-                    reason="psycopg2 is not installed here (the stage image has it: images/stage-cpu.Dockerfile)")
 def test_helm_test_script_passes_and_fails_for_real(postgres, mlflow_health):
     """The hook's script against a real PostgreSQL and an MLflow-like /health."""
     script = str(CHART / "files" / "test_connections.py")

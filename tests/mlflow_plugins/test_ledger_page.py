@@ -147,6 +147,7 @@ def expected(runs):
         "train_run": train["mlflow_run_id"],
         "generator": next(o["sha256"] for o in train["outputs"] if o["role"] == "generator"),
         "synthetic": next(o["sha256"] for o in sample["outputs"] if o["role"] == "synthetic"),
+        "released": client.get_model_version_by_alias("dpsynth-mnist600-dpgan", "released"),
     }
 
 
@@ -178,7 +179,14 @@ def test_the_json_view(runs, server):
     assert page_run["mlflow"]["audit"] == "passed"
     assert page_run["mlflow"]["stages"]["train"]["epsilon"] == pytest.approx(want["eps"]["train"])
     kinds = [x["kind"] for x in page_run["lineage"]]
-    assert kinds == ["dataset", "shards", "train run", "generator", "synthetic data"]
+    assert kinds == ["dataset", "shards", "train run", "generator", "synthetic data", "registered model"]
+    # the audited generator's Model Registry version, as the registry itself reports it
+    (version,) = page_run["mlflow"]["registered"]
+    assert page_run["lineage"][5]["versions"] == [version]
+    assert (version["name"], version["version"]) == (want["released"].name, str(want["released"].version))
+    assert version["aliases"] == ["released"] and version["audit"] == "passed"
+    assert version["epsilon"] == want["released"].tags[tracking.TAG_EPSILON_SPENT]
+    assert want["released"].run_id == page_run["mlflow"]["stages"]["sample"]["run_id"]
     assert page_run["lineage"][0]["sha256"] == want["dataset"]
     assert [s["sha256"] for s in page_run["lineage"][1]["items"]] == want["shards"]
     assert page_run["lineage"][2]["run_id"] == want["train_run"]
@@ -214,6 +222,10 @@ def test_the_page_in_a_browser(runs, server, browser):
     assert shas == [want["dataset"], *want["shards"], want["generator"], want["synthetic"]]
     assert want["train_run"][:12] in text(f"{chain} [data-kind='train run']")
     assert "audit passed" in text(f"{chain} [data-kind=generator]")
+    released = f"#/models/dpsynth-mnist600-dpgan/versions/{want['released'].version}"
+    assert browser.js(f"{q}(\"{row} [data-field=registered] a\").getAttribute('href')") == f"/{released}"
+    assert browser.js(f"{q}(\"{chain} [data-kind='registered model'] a\").getAttribute('href')") == f"/{released}"
+    assert "@released" in text(f"{row} [data-field=registered]")
     browser.screenshot(ARTIFACTS / "mlflow-privacy-ledger.png")
     # the page links each run to MLflow's own run page, on the same server
     href = browser.js(f"{q}(\"{row} a\").getAttribute('href')")

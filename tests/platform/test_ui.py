@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests import pg_fixtures
 from tests.platform.cdp import Browser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,15 +56,25 @@ def get(url: str, token: str | None = None):
 def platform(tmp_path_factory):
     home = tmp_path_factory.mktemp("platform")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DPSYNTH_", "MLFLOW_"))}
-    env.update(PLATFORM_DIR=str(home), MLFLOW_PORT=str(free_port()), AIRFLOW_PORT=str(free_port()))
+    env.update(PLATFORM_DIR=str(home), MLFLOW_PORT=str(free_port()), AIRFLOW_PORT=str(free_port()),
+               PG_PORT=str(free_port()))
     env["DPSYNTH_DATASET_URI"] = str(home / "data" / "mnist.parquet")  # what dpsynth_import_data writes
     script = str(REPO / "scripts" / "platform.sh")
+    if pg_fixtures.unavailable() is None:  # MLflow's store and the ledger on PostgreSQL, as `make up` runs them
+        # outside pytest's tmp dir, which the postgres user cannot reach when the tests run as root
+        env["PG_DIR"] = tempfile.mkdtemp(prefix="dpsynth-platform-pg-")
+        ledger = subprocess.run([str(pg_fixtures.SCRIPT), "url", env["PG_DIR"], env["PG_PORT"], "ledger"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+    else:
+        ledger = f"sqlite:///{home / 'ledger.db'}"
     try:
         subprocess.run([script, "up"], env=env, check=True, timeout=300)
-        yield {"home": home, "ledger": f"sqlite:///{home / 'ledger.db'}", "mlflow": f"http://127.0.0.1:{env['MLFLOW_PORT']}",
+        yield {"home": home, "ledger": ledger, "mlflow": f"http://127.0.0.1:{env['MLFLOW_PORT']}",
                "airflow": f"http://127.0.0.1:{env['AIRFLOW_PORT']}"}
     finally:
         subprocess.run([script, "down"], env=env, timeout=120)
+        if "PG_DIR" in env:
+            shutil.rmtree(env["PG_DIR"], ignore_errors=True)
 
 
 @pytest.fixture
@@ -147,6 +159,10 @@ def test_trigger_from_the_ui_and_see_epsilon_per_stage_in_mlflow(platform, brows
     assert charged["population_id"] == POPULATION and charged["status"] == "committed"
     assert charged["epsilon_spent"] == pytest.approx(eps["train"], rel=1e-6)
     assert parent.data.tags[tracking.TAG_LEDGER_RESERVATION] == str(charged["id"])
+    # the audited generator, released into the Model Registry under @released
+    released = client.get_model_version_by_alias(tracking.registered_model_name(POPULATION, "dpgan"),
+                                                 tracking.RELEASED_ALIAS)
+    assert released.tags[tracking.TAG_PIPELINE_RUN_ID] == run_id and released.tags[tracking.TAG_AUDIT] == "passed"
 
     browser.goto(f"{platform['mlflow']}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}")
     browser.wait_for(f"document.body.innerText.includes({json.dumps(parent.info.run_name or parent.info.run_id)})", 60)

@@ -1,4 +1,5 @@
-"""The lifetime budget ledger: its arithmetic, its refusals, and concurrent OS processes racing for it."""
+"""The lifetime budget ledger: its arithmetic, its refusals, and concurrent OS processes racing for it, on SQLite
+and on a real PostgreSQL server (tests/pg_fixtures.py: skipped, with the reason, only where there is none)."""
 
 import argparse
 import json
@@ -14,6 +15,7 @@ import pytest
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy import ledger_cli
 from dpsynth.privacy.ledger import Ledger
+from tests.pg_fixtures import pg_server  # noqa: F401 (fixture: a real PostgreSQL server)
 
 SHA = "0123456789abcdef" * 4
 POP = "mnist"
@@ -22,6 +24,15 @@ POP = "mnist"
 @pytest.fixture
 def url(tmp_path):
     return f"sqlite:///{tmp_path / 'ledger.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def race_url(request, tmp_path):
+    """The ledger's URL on each backend the race tests run on: SQLite (BEGIN IMMEDIATE) and PostgreSQL
+    (SELECT … FOR UPDATE on the population row), a fresh database each."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return request.getfixturevalue("pg_server").database("ledger")
 
 
 @pytest.fixture
@@ -278,7 +289,8 @@ def race(url, sync, children):
     return results
 
 
-def test_two_processes_racing_past_the_budget_exactly_one_wins(url, tmp_path):
+def test_two_processes_racing_past_the_budget_exactly_one_wins(race_url, tmp_path):
+    url = race_url
     Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5, reason="test")
     results = race(url, tmp_path, {"a": {"eps": 0.6}, "b": {"eps": 0.6}})
     assert sorted(r for rs in results.values() for r in rs) == ["ok", "refused"]
@@ -286,7 +298,8 @@ def test_two_processes_racing_past_the_budget_exactly_one_wins(url, tmp_path):
     assert len(Ledger(url).history()) == 1
 
 
-def test_many_processes_never_overspend(url, tmp_path):
+def test_many_processes_never_overspend(race_url, tmp_path):
+    url = race_url
     Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5, reason="test")
     children = {f"p{i}": {"eps": 1 / 16, "attempts": 5, "then": "commit" if i % 2 else "hold"} for i in range(8)}
     outcomes = [r for rs in race(url, tmp_path, children).values() for r in rs]
@@ -296,7 +309,24 @@ def test_many_processes_never_overspend(url, tmp_path):
     assert len(Ledger(url).history()) == 16
 
 
-def test_a_process_killed_mid_transaction_leaves_nothing(url, tmp_path):
+def test_twenty_processes_racing_for_one_budget_neither_overspend_nor_deadlock(race_url, tmp_path):
+    """20 OS processes, one reservation each, let go at once on a budget that fits 8 of them; half of the
+    winners commit at once (a write on a reservation row while others lock the population row)."""
+    url = race_url
+    Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5, reason="test")
+    children = {f"r{i:02d}": {"eps": 0.125, "then": "commit" if i % 2 else "hold"} for i in range(20)}
+    results = race(url, tmp_path, children)  # every child exited 0: no deadlock or serialization error
+    outcomes = [r for rs in results.values() for r in rs]
+    assert outcomes.count("ok") == 8 and outcomes.count("refused") == 12
+    committed, reserved, remaining = charged(Ledger(url))
+    assert committed + reserved == pytest.approx(1.0, abs=1e-12) and remaining == pytest.approx(0.0, abs=1e-12)
+    history = Ledger(url).history(POP)
+    assert len(history) == 8 and len({r["id"] for r in history}) == 8
+    assert sorted(r["pipeline_run_id"] for r in history) == sorted(f"{n}-0" for n, rs in results.items() if rs == ["ok"])
+
+
+def test_a_process_killed_mid_transaction_leaves_nothing(race_url, tmp_path):
+    url = race_url
     Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5, reason="test")
     (tmp_path / "go").touch()
     doomed = spawn(url, tmp_path, "doomed", eps=0.6, then="hang")

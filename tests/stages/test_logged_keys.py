@@ -77,6 +77,41 @@ def test_every_key_every_stage_logs_is_declared_and_nothing_passes_the_gate(tmp_
     texts += [p.read_bytes().decode("latin-1") for p in release.rglob("*") if p.is_file()]
     leaks = [h for h in raw for t in texts if h in t or h[:32] in t]
     assert leaks == []
+    assert_released_once(client, run_dir, method=method, sample_run=by_stage["sample"], pipeline_run_id=f"keys-{method}",
+                         parent_run=by_stage["pipeline"], audit=audit, partition=partition)
+
+
+def assert_released_once(client, run_dir, *, method, sample_run, pipeline_run_id, parent_run, audit, partition):
+    """The passed audit's generator is in the Model Registry once, as dpsynth-mnist600-METHOD@released, its tags
+    read back against the files and runs themselves, and it generates what the released generator.pt does."""
+    import mlflow
+    import torch
+
+    from dpsynth.methods.artifacts import load_generator
+
+    (model,) = client.search_registered_models()
+    assert model.name == f"dpsynth-mnist600-{method}" and model.tags[tracking.TAG_POPULATION] == "mnist600"
+    (version,) = client.search_model_versions(f"name = '{model.name}'")
+    assert str(client.get_model_version_by_alias(model.name, tracking.RELEASED_ALIAS).version) == str(version.version) == "1"
+    assert client.get_model_version(model.name, version.version).aliases == [tracking.RELEASED_ALIAS]
+    assert version.run_id == sample_run.info.run_id
+    t = version.tags
+    sha = lambda path: hashlib.sha256(Path(path).read_bytes()).hexdigest()  # noqa: E731
+    assert float(t[tracking.TAG_EPSILON_SPENT]) == pytest.approx(audit["epsilon_upper_bound"], rel=1e-5)
+    assert float(t[tracking.TAG_EPSILON_SPENT]) <= 10 and float(t[tracking.TAG_DELTA]) == 1e-4
+    assert t[tracking.TAG_ACCOUNTANT] == "+".join(audit["epsilons"]) and t[tracking.TAG_AUDIT] == "passed"
+    assert t[tracking.TAG_TRACE_SHA256] == sha(f"{run_dir}/sensitive/train/trace.json")
+    assert t[tracking.TAG_GENERATOR_SHA256] == sha(f"{run_dir}/release/sample/generator.pt") \
+        == sha(f"{run_dir}/sensitive/train/generator.pt")
+    assert t[tracking.TAG_DATASET_VERSION] == partition["dataset_sha256"] == sample_run.data.tags[tracking.TAG_DATASET_VERSION]
+    assert t[tracking.TAG_PIPELINE_RUN_ID] == pipeline_run_id and t[tracking.TAG_PARENT_RUN_ID] == parent_run.info.run_id
+    assert t[tracking.TAG_METHOD] == method
+    # the registered model is the audited generator: same images for the same (z, y)
+    registered = mlflow.pytorch.load_model(f"models:/{model.name}@{tracking.RELEASED_ALIAS}")
+    generator, _ = load_generator(f"{run_dir}/release/sample/generator.pt")
+    z, y = torch.randn(6, generator.latent_dim, generator=torch.Generator().manual_seed(0)), torch.arange(6) % 10
+    with torch.no_grad():
+        torch.testing.assert_close(registered(z, y), generator.eval()(z, y))
 
 
 def test_a_key_no_stage_declared_fails_the_audit_whatever_its_name(tmp_path, source):

@@ -105,7 +105,7 @@ class Generator(ConditionalGenerator):
     def slot(self, z: torch.Tensor) -> torch.Tensor:
         """The style slot z picks: ⌊Φ(z₆)·styles⌋ (0 when styles = 1)."""
         if self.styles == 1:
-            return torch.zeros(len(z), dtype=torch.long, device=z.device)
+            return torch.zeros_like(z[:, 0], dtype=torch.long)  # not len(z): torch.export keeps the batch dynamic
         u = 0.5 * (1 + torch.erf(z[:, STYLE_LATENT] / math.sqrt(2)))
         return (u * self.styles).long().clamp(max=self.styles - 1)
 

@@ -5,7 +5,10 @@ passed audit whose generator sha256 is the generator's, and whose trace is the o
 bound to (its trace sha256): otherwise it exits non-zero having
 written nothing. Labels are balanced over the classes (record i has label i mod K): the real
 label distribution would be a statistic of the sensitive data. Everything is computed before
-the first write. ε consumed: 0 (post-processing of the generator).
+the first write. With MLflow on, the generator is logged as an MLflow model and registered as a new
+version of ``dpsynth-<population>-<method>`` in the Model Registry, with its ε, δ, accountants, audit
+decision and lineage as version tags, and the alias ``released`` moved to it (:func:`register`): the
+registry holds audited generators only. ε consumed: 0 (post-processing of the generator).
 """
 
 from __future__ import annotations
@@ -72,6 +75,37 @@ def require_passed_audit(ctx: common.StageContext) -> tuple[dict, dict, list[dic
                            manifest.verify(manifest.output(audit, "report_markdown"))]
 
 
+def register(ctx: common.StageContext, model_id: str, *, report: dict, audit: dict, generator_sha256: str,
+             release: dict):
+    """The audited generator as a new version of its population/method's registered model, ``@released``
+    moved to it; called only past :func:`require_passed_audit` and the generator and trace checks. Its tags
+    state the release (ε, δ, the accountants behind ε, the audit decision) and its lineage (trace and generator
+    sha256, the pipeline run, its parent, audit and train MLflow runs, the keyed dataset version)."""
+    from dpsynth.stages import charging
+
+    runs = report.get("runs") or {}
+    tags = {
+        tracking.TAG_EPSILON_SPENT: f"{release['epsilon']:.6g}",  # the audit's recomputed upper bound
+        tracking.TAG_DELTA: f"{release['delta']:.3g}",
+        tracking.TAG_ACCOUNTANT: "+".join(report.get("epsilons") or {}) or "none",
+        tracking.TAG_AUDIT: report["decision"],
+        tracking.TAG_TRACE_SHA256: report["trace"]["sha256"],
+        tracking.TAG_GENERATOR_SHA256: generator_sha256,
+        tracking.TAG_DATASET_VERSION: audit["dataset_sha256"],  # the keyed version id, never a raw hash
+        tracking.TAG_PIPELINE_RUN_ID: ctx.pipeline_run_id or "",
+        tracking.TAG_PARENT_RUN_ID: ctx.parent_run_id or "",
+        tracking.TAG_AUDIT_RUN_ID: audit.get("mlflow_run_id") or "",
+        tracking.TAG_TRAIN_RUN_ID: runs.get("train") or "",
+        tracking.TAG_METHOD: ctx.cfg.train.method,
+        tracking.TAG_CODE_VERSION: tracking.code_version(),
+    }
+    if "epsilon_lower" in release:
+        tags[tracking.TAG_EPSILON_LOWER] = f"{release['epsilon_lower']:.6g}"
+    return tracking.register_release(tracking_uri=ctx.tracking_uri, model_id=model_id,
+                                     population_id=charging.population_id(ctx.cfg), method=ctx.cfg.train.method,
+                                     tags=tags)
+
+
 def run(ctx: common.StageContext) -> common.Outcome:
     cfg = ctx.cfg
     audit, report, audit_inputs = require_passed_audit(ctx)
@@ -117,7 +151,11 @@ def run(ctx: common.StageContext) -> common.Outcome:
                 mlflow.set_tags(empirical.tags(measured))
             mlflow.log_metric("release_epsilon", release["epsilon"])
             tracking.log_png(grid, "grids/samples.png")
-            tracking.log_generator(exportable(generator))  # the audited generator, as an MLflow model (pt2)
+            model = tracking.log_generator(exportable(generator))  # the audited generator, as an MLflow model (pt2)
+            version = register(ctx, model.model_id, report=report, audit=audit, generator_sha256=generator_item["sha256"],
+                               release=release)
+            release["registered_model"] = {"name": version.name, "version": str(version.version),
+                                           "alias": tracking.RELEASED_ALIAS}
         return common.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=audit["dataset_sha256"], inputs=inputs, outputs=outputs,
             details={"num_samples": len(synthetic), "num_classes": synthetic.num_classes, "release": release,
