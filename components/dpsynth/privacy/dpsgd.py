@@ -20,6 +20,9 @@ own, so that the masks and the noise are the one secret stream of the mechanism.
 Physical batches larger than memory allows are handled by calling ``accumulate(losses)`` with
 each chunk's per-example losses and ``finalize`` once per logical step: the step semantics
 (one clip per example, one noise draw, division by the *expected* batch size) are exact.
+
+Under ``torchrun`` the sanitizer's ``reducer`` (:class:`dpsynth.privacy.distributed.NoiseOnRankZero`) makes
+one logical step of the job's ranks: rank 0 alone adds the noise, then one SUM all-reduce of the sums.
 """
 
 from __future__ import annotations
