@@ -200,3 +200,45 @@ def test_torchrun_job_is_one_ledger_attempt(tmp_path, small_mnist, monkeypatch):
     assert trace["events"][0]["count"] == 10
     (charged,) = ledger.history("mnist600")  # one attempt, not one per rank
     assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(result["epsilon"], rel=1e-6)
+
+
+def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnist, monkeypatch):
+    """SIGKILL to the whole 2-rank job after its first checkpoint; `dpsynth train` in one process adopts the
+    checkpoint (the ledger's lineage: rank 0 wrote it under the job's reservation) and finishes the trace."""
+    import signal
+    import time
+
+    from dpsynth.data import write_parquet
+    from tests.ledger_fixtures import budgeted_ledger
+
+    ledger = budgeted_ledger(tmp_path, monkeypatch, "mnist600", epsilon=100.0)
+    data = tmp_path / "d.parquet"
+    write_parquet(small_mnist, str(data))
+    out = tmp_path / "run"
+    train = ["train", "--set", f"data.uri={data}", "--set", f"output.dir={out}", "--set", "tracking.enabled=false",
+             "--set", "train.steps=300", "--set", "train.d_width=4", "--set", "train.g_width=4",
+             "--set", "train.batch_size=32", "--set", "output.checkpoint_every=20", "--set", "privacy.delta=1e-4",
+             "--set", "ledger.population_id=mnist600"]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "dpsynth", *train],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    ckpt = out / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 180
+    while not ckpt.exists() and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.1)
+    assert ckpt.exists(), "no checkpoint appeared"
+    os.killpg(job.pid, signal.SIGKILL)  # the agent and both ranks
+    job.wait()
+    step_at_kill = torch.load(ckpt, weights_only=False)["step"]
+    assert 0 < step_at_kill < 300 and not (out / "result.json").exists()
+    done = subprocess.run([sys.executable, "-m", "dpsynth", *train, "--json"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    trace = json.loads(Path(result["trace_path"]).read_text())
+    assert result["steps"] == 300 and trace["events"][0]["count"] == 300
+    assert result["epsilon"] == pytest.approx(rdp_epsilon(result["noise_multiplier"], 32 / 600, 300), rel=1e-9)
+    killed, resumed = ledger.history("mnist600")  # the job's one attempt (charged in full), then the resumption
+    assert killed["status"] == "committed" and killed["epsilon_spent"] == killed["epsilon_reserved"]
+    assert resumed["status"] == "committed" and resumed["resumes_id"] == killed["id"]
