@@ -55,6 +55,16 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 def run_train(args) -> int:
     cfg = load_config(args.config, overrides=args.overrides)
+    from dpsynth.methods import distributed
+
+    ranks = distributed.launch(cfg, stage=bool(args.run_dir or cfg.pipeline.run_dir))  # under torchrun: join the job
+    try:
+        return _run_train(args, cfg, ranks)
+    finally:
+        distributed.shutdown()
+
+
+def _run_train(args, cfg, ranks) -> int:
     if args.run_dir or cfg.pipeline.run_dir:
         return stage_cli.run_stage_command("train", args, cfg)
     method = registry.standalone_or_refuse(cfg.train.method)  # ConfigError (exit 2) names the command to use
@@ -66,6 +76,9 @@ def run_train(args) -> int:
 
     charging.population_id(cfg)  # ConfigError before the data is read
     dataset = load_source(cfg)
+    if not ranks.is_main:  # torchrun's other ranks: rank 0 alone holds the ledger attempt and writes the outputs
+        method.trainer_class()(cfg, dataset).train()
+        return 0
     ledger = charging.open_ledger(charging.ledger_url(cfg, run_dir=None, tracking_uri=None))
     out = Path(cfg.output.dir).resolve()
     # the attempt is charged like the train stage's; re-runs in one output.dir are one "run" of the ledger

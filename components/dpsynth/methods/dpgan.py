@@ -29,7 +29,7 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import artifacts, checkpoint, core, warmup
+from dpsynth.methods import artifacts, checkpoint, core, distributed, warmup
 from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
@@ -113,7 +113,8 @@ class DPGANTrainer:
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         self.out = Path(cfg.output.dir)
         t = cfg.train
-        self.device = resolve_device(t.device)
+        self.dist = distributed.current()  # rank r of W under torchrun (dpsynth.methods.distributed); 0 of 1
+        self.device = self.dist.place(resolve_device(t.device))
         self.num_classes = cfg.data.num_classes or dataset.num_classes
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         images, labels = dataset.to_tensors()
@@ -139,12 +140,14 @@ class DPGANTrainer:
         self.rng = torch.Generator(device=self.device).manual_seed(t.seed)  # latents and fake labels only
         # the secret coins: Poisson masks and noise (never train.seed)
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
-                                             seed=mechanism_seed)
+                                             seed=self.dist.mechanism_seed(mechanism_seed))
         self.sanitizer = GradientSanitizer(
             list(self.D.parameters()), max_grad_norm=cfg.privacy.max_grad_norm,
             noise_multiplier=self.event.noise_multiplier, expected_batch_size=2 * t.batch_size,
             randomness=self.mechanism, module=self.D_private,
         )
+        self.sanitizer.reducer = self.dist.reducer()
+        self.dist.agree("the run's settings, records and plan", (cfg.fingerprint(), self.n, self.total_steps))
         self.n_d = (AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta)
                     if t.n_d == "adaptive" else FixedSteps(t.n_d))
         self.step = 0  # discriminator steps taken
@@ -156,13 +159,13 @@ class DPGANTrainer:
     # --- one discriminator step (Algorithm 1, lines 4–8) -------------------------------
     def discriminator_step(self) -> None:
         B = self.cfg.train.batch_size
-        take = self.mechanism.poisson_mask(self.n, self.event.sample_rate)
+        take = self.dist.poisson_take(self.mechanism, self.n, self.event.sample_rate)  # this rank's part
         real_x, real_y = self.images[take], self.labels[take]
         with torch.no_grad():
-            fake_x, fake_y = self.G.sample(B, generator=self.rng)
+            fake_x, fake_y = self.dist.share(*self.G.sample(B, generator=self.rng))  # this rank's share of the B
         x = torch.cat([real_x, fake_x])
         y = torch.cat([real_y, fake_y])
-        is_real = torch.cat([torch.ones(len(real_x), device=self.device), torch.zeros(B, device=self.device)])
+        is_real = torch.cat([torch.ones(len(real_x), device=self.device), torch.zeros(len(fake_x), device=self.device)])
         chunk = self.cfg.train.physical_batch_size or len(x)
         for start in range(0, len(x), chunk):
             xs, ys, rs = x[start:start + chunk], y[start:start + chunk], is_real[start:start + chunk]
@@ -263,13 +266,17 @@ class DPGANTrainer:
     # --- the loop -----------------------------------------------------------------------
     def train(self, *, stop_after: int | None = None) -> TrainResult | None:
         """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
+        if not self.dist.is_main:  # ranks other than 0 under torchrun: the same steps, nothing written
+            return distributed.follow(self, stop_after=stop_after)
         cfg, o = self.cfg, self.cfg.output
         started = time.monotonic()
         ckpt_dir = checkpoint.begin(self, cfg, self.out)
+        distributed.sync_state(self)
 
         with core.mlflow_run(self, derived=self.derived_params()) as run:
             if cfg.warmup.central_images and self.trace.steps == 0:
                 self.warm_up()
+                distributed.sync_state(self)
                 if o.checkpoint_every:
                     checkpoint.save(ckpt_dir, self.state_dict())
             bar = tqdm(total=self.total_steps, initial=self.step, desc="DP discriminator steps",

@@ -20,6 +20,9 @@ own, so that the masks and the noise are the one secret stream of the mechanism.
 Physical batches larger than memory allows are handled by calling ``accumulate(losses)`` with
 each chunk's per-example losses and ``finalize`` once per logical step: the step semantics
 (one clip per example, one noise draw, division by the *expected* batch size) are exact.
+
+Under ``torchrun`` the sanitizer's ``reducer`` (:class:`dpsynth.privacy.distributed.NoiseOnRankZero`) makes
+one logical step of the job's ranks: rank 0 alone adds the noise, then one SUM all-reduce of the sums.
 """
 
 from __future__ import annotations
@@ -86,6 +89,9 @@ class GradientSanitizer:
         self.randomness = randomness
         self.module = module
         self._sums: list[list[torch.Tensor]] | None = None
+        # one job on several ranks (dpsynth.privacy.distributed.NoiseOnRankZero): noise on rank 0 only, then
+        # the sums all-reduced; None in one process
+        self.reducer = None
 
     @property
     def num_groups(self) -> int:
@@ -159,11 +165,17 @@ class GradientSanitizer:
         """Add the noise and write the privatized mean gradient to ``p.grad``; reset the sums."""
         if self._sums is None:  # an empty logical batch still gets its noise
             self._sums = [[torch.zeros_like(p) for p in group] for group in self.groups]
+        reducer = self.reducer
         for group, bound, sums in zip(self.groups, self.bounds, self._sums):
             std = self.noise_multiplier * bound
             for p, acc in zip(group, sums):
-                noise = self.randomness.standard_normal(p.shape, dtype=p.dtype) * std if std > 0 else 0.0
-                p.grad = (acc + noise) / self.expected_batch_size
+                if std > 0 and (reducer is None or reducer.adds_noise):
+                    acc.add_(self.randomness.standard_normal(p.shape, dtype=p.dtype) * std)
+        if reducer is not None:  # every rank: Σ_r sums_r + the noise rank 0 added
+            reducer.all_reduce([acc for sums in self._sums for acc in sums])
+        for group, sums in zip(self.groups, self._sums):
+            for p, acc in zip(group, sums):
+                p.grad = acc / self.expected_batch_size
         self._sums = None
 
     def effective_noise_multiplier(self) -> float:

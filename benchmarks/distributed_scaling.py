@@ -1,0 +1,114 @@
+"""CPU benchmark: DPGAN data-parallel on 1 vs W gloo ranks (issue #18), steps/s and bytes all-reduced per step.
+
+Each rank is a spawned process with ``--threads`` torch threads that builds ``DPGANTrainer`` on the first
+``--records`` bundled MNIST images (the real code path: its Poisson part, its share of the B fakes, per-example
+clipping, the sanitizer's all-reduce with rank 0's noise, the same Adam and generator steps on every rank),
+takes ``--warmup`` discriminator steps untimed, then times ``--steps`` (generator steps included, n_D fixed).
+Reported per world size: steps/s (rank 0's wall clock), the bytes one rank sends into the all-reduce per
+step, and the scaling efficiency (steps/s at W) / (W · steps/s at 1).
+
+    python benchmarks/distributed_scaling.py [--worlds 1 2] [--batch-size 64] [--d-width 32] [--steps 20]
+        [--threads 1] [--json PATH]
+
+What does not scale with W: every rank draws all B fakes (no gradient) and takes the same generator step,
+so the models stay equal without being sent; only the discriminator's per-example work is divided.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(args["threads"])
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        import numpy as np
+
+        from dpsynth.config import load_config
+        from dpsynth.data import import_source
+        from dpsynth.methods.dpgan import DPGANTrainer
+
+        data = import_source(str(REPO / "data" / "mnist")).subset(np.arange(args["records"]))
+        cfg = load_config(overrides=[
+            f"output.dir={out}/w{world}", "tracking.enabled=false", f"train.d_width={args['d_width']}",
+            f"train.g_width={args['d_width']}", f"train.batch_size={args['batch_size']}", "train.steps=100000",
+            "train.n_d=5", "privacy.noise_multiplier=1.0", "privacy.epsilon=1000", "privacy.delta=1e-5",
+            f"train.grad_sample_mode={args['mode']}"])
+        t = DPGANTrainer(cfg, data)
+
+        def run(k):
+            for _ in range(k):
+                t.discriminator_step()
+                if t.since_g >= t.n_d.n_d:
+                    t.generator_step()
+
+        run(args["warmup"])
+        if world > 1:
+            dist.barrier()
+        start = time.perf_counter()
+        run(args["steps"])
+        seconds = time.perf_counter() - start
+        if rank == 0:
+            reducer = t.sanitizer.reducer
+            Path(out, f"w{world}.json").write_text(json.dumps({
+                "world_size": world, "steps": args["steps"], "seconds": seconds,
+                "steps_per_s": args["steps"] / seconds,
+                "allreduce_bytes_per_step": reducer.bytes_per_step if reducer is not None else 0,
+                "d_parameters": sum(p.numel() for p in t.D.parameters())}))
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--d-width", type=int, default=32)
+    ap.add_argument("--records", type=int, default=6000)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--mode", default="ghost", help="train.grad_sample_mode")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args(argv)
+    import torch.multiprocessing as mp
+
+    args = {"batch_size": a.batch_size, "d_width": a.d_width, "records": a.records, "steps": a.steps,
+            "warmup": a.warmup, "threads": a.threads, "mode": a.mode}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for world in a.worlds:
+            mp.spawn(_rank, args=(world, f"{tmp}/store-{world}", args, tmp), nprocs=world, join=True)
+            rows.append(json.loads(Path(tmp, f"w{world}.json").read_text()))
+    base = next((r["steps_per_s"] for r in rows if r["world_size"] == 1), None)
+    for r in rows:
+        r["efficiency"] = r["steps_per_s"] / (r["world_size"] * base) if base else None
+    report = {"settings": args, "cpu_count": os.cpu_count(), "machine": platform.machine(),
+              "torch": torch.__version__, "results": rows}
+    for r in rows:
+        eff = f"{r['efficiency']:.2f}" if r["efficiency"] is not None else "-"
+        print(f"W={r['world_size']}: {r['steps_per_s']:.2f} steps/s, {r['allreduce_bytes_per_step']} B all-reduced "
+              f"per step per rank, efficiency {eff}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

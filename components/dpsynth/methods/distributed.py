@@ -1,0 +1,80 @@
+"""DPGAN data-parallel over the ranks of one ``torchrun`` job (the mechanism: :mod:`dpsynth.privacy.distributed`).
+
+    torchrun --standalone --nproc-per-node 2 -m dpsynth train --config run.yaml
+
+Every rank builds the same trainer (same settings, same data, same ``train.seed``, so the same
+initial G and D; :meth:`~dpsynth.privacy.distributed.Ranks.agree` refuses a job whose ranks
+disagree). Per discriminator step each rank Poisson-samples its part of the records, takes its
+contiguous share of the B fakes (every rank draws all B from the shared latent stream and keeps its
+share, so the logical batch is exactly one process's), clips per example, and the sanitizer's
+reducer forms the one noisy sum; every rank applies the same Adam update to D and then the same
+non-private generator step, so the models stay equal without being sent.
+
+Rank 0 is the job as the rest of dpsynth sees it: it alone holds the ledger attempt, the MLflow
+run, the trace, the checkpoints and the artifacts. The other ranks (:func:`follow`) write nothing:
+they receive rank 0's state after it resumed a checkpoint and after the private warm-up (which
+rank 0 runs alone on the full data) — everything but rank 0's secret coins, which never leave it —
+so a checkpoint written by N ranks resumes on M.
+"""
+
+from __future__ import annotations
+
+from dpsynth.errors import ConfigError
+from dpsynth.privacy import distributed
+from dpsynth.privacy.distributed import current  # noqa: F401  (the trainer's ranks)
+
+MECHANISM = "mechanism"  # the state key of the trainer's secret coins: never sent to another rank
+METHODS = ("dpgan",)  # the methods that train on several ranks so far
+
+
+def launch(cfg, *, stage: bool) -> distributed.Ranks:
+    """Join the torchrun job (when there is one) for ``dpsynth train``; refuse what it does not support yet."""
+    ranks = distributed.env_ranks()
+    if not ranks.distributed:
+        return distributed.SINGLE
+    if cfg.train.method not in METHODS:
+        raise ConfigError(f"train.method: {cfg.train.method!r} trains in one process only; under torchrun "
+                          f"(WORLD_SIZE={ranks.world_size}) only {', '.join(METHODS)} runs data-parallel")
+    if stage:
+        raise ConfigError("pipeline.run_dir: the pipeline's train stage runs in one process so far; run "
+                          "`dpsynth train` without --run-dir under torchrun")
+    from dpsynth.methods.core import resolve_device
+
+    return distributed.init_process_group(ranks.place(resolve_device(cfg.train.device)))
+
+
+def shutdown() -> None:
+    distributed.shutdown()
+
+
+def sync_state(trainer) -> None:
+    """Every rank takes rank 0's state (models, optimizers, latent RNGs, n_D schedule, trace), all but its
+    secret coins: each rank keeps its own. A no-op in one process."""
+    if not trainer.dist.distributed:
+        return
+    import torch.distributed as dist
+
+    box = [{k: v for k, v in trainer.state_dict().items() if k != MECHANISM} if trainer.dist.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    if not trainer.dist.is_main:
+        trainer.load_state_dict({**box[0], MECHANISM: trainer.mechanism.state_dict()})
+
+
+def follow(trainer, *, stop_after: int | None = None) -> None:
+    """A rank other than 0: the trainer's loop, step for step with rank 0's (the same collectives in the
+    same order), writing nothing."""
+    if trainer.dist.is_main:
+        raise RuntimeError("follow: rank 0 runs the trainer's own loop")
+    cfg = trainer.cfg
+    sync_state(trainer)  # rank 0's, after it resumed its checkpoint (if any)
+    if cfg.warmup.central_images and trainer.trace.steps == 0:
+        sync_state(trainer)  # rank 0 ran the private warm-up: its G, latent RNG and trace
+    while trainer.step < trainer.total_steps:
+        if stop_after is not None and trainer.step >= stop_after:
+            return None
+        if not trainer.guard.can_step(trainer.trace):
+            break
+        trainer.discriminator_step()
+        if trainer.since_g >= trainer.n_d.n_d:
+            trainer.generator_step()
+    return None

@@ -1,0 +1,115 @@
+"""The chart's Kubeflow Trainer TrainJob (charts/dpsynth/templates/trainjob.yaml), validated offline against the
+TrainJob CRD's own schema (tests/deploy/crds/trainjob-v1alpha1.json, copied from kubeflow/trainer; its ``source``
+names the commit), with unknown fields refused as ``kubectl apply`` (strict field validation) refuses them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.test_chart import CHART, VARIANTS, helm, tools
+
+CRD = json.loads((Path(__file__).parent / "crds" / "trainjob-v1alpha1.json").read_text())
+
+
+def strict(schema: dict) -> dict:
+    """The CRD's structural schema as JSON Schema, refusing fields it does not declare (as the API server's strict
+    field validation does) and taking int-or-string where the CRD says so."""
+    s = {k: v for k, v in schema.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if schema.get("x-kubernetes-int-or-string"):
+        s.pop("type", None)
+        s["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if schema.get("nullable") and "type" in s:
+        s["type"] = [s["type"], "null"]
+    if "properties" in s:
+        s["properties"] = {k: strict(v) for k, v in s["properties"].items()}
+        if "additionalProperties" not in s and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            s["additionalProperties"] = False
+    if isinstance(s.get("additionalProperties"), dict):
+        s["additionalProperties"] = strict(s["additionalProperties"])
+    if "items" in s:
+        s["items"] = strict(s["items"])
+    for key in ("anyOf", "allOf", "oneOf"):
+        if key in schema:
+            s[key] = [strict(x) for x in schema[key]]
+    return s
+
+
+def errors(doc: dict) -> list[str]:
+    import jsonschema
+
+    assert doc["apiVersion"] == f"{CRD['group']}/{CRD['version']}" and doc["kind"] == CRD["kind"]
+    validator = jsonschema.Draft7Validator(strict(CRD["openAPIV3Schema"]))
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def trainjob(*args: str) -> dict:
+    out = helm("template", "dpsynth", str(CHART), "--namespace", "dpsynth", "--set", "trainJob.enabled=true", *args)
+    [doc] = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "TrainJob"]
+    return doc
+
+
+@tools
+def test_no_trainjob_unless_enabled():
+    out = helm("template", "dpsynth", str(CHART), "--namespace", "dpsynth")
+    assert all(d["kind"] != "TrainJob" for d in yaml.safe_load_all(out) if d)
+
+
+@tools
+@pytest.mark.parametrize("variant", ["default", "gpu"])
+def test_trainjob_validates_against_the_crd(variant):
+    doc = trainjob(*VARIANTS[variant], "--set", "trainJob.numNodes=2",
+                   "--set", "trainJob.args={--set,data.uri=s3://bucket/mnist.parquet}")
+    assert errors(doc) == []
+    t = doc["spec"]["trainer"]
+    assert t["command"] == ["torchrun", "-m", "dpsynth", "train"] and t["numNodes"] == 2
+    assert t["args"][-2:] == ["--set", "data.uri=s3://bucket/mnist.parquet"]
+    env = {e["name"]: e["valueFrom"] for e in t["env"]}
+    assert env["DPSYNTH_LEDGER_URL"]["secretKeyRef"]["name"].endswith("-stage")  # the job's one ledger, rank 0 charges
+    assert env["MLFLOW_TRACKING_URI"]["configMapKeyRef"]["name"].endswith("-stage-config")
+    assert doc["spec"]["runtimeRef"]["name"] == "torch-distributed"
+
+
+@tools
+def test_gpu_trainjob_requests_gpus_and_the_gpu_pool():
+    doc = trainjob(*VARIANTS["gpu"], "--set", "trainJob.gpusPerNode=4", "--set", "trainJob.numProcPerNode=4")
+    assert errors(doc) == []
+    t = doc["spec"]["trainer"]
+    assert t["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "4" and t["numProcPerNode"] == 4
+    assert t["args"][:2] == ["--set", "train.device=cuda"]
+    [patch] = doc["spec"]["runtimePatches"]
+    [node] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = node["template"]["spec"]["template"]["spec"]
+    assert node["name"] == "node" and pod["nodeSelector"]["dpsynth.io/pool"] == "gpu"
+    assert {t["key"] for t in pod["tolerations"]} == {"nvidia.com/gpu", "dpsynth.io/pool"}
+    cpu = trainjob()  # no GPU: no GPU limit, no pool
+    assert "resourcesPerNode" not in cpu["spec"]["trainer"] and "runtimePatches" not in cpu["spec"]
+
+
+@tools
+def test_the_crd_validation_is_not_vacuous():
+    good = trainjob()
+    for path, value in [(("spec", "trainer", "numProcsPerNode"), 2),  # a typo'd field
+                        (("spec", "trainer", "numNodes"), "two"),  # a wrong type
+                        (("spec", "runtimeRef", "name"), "")]:  # below minLength
+        bad = copy.deepcopy(good)
+        node = bad
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        assert errors(bad), path
+
+
+@tools
+def test_values_schema_refuses_a_bad_trainjob():
+    import subprocess
+
+    from tests.deploy.test_chart import HELM
+
+    proc = subprocess.run([str(HELM), "lint", "--strict", str(CHART), "--set", "trainJob.numProcPerNode=0"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "numProcPerNode" in proc.stdout + proc.stderr

@@ -1,0 +1,120 @@
+"""The ranks of tests/methods/test_distributed.py: module-level functions (torch.multiprocessing spawns them),
+each a rank of a gloo job on CPU. Workers write what the test compares to files under the test's tmp_path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def run_ranks(world: int, tmp: Path, fn, *args) -> None:
+    """Run ``fn(rank, *args)`` on ``world`` spawned ranks of one gloo process group (a file store in ``tmp``)."""
+    import torch.multiprocessing as mp
+
+    store = Path(tmp) / f"pg-{fn.__name__}-{os.getpid()}-{len(list(Path(tmp).glob('pg-*')))}"
+    mp.spawn(_entry, args=(world, str(store), fn, args), nprocs=world, join=True)
+
+
+def _entry(rank: int, world: int, store: str, fn, args) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        fn(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def mnist600():
+    import numpy as np
+
+    from dpsynth.data import import_source
+    from tests.conftest import MNIST
+
+    return import_source(str(MNIST)).subset(np.arange(600))
+
+
+def tiny(out, *extra):
+    from dpsynth.config import load_config
+
+    return load_config(overrides=[
+        f"output.dir={out}", "tracking.enabled=false", "train.d_width=4", "train.g_width=4",
+        "train.latent_dim=8", "train.batch_size=32", "train.steps=8", "train.n_d=2",
+        "output.checkpoint_every=2", "output.sample_every=0", "output.log_every=0", "privacy.epsilon=50",
+        "privacy.delta=1e-4", *extra])
+
+
+def record_takes(trainer) -> list[list[int]]:
+    """Wrap the trainer's Poisson masks: each step's sampled records as global indices (appended)."""
+    takes: list[list[int]] = []
+    draw = trainer.mechanism.poisson_mask
+    lo, _ = trainer.dist.part(trainer.n)
+
+    def recorded(n, rate):
+        mask = draw(n, rate)
+        takes.append((mask.nonzero().squeeze(1) + lo).tolist())
+        return mask
+
+    trainer.mechanism.poisson_mask = recorded
+    return takes
+
+
+def steps_without_noise(rank: int, tmp: str, steps: int) -> None:
+    """(a) ``steps`` discriminator steps (and the generator steps between them) with the noise off."""
+    from dpsynth.methods.dpgan import DPGANTrainer
+
+    t = DPGANTrainer(tiny(Path(tmp) / f"out{rank}"), mnist600(), mechanism_seed=11)
+    t.sanitizer.noise_multiplier = 0.0  # the test seam: clipped sums only
+    takes = record_takes(t)
+    for _ in range(steps):
+        t.discriminator_step()
+        if t.since_g >= t.n_d.n_d:
+            t.generator_step()
+    torch.save({"takes": takes, "D": t.D.state_dict(), "G": t.G.state_dict()}, Path(tmp) / f"rank{rank}.pt")
+
+
+def noise_draws(rank: int, tmp: str, sigma: float, bound: float, draws: int, seed: int) -> None:
+    """(b) ``draws`` logical steps of an empty batch: every rank's privatized gradient is the job's noise."""
+    from dpsynth.privacy.distributed import current
+    from dpsynth.privacy.dpsgd import GradientSanitizer
+    from dpsynth.privacy.randomness import MechanismRandomness
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(40, 25)
+    ranks = current()
+    sanitizer = GradientSanitizer(list(layer.parameters()), max_grad_norm=bound, noise_multiplier=sigma,
+                                  expected_batch_size=1.0, randomness=MechanismRandomness(seed=ranks.mechanism_seed(seed)))
+    sanitizer.reducer = ranks.reducer()
+    out = []
+    for _ in range(draws):
+        sanitizer.finalize()
+        out.append(torch.cat([p.grad.reshape(-1) for p in layer.parameters()]))
+    torch.save({"noise": torch.stack(out), "bytes": sanitizer.reducer.bytes_per_step}, Path(tmp) / f"noise{rank}.pt")
+
+
+def train_in_own_dirs(rank: int, tmp: str) -> None:
+    """(c) a whole run, warm-up, checkpoints, grids and MLflow included; rank r is given output.dir out<r>
+    and its own MLflow store, so anything a rank other than 0 writes would show."""
+    from dpsynth.methods.dpgan import DPGANTrainer
+
+    tmp = Path(tmp)
+    cfg = tiny(tmp / f"out{rank}", "output.sample_every=4", "output.log_every=2", "tracking.enabled=true",
+               f"tracking.uri=sqlite:///{tmp}/mlflow{rank}.db", "warmup.central_images=true", "warmup.steps=3")
+    t = DPGANTrainer(cfg, mnist600())
+    result = t.train()
+    torch.save({"result": result, "D": t.D.state_dict(), "G": t.G.state_dict(), "trace": t.trace.to_dict()},
+               tmp / f"final{rank}.pt")
+
+
+def train_shared_dir(rank: int, tmp: str, stop_after) -> None:
+    """(d) ranks training in one output.dir (resuming the checkpoint there), to the end or ``stop_after``."""
+    from dpsynth.methods.dpgan import DPGANTrainer
+
+    tmp = Path(tmp)
+    t = DPGANTrainer(tiny(tmp / "out"), mnist600())
+    t.train(stop_after=stop_after)
+    torch.save({"D": t.D.state_dict(), "G": t.G.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
+                "mechanism": t.mechanism.state_dict()}, tmp / f"shared{rank}.pt")

@@ -1,0 +1,244 @@
+"""DPGAN data-parallel on torch.distributed (gloo, CPU): a W-rank job is the one-process mechanism.
+
+(a) with the noise off, a 2-rank step equals a 1-process step on the same logical batch (the union of the
+ranks' Poisson masks); (b) the noise of a logical step is added once, N(0, (σC)²), from rank 0's stream;
+(c) only rank 0 writes (trace, checkpoints, grids, MLflow), one event per logical step; (d) a checkpoint
+written by 2 ranks resumes on 1 and vice versa with the same trace and ε; and `torchrun … -m dpsynth train`
+is one ledger attempt. The ranks are in tests/methods/distributed_workers.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from opacus.accountants import RDPAccountant
+
+from dpsynth.errors import ConfigError
+from dpsynth.methods.dpgan import DPGANTrainer
+from dpsynth.privacy import distributed
+from dpsynth.privacy.randomness import MechanismRandomness
+from tests.methods import distributed_workers as workers
+
+
+def rdp_epsilon(sigma: float, q: float, steps: int, delta: float = 1e-4) -> float:
+    """An independent account of the trace (Opacus' RDP accountant)."""
+    acc = RDPAccountant()
+    acc.history = [(sigma, q, steps)]
+    return acc.get_epsilon(delta)
+
+
+def assert_same_models(a: dict, b: dict, **tol) -> None:
+    for key in ("D", "G"):
+        for name in a[key]:
+            torch.testing.assert_close(a[key][name], b[key][name], **tol, msg=lambda m: f"{key}.{name}: {m}")
+
+
+# --- the ranks' shares, without a process group -------------------------------------------------------
+def test_parts_partition_the_index_space_and_one_process_is_unchanged():
+    for n, world in [(600, 2), (601, 3), (5, 4), (0, 2)]:
+        parts = [distributed.Ranks(rank=r, world_size=world).part(n) for r in range(world)]
+        assert [i for lo, hi in parts for i in range(lo, hi)] == list(range(n))
+        assert max(hi - lo for lo, hi in parts) - min(hi - lo for lo, hi in parts) <= 1
+    a, b = MechanismRandomness(seed=5), MechanismRandomness(seed=5)
+    assert torch.equal(distributed.SINGLE.poisson_take(a, 100, 0.3), b.poisson_mask(100, 0.3))
+    x = torch.arange(10)
+    assert distributed.SINGLE.share(x)[0] is x
+    assert torch.equal(distributed.Ranks(rank=1, world_size=2).share(x)[0], torch.arange(5, 10))
+
+
+def test_env_and_launch_refusals(monkeypatch, tmp_path):
+    assert distributed.env_ranks({}) == distributed.SINGLE
+    assert distributed.env_ranks({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == distributed.Ranks(1, 2, 1)
+    with pytest.raises(ConfigError, match="RANK/WORLD_SIZE"):
+        distributed.env_ranks({"RANK": "2", "WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="not integers"):
+        distributed.env_ranks({"RANK": "x", "WORLD_SIZE": "2"})
+    from dpsynth.methods.distributed import launch
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match="^train.method:"):
+        launch(workers.tiny(tmp_path, "train.method=zhang"), stage=False)
+    with pytest.raises(ConfigError, match="^pipeline.run_dir:"):
+        launch(workers.tiny(tmp_path), stage=True)
+
+
+# --- (a) clipped sums, reduced: the 2-rank step is the 1-process step ---------------------------------
+def test_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp_path, small_mnist):
+    steps = 3
+    workers.run_ranks(2, tmp_path, workers.steps_without_noise, str(tmp_path), steps)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert_same_models(r0, r1, rtol=0, atol=0)  # every rank applied the same update, bit for bit
+    assert all(t for t in r0["takes"]) and all(t for t in r1["takes"])  # both ranks sampled records
+    assert all(max(a) < 300 <= min(b) for a, b in zip(r0["takes"], r1["takes"]))  # each from its own part
+
+    one = DPGANTrainer(workers.tiny(tmp_path / "one"), small_mnist, mechanism_seed=11)
+    one.sanitizer.noise_multiplier = 0.0
+    masks = []
+    for a, b in zip(r0["takes"], r1["takes"]):
+        m = torch.zeros(len(small_mnist), dtype=torch.bool)
+        m[a + b] = True
+        masks.append(m)
+    union = iter(masks)
+    one.mechanism.poisson_mask = lambda n, rate: next(union)
+    for _ in range(steps):
+        one.discriminator_step()
+        if one.since_g >= one.n_d.n_d:
+            one.generator_step()
+    assert one.g_steps >= 1
+    assert_same_models({"D": one.D.state_dict(), "G": one.G.state_dict()}, r0, rtol=1e-5, atol=1e-6)
+    # and it is not the same model whatever the batch: a 1-process step on rank 0's half alone differs
+    half = DPGANTrainer(workers.tiny(tmp_path / "half"), small_mnist, mechanism_seed=11)
+    half.sanitizer.noise_multiplier = 0.0
+    first = torch.zeros(len(small_mnist), dtype=torch.bool)
+    first[r0["takes"][0]] = True
+    half.mechanism.poisson_mask = lambda n, rate: first
+    half.discriminator_step()
+    one_step = DPGANTrainer(workers.tiny(tmp_path / "ref"), small_mnist, mechanism_seed=11)
+    one_step.sanitizer.noise_multiplier = 0.0
+    one_step.mechanism.poisson_mask = lambda n, rate: masks[0]
+    one_step.discriminator_step()
+    assert any(not torch.allclose(p, q, atol=1e-6) for p, q in zip(half.D.parameters(), one_step.D.parameters()))
+
+
+# --- (b) the noise: once per logical step, full σC, from rank 0's stream -------------------------------
+def test_the_noise_of_a_logical_step_is_added_once(tmp_path):
+    sigma, bound, draws, seed = 2.0, 0.5, 60, 123
+    workers.run_ranks(2, tmp_path, workers.noise_draws, str(tmp_path), sigma, bound, draws, seed)
+    n0, n1 = (torch.load(tmp_path / f"noise{r}.pt", weights_only=False) for r in (0, 1))
+    assert torch.equal(n0["noise"], n1["noise"])  # every rank holds the same noisy sum
+    noise = n0["noise"]
+    assert noise.numel() == draws * (40 * 25 + 25)
+    # from rank 0's stream, drawn exactly as one process draws it: N(0, (σC)²) once, bit for bit
+    coins = MechanismRandomness(seed=seed)
+    std = sigma * bound
+    expected = torch.stack([torch.cat([(coins.standard_normal((25, 40)) * std).reshape(-1),
+                                       coins.standard_normal((25,)) * std]) for _ in range(draws)])
+    assert torch.equal(noise, expected)
+    # and empirically: variance (σC)² = 1, not 0 (no rank added noise) nor W·(σC)² = 2 (every rank did)
+    var = noise.var().item()
+    assert abs(var - (sigma * bound) ** 2) < 0.04, var  # 61 500 draws: the estimate's sd is 0.6 %
+    assert n0["bytes"] == (40 * 25 + 25) * 4  # one all-reduce of the clipped sums, float32
+
+
+# --- (c) one writer: rank 0 ----------------------------------------------------------------------------
+def test_only_rank_zero_writes_and_the_trace_has_one_event_per_logical_step(tmp_path):
+    workers.run_ranks(2, tmp_path, workers.train_in_own_dirs, str(tmp_path))
+    r0, r1 = (torch.load(tmp_path / f"final{r}.pt", weights_only=False) for r in (0, 1))
+    assert r1["result"] is None and not (tmp_path / "out1").exists() and not (tmp_path / "mlflow1.db").exists()
+    result = r0["result"]
+    assert result.steps == 8 and Path(result.trace_path).exists() and Path(result.grid_path).exists()
+    out0 = tmp_path / "out0"
+    assert (out0 / "checkpoints" / "last.pt").exists() and (out0 / "grids" / "step-0000004.png").exists()
+    assert (tmp_path / "mlflow0.db").exists() and result.mlflow_run_id
+    trace = json.loads(Path(result.trace_path).read_text())
+    warm, train = trace["events"]  # the warm-up's release, then one event per logical step: 8, not 16
+    assert train["count"] == 8 and warm["count"] == 1 and trace["steps"] == 9
+    assert r1["trace"] == r0["trace"] == trace  # every rank kept the same trace (rank 1 wrote none)
+    assert_same_models(r0, r1, rtol=0, atol=0)  # and the same models: warm-up and all steps in lockstep
+
+
+# --- (d) resume across world sizes -------------------------------------------------------------------------
+def test_checkpoints_resume_across_world_sizes(tmp_path, small_mnist):
+    q = 32 / 600
+    # 2 ranks stop after 4 steps (checkpoint at 4); 1 process resumes and finishes
+    two = tmp_path / "two"
+    two.mkdir()
+    workers.run_ranks(2, two, workers.train_shared_dir, str(two), 4)
+    ckpt = torch.load(two / "out" / "checkpoints" / "last.pt", weights_only=False)
+    assert ckpt["step"] == 4 and ckpt["trace"]["steps"] == 4
+    one = DPGANTrainer(workers.tiny(two / "out"), small_mnist)
+    result = one.train()
+    trace = json.loads(Path(result.trace_path).read_text())
+    assert trace["steps"] == 8 and trace["events"][0]["count"] == 8
+    sigma = trace["events"][0]["noise_multiplier"]
+    assert result.epsilon == pytest.approx(rdp_epsilon(sigma, q, 8), rel=1e-9)
+
+    # 1 process stops after 4 steps; 2 ranks resume in the same output.dir and finish
+    single = tmp_path / "single"
+    DPGANTrainer(workers.tiny(single / "out"), small_mnist).train(stop_after=4)
+    at4 = torch.load(single / "out" / "checkpoints" / "last.pt", weights_only=False)
+    workers.run_ranks(2, single, workers.train_shared_dir, str(single), None)
+    r0, r1 = (torch.load(single / f"shared{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["step"] == r1["step"] == 8 and r0["trace"] == r1["trace"]
+    trace = json.loads((single / "out" / "trace.json").read_text())
+    assert trace["events"][0]["count"] == 8 and trace["events"][0]["noise_multiplier"] == at4["trace"]["events"][0][
+        "noise_multiplier"]
+    done = json.loads((single / "out" / "result.json").read_text())
+    assert done["epsilon"] == pytest.approx(rdp_epsilon(sigma, q, 8), rel=1e-9) == result.epsilon
+    assert_same_models(r0, r1, rtol=0, atol=0)
+    # rank 0 continued the checkpoint's secret stream; rank 1 drew its own, and never received rank 0's
+    assert not torch.equal(r1["mechanism"]["state"], r0["mechanism"]["state"])
+
+
+# --- torchrun end to end: one ledger attempt for the job -----------------------------------------------------
+def test_torchrun_job_is_one_ledger_attempt(tmp_path, small_mnist, monkeypatch):
+    from dpsynth.data import write_parquet
+    from tests.ledger_fixtures import budgeted_ledger
+
+    ledger = budgeted_ledger(tmp_path, monkeypatch, "mnist600", epsilon=100.0)
+    data = tmp_path / "d.parquet"
+    write_parquet(small_mnist, str(data))
+    out = tmp_path / "run"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    args = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "dpsynth", "train",
+            "--set", f"data.uri={data}", "--set", f"output.dir={out}", "--set", "tracking.enabled=false",
+            "--set", "train.steps=10", "--set", "train.d_width=4", "--set", "train.g_width=4",
+            "--set", "train.batch_size=32", "--set", "output.checkpoint_every=5", "--set", "privacy.delta=1e-4",
+            "--set", "ledger.population_id=mnist600", "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)  # rank 0 alone printed it
+    assert result["steps"] == 10
+    trace = json.loads(Path(result["trace_path"]).read_text())
+    assert trace["events"][0]["count"] == 10
+    (charged,) = ledger.history("mnist600")  # one attempt, not one per rank
+    assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(result["epsilon"], rel=1e-6)
+
+
+def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnist, monkeypatch):
+    """SIGKILL to the whole 2-rank job after its first checkpoint; `dpsynth train` in one process adopts the
+    checkpoint (the ledger's lineage: rank 0 wrote it under the job's reservation) and finishes the trace."""
+    import signal
+    import time
+
+    from dpsynth.data import write_parquet
+    from tests.ledger_fixtures import budgeted_ledger
+
+    ledger = budgeted_ledger(tmp_path, monkeypatch, "mnist600", epsilon=100.0)
+    data = tmp_path / "d.parquet"
+    write_parquet(small_mnist, str(data))
+    out = tmp_path / "run"
+    train = ["train", "--set", f"data.uri={data}", "--set", f"output.dir={out}", "--set", "tracking.enabled=false",
+             "--set", "train.steps=300", "--set", "train.d_width=4", "--set", "train.g_width=4",
+             "--set", "train.batch_size=32", "--set", "output.checkpoint_every=20", "--set", "privacy.delta=1e-4",
+             "--set", "ledger.population_id=mnist600"]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "dpsynth", *train],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    ckpt = out / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 180
+    while not ckpt.exists() and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.1)
+    assert ckpt.exists(), "no checkpoint appeared"
+    os.killpg(job.pid, signal.SIGKILL)  # the agent and both ranks
+    job.wait()
+    step_at_kill = torch.load(ckpt, weights_only=False)["step"]
+    assert 0 < step_at_kill < 300 and not (out / "result.json").exists()
+    done = subprocess.run([sys.executable, "-m", "dpsynth", *train, "--json"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    trace = json.loads(Path(result["trace_path"]).read_text())
+    assert result["steps"] == 300 and trace["events"][0]["count"] == 300
+    assert result["epsilon"] == pytest.approx(rdp_epsilon(result["noise_multiplier"], 32 / 600, 300), rel=1e-9)
+    killed, resumed = ledger.history("mnist600")  # the job's one attempt (charged in full), then the resumption
+    assert killed["status"] == "committed" and killed["epsilon_spent"] == killed["epsilon_reserved"]
+    assert resumed["status"] == "committed" and resumed["resumes_id"] == killed["id"]
