@@ -8,6 +8,7 @@ is one ledger attempt. The ranks are in tests/methods/distributed_workers.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -202,6 +203,20 @@ def test_torchrun_job_is_one_ledger_attempt(tmp_path, small_mnist, monkeypatch):
     assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(result["epsilon"], rel=1e-6)
 
 
+def _descendants(pid: int) -> list[int]:
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnist, monkeypatch):
     """SIGKILL to the whole 2-rank job after its first checkpoint; `dpsynth train` in one process adopts the
     checkpoint (the ledger's lineage: rank 0 wrote it under the job's reservation) and finishes the trace."""
@@ -228,7 +243,11 @@ def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnis
     while not ckpt.exists() and time.monotonic() < deadline and job.poll() is None:
         time.sleep(0.1)
     assert ckpt.exists(), "no checkpoint appeared"
-    os.killpg(job.pid, signal.SIGKILL)  # the agent and both ranks
+    # the agent and both ranks: torchrun starts each rank in a session of its own, so killing the agent's
+    # process group would leave the ranks running; kill every descendant (read from /proc) at once
+    for pid in [*_descendants(job.pid), job.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     job.wait()
     step_at_kill = torch.load(ckpt, weights_only=False)["step"]
     assert 0 < step_at_kill < 300 and not (out / "result.json").exists()
