@@ -38,7 +38,7 @@ import math
 import torch
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.events import MechanismEvent
+from dpsynth.privacy.events import MechanismEvent, MechanismTrace
 from dpsynth.privacy.randomness import MechanismRandomness
 
 
@@ -102,25 +102,31 @@ def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
 
 
 def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
-                   noise_multiplier: float, randomness: MechanismRandomness | None = None) -> torch.Tensor:
-    """The noisy class means, shaped (num_classes, C, H, W) in [-1, 1]; the caller records
-    ``event_for(noise_multiplier)`` in the mechanism trace.
+                   noise_multiplier: float, randomness: MechanismRandomness | None = None,
+                   trace: MechanismTrace | None = None) -> torch.Tensor:
+    """The noisy class means, shaped (num_classes, C, H, W) in [-1, 1]; the release records
+    ``event_for(noise_multiplier)`` in ``trace`` (a mechanism's trace; None: records nothing).
 
     ``images`` are N×C×H×W in [-1, 1]. ``randomness`` is the mechanism's secret coins (required when
     ``noise_multiplier`` > 0).
     """
     sums = class_sums(images, labels, num_classes=num_classes, clip=clip)
     means, _ = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness)
+    if trace is not None:
+        trace.record(event_for(noise_multiplier))
     return (means * 2 - 1).float().view(num_classes, *images.shape[1:])
 
 
 def style_images(images: torch.Tensor, labels: torch.Tensor, templates: torch.Tensor, template_labels: torch.Tensor,
                  *, clip: float, noise_multiplier: float,
-                 randomness: MechanismRandomness | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 randomness: MechanismRandomness | None = None,
+                 trace: MechanismTrace | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The noisy means of the groups that the public ``templates`` (K×C×H×W in [-1, 1], class
-    ``template_labels``) induce: (K×C×H×W in [-1, 1], the K noisy counts). One Gaussian event; the
-    caller records ``event_for(noise_multiplier)``."""
+    ``template_labels``) induce: (K×C×H×W in [-1, 1], the K noisy counts). One Gaussian event, which
+    the release records in ``trace`` (``event_for(noise_multiplier)``; None: records nothing)."""
     groups = nearest_template(images, labels, templates, template_labels)
     sums = group_sums(images, groups, num_groups=len(templates), clip=clip)
     means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness)
+    if trace is not None:
+        trace.record(event_for(noise_multiplier))
     return (means * 2 - 1).float().view(len(templates), *images.shape[1:]), counts.float()
