@@ -158,7 +158,8 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
             raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
-        self.step, self.g_steps = state["step"], state["g_steps"]
+        # a GS-WGAN checkpoint from before this loop has no g_steps: one generator step per step there
+        self.step, self.g_steps = state["step"], state.get("g_steps", state["step"])
         self.trace.load_state_dict(state["trace"])  # in place: the sanitizer holds this trace
         self.load_method_state(state)
 
