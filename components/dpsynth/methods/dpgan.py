@@ -25,7 +25,7 @@ from dpsynth.errors import PrivacyError
 from dpsynth.methods import warmup
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.methods.loop import Trainer
-from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
+from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.privacy import (BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, central_images, check_delta,
                               get_accountant)
 from dpsynth.privacy.dpsgd import GradientSanitizer, private_module
@@ -241,12 +241,6 @@ class DPGANTrainer(Trainer):
         if ema is not None:
             metrics["d_accuracy_fake_ema"] = ema
         return {"n_d": self.n_d.n_d, "d_acc": f"{shown:.2f}"}, metrics
-
-    def derived_params(self) -> dict:
-        """What the MLflow run records before the first step (data-independent: the plan, n, model sizes)."""
-        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
-                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
-                "g_parameters": count_parameters(self.G)}
 
 
 def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:

@@ -49,7 +49,7 @@ from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.grids import class_grid
 from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.loop import Trainer
-from dpsynth.models.gswgan import Discriminator, Generator, count_parameters
+from dpsynth.models.gswgan import Discriminator, Generator
 from dpsynth.privacy import (
     BudgetGuard,
     MechanismEvent,
@@ -460,11 +460,8 @@ class GSWGANTrainer(Trainer):
         return {"event_noise_multiplier": self.event.noise_multiplier}
 
     def derived_params(self) -> dict:
-        """What the MLflow run records before the first iteration (data-independent: the plan, n, model sizes)."""
-        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
-                "release_noise_multiplier": self.plan.noise_multiplier, "total_steps": self.total_steps,
-                "records": self.n, "accountant": ACCOUNTANT, "d_parameters": count_parameters(self.D),
-                "g_parameters": count_parameters(self.G)}
+        return {**super().derived_params(), "release_noise_multiplier": self.plan.noise_multiplier,
+                "accountant": ACCOUNTANT}
 
 
 def _cpu_copy(obj):

@@ -49,6 +49,7 @@ from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
 from dpsynth.methods import artifacts, checkpoint, core
 from dpsynth.methods.core import TrainResult, resolve_device
+from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.privacy.plan import PrivacyPlan
 
@@ -113,8 +114,11 @@ class Trainer:
         raise NotImplementedError
 
     def derived_params(self) -> dict:
-        """*method*: what the MLflow run records before the first step (data-independent)."""
-        raise NotImplementedError
+        """What the MLflow run records before the first step (data-independent: the plan, n, the sizes of
+        the trainer's ``G`` and ``D``); a method adds its own."""
+        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
+                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
+                "g_parameters": count_parameters(self.G)}
 
     # --- method: what it reports (defaults) -----------------------------------------------------
     def progress(self) -> tuple[dict, dict]:

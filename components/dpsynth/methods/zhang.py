@@ -46,7 +46,7 @@ from dpsynth.errors import ConfigError, DatasetError, PrivacyError
 from dpsynth.methods.core import resolve_device
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.loop import Trainer
-from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
+from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy import grouping
 from dpsynth.privacy.dpsgd import GradientSanitizer
@@ -438,10 +438,7 @@ class ZhangTrainer(Trainer):
                 "warm_started": self.warm_started}
 
     def derived_params(self) -> dict:
-        """What the MLflow run records before the first step (data-independent: the plan, n, model sizes)."""
-        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
-                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
-                "g_parameters": count_parameters(self.G), "num_groups": self.plan.releases,
+        return {**super().derived_params(), "num_groups": self.plan.releases,
                 "sigma_per_group": self.plan.noise_multiplier, "warm_started": self.warm_started}
 
 
