@@ -75,7 +75,6 @@ def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
     return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, prefix=prefix.events)
 
 
-_ACCOUNTED = "ε of the recorded trace by the configured accountant"
 _PLAN = "the privacy plan: from the configuration and n (public), before any step"
 _POST = "post-processing of the DP discriminator on fresh fakes (no real record enters)"
 
@@ -86,15 +85,11 @@ class DPGANTrainer(Trainer):
 
     STEP = "DP discriminator steps"
     KEEPS_SNAPSHOTS = True
-    # what its MLflow run holds (the train stage's allow-list, checked by the audit)
-    MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
-        metrics={"epsilon": _ACCOUNTED, "noise_multiplier": _PLAN, "sample_rate": _PLAN,
-                 "n_d": "the adaptive n_D schedule, driven by d_accuracy_fake_ema (post-processing)",
-                 "generator_steps": "follows the n_D schedule (post-processing)", "d_accuracy_fake": _POST,
-                 "d_accuracy_fake_ema": _POST, "g_loss": _POST},
-        params={"derived.sample_rate": _PLAN, "derived.noise_multiplier": _PLAN, "derived.total_steps": _PLAN,
-                "derived.records": "n, the training records' count (public in this design)",
-                "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
+    MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(metrics={
+        "noise_multiplier": _PLAN, "sample_rate": _PLAN,
+        "n_d": "the adaptive n_D schedule, driven by d_accuracy_fake_ema (post-processing)",
+        "generator_steps": "follows the n_D schedule (post-processing)", "d_accuracy_fake": _POST,
+        "d_accuracy_fake_ema": _POST, "g_loss": _POST})
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, parent_run_id: str | None = None,
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):

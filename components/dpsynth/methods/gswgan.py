@@ -327,15 +327,9 @@ class GSWGANTrainer(Trainer):
     method = "gswgan"
     STEP = "private generator iterations"
     ACCOUNTANT = ACCOUNTANT
-    # what its MLflow run holds (the train stage's allow-list, checked by the audit)
-    MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
-        metrics={"epsilon": "ε of the recorded trace (wor accountant)",
-                 "epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
-        params={"derived.sample_rate": _PLAN, "derived.noise_multiplier": _PLAN,
-                "derived.release_noise_multiplier": _PLAN, "derived.total_steps": _PLAN,
-                "derived.records": "n, the training records' count (public in this design)",
-                "derived.accountant": "wor (fixed for shard sampling)",
-                "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
+    MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(
+        metrics={"epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
+        params={"derived.release_noise_multiplier": _PLAN, "derived.accountant": "wor (fixed for shard sampling)"})
 
     def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
                  parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,

@@ -55,6 +55,7 @@ from dpsynth.privacy.plan import PrivacyPlan
 
 SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
 CHEAP_ACCOUNTANTS = ("rdp", "wor")  # ε at every log; others (PRV: seconds) every 10th log
+_PLAN = "the privacy plan: from the configuration and n (public), before any step"
 
 
 class Trainer:
@@ -64,7 +65,13 @@ class Trainer:
     STEP = "private steps"  # the progress bar's name for one step (see the table above)
     KEEPS_SNAPSHOTS = False  # keep a generator snapshot at every checkpoint (evaluate's ε-vs-metric curve)
     ACCOUNTANT: str | None = None  # None: privacy.accountant; a method may fix its own (GS-WGAN: "wor")
-    MLFLOW_KEYS: tracking.LoggedKeys  # what its MLflow run may hold (the train stage's allow-list)
+    # what its MLflow run may hold (the train stage's allow-list, checked by the audit): what the loop logs;
+    # a method adds what its own hooks log (progress, final_metrics, derived_params, final_params)
+    MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
+        metrics={"epsilon": "ε of the recorded trace by the method's accountant"},
+        params={"derived.sample_rate": _PLAN, "derived.noise_multiplier": _PLAN, "derived.total_steps": _PLAN,
+                "derived.records": "n, the training records' count (public in this design)",
+                "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
 
     plan: PrivacyPlan
     num_classes: int
