@@ -219,8 +219,9 @@ def test_mlflow_gets_only_declared_keys_under_the_artifact_location(name, tracke
 
 def test_no_trainer_records_a_private_step_by_hand():
     """Each release records its own event (the DP-SGD sanitizer, GS-WGAN's sanitizer, the warm-up's central
-    images), so a trainer cannot add noise without accounting for it. The one exception is the federated
-    server: its clients sanitize in their own processes, and the server records the folded event on receipt."""
+    images), so a trainer cannot add noise without accounting for it. The federated server, whose clients
+    sanitize in their own processes, records through its Receipts: the folded event once an iteration's
+    n_dis·B releases are in."""
     import ast
 
     from dpsynth import methods
@@ -235,4 +236,4 @@ def test_no_trainer_records_a_private_step_by_hand():
         classes = [n for n in ast.walk(module) if isinstance(n, ast.ClassDef)]
         recorders += [f"{path.stem}.{cls.name}" for cls in classes for _ in range(records(cls))]
         recorders += [path.stem] * (records(module) - sum(records(cls) for cls in classes))  # outside any class
-    assert sorted(recorders) == ["gswgan.Sanitizer", "gswgan_federated.FederatedServer"]
+    assert sorted(recorders) == ["gswgan.Sanitizer", "gswgan_federated.Receipts"]

@@ -69,7 +69,7 @@ import torch
 from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.errors import ConfigError, DpsynthError
+from dpsynth.errors import ConfigError, DpsynthError, PrivacyError
 from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.loop import Trainer
 from dpsynth.methods.gswgan import (
@@ -294,6 +294,26 @@ def serve(client: Client, *, spec: dict, batch_size: int, noise_multiplier: floa
 # --- the server --------------------------------------------------------------------------------
 
 
+class Receipts:
+    """The server's accountant hook. The clients sanitize (and draw the noise) in their own processes, so the
+    server, which holds the trace, counts the sanitized releases it receives and, once an iteration's are all
+    in, records the one event that folds them (σ/√(n_dis·B)); an iteration with any other count is refused."""
+
+    def __init__(self, trace: MechanismTrace, event, *, releases: int):
+        self.trace, self.event, self.releases, self.count = trace, event, releases, 0
+
+    def received(self, released: torch.Tensor) -> torch.Tensor:
+        self.count += len(released)
+        return released
+
+    def end_iteration(self) -> None:
+        count, self.count = self.count, 0
+        if count != self.releases:
+            raise PrivacyError(f"federated server: {count} sanitized releases received in one iteration, but its "
+                               f"event folds {self.releases} (n_dis·B); refusing to account for them otherwise")
+        self.trace.record(self.event)
+
+
 _PROTOCOL = "bytes of the protocol's messages: from shapes (config) alone"
 
 
@@ -331,6 +351,7 @@ class FederatedServer(GSWGANTrainer):
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
                                              seed=mechanism_seed)
         self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
+        self.receipts = Receipts(self.trace, self.plan.event, releases=self.plan.releases)
 
     def iteration(self) -> None:
         g = self.cfg.gswgan
@@ -340,13 +361,11 @@ class FederatedServer(GSWGANTrainer):
             z = torch.randn(g.batch_size, self.G.latent_dim, device=self.device, generator=self.rng)
             with torch.set_grad_enabled(r == g.n_dis - 1):  # only the last round's graph is needed
                 x = self.G(z, labels)
-            released = self.clients.ask(k, x.detach(), labels)
+            released = self.receipts.received(self.clients.ask(k, x.detach(), labels))
+        self.receipts.end_iteration()  # records the event that folds the n_dis·B releases received
         self.opt_g.zero_grad(set_to_none=True)
         x.backward(released / g.batch_size)  # the last round's gradients update G (line 11)
         self.opt_g.step()
-        # The n_dis·B releases were sanitized (and their noise drawn) by client k, in its own process; the
-        # server, which holds the trace, records the one event that folds them once it has received them all.
-        self.trace.record(self.event)
         self.step += 1
         self.g_steps += 1
         self._update_ema()
