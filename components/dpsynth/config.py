@@ -93,7 +93,7 @@ class TrainConfig:
     # dpgan: Bie et al.; gswgan / dpac: GS-WGAN and DP-GAN-DPAC (sections `gswgan`, `dpac`);
     # zhang: dp-GAN of Zhang, Ji & Wang (section `zhang`)
     method: Literal["dpgan", "gswgan", "dpac", "zhang", "gswgan_federated"] = "dpgan"
-    steps: int = 2000  # discriminator (private) steps T; training stops earlier only at the ε budget
+    steps: int = 2000  # private steps T, one event each (what a step is per method: methods/loop.py); fewer at the ε budget
     batch_size: int = 128  # expected Poisson batch size B; q = B / n
     physical_batch_size: int | None = None  # memory cap per forward/backward; None: no cap
     n_d: int | Literal["adaptive"] = "adaptive"
@@ -127,9 +127,9 @@ class TrainConfig:
 @dataclass(frozen=True)
 class OutputConfig:
     dir: str = "outputs/run"
-    checkpoint_every: int = 500  # discriminator steps between checkpoints; 0 disables
+    checkpoint_every: int = 500  # private steps (train.steps' unit) between checkpoints; 0 disables
     sample_every: int = 500  # steps between sample grids written to dir/grids (sensitive zone; never to MLflow)
-    log_every: int = 50  # discriminator steps between metric logs
+    log_every: int = 50  # private steps between metric logs
     resume: bool = True  # continue from the last checkpoint in `dir` if there is one
 
     def validate(self) -> None:

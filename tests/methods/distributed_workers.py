@@ -62,12 +62,19 @@ def record_takes(trainer) -> list[list[int]]:
     return takes
 
 
+def noiseless(trainer) -> None:
+    """The test seam: clipped sums only — a noiseless sanitizer that records nothing (with the run's event
+    it would refuse to release σ = 0)."""
+    s = trainer.sanitizer
+    s.noise_multiplier, s.trace, s.event = 0.0, None, None
+
+
 def steps_without_noise(rank: int, tmp: str, steps: int) -> None:
     """(a) ``steps`` discriminator steps (and the generator steps between them) with the noise off."""
     from dpsynth.methods.dpgan import DPGANTrainer
 
     t = DPGANTrainer(tiny(Path(tmp) / f"out{rank}"), mnist600(), mechanism_seed=11)
-    t.sanitizer.noise_multiplier = 0.0  # the test seam: clipped sums only
+    noiseless(t)
     takes = record_takes(t)
     for _ in range(steps):
         t.discriminator_step()

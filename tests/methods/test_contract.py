@@ -215,3 +215,25 @@ def test_mlflow_gets_only_declared_keys_under_the_artifact_location(name, tracke
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert artifacts <= {"config.yaml", "privacy"}
     assert not any(a.path.endswith((".png", ".pt", ".parquet")) for a in client.list_artifacts(run.info.run_id))
+
+
+def test_no_trainer_records_a_private_step_by_hand():
+    """Each release records its own event (the DP-SGD sanitizer, GS-WGAN's sanitizer, the warm-up's central
+    images), so a trainer cannot add noise without accounting for it. The federated server, whose clients
+    sanitize in their own processes, records through its Receipts: the folded event once an iteration's
+    n_dis·B releases are in."""
+    import ast
+
+    from dpsynth import methods
+
+    def records(tree) -> int:
+        return sum(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "record"
+                   for node in ast.walk(tree))
+
+    recorders = []
+    for path in Path(methods.__path__[0]).glob("*.py"):
+        module = ast.parse(path.read_text())
+        classes = [n for n in ast.walk(module) if isinstance(n, ast.ClassDef)]
+        recorders += [f"{path.stem}.{cls.name}" for cls in classes for _ in range(records(cls))]
+        recorders += [path.stem] * (records(module) - sum(records(cls) for cls in classes))  # outside any class
+    assert sorted(recorders) == ["gswgan.Sanitizer", "gswgan_federated.Receipts"]

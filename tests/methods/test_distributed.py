@@ -79,7 +79,7 @@ def test_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp_path,
     assert all(max(a) < 300 <= min(b) for a, b in zip(r0["takes"], r1["takes"]))  # each from its own part
 
     one = DPGANTrainer(workers.tiny(tmp_path / "one"), small_mnist, mechanism_seed=11)
-    one.sanitizer.noise_multiplier = 0.0
+    workers.noiseless(one)
     masks = []
     for a, b in zip(r0["takes"], r1["takes"]):
         m = torch.zeros(len(small_mnist), dtype=torch.bool)
@@ -95,13 +95,13 @@ def test_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp_path,
     assert_same_models({"D": one.D.state_dict(), "G": one.G.state_dict()}, r0, rtol=1e-5, atol=1e-6)
     # and it is not the same model whatever the batch: a 1-process step on rank 0's half alone differs
     half = DPGANTrainer(workers.tiny(tmp_path / "half"), small_mnist, mechanism_seed=11)
-    half.sanitizer.noise_multiplier = 0.0
+    workers.noiseless(half)
     first = torch.zeros(len(small_mnist), dtype=torch.bool)
     first[r0["takes"][0]] = True
     half.mechanism.poisson_mask = lambda n, rate: first
     half.discriminator_step()
     one_step = DPGANTrainer(workers.tiny(tmp_path / "ref"), small_mnist, mechanism_seed=11)
-    one_step.sanitizer.noise_multiplier = 0.0
+    workers.noiseless(one_step)
     one_step.mechanism.poisson_mask = lambda n, rate: masks[0]
     one_step.discriminator_step()
     assert any(not torch.allclose(p, q, atol=1e-6) for p, q in zip(half.D.parameters(), one_step.D.parameters()))

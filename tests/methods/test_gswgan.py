@@ -14,6 +14,7 @@ from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
 from dpsynth.methods.gswgan import (
     GSWGANTrainer,
+    Sanitizer,
     audit_invariants,
     plan_privacy,
     sanitize,
@@ -69,8 +70,9 @@ def test_generator_step_sanitizes_exactly_the_per_sample_image_gradients(float64
             acc += grad
 
     opt = torch.optim.SGD(G.parameters(), lr=1.0)
-    sanitized_generator_step(G, opt, lambda x, y: -D(x, y), batch_size=B, clip_norm=C, noise_multiplier=sigma,
-                             generator=torch.Generator().manual_seed(1), randomness=MechanismRandomness(seed=2))
+    sanitizer = Sanitizer(clip_norm=C, noise_multiplier=sigma, randomness=MechanismRandomness(seed=2))
+    sanitized_generator_step(G, opt, lambda x, y: -D(x, y), batch_size=B, generator=torch.Generator().manual_seed(1),
+                             sanitizer=sanitizer)
     for p, p0, g in zip(G.parameters(), G0.parameters(), expected):
         torch.testing.assert_close(p.grad, g, rtol=1e-9, atol=1e-12)  # what the optimizer stepped with
         torch.testing.assert_close(p0 - p, g, rtol=1e-7, atol=1e-10)  # SGD, lr 1: θ moved by exactly that
@@ -288,3 +290,26 @@ def test_mlflow_gets_no_per_step_private_values(tmp_path, shards):
     run = MlflowClient(uri).get_run(result.mlflow_run_id)
     assert set(run.data.metrics) == {"epsilon"}  # declared keys and artifact_location: test_contract.py
     assert run.data.tags[tracking.TAG_ACCOUNTANT] == "wor"
+
+
+def test_the_sanitizer_records_one_folded_event_per_iteration_and_refuses_a_mismatch():
+    from dpsynth.errors import PrivacyError
+    from dpsynth.privacy import fold_releases, gswgan_event
+
+    B, sigma, C = 8, 1.5, 0.7
+    event = gswgan_event(noise_multiplier=sigma, batch_size=B, num_shards=K)
+    trace = MechanismTrace()
+    sanitizer = Sanitizer(clip_norm=C, noise_multiplier=sigma, randomness=MechanismRandomness(seed=0), trace=trace,
+                          event=event, releases=B)
+    grads = torch.randn(B, 1, 4, 4) * 5
+    for i in range(1, 4):
+        released = sanitizer(grads)
+        assert trace.steps == i and released.shape == grads.shape
+    assert trace == MechanismTrace([event.with_count(3)])
+    assert event.noise_multiplier == pytest.approx(sigma / np.sqrt(B)) == fold_releases(sigma, B)
+    with pytest.raises(PrivacyError, match="2 releases given"):  # not the B releases its event folds
+        sanitizer(grads[:2])
+    assert trace.steps == 3
+    with pytest.raises(PrivacyError, match="refusing to release"):  # the noise is not the event's
+        Sanitizer(clip_norm=C, noise_multiplier=sigma / 2, randomness=MechanismRandomness(seed=0), trace=trace,
+                  event=event, releases=B)

@@ -282,3 +282,22 @@ def test_the_method_is_wired_into_config_stages_and_airflow():
     pods = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pods)
     assert set(pods.METHODS) == set(get_args(get_type_hints(TrainConfig)["method"]))
+
+
+def test_the_server_records_one_event_per_iteration_of_received_releases():
+    from dpsynth.errors import PrivacyError
+    from dpsynth.methods.gswgan_federated import Receipts
+
+    trace = MechanismTrace()
+    event = gswgan_event(noise_multiplier=2.0, batch_size=2 * 4, num_shards=3)
+    receipts = Receipts(trace, event, releases=2 * 4)  # n_dis = 2 rounds of B = 4
+    for iteration in range(1, 3):
+        for _ in range(2):
+            receipts.received(torch.zeros(4, 1, 2, 2))
+        assert trace.steps == iteration - 1
+        receipts.end_iteration()
+        assert trace == MechanismTrace([event.with_count(iteration)])
+    receipts.received(torch.zeros(4, 1, 2, 2))  # one round short: refused, nothing recorded
+    with pytest.raises(PrivacyError, match="4 sanitized releases"):
+        receipts.end_iteration()
+    assert trace.steps == 2

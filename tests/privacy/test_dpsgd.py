@@ -97,3 +97,65 @@ def test_rejects_bad_settings():
         GradientSanitizer(list(lin.parameters()), max_grad_norm=0.0, noise_multiplier=1.0, expected_batch_size=1)
     with pytest.raises(ValueError, match="noise_multiplier"):
         GradientSanitizer(list(lin.parameters()), max_grad_norm=1.0, noise_multiplier=-1, expected_batch_size=1)
+
+
+# --- the sanitizer records its own releases ------------------------------------------------------
+
+
+def _recording(groups: int, sigma: float, event_sigma: float | None = None):
+    from dpsynth.privacy import MechanismEvent, MechanismTrace
+
+    lin = nn.Linear(4, 1)
+    params = [[lin.weight], [lin.bias]] if groups == 2 else list(lin.parameters())
+    event = MechanismEvent(sampling="poisson", sample_rate=0.01, sensitivity="add_remove",
+                           noise_multiplier=event_sigma if event_sigma is not None else sigma / math.sqrt(groups))
+    trace = MechanismTrace()
+    module = prepare_module(lin, "ew", loss_reduction="sum")
+    san = GradientSanitizer(params, max_grad_norm=[1.0] * groups if groups > 1 else 1.0, noise_multiplier=sigma,
+                            expected_batch_size=4.0, module=module, trace=trace, event=event)
+    return module, san, trace, event
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_each_noisy_release_records_exactly_one_event(groups):
+    """Opacus' shape: the accountant hangs on the optimizer's step. Here the release records itself: one
+    event per finalize, none per physical chunk; the trace's ε is Opacus' RDP accountant's for the same steps."""
+    from opacus.accountants import RDPAccountant
+
+    from dpsynth.privacy import MechanismTrace, get_accountant
+
+    module, san, trace, event = _recording(groups, sigma=1.3)
+    opacus = RDPAccountant()
+    for step in range(1, 4):
+        for _ in range(3):  # three physical chunks of one logical batch
+            san.accumulate(module(torch.randn(2, 4)).view(-1))
+            assert trace.steps == step - 1  # nothing released yet
+        san.finalize()
+        opacus.step(noise_multiplier=1.3 / math.sqrt(groups), sample_rate=0.01)
+        assert trace.steps == step
+    assert trace == MechanismTrace([event.with_count(3)])
+    assert get_accountant("rdp").epsilon(trace, delta=1e-5) == pytest.approx(opacus.get_epsilon(1e-5), rel=1e-6)
+
+
+def test_a_release_whose_noise_differs_from_its_event_is_refused():
+    from dpsynth.errors import PrivacyError
+
+    with pytest.raises(PrivacyError, match="noise_multiplier.*refusing"):
+        _recording(1, sigma=1.0, event_sigma=1.1)
+    with pytest.raises(PrivacyError, match="noise_multiplier"):  # 2 groups at σ fold to σ/√2, not σ
+        _recording(2, sigma=1.0, event_sigma=1.0)
+    module, san, trace, _ = _recording(1, sigma=1.0)
+    san.accumulate(module(torch.randn(2, 4)).view(-1))
+    san.noise_multiplier = 0.5  # changed after construction: the release is refused, nothing is written
+    with pytest.raises(PrivacyError, match="refusing to release"):
+        san.finalize()
+    assert trace.steps == 0 and all(p.grad is None for g in san.groups for p in g)
+
+
+def test_a_trace_without_its_event_is_refused():
+    from dpsynth.privacy import MechanismTrace
+
+    lin = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="trace, event"):
+        GradientSanitizer(list(lin.parameters()), max_grad_norm=1.0, noise_multiplier=1.0, expected_batch_size=1,
+                          trace=MechanismTrace())

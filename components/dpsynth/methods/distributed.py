@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dpsynth.errors import ConfigError
 from dpsynth.privacy import distributed
-from dpsynth.privacy.distributed import current  # noqa: F401  (the trainer's ranks)
+from dpsynth.privacy.distributed import SINGLE, current  # noqa: F401  (the trainer's ranks)
 
 MECHANISM = "mechanism"  # the state key of the trainer's secret coins: never sent to another rank
 METHODS = ("dpgan",)  # the methods that train on several ranks so far
@@ -69,12 +69,10 @@ def follow(trainer, *, stop_after: int | None = None) -> None:
     sync_state(trainer)  # rank 0's, after it resumed its checkpoint (if any)
     if cfg.warmup.central_images and trainer.trace.steps == 0:
         sync_state(trainer)  # rank 0 ran the private warm-up: its G, latent RNG and trace
-    while trainer.step < trainer.total_steps:
+    while trainer.step < trainer.total_steps:  # dpsynth.methods.loop.train's loop, without its writes
         if stop_after is not None and trainer.step >= stop_after:
             return None
-        if not trainer.guard.can_step(trainer.trace):
+        if not trainer.can_step():
             break
-        trainer.discriminator_step()
-        if trainer.since_g >= trainer.n_d.n_d:
-            trainer.generator_step()
+        trainer.train_step()
     return None

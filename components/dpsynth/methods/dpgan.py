@@ -12,27 +12,20 @@ recorded in the mechanism trace; training stops before the step that would excee
 
 from __future__ import annotations
 
-import json
 import math
-import sys
-import time
 import warnings
-from dataclasses import asdict
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from dpsynth import storage, tracking
+from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import PrivacyError
-from dpsynth.grids import class_grid
-from dpsynth.methods import artifacts, checkpoint, core, distributed, warmup
-from dpsynth.methods.core import TrainResult, resolve_device
+from dpsynth.methods import warmup
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
-from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
+from dpsynth.methods.loop import Trainer
+from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.privacy import (BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, central_images, check_delta,
                               get_accountant)
 from dpsynth.privacy.dpsgd import GradientSanitizer, private_module
@@ -41,9 +34,6 @@ from dpsynth.privacy.randomness import MechanismRandomness
 
 # Opacus' hooks fire on module outputs because image inputs need no gradient; that is expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
-
-
-SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
 
 
 def warmup_trace(cfg: RunConfig) -> MechanismTrace:
@@ -86,47 +76,35 @@ def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
     return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, prefix=prefix.events)
 
 
-_ACCOUNTED = "ε of the recorded trace by the configured accountant"
 _PLAN = "the privacy plan: from the configuration and n (public), before any step"
 _POST = "post-processing of the DP discriminator on fresh fakes (no real record enters)"
 
 
-class DPGANTrainer:
-    """Trains a label-conditioned DCGAN with a DP-SGD discriminator. ``train()`` runs to the end."""
+class DPGANTrainer(Trainer):
+    """Trains a label-conditioned DCGAN with a DP-SGD discriminator; ``train()`` (:mod:`dpsynth.methods.loop`)
+    runs it to the end. One step is one discriminator step (Algorithm 1's n_D counts them per generator step)."""
 
-    # what its MLflow run holds (the train stage's allow-list, checked by the audit)
-    MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
-        metrics={"epsilon": _ACCOUNTED, "noise_multiplier": _PLAN, "sample_rate": _PLAN,
-                 "n_d": "the adaptive n_D schedule, driven by d_accuracy_fake_ema (post-processing)",
-                 "generator_steps": "follows the n_D schedule (post-processing)", "d_accuracy_fake": _POST,
-                 "d_accuracy_fake_ema": _POST, "g_loss": _POST},
-        params={"derived.sample_rate": _PLAN, "derived.noise_multiplier": _PLAN, "derived.total_steps": _PLAN,
-                "derived.records": "n, the training records' count (public in this design)",
-                "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
+    STEP = "DP discriminator steps"
+    KEEPS_SNAPSHOTS = True
+    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.methods.distributed)
+    MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(metrics={
+        "noise_multiplier": _PLAN, "sample_rate": _PLAN,
+        "n_d": "the adaptive n_D schedule, driven by d_accuracy_fake_ema (post-processing)",
+        "generator_steps": "follows the n_D schedule (post-processing)", "d_accuracy_fake": _POST,
+        "d_accuracy_fake_ema": _POST, "g_loss": _POST})
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, parent_run_id: str | None = None,
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
         """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
-        self.cfg = cfg
-        # MLflow: nest the run under a pipeline's parent run, add tags. Nothing before the gate: the
-        # run gets no image, no model and no dataset hash (the sample stage logs them after the audit).
-        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
-        self.out = Path(cfg.output.dir)
+        super().__init__(cfg, parent_run_id=parent_run_id, run_tags=run_tags)
         t = cfg.train
-        self.dist = distributed.current()  # rank r of W under torchrun (dpsynth.methods.distributed); 0 of 1
-        self.device = self.dist.place(resolve_device(t.device))
         self.num_classes = cfg.data.num_classes or dataset.num_classes
-        self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         images, labels = dataset.to_tensors()
         self.images, self.labels = images.to(self.device), labels.to(self.device)
         self.n = len(dataset)
         _, channels, size, _ = self.images.shape
         self.image_shape = (channels, size, size)
-
         self.plan = plan_privacy(cfg, self.n)
-        self.event, self.total_steps, self.guard = self.plan.event, self.plan.steps, self.plan.guard
-        self._epsilon_cache = (0, 0.0)  # (trace steps, ε): PRV evaluations take seconds
-        self.trace = MechanismTrace()
 
         torch.manual_seed(t.seed)
         self.G = Generator(num_classes=self.num_classes, channels=channels, image_size=size,
@@ -141,20 +119,24 @@ class DPGANTrainer:
         # the secret coins: Poisson masks and noise (never train.seed)
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
                                              seed=self.dist.mechanism_seed(mechanism_seed))
+        # records plan.event in the trace at every noisy release (finalize)
         self.sanitizer = GradientSanitizer(
             list(self.D.parameters()), max_grad_norm=cfg.privacy.max_grad_norm,
-            noise_multiplier=self.event.noise_multiplier, expected_batch_size=2 * t.batch_size,
-            randomness=self.mechanism, module=self.D_private,
+            noise_multiplier=self.plan.noise_multiplier, expected_batch_size=2 * t.batch_size,
+            randomness=self.mechanism, module=self.D_private, trace=self.trace, event=self.plan.event,
         )
-        self.sanitizer.reducer = self.dist.reducer()
+        self.sanitizer.reducer = self.dist.reducer()  # under torchrun: noise on rank 0, sums all-reduced
         self.dist.agree("the run's settings, records and plan", (cfg.fingerprint(), self.n, self.total_steps))
         self.n_d = (AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta)
                     if t.n_d == "adaptive" else FixedSteps(t.n_d))
-        self.step = 0  # discriminator steps taken
-        self.g_steps = 0
         self.since_g = 0  # discriminator steps since the last generator step
         self.last_fake_acc = float("nan")
         self.last_g_loss = float("nan")
+
+    def train_step(self) -> None:
+        self.discriminator_step()
+        if self.since_g >= self.n_d.n_d:
+            self.generator_step()
 
     # --- one discriminator step (Algorithm 1, lines 4–8) -------------------------------
     def discriminator_step(self) -> None:
@@ -172,40 +154,40 @@ class DPGANTrainer:
             logits = self.D_private(xs, ys)
             # -log D(x) for real, -log(1 - D(x)) for fake: one loss per example, the sanitizer clips each.
             self.sanitizer.accumulate(F.softplus(torch.where(rs.bool(), -logits, logits)))
-        self.sanitizer.finalize()
+        self.sanitizer.finalize()  # the noisy release; it records the step's event in the trace
         self.opt_d.step()
         self.opt_d.zero_grad(set_to_none=True)
-        self.trace.record(self.event)
         self.step += 1
         self.since_g += 1
 
     # --- the private warm-up, before the first step --------------------------------------
-    def warm_up(self) -> None:
-        """The private warm-up (dpsynth.methods.warmup): release the central images — the class means,
-        then the style groups' means when configured — with the secret coins (one event each in the
-        trace), then fit G to them (post-processing)."""
+    def warm_up(self) -> bool:
+        """The private warm-up (dpsynth.methods.warmup), when configured: release the central images — the
+        class means, then the style groups' means when configured — with the secret coins (each release
+        records its event in the trace), then fit G to them (post-processing)."""
         w = self.cfg.warmup
+        if not w.central_images:
+            return False
         means, class_counts = central_images.central_images(
             self.images, self.labels, num_classes=self.num_classes, clip=w.clip,
-            noise_multiplier=w.noise_multiplier, randomness=self.mechanism, with_counts=True)
+            noise_multiplier=w.noise_multiplier, randomness=self.mechanism, trace=self.trace, with_counts=True)
         means = warmup.clean(means)
-        self.trace.record(central_images.event_for(w.noise_multiplier))
         images, template_classes = means, torch.arange(self.num_classes)  # one image per slot, and its class
         if w.styles:
             templates, template_classes = warmup.style_templates(means, w.styles)
             styles, counts = central_images.style_images(
                 self.images, self.labels, templates, template_classes, clip=w.clip,
-                noise_multiplier=w.styles_noise_multiplier, randomness=self.mechanism)
-            self.trace.record(central_images.event_for(w.styles_noise_multiplier))
+                noise_multiplier=w.styles_noise_multiplier, randomness=self.mechanism, trace=self.trace)
             images = warmup.fill_styles(warmup.clean(styles), counts, means)
         directions = None
         if w.variations:  # residuals around each record's nearest released image of its class (public by now)
             directions = central_images.variation_directions(
                 self.images, self.labels, images, template_classes, class_counts, rank=w.variations,
-                clip=w.variations_clip, noise_multiplier=w.variations_noise_multiplier, randomness=self.mechanism)
-            self.trace.record(central_images.event_for(w.variations_noise_multiplier))
+                clip=w.variations_clip, noise_multiplier=w.variations_noise_multiplier, randomness=self.mechanism,
+                trace=self.trace)
         warmup.fit_generator(self.G, images, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=self.rng,
                              directions=directions)
+        return True
 
     # --- one generator step (Algorithm 1, lines 10–14) ---------------------------------
     def generator_step(self) -> None:
@@ -232,22 +214,15 @@ class DPGANTrainer:
         self.g_steps += 1
         self.since_g = 0
 
-    # --- state --------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {
-            "fingerprint": self.cfg.fingerprint(),
-            "step": self.step, "g_steps": self.g_steps, "since_g": self.since_g,
-            "noise_multiplier": self.event.noise_multiplier,
-            "G": self.G.state_dict(), "D": self.D.state_dict(),
-            "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
-            "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(), "torch_rng": torch.get_rng_state(),
-            "n_d": self.n_d.state_dict(), "trace": self.trace.to_dict(),
-        }
+    # --- what the loop saves and reports ------------------------------------------------
+    def method_state(self) -> dict:
+        return {"since_g": self.since_g, "G": self.G.state_dict(), "D": self.D.state_dict(),
+                "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
+                "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(),
+                "torch_rng": torch.get_rng_state(), "n_d": self.n_d.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
-        if not math.isclose(state["noise_multiplier"], self.event.noise_multiplier, rel_tol=1e-12):
-            raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
-        self.step, self.g_steps, self.since_g = state["step"], state["g_steps"], state["since_g"]
+    def load_method_state(self, state: dict) -> None:
+        self.since_g = state["since_g"]
         self.G.load_state_dict(state["G"])
         self.D.load_state_dict(state["D"])
         self.opt_g.load_state_dict(state["opt_g"])
@@ -256,115 +231,23 @@ class DPGANTrainer:
         self.mechanism.load_state_dict(state["mechanism"])
         torch.set_rng_state(state["torch_rng"])
         self.n_d.load_state_dict(state["n_d"])
-        self.trace = MechanismTrace.from_dict(state["trace"])
 
-    def epsilon_spent(self) -> float:
-        if self._epsilon_cache[0] != self.trace.steps:
-            self._epsilon_cache = (self.trace.steps, self.guard.spent(self.trace) if self.trace.steps else 0.0)
-        return self._epsilon_cache[1]
+    def generator(self) -> tuple[torch.nn.Module, dict]:
+        return self.G, {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
+                        "channels": self.image_shape[0], "image_size": self.image_shape[1],
+                        "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim,
+                        "styles": self.G.styles}
 
-    # --- the loop -----------------------------------------------------------------------
-    def train(self, *, stop_after: int | None = None) -> TrainResult | None:
-        """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
-        if not self.dist.is_main:  # ranks other than 0 under torchrun: the same steps, nothing written
-            return distributed.follow(self, stop_after=stop_after)
-        cfg, o = self.cfg, self.cfg.output
-        started = time.monotonic()
-        ckpt_dir = checkpoint.begin(self, cfg, self.out)
-        distributed.sync_state(self)
-
-        with core.mlflow_run(self, derived=self.derived_params()) as run:
-            if cfg.warmup.central_images and self.trace.steps == 0:
-                self.warm_up()
-                distributed.sync_state(self)
-                if o.checkpoint_every:
-                    checkpoint.save(ckpt_dir, self.state_dict())
-            bar = tqdm(total=self.total_steps, initial=self.step, desc="DP discriminator steps",
-                       unit="step", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
-            while self.step < self.total_steps:
-                if stop_after is not None and self.step >= stop_after:
-                    bar.close()
-                    return None
-                if not self.guard.can_step(self.trace):  # belt and braces: total_steps already obeys it
-                    break
-                self.discriminator_step()
-                if self.since_g >= self.n_d.n_d:
-                    self.generator_step()
-                bar.update(1)
-                if o.log_every and self.step % o.log_every == 0:
-                    self._log_progress(bar, run)
-                if o.sample_every and self.step % o.sample_every == 0:  # sensitive zone only, never MLflow
-                    artifacts.write_grid(self.out / "grids" / f"step-{self.step:07d}.png",
-                                         class_grid(self.G, num_classes=self.num_classes))
-                if o.checkpoint_every and self.step % o.checkpoint_every == 0:
-                    checkpoint.save(ckpt_dir, self.state_dict())
-                    # the generator so far, with the ε spent so far: evaluate's ε-vs-metric curve
-                    storage.write_bytes(ckpt_dir / SNAPSHOTS / f"generator-{self.step:07d}.pt",
-                                        self._generator_file(self.epsilon_spent()))
-            bar.close()
-            return self._finish(run, started)
-
-    def _log_progress(self, bar, run) -> None:
-        cheap = self.cfg.privacy.accountant == "rdp" or self.step % (10 * self.cfg.output.log_every) == 0
-        eps = self.epsilon_spent() if cheap else self._epsilon_cache[1]
+    def progress(self) -> tuple[dict, dict]:
         ema = self.n_d.ema
         shown = ema if ema is not None else self.last_fake_acc
-        bar.set_postfix(eps=f"{eps:.3f}", n_d=self.n_d.n_d, d_acc=f"{shown:.2f}")
-        if run is not None:
-            import mlflow
-
-            metrics = {"epsilon": eps, "n_d": self.n_d.n_d, "generator_steps": self.g_steps}
-            if not math.isnan(self.last_fake_acc):
-                metrics["d_accuracy_fake"] = self.last_fake_acc
-                metrics["g_loss"] = self.last_g_loss
-            if ema is not None:
-                metrics["d_accuracy_fake_ema"] = ema
-            mlflow.log_metrics(metrics, step=self.step)
-
-    def _generator_file(self, eps: float) -> bytes:
-        p = self.cfg.privacy
-        return artifacts.generator_bytes(
-            self.G.state_dict(),
-            model={"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
-                   "channels": self.image_shape[0], "image_size": self.image_shape[1],
-                   "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim,
-                   "styles": self.G.styles},
-            privacy={"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "step": self.step}, trace=self.trace)
-
-    def _finish(self, run, started: float) -> TrainResult:
-        p = self.cfg.privacy
-        eps = self.epsilon_spent()
-        if eps > p.epsilon:  # cannot happen by construction; refuse to release if it ever does
-            raise PrivacyError(f"privacy.epsilon: spent {eps} exceeds the target {p.epsilon}")
-        generator_path = self.out / "generator.pt"
-        trace_path = self.out / "trace.json"
-        grid_path = self.out / "samples.png"
-        storage.write_bytes(generator_path, self._generator_file(eps))
-        storage.write_bytes(trace_path, artifacts.trace_bytes(self.trace))
-        artifacts.write_grid(grid_path, class_grid(self.G, num_classes=self.num_classes))
-        stopped_by = "steps" if self.total_steps == self.cfg.train.steps else "budget"
-        result = TrainResult(
-            epsilon=eps, delta=p.delta, accountant=p.accountant, steps=self.step, generator_steps=self.g_steps,
-            noise_multiplier=self.event.noise_multiplier, sample_rate=self.event.sample_rate, stopped_by=stopped_by,
-            output_dir=str(self.out), generator_path=str(generator_path), trace_path=str(trace_path),
-            grid_path=str(grid_path), mlflow_run_id=run.info.run_id if run is not None else None,
-            seconds=time.monotonic() - started,
-        )
-        if run is not None:
-            import mlflow
-
-            tracking.log_privacy(epsilon=eps, delta=p.delta, accountant=p.accountant, step=self.step)
-            mlflow.log_metrics({"noise_multiplier": self.event.noise_multiplier,
-                                "sample_rate": self.event.sample_rate, "generator_steps": self.g_steps})
-            tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
-        storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
-        return result
-
-    def derived_params(self) -> dict:
-        """What the MLflow run records before the first step (data-independent: the plan, n, model sizes)."""
-        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
-                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
-                "g_parameters": count_parameters(self.G)}
+        metrics = {"n_d": self.n_d.n_d, "generator_steps": self.g_steps}
+        if not math.isnan(self.last_fake_acc):
+            metrics["d_accuracy_fake"] = self.last_fake_acc
+            metrics["g_loss"] = self.last_g_loss
+        if ema is not None:
+            metrics["d_accuracy_fake_ema"] = ema
+        return {"n_d": self.n_d.n_d, "d_acc": f"{shown:.2f}"}, metrics
 
 
 def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:

@@ -37,25 +37,22 @@ import hashlib
 import io
 import json
 import math
-import sys
 import time
-from dataclasses import asdict
-from pathlib import Path
 from typing import Callable
 
 import torch
-from tqdm import tqdm
 
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import artifacts, checkpoint, core
 from dpsynth.methods.core import TrainResult, resolve_device
-from dpsynth.models.gswgan import Discriminator, Generator, count_parameters
+from dpsynth.methods.loop import Trainer
+from dpsynth.models.gswgan import Discriminator, Generator
 from dpsynth.privacy import (
     BudgetGuard,
+    MechanismEvent,
     MechanismTrace,
     as_published_epsilon,
     calibrate_noise,
@@ -63,7 +60,6 @@ from dpsynth.privacy import (
     fold_releases,
     gswgan_event,
 )
-from dpsynth.privacy.accountants import get_accountant
 from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.privacy.randomness import MechanismRandomness
 
@@ -148,12 +144,42 @@ def sanitize(grads: torch.Tensor, *, clip_norm: float, noise_multiplier: float,
     return (clipped + noise * (noise_multiplier * clip_norm)).view_as(grads)
 
 
-def sanitized_generator_step(G, opt_g, per_sample_loss: Callable, *, batch_size: int, clip_norm: float,
-                             noise_multiplier: float, generator: torch.Generator,
-                             randomness: MechanismRandomness) -> None:
+class Sanitizer:
+    """M_{σ,C} (:func:`sanitize`) with the mechanism's secret coins, recording its own releases.
+
+    With ``trace`` and ``event`` (both or neither), each call releases ``releases`` sanitized rows and
+    records ``event`` — those releases folded into one (σ/√releases) — in ``trace``; an event whose σ is
+    not that fold, or a call with another number of rows, is refused, so the noise added and the event
+    recorded cannot come apart."""
+
+    def __init__(self, *, clip_norm: float, noise_multiplier: float, randomness: MechanismRandomness,
+                 trace: MechanismTrace | None = None, event: MechanismEvent | None = None, releases: int = 1):
+        if (trace is None) != (event is None):
+            raise ValueError("trace, event: a sanitizer that records its releases needs both (or neither)")
+        if event is not None and not math.isclose(event.noise_multiplier, fold_releases(noise_multiplier, releases),
+                                                  rel_tol=1e-12):
+            raise PrivacyError(f"noise_multiplier: the sanitizer adds σ = {noise_multiplier:.6g} per release "
+                               f"({releases} per event: σ/√{releases} = {fold_releases(noise_multiplier, releases):.6g}), "
+                               f"but the event it records has σ = {event.noise_multiplier:.6g}; refusing to release")
+        self.clip_norm, self.noise_multiplier, self.randomness = clip_norm, noise_multiplier, randomness
+        self.trace, self.event, self.releases = trace, event, releases
+
+    def __call__(self, grads: torch.Tensor) -> torch.Tensor:
+        if self.trace is not None and len(grads) != self.releases:
+            raise PrivacyError(f"sanitizer: {len(grads)} releases given, its event folds {self.releases}")
+        released = sanitize(grads, clip_norm=self.clip_norm, noise_multiplier=self.noise_multiplier,
+                            randomness=self.randomness)
+        if self.trace is not None:
+            self.trace.record(self.event)
+        return released
+
+
+def sanitized_generator_step(G, opt_g, per_sample_loss: Callable, *, batch_size: int, generator: torch.Generator,
+                             sanitizer: Sanitizer) -> None:
     """One generator update in which only ∂ℓ_i/∂G(z_i) is sanitized (paper Eq. 11).
 
-    ``generator`` draws the latents and labels (train.seed), ``randomness`` the noise (secret).
+    ``generator`` draws the latents and labels (train.seed), ``sanitizer`` releases the B gradients
+    (its secret coins draw the noise; it records the iteration's event).
 
     ``per_sample_loss(x, y)`` returns the vector (ℓ_1 … ℓ_B); ℓ_i may depend on x_i alone
     (no batch statistics), so the gradient of Σℓ w.r.t. x holds the per-sample gradients.
@@ -163,7 +189,7 @@ def sanitized_generator_step(G, opt_g, per_sample_loss: Callable, *, batch_size:
     x = G(z, labels)
     x_in = x.detach().requires_grad_(True)
     (grads,) = torch.autograd.grad(per_sample_loss(x_in, labels).sum(), x_in)
-    released = sanitize(grads, clip_norm=clip_norm, noise_multiplier=noise_multiplier, randomness=randomness)
+    released = sanitizer(grads)
     opt_g.zero_grad(set_to_none=True)
     x.backward(released / batch_size)  # (1/B) Σ g̃_i · J_θ G(z_i): post-processing of the releases
     opt_g.step()
@@ -294,19 +320,16 @@ def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
 _PLAN = "the privacy plan: from the configuration, n and K, before any iteration"
 
 
-class GSWGANTrainer:
-    """Private phase of GS-WGAN on K shards. ``train()`` runs to the end (or resumes)."""
+class GSWGANTrainer(Trainer):
+    """Private phase of GS-WGAN on K shards; ``train()`` (:mod:`dpsynth.methods.loop`) runs it to the end (or
+    resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases)."""
 
     method = "gswgan"
-    # what its MLflow run holds (the train stage's allow-list, checked by the audit)
-    MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
-        metrics={"epsilon": "ε of the recorded trace (wor accountant)",
-                 "epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
-        params={"derived.sample_rate": _PLAN, "derived.noise_multiplier": _PLAN,
-                "derived.release_noise_multiplier": _PLAN, "derived.total_steps": _PLAN,
-                "derived.records": "n, the training records' count (public in this design)",
-                "derived.accountant": "wor (fixed for shard sampling)",
-                "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
+    STEP = "private generator iterations"
+    ACCOUNTANT = ACCOUNTANT
+    MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(
+        metrics={"epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
+        params={"derived.release_noise_multiplier": _PLAN, "derived.accountant": "wor (fixed for shard sampling)"})
 
     def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
                  parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
@@ -314,20 +337,14 @@ class GSWGANTrainer:
         """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         if len(shards) != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
-        self.cfg, self.out = cfg, Path(cfg.output.dir)
-        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})  # MLflow: no image, model or hash
+        super().__init__(cfg, parent_run_id=parent_run_id, run_tags=run_tags)
         g, seed = cfg.gswgan, cfg.train.seed
-        self.device = resolve_device(cfg.train.device)
         self.spec = _image_spec(cfg, shards[0])
         self.num_classes = self.spec["num_classes"]
         self.K = len(shards)
         self.n = sum(len(s) for s in shards)
-        self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         self.shards = [tuple(t.to(self.device) for t in s.to_tensors()) for s in shards]
-
-        self.plan = self.make_plan(cfg, n=self.n, num_shards=self.K)
-        self.event, self.total_steps = self.plan.event, self.plan.steps
-        self.trace = MechanismTrace()
+        self.plan = plan_privacy(cfg, n=self.n, num_shards=self.K)
 
         self.G = _init_with_seed(derived_seed(seed, "generator"),
                                  lambda: Generator(**generator_kwargs(cfg, self.spec))).to(self.device)
@@ -343,12 +360,12 @@ class GSWGANTrainer:
         # the secret coins: shard choice k ~ U[0, K) and the noise (never train.seed, never logged)
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
                                              seed=mechanism_seed)
+        # σ per release; records plan.event (the B releases folded: σ/√B) in the trace at every iteration
+        self.sanitizer = Sanitizer(clip_norm=cfg.privacy.max_grad_norm, noise_multiplier=self.plan.noise_multiplier,
+                                   randomness=self.mechanism, trace=self.trace, event=self.plan.event,
+                                   releases=self.plan.releases)
         self.data_rng = _cpu_rng(seed, "real-batches")
         self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
-        self.step = 0
-
-    def make_plan(self, cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
-        return plan_privacy(cfg, n=n, num_shards=num_shards)
 
     # --- D_k in and out of the one working discriminator -------------------------------------
     def _load_discriminator(self, k: int) -> torch.optim.Adam:
@@ -366,6 +383,9 @@ class GSWGANTrainer:
         self.opt_states[k] = _cpu_copy(opt.state_dict())
 
     # --- one private iteration (Algorithm 1, lines 13–20) -------------------------------------
+    def train_step(self) -> None:
+        self.iteration()
+
     def iteration(self) -> None:
         k = self.mechanism.choice(self.K)
         images, labels = self.shards[k]
@@ -376,13 +396,11 @@ class GSWGANTrainer:
         self.D.requires_grad_(False).eval()  # eval: spectral norm uses D_k's stored estimate, no update
         try:
             sanitized_generator_step(self.G, self.opt_g, loss, batch_size=self.cfg.gswgan.batch_size,
-                                     clip_norm=self.cfg.privacy.max_grad_norm,
-                                     noise_multiplier=self.plan.noise_multiplier, generator=self.rng,
-                                     randomness=self.mechanism)
+                                     generator=self.rng, sanitizer=self.sanitizer)  # records the event
         finally:
             self.D.requires_grad_(True).train()
-        self.trace.record(self.event)
         self.step += 1
+        self.g_steps += 1
         self._update_ema()
 
     def generator_loss(self, k: int) -> Callable:
@@ -397,21 +415,14 @@ class GSWGANTrainer:
         for b_ema, b in zip(self.G_ema.buffers(), self.G.buffers()):
             b_ema.copy_(b)
 
-    # --- state --------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {
-            "fingerprint": self.cfg.fingerprint(), "method": self.method, "step": self.step,
-            "noise_multiplier": self.plan.noise_multiplier,
-            "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(), "opt_g": self.opt_g.state_dict(),
-            "d_states": self.d_states, "opt_states": self.opt_states,
-            "mechanism": self.mechanism.state_dict(), "data_rng": self.data_rng.get_state(),
-            "rng": self.rng.get_state(), "trace": self.trace.to_dict(),
-        }
+    # --- what the loop saves and reports --------------------------------------------------------
+    def method_state(self) -> dict:
+        return {"method": self.method, "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(),
+                "opt_g": self.opt_g.state_dict(), "d_states": self.d_states, "opt_states": self.opt_states,
+                "mechanism": self.mechanism.state_dict(), "data_rng": self.data_rng.get_state(),
+                "rng": self.rng.get_state()}
 
-    def load_state_dict(self, state: dict) -> None:
-        if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
-            raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
-        self.step = state["step"]
+    def load_method_state(self, state: dict) -> None:
         self.G.load_state_dict(state["G"])
         self.G_ema.load_state_dict(state["G_ema"])
         self.opt_g.load_state_dict(state["opt_g"])
@@ -419,99 +430,32 @@ class GSWGANTrainer:
         self.mechanism.load_state_dict(state["mechanism"])
         self.data_rng.set_state(state["data_rng"])
         self.rng.set_state(state["rng"])
-        self.trace = MechanismTrace.from_dict(state["trace"])
 
-    def epsilon_spent(self) -> float:
-        return get_accountant(ACCOUNTANT).epsilon(self.trace, delta=self.cfg.privacy.delta) if self.trace.steps else 0.0
+    def generator(self) -> tuple[torch.nn.Module, dict]:
+        return self.G_ema, {"class": "dpsynth.models.gswgan.Generator", **generator_kwargs(self.cfg, self.spec)}
 
-    # --- the loop -----------------------------------------------------------------------------
-    def train(self, *, stop_after: int | None = None) -> TrainResult | None:
-        """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
-        cfg, o = self.cfg, self.cfg.output
-        started = time.monotonic()
-        ckpt_dir = checkpoint.begin(self, cfg, self.out)
-        with core.mlflow_run(self, derived=self.derived_params()) as run:
-            bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{self.method} private iterations",
-                       unit="it", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
-            while self.step < self.total_steps:
-                if stop_after is not None and self.step >= stop_after:
-                    bar.close()
-                    return None
-                if self.plan.guard is not None and not self.plan.guard.can_step(self.trace):
-                    break  # belt and braces: total_steps already obeys the budget
-                self.iteration()
-                bar.update(1)
-                if o.log_every and self.step % o.log_every == 0:
-                    eps = self.epsilon_spent()
-                    bar.set_postfix(eps=f"{eps:.3f}")
-                    if run is not None:
-                        import mlflow
-
-                        mlflow.log_metrics({"epsilon": eps}, step=self.step)
-                if o.sample_every and self.step % o.sample_every == 0:  # sensitive zone only, never MLflow
-                    artifacts.write_grid(self.out / "grids" / f"step-{self.step:07d}.png", self._grid())
-                if o.checkpoint_every and self.step % o.checkpoint_every == 0:
-                    checkpoint.save(ckpt_dir, self.state_dict())
-            bar.close()
-            return self._finish(run, started)
-
-    def privacy_unit(self) -> dict:
-        """What the generator file records about the privacy unit besides the record (none here)."""
-        return {}
-
-    def _grid(self):
+    def grid(self):
         _refresh_spectral_norm(self.G_ema)
         return class_grid(self.G_ema, num_classes=self.num_classes)
 
-    def _finish(self, run, started: float) -> TrainResult:
-        p = self.cfg.privacy
-        eps = self.epsilon_spent()
-        if p.accounting == "sound" and eps > p.epsilon:  # cannot happen by construction
-            raise PrivacyError(f"privacy.epsilon: spent {eps} exceeds the target {p.epsilon}")
-        published = None
-        if p.accounting == "as_published":
-            published = as_published_epsilon(noise_multiplier=self.plan.noise_multiplier,
-                                             batch_size=self.cfg.gswgan.batch_size, num_shards=self.K,
-                                             steps=self.step, delta=p.delta)
-        generator_path, trace_path, grid_path = self.out / "generator.pt", self.out / "trace.json", self.out / "samples.png"
-        grid = self._grid()
-        privacy = {"epsilon": eps, "delta": p.delta, "accountant": ACCOUNTANT, "accounting": p.accounting}
-        if published is not None:
-            privacy.update(epsilon_as_published_unsound=published, sound=False)
-        privacy.update(self.privacy_unit())
-        storage.write_bytes(generator_path, artifacts.generator_bytes(
-            self.G_ema.state_dict(), privacy=privacy, trace=self.trace,
-            model={"class": "dpsynth.models.gswgan.Generator", **generator_kwargs(self.cfg, self.spec)}))
-        storage.write_bytes(trace_path, artifacts.trace_bytes(self.trace))
-        artifacts.write_grid(grid_path, grid)
-        result = TrainResult(
-            epsilon=eps, delta=p.delta, accountant=ACCOUNTANT, accounting=p.accounting,
-            epsilon_as_published_unsound=published, steps=self.step, generator_steps=self.step,
-            noise_multiplier=self.plan.noise_multiplier,  # per-release σ
-            details={"event_noise_multiplier": self.event.noise_multiplier},  # σ/√B, what the trace records
-            sample_rate=self.event.sample_rate,
-            stopped_by="steps" if self.total_steps == self.cfg.train.steps else "budget",
-            output_dir=str(self.out), generator_path=str(generator_path), trace_path=str(trace_path),
-            grid_path=str(grid_path), mlflow_run_id=run.info.run_id if run is not None else None,
-            seconds=time.monotonic() - started,
-        )
-        if run is not None:
-            import mlflow
+    def published_epsilon(self) -> float | None:
+        if self.cfg.privacy.accounting != "as_published":
+            return None
+        return as_published_epsilon(noise_multiplier=self.plan.noise_multiplier, batch_size=self.cfg.gswgan.batch_size,
+                                    num_shards=self.K, steps=self.step, delta=self.cfg.privacy.delta)
 
-            tracking.log_privacy(epsilon=eps, delta=p.delta, accountant=ACCOUNTANT, step=self.step)
-            mlflow.set_tag("dpsynth.accounting", p.accounting)
-            if published is not None:
-                mlflow.log_metric("epsilon_as_published_unsound", published)
-            tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
-        storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
-        return result
+    def reported_noise_multiplier(self) -> float:
+        return self.plan.noise_multiplier  # per-release σ (the trace records σ/√B: details)
+
+    def final_metrics(self) -> dict:
+        return {}  # ε only (and the published ε under as_published)
+
+    def details(self) -> dict:
+        return {"event_noise_multiplier": self.event.noise_multiplier}
 
     def derived_params(self) -> dict:
-        """What the MLflow run records before the first iteration (data-independent: the plan, n, model sizes)."""
-        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
-                "release_noise_multiplier": self.plan.noise_multiplier, "total_steps": self.total_steps,
-                "records": self.n, "accountant": ACCOUNTANT, "d_parameters": count_parameters(self.D),
-                "g_parameters": count_parameters(self.G)}
+        return {**super().derived_params(), "release_noise_multiplier": self.plan.noise_multiplier,
+                "accountant": ACCOUNTANT}
 
 
 def _cpu_copy(obj):
@@ -629,6 +573,7 @@ __all__ = [
     "critic_loss",
     "plan_privacy",
     "privacy_statement",
+    "Sanitizer",
     "sanitize",
     "sanitized_generator_step",
     "warm_start_shard",

@@ -53,8 +53,6 @@ here are the shards of ``dpsynth partition`` (a keyed hash of record ids); one c
 from __future__ import annotations
 
 import datetime
-import json
-import math
 import multiprocessing.connection
 import os
 import queue
@@ -68,11 +66,12 @@ from pathlib import Path
 
 import torch
 
-from dpsynth import storage, tracking
+from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyError
 from dpsynth.methods.core import TrainResult, resolve_device
+from dpsynth.methods.loop import Trainer
 from dpsynth.methods.gswgan import (
     GSWGANTrainer,
     PrivacyPlan,
@@ -295,6 +294,26 @@ def serve(client: Client, *, spec: dict, batch_size: int, noise_multiplier: floa
 # --- the server --------------------------------------------------------------------------------
 
 
+class Receipts:
+    """The server's accountant hook. The clients sanitize (and draw the noise) in their own processes, so the
+    server, which holds the trace, counts the sanitized releases it receives and, once an iteration's are all
+    in, records the one event that folds them (σ/√(n_dis·B)); an iteration with any other count is refused."""
+
+    def __init__(self, trace: MechanismTrace, event, *, releases: int):
+        self.trace, self.event, self.releases, self.count = trace, event, releases, 0
+
+    def received(self, released: torch.Tensor) -> torch.Tensor:
+        self.count += len(released)
+        return released
+
+    def end_iteration(self) -> None:
+        count, self.count = self.count, 0
+        if count != self.releases:
+            raise PrivacyError(f"federated server: {count} sanitized releases received in one iteration, but its "
+                               f"event folds {self.releases} (n_dis·B); refusing to account for them otherwise")
+        self.trace.record(self.event)
+
+
 _PROTOCOL = "bytes of the protocol's messages: from shapes (config) alone"
 
 
@@ -315,16 +334,13 @@ class FederatedServer(GSWGANTrainer):
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
         if meta.num_clients != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {meta.num_clients} clients")
-        self.cfg, self.out, self.clients = cfg, Path(cfg.output.dir), clients
-        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
+        Trainer.__init__(self, cfg, parent_run_id=parent_run_id, run_tags=run_tags)
+        self.clients = clients
         g, seed = cfg.gswgan, cfg.train.seed
-        self.device = resolve_device(cfg.train.device)
         self.spec, self.num_classes = meta.spec, meta.spec["num_classes"]
         self.K, self.n = meta.num_clients, meta.n
         self.dataset_name = meta.dataset_name
         self.plan = plan_federated_privacy(cfg, n=self.n, num_shards=self.K)
-        self.event, self.total_steps = self.plan.event, self.plan.steps
-        self.trace = MechanismTrace()
         self.G = _init_with_seed(derived_seed(seed, "generator"),
                                  lambda: Generator(**generator_kwargs(cfg, self.spec))).to(self.device)
         self.G_ema = Generator(**generator_kwargs(cfg, self.spec)).to(self.device).requires_grad_(False)
@@ -335,7 +351,7 @@ class FederatedServer(GSWGANTrainer):
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
                                              seed=mechanism_seed)
         self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
-        self.step = 0
+        self.receipts = Receipts(self.trace, self.plan.event, releases=self.plan.releases)
 
     def iteration(self) -> None:
         g = self.cfg.gswgan
@@ -345,48 +361,40 @@ class FederatedServer(GSWGANTrainer):
             z = torch.randn(g.batch_size, self.G.latent_dim, device=self.device, generator=self.rng)
             with torch.set_grad_enabled(r == g.n_dis - 1):  # only the last round's graph is needed
                 x = self.G(z, labels)
-            released = self.clients.ask(k, x.detach(), labels)
+            released = self.receipts.received(self.clients.ask(k, x.detach(), labels))
+        self.receipts.end_iteration()  # records the event that folds the n_dis·B releases received
         self.opt_g.zero_grad(set_to_none=True)
         x.backward(released / g.batch_size)  # the last round's gradients update G (line 11)
         self.opt_g.step()
-        self.trace.record(self.event)
         self.step += 1
+        self.g_steps += 1
         self._update_ema()
 
-    def privacy_unit(self) -> dict:
+    def privacy_record(self) -> dict:
         delta = self.cfg.privacy.delta
         return {"unit": PRIVACY_UNIT, "clients": self.K, "delta_below_one_over_clients": delta < 1 / self.K}
 
-    def state_dict(self) -> dict:
-        return {
-            "fingerprint": self.cfg.fingerprint(), "method": self.method, "step": self.step,
-            "noise_multiplier": self.plan.noise_multiplier,
-            "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(), "opt_g": self.opt_g.state_dict(),
-            "mechanism": self.mechanism.state_dict(), "rng": self.rng.get_state(), "trace": self.trace.to_dict(),
-            "clients": self.clients.state_dict(),
-        }
+    def method_state(self) -> dict:
+        return {"method": self.method, "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(),
+                "opt_g": self.opt_g.state_dict(), "mechanism": self.mechanism.state_dict(),
+                "rng": self.rng.get_state(), "clients": self.clients.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
-        if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
-            raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
-        self.step = state["step"]
+    def load_method_state(self, state: dict) -> None:
         self.G.load_state_dict(state["G"])
         self.G_ema.load_state_dict(state["G_ema"])
         self.opt_g.load_state_dict(state["opt_g"])
         self.mechanism.load_state_dict(state["mechanism"])
         self.rng.set_state(state["rng"])
-        self.trace = MechanismTrace.from_dict(state["trace"])
         self.clients.load_state_dict(state["clients"])
 
-    def _finish(self, run, started: float) -> TrainResult:
-        """GS-WGAN's result, with the federation in ``details``: privacy_unit, clients,
-        delta_below_one_over_clients (client-level reading of δ; the audit checks δ < 1/n), transport,
-        bytes per iteration to / from the clients (control messages included) and in all, and
-        bytes_at_stop (the K STOP messages at the end)."""
+    def details(self) -> dict:
+        """GS-WGAN's details and the federation's: privacy_unit, clients, delta_below_one_over_clients
+        (client-level reading of δ; the audit checks δ < 1/n), transport, bytes per iteration to / from the
+        clients (control messages included) and in all, and bytes_at_stop (the K STOP messages at the end).
+        Closes the transport: STOP to every client, not part of any iteration."""
         sent_before, received_before = getattr(self.clients, "sent", 0), getattr(self.clients, "received", 0)
-        self.clients.close()  # STOP to every client; not part of any iteration
+        self.clients.close()
         bytes_at_stop = getattr(self.clients, "sent", 0) - sent_before
-        result = super()._finish(run, started)
         if hasattr(self.clients, "sent"):  # measured
             steps = max(self.step, 1)
             to_clients, from_clients = sent_before // steps, received_before // steps
@@ -396,25 +404,18 @@ class FederatedServer(GSWGANTrainer):
             moved = message_bytes(self.cfg, self.spec)
             to_clients, from_clients, bytes_at_stop = moved["to_clients"], moved["from_clients"], 8 * self.K
         delta = self.cfg.privacy.delta
-        fed = replace(result, details={
-            **result.details, "privacy_unit": "client", "clients": self.K,
-            "delta_below_one_over_clients": delta < 1 / self.K, "transport": self.clients.transport,
-            "bytes_per_iteration_to_clients": to_clients, "bytes_per_iteration_from_clients": from_clients,
-            "bytes_per_iteration": to_clients + from_clients, "bytes_at_stop": bytes_at_stop})
-        storage.write_text(self.out / "result.json", json.dumps(asdict(fed), indent=2))
-        if run is not None:
-            import mlflow
+        self._federation = {"privacy_unit": "client", "clients": self.K,
+                            "delta_below_one_over_clients": delta < 1 / self.K, "transport": self.clients.transport,
+                            "bytes_per_iteration_to_clients": to_clients,
+                            "bytes_per_iteration_from_clients": from_clients,
+                            "bytes_per_iteration": to_clients + from_clients}
+        return {**super().details(), **self._federation, "bytes_at_stop": bytes_at_stop}
 
-            mlflow.log_params({"derived.privacy_unit": "client", "derived.clients": self.K,
-                               "derived.transport": self.clients.transport,
-                               "derived.delta_below_one_over_clients": delta < 1 / self.K,
-                               "derived.bytes_per_iteration_to_clients": to_clients,
-                               "derived.bytes_per_iteration_from_clients": from_clients,
-                               "derived.bytes_per_iteration": to_clients + from_clients})
-            mlflow.log_metrics({"bytes_per_iteration_to_clients": to_clients,
-                                "bytes_per_iteration_from_clients": from_clients,
-                                "bytes_per_iteration": to_clients + from_clients})
-        return fed
+    def final_params(self) -> dict:
+        return self._federation
+
+    def final_metrics(self) -> dict:
+        return {k: v for k, v in self._federation.items() if k.startswith("bytes_per_iteration")}
 
 
 class FederatedGSWGANTrainer(FederatedServer):

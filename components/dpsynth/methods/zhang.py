@@ -32,27 +32,21 @@ result reports both; such a run is unsound and the audit never passes it.
 from __future__ import annotations
 
 import io
-import json
 import math
-import sys
 import time
-from dataclasses import asdict
-from pathlib import Path
 
 import torch
 from torch.func import functional_call, grad, vmap
-from tqdm import tqdm
 
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.data.public import declared as public_declared, describe as public_source_statement, unprotected_statement
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
-from dpsynth.grids import class_grid
-from dpsynth.methods import artifacts, checkpoint, core
-from dpsynth.methods.core import TrainResult, resolve_device
+from dpsynth.methods.core import resolve_device
 from dpsynth.methods.dpgan import DPGANTrainer
-from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
+from dpsynth.methods.loop import Trainer
+from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy import grouping
 from dpsynth.privacy.dpsgd import GradientSanitizer
@@ -238,8 +232,11 @@ def _generator_step(G, D, opt_g, m: int, rng) -> float:
 # --- the private trainer ---------------------------------------------------------------------------
 
 
-class ZhangTrainer:
-    """Algorithm 3 on ``dataset`` (the private records). ``train()`` runs to the end."""
+class ZhangTrainer(Trainer):
+    """Algorithm 3 on ``dataset`` (the private records); ``train()`` (:mod:`dpsynth.methods.loop`) runs it to
+    the end. One step is one critic step (the paper's n_critic counts them per generator step)."""
+
+    STEP = "DP critic steps"
 
     # what its MLflow run holds (the train stage's allow-list, checked by the audit)
     MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
@@ -251,13 +248,9 @@ class ZhangTrainer:
                  warm_start_state: dict | None = None, parent_run_id: str | None = None,
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
         """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
-        self.cfg = cfg
-        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
-        self.out = Path(cfg.output.dir)
+        super().__init__(cfg, parent_run_id=parent_run_id, run_tags=run_tags)
         z, t = cfg.zhang, cfg.train
-        self.device = resolve_device(t.device)
         self.num_classes = cfg.data.num_classes or dataset.num_classes
-        self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         images, labels = dataset.to_tensors()
         self.images, self.labels = images.to(self.device), labels.to(self.device)
         self.n = len(dataset)
@@ -297,9 +290,6 @@ class ZhangTrainer:
 
         self.plan = plan_privacy(cfg, self.n, num_groups=grouping.num_groups(self.names, strategy=z.grouping,
                                                                                k=z.num_groups))
-        self.event, self.total_steps, self.guard = self.plan.event, self.plan.steps, self.plan.guard
-        self._epsilon_cache = (0, 0.0)
-        self.trace = MechanismTrace()
 
         betas = (z.adam_beta1, z.adam_beta2)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=z.lr, betas=betas)
@@ -320,14 +310,13 @@ class ZhangTrainer:
         if t.grad_sample_mode == "ghost":
             self.D_private = GhostClipping(self.D, strategy="bookkeeping", second_order=True)
             self.D_private.disable_hooks()  # recording only inside the critic step
+        # σ per group; records plan.event (the k groups folded: σ/√k) in the trace at every noisy release
         self.sanitizer = GradientSanitizer(
             [[self.params[nm] for nm in g] for g in groups], max_grad_norm=cfg.privacy.max_grad_norm,
             noise_multiplier=self.plan.noise_multiplier, expected_batch_size=t.batch_size, randomness=self.mechanism,
-            module=self.D_private,
+            module=self.D_private, trace=self.trace, event=self.plan.event,
         )
         self.group_names = groups
-        self.step = 0
-        self.g_steps = 0
         self.since_g = 0
         self.last_g_loss = float("nan")
 
@@ -361,6 +350,11 @@ class ZhangTrainer:
             return self.step % z.update_every == 0
         return z.grouping == "clustering" and self.step == 0
 
+    def train_step(self) -> None:
+        self.critic_step()
+        if self.since_g >= self.cfg.zhang.n_critic:
+            self.generator_step()
+
     # --- one critic step (Alg. 3 lines 7–17) ---------------------------------------------------
     def critic_step(self) -> None:
         z, t = self.cfg.zhang, self.cfg.train
@@ -387,10 +381,9 @@ class ZhangTrainer:
             for name, g in grads.items():
                 self.params[name].grad_sample = g
             self.sanitizer.accumulate()
-        self.sanitizer.finalize()
+        self.sanitizer.finalize()  # the noisy release; it records the step's event in the trace
         self.opt_d.step()
         self.opt_d.zero_grad(set_to_none=True)
-        self.trace.record(self.event)
         self.step += 1
         self.since_g += 1
 
@@ -399,22 +392,16 @@ class ZhangTrainer:
         self.g_steps += 1
         self.since_g = 0
 
-    # --- state ---------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {
-            "fingerprint": self.cfg.fingerprint(),
-            "step": self.step, "g_steps": self.g_steps, "since_g": self.since_g,
-            "noise_multiplier": self.plan.noise_multiplier, "groups": self.group_names, "bounds": list(self.sanitizer.bounds),
-            "G": self.G.state_dict(), "D": self.D.state_dict(),
-            "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
-            "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(), "public_rng": self.public_rng.get_state(), "torch_rng": torch.get_rng_state(),
-            "trace": self.trace.to_dict(),
-        }
+    # --- what the loop saves and reports ----------------------------------------------------------
+    def method_state(self) -> dict:
+        return {"since_g": self.since_g, "groups": self.group_names, "bounds": list(self.sanitizer.bounds),
+                "G": self.G.state_dict(), "D": self.D.state_dict(),
+                "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
+                "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(),
+                "public_rng": self.public_rng.get_state(), "torch_rng": torch.get_rng_state()}
 
-    def load_state_dict(self, state: dict) -> None:
-        if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
-            raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
-        self.step, self.g_steps, self.since_g = state["step"], state["g_steps"], state["since_g"]
+    def load_method_state(self, state: dict) -> None:
+        self.since_g = state["since_g"]
         self.G.load_state_dict(state["G"])
         self.D.load_state_dict(state["D"])
         self.opt_g.load_state_dict(state["opt_g"])
@@ -425,13 +412,6 @@ class ZhangTrainer:
         self.mechanism.load_state_dict(state["mechanism"])
         self.public_rng.set_state(state["public_rng"])
         torch.set_rng_state(state["torch_rng"])
-        self.trace = MechanismTrace.from_dict(state["trace"])
-
-    def epsilon_spent(self) -> float:
-        if self._epsilon_cache[0] != self.trace.steps:
-            eps = self.plan.guard.accountant.epsilon(self.trace, delta=self.cfg.privacy.delta) if self.trace.steps else 0.0
-            self._epsilon_cache = (self.trace.steps, eps)
-        return self._epsilon_cache[1]
 
     def published_epsilon(self) -> float | None:
         """The paper's account of the steps taken (unsound; as_published mode only)."""
@@ -442,101 +422,24 @@ class ZhangTrainer:
         published = MechanismTrace([self.plan.published_event.with_count(self.trace.steps)])
         return self.plan.guard.spent(published)
 
-    def _guard_trace(self) -> MechanismTrace:
-        if self.plan.published_event is None:
-            return self.trace
-        return MechanismTrace([self.plan.published_event.with_count(self.trace.steps)]) if self.trace.steps else MechanismTrace()
+    def generator(self) -> tuple[torch.nn.Module, dict]:
+        return self.G, {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
+                        "channels": self.image_shape[0], "image_size": self.image_shape[1],
+                        "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim}
 
-    # --- the loop ------------------------------------------------------------------------------
-    def train(self, *, stop_after: int | None = None) -> TrainResult | None:
-        """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
-        cfg, o = self.cfg, self.cfg.output
-        started = time.monotonic()
-        ckpt_dir = checkpoint.begin(self, cfg, self.out)
+    def progress(self) -> tuple[dict, dict]:
+        metrics = {"generator_steps": self.g_steps}
+        if not math.isnan(self.last_g_loss):  # on fresh fakes through the privatized critic
+            metrics["g_loss"] = self.last_g_loss
+        return {"g_loss": f"{self.last_g_loss:.3f}"}, metrics
 
-        with core.mlflow_run(self, derived=self.derived_params()) as run:
-            bar = tqdm(total=self.total_steps, initial=self.step, desc="DP critic steps", unit="step",
-                       file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
-            while self.step < self.total_steps:
-                if stop_after is not None and self.step >= stop_after:
-                    bar.close()
-                    return None
-                if not self.guard.can_step(self._guard_trace()):
-                    break
-                self.critic_step()
-                if self.since_g >= cfg.zhang.n_critic:
-                    self.generator_step()
-                bar.update(1)
-                if o.log_every and self.step % o.log_every == 0:
-                    self._log_progress(bar, run)
-                if o.sample_every and self.step % o.sample_every == 0:  # sensitive zone only, never MLflow
-                    artifacts.write_grid(self.out / "grids" / f"step-{self.step:07d}.png",
-                                         class_grid(self.G, num_classes=self.num_classes))
-                if o.checkpoint_every and self.step % o.checkpoint_every == 0:
-                    checkpoint.save(ckpt_dir, self.state_dict())
-            bar.close()
-            return self._finish(run, started)
+    def details(self) -> dict:
+        return {"num_groups": self.plan.releases, "grouping": self.cfg.zhang.grouping,
+                "warm_started": self.warm_started}
 
     def derived_params(self) -> dict:
-        """What the MLflow run records before the first step (data-independent: the plan, n, model sizes)."""
-        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
-                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
-                "g_parameters": count_parameters(self.G), "num_groups": self.plan.releases,
+        return {**super().derived_params(), "num_groups": self.plan.releases,
                 "sigma_per_group": self.plan.noise_multiplier, "warm_started": self.warm_started}
-
-    def _log_progress(self, bar, run) -> None:
-        cheap = self.cfg.privacy.accountant == "rdp" or self.step % (10 * self.cfg.output.log_every) == 0
-        eps = self.epsilon_spent() if cheap else self._epsilon_cache[1]
-        bar.set_postfix(eps=f"{eps:.3f}", g_loss=f"{self.last_g_loss:.3f}")
-        if run is not None:
-            import mlflow
-
-            metrics = {"epsilon": eps, "generator_steps": self.g_steps}
-            if not math.isnan(self.last_g_loss):  # on fresh fakes through the privatized critic
-                metrics["g_loss"] = self.last_g_loss
-            mlflow.log_metrics(metrics, step=self.step)
-
-    def _finish(self, run, started: float) -> TrainResult:
-        p = self.cfg.privacy
-        eps = self.epsilon_spent()
-        published = self.published_epsilon()
-        if published is None and eps > p.epsilon:  # cannot happen by construction
-            raise PrivacyError(f"privacy.epsilon: spent {eps} exceeds the target {p.epsilon}")
-        generator_path, trace_path, grid_path = self.out / "generator.pt", self.out / "trace.json", self.out / "samples.png"
-        privacy = {"epsilon": eps, "delta": p.delta, "accountant": p.accountant, "accounting": p.accounting}
-        if published is not None:
-            privacy.update(epsilon_as_published_unsound=published, sound=False)
-        storage.write_bytes(generator_path, artifacts.generator_bytes(
-            self.G.state_dict(),
-            model={"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
-                   "channels": self.image_shape[0], "image_size": self.image_shape[1],
-                   "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim},
-            privacy=privacy, trace=self.trace))
-        storage.write_bytes(trace_path, artifacts.trace_bytes(self.trace))
-        artifacts.write_grid(grid_path, class_grid(self.G, num_classes=self.num_classes))
-        result = TrainResult(
-            epsilon=eps, delta=p.delta, accountant=p.accountant, steps=self.step, generator_steps=self.g_steps,
-            noise_multiplier=self.event.noise_multiplier, sample_rate=self.event.sample_rate,
-            stopped_by="steps" if self.total_steps == self.cfg.train.steps else "budget",
-            output_dir=str(self.out), generator_path=str(generator_path), trace_path=str(trace_path),
-            grid_path=str(grid_path), mlflow_run_id=run.info.run_id if run is not None else None,
-            seconds=time.monotonic() - started, accounting=p.accounting, epsilon_as_published_unsound=published,
-            details={"num_groups": self.plan.releases, "grouping": self.cfg.zhang.grouping,
-                     "warm_started": self.warm_started},
-        )
-        if run is not None:
-            import mlflow
-
-            tracking.log_privacy(epsilon=eps, delta=p.delta, accountant=p.accountant, step=self.step)
-            metrics = {"noise_multiplier": self.event.noise_multiplier, "sample_rate": self.event.sample_rate,
-                       "generator_steps": self.g_steps}
-            if published is not None:
-                metrics["epsilon_as_published_unsound"] = published
-            mlflow.set_tag("dpsynth.accounting", p.accounting)
-            mlflow.log_metrics(metrics)
-            tracking.log_json(json.loads(self.trace.to_json()), "privacy/mechanism_trace.json")
-        storage.write_text(self.out / "result.json", json.dumps(asdict(result), indent=2))
-        return result
 
 
 # --- the audit's checks ----------------------------------------------------------------------------

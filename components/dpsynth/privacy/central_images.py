@@ -38,7 +38,7 @@ import math
 import torch
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.events import MechanismEvent
+from dpsynth.privacy.events import MechanismEvent, MechanismTrace
 from dpsynth.privacy.randomness import MechanismRandomness
 
 
@@ -103,28 +103,34 @@ def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
 
 def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
                    noise_multiplier: float, randomness: MechanismRandomness | None = None,
-                   with_counts: bool = False):
+                   trace: MechanismTrace | None = None, with_counts: bool = False):
     """The noisy class means, shaped (num_classes, C, H, W) in [-1, 1] (and, ``with_counts``, the classes'
-    noisy counts); the caller records ``event_for(noise_multiplier)`` in the mechanism trace.
+    noisy counts); the release records ``event_for(noise_multiplier)`` in ``trace`` (a mechanism's trace;
+    None: records nothing).
 
     ``images`` are N×C×H×W in [-1, 1]. ``randomness`` is the mechanism's secret coins (required when
     ``noise_multiplier`` > 0).
     """
     sums = class_sums(images, labels, num_classes=num_classes, clip=clip)
     means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness)
+    if trace is not None:
+        trace.record(event_for(noise_multiplier))
     means = (means * 2 - 1).float().view(num_classes, *images.shape[1:])
     return (means, counts.float()) if with_counts else means
 
 
 def style_images(images: torch.Tensor, labels: torch.Tensor, templates: torch.Tensor, template_labels: torch.Tensor,
                  *, clip: float, noise_multiplier: float,
-                 randomness: MechanismRandomness | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 randomness: MechanismRandomness | None = None,
+                 trace: MechanismTrace | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The noisy means of the groups that the public ``templates`` (K×C×H×W in [-1, 1], class
-    ``template_labels``) induce: (K×C×H×W in [-1, 1], the K noisy counts). One Gaussian event; the
-    caller records ``event_for(noise_multiplier)``."""
+    ``template_labels``) induce: (K×C×H×W in [-1, 1], the K noisy counts). One Gaussian event, which
+    the release records in ``trace`` (``event_for(noise_multiplier)``; None: records nothing)."""
     groups = nearest_template(images, labels, templates, template_labels)
     sums = group_sums(images, groups, num_groups=len(templates), clip=clip)
     means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness)
+    if trace is not None:
+        trace.record(event_for(noise_multiplier))
     return (means * 2 - 1).float().view(len(templates), *images.shape[1:]), counts.float()
 
 
@@ -161,14 +167,15 @@ def symmetric_noise(shape: tuple[int, int, int], *, randomness: MechanismRandomn
 
 def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: torch.Tensor,
                          centre_labels: torch.Tensor, counts: torch.Tensor, *, rank: int, clip: float,
-                         noise_multiplier: float, randomness: MechanismRandomness | None = None) -> torch.Tensor:
+                         noise_multiplier: float, randomness: MechanismRandomness | None = None,
+                         trace: MechanismTrace | None = None) -> torch.Tensor:
     """Each class's main directions of variation around its released images: the Gaussian mechanism on the
     upper triangles of the stacked residual second-moment matrices (sensitivity clip², noise
     N(0, (σ·clip²)²) per entry), then — post-processing — each divided by the class's released count and its
     top ``rank`` eigenvectors scaled by the square roots of their eigenvalues. Returns
     (num_classes, rank, C, H, W) in [-1, 1] units: class c's samples vary as Σ_j a_j·P[c, j], a ~ N(0, I).
-    ``counts`` are the classes' noisy counts from an earlier release (public). One Gaussian event; the
-    caller records ``event_for(noise_multiplier)``."""
+    ``counts`` are the classes' noisy counts from an earlier release (public). One Gaussian event, recorded
+    as ``event_for(noise_multiplier)`` in ``trace`` (None: records nothing)."""
     num_classes = len(counts)
     moments = residual_second_moments(images, labels, centres, centre_labels, num_classes=num_classes, clip=clip)
     if noise_multiplier < 0:
@@ -177,6 +184,8 @@ def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: to
         if randomness is None:
             raise PrivacyError("central images: noise needs the mechanism's secret randomness")
         moments = moments + noise_multiplier * clip ** 2 * symmetric_noise(tuple(moments.shape), randomness=randomness)
+    if trace is not None:
+        trace.record(event_for(noise_multiplier))
     cov = moments / counts.double().clamp(min=1.0).view(-1, 1, 1)
     eigenvalues, eigenvectors = torch.linalg.eigh(cov)  # ascending
     lam = eigenvalues.flip(-1)[:, :rank].clamp(min=0)

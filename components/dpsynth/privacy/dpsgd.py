@@ -11,7 +11,13 @@ result into one privatized gradient:
 Parameters may be split into groups with their own bounds c_j (dp-GAN's parameter
 grouping); each group of each example is clipped to c_j and gets noise σ·c_j. With one
 group this is plain DP-SGD. The k groups of one step form a single Gaussian release with
-multiplier σ/√k (``dpsynth.privacy.events.fold_releases``), and the caller records it so.
+multiplier σ/√k (``dpsynth.privacy.events.fold_releases``).
+
+Accounting is attached to the release, as Opacus attaches its accountant to the optimizer's step
+hook: a trainer's sanitizer is built with the mechanism ``trace`` and the ``event`` one step is,
+refuses an event whose σ is not the σ/√k it adds, and records the event itself in ``finalize``,
+once per noisy release — so noise and accounting cannot come apart. A sanitizer built without
+them (tests, benchmarks, the empirical audit's noiseless reference) records nothing.
 
 The noise comes from the sanitizer's :class:`~dpsynth.privacy.randomness.MechanismRandomness`,
 seeded from OS entropy (never from ``train.seed``); a trainer that also Poisson-samples passes its
@@ -33,6 +39,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from dpsynth.errors import PrivacyError
+from dpsynth.privacy.events import MechanismEvent, MechanismTrace
 from dpsynth.privacy.ghost import GhostClipping
 from dpsynth.privacy.randomness import MechanismRandomness
 
@@ -56,7 +64,9 @@ def private_module(module: nn.Module, mode: str) -> nn.Module:
 
 class GradientSanitizer:
     """Clip, sum and noise per-example gradients: those of ``module`` (from :func:`private_module`),
-    given the per-example losses of its forward pass, or those held in ``p.grad_sample``."""
+    given the per-example losses of its forward pass, or those held in ``p.grad_sample``.
+
+    ``trace`` and ``event`` (both or neither): each ``finalize`` records ``event`` in ``trace``."""
 
     def __init__(
         self,
@@ -67,6 +77,8 @@ class GradientSanitizer:
         expected_batch_size: float,
         randomness: MechanismRandomness | None = None,
         module: nn.Module | None = None,
+        trace: MechanismTrace | None = None,
+        event: MechanismEvent | None = None,
     ):
         params = list(params)
         groups = [list(g) for g in params] if params and not isinstance(params[0], nn.Parameter) else [params]
@@ -92,6 +104,10 @@ class GradientSanitizer:
         # one job on several ranks (dpsynth.privacy.distributed.NoiseOnRankZero): noise on rank 0 only, then
         # the sums all-reduced; None in one process
         self.reducer = None
+        if (trace is None) != (event is None):
+            raise ValueError("trace, event: a sanitizer that records its releases needs both (or neither)")
+        self.trace, self.event = trace, event
+        self._check_event()
 
     @property
     def num_groups(self) -> int:
@@ -160,9 +176,20 @@ class GradientSanitizer:
                 p.grad_sample = None
                 p.grad = None
 
+    def _check_event(self) -> None:
+        """Refuse to release noise that differs from what the recorded event says."""
+        if self.event is not None and not math.isclose(self.event.noise_multiplier, self.effective_noise_multiplier(),
+                                                       rel_tol=1e-12):
+            raise PrivacyError(
+                f"noise_multiplier: the sanitizer adds σ = {self.noise_multiplier:.6g} per group ({self.num_groups} "
+                f"group(s): one release of σ/√k = {self.effective_noise_multiplier():.6g}), but the event it records "
+                f"has σ = {self.event.noise_multiplier:.6g}; refusing to release")
+
     @torch.no_grad()
     def finalize(self) -> None:
-        """Add the noise and write the privatized mean gradient to ``p.grad``; reset the sums."""
+        """Add the noise and write the privatized mean gradient to ``p.grad``; reset the sums; record
+        the release's event in the trace (when built with one)."""
+        self._check_event()
         if self._sums is None:  # an empty logical batch still gets its noise
             self._sums = [[torch.zeros_like(p) for p in group] for group in self.groups]
         reducer = self.reducer
@@ -177,6 +204,8 @@ class GradientSanitizer:
             for p, acc in zip(group, sums):
                 p.grad = acc / self.expected_batch_size
         self._sums = None
+        if self.trace is not None:
+            self.trace.record(self.event)
 
     def effective_noise_multiplier(self) -> float:
         """The multiplier of the single folded release that one step of this sanitizer is."""

@@ -48,7 +48,7 @@ import torch
 from scipy import stats
 
 from dpsynth.config import EMPIRICAL_AUDIT_METHODS as SUPPORTED_METHODS
-from dpsynth.errors import ConfigError
+from dpsynth.errors import ConfigError, PrivacyError
 
 CONFIDENCE = 0.95
 # k = fraction · m / 2 canaries guessed "in" and as many "out"; the rest abstain (Bonferroni over these)
@@ -278,8 +278,9 @@ def run_audit(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode
             private_step()
             if generator_due():
                 trainer.generator_step()
-    audited = MechanismTrace()
-    audited.record(trainer.event, count=steps)
+    audited = trainer.trace  # the sanitizer recorded each audited step's release itself
+    if audited != MechanismTrace([trainer.event.with_count(steps)]):
+        raise PrivacyError(f"audit run: {steps} steps audited, but the sanitizer recorded {audited!r}")
     p = cfg.privacy
     accounted = get_accountant(p.accountant).epsilon(audited, delta=p.delta)
     result = guess_and_bound(c.scores.numpy(), c.included.numpy(), delta=p.delta, confidence=cfg.audit.confidence)

@@ -1,0 +1,304 @@
+"""One training loop for every method, readable top to bottom (the shape of nanoGPT's ``train.py``).
+
+A method's trainer (a :class:`Trainer`) holds its paper's algorithm: its models, its privacy plan
+(:class:`~dpsynth.privacy.plan.PrivacyPlan`), its sanitizer — which records each release's event in
+``trainer.trace`` itself — and ``train_step()``, one private step and the non-private steps that
+follow it. :func:`train` owns everything else, the same for every method:
+
+    restore the last checkpoint (output.resume); write config.yaml; open the MLflow run
+    the private warm-up, when the method has one and the trace is empty; checkpoint it
+    while step < plan.steps:
+        stop_after reached → return None                  (tests of interruption)
+        the plan's guard refuses the next step → stop     (belt and braces: plan.steps obeys it)
+        trainer.train_step()
+        every output.log_every: ε and the trainer's progress metrics (MLflow, progress bar)
+        every output.sample_every: a sample grid (sensitive zone only, never MLflow)
+        every output.checkpoint_every: a checkpoint (+ a generator snapshot, where the method keeps them)
+    finish: ε check, generator.pt, trace.json, samples.png, result.json, MLflow
+
+What ``step`` counts — one private step, one event of the plan — per method (``Trainer.STEP``):
+
+=================  ============================================================  ==================
+method             one step                                                      ``train.steps``
+=================  ============================================================  ==================
+dpgan              one DP-SGD discriminator step (a generator step every n_D)    discriminator steps
+zhang (dp-GAN)     one DP-SGD critic step (a generator step every n_critic)      critic steps
+gswgan, dpac       one generator iteration (n_dis critic steps, B releases)      generator iterations
+gswgan_federated   one generator iteration (n_dis rounds, n_dis·B releases)      generator iterations
+=================  ============================================================  ==================
+
+Checkpoints (:mod:`dpsynth.methods.checkpoint`) hold ``Trainer.state_dict()``: the loop's own fields
+(fingerprint, step, generator steps, σ, the trace) and the method's (``method_state``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dpsynth import storage, tracking
+from dpsynth.config import RunConfig
+from dpsynth.errors import PrivacyError
+from dpsynth.grids import class_grid
+from dpsynth.methods import artifacts, checkpoint, core, distributed
+from dpsynth.methods.core import TrainResult, resolve_device
+from dpsynth.models.dcgan import count_parameters
+from dpsynth.privacy import MechanismTrace, get_accountant
+from dpsynth.privacy.plan import PrivacyPlan
+
+SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
+CHEAP_ACCOUNTANTS = ("rdp", "wor")  # ε at every log; others (PRV: seconds) every 10th log
+_PLAN = "the privacy plan: from the configuration and n (public), before any step"
+
+
+class Trainer:
+    """What the loop needs of a method. A subclass sets ``plan`` (and ``num_classes``) in its
+    ``__init__`` after ``super().__init__``, and implements the methods marked *method*."""
+
+    STEP = "private steps"  # the progress bar's name for one step (see the table above)
+    KEEPS_SNAPSHOTS = False  # keep a generator snapshot at every checkpoint (evaluate's ε-vs-metric curve)
+    DATA_PARALLEL = False  # trains across torchrun ranks (dpsynth.methods.distributed): DPGAN only, so far
+    ACCOUNTANT: str | None = None  # None: privacy.accountant; a method may fix its own (GS-WGAN: "wor")
+    # what its MLflow run may hold (the train stage's allow-list, checked by the audit): what the loop logs;
+    # a method adds what its own hooks log (progress, final_metrics, derived_params, final_params)
+    MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
+        metrics={"epsilon": "ε of the recorded trace by the method's accountant"},
+        params={"derived.sample_rate": _PLAN, "derived.noise_multiplier": _PLAN, "derived.total_steps": _PLAN,
+                "derived.records": "n, the training records' count (public in this design)",
+                "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
+
+    plan: PrivacyPlan
+    num_classes: int
+    n: int  # training records
+
+    def __init__(self, cfg: RunConfig, *, parent_run_id: str | None = None, run_tags: dict[str, str] | None = None):
+        self.cfg, self.out = cfg, Path(cfg.output.dir)
+        # MLflow: nest the run under a pipeline's parent run, add tags. Nothing before the gate: the
+        # run gets no image, no model and no dataset hash (the sample stage logs them after the audit).
+        self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
+        # rank r of W when this method trains data-parallel under torchrun (dpsynth.methods.distributed); else
+        # 0 of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)
+        self.dist = distributed.current() if self.DATA_PARALLEL else distributed.SINGLE
+        self.device = self.dist.place(resolve_device(cfg.train.device))
+        self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
+        self.accountant = get_accountant(self.ACCOUNTANT or cfg.privacy.accountant)
+        self.trace = MechanismTrace()  # the sanitizer records into it; restored in place on resume
+        self.step = 0  # private steps taken (= events recorded after the plan's prefix)
+        self.g_steps = 0  # generator steps taken
+        self._epsilon_cache = (-1, 0.0)  # (trace steps, ε): PRV evaluations take seconds
+
+    # --- the plan's shorthands ---------------------------------------------------------------
+    @property
+    def event(self):
+        return self.plan.event
+
+    @property
+    def total_steps(self) -> int:
+        return self.plan.steps
+
+    # --- method: the algorithm ------------------------------------------------------------------
+    def train_step(self) -> None:
+        """*method*: one private step (its sanitizer records its event) and the non-private steps after it."""
+        raise NotImplementedError
+
+    def warm_up(self) -> bool:
+        """A private release before the first step (its events recorded by its release); True if it ran."""
+        return False
+
+    def method_state(self) -> dict:
+        """*method*: models, optimizers, RNG states and schedules, for a checkpoint."""
+        raise NotImplementedError
+
+    def load_method_state(self, state: dict) -> None:
+        """*method*: the inverse of :meth:`method_state`."""
+        raise NotImplementedError
+
+    def generator(self) -> tuple[torch.nn.Module, dict]:
+        """*method*: the generator to release and its ``model`` record (class and keywords, see artifacts)."""
+        raise NotImplementedError
+
+    def derived_params(self) -> dict:
+        """What the MLflow run records before the first step (data-independent: the plan, n, the sizes of
+        the trainer's ``G`` and ``D``); a method adds its own."""
+        return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
+                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
+                "g_parameters": count_parameters(self.G)}
+
+    # --- method: what it reports (defaults) -----------------------------------------------------
+    def progress(self) -> tuple[dict, dict]:
+        """(progress-bar fields, MLflow metrics) at a log step, besides ε."""
+        return {}, {}
+
+    def grid(self):
+        return class_grid(self.generator()[0], num_classes=self.num_classes)
+
+    def published_epsilon(self) -> float | None:
+        """The paper's (unsound) account of the steps taken, under ``privacy.accounting=as_published``."""
+        return None
+
+    def reported_noise_multiplier(self) -> float:
+        """``TrainResult.noise_multiplier``: the method's σ (see its module)."""
+        return self.plan.event.noise_multiplier
+
+    def final_metrics(self) -> dict:
+        """MLflow metrics at the end, besides ε."""
+        return {"noise_multiplier": self.event.noise_multiplier, "sample_rate": self.event.sample_rate,
+                "generator_steps": self.g_steps}
+
+    def final_params(self) -> dict:
+        """MLflow ``derived.*`` parameters known only at the end (data-independent)."""
+        return {}
+
+    def details(self) -> dict:
+        """``TrainResult.details``: method-specific, data-independent facts of the run (called once, at the end)."""
+        return {}
+
+    def privacy_record(self) -> dict:
+        """What the generator file records about the privacy unit besides the record (none by default)."""
+        return {}
+
+    # --- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"fingerprint": self.cfg.fingerprint(), "step": self.step, "g_steps": self.g_steps,
+                "noise_multiplier": self.plan.noise_multiplier, "trace": self.trace.to_dict(),
+                **self.method_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
+            raise PrivacyError("checkpoint noise multiplier differs from this run's; refusing to resume")
+        # a GS-WGAN checkpoint from before this loop has no g_steps: one generator step per step there
+        self.step, self.g_steps = state["step"], state.get("g_steps", state["step"])
+        self.trace.load_state_dict(state["trace"])  # in place: the sanitizer holds this trace
+        self.load_method_state(state)
+
+    def epsilon_spent(self) -> float:
+        """ε of the recorded trace by the method's accountant (cached per trace length)."""
+        if self._epsilon_cache[0] != self.trace.steps:
+            eps = self.accountant.epsilon(self.trace, delta=self.cfg.privacy.delta) if self.trace.steps else 0.0
+            self._epsilon_cache = (self.trace.steps, eps)
+        return self._epsilon_cache[1]
+
+    def can_step(self) -> bool:
+        """The plan's guard on the next step: on the paper's account when it guards that (as_published)."""
+        guard, published = self.plan.guard, self.plan.published_event
+        if guard is None:  # the sound ε is reported, not enforced (GS-WGAN as_published): plan.steps bounds it
+            return True
+        if published is None:
+            return guard.can_step(self.trace)
+        return guard.can_step(MechanismTrace([published.with_count(self.trace.steps)]) if self.trace.steps
+                              else MechanismTrace())
+
+    def train(self, *, stop_after: int | None = None) -> TrainResult | None:
+        """Train to the step budget. ``stop_after`` ends early (tests of interruption); returns None then."""
+        return train(self, stop_after=stop_after)
+
+
+# --- the loop ---------------------------------------------------------------------------------------
+
+
+def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | None:
+    if not trainer.dist.is_main:  # ranks other than 0 under torchrun: the same steps, nothing written
+        return distributed.follow(trainer, stop_after=stop_after)
+    cfg, o = trainer.cfg, trainer.cfg.output
+    started = time.monotonic()
+    ckpt_dir = checkpoint.begin(trainer, cfg, trainer.out)  # resume, and write config.yaml
+    distributed.sync_state(trainer)  # other ranks take rank 0's (resumed) state; a no-op in one process
+
+    with core.mlflow_run(trainer, derived=trainer.derived_params()) as run:
+        if trainer.trace.steps == 0 and trainer.warm_up():
+            distributed.sync_state(trainer)  # the warm G, its latent RNG and the trace
+            if o.checkpoint_every:
+                checkpoint.save(ckpt_dir, trainer.state_dict())
+        bar = tqdm(total=trainer.total_steps, initial=trainer.step, desc=trainer.STEP, unit="step",
+                   file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
+        while trainer.step < trainer.total_steps:
+            if stop_after is not None and trainer.step >= stop_after:
+                bar.close()
+                return None
+            if not trainer.can_step():
+                break
+            trainer.train_step()
+            bar.update(1)
+            step = trainer.step
+            if o.log_every and step % o.log_every == 0:
+                log_progress(trainer, bar, run)
+            if o.sample_every and step % o.sample_every == 0:  # sensitive zone only, never MLflow
+                artifacts.write_grid(trainer.out / "grids" / f"step-{step:07d}.png", trainer.grid())
+            if o.checkpoint_every and step % o.checkpoint_every == 0:
+                checkpoint.save(ckpt_dir, trainer.state_dict())
+                if trainer.KEEPS_SNAPSHOTS:  # the generator so far, with the ε spent so far
+                    storage.write_bytes(ckpt_dir / SNAPSHOTS / f"generator-{step:07d}.pt",
+                                        generator_file(trainer, trainer.epsilon_spent()))
+        bar.close()
+        return finish(trainer, run, started)
+
+
+def log_progress(trainer: Trainer, bar, run) -> None:
+    cheap = (trainer.accountant.name in CHEAP_ACCOUNTANTS
+             or trainer.step % (10 * trainer.cfg.output.log_every) == 0)
+    eps = trainer.epsilon_spent() if cheap else trainer._epsilon_cache[1]
+    postfix, metrics = trainer.progress()
+    bar.set_postfix(eps=f"{eps:.3f}", **postfix)
+    if run is not None:
+        import mlflow
+
+        mlflow.log_metrics({"epsilon": eps, **metrics}, step=trainer.step)
+
+
+def generator_file(trainer: Trainer, eps: float, **privacy) -> bytes:
+    """The ``dpsynth.generator/1`` file of the trainer's generator now, bound to its trace."""
+    p = trainer.cfg.privacy
+    module, model = trainer.generator()
+    return artifacts.generator_bytes(
+        module.state_dict(), model=model, trace=trainer.trace,
+        privacy={"epsilon": eps, "delta": p.delta, "accountant": trainer.accountant.name, "step": trainer.step,
+                 **privacy})
+
+
+def finish(trainer: Trainer, run, started: float) -> TrainResult:
+    """The end of every run: ε check, generator.pt, trace.json, samples.png, result.json, MLflow."""
+    cfg, p, out = trainer.cfg, trainer.cfg.privacy, trainer.out
+    eps = trainer.epsilon_spent()
+    published = trainer.published_epsilon()
+    accounting = "sound" if published is None else "as_published"
+    if published is None and eps > p.epsilon:  # cannot happen by construction; refuse to release if it ever does
+        raise PrivacyError(f"privacy.epsilon: spent {eps} exceeds the target {p.epsilon}")
+    details = trainer.details()
+    generator_path, trace_path, grid_path = out / "generator.pt", out / "trace.json", out / "samples.png"
+    grid = trainer.grid()  # before the generator file: GS-WGAN's grid refreshes G_ema's spectral norms
+    privacy = {"accounting": accounting, **trainer.privacy_record()}
+    if published is not None:
+        privacy.update(epsilon_as_published_unsound=published, sound=False)
+    storage.write_bytes(generator_path, generator_file(trainer, eps, **privacy))
+    storage.write_bytes(trace_path, artifacts.trace_bytes(trainer.trace))
+    artifacts.write_grid(grid_path, grid)
+    result = TrainResult(
+        epsilon=eps, delta=p.delta, accountant=trainer.accountant.name, steps=trainer.step,
+        generator_steps=trainer.g_steps, noise_multiplier=trainer.reported_noise_multiplier(),
+        sample_rate=trainer.event.sample_rate,
+        stopped_by="steps" if trainer.total_steps == cfg.train.steps else "budget",
+        output_dir=str(out), generator_path=str(generator_path), trace_path=str(trace_path), grid_path=str(grid_path),
+        mlflow_run_id=run.info.run_id if run is not None else None, seconds=time.monotonic() - started,
+        accounting=accounting, epsilon_as_published_unsound=published, details=details)
+    if run is not None:
+        import mlflow
+
+        tracking.log_privacy(epsilon=eps, delta=p.delta, accountant=trainer.accountant.name, step=trainer.step)
+        mlflow.set_tag("dpsynth.accounting", accounting)
+        metrics = trainer.final_metrics()
+        if published is not None:
+            metrics["epsilon_as_published_unsound"] = published
+        if metrics:
+            mlflow.log_metrics(metrics)
+        if params := trainer.final_params():
+            mlflow.log_params({f"derived.{k}": v for k, v in params.items()})
+        tracking.log_json(json.loads(trainer.trace.to_json()), "privacy/mechanism_trace.json")
+    storage.write_text(out / "result.json", json.dumps(asdict(result), indent=2))
+    return result
