@@ -170,3 +170,17 @@ def test_the_generator_follows_the_variation_directions_its_latent_weighs():
         x = G(z, torch.zeros(200, dtype=torch.long))
     ink_top = x[:, 0, 2:10, 8:20].mean((1, 2))
     assert torch.corrcoef(torch.stack([ink_top, z[:, 7]]))[0, 1] > 0.5
+
+
+def test_releases_at_the_same_sigma_merge_in_the_trace_and_still_pass_the_audit(tmp_path, small_mnist):
+    """The trace merges consecutive equal releases (count = 2): the audit must read them as the two planned
+    releases (it refused such a run before), and still refuse a third, unplanned one."""
+    from dpsynth.privacy.central_images import event_for
+
+    cfg = tiny(tmp_path, "warmup.styles=2", "warmup.styles_noise_multiplier=5")  # = warmup.noise_multiplier
+    result = DPGANTrainer(cfg, small_mnist).train()
+    trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
+    assert trace.events[0] == event_for(5.0).with_count(2)
+    assert all(c["passed"] for c in invariants("dpgan")(cfg, trace, 600))
+    extra = MechanismTrace([event_for(5.0).with_count(3), *trace.events[1:]])
+    assert not all(c["passed"] for c in invariants("dpgan")(cfg, extra, 600))

@@ -68,15 +68,22 @@ def style_slots(cfg) -> int:
 def invariants(cfg, trace) -> tuple[list[dict], list]:
     """For the audit: the warm-up's releases, when configured, must open ``trace`` exactly as planned
     (``warmup.noise_multiplier``, then ``warmup.styles_noise_multiplier``, then
-    ``warmup.variations_noise_multiplier``); returns its checks and the
-    events after them."""
-    expected = events(cfg)
+    ``warmup.variations_noise_multiplier``); returns its checks and the events after them. The trace merges
+    consecutive equal releases into one event with a count (two releases at the same σ are ``count=2``), so
+    the expected releases are merged the same way and the last one is peeled off the trace's event."""
+    from dpsynth.privacy import MechanismTrace
+
+    expected = MechanismTrace(events(cfg)).events
     got = list(trace.events)
     if not expected:
         return [], got
-    head = got[:len(expected)]
-    return [{"name": "warmup", "passed": head == expected,
-             "detail": f"{head} open the trace; expected the warm-up releases {expected}"}], got[len(expected):]
+    *whole, last = expected
+    k = len(whole)
+    ok = (got[:k] == list(whole) and len(got) > k and got[k].same_mechanism(last) and got[k].count >= last.count)
+    rest = got[k + 1:] if not ok or got[k].count == last.count else [got[k].with_count(got[k].count - last.count),
+                                                                     *got[k + 1:]]
+    return [{"name": "warmup", "passed": ok,
+             "detail": f"{got[:k + 1]} open the trace; expected the warm-up releases {expected}"}], rest
 
 
 def style_templates(means: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
