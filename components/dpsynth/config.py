@@ -106,6 +106,7 @@ class TrainConfig:
     d_width: int = 128
     g_width: int = 128
     latent_dim: int = 100
+    g_warp: bool = False  # DPGAN's G ends with a fixed warp of its image by z[:, :6] (dcgan.Generator(warp=True))
     grad_sample_mode: Literal["hooks", "ew", "ghost", "ghost_two_pass"] = "ghost"
     seed: int = 0  # initialisation and latents / fake samples only; never the mechanism's randomness
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -426,6 +427,10 @@ class RunConfig:
         _require(self.audit.empirical == "off" or self.train.method in EMPIRICAL_AUDIT_METHODS, "audit.empirical",
                  f"the empirical audit supports train.method in {list(EMPIRICAL_AUDIT_METHODS)}, not "
                  f"{self.train.method!r} (yet); set audit.empirical=off")
+        _require(not self.train.g_warp or self.train.method == "dpgan", "train.g_warp",
+                 f"only DPGAN's generator (dcgan.Generator) warps, not train.method={self.train.method!r}")
+        _require(not self.train.g_warp or self.train.latent_dim >= 6, "train.g_warp",
+                 f"the warp reads z[:, :6]: train.latent_dim must be >= 6, got {self.train.latent_dim}")
         w = self.warmup
         _require(not (w.central_images and w.variations) or self.train.latent_dim >= 7 + w.variations,
                  "warmup.variations", f"{w.variations} directions need train.latent_dim >= {7 + w.variations} "

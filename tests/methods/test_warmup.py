@@ -184,3 +184,35 @@ def test_releases_at_the_same_sigma_merge_in_the_trace_and_still_pass_the_audit(
     assert all(c["passed"] for c in invariants("dpgan")(cfg, trace, 600))
     extra = MechanismTrace([event_for(5.0).with_count(3), *trace.events[1:]])
     assert not all(c["passed"] for c in invariants("dpgan")(cfg, extra, 600))
+
+
+def test_a_warping_generator_learns_its_images_and_is_saved_with_its_warp(tmp_path, small_mnist):
+    """train.g_warp: the fit targets the canonical image (the warp deforms it), and the generator file
+    records the warp, so the released generator draws what was trained."""
+    from dpsynth.methods import artifacts
+    from dpsynth.models.dcgan import Generator
+
+    means = -torch.ones(2, 1, 28, 28)
+    means[0, :, 6:22, 6:10] = 1.0
+    means[1, :, 6:22, 18:22] = 1.0
+    torch.manual_seed(0)
+    G = Generator(num_classes=2, width=8, latent_dim=8, warp=True)
+    g = torch.Generator().manual_seed(0)
+    warmup.fit_generator(G, means, steps=150, batch_size=32, lr=2e-3, generator=g)
+    with torch.no_grad():
+        z, y = torch.randn(20, 8, generator=g), torch.arange(20) % 2
+        canonical = G.canonical(z, y)
+    d = ((canonical[:, None] - means[None]) ** 2).flatten(2).mean(2)
+    assert (d.argmin(1) == y).all()
+
+    cfg = tiny(tmp_path, "train.g_warp=true")
+    result = DPGANTrainer(cfg, small_mnist).train()
+    loaded, _ = artifacts.load_generator(result.generator_path)
+    assert loaded.warp is True
+
+
+def test_g_warp_is_refused_for_other_methods_naming_the_field(tmp_path):
+    from dpsynth.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.g_warp"):
+        tiny(tmp_path, "train.g_warp=true", "train.method=zhang")

@@ -32,3 +32,23 @@ def test_no_batchnorm():
 def test_unsupported_size_names_the_field():
     with pytest.raises(ConfigError, match="image size"):
         Discriminator(num_classes=10, image_size=64)
+
+
+def test_a_warping_generator_deforms_its_canonical_image_by_its_latent():
+    """warp=True: G(z, y) = deform(canonical(z, y), Φ(z[:, :6])) — a fixed layer, no parameters of its own."""
+    import math
+
+    from dpsynth.models.dcgan import Generator, deform
+
+    torch.manual_seed(0)
+    plain = Generator(num_classes=3, width=8, latent_dim=10)
+    warped = Generator(num_classes=3, width=8, latent_dim=10, warp=True)
+    warped.load_state_dict(plain.state_dict())  # same parameters: the warp adds none
+    z, y = torch.randn(5, 10), torch.tensor([0, 1, 2, 0, 1])
+    with torch.no_grad():
+        expected = deform(plain(z, y), 0.5 * (1 + torch.erf(z[:, :6] / math.sqrt(2))))
+        torch.testing.assert_close(warped(z, y), expected)
+        assert not torch.allclose(warped(z, y), plain(z, y))
+    z.requires_grad_(False)
+    warped(z, y).sum().backward()  # differentiable for the GAN steps
+    assert all(p.grad is not None for p in warped.parameters())

@@ -108,7 +108,7 @@ class DPGANTrainer(Trainer):
 
         torch.manual_seed(t.seed)
         self.G = Generator(num_classes=self.num_classes, channels=channels, image_size=size,
-                           width=t.g_width, latent_dim=t.latent_dim, styles=warmup.style_slots(cfg)).to(self.device)
+                           width=t.g_width, latent_dim=t.latent_dim, styles=warmup.style_slots(cfg), warp=t.g_warp).to(self.device)
         self.D = Discriminator(num_classes=self.num_classes, channels=channels, image_size=size,
                                width=t.d_width).to(self.device)
         self.D_private = private_module(self.D, t.grad_sample_mode)
@@ -236,7 +236,7 @@ class DPGANTrainer(Trainer):
         return self.G, {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
                         "channels": self.image_shape[0], "image_size": self.image_shape[1],
                         "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim,
-                        "styles": self.G.styles}
+                        "styles": self.G.styles, "warp": self.G.warp}
 
     def progress(self) -> tuple[dict, dict]:
         ema = self.n_d.ema

@@ -26,7 +26,7 @@ to its group's image. That reads only the released
 means, so it is post-processing and costs no further privacy; it leaves G producing varied,
 digit-shaped images for every class, from which private training starts.
 
->>> means = torch.zeros(2, 1, 28, 28); means[1, :, 10:18, 12:16] = 1.0
+>>> means = -torch.ones(2, 1, 28, 28); means[1, :, 10:18, 12:16] = 1.0
 >>> x = deform(means[torch.tensor([0, 1, 1])], torch.rand(3, 6, generator=torch.Generator().manual_seed(0)))
 >>> tuple(x.shape), bool(x[0].eq(-1).all()), bool(x[1].gt(-1).any())
 ((3, 1, 28, 28), True, True)
@@ -39,7 +39,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-LATENT_CONTROLS = 6  # z coordinates that choose the deformation
+from dpsynth.models.dcgan import LATENT_CONTROLS, deform  # noqa: F401  (z[:, :6] choose the deformation)
 VARIATION_LATENT = 7  # z[:, 7:7 + r] weigh the variation directions (z[:, 6] picks the style slot)
 MIN_COUNT = 20.0  # a style group with fewer (noisy) records is dropped: its mean is mostly noise
 
@@ -107,25 +107,6 @@ def fill_styles(styles: torch.Tensor, counts: torch.Tensor, means: torch.Tensor)
     return torch.where(keep, styles, fallback)
 
 
-def deform(x: torch.Tensor, u: torch.Tensor, *, max_rotate: float = 15.0, max_shear: float = 0.25,
-           scale: tuple[float, float] = (0.85, 1.1), max_shift: float = 0.1) -> torch.Tensor:
-    """Deform images ``x`` (N×C×H×W in [-1, 1]) by uniforms ``u`` (N×6 in [0, 1]): rotation, shear,
-    scale, x and y shift (fractions of the side), then stroke width (thinner below 1/3, thicker above 2/3)."""
-    a = (2 * u[:, 0] - 1) * max_rotate * math.pi / 180
-    shear = (2 * u[:, 1] - 1) * max_shear
-    s = scale[0] + (scale[1] - scale[0]) * u[:, 2]
-    tx, ty = (2 * u[:, 3] - 1) * max_shift * 2, (2 * u[:, 4] - 1) * max_shift * 2
-    cos, sin = torch.cos(a) / s, torch.sin(a) / s
-    theta = torch.stack([torch.stack([cos, -sin + shear, tx], 1), torch.stack([sin, cos, ty], 1)], 1)
-    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    x = F.grid_sample(x + 1, grid, align_corners=False, padding_mode="zeros") - 1  # background stays -1
-    thick = F.max_pool2d(x, 3, 1, 1)
-    thin = -F.max_pool2d(-x, 3, 1, 1)
-    w = u[:, 5].view(-1, 1, 1, 1)
-    x = torch.where(w > 2 / 3, 0.5 * (x + thick), torch.where(w < 1 / 3, 0.5 * (x + thin), x))
-    return x.clamp(-1, 1)
-
-
 def clean(means: torch.Tensor, *, floor: float = 0.15) -> torch.Tensor:
     """Post-process noisy central images: pixels below ``floor`` (on [0, 1]) become background and
     each class is stretched so its brightest pixel is white."""
@@ -160,6 +141,7 @@ def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: f
     device = next(G.parameters()).device
     images = images.to(device)
     directions = directions.to(device) if directions is not None else None
+    warps = getattr(G, "warp", False)
     opt = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.5, 0.999))
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
@@ -167,9 +149,11 @@ def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: f
         z = torch.randn(batch_size, G.latent_dim, device=device, generator=generator)
         with torch.no_grad():
             pick = y * styles + (G.slot(z) if styles > 1 else 0)
-            target = deform(vary(images[pick], y, z, directions),
-                            0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2))))
-        loss = F.mse_loss(G(z, y), target)
+            target = vary(images[pick], y, z, directions)
+            if not warps:
+                target = deform(target, 0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2))))
+        # a warping G (Generator(warp=True)) deforms its canonical image itself: fit the canonical one
+        loss = F.mse_loss(G.canonical(z, y) if warps else G(z, y), target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -18,6 +18,7 @@ from torch import nn
 from dpsynth.errors import ConfigError
 
 SUPPORTED_SIZES = (28, 32)
+LATENT_CONTROLS = 6  # z[:, :6]: the uniforms Φ(z) of the warp (rotation, shear, scale, x/y shift, stroke width)
 STYLE_LATENT = 6  # with styles > 1, z[:, 6] picks the style slot (Φ(z₆) cut into equal parts)
 
 
@@ -75,13 +76,18 @@ class Generator(ConditionalGenerator):
     channels; the two maps are concatenated and upsampled (4→7→14→28, or 4→8→16→32).
     LeakyReLU(0.2) throughout, tanh at the end.
 
+    ``warp`` ends G with a fixed, parameter-free layer: the canonical image the network draws is deformed by
+    :func:`deform` with the uniforms Φ(z[:, :6]) (rotation, shear, scale, shift, stroke width), so the network
+    need not learn those warps itself (the private warm-up's regression loses less; G(z, y) stays the
+    interface, differentiable for the GAN steps).
+
     ``styles`` > 1 gives every class that many learned 4×4 maps instead of one, and z[:, 6] picks which
     (a discrete choice, uniform over the slots): the private warm-up fits one released style image per
     slot (``dpsynth.methods.warmup``). The interface is unchanged: G(z, y) with y the class.
     """
 
     def __init__(self, *, num_classes: int, channels: int = 1, image_size: int = 28, width: int = 128,
-                 latent_dim: int = 100, styles: int = 1):
+                 latent_dim: int = 100, styles: int = 1, warp: bool = False):
         super().__init__()
         _check_size(image_size)
         if styles < 1 or (styles > 1 and latent_dim <= STYLE_LATENT):
@@ -90,6 +96,9 @@ class Generator(ConditionalGenerator):
         self.num_classes = num_classes
         self.width = width
         self.styles = styles
+        if warp and latent_dim < LATENT_CONTROLS:
+            raise ConfigError(f"generator: warp needs latent_dim >= {LATENT_CONTROLS}")
+        self.warp = bool(warp)
         self.latent_branch = nn.ConvTranspose2d(latent_dim, 2 * width, 4, 1, 0)
         self.label_branch = nn.Embedding(num_classes * styles, 2 * width * 16)  # learned 4×4 maps per class
         k, p = (3, 1) if image_size == 28 else (4, 1)
@@ -109,12 +118,38 @@ class Generator(ConditionalGenerator):
         u = 0.5 * (1 + torch.erf(z[:, STYLE_LATENT] / math.sqrt(2)))
         return (u * self.styles).long().clamp(max=self.styles - 1)
 
-    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def canonical(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The image before the warp (the whole output without ``warp``)."""
         h_z = F.leaky_relu(self.latent_branch(z[:, :, None, None]), 0.2)
         index = y.view(-1) * self.styles + self.slot(z)
         h_y = F.leaky_relu(self.label_branch(index).view(-1, 2 * self.width, 4, 4), 0.2)
         return self.net(torch.cat([h_z, h_y], dim=1))
 
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = self.canonical(z, y)
+        if self.warp:
+            x = deform(x, 0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2))))
+        return x
+
+
+
+def deform(x: torch.Tensor, u: torch.Tensor, *, max_rotate: float = 15.0, max_shear: float = 0.25,
+           scale: tuple[float, float] = (0.85, 1.1), max_shift: float = 0.1) -> torch.Tensor:
+    """Deform images ``x`` (N×C×H×W in [-1, 1]) by uniforms ``u`` (N×6 in [0, 1]): rotation, shear,
+    scale, x and y shift (fractions of the side), then stroke width (thinner below 1/3, thicker above 2/3)."""
+    a = (2 * u[:, 0] - 1) * max_rotate * math.pi / 180
+    shear = (2 * u[:, 1] - 1) * max_shear
+    s = scale[0] + (scale[1] - scale[0]) * u[:, 2]
+    tx, ty = (2 * u[:, 3] - 1) * max_shift * 2, (2 * u[:, 4] - 1) * max_shift * 2
+    cos, sin = torch.cos(a) / s, torch.sin(a) / s
+    theta = torch.stack([torch.stack([cos, -sin + shear, tx], 1), torch.stack([sin, cos, ty], 1)], 1)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    x = F.grid_sample(x + 1, grid, align_corners=False, padding_mode="zeros") - 1  # background stays -1
+    thick = F.max_pool2d(x, 3, 1, 1)
+    thin = -F.max_pool2d(-x, 3, 1, 1)
+    w = u[:, 5].view(-1, 1, 1, 1)
+    x = torch.where(w > 2 / 3, 0.5 * (x + thick), torch.where(w < 1 / 3, 0.5 * (x + thin), x))
+    return x.clamp(-1, 1)
 
 
 def count_parameters(module: nn.Module) -> int:
