@@ -153,7 +153,7 @@ def source(tmp_path_factory):
     return str(path)
 
 
-TINY = ("train.d_width=4", "train.g_width=4", "train.latent_dim=8", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
+TINY = ("train.d_width=4", "train.g_width=4", "train.latent_dim=12", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
         "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0")
 
 

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
 EPSILON = 8
-TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=8", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
+TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=12", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
         "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.experiment=platform-ui"]
 POPULATION = "mnist600"
 FORM = {"dataset_uri": None, "population_id": POPULATION, "epsilon": EPSILON, "delta": 1e-4, "steps": 10,
