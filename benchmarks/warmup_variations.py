@@ -10,6 +10,7 @@ not a release. Seeds pair the releases and the CNNs across configs.
 
     python benchmarks/warmup_variations.py --seeds 0,1,2 --configs "r=0:s=0;r=5:sv=1:s=0;r=5:sv=2:s=0"
     python benchmarks/warmup_variations.py --seeds 0,1 --configs "r=0;r=5:sv=1;r=5:sv=1:w=48"
+    python benchmarks/warmup_variations.py --seeds 0,1 --configs "r=0:warp=1;r=5:sv=1:warp=1"   # train.g_warp
 """
 import sys, math, time, json, argparse, torch
 from dpsynth.data import read_parquet
@@ -48,7 +49,7 @@ def run(conf, seed):
         classifiers.fit(m, xs, labels, epochs=5, seed=100 + seed)
         return classifiers.accuracy(m, tx, ty), 0
     torch.manual_seed(seed)
-    G = Generator(num_classes=10, width=width, styles=9)
+    G = Generator(num_classes=10, width=width, styles=9, warp=bool(int(kw.get("warp", 0))))
     t0 = time.process_time()
     warmup.fit_generator(G, images, steps=steps, batch_size=128, lr=lr, generator=torch.Generator().manual_seed(seed), directions=dirs)
     fit = time.process_time() - t0
