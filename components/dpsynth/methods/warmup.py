@@ -131,10 +131,9 @@ def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: f
     """Regress G(z, y) onto ``deform(vary(image), Φ(z[:, :6]))`` for ``steps`` Adam steps, the image the one
     of class y's slot that z picks (``images``: G.num_classes × G.styles, class-major), moved along class
     y's variation ``directions`` (num_classes × r × C×H×W) when given; returns the last loss."""
-    rank = 0 if directions is None else directions.shape[1]
-    if G.latent_dim < max(LATENT_CONTROLS, VARIATION_LATENT + rank if rank else 0):
-        raise ValueError(f"warmup: the generator's latent_dim must be >= "
-                         f"{max(LATENT_CONTROLS, VARIATION_LATENT + rank if rank else 0)}")
+    needed = LATENT_CONTROLS if directions is None else VARIATION_LATENT + directions.shape[1]
+    if G.latent_dim < needed:
+        raise ValueError(f"warmup: the generator's latent_dim must be >= {needed}")
     styles = getattr(G, "styles", 1)
     if len(images) != G.num_classes * styles:
         raise ValueError(f"warmup: {len(images)} images for {G.num_classes} classes × {styles} style slots")
