@@ -427,14 +427,24 @@ class RunConfig:
         _require(self.audit.empirical == "off" or self.train.method in EMPIRICAL_AUDIT_METHODS, "audit.empirical",
                  f"the empirical audit supports train.method in {list(EMPIRICAL_AUDIT_METHODS)}, not "
                  f"{self.train.method!r} (yet); set audit.empirical=off")
-        _require(not self.train.g_warp or self.train.method == "dpgan", "train.g_warp",
-                 f"only DPGAN's generator (dcgan.Generator) warps, not train.method={self.train.method!r}")
+        method, dcgan = self.train.method, self.train.method in ("dpgan", "zhang")  # dcgan.Generator's methods
+        _require(not self.train.g_warp or dcgan, "train.g_warp",
+                 f"only DPGAN's and dp-GAN's generator (dcgan.Generator) warps, not train.method={method!r}")
         _require(not self.train.g_warp or self.train.latent_dim >= 6, "train.g_warp",
                  f"the warp reads z[:, :6]: train.latent_dim must be >= 6, got {self.train.latent_dim}")
         w = self.warmup
-        _require(not (w.central_images and w.variations) or self.train.latent_dim >= 7 + w.variations,
-                 "warmup.variations", f"{w.variations} directions need train.latent_dim >= {7 + w.variations} "
-                 f"(z[:, 7:7 + r] weighs them), got {self.train.latent_dim}")
+        _require(not w.central_images or method != "gswgan_federated", "warmup.central_images",
+                 "the federated GS-WGAN server holds no records to release; set warmup.central_images=false")
+        _require(not (w.central_images and w.styles) or dcgan, "warmup.styles",
+                 f"the style release needs a generator with style slots (dcgan.Generator: dpgan, zhang), not "
+                 f"train.method={method!r}; set warmup.styles=0")
+        latent, where = ((self.train.latent_dim, "train.latent_dim") if dcgan
+                         else (self.gswgan.latent_dim, "gswgan.latent_dim"))
+        _require(not (w.central_images and w.variations) or latent >= 7 + w.variations,
+                 "warmup.variations", f"{w.variations} directions need {where} >= {7 + w.variations} "
+                 f"(z[:, 7:7 + r] weighs them), got {latent}")
+        _require(not w.central_images or latent >= 6, "warmup.central_images",
+                 f"the warm-up's deformations read z[:, :6]: {where} must be >= 6, got {latent}")
         return self
 
     def to_dict(self) -> dict:

@@ -8,7 +8,7 @@ import torch
 from opacus.accountants import RDPAccountant
 
 from dpsynth.config import load_config
-from dpsynth.methods import warmup
+from dpsynth.methods import artifacts, warmup
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
 from dpsynth.stages.audit import invariants
@@ -189,7 +189,6 @@ def test_releases_at_the_same_sigma_merge_in_the_trace_and_still_pass_the_audit(
 def test_a_warping_generator_learns_its_images_and_is_saved_with_its_warp(tmp_path, small_mnist):
     """train.g_warp: the fit targets the canonical image (the warp deforms it), and the generator file
     records the warp, so the released generator draws what was trained."""
-    from dpsynth.methods import artifacts
     from dpsynth.models.dcgan import Generator
 
     means = -torch.ones(2, 1, 28, 28)
@@ -215,4 +214,73 @@ def test_g_warp_is_refused_for_other_methods_naming_the_field(tmp_path):
     from dpsynth.errors import ConfigError
 
     with pytest.raises(ConfigError, match="train.g_warp"):
-        tiny(tmp_path, "train.g_warp=true", "train.method=zhang")
+        tiny(tmp_path, "train.g_warp=true", "train.method=gswgan")
+
+
+# --- the same warm-up before the other methods' private training -------------------------------------
+
+
+@pytest.mark.parametrize("method", ["gswgan", "dpac"])
+def test_gswgan_and_dpac_warm_up_on_the_union_of_their_shards(tmp_path, shards, method, monkeypatch):
+    from dpsynth.methods.registry import get
+    from tests.methods.gswgan_helpers import tiny as gswgan_tiny
+
+    extra = ["warmup.central_images=true", "warmup.steps=4", "warmup.noise_multiplier=5",
+             "warmup.variations=1", "warmup.variations_noise_multiplier=4", "privacy.epsilon=30"]
+    cfg = gswgan_tiny(tmp_path, *extra, method=method)
+    seen = []
+    real_release = warmup.release
+
+    def spy(cfg_, images, labels, **kw):
+        seen.append(len(images))
+        return real_release(cfg_, images, labels, **kw)
+
+    monkeypatch.setattr(warmup, "release", spy)
+    result = get(method).trainer_class()(cfg, shards).train()
+    assert seen == [sum(len(s) for s in shards)]  # every shard's records, once
+    trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
+    assert [(e.sampling, e.sensitivity, e.noise_multiplier) for e in trace.events[:2]] == [
+        ("full_batch", "add_remove", 5.0), ("full_batch", "add_remove", 4.0)]
+    assert trace.events[2].sampling == "without_replacement" and trace.events[2].count == 6
+    assert result.epsilon <= 30
+    # the iterations' noise was calibrated for what the warm-up left
+    alone = gswgan_tiny(tmp_path / "b", "privacy.epsilon=30", method=method)
+    from dpsynth.methods.gswgan import plan_privacy
+    assert trace.events[2].noise_multiplier > plan_privacy(alone, n=600, num_shards=3).event.noise_multiplier
+    assert all(c["passed"] for c in invariants(method)(cfg, trace, 600)), invariants(method)(cfg, trace, 600)
+    # audited as if there were no warm-up: refused
+    assert not all(c["passed"] for c in invariants(method)(alone, trace, 600))
+
+
+def test_the_warm_up_settings_a_method_cannot_take_are_refused_naming_the_field(tmp_path):
+    from dpsynth.errors import ConfigError
+    from tests.methods.gswgan_helpers import tiny as gswgan_tiny
+
+    with pytest.raises(ConfigError, match="warmup.styles"):
+        gswgan_tiny(tmp_path, "warmup.central_images=true", "warmup.styles=2")
+    with pytest.raises(ConfigError, match="warmup.central_images"):
+        gswgan_tiny(tmp_path, "warmup.central_images=true", method="gswgan_federated")
+    with pytest.raises(ConfigError, match="gswgan.latent_dim"):
+        gswgan_tiny(tmp_path, "warmup.central_images=true", "warmup.variations=2")
+
+
+def test_zhang_warms_up_with_styles_and_the_warp(tmp_path, small_mnist):
+    from dpsynth.methods.zhang import ZhangTrainer
+    from tests.methods.test_zhang import split, tiny as zhang_tiny
+
+    cfg = zhang_tiny(tmp_path, "warmup.central_images=true", "warmup.steps=4", "warmup.noise_multiplier=5",
+                     "warmup.styles=2", "warmup.styles_noise_multiplier=3", "train.g_warp=true", "privacy.epsilon=10")
+    public, private = split(small_mnist, cfg)
+    result = ZhangTrainer(cfg, private, public=public).train()
+    trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
+    assert [(e.sampling, e.noise_multiplier) for e in trace.events[:2]] == [("full_batch", 5.0), ("full_batch", 3.0)]
+    assert trace.events[2].sampling == "poisson"
+    # independent account (Opacus' RDP accountant) of the same history
+    ref = RDPAccountant()
+    ref.history = [(5.0, 1.0, 1), (3.0, 1.0, 1),
+                   (trace.events[2].noise_multiplier, trace.events[2].sample_rate, trace.events[2].count)]
+    assert result.epsilon == pytest.approx(ref.get_epsilon(1e-4), rel=1e-6)
+    assert result.epsilon <= 10
+    assert all(c["passed"] for c in invariants("zhang")(cfg, trace, len(private)))
+    loaded, _ = artifacts.load_generator(result.generator_path)
+    assert loaded.styles == 4 and loaded.warp is True

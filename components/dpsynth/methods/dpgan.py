@@ -26,19 +26,13 @@ from dpsynth.methods import warmup
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.methods.loop import Trainer
 from dpsynth.models.dcgan import Discriminator, Generator
-from dpsynth.privacy import (BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, central_images, check_delta,
-                              get_accountant)
+from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
 from dpsynth.privacy.dpsgd import GradientSanitizer, private_module
 from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.privacy.randomness import MechanismRandomness
 
 # Opacus' hooks fire on module outputs because image inputs need no gradient; that is expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
-
-
-def warmup_trace(cfg: RunConfig) -> MechanismTrace:
-    """The events of the private warm-up that precede training (empty without one)."""
-    return MechanismTrace(warmup.events(cfg))
 
 
 def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
@@ -50,15 +44,7 @@ def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
     q = t.batch_size / n
     if q > 1:
         raise PrivacyError(f"train.batch_size: {t.batch_size} exceeds the {n} training records")
-    prefix = warmup_trace(cfg)
-    if prefix.steps:
-        spent = get_accountant(p.accountant).epsilon(prefix, delta=p.delta)
-        if spent >= p.epsilon:
-            raise PrivacyError(
-                f"privacy.epsilon: {p.epsilon} is spent by the warm-up's releases alone (ε = {spent:.3g} at δ = "
-                f"{p.delta:g}); set warmup.variations=0 and warmup.styles=0 (class means only), raise "
-                f"warmup.noise_multiplier / warmup.styles_noise_multiplier / warmup.variations_noise_multiplier, "
-                f"or raise privacy.epsilon")
+    prefix = warmup.prefix(cfg, accountant=p.accountant)
     sigma = p.noise_multiplier
     if sigma is None:
         sigma = calibrate_noise(
@@ -160,35 +146,6 @@ class DPGANTrainer(Trainer):
         self.step += 1
         self.since_g += 1
 
-    # --- the private warm-up, before the first step --------------------------------------
-    def warm_up(self) -> bool:
-        """The private warm-up (dpsynth.methods.warmup), when configured: release the central images — the
-        class means, then the style groups' means when configured — with the secret coins (each release
-        records its event in the trace), then fit G to them (post-processing)."""
-        w = self.cfg.warmup
-        if not w.central_images:
-            return False
-        means, class_counts = central_images.central_images(
-            self.images, self.labels, num_classes=self.num_classes, clip=w.clip,
-            noise_multiplier=w.noise_multiplier, randomness=self.mechanism, trace=self.trace, with_counts=True)
-        means = warmup.clean(means)
-        images, template_classes = means, torch.arange(self.num_classes)  # one image per slot, and its class
-        if w.styles:
-            templates, template_classes = warmup.style_templates(means, w.styles)
-            styles, counts = central_images.style_images(
-                self.images, self.labels, templates, template_classes, clip=w.clip,
-                noise_multiplier=w.styles_noise_multiplier, randomness=self.mechanism, trace=self.trace)
-            images = warmup.fill_styles(warmup.clean(styles), counts, means)
-        directions = None
-        if w.variations:  # residuals around each record's nearest released image of its class (public by now)
-            directions = central_images.variation_directions(
-                self.images, self.labels, images, template_classes, class_counts, rank=w.variations,
-                clip=w.variations_clip, noise_multiplier=w.variations_noise_multiplier, randomness=self.mechanism,
-                trace=self.trace)
-        warmup.fit_generator(self.G, images, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=self.rng,
-                             directions=directions)
-        return True
-
     # --- one generator step (Algorithm 1, lines 10–14) ---------------------------------
     def generator_step(self) -> None:
         B = self.cfg.train.batch_size
@@ -233,10 +190,7 @@ class DPGANTrainer(Trainer):
         self.n_d.load_state_dict(state["n_d"])
 
     def generator(self) -> tuple[torch.nn.Module, dict]:
-        return self.G, {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
-                        "channels": self.image_shape[0], "image_size": self.image_shape[1],
-                        "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim,
-                        "styles": self.G.styles, "warp": self.G.warp}
+        return self.G, self.G.describe()
 
     def progress(self) -> tuple[dict, dict]:
         ema = self.n_d.ema
@@ -273,15 +227,7 @@ def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
     """What DPGAN's (ε, δ) means (for the audit, the release record and the MLflow tags)."""
     from dpsynth.privacy.statement import REPLACE_BY_GROUP_PRIVACY, statement
 
-    warm = (" The private warm-up's class-mean release is one full-batch Gaussian (q = 1): each record moves the "
-            "stacked class sums by ≤ C, noise σ_w·C." if cfg.warmup.central_images else "")
-    if cfg.warmup.central_images and cfg.warmup.styles:
-        warm += (" Its style release is one more: each record, assigned to the nearest public template of its "
-                 "class, moves the stacked group sums by ≤ C, noise σ_s·C.")
-    if cfg.warmup.central_images and cfg.warmup.variations:
-        warm += (" Its variation release is one more: each record's residual around the released image of its "
-                 "nearest public template, clipped to C_v, adds r·rᵀ to its class's second-moment matrix (upper "
-                 "triangle moved by ≤ C_v² in L2), noise σ_v·C_v² per entry.")
+    warm = warmup.statement(cfg)
     return statement(
         adjacency=f"add/remove one record: every step Poisson-samples records at q = B/n = {plan.event.sample_rate:.6g}; "
                   f"{REPLACE_BY_GROUP_PRIVACY}.",

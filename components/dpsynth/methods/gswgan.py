@@ -47,6 +47,7 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.grids import class_grid
+from dpsynth.methods import warmup
 from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.loop import Trainer
 from dpsynth.models.gswgan import Discriminator, Generator
@@ -298,20 +299,21 @@ def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
             raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow one iteration even as published")
         return PrivacyPlan(event=event, steps=lo, guard=None, noise_multiplier=sigma, releases=B,
                            published_epsilon=published(lo))
+    prefix = warmup.prefix(cfg, accountant=ACCOUNTANT)  # the private warm-up's releases, when configured
     if sigma is None:
         event_sigma = calibrate_noise(target_epsilon=p.epsilon, delta=p.delta, sample_rate=1.0 / num_shards,
                                       steps=T, accountant=ACCOUNTANT, sampling="without_replacement",
-                                      sensitivity="replace_one")
+                                      sensitivity="replace_one", prefix=prefix)
         sigma = event_sigma * math.sqrt(B)
         while fold_releases(sigma, B) < event_sigma:  # never less noise than calibrated, to the last ulp
             sigma = math.nextafter(sigma, math.inf)
     event = gswgan_event(noise_multiplier=sigma, batch_size=B, num_shards=num_shards)
     guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=ACCOUNTANT, event=event)
-    steps = min(T, guard.max_steps)
+    steps = min(T, guard.remaining(prefix))
     if steps < 1:
         raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow a single iteration at per-sample noise "
                            f"multiplier {sigma:.4g} (B = {B}, K = {num_shards}); raise epsilon or the noise")
-    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=B)
+    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=B, prefix=prefix.events)
 
 
 # --- the trainer --------------------------------------------------------------------------------
@@ -366,6 +368,13 @@ class GSWGANTrainer(Trainer):
                                    releases=self.plan.releases)
         self.data_rng = _cpu_rng(seed, "real-batches")
         self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
+
+    # --- the private warm-up (dpsynth.methods.warmup), when configured: on the union of the shards ---------
+    def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([x for x, _ in self.shards]), torch.cat([y for _, y in self.shards])
+
+    def warmed_up(self) -> None:
+        self.G_ema.load_state_dict(self.G.state_dict())
 
     # --- D_k in and out of the one working discriminator -------------------------------------
     def _load_discriminator(self, k: int) -> torch.optim.Adam:
@@ -486,8 +495,8 @@ def _refresh_spectral_norm(G: torch.nn.Module, iterations: int = 10) -> None:
 def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
     """Checks that a GS-WGAN / DPAC trace is the mechanism this config describes."""
     K, B, p = cfg.partition.num_shards, cfg.gswgan.batch_size, cfg.privacy
-    events = trace.events
-    checks = []
+    checks, events = warmup.invariants(cfg, trace)
+    iterations = sum(e.count for e in events)  # after the warm-up's releases
 
     def check(name: str, passed: bool, detail: str) -> None:
         checks.append({"name": name, "passed": bool(passed), "detail": detail})
@@ -510,8 +519,8 @@ def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict
                   all(math.isclose(e.noise_multiplier, expected, rel_tol=1e-9) for e in events),
                   f"every event has the noise multiplier calibrated from the config: {expected:.6g} "
                   f"(per-release σ = {expected * math.sqrt(B):.6g}, B = {B})")
-    check("gswgan.steps", 0 < trace.steps <= cfg.train.steps,
-          f"{trace.steps} iterations recorded, at most train.steps = {cfg.train.steps}")
+    check("gswgan.steps", 0 < iterations <= cfg.train.steps,
+          f"{iterations} iterations recorded, at most train.steps = {cfg.train.steps}")
     check("gswgan.delta", p.delta < 1 / n if n >= 1 else False, f"δ = {p.delta} < 1/n = {1 / max(n, 1):.6g}")
     check("gswgan.accounting", p.accounting == "sound",
           "sound accounting" if p.accounting == "sound" else
@@ -556,9 +565,10 @@ def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
     from dpsynth.privacy.statement import revealed_choice_account, statement
 
     K = cfg.partition.num_shards
-    revealed = revealed_choice_account(plan.event, plan.steps, num_shards=K, delta=cfg.privacy.delta)
+    revealed = revealed_choice_account(plan.event, plan.steps, num_shards=K, delta=cfg.privacy.delta,
+                                       prefix=plan.prefix)
     return statement(
-        adjacency=shard_adjacency(K), noise=noise_convention(plan.releases, plan),
+        adjacency=shard_adjacency(K), noise=noise_convention(plan.releases, plan) + warmup.statement(cfg),
         assumptions=[SHARD_STATE_ASSUMPTION],
         accounts=[{"against": "an adversary who sees every iteration's shard choice (no shard-state assumption)",
                    **revealed}])

@@ -47,7 +47,7 @@ from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import artifacts, checkpoint, core, distributed
+from dpsynth.methods import artifacts, checkpoint, core, distributed, warmup
 from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
@@ -109,8 +109,27 @@ class Trainer:
         raise NotImplementedError
 
     def warm_up(self) -> bool:
-        """A private release before the first step (its events recorded by its release); True if it ran."""
-        return False
+        """The private warm-up before the first step, when ``warmup.central_images`` is on
+        (:mod:`dpsynth.methods.warmup`): the central-image releases on :meth:`warmup_records`, with the
+        mechanism's secret coins, each recording its event in the trace; then G is
+        fitted to them (post-processing). True if it ran."""
+        w = self.cfg.warmup
+        if not w.central_images:
+            return False
+        images, labels = self.warmup_records()
+        slots, directions = warmup.release(self.cfg, images, labels, num_classes=self.num_classes,
+                                           randomness=self.mechanism, trace=self.trace)
+        warmup.fit_generator(self.G, slots, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=self.rng,
+                             directions=directions)
+        self.warmed_up()
+        return True
+
+    def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """*method*, for the warm-up: every training record (images in [-1, 1], labels)."""
+        return self.images, self.labels
+
+    def warmed_up(self) -> None:
+        """After the warm-up has fitted G (GS-WGAN: its EMA copy starts there)."""
 
     def method_state(self) -> dict:
         """*method*: models, optimizers, RNG states and schedules, for a checkpoint."""

@@ -45,18 +45,79 @@ MIN_COUNT = 20.0  # a style group with fewer (noisy) records is dropped: its mea
 
 
 def events(cfg) -> list:
-    """The warm-up's mechanism events, in order: the class-mean release, then the style release."""
+    """The warm-up's mechanism events, in order: the class-mean release, then the style release, then the
+    variation release: each a full-batch Gaussian of add/remove sensitivity (its clip)."""
     from dpsynth.privacy import central_images
 
     w = cfg.warmup
     if not w.central_images:
         return []
-    out = [central_images.event_for(w.noise_multiplier)]
+    sigmas = [w.noise_multiplier] + [w.styles_noise_multiplier] * bool(w.styles)
+    sigmas += [w.variations_noise_multiplier] * bool(w.variations)
+    return [central_images.event_for(sigma) for sigma in sigmas]
+
+
+def prefix(cfg, *, accountant):
+    """The warm-up's events as the trace that precedes training (empty without one); refuses, naming the
+    settings, when they alone spend ``privacy.epsilon`` under ``accountant``."""
+    from dpsynth.errors import PrivacyError
+    from dpsynth.privacy import MechanismTrace, get_accountant
+
+    p, trace = cfg.privacy, MechanismTrace(events(cfg))
+    if trace.steps:
+        spent = get_accountant(accountant).epsilon(trace, delta=p.delta)
+        if spent >= p.epsilon:
+            raise PrivacyError(
+                f"privacy.epsilon: {p.epsilon} is spent by the warm-up's releases alone (ε = {spent:.3g} at δ = "
+                f"{p.delta:g}); set warmup.variations=0 and warmup.styles=0 (class means only), raise "
+                f"warmup.noise_multiplier / warmup.styles_noise_multiplier / warmup.variations_noise_multiplier, "
+                f"or raise privacy.epsilon")
+    return trace
+
+
+def statement(cfg) -> str:
+    """What the warm-up's releases are, for a method's privacy statement ("" without a warm-up)."""
+    w = cfg.warmup
+    if not w.central_images:
+        return ""
+    out = (" The private warm-up's class-mean release is one full-batch Gaussian (q = 1): each record moves the "
+           "stacked class sums by ≤ C, noise σ_w·C.")
     if w.styles:
-        out.append(central_images.event_for(w.styles_noise_multiplier))
+        out += (" Its style release is one more: each record, assigned to the nearest public template of its "
+                "class, moves the stacked group sums by ≤ C, noise σ_s·C.")
     if w.variations:
-        out.append(central_images.event_for(w.variations_noise_multiplier))
+        out += (" Its variation release is one more: each record's residual around the released image of its "
+                "nearest public template, clipped to C_v, adds r·rᵀ to its class's second-moment matrix (upper "
+                "triangle moved by ≤ C_v² in L2), noise σ_v·C_v² per entry.")
     return out
+
+
+def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, randomness,
+            trace) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The warm-up's releases on the training records (``images`` in [-1, 1], ``labels``), with the
+    mechanism's secret coins, each recording its event in ``trace`` (the order of :func:`events`): returns
+    the images of the generator's slots (one per class, or per (class, style) with styles, class-major) and
+    the variation directions (None without them) — what :func:`fit_generator` fits G to."""
+    from dpsynth.privacy import central_images
+
+    w = cfg.warmup
+    means, class_counts = central_images.central_images(
+        images, labels, num_classes=num_classes, clip=w.clip, noise_multiplier=w.noise_multiplier,
+        randomness=randomness, trace=trace, with_counts=True)
+    means = clean(means)
+    slots, slot_classes = means, torch.arange(num_classes)  # one image per slot, and its class
+    if w.styles:
+        templates, slot_classes = style_templates(means, w.styles)
+        styles, counts = central_images.style_images(
+            images, labels, templates, slot_classes, clip=w.clip, noise_multiplier=w.styles_noise_multiplier,
+            randomness=randomness, trace=trace)
+        slots = fill_styles(clean(styles), counts, means)
+    directions = None
+    if w.variations:  # residuals around each record's nearest released image of its class (public by now)
+        directions = central_images.variation_directions(
+            images, labels, slots, slot_classes, class_counts, rank=w.variations, clip=w.variations_clip,
+            noise_multiplier=w.variations_noise_multiplier, randomness=randomness, trace=trace)
+    return slots, directions
 
 
 def style_slots(cfg) -> int:

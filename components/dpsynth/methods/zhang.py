@@ -43,6 +43,7 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.data.public import declared as public_declared, describe as public_source_statement, unprotected_statement
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
+from dpsynth.methods import warmup
 from dpsynth.methods.core import resolve_device
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.loop import Trainer
@@ -86,7 +87,8 @@ def require_public(cfg: RunConfig, ds: ImageDataset, *, what: str) -> None:
 def build_models(cfg: RunConfig, *, num_classes: int, image_shape: tuple[int, int, int]):
     channels, size, _ = image_shape
     t = cfg.train
-    G = Generator(num_classes=num_classes, channels=channels, image_size=size, width=t.g_width, latent_dim=t.latent_dim)
+    G = Generator(num_classes=num_classes, channels=channels, image_size=size, width=t.g_width, latent_dim=t.latent_dim,
+                  styles=warmup.style_slots(cfg), warp=t.g_warp)
     D = Discriminator(num_classes=num_classes, channels=channels, image_size=size, width=t.d_width)
     return G, D
 
@@ -148,21 +150,22 @@ def plan_privacy(cfg: RunConfig, n: int, *, num_groups: int) -> PrivacyPlan:
     if q > 1:
         raise PrivacyError(f"train.batch_size: {t.batch_size} exceeds the {n} training records")
     sound = p.accounting == "sound"
+    prefix = warmup.prefix(cfg, accountant=p.accountant)
     sigma = p.noise_multiplier
     if sigma is None:
         base = calibrate_noise(target_epsilon=p.epsilon, delta=p.delta, sample_rate=q, steps=t.steps,
-                               accountant=p.accountant)
+                               accountant=p.accountant, prefix=prefix)
         sigma = base * math.sqrt(num_groups) if sound else base
     event = MechanismEvent(sampling="poisson", sample_rate=q, noise_multiplier=sigma / math.sqrt(num_groups),
                            sensitivity="add_remove")
     published = None if sound else event.with_noise(sigma)
     guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=p.accountant, event=published or event)
-    steps = min(t.steps, guard.max_steps)
+    steps = min(t.steps, guard.remaining(prefix))
     if steps < 1:
         raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow a single step at noise multiplier "
                            f"{guard.event.noise_multiplier:.4g} and sample rate {q:.4g}; raise epsilon or the noise")
     return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=num_groups,
-                       published_event=published)
+                       published_event=published, prefix=prefix.events)
 
 
 # --- warm start (Alg. 3 line 1) --------------------------------------------------------------------
@@ -423,9 +426,7 @@ class ZhangTrainer(Trainer):
         return self.plan.guard.spent(published)
 
     def generator(self) -> tuple[torch.nn.Module, dict]:
-        return self.G, {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes,
-                        "channels": self.image_shape[0], "image_size": self.image_shape[1],
-                        "width": self.cfg.train.g_width, "latent_dim": self.cfg.train.latent_dim}
+        return self.G, self.G.describe()
 
     def progress(self) -> tuple[dict, dict]:
         metrics = {"generator_steps": self.g_steps}
@@ -458,7 +459,7 @@ def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
         adjacency=f"add/remove one record (one real/fake/interpolate unit): every critic step Poisson-samples "
                   f"records at q = B/n = {plan.event.sample_rate:.6g}; {REPLACE_BY_GROUP_PRIVACY}.",
         noise=f"σ·c_j: clip group j gets N(0, (σ c_j)²) with per-group sensitivity c_j; the k = {plan.releases} "
-              f"groups of one step fold to σ/√k = {plan.event.noise_multiplier:.6g}.",
+              f"groups of one step fold to σ/√k = {plan.event.noise_multiplier:.6g}.{warmup.statement(cfg)}",
         assumptions=["the warm start and clipping bounds use public records only: " + public_source_statement(cfg)],
         unprotected=unprotected_statement(cfg))
 
@@ -468,8 +469,7 @@ def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict
     p, t = cfg.privacy, cfg.train
     k = planned_num_groups(cfg)
     q = t.batch_size / n if n else float("nan")
-    events = list(trace.events)
-    checks = []
+    checks, events = warmup.invariants(cfg, trace)
 
     def check(name: str, passed: bool, detail: str) -> None:
         checks.append({"name": name, "passed": bool(passed), "detail": detail})
@@ -477,7 +477,8 @@ def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict
     check("accounting_sound", p.accounting == "sound",
           "sound accounting" if p.accounting == "sound" else
           "privacy.accounting=as_published: the paper's parallel-composition account is unsound; never release")
-    check("events_present", bool(events), f"{trace.steps} steps in {len(events)} event(s)")
+    steps = sum(e.count for e in events)  # the critic steps, after the warm-up's releases
+    check("events_present", bool(events), f"{steps} steps in {len(events)} event(s)")
     check("poisson_sampling", all(e.sampling == "poisson" for e in events),
           f"samplings: {sorted({e.sampling for e in events})}; critic batches are Poisson samples")
     check("add_remove_adjacency", all(e.sensitivity == "add_remove" for e in events),
@@ -492,5 +493,5 @@ def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict
         check("noise_multiplier_folded", all(math.isclose(e.noise_multiplier, expected, rel_tol=1e-9) for e in events),
               f"expected σ/√k = {p.noise_multiplier}/√{k} = {expected:.6g} (k groups of one step are one release); "
               f"trace: {sorted({e.noise_multiplier for e in events})}")
-    check("steps_within_config", trace.steps <= t.steps, f"{trace.steps} steps, configured train.steps = {t.steps}")
+    check("steps_within_config", steps <= t.steps, f"{steps} steps, configured train.steps = {t.steps}")
     return checks

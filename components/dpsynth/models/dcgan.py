@@ -94,6 +94,7 @@ class Generator(ConditionalGenerator):
             raise ConfigError(f"generator: styles={styles} needs styles >= 1 and latent_dim > {STYLE_LATENT}")
         self.latent_dim = latent_dim
         self.num_classes = num_classes
+        self.channels, self.image_size = channels, image_size
         self.width = width
         self.styles = styles
         if warp and latent_dim < LATENT_CONTROLS:
@@ -110,6 +111,12 @@ class Generator(ConditionalGenerator):
             nn.ConvTranspose2d(width, channels, 4, 2, 1),
             nn.Tanh(),
         )
+
+    def describe(self) -> dict:
+        """Its class and keywords, as the generator file records them (``dpsynth.methods.artifacts``)."""
+        return {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes, "channels": self.channels,
+                "image_size": self.image_size, "width": self.width, "latent_dim": self.latent_dim,
+                "styles": self.styles, "warp": self.warp}
 
     def slot(self, z: torch.Tensor) -> torch.Tensor:
         """The style slot z picks: ⌊Φ(z₆)·styles⌋ (0 when styles = 1)."""

@@ -31,7 +31,8 @@ def statement(*, adjacency: str, noise: str, assumptions=(), accounts=(), unprot
             "unprotected": unprotected}
 
 
-def revealed_choice_account(event: MechanismEvent, steps: int, *, num_shards: int, delta: float) -> dict:
+def revealed_choice_account(event: MechanismEvent, steps: int, *, num_shards: int, delta: float,
+                            prefix: tuple[MechanismEvent, ...] = ()) -> dict:
     """(ε, δ) of ``steps`` shard-sampled iterations (``event``: rate 1/K, σ_e per C, replace_one, i.e.
     sensitivity 2C) when the adversary sees each iteration's shard: no amplification by the choice.
 
@@ -39,6 +40,7 @@ def revealed_choice_account(event: MechanismEvent, steps: int, *, num_shards: in
     the data. With probability ≥ 1 − δ/2, m ≤ m* (the binomial's upper δ/2 tail, scipy), and m
     Gaussian releases of sensitivity 2C and noise σ_e·C are m full-batch Gaussian releases of
     multiplier σ_e/2, bounded by RDP at δ/2. So the mechanism is (ε(m*), δ)-DP against that adversary.
+    ``prefix``: full-batch add/remove releases before the iterations (a warm-up), composed with them.
     """
     from scipy.stats import binom
 
@@ -47,9 +49,9 @@ def revealed_choice_account(event: MechanismEvent, steps: int, *, num_shards: in
     m = int(binom.isf(delta / 2, steps, 1 / num_shards))
     while binom.sf(m, steps, 1 / num_shards) > delta / 2:  # isf is a float search: make the tail hold
         m += 1
-    trace = MechanismTrace([MechanismEvent(sampling="full_batch", sample_rate=1.0,
-                                           noise_multiplier=event.noise_multiplier / 2,
-                                           sensitivity="add_remove", count=m)] if m else [])
+    trace = MechanismTrace([*prefix, *([MechanismEvent(sampling="full_batch", sample_rate=1.0,
+                                                       noise_multiplier=event.noise_multiplier / 2,
+                                                       sensitivity="add_remove", count=m)] if m else [])])
     eps = get_accountant("rdp").epsilon(trace, delta=delta / 2)
     return {"epsilon": eps if math.isfinite(eps) else math.inf, "delta": delta, "iterations_bound": m,
             "how": f"the record's shard is drawn at most m* = {m} of {steps} iterations except with probability "

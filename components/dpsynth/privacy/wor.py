@@ -31,6 +31,13 @@ As in autodp:
   an order in (1, 2) uses ε'(2) (Rényi divergence grows with α) — or ε(α) when smaller,
   where autodp keeps ε'(2).
 
+A ``full_batch`` event (every record, q = 1; e.g. a central-image warm-up release, see
+:mod:`dpsynth.privacy.central_images`) is the Gaussian mechanism itself: ε(α) = αΔ²/(2σ²) with Δ = 1 for
+``add_remove`` (a record added or removed moves the query by ≤ C) and 2 for ``replace_one``. GS-WGAN's
+neighbours differ by one added or removed record whose shard's releases move by ≤ 2C (the trace's
+``replace_one`` events, see :mod:`dpsynth.methods.gswgan`), so its warm-up releases compose with them
+under the same relation at Δ = 1.
+
 Heterogeneous events compose by adding their RDP curves (count × per-step curve). ε at δ is
 min over orders of the conversion of Balle et al. 2020 (arXiv:1905.09982, Thm 21), through
 Opacus' ``get_privacy_spent`` — the same conversion the ``"rdp"`` accountant uses. (autodp's
@@ -187,11 +194,13 @@ class WORAccountant(RDPCurveAccountant):
         super().__init__(orders=orders)
 
     def unsupported_reason(self, event: MechanismEvent) -> str | None:
-        if event.sampling != "without_replacement":
+        if event.sampling not in ("without_replacement", "full_batch"):
             return (
-                f"sampling: the {self.name!r} accountant handles without_replacement sampling, "
+                f"sampling: the {self.name!r} accountant handles without_replacement (and full_batch) sampling, "
                 f"not {event.sampling!r}"
             )
+        if event.sampling == "full_batch":
+            return None  # either adjacency: the Gaussian itself, sensitivity C (add_remove) or 2C (replace_one)
         if event.sensitivity != "replace_one":
             return (
                 f"sensitivity: the {self.name!r} accountant pairs without_replacement sampling with "
@@ -200,6 +209,9 @@ class WORAccountant(RDPCurveAccountant):
         return None
 
     def step_rdp(self, event: MechanismEvent) -> np.ndarray:
+        if event.sampling == "full_batch":  # no subsampling (a warm-up release): the Gaussian's α·Δ²/(2σ²)
+            sensitivity = REPLACE_ONE_SENSITIVITY if event.sensitivity == "replace_one" else 1.0
+            return np.asarray(self.orders) * (sensitivity ** 2 / (2 * event.noise_multiplier ** 2))
         return _rdp_per_step(event.sample_rate, event.noise_multiplier, self.orders)
 
     def __repr__(self) -> str:

@@ -75,7 +75,6 @@ MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
 CLAIM_TOLERANCE = 1e-6  # relative: the trainer's RDP/WOR claim vs the audit's recomputation
 # The adjacency each sampling scheme needs, and the accountants that bound it (first: the rigorous one).
 SAMPLING_ADJACENCY = {"poisson": "add_remove", "full_batch": "add_remove", "without_replacement": "replace_one"}
-SAMPLING_ACCOUNTANTS = {"poisson": ("rdp", "prv"), "full_batch": ("rdp", "prv"), "without_replacement": ("wor",)}
 PLAN_RELATIVE_TOLERANCE = 1e-9  # a recomputed rate or calibrated σ against the trace's
 # MLflow tags that carry the statement (audit, train and parent runs)
 TAG_ADJACENCY, TAG_ASSUMPTIONS, TAG_UNPROTECTED = "dpsynth.privacy.adjacency", "dpsynth.privacy.assumptions", \
@@ -98,11 +97,10 @@ def invariants(method: str):
 
 
 def accountants_for(trace: MechanismTrace) -> tuple[str, ...]:
-    """The accountants that apply to every event of ``trace`` (by its sampling schemes); () if none."""
-    schemes = {e.sampling for e in trace.events}
-    names = [set(SAMPLING_ACCOUNTANTS.get(s, ())) for s in schemes]
-    common_names = set.intersection(*names) if names else {"rdp", "prv"}
-    return tuple(a for a in ("rdp", "prv", "wor") if a in common_names)
+    """The registered accountants that support every event of ``trace`` (each says so itself); () if none."""
+    from dpsynth.privacy.accountants import ACCOUNTANTS
+
+    return tuple(name for name, cls in ACCOUNTANTS.items() if all(cls().supports(e) for e in trace.events))
 
 
 def recompute(trace: MechanismTrace, *, delta: float, accountants: tuple[str, ...] | None = None,
