@@ -302,6 +302,7 @@ class ZhangConfig:
     public_batch_size: int = 64  # m_pub
     warm_start_iterations: int = 300  # t_warm generator iterations on public data; 0: no warm start
     lr: float = 2e-3  # Adam α of both networks (Table 1, MNIST)
+    lr_g: float | None = None  # the generator's Adam α when it differs (a slow G keeps a private warm-up)
     adam_beta1: float = 0.5
     adam_beta2: float = 0.9
 
@@ -313,6 +314,7 @@ class ZhangConfig:
         _require(self.public_batch_size >= 1, "zhang.public_batch_size", f"must be >= 1, got {self.public_batch_size}")
         _require(self.warm_start_iterations >= 0, "zhang.warm_start_iterations", "must be >= 0")
         _require(self.lr > 0, "zhang.lr", f"must be > 0, got {self.lr}")
+        _require(self.lr_g is None or self.lr_g > 0, "zhang.lr_g", f"must be > 0, got {self.lr_g}")
         for name in ("adam_beta1", "adam_beta2"):
             _require(0 <= getattr(self, name) < 1, f"zhang.{name}", "must be in [0, 1)")
 

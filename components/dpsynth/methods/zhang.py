@@ -296,7 +296,7 @@ class ZhangTrainer(Trainer):
 
         betas = (z.adam_beta1, z.adam_beta2)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=z.lr, betas=betas)
-        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=z.lr, betas=betas)
+        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=z.lr if z.lr_g is None else z.lr_g, betas=betas)
         self.rng = torch.Generator(device=self.device).manual_seed(t.seed)  # fakes, interpolation, G steps
         # the secret coins: Poisson masks and noise (never train.seed)
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
