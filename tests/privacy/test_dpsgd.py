@@ -67,19 +67,22 @@ def test_clipping_matches_per_example_loop(mode, grouped):
 
 def test_noise_has_the_nominal_scale():
     """With zero gradients, p.grad is pure noise: std σ·c_j / expected batch size, mean 0."""
-    lin = nn.Linear(200, 100)
+    lin = nn.Linear(50, 2000)
     gsm = prepare_module(lin, "hooks", loss_reduction="sum")
     sigma, bounds, ebs = 1.7, [0.5, 2.0], 4.0
     san = GradientSanitizer([[lin.weight], [lin.bias]], max_grad_norm=bounds, noise_multiplier=sigma,
                             expected_batch_size=ebs)
-    (gsm(torch.zeros(3, 200)) * 0).sum().backward()
+    (gsm(torch.zeros(3, 50)) * 0).sum().backward()
     san.accumulate()
     san.finalize()
     w = lin.weight.grad.flatten()
-    # 20,000 draws: the sample std is within ±3% of the truth with overwhelming probability
+    # The noise is secret (never seeded), so every bound here holds with overwhelming probability, not by luck:
+    # the sample std of n normal draws has relative standard error ≈ 1/√(2n).
+    # 100,000 weight draws: se 0.22 %, allowed 3 % (> 13 se); the mean within 6 se.
     assert w.std().item() == pytest.approx(sigma * bounds[0] / ebs, rel=0.03)
-    assert abs(w.mean().item()) < 4 * sigma * bounds[0] / ebs / math.sqrt(w.numel())
-    assert lin.bias.grad.std().item() == pytest.approx(sigma * bounds[1] / ebs, rel=0.2)
+    assert abs(w.mean().item()) < 6 * sigma * bounds[0] / ebs / math.sqrt(w.numel())
+    # 2,000 bias draws: se 1.6 %, allowed 10 % (> 6 se; the earlier 100 draws at ±20 %, 2.9 se, failed a CI run)
+    assert lin.bias.grad.std().item() == pytest.approx(sigma * bounds[1] / ebs, rel=0.1)
     assert san.effective_noise_multiplier() == pytest.approx(sigma / math.sqrt(2))
 
 
