@@ -19,7 +19,7 @@ from dpsynth.errors import DpsynthError
 
 def build_parser() -> argparse.ArgumentParser:
     from dpsynth.data import cli as data_cli
-    from dpsynth.methods import cli as train_cli
+    from dpsynth.stages import train_cli
     from dpsynth.privacy import cli as privacy_cli
     from dpsynth.privacy import ledger_cli
     from dpsynth.stages import cli as stages_cli

@@ -44,17 +44,13 @@ def test_an_unknown_method_is_a_config_error():
 
 
 def test_methods_know_nothing_of_the_stages():
-    """Nothing under methods/, privacy/, models/, data/ imports dpsynth.stages (the import graph, by source).
-
-    Exempt: ``methods/cli.py``, the ``dpsynth train`` command, which is the edge that hands a run to
-    the train stage (``--run-dir``); the top-level CLI registers it from there."""
+    """Nothing under methods/, privacy/, models/, data/ imports dpsynth.stages (the import graph, by source,
+    imports inside functions included). ``dpsynth train`` is a stage command (``stages/train_cli.py``)."""
     import ast
 
     offenders = []
     for folder in ("methods", "privacy", "models", "data"):
         for path in (REPO / "components" / "dpsynth" / folder).rglob("*.py"):
-            if path == REPO / "components" / "dpsynth" / "methods" / "cli.py":
-                continue
             for node in ast.walk(ast.parse(path.read_text())):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                          [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -1,6 +1,6 @@
 """``dpsynth partition | warmstart | audit | sample | evaluate`` and ``dpsynth pipeline run | start | finish``.
 
-``dpsynth train`` (registered by ``dpsynth.methods.cli``) becomes the train stage when given
+``dpsynth train`` (registered by ``dpsynth.stages.train_cli``) becomes the train stage when given
 ``--run-dir`` (or ``pipeline.run_dir``); without, it is the plain trainer it always was.
 """
 
