@@ -3,6 +3,7 @@ each a rank of a gloo job on CPU. Workers write what the test compares to files 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -217,3 +218,22 @@ def zhang_train_shared_dir(rank: int, tmp: str, stop_after) -> None:
     t.train(stop_after=stop_after)
     torch.save({"D": t.D.state_dict(), "G": t.G.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
                 "bounds": t.sanitizer.bounds, "mechanism": t.mechanism.state_dict()}, tmp / f"zshared{rank}.pt")
+
+
+# --- the pipeline's train stage on 2 ranks (tests/stages/test_train_torchrun.py) ---------------------------
+def train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list[str]) -> None:
+    """Rank 0 runs the train stage in ``run_dirs[0]`` (its MLflow store and ledger under ``tmp``); rank 1
+    follows it from ``run_dirs[1]``, a copy of the same upstream outputs, with an MLflow store and a ledger of
+    its own, so anything rank 1 wrote (files, runs, ledger rows) would show."""
+    from dpsynth.config import load_config
+    from dpsynth.stages import pipeline, train
+    from dpsynth.stages.common import StageContext
+
+    cfg = load_config(overrides=[*overrides, "tracking.enabled=true", f"tracking.uri=sqlite:///{tmp}/mlflow{rank}.db",
+                                 f"ledger.url=sqlite:///{tmp}/ledger{rank}.db"])
+    ctx = StageContext.create(cfg, run_dir=run_dirs[rank], pipeline_run_id="torchrun-stage")
+    if rank == 0:
+        outcome = pipeline.run_stage(ctx, "train")
+        Path(tmp, "outcome.json").write_text(json.dumps({"status": outcome.status, "manifest": outcome.manifest}))
+    else:
+        train.follow(ctx)

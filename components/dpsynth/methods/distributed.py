@@ -32,17 +32,15 @@ MECHANISM = "mechanism"  # the state key of the trainer's secret coins: never se
 METHODS = ("dpgan", "zhang")  # the methods that train on several ranks so far (Trainer.DATA_PARALLEL)
 
 
-def launch(cfg, *, stage: bool) -> distributed.Ranks:
-    """Join the torchrun job (when there is one) for ``dpsynth train``; refuse what it does not support yet."""
+def launch(cfg) -> distributed.Ranks:
+    """Join the torchrun job (when there is one) for ``dpsynth train`` (with or without ``--run-dir``: the
+    stage, :mod:`dpsynth.stages.train`); refuse a method that does not train data-parallel."""
     ranks = distributed.env_ranks()
     if not ranks.distributed:
         return distributed.SINGLE
     if cfg.train.method not in METHODS:
         raise ConfigError(f"train.method: {cfg.train.method!r} trains in one process only; under torchrun "
                           f"(WORLD_SIZE={ranks.world_size}) only {', '.join(METHODS)} runs data-parallel")
-    if stage:
-        raise ConfigError("pipeline.run_dir: the pipeline's train stage runs in one process so far; run "
-                          "`dpsynth train` without --run-dir under torchrun")
     from dpsynth.methods.core import resolve_device
 
     return distributed.init_process_group(ranks.place(resolve_device(cfg.train.device)))
