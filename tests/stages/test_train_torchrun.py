@@ -50,6 +50,7 @@ def test_only_rank_zero_is_the_stage(tmp_path, source):
 
     outcome = json.loads((tmp_path / "outcome.json").read_text())
     assert outcome["status"] == "succeeded" and outcome["manifest"]["details"]["steps"] == 6
+    assert outcome["manifest"]["details"]["ranks"] == 2
     trace = json.loads((run0 / "sensitive" / "train" / "trace.json").read_text())
     assert trace["events"][-1]["count"] == 6  # one event per logical step, not one per rank
     (charged,) = Ledger(f"sqlite:///{tmp_path / 'ledger0.db'}").history("mnist600")
@@ -72,7 +73,8 @@ def torchrun_train(run_dir: Path, source: str, tracking_uri: str, *extra: str) -
 def test_torchrun_train_stage_end_to_end(tmp_path, source, ledger_with_budget):
     """`torchrun --nproc-per-node 2 -m dpsynth train --run-dir RUN` (dp-GAN, after partition and warmstart): one
     JSON outcome on stdout, the manifest, one ledger attempt, one MLflow child run, a passed audit; run again,
-    the stage is skipped (rank 0 tells the other rank) and nothing more is charged."""
+    through `dpsynth train --launch torchrun` (what the local orchestrators run), the stage is skipped (rank 0
+    tells the other rank) and nothing more is charged."""
     run, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
     stages(run, source, "partition", "warmstart", overrides=ZHANG)
     done = torchrun_train(run, source, uri)
@@ -80,7 +82,7 @@ def test_torchrun_train_stage_end_to_end(tmp_path, source, ledger_with_budget):
     outcome = json.loads(done.stdout)  # rank 0 alone printed (one JSON document)
     assert outcome["status"] == "succeeded" and outcome["stage"] == "train"
     trained = manifest(run, "sensitive", "train")
-    assert trained["details"]["method"] == "zhang" and trained["details"]["steps"] == 6
+    assert trained["details"]["method"] == "zhang" and trained["details"]["steps"] == 6 and trained["details"]["ranks"] == 2
     assert json.loads((run / "sensitive" / "train" / "trace.json").read_text())["events"][-1]["count"] == 6
     (charged,) = ledger_with_budget.history("mnist600")
     assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(
@@ -91,7 +93,11 @@ def test_torchrun_train_stage_end_to_end(tmp_path, source, ledger_with_budget):
     stages(run, source, "audit", overrides=ZHANG)
     assert json.loads((run / "sensitive" / "audit" / "audit.json").read_text())["decision"] == "passed"
 
-    again = torchrun_train(run, source, uri)
+    again = subprocess.run([sys.executable, "-m", "dpsynth", "train", "--launch", "torchrun", "--run-dir", str(run),
+                            "--pipeline-run-id", "torchrun-e2e",
+                            *settings(source, *ZHANG, "tracking.enabled=true", f"tracking.uri={uri}",
+                                      "train.gpus_per_node=2"), "--json"],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert again.returncode == 0, again.stderr[-4000:]
     assert json.loads(again.stdout)["status"] == "skipped"
     assert len(ledger_with_budget.history("mnist600")) == 1  # nothing trained, nothing charged

@@ -45,6 +45,10 @@ def register(subparsers) -> None:
                    help="override one setting (repeatable)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     stage_cli.add_stage_options(p)
+    p.add_argument("--launch", choices=("torchrun", "trainjob"),
+                   help="start the train stage (--run-dir) on train.nodes × train.gpus_per_node ranks and wait for it: "
+                        "torchrun on this machine, or a Kubeflow Trainer TrainJob (from the chart's template, "
+                        "$DPSYNTH_TRAINJOB_TEMPLATE) on Kubernetes; what the orchestrators run when it exceeds 1")
     p.set_defaults(func=run_train)
 
 
@@ -57,6 +61,10 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 def run_train(args) -> int:
     cfg = load_config(args.config, overrides=args.overrides)
+    if args.launch:  # the stage on several ranks, started and waited for (dpsynth.stages.launch)
+        from dpsynth.stages import launch
+
+        return launch.run(args.launch, cfg, args)
     from dpsynth.methods import distributed
 
     ranks = distributed.launch(cfg)  # under torchrun: join the job

@@ -158,7 +158,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
     trace = json.loads(storage.read_bytes(ctx.uri(STAGE, OUTPUTS["trace"])))
     privacy = {"epsilon": result["epsilon"], "delta": result["delta"], "accountant": result["accountant"],
                "events": trace["events"], "note": "as reported by the trainer; the audit recomputes it from the trace"}
-    details = {"method": cfg.train.method, "training_records": len(dataset),
+    details = {"method": cfg.train.method, "training_records": len(dataset), "ranks": ranks.world_size,
                **{k: result[k] for k in ("steps", "generator_steps", "noise_multiplier", "sample_rate", "stopped_by")
                   if k in result}}
     with common.child_run(ctx, STAGE, run_id=result.get("mlflow_run_id")) as run:
