@@ -124,8 +124,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch.multiprocessing as mp
 
-    args = {"method": a.method, "bounds": a.bounds, "batch_size": a.batch_size, "d_width": a.d_width, "records": a.records,
-            "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "mode": a.mode}
+    args = {"method": a.method, "bounds": a.bounds, "batch_size": a.batch_size, "d_width": a.d_width,
+            "records": a.records, "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "mode": a.mode}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for world in a.worlds:

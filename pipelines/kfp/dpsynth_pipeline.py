@@ -86,7 +86,8 @@ def _cli_args(command: str, p: dict) -> list:
     """``dpsynth`` argv (after the program) for one command; ``p`` holds the task's inputs (placeholders).
     "warmstart shard" is ``dpsynth warmstart --shard K``, one iteration of the fan-out; "train job" is the train
     stage launched as a TrainJob (``dpsynth train --launch trainjob``, with the stage's shape)."""
-    heads = {"warmstart shard": ["warmstart", "--shard", p.get("shard_index")], "train job": ["train", "--launch", "trainjob"]}
+    heads = {"warmstart shard": ["warmstart", "--shard", p.get("shard_index")],
+             "train job": ["train", "--launch", "trainjob"]}
     head = heads.get(command) or command.split()
     args = [*head, "--json", "--run-dir", p["run_dir"], "--pipeline-run-id", p["pipeline_run_id"]]
     if command != "pipeline start":
@@ -180,7 +181,8 @@ def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: s
               "method": "train.method", "epsilon": "privacy.epsilon",
               "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
               "n_d": "train.n_d", "seed": "train.seed"}
-    heads = {"warmstart shard": ["warmstart", "--shard", str(shard_index)], "train job": ["train", "--launch", "torchrun"]}
+    heads = {"warmstart shard": ["warmstart", "--shard", str(shard_index)],
+             "train job": ["train", "--launch", "torchrun"]}
     head = heads.get(command) or command.split()
     argv = [*head, "--json", "--run-dir", run_dir, "--pipeline-run-id", pipeline_run_id]
     if command != "pipeline start":

@@ -204,7 +204,8 @@ def zhang_noise(rank: int, tmp: str, draws: int, seed: int) -> None:
         t.critic_step()
     names = [n for n, _ in t.D.named_parameters()]
     torch.save({"captured": captured, "names": names, "groups": t.group_names, "sigma": t.plan.noise_multiplier,
-                "latent_dim": t.G.latent_dim, "bytes": t.sanitizer.reducer.bytes_per_step}, Path(tmp) / f"znoise{rank}.pt")
+                "latent_dim": t.G.latent_dim, "bytes": t.sanitizer.reducer.bytes_per_step},
+               Path(tmp) / f"znoise{rank}.pt")
 
 
 def zhang_train_shared_dir(rank: int, tmp: str, stop_after) -> None:

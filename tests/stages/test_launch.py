@@ -114,7 +114,8 @@ def test_trainjob_from_the_charts_template_validates_against_the_crd():
         assert job["metadata"]["name"] == launch.trainjob_name("r1")
         assert job["metadata"]["annotations"][launch.ANNOTATION] == "r1"
         [patch] = job["spec"]["runtimePatches"]  # the chart's GPU pool placement
-        pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        [node] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        pod = node["template"]["spec"]["template"]["spec"]
         assert pod["tolerations"] and pod["nodeSelector"]
         env = {e["name"] for e in t["env"]}
         assert {"DPSYNTH_LEDGER_URL", "MLFLOW_TRACKING_URI", "AWS_ACCESS_KEY_ID"} <= env
@@ -249,3 +250,21 @@ def test_a_stopped_launcher_deletes_its_trainjob(tmp_path, monkeypatch):
     with pytest.raises(launch.StageError, match="stopped"):
         launch.run_trainjob(cfg, args, cluster=cluster, poll_s=0.01)
     assert cluster.deleted == [launch.trainjob_name("r-2")] and not cluster.jobs
+
+
+def test_a_refusal_of_the_kubernetes_api_is_a_clear_error(tmp_path, monkeypatch):
+    from kubernetes.client.exceptions import ApiException
+
+    cluster = LocalTrainer(tmp_path)
+
+    def forbidden(name):
+        raise ApiException(status=403, reason="Forbidden")
+
+    cluster.template = forbidden
+    monkeypatch.setenv(launch.TEMPLATE_ENV, "dpsynth-trainjob")
+    from dpsynth.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--launch", "trainjob", "--run-dir", str(tmp_path / "run")])
+    with pytest.raises(launch.StageError, match="403 Forbidden: permission denied .*train-launcher Role"):
+        launch.run_trainjob(load_config(overrides=list(TINY)), args, cluster=cluster)
+    assert not cluster.created

@@ -82,7 +82,7 @@ def test_torchrun_train_stage_end_to_end(tmp_path, source, ledger_with_budget):
     outcome = json.loads(done.stdout)  # rank 0 alone printed (one JSON document)
     assert outcome["status"] == "succeeded" and outcome["stage"] == "train"
     trained = manifest(run, "sensitive", "train")
-    assert trained["details"]["method"] == "zhang" and trained["details"]["steps"] == 6 and trained["details"]["ranks"] == 2
+    assert (trained["details"]["method"], trained["details"]["steps"], trained["details"]["ranks"]) == ("zhang", 6, 2)
     assert json.loads((run / "sensitive" / "train" / "trace.json").read_text())["events"][-1]["count"] == 6
     (charged,) = ledger_with_budget.history("mnist600")
     assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(

@@ -60,7 +60,8 @@ def shape(cfg) -> dict:
 
 
 def stage_argv(args) -> list[str]:
-    """The train stage's command line after ``dpsynth``, from ``dpsynth train``'s parsed options, without ``--launch``."""
+    """The train stage's command line after ``dpsynth``, from ``dpsynth train``'s parsed options, without
+    ``--launch``."""
     argv = ["train", *(["--config", args.config] if args.config else [])]
     argv += [a for o in args.overrides for a in ("--set", o)]
     for flag, value in (("--run-dir", args.run_dir), ("--parent-run-id", args.parent_run_id),
@@ -217,7 +218,24 @@ class Stopped(Exception):
 
 
 def run_trainjob(cfg, args, *, cluster=None, poll_s: float = 10.0, grace_s: float = 30.0) -> int:
-    """``--launch trainjob``: create (or adopt) the run's TrainJob, follow it to the end, print the stage's outcome."""
+    """``--launch trainjob``: create (or adopt) the run's TrainJob, follow it to the end, print the stage's outcome.
+    A refusal of the Kubernetes API (no template, no permission, no TrainJob CRD) ends it with exit 2 and the
+    API's reason."""
+    try:
+        from kubernetes.client.exceptions import ApiException
+    except ImportError:  # pragma: no cover - the stage image has the client (kfp needs it)
+        ApiException = ()  # noqa: N806
+    try:
+        return _run_trainjob(cfg, args, cluster=cluster, poll_s=poll_s, grace_s=grace_s)
+    except ApiException as e:
+        what = {403: "permission denied (the pod's service account needs the chart's <release>-train-launcher Role)",
+                404: f"not found (the ConfigMap ${TEMPLATE_ENV}, or the TrainJob CRD: is Kubeflow Trainer v2 "
+                     "installed?)"}
+        raise StageError(f"train: the Kubernetes API answered {e.status} {e.reason}: "
+                         f"{what.get(e.status, (e.body or '')[:500])}") from None
+
+
+def _run_trainjob(cfg, args, *, cluster, poll_s: float, grace_s: float) -> int:
     from dpsynth.stages import common, manifest
 
     config_map = os.environ.get(TEMPLATE_ENV)

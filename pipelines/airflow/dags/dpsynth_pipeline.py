@@ -204,7 +204,8 @@ def stage_commands(plan: dict, ids: dict) -> dict:
 
 @task.branch
 def train_launch(ids: dict) -> str:
-    """``train_job`` (the stage as a TrainJob) when ``start`` reports the train stage on several ranks, else ``train``."""
+    """``train_job`` (the stage as a TrainJob) when ``start`` reports the train stage on several ranks, else
+    ``train``."""
     return pods.TRAIN_JOB if pods.distributed(ids) else "train"
 
 
