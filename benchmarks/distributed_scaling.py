@@ -1,17 +1,21 @@
-"""CPU benchmark: DPGAN data-parallel on 1 vs W gloo ranks (issue #18), steps/s and bytes all-reduced per step.
+"""CPU benchmark: DPGAN or dp-GAN (Zhang) data-parallel on 1 vs W gloo ranks (issue #18), steps/s and bytes
+all-reduced per step.
 
-Each rank is a spawned process with ``--threads`` torch threads that builds ``DPGANTrainer`` on the first
-``--records`` bundled MNIST images (the real code path: its Poisson part, its share of the B fakes, per-example
-clipping, the sanitizer's all-reduce with rank 0's noise, the same Adam and generator steps on every rank),
-takes ``--warmup`` discriminator steps untimed, then times ``--steps`` (generator steps included, n_D fixed).
-Reported per world size: steps/s (rank 0's wall clock), the bytes one rank sends into the all-reduce per
-step, and the scaling efficiency (steps/s at W) / (W · steps/s at 1).
+Each rank is a spawned process with ``--threads`` torch threads that builds the method's trainer on the first
+``--records`` bundled MNIST images (the real code path: its Poisson part, per-example clipping, the sanitizer's
+all-reduce with rank 0's noise, the same Adam and generator steps on every rank; DPGAN: its share of the B
+fakes; dp-GAN: its units' fakes, and the clip groups and adaptive bounds that rank 0 computes from public data
+— scikit-learn's digits, as configs/zhang-mnist-cpu.yaml — and broadcasts), takes ``--warmup`` private steps
+untimed, then times ``--steps`` (generator steps included: n_D = 5, n_critic = 4). Reported per world size:
+steps/s (rank 0's wall clock), the bytes one rank sends into the all-reduce per step, and the scaling
+efficiency (steps/s at W) / (W · steps/s at 1).
 
-    python benchmarks/distributed_scaling.py [--worlds 1 2] [--batch-size 64] [--d-width 32] [--steps 20]
-        [--threads 1] [--json PATH]
+    python benchmarks/distributed_scaling.py [--method dpgan|zhang] [--worlds 1 2] [--batch-size 64]
+        [--d-width 32] [--steps 20] [--threads 1] [--json PATH]
 
-What does not scale with W: every rank draws all B fakes (no gradient) and takes the same generator step,
-so the models stay equal without being sent; only the discriminator's per-example work is divided.
+What does not scale with W: DPGAN's ranks each draw all B fakes (no gradient); every rank takes the same
+generator step, so the models stay equal without being sent; dp-GAN's clip bounds (rank 0 alone, every step
+with adaptive clipping, the others wait for them). Only the per-example work is divided.
 """
 
 from __future__ import annotations
@@ -41,23 +45,50 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
 
         from dpsynth.config import load_config
         from dpsynth.data import import_source
-        from dpsynth.methods.dpgan import DPGANTrainer
 
         data = import_source(str(REPO / "data" / "mnist")).subset(np.arange(args["records"]))
+        method = args.get("method", "dpgan")
         cfg = load_config(overrides=[
-            f"output.dir={out}/w{world}", "tracking.enabled=false", f"train.d_width={args['d_width']}",
-            f"train.g_width={args['d_width']}", f"train.batch_size={args['batch_size']}", "train.steps=100000",
-            "train.n_d=5", "privacy.noise_multiplier=1.0", "privacy.epsilon=1000", "privacy.delta=1e-5",
-            f"train.grad_sample_mode={args['mode']}"])
-        t = DPGANTrainer(cfg, data)
+            f"output.dir={out}/w{world}", "tracking.enabled=false", f"train.method={method}",
+            f"train.d_width={args['d_width']}", f"train.g_width={args['d_width']}",
+            f"train.batch_size={args['batch_size']}", "train.steps=100000", "train.n_d=5",
+            "privacy.noise_multiplier=1.0", "privacy.epsilon=1000", "privacy.delta=1e-5",
+            f"train.grad_sample_mode={args['mode']}", "data.public_source=sklearn:digits", "zhang.n_critic=4",
+            *(["zhang.grouping=clustering", "zhang.num_groups=5", "zhang.adaptive_clipping=true"]
+              if args.get("bounds", "adaptive") == "adaptive" else
+              ["zhang.grouping=weight_bias", "zhang.adaptive_clipping=false"]), "zhang.public_batch_size=64"])
+        if method == "zhang":
+            from dpsynth.data.public import load_public_source
+            from dpsynth.methods.zhang import ZhangTrainer
+
+            t = ZhangTrainer(cfg, data, public=load_public_source("sklearn:digits", shape=(28, 28, 1)))
+        else:
+            from dpsynth.methods.dpgan import DPGANTrainer
+
+            t = DPGANTrainer(cfg, data)
+
+        # the part of a step no rank divides: the generator step (every rank), dp-GAN's bounds (rank 0)
+        fixed = {"seconds": 0.0}
+
+        def timed(fn):
+            def call(*a, **kw):
+                begin = time.perf_counter()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    fixed["seconds"] += time.perf_counter() - begin
+            return call
+
+        t.generator_step = timed(t.generator_step)
+        if method == "zhang":
+            t.update_bounds = timed(t.update_bounds)
 
         def run(k):
             for _ in range(k):
-                t.discriminator_step()
-                if t.since_g >= t.n_d.n_d:
-                    t.generator_step()
+                t.train_step()
 
         run(args["warmup"])
+        fixed["seconds"] = 0.0
         if world > 1:
             dist.barrier()
         start = time.perf_counter()
@@ -67,7 +98,7 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
             reducer = t.sanitizer.reducer
             Path(out, f"w{world}.json").write_text(json.dumps({
                 "world_size": world, "steps": args["steps"], "seconds": seconds,
-                "steps_per_s": args["steps"] / seconds,
+                "steps_per_s": args["steps"] / seconds, "undivided_share": fixed["seconds"] / seconds,
                 "allreduce_bytes_per_step": reducer.bytes_per_step if reducer is not None else 0,
                 "d_parameters": sum(p.numel() for p in t.D.parameters())}))
     finally:
@@ -77,6 +108,10 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--method", choices=("dpgan", "zhang"), default="dpgan")
+    ap.add_argument("--bounds", choices=("adaptive", "fixed"), default="adaptive",
+                    help="zhang: clustered groups with adaptive bounds from public data every step (rank 0), or "
+                         "fixed weight/bias groups at privacy.max_grad_norm")
     ap.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--d-width", type=int, default=32)
@@ -89,8 +124,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch.multiprocessing as mp
 
-    args = {"batch_size": a.batch_size, "d_width": a.d_width, "records": a.records, "steps": a.steps,
-            "warmup": a.warmup, "threads": a.threads, "mode": a.mode}
+    args = {"method": a.method, "bounds": a.bounds, "batch_size": a.batch_size, "d_width": a.d_width,
+            "records": a.records, "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "mode": a.mode}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for world in a.worlds:
@@ -104,7 +139,7 @@ def main(argv=None) -> int:
     for r in rows:
         eff = f"{r['efficiency']:.2f}" if r["efficiency"] is not None else "-"
         print(f"W={r['world_size']}: {r['steps_per_s']:.2f} steps/s, {r['allreduce_bytes_per_step']} B all-reduced "
-              f"per step per rank, efficiency {eff}")
+              f"per step per rank, efficiency {eff}, undivided share of rank 0's time {r['undivided_share']:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2))
     return 0

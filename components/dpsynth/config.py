@@ -110,6 +110,10 @@ class TrainConfig:
     grad_sample_mode: Literal["hooks", "ew", "ghost", "ghost_two_pass"] = "ghost"
     seed: int = 0  # initialisation and latents / fake samples only; never the mechanism's randomness
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Where the orchestrators run the train stage: nodes × gpus_per_node ranks, one GPU each (a Kubeflow Trainer
+    # TrainJob when > 1; docs/distributed.md). Not in any fingerprint (LAUNCH_FIELDS): results do not depend on them.
+    nodes: int = 1
+    gpus_per_node: int = 1
 
     def validate(self) -> None:
         _require(self.steps >= 1, "train.steps", f"must be >= 1, got {self.steps}")
@@ -123,6 +127,9 @@ class TrainConfig:
             _require(getattr(self, name) > 0, f"train.{name}", "must be > 0")
         for name in ("d_width", "g_width", "latent_dim"):
             _require(getattr(self, name) >= 1, f"train.{name}", "must be >= 1")
+        for name in ("nodes", "gpus_per_node"):
+            _require(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, f"train.{name}",
+                     f"must be an integer >= 1, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -457,8 +464,18 @@ class RunConfig:
                                   "pipeline")
     ) -> str:
         """sha256 of the settings that determine the training result (what resume must match)."""
-        d = {k: v for k, v in self.to_dict().items() if k not in exclude}
+        d = {k: v for k, v in without_launch(self.to_dict()).items() if k not in exclude}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+# train.* fields that place the train stage's ranks, not what it computes: a checkpoint resumes, and the stage's
+# outputs are reused, on any number of ranks (docs/distributed.md), so no fingerprint includes them
+LAUNCH_FIELDS = ("nodes", "gpus_per_node")
+
+
+def without_launch(d: dict) -> dict:
+    """``RunConfig.to_dict()`` without :data:`LAUNCH_FIELDS`: what fingerprints hash."""
+    return {**d, "train": {k: v for k, v in d["train"].items() if k not in LAUNCH_FIELDS}}
 
 
 def _require(ok: bool, name: str, message: str) -> None:

@@ -1,6 +1,7 @@
 """Kubeflow Pipelines v2: the six dpsynth stages, one task each, under one MLflow parent run.
 
-    start → partition → warmstart --shard k (ParallelFor over k < K, GPU) → warmstart (fan-in) → train (GPU)
+    start → partition → warmstart --shard k (ParallelFor over k < K, GPU) → warmstart (fan-in)
+          → train (one GPU pod), or train-job when train_nodes × train_gpus_per_node > 1
           → audit → sample → evaluate → finish
 
 Two flavours of one wiring (``_wire``), so they cannot drift apart:
@@ -13,6 +14,13 @@ Two flavours of one wiring (``_wire``), so they cannot drift apart:
 
 Tasks pass only plain values: the run directory URI, the MLflow parent run id (an output of
 ``start``), the pipeline run id (KFP's job id) and the settings, as ``--set section.field=value``.
+
+The train stage on several ranks: with ``train_nodes`` × ``train_gpus_per_node`` > 1 (``train-distributed``
+decides, :func:`dpsynth.stages.launch.shape`) the ``train-job`` task runs instead of ``train``:
+``dpsynth train --launch trainjob`` (a CPU pod: it creates the run's Kubeflow Trainer TrainJob from the chart's
+template ``DPSYNTH_TRAINJOB_TEMPLATE``, copies its first node's log into its own, waits for it and prints the
+stage's outcome; its pod's service account needs the chart's ``<release>-train-launcher`` Role,
+``trainJob.launcher.extraSubjects``), or, in the local flavour, ``--launch torchrun`` on this machine.
 
 ``population_id`` (``ledger.population_id``, a required parameter: the stage pods read no config file)
 names whose lifetime privacy budget every training attempt is charged, in the ledger at
@@ -62,6 +70,9 @@ TIMEOUT_SECONDS = 12 * 3600
 SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", "method": "train.method", "epsilon": "privacy.epsilon",
             "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
             "n_d": "train.n_d", "seed": "train.seed"}
+# The train stage's shape (pipeline parameter -> config field): given to the train-job task only.
+LAUNCH = {"train_nodes": "train.nodes", "train_gpus_per_node": "train.gpus_per_node"}
+TEMPLATE_ENV = "DPSYNTH_TRAINJOB_TEMPLATE"  # in the stage ConfigMap: the chart's TrainJob template (train-job)
 
 try:  # kfp-kubernetes: tolerations and node selectors of the GPU pods
     from kfp import kubernetes
@@ -73,12 +84,15 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 def _cli_args(command: str, p: dict) -> list:
     """``dpsynth`` argv (after the program) for one command; ``p`` holds the task's inputs (placeholders).
-    "warmstart shard" is ``dpsynth warmstart --shard K``, one iteration of the fan-out."""
-    head = ["warmstart", "--shard", p["shard_index"]] if command == "warmstart shard" else command.split()
+    "warmstart shard" is ``dpsynth warmstart --shard K``, one iteration of the fan-out; "train job" is the train
+    stage launched as a TrainJob (``dpsynth train --launch trainjob``, with the stage's shape)."""
+    heads = {"warmstart shard": ["warmstart", "--shard", p.get("shard_index")],
+             "train job": ["train", "--launch", "trainjob"]}
+    head = heads.get(command) or command.split()
     args = [*head, "--json", "--run-dir", p["run_dir"], "--pipeline-run-id", p["pipeline_run_id"]]
     if command != "pipeline start":
         args += ["--parent-run-id", p["parent_run_id"]]
-    for name, field in SETTINGS.items():
+    for name, field in {**SETTINGS, **(LAUNCH if command == "train job" else {})}.items():
         args += ["--set", f"{field}={p[name]}"]
     return args
 
@@ -105,19 +119,24 @@ def _container(command: str):
                         shard_index: int):
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
 
+    def train_job(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
+                  method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int,
+                  train_nodes: int, train_gpus_per_node: int):
+        return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
+
     def start(run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, method: str, epsilon: float,
               delta: float, steps: int, num_shards: int, n_d: str, seed: int, parent_run_id: dsl.OutputPath(str)):
         args = _cli_args(command, {**locals(), "parent_run_id": None})
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["python", "-c", _START, parent_run_id, "dpsynth"],
                                  args=args)
 
-    fn = {"pipeline start": start, "warmstart shard": warmstart_shard}.get(command, stage)
+    fn = {"pipeline start": start, "warmstart shard": warmstart_shard, "train job": train_job}.get(command, stage)
     fn.__name__ = "dpsynth_" + command.replace("pipeline ", "").replace(" ", "_")
     return dsl.container_component(fn)
 
 
-CONTAINER = {c: _container(c) for c in ("pipeline start", "partition", "warmstart shard", "warmstart", "train", "audit", "sample",
-                                        "evaluate", "pipeline finish")}
+CONTAINER = {c: _container(c) for c in ("pipeline start", "partition", "warmstart shard", "warmstart", "train", "train job",
+                                        "audit", "sample", "evaluate", "pipeline finish")}
 
 
 # --- shard indices: a lightweight component, in the stage image on a cluster ----------------------
@@ -131,13 +150,26 @@ def shard_indices(num_shards: int, parent_run_id: str) -> list:
     return [{"shard": i, "parent_run_id": parent_run_id} for i in range(num_shards)]
 
 
+@dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)
+def train_distributed(train_nodes: int, train_gpus_per_node: int) -> bool:
+    """Whether the train stage runs on several ranks (dpsynth.stages.launch.shape: train.nodes × train.gpus_per_node
+    > 1); a bad value fails the task, naming the setting."""
+    from dpsynth.config import load_config
+    from dpsynth.stages.launch import shape
+
+    cfg = load_config(overrides=[f"train.nodes={train_nodes}", f"train.gpus_per_node={train_gpus_per_node}"])
+    return shape(cfg)["distributed"]
+
+
 # --- local flavour: the same CLI with the current interpreter ---------------------------------------
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)  # runs locally; image for symmetry
 def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, method: str,
                 epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, extra: list,
-                parent_run_id: str = "", shard_index: int = -1) -> NamedTuple("Outputs", [("parent_run_id", str)]):
-    """Runs ``python -m dpsynth.cli <command>`` like the container does; outputs the parent run id."""
+                parent_run_id: str = "", shard_index: int = -1, train_nodes: int = 1,
+                train_gpus_per_node: int = 1) -> NamedTuple("Outputs", [("parent_run_id", str)]):
+    """Runs ``python -m dpsynth.cli <command>`` like the container does ("train job": the train stage on
+    several ranks of this machine, ``--launch torchrun``); outputs the parent run id."""
     import json
     import subprocess
     import sys
@@ -149,10 +181,15 @@ def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: s
               "method": "train.method", "epsilon": "privacy.epsilon",
               "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
               "n_d": "train.n_d", "seed": "train.seed"}
-    head = ["warmstart", "--shard", str(shard_index)] if command == "warmstart shard" else command.split()
+    heads = {"warmstart shard": ["warmstart", "--shard", str(shard_index)],
+             "train job": ["train", "--launch", "torchrun"]}
+    head = heads.get(command) or command.split()
     argv = [*head, "--json", "--run-dir", run_dir, "--pipeline-run-id", pipeline_run_id]
     if command != "pipeline start":
         argv += ["--parent-run-id", parent_run_id]
+    if command == "train job":  # = LAUNCH
+        values.update(train_nodes=train_nodes, train_gpus_per_node=train_gpus_per_node)
+        fields.update(train_nodes="train.nodes", train_gpus_per_node="train.gpus_per_node")
     for name, field in fields.items():
         argv += ["--set", f"{field}={values[name]}"]
     for item in extra:
@@ -183,15 +220,23 @@ def _wire(step, p: dict, *, cluster: bool) -> None:
     with dsl.ParallelFor(shards.output) as shard:
         per_shard = step("warmstart shard", shard_index=shard.shard, **dict(ids, parent_run_id=shard.parent_run_id))
     warm = step("warmstart", **ids).after(per_shard)  # fan-in: after every iteration of the loop
-    train = step("train", **ids).after(warm)
-    audit = step("audit", **ids).after(train)
+    shape = {name: p[name] for name in LAUNCH}
+    distributed = train_distributed(**shape).after(warm).set_caching_options(False)
+    with dsl.If(distributed.output == True, "several ranks"):  # noqa: E712 (a KFP condition, not a Python test)
+        job = step("train job", **shape, **ids)
+    with dsl.Else():
+        train = step("train", **ids)
+    audit = step("audit", **ids).after(job, train)
     sample = step("sample", **ids).after(audit)
     evaluate = step("evaluate", **ids).after(sample)
     finish = step("pipeline finish", **ids).after(evaluate)
     if cluster:
-        for task in (start, partition, per_shard, warm, train, audit, sample, evaluate, finish):
+        for task in (start, partition, per_shard, warm, train, job, audit, sample, evaluate, finish):
             _on_cluster(task, gpu=task in (per_shard, train), retry=task is not finish)
-        shards.set_cpu_request("100m").set_memory_request("256Mi").set_memory_limit("512Mi")
+        for small in (shards, distributed):
+            small.set_cpu_request("100m").set_memory_request("256Mi").set_memory_limit("512Mi")
+        if kubernetes is not None:  # the TrainJob launcher finds the chart's template by the stage ConfigMap
+            kubernetes.use_config_map_as_env(job, STAGE_CONFIG_MAP, config_map_key_to_env={TEMPLATE_ENV: TEMPLATE_ENV})
 
 
 def _uncached(step):
@@ -225,14 +270,15 @@ def _on_cluster(task, *, gpu: bool, retry: bool) -> None:
 @dsl.pipeline(name="dpsynth", description="dpsynth: partition, warmstart ×K, train (GPU), audit, sample, evaluate")
 def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = "dpgan", epsilon: float = 10.0,
                      delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
-                     seed: int = 0):
+                     seed: int = 0, train_nodes: int = 1, train_gpus_per_node: int = 1):
     _wire(lambda command, **kw: CONTAINER[command](**kw), locals(), cluster=True)
 
 
 @dsl.pipeline(name="dpsynth-local", description="dpsynth_pipeline's shape, stages as local Python subprocesses")
 def local_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = "dpgan", epsilon: float = 10.0,
                    delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
-                   seed: int = 0, extra: list = []):  # noqa: B006 (KFP default)
+                   seed: int = 0, extra: list = [], train_nodes: int = 1,  # noqa: B006 (KFP default)
+                   train_gpus_per_node: int = 1):
     _wire(lambda command, **kw: local_stage(command=command, extra=extra, **kw), locals(), cluster=False)
 
 

@@ -31,7 +31,7 @@ def _sibling(name: str, as_name: str):
 
 
 kp = _sibling("dpsynth_pipeline", "dpsynth_kfp_pipeline")
-SETTINGS, local_pipeline = kp.SETTINGS, kp.local_pipeline
+SETTINGS, local_pipeline = {**kp.SETTINGS, **kp.LAUNCH}, kp.local_pipeline  # LAUNCH: the train stage's shape
 
 
 def flatten(config: str | None, overrides: list[str]) -> tuple[list[str], dict]:

@@ -113,3 +113,27 @@ def test_values_schema_refuses_a_bad_trainjob():
     proc = subprocess.run([str(HELM), "lint", "--strict", str(CHART), "--set", "trainJob.numProcPerNode=0"],
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "numProcPerNode" in proc.stdout + proc.stderr
+
+
+@tools
+def test_the_pipelines_trainjob_template_and_its_launcher():
+    """Rendered always: the TrainJob template ConfigMap the orchestrators' launcher fills (a valid TrainJob on the GPU
+    pool), named in the stage ConfigMap; the launcher's ServiceAccount (named in Airflow's env) and a Role that may
+    manage TrainJobs and read pod logs, bound to extra subjects too (e.g. the KFP run's service account)."""
+    out = helm("template", "dpsynth", str(CHART), "--namespace", "dpsynth", *VARIANTS["gpu"],
+               "--set-json", f"trainJob.launcher.extraSubjects=[{{\"kind\": \"ServiceAccount\", \"name\": \"default-editor\", "
+               "\"namespace\": \"kubeflow-user\"}]")
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+    template = yaml.safe_load(docs[("ConfigMap", "dpsynth-trainjob")]["data"]["trainjob.yaml"])
+    assert errors(template) == [] and template["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
+    assert docs[("ConfigMap", "dpsynth-trainjob")]["metadata"]["namespace"] == "dpsynth-stages"  # values-gpu's
+    assert docs[("ConfigMap", "dpsynth-stage-config")]["data"]["DPSYNTH_TRAINJOB_TEMPLATE"] == "dpsynth-trainjob"
+    assert docs[("ConfigMap", "dpsynth-airflow-env")]["data"]["DPSYNTH_TRAIN_LAUNCHER_SERVICE_ACCOUNT"] == \
+        "dpsynth-train-launcher"
+    assert ("ServiceAccount", "dpsynth-train-launcher") in docs
+    rules = {(r["apiGroups"][0], tuple(r["resources"])): r for r in docs[("Role", "dpsynth-train-launcher")]["rules"]}
+    assert {"create", "get", "delete"} <= set(rules[("trainer.kubeflow.org", ("trainjobs",))]["verbs"])
+    assert rules[("", ("configmaps",))]["resourceNames"] == ["dpsynth-trainjob"]
+    assert "pods/log" in rules[("", ("pods", "pods/log"))]["resources"]
+    subjects = docs[("RoleBinding", "dpsynth-train-launcher")]["subjects"]
+    assert [s["name"] for s in subjects] == ["dpsynth-train-launcher", "default-editor"]

@@ -3,6 +3,7 @@ each a rank of a gloo job on CPU. Workers write what the test compares to files 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -125,3 +126,115 @@ def train_shared_dir(rank: int, tmp: str, stop_after) -> None:
     t.train(stop_after=stop_after)
     torch.save({"D": t.D.state_dict(), "G": t.G.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
                 "mechanism": t.mechanism.state_dict()}, tmp / f"shared{rank}.pt")
+
+
+# --- dp-GAN (Zhang): the same, with parameter groups and per-unit fakes ------------------------------------
+def zhang_tiny(out, *extra):
+    """A tiny dp-GAN run: 10 % of the 600 records public (the partition's keyed split), clip groups by clustering
+    with adaptive bounds from the public records (both recomputed every step)."""
+    from dpsynth.config import load_config
+
+    return load_config(overrides=[
+        f"output.dir={out}", "tracking.enabled=false", "train.method=zhang", "train.d_width=4", "train.g_width=4",
+        "train.latent_dim=8", "train.batch_size=32", "train.steps=8", "data.heldout_fraction=0",
+        "data.public_fraction=0.1", "data.public_fraction_unprotected=true", "zhang.public_batch_size=16",
+        "zhang.num_groups=3", "zhang.n_critic=2", "output.checkpoint_every=4", "output.sample_every=0",
+        "output.log_every=0", "privacy.epsilon=50", "privacy.delta=1e-4", *extra])
+
+
+def zhang_data(cfg):
+    """(public, private) records of mnist600 under ``cfg``'s public split."""
+    from dpsynth.data.assignment import public_mask
+
+    ds = mnist600()
+    mask = public_mask(ds, cfg)
+    return ds.subset(mask), ds.subset(~mask)
+
+
+def record_units(trainer) -> tuple[list, list]:
+    """Wrap the trainer's unit coins: each step's latents and interpolation weights (appended). With the noise
+    off, the latents are the only standard normal draws of a step."""
+    latents, rhos = [], []
+    normal, uniform = trainer.mechanism.standard_normal, trainer.mechanism.uniform
+
+    def recorded_normal(shape, **kw):
+        out = normal(shape, **kw)
+        latents.append(out)
+        return out
+
+    def recorded_uniform(shape):
+        out = uniform(shape)
+        rhos.append(out)
+        return out
+
+    trainer.mechanism.standard_normal, trainer.mechanism.uniform = recorded_normal, recorded_uniform
+    return latents, rhos
+
+
+def zhang_steps_without_noise(rank: int, tmp: str, steps: int, mode: str) -> None:
+    """(a) ``steps`` critic steps (and the generator steps between them), noise off, groups from public data."""
+    from dpsynth.methods.zhang import ZhangTrainer
+
+    cfg = zhang_tiny(Path(tmp) / f"out{rank}", f"train.grad_sample_mode={mode}")
+    public, private = zhang_data(cfg)
+    t = ZhangTrainer(cfg, private, public=public, mechanism_seed=11)
+    noiseless(t)
+    takes = record_takes(t)
+    latents, rhos = record_units(t)
+    for _ in range(steps):
+        t.train_step()
+    torch.save({"takes": takes, "latents": latents, "rhos": rhos, "D": t.D.state_dict(), "G": t.G.state_dict(),
+                "groups": t.group_names, "bounds": t.sanitizer.bounds, "g_steps": t.g_steps},
+               Path(tmp) / f"zrank{rank}.pt")
+
+
+def zhang_noise(rank: int, tmp: str, draws: int, seed: int) -> None:
+    """(b) ``draws`` critic steps on empty batches (every rank samples no record): each step's privatized
+    gradient is the job's noise; D does not move (its optimizer step is replaced by a capture)."""
+    from dpsynth.methods.zhang import ZhangTrainer
+
+    cfg = zhang_tiny(Path(tmp) / f"out{rank}", "zhang.grouping=weight_bias", "privacy.noise_multiplier=2.0")
+    public, private = zhang_data(cfg)
+    t = ZhangTrainer(cfg, private, public=public, mechanism_seed=seed)
+    t.mechanism.poisson_mask = lambda n, rate: torch.zeros(n, dtype=torch.bool)
+    captured = []
+    t.opt_d.step = lambda: captured.append({"grads": [p.grad.clone() for p in t.D.parameters()],
+                                            "bounds": list(t.sanitizer.bounds)})
+    for _ in range(draws):
+        t.critic_step()
+    names = [n for n, _ in t.D.named_parameters()]
+    torch.save({"captured": captured, "names": names, "groups": t.group_names, "sigma": t.plan.noise_multiplier,
+                "latent_dim": t.G.latent_dim, "bytes": t.sanitizer.reducer.bytes_per_step},
+               Path(tmp) / f"znoise{rank}.pt")
+
+
+def zhang_train_shared_dir(rank: int, tmp: str, stop_after) -> None:
+    """(d) ranks training dp-GAN in one output.dir (resuming the checkpoint there), to the end or ``stop_after``."""
+    from dpsynth.methods.zhang import ZhangTrainer
+
+    tmp = Path(tmp)
+    cfg = zhang_tiny(tmp / "out", "zhang.grouping=weight_bias", "privacy.noise_multiplier=3.0")
+    public, private = zhang_data(cfg)
+    t = ZhangTrainer(cfg, private, public=public)
+    t.train(stop_after=stop_after)
+    torch.save({"D": t.D.state_dict(), "G": t.G.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
+                "bounds": t.sanitizer.bounds, "mechanism": t.mechanism.state_dict()}, tmp / f"zshared{rank}.pt")
+
+
+# --- the pipeline's train stage on 2 ranks (tests/stages/test_train_torchrun.py) ---------------------------
+def train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list[str]) -> None:
+    """Rank 0 runs the train stage in ``run_dirs[0]`` (its MLflow store and ledger under ``tmp``); rank 1
+    follows it from ``run_dirs[1]``, a copy of the same upstream outputs, with an MLflow store and a ledger of
+    its own, so anything rank 1 wrote (files, runs, ledger rows) would show."""
+    from dpsynth.config import load_config
+    from dpsynth.stages import pipeline, train
+    from dpsynth.stages.common import StageContext
+
+    cfg = load_config(overrides=[*overrides, "tracking.enabled=true", f"tracking.uri=sqlite:///{tmp}/mlflow{rank}.db",
+                                 f"ledger.url=sqlite:///{tmp}/ledger{rank}.db"])
+    ctx = StageContext.create(cfg, run_dir=run_dirs[rank], pipeline_run_id="torchrun-stage")
+    if rank == 0:
+        outcome = pipeline.run_stage(ctx, "train")
+        Path(tmp, "outcome.json").write_text(json.dumps({"status": outcome.status, "manifest": outcome.manifest}))
+    else:
+        train.follow(ctx)

@@ -1,10 +1,11 @@
-"""DPGAN data-parallel on torch.distributed (gloo, CPU): a W-rank job is the one-process mechanism.
+"""DPGAN and dp-GAN (Zhang) data-parallel on torch.distributed (gloo, CPU): a W-rank job is the one-process mechanism.
 
 (a) with the noise off, a 2-rank step equals a 1-process step on the same logical batch (the union of the
-ranks' Poisson masks); (b) the noise of a logical step is added once, N(0, (σC)²), from rank 0's stream;
-(c) only rank 0 writes (trace, checkpoints, grids, MLflow), one event per logical step; (d) a checkpoint
-written by 2 ranks resumes on 1 and vice versa with the same trace and ε; and `torchrun … -m dpsynth train`
-is one ledger attempt. The ranks are in tests/methods/distributed_workers.py."""
+ranks' Poisson masks; for dp-GAN also the union of the units' latents and interpolation weights, with its clip
+groups chosen from public data); (b) the noise of a logical step is added once, N(0, (σC)²) — per clip group
+N(0, (σc_j)²) — from rank 0's stream; (c) only rank 0 writes (trace, checkpoints, grids, MLflow), one event per
+logical step; (d) a checkpoint written by 2 ranks resumes on 1 and vice versa with the same trace and ε; and
+`torchrun … -m dpsynth train` is one ledger attempt. The ranks are in tests/methods/distributed_workers.py."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from opacus.accountants import RDPAccountant
 
 from dpsynth.errors import ConfigError
 from dpsynth.methods.dpgan import DPGANTrainer
+from dpsynth.methods.zhang import ZhangTrainer
 from dpsynth.privacy import distributed
 from dpsynth.privacy.randomness import MechanismRandomness
 from tests.methods import distributed_workers as workers
@@ -64,9 +66,7 @@ def test_env_and_launch_refusals(monkeypatch, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="^train.method:"):
-        launch(workers.tiny(tmp_path, "train.method=zhang"), stage=False)
-    with pytest.raises(ConfigError, match="^pipeline.run_dir:"):
-        launch(workers.tiny(tmp_path), stage=True)
+        launch(workers.tiny(tmp_path, "train.method=gswgan"))
 
 
 # --- (a) clipped sums, reduced: the 2-rank step is the 1-process step ---------------------------------
@@ -175,6 +175,133 @@ def test_checkpoints_resume_across_world_sizes(tmp_path, small_mnist):
     assert_same_models(r0, r1, rtol=0, atol=0)
     # rank 0 continued the checkpoint's secret stream; rank 1 drew its own, and never received rank 0's
     assert not torch.equal(r1["mechanism"]["state"], r0["mechanism"]["state"])
+
+
+# --- dp-GAN (Zhang): the same four properties, with clip groups and per-unit fakes --------------------------------
+def union_masks(takes0, takes1, n: int) -> list[torch.Tensor]:
+    masks = []
+    for a, b in zip(takes0, takes1):
+        m = torch.zeros(n, dtype=torch.bool)
+        m[a + b] = True
+        masks.append(m)
+    return masks
+
+
+def replay(trainer, masks, latents, rhos) -> None:
+    """Feed ``trainer``'s mechanism the given per-step masks, unit latents and interpolation weights."""
+    masks, latents, rhos = iter(masks), iter(latents), iter(rhos)
+
+    def take(n, rate):
+        return next(masks)
+
+    def normal(shape, **kw):
+        out = next(latents)
+        assert tuple(out.shape) == tuple(shape)
+        return out
+
+    def uniform(shape):
+        out = next(rhos)
+        assert tuple(out.shape) == tuple(shape)
+        return out
+
+    trainer.mechanism.poisson_mask, trainer.mechanism.standard_normal, trainer.mechanism.uniform = take, normal, uniform
+
+
+@pytest.mark.parametrize("mode", ["ghost", "ew"])
+def test_zhang_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp_path, mode):
+    steps = 4  # n_critic = 2: two generator steps between them
+    workers.run_ranks(2, tmp_path, workers.zhang_steps_without_noise, str(tmp_path), steps, mode)
+    r0, r1 = (torch.load(tmp_path / f"zrank{r}.pt", weights_only=False) for r in (0, 1))
+    assert_same_models(r0, r1, rtol=0, atol=0)  # every rank applied the same update, bit for bit
+    assert r0["groups"] == r1["groups"] and r0["bounds"] == r1["bounds"] and len(r0["groups"]) == 3
+    assert r0["g_steps"] == r1["g_steps"] == 2
+    cfg = workers.zhang_tiny(tmp_path / "one", f"train.grad_sample_mode={mode}")
+    public, private = workers.zhang_data(cfg)
+    half = len(private) // 2
+    assert all(a and b and max(a) < half <= min(b) for a, b in zip(r0["takes"], r1["takes"]))  # each its own part
+    assert [len(z) for z in r0["latents"]] == [len(t) for t in r0["takes"]]  # one latent per unit, its own coins
+
+    masks = union_masks(r0["takes"], r1["takes"], len(private))
+    latents = [torch.cat([a, b]) for a, b in zip(r0["latents"], r1["latents"])]
+    rhos = [torch.cat([a, b]) for a, b in zip(r0["rhos"], r1["rhos"])]
+    one = ZhangTrainer(cfg, private, public=public, mechanism_seed=11)
+    workers.noiseless(one)
+    replay(one, masks, latents, rhos)
+    for _ in range(steps):
+        one.train_step()
+    assert one.group_names == r0["groups"]
+    assert one.sanitizer.bounds == pytest.approx(r0["bounds"], rel=1e-6)
+    assert_same_models({"D": one.D.state_dict(), "G": one.G.state_dict()}, r0, rtol=1e-5, atol=1e-6)
+    # and it is not the same model whatever the batch: without rank 1's units the first step differs
+    half_run = ZhangTrainer(cfg, private, public=public, mechanism_seed=11)
+    workers.noiseless(half_run)
+    replay(half_run, union_masks(r0["takes"], [[]] * steps, len(private)), r0["latents"], r0["rhos"])
+    half_run.critic_step()
+    whole = ZhangTrainer(cfg, private, public=public, mechanism_seed=11)
+    workers.noiseless(whole)
+    replay(whole, masks, latents, rhos)
+    whole.critic_step()
+    assert any(not torch.allclose(p, q, atol=1e-6) for p, q in zip(half_run.D.parameters(), whole.D.parameters()))
+
+
+def test_zhang_noise_is_added_once_per_group_with_the_full_variance(tmp_path):
+    draws, seed = 12, 321
+    workers.run_ranks(2, tmp_path, workers.zhang_noise, str(tmp_path), draws, seed)
+    n0, n1 = (torch.load(tmp_path / f"znoise{r}.pt", weights_only=False) for r in (0, 1))
+    assert len(n0["captured"]) == draws
+    for a, b in zip(n0["captured"], n1["captured"]):  # every rank holds the same noisy sum and the same bounds
+        assert a["bounds"] == b["bounds"] and all(torch.equal(x, y) for x, y in zip(a["grads"], b["grads"]))
+    groups, names, sigma, batch = n0["groups"], n0["names"], n0["sigma"], 32
+    assert len(groups) == 2 and sigma == 2.0  # weight_bias: weights, biases; σ per group
+    # from rank 0's stream, drawn exactly as one process draws it: per group j, N(0, (σ c_j)²) once, bit for bit
+    coins = MechanismRandomness(seed=seed)
+    params = dict(zip(names, range(len(names))))
+    normalised = []
+    for step in n0["captured"]:
+        coins.standard_normal((0, n0["latent_dim"]))  # the step's units: none
+        coins.uniform((0,))
+        for group, bound in zip(groups, step["bounds"]):
+            for name in group:
+                got = step["grads"][params[name]]
+                expected = torch.zeros_like(got).add_(coins.standard_normal(got.shape) * (sigma * bound)) / batch
+                assert torch.equal(got, expected), name
+                normalised.append((got * batch / (sigma * bound)).reshape(-1))
+    # and empirically: each group's noise is σ c_j, not 0 (no rank noised) nor √2 σ c_j (every rank did)
+    z = torch.cat(normalised)
+    assert z.numel() == draws * 9917
+    var = z.var().item()
+    assert abs(var - 1.0) < 0.03, var  # 119 004 draws: the estimate's sd is 0.41 %, the margin 7 sd
+    assert len({tuple(s["bounds"]) for s in n0["captured"]}) > 1  # adaptive bounds, from rank 0's public batches
+    assert n0["bytes"] == 9917 * 4  # one all-reduce of both groups' clipped sums, float32
+
+
+def test_zhang_checkpoints_resume_across_world_sizes(tmp_path):
+    cfg = workers.zhang_tiny(tmp_path, "zhang.grouping=weight_bias", "privacy.noise_multiplier=3.0")
+    public, private = workers.zhang_data(cfg)
+    q, folded = 32 / len(private), 3.0 / 2 ** 0.5  # k = 2 groups of one step fold to σ/√k
+    two = tmp_path / "two"
+    two.mkdir()
+    workers.run_ranks(2, two, workers.zhang_train_shared_dir, str(two), 4)
+    ckpt = torch.load(two / "out" / "checkpoints" / "last.pt", weights_only=False)
+    assert ckpt["step"] == 4 and ckpt["trace"]["steps"] == 4
+    one = ZhangTrainer(workers.zhang_tiny(two / "out", "zhang.grouping=weight_bias", "privacy.noise_multiplier=3.0"),
+                       private, public=public)
+    result = one.train()
+    trace = json.loads(Path(result.trace_path).read_text())
+    assert trace["steps"] == 8 and trace["events"][0]["count"] == 8
+    assert trace["events"][0]["noise_multiplier"] == pytest.approx(folded, rel=1e-12)
+    assert result.epsilon == pytest.approx(rdp_epsilon(folded, q, 8), rel=1e-9)
+
+    single = tmp_path / "single"
+    ZhangTrainer(workers.zhang_tiny(single / "out", "zhang.grouping=weight_bias", "privacy.noise_multiplier=3.0"),
+                 private, public=public).train(stop_after=4)
+    workers.run_ranks(2, single, workers.zhang_train_shared_dir, str(single), None)
+    r0, r1 = (torch.load(single / f"zshared{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["step"] == r1["step"] == 8 and r0["trace"] == r1["trace"] and r0["bounds"] == r1["bounds"]
+    done = json.loads((single / "out" / "result.json").read_text())
+    assert done["epsilon"] == pytest.approx(rdp_epsilon(folded, q, 8), rel=1e-9) == result.epsilon
+    assert_same_models(r0, r1, rtol=0, atol=0)
+    assert not torch.equal(r1["mechanism"]["state"], r0["mechanism"]["state"])  # rank 0's coins never left it
 
 
 # --- torchrun end to end: one ledger attempt for the job -----------------------------------------------------

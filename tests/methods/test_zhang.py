@@ -105,6 +105,26 @@ def test_ghost_critic_step_equals_per_unit_gradients(tmp_path, small_mnist):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_the_units_latents_are_secret_coins_not_the_public_stream(tmp_path, small_mnist):
+    """Each unit's z_i and ρ_i are fresh draws of the mechanism's secret coins: a critic step leaves the public
+    latent stream (train.seed) where it was, whatever it sampled, so a later generator step's latents do not
+    depend on how many records a step drew. With z_i read from that stream in sampling order (the code before),
+    one more sampled record would shift the latent of every later unit, and the stream's position would record
+    the batch sizes."""
+    cfg = tiny(tmp_path, "zhang.grouping=weight_bias", "zhang.adaptive_clipping=false", "data.public_fraction=0")
+    for rate in (0.02, 0.3):
+        t = ZhangTrainer(cfg, small_mnist, mechanism_seed=3)
+        before = t.rng.get_state()
+        draw, shapes = t.mechanism.poisson_mask, []
+        t.mechanism.poisson_mask = lambda n, _q, rate=rate, draw=draw: draw(n, rate)
+        normal = t.mechanism.standard_normal
+        t.mechanism.standard_normal = lambda shape, normal=normal, **kw: shapes.append(tuple(shape)) or normal(shape, **kw)
+        t.critic_step()
+        assert torch.equal(t.rng.get_state(), before)
+        m = shapes[0][0]
+        assert shapes[0] == (m, 8) and m > 0  # the units' latents: from the secret coins, one per sampled record
+
+
 # --- accounting ------------------------------------------------------------------------------------
 
 

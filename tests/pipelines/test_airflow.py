@@ -123,7 +123,7 @@ def test_task_settings_come_from_airflow_variables_else_the_environment(airflow_
         "shard": [shard.partial_kwargs["deferrable"], shard.partial_kwargs["startup_timeout_seconds"],
                   shard.map_index_template]}))
     """, env)
-    assert sorted(out["pods"]) == sorted(["start", *STAGES, "finish"])
+    assert sorted(out["pods"]) == sorted(["start", *STAGES, "train_job", "finish"])
     for task_id, settings in out["pods"].items():
         assert settings == [True, 1800, 1800, 0 if task_id == "finish" else 5, 600], task_id
     assert out["shard"] == [True, 1800, "shard {{ task.arguments[-1] }}"]
@@ -181,7 +181,7 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
     assert out["mapped"] == {"warmstart_shard": ["KubernetesPodOperator", ["arguments"]]}  # one pod per shard
     assert "nvidia.com/gpu" in out["mapped_gpu"]["warmstart_shard"]
     pods = out["pods"]
-    assert sorted(pods) == sorted(["start", *STAGES, "finish"])
+    assert sorted(pods) == sorted(["start", *STAGES, "train_job", "finish"])
     assert out["sources"] == {t: ["start_command" if t == "start" else "stage_commands", t] for t in pods}
     for task_id, pod in pods.items():
         spec = pod["spec"]
@@ -199,6 +199,52 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
             assert not any(t.get("key") == "gpu" for t in spec.get("tolerations") or [])
     train = out["argv"]["train"]
     assert train[:2] == ["dpsynth", "train"] and train[train.index("--parent-run-id") + 1] == "PARENT"
+
+
+def test_the_train_stage_on_several_ranks(airflow_env, tmp_path, fake_dpsynth):
+    """`start` reports the train stage's shape; with more than one rank the local train task adds `--launch
+    torchrun`, and on Kubernetes train_launch picks the train_job pod (CPU, the launcher's service account,
+    `--launch trainjob`) instead of the GPU pod; audit follows whichever ran."""
+    fake, log = fake_dpsynth
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(tmp_path / "kubeconfig"),
+           "DPSYNTH_TRAIN_LAUNCHER_SERVICE_ACCOUNT": "dpsynth-train-launcher"}
+    several, one = {"parent_run_id": "P", "train": {"distributed": True}}, {"parent_run_id": "P", "train": {
+        "distributed": False}}
+    out = in_airflow(LOAD + f"""
+    from kubernetes.client import ApiClient
+    import dpsynth_pipeline, dpsynth_pods
+    dag = bag.dags["dpsynth_train"]
+    plan = dpsynth_pods.plan({{**dag.params.dump(), "config": None}}, "run-1")
+    argv = dpsynth_pipeline.stage_commands.function(plan, {several!r})
+    job = dag.get_task("train_job")
+    job.arguments = argv["train_job"]
+    print(json.dumps({{"argv": argv, "pod": ApiClient().sanitize_for_serialization(job.build_pod_request_obj()),
+                      "choice": [dpsynth_pipeline.train_launch.function(i) for i in ({several!r}, {one!r}, {{}})],
+                      "branch": sorted(dag.get_task("train_launch").downstream_task_ids),
+                      "job_up": sorted(job.upstream_task_ids), "audit_up": sorted(dag.get_task("audit").upstream_task_ids),
+                      "audit_rule": dag.get_task("audit").trigger_rule.value}}))
+    """, env)
+    assert out["argv"]["train_job"] == [*out["argv"]["train"], "--launch", "trainjob"]
+    assert out["choice"] == ["train_job", "train", "train"]
+    assert out["branch"] == ["train", "train_job"] and "warmstart" in out["job_up"]
+    assert {"train", "train_job"} <= set(out["audit_up"]) and out["audit_rule"] == "none_failed_min_one_success"
+    spec = out["pod"]["spec"]
+    container = next(c for c in spec["containers"] if c["name"] == "base")
+    assert spec["serviceAccountName"] == "dpsynth-train-launcher" and not spec.get("nodeSelector")
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {}) and container["args"] == out["argv"]["train_job"]
+
+    local = {**airflow_env, "DPSYNTH_STAGE_BIN": str(fake), "FAKE_ARGV_LOG": str(log)}
+    in_airflow(LOAD + f"""
+    import dpsynth_pods
+    dag = bag.dags["dpsynth_train"]
+    plan = dpsynth_pods.plan({{**dag.params.dump(), "config": None}}, "run-1")
+    for ids in ({several!r}, {one!r}):
+        dag.get_task("train").python_callable(plan=plan, ids=ids)
+    print(json.dumps({{}}))
+    """, local)
+    launched, single = (json.loads(line) for line in log.read_text().splitlines())
+    assert launched == [*single, "--launch", "torchrun"] and single[0] == "train"
 
 
 def run_pod_command(pod_cmds: list[str], args: list[str], fake: Path, log: Path, xcom: Path) -> None:
@@ -325,7 +371,8 @@ def test_import_emits_the_dataset_version_and_retrain_reads_it(airflow_db, tmp_p
     assert "data.uri=s3://b/new.parquet" in out["train"]
 
 
-def test_train_dag_end_to_end(airflow_db, tmp_path):
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: the train task under torchrun
+def test_train_dag_end_to_end(airflow_db, tmp_path, ranks):
     """`airflow dags test dpsynth_train` with K=2 on 600 MNIST records: every task succeeds, the run
     directory holds the release, MLflow has the parent run with one child per stage, and the ledger beside
     the MLflow store (where `make run` sets the budget) charged the form's population for the train attempt."""
@@ -342,7 +389,7 @@ def test_train_dag_end_to_end(airflow_db, tmp_path):
     ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, records=600, reason="test_train_dag_end_to_end")
     conf = {"dataset_uri": str(source), "method": "dpgan", "epsilon": 10, "delta": 1e-4, "steps": 10, "num_shards": 2,
             "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None, "tracking_uri": mlflow_uri,
-            "pipeline_run_id": "af-e2e", "population_id": "mnist600", "overrides": TINY}
+            "pipeline_run_id": "af-e2e", "population_id": "mnist600", "overrides": [*TINY, f"train.gpus_per_node={ranks}"]}
     airflow = str(AIRFLOW_BIN / "airflow")
     # timeout: a hang guard (over 300 s were seen on 2 shared, busy cores)
     proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=airflow_db,
@@ -356,6 +403,8 @@ def test_train_dag_end_to_end(airflow_db, tmp_path):
                         "ORDER BY map_index").fetchall()
     assert labels == [("shard 0",), ("shard 1",)]  # map_index_template
 
+    trained = json.loads((tmp_path / "runs" / "af-e2e" / "sensitive" / "train" / "manifest.json").read_text())
+    assert trained["details"]["ranks"] == ranks
     release = tmp_path / "runs" / "af-e2e" / "release"
     assert sorted(str(p.relative_to(release)) for p in release.rglob("*") if p.is_file()) == RELEASE
     client = MlflowClient(mlflow_uri)

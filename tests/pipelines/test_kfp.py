@@ -65,15 +65,16 @@ def test_gpu_stages_and_fan_out(compiled):
     executors = compiled["deploymentSpec"]["executors"]
     assert executors["exec-dpsynth-warmstart-shard"]["container"]["args"][:3] == [
         "warmstart", "--shard", "{{$.inputs.parameters['shard_index']}}"]
-    order = ["dpsynth-start", "dpsynth-partition", "shard-indices", "for-loop-1", "dpsynth-warmstart", "dpsynth-train",
-             "dpsynth-audit",
-             "dpsynth-sample", "dpsynth-evaluate", "dpsynth-finish"]
+    # train: one GPU pod, or (train_nodes × train_gpus_per_node > 1) the TrainJob launcher, in a condition group
+    order = ["dpsynth-start", "dpsynth-partition", "shard-indices", "for-loop-1", "dpsynth-warmstart",
+             "train-distributed", "condition-branches-2", "dpsynth-audit", "dpsynth-sample", "dpsynth-evaluate",
+             "dpsynth-finish"]
     for before, after in zip(order, order[1:]):
         assert before in dag[after]["dependentTasks"], (before, after)
     assert all(not t.get("cachingOptions", {}).get("enableCache") for t in dag.values())
     params = compiled["root"]["inputDefinitions"]["parameters"]
     assert set(params) == {"dataset_uri", "population_id", "method", "epsilon", "delta", "steps", "num_shards", "n_d",
-                           "seed", "run_dir"}
+                           "seed", "run_dir", "train_nodes", "train_gpus_per_node"}
     # no default population: a run names whose budget it is charged (the pods read no config file)
     assert "defaultValue" not in params["population_id"] and not params["population_id"].get("isOptional")
     for name, executor in executors.items():
@@ -111,7 +112,8 @@ def test_stage_pods_get_configuration_retries_and_time_limits(compiled, document
         assert [e["envVar"] for e in endpoints["keyToEnv"]] == ["AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL"]
         assert endpoints["optional"]
         assert config["activeDeadlineSeconds"] == str(12 * 3600)
-    tasks = {**compiled["root"]["dag"]["tasks"], **compiled["components"]["comp-for-loop-1"]["dag"]["tasks"]}
+    tasks = {**compiled["root"]["dag"]["tasks"], **compiled["components"]["comp-for-loop-1"]["dag"]["tasks"],
+             **compiled["components"]["comp-condition-4"]["dag"]["tasks"]}
     for stage in stages:
         policy = tasks[f"dpsynth-{stage}"].get("retryPolicy")
         if stage == "finish":
@@ -131,14 +133,45 @@ def test_local_component_runs_the_containers_command(compiled, monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     values = dict(run_dir="R", pipeline_run_id="J", parent_run_id="P", dataset_uri="D", population_id="POP", method="dpgan",
-                  epsilon=1.5, delta=1e-5, steps=7, num_shards=2, n_d="adaptive", seed=3, shard_index=1)
+                  epsilon=1.5, delta=1e-5, steps=7, num_shards=2, n_d="adaptive", seed=3, shard_index=1, train_nodes=2,
+                  train_gpus_per_node=4)
     for command in kp.CONTAINER:
         kp.local_stage.python_func(command=command, extra=[], **values)
         name = "exec-dpsynth-" + command.replace("pipeline ", "").replace(" ", "-")
         container = compiled["deploymentSpec"]["executors"][name]["container"]
         args = [re.sub(r"\{\{\$\.inputs\.parameters\['(\w+)'\]\}\}", lambda m: str(values[m[1]]), a)
                 for a in container["args"]]
+        if command == "train job":  # the stage on several ranks: a TrainJob in a pod, torchrun locally
+            assert args[:3] == ["train", "--launch", "trainjob"] and "train.gpus_per_node=4" in args
+            args[2] = "torchrun"
         assert seen[-1] == args, command
+
+
+def test_the_train_stage_on_several_ranks_is_a_trainjob_launcher(compiled, documents):
+    """train_nodes × train_gpus_per_node > 1: the train-job task (a CPU pod running `dpsynth train --launch
+    trainjob`, with the chart's template name from the stage ConfigMap, retried) runs in place of the GPU pod."""
+    decide = kp.train_distributed.python_func
+    assert [decide(train_nodes=n, train_gpus_per_node=g) for n, g in ((1, 1), (2, 1), (1, 2), (2, 8))] == [
+        False, True, True, True]
+    from dpsynth.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^train.gpus_per_node: must be an integer >= 1"):
+        decide(train_nodes=1, train_gpus_per_node=0)
+    branches = compiled["components"]["comp-condition-branches-2"]["dag"]["tasks"]
+    job, pod = branches["condition-3"], branches["condition-4"]
+    assert job["triggerPolicy"]["condition"] == "inputs.parameter_values['pipelinechannel--train-distributed-Output'] == true"
+    assert pod["triggerPolicy"]["condition"].startswith("!(")
+    assert list(compiled["components"]["comp-condition-3"]["dag"]["tasks"]) == ["dpsynth-train-job"]
+    container = compiled["deploymentSpec"]["executors"]["exec-dpsynth-train-job"]["container"]
+    assert container["args"][:3] == ["train", "--launch", "trainjob"] and "accelerator" not in container["resources"]
+    assert "train.nodes={{$.inputs.parameters['train_nodes']}}" in container["args"]
+    if kp.kubernetes is None:
+        pytest.skip("kfp-kubernetes is not installed")
+    config = documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-dpsynth-train-job"]
+    template = [c for c in config["configMapAsEnv"] if c["keyToEnv"][0]["envVar"] == kp.TEMPLATE_ENV]
+    assert template and template[0]["configMapName"] == "dpsynth-stage-config" and not config.get("tolerations")
+    assert compiled["components"]["comp-condition-3"]["dag"]["tasks"]["dpsynth-train-job"]["retryPolicy"][
+        "maxRetryCount"] == 2
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +199,8 @@ def test_run_local_needs_a_population(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch):
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: the train-job branch, torchrun
+def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch, ranks):
     from dpsynth.privacy.ledger import Ledger
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models; other processes share the CPU
@@ -178,7 +212,8 @@ def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch):
     run = tmp_path / "run"
     run_local.run(dataset=source, run_dir=str(run), extra=extra, pipeline_root=str(tmp_path / "kfp"),
                   population_id="mnist600", method="dpgan", epsilon=10.0, delta=1e-4, steps=12, num_shards=2,
-                  n_d="2", seed=0)
+                  n_d="2", seed=0, train_gpus_per_node=ranks)
+    assert manifest(run, "sensitive", "train")["details"]["ranks"] == ranks
 
     assert {"sample/manifest.json", "sample/synthetic.parquet", "evaluate/manifest.json",
             "evaluate/report.json"} <= set(release_files(run))

@@ -1,14 +1,19 @@
-"""DPGAN data-parallel over the ranks of one ``torchrun`` job (the mechanism: :mod:`dpsynth.privacy.distributed`).
+"""DP-SGD trainers data-parallel over the ranks of one ``torchrun`` job (the mechanism:
+:mod:`dpsynth.privacy.distributed`): DPGAN and dp-GAN (Zhang), the trainers with ``DATA_PARALLEL = True``.
 
     torchrun --standalone --nproc-per-node 2 -m dpsynth train --config run.yaml
 
 Every rank builds the same trainer (same settings, same data, same ``train.seed``, so the same
-initial G and D; :meth:`~dpsynth.privacy.distributed.Ranks.agree` refuses a job whose ranks
-disagree). Per discriminator step each rank Poisson-samples its part of the records, takes its
-contiguous share of the B fakes (every rank draws all B from the shared latent stream and keeps its
-share, so the logical batch is exactly one process's), clips per example, and the sanitizer's
-reducer forms the one noisy sum; every rank applies the same Adam update to D and then the same
-non-private generator step, so the models stay equal without being sent.
+initial G and D; :func:`join` refuses a job whose ranks disagree, and hands the trainer's sanitizer
+the reducer that forms the job's one noisy sum). Per private step each rank Poisson-samples its part
+of the records (:meth:`~dpsynth.privacy.distributed.Ranks.poisson_take`) and clips per example into
+its sums — DPGAN adds its contiguous share of the B fakes (every rank draws all B from the shared
+latent stream and keeps its share, so the logical batch is exactly one process's); dp-GAN's units
+bring their own fakes, drawn from each rank's secret coins, and its k clip groups (the same on every
+rank: chosen from public data and the shared models) are reduced group by group — then rank 0 adds
+the noise (σ·C, or σ·c_j per group) and one all-reduce sums every rank's sums. Every rank applies
+the same Adam update to D and then the same non-private generator step, so the models stay equal
+without being sent.
 
 Rank 0 is the job as the rest of dpsynth sees it: it alone holds the ledger attempt, the MLflow
 run, the trace, the checkpoints and the artifacts. The other ranks (:func:`follow`) write nothing:
@@ -24,20 +29,18 @@ from dpsynth.privacy import distributed
 from dpsynth.privacy.distributed import SINGLE, current  # noqa: F401  (the trainer's ranks)
 
 MECHANISM = "mechanism"  # the state key of the trainer's secret coins: never sent to another rank
-METHODS = ("dpgan",)  # the methods that train on several ranks so far
+METHODS = ("dpgan", "zhang")  # the methods that train on several ranks so far (Trainer.DATA_PARALLEL)
 
 
-def launch(cfg, *, stage: bool) -> distributed.Ranks:
-    """Join the torchrun job (when there is one) for ``dpsynth train``; refuse what it does not support yet."""
+def launch(cfg) -> distributed.Ranks:
+    """Join the torchrun job (when there is one) for ``dpsynth train`` (with or without ``--run-dir``: the
+    stage, :mod:`dpsynth.stages.train`); refuse a method that does not train data-parallel."""
     ranks = distributed.env_ranks()
     if not ranks.distributed:
         return distributed.SINGLE
     if cfg.train.method not in METHODS:
         raise ConfigError(f"train.method: {cfg.train.method!r} trains in one process only; under torchrun "
                           f"(WORLD_SIZE={ranks.world_size}) only {', '.join(METHODS)} runs data-parallel")
-    if stage:
-        raise ConfigError("pipeline.run_dir: the pipeline's train stage runs in one process so far; run "
-                          "`dpsynth train` without --run-dir under torchrun")
     from dpsynth.methods.core import resolve_device
 
     return distributed.init_process_group(ranks.place(resolve_device(cfg.train.device)))
@@ -45,6 +48,15 @@ def launch(cfg, *, stage: bool) -> distributed.Ranks:
 
 def shutdown() -> None:
     distributed.shutdown()
+
+
+def join(trainer) -> None:
+    """A data-parallel trainer's ``__init__``, once its sanitizer is built: the sanitizer forms the job's one
+    noisy sum (noise on rank 0, one all-reduce of the clipped sums), and every rank checks that all ranks hold
+    the same settings, n and plan. A no-op in one process."""
+    trainer.sanitizer.reducer = trainer.dist.reducer()
+    trainer.dist.agree("the run's settings, records and plan", (trainer.cfg.fingerprint(), trainer.n,
+                                                                trainer.total_steps))
 
 
 def sync_state(trainer) -> None:

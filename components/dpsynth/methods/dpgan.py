@@ -22,7 +22,7 @@ from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import PrivacyError
-from dpsynth.methods import warmup
+from dpsynth.methods import distributed, warmup
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.methods.loop import Trainer
 from dpsynth.models.dcgan import Discriminator, Generator
@@ -111,8 +111,7 @@ class DPGANTrainer(Trainer):
             noise_multiplier=self.plan.noise_multiplier, expected_batch_size=2 * t.batch_size,
             randomness=self.mechanism, module=self.D_private, trace=self.trace, event=self.plan.event,
         )
-        self.sanitizer.reducer = self.dist.reducer()  # under torchrun: noise on rank 0, sums all-reduced
-        self.dist.agree("the run's settings, records and plan", (cfg.fingerprint(), self.n, self.total_steps))
+        distributed.join(self)  # under torchrun: noise on rank 0, the clipped sums all-reduced
         self.n_d = (AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta)
                     if t.n_d == "adaptive" else FixedSteps(t.n_d))
         self.since_g = 0  # discriminator steps since the last generator step

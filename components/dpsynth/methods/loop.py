@@ -64,7 +64,7 @@ class Trainer:
 
     STEP = "private steps"  # the progress bar's name for one step (see the table above)
     KEEPS_SNAPSHOTS = False  # keep a generator snapshot at every checkpoint (evaluate's ε-vs-metric curve)
-    DATA_PARALLEL = False  # trains across torchrun ranks (dpsynth.methods.distributed): DPGAN only, so far
+    DATA_PARALLEL = False  # trains across torchrun ranks (dpsynth.methods.distributed): DPGAN and dp-GAN
     ACCOUNTANT: str | None = None  # None: privacy.accountant; a method may fix its own (GS-WGAN: "wor")
     # what its MLflow run may hold (the train stage's allow-list, checked by the audit): what the loop logs;
     # a method adds what its own hooks log (progress, final_metrics, derived_params, final_params)

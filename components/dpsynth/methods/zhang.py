@@ -12,7 +12,12 @@ only through D, so releasing it is post-processing.
   record (x_i, y_i) is one unit with its own fake G(z_i, y_i) and interpolate
   x̂_i = ρx_i + (1−ρ)G(z_i, y_i): ℓ_i = D(G(z_i, y_i)) − D(x_i) + λ(‖∇_x̂ D(x̂_i)‖ − 1)², D conditioned
   on y_i throughout. Adding or removing a record adds or removes one unit, fake and interpolate
-  included. Per-unit gradients (torch.func: the penalty needs a double backward) are clipped
+  included — because each unit's z_i and ρ_i are fresh coins of the mechanism (secret, like the mask),
+  not draws of ``train.seed``'s public latent stream: with public latents handed to the sampled records
+  in order, one more record would shift the latent of every later unit (the step's sum would change in
+  more than one unit, beyond the sensitivity the account assumes), and the stream's position — so the
+  latents of every later generator step, and the released G — would depend on the batch size.
+  Per-unit gradients (torch.func: the penalty needs a double backward) are clipped
   group by group to c_j, summed, noised with σ·c_j per group (once per step, not per example
   as Alg. 3 line 12 reads), and divided by the expected batch size B.
 * Groups and bounds (§4.1–4.2, :mod:`dpsynth.privacy.grouping`): from a public batch every
@@ -43,7 +48,7 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.data.public import declared as public_declared, describe as public_source_statement, unprotected_statement
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
-from dpsynth.methods import warmup
+from dpsynth.methods import distributed, warmup
 from dpsynth.methods.core import resolve_device
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.loop import Trainer
@@ -240,6 +245,7 @@ class ZhangTrainer(Trainer):
     the end. One step is one critic step (the paper's n_critic counts them per generator step)."""
 
     STEP = "DP critic steps"
+    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.methods.distributed)
 
     # what its MLflow run holds (the train stage's allow-list, checked by the audit)
     MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
@@ -297,10 +303,10 @@ class ZhangTrainer(Trainer):
         betas = (z.adam_beta1, z.adam_beta2)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=z.lr, betas=betas)
         self.opt_g = torch.optim.Adam(self.G.parameters(), lr=z.lr if z.lr_g is None else z.lr_g, betas=betas)
-        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)  # fakes, interpolation, G steps
-        # the secret coins: Poisson masks and noise (never train.seed)
+        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)  # the generator steps' latents
+        # the secret coins: Poisson masks, the units' latents and interpolation weights, noise (never train.seed)
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
-                                             seed=mechanism_seed)
+                                             seed=self.dist.mechanism_seed(mechanism_seed))
         self.public_rng = torch.Generator(device=self.device).manual_seed(t.seed + 2)
         groups = ([self.names[i::self.plan.releases] for i in range(self.plan.releases)]  # replaced at step 0
                   if z.grouping == "clustering" else grouping.fixed_groups(self.names, strategy=z.grouping))
@@ -320,6 +326,7 @@ class ZhangTrainer(Trainer):
             module=self.D_private, trace=self.trace, event=self.plan.event,
         )
         self.group_names = groups
+        distributed.join(self)  # under torchrun: the groups' noise on rank 0, their clipped sums all-reduced
         self.since_g = 0
         self.last_g_loss = float("nan")
 
@@ -338,14 +345,17 @@ class ZhangTrainer(Trainer):
 
     def update_bounds(self) -> None:
         z = self.cfg.zhang
-        if z.grouping == "clustering":
-            groups, bounds = grouping.cluster_groups(self.public_gradients(), self.names, k=self.plan.releases)
-            if not z.adaptive_clipping:  # clustered once from public data, then fixed bounds
-                bounds = [self.cfg.privacy.max_grad_norm] * len(groups)
-            self.sanitizer.regroup([[self.params[nm] for nm in g] for g in groups], bounds)
-            self.group_names = groups
-        elif z.adaptive_clipping:
-            self.sanitizer.set_bounds(grouping.public_bounds(self.public_gradients(), self.group_names))
+        groups, bounds = self.group_names, list(self.sanitizer.bounds)
+        if self.dist.is_main:  # under torchrun rank 0 chooses them and every rank takes its choice (from_main)
+            if z.grouping == "clustering":
+                groups, bounds = grouping.cluster_groups(self.public_gradients(), self.names, k=self.plan.releases)
+                if not z.adaptive_clipping:  # clustered once from public data, then fixed bounds
+                    bounds = [self.cfg.privacy.max_grad_norm] * len(groups)
+            elif z.adaptive_clipping:
+                bounds = grouping.public_bounds(self.public_gradients(), self.group_names)
+        groups, bounds = self.dist.from_main((groups, bounds))  # every rank clips to the bounds rank 0 noises by
+        self.sanitizer.regroup([[self.params[nm] for nm in g] for g in groups], bounds)
+        self.group_names = groups
 
     def _due_for_bounds(self) -> bool:
         z = self.cfg.zhang
@@ -363,12 +373,14 @@ class ZhangTrainer(Trainer):
         z, t = self.cfg.zhang, self.cfg.train
         if self._due_for_bounds():
             self.update_bounds()
-        take = self.mechanism.poisson_mask(self.n, self.event.sample_rate)
+        take = self.dist.poisson_take(self.mechanism, self.n, self.event.sample_rate)  # this rank's part
         real, y = self.images[take], self.labels[take]
         m = len(real)
+        # each unit's own latent and interpolation weight, from the secret coins (see the module docstring)
+        latents = self.mechanism.standard_normal((m, self.G.latent_dim))
+        rho = self.mechanism.uniform((m,)).view(-1, 1, 1, 1)
         with torch.no_grad():
-            fake, _ = self.G.sample(m, labels=y, generator=self.rng)
-        rho = torch.rand(m, device=self.device, generator=self.rng).view(-1, 1, 1, 1)
+            fake = self.G(latents, y)
         chunk = t.physical_batch_size or max(m, 1)
         for start in range(0, m, chunk):
             s = slice(start, start + chunk)

@@ -94,6 +94,19 @@ class Ranks:
         """What the sanitizer needs to form the one noisy sum of the job (None in one process)."""
         return NoiseOnRankZero(self) if self.distributed else None
 
+    def from_main(self, value):
+        """Rank 0's ``value`` on every rank (one broadcast; ``value`` itself in one process): for what every rank
+        must hold exactly as rank 0 holds it, e.g. clip bounds chosen from public data — a rank clipping to a
+        larger bound than the one rank 0 scales the noise by would exceed the sensitivity the account assumes
+        (on GPUs, non-deterministic kernels can make ranks' own computations of them differ)."""
+        if not self.distributed:
+            return value
+        import torch.distributed as dist
+
+        box = [value if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def agree(self, what: str, value) -> None:
         """Refuse to train unless every rank holds the same ``value`` (the settings, n, the plan)."""
         if not self.distributed:

@@ -66,6 +66,10 @@ class MechanismRandomness:
             total += torch.randn(shape, device=self.device, dtype=dtype, generator=g)
         return total / 2
 
+    def uniform(self, shape) -> torch.Tensor:
+        """i.i.d. U[0, 1) of ``shape`` (dp-GAN's per-unit interpolation weights)."""
+        return torch.rand(shape, device=self.device, generator=self._fresh())
+
     def poisson_mask(self, n: int, rate: float) -> torch.Tensor:
         """Poisson sampling: each of ``n`` records independently with probability ``rate`` (bool[n])."""
         return torch.rand(n, device=self.device, generator=self._fresh()) < rate

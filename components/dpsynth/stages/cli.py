@@ -79,7 +79,8 @@ def register(subparsers) -> None:
     run.set_defaults(func=run_pipeline_command)
     begin = actions.add_parser("start", help="open the parent run for stages run one by one; print its ids",
                                description="For orchestrators: open the MLflow parent run and print "
-                               '{"parent_run_id", "pipeline_run_id", "run_dir"} as JSON.')
+                               '{"parent_run_id", "pipeline_run_id", "run_dir", "train"} as JSON ("train": the train '
+                               "stage's nodes, gpus_per_node, ranks and whether it is distributed).")
     add_config_options(begin)
     begin.add_argument("--run-dir", metavar="URI")
     begin.add_argument("--pipeline-run-id", metavar="ID")
@@ -196,9 +197,13 @@ def run_pipeline_command(args) -> int:
 def start_command(args) -> int:
     from dpsynth.stages.pipeline import start
 
+    from dpsynth.stages.launch import shape
+
     ctx = start(load_config(args.config, overrides=args.overrides), run_dir=args.run_dir,
                 pipeline_run_id=args.pipeline_run_id)
-    print(json.dumps({"parent_run_id": ctx.parent_run_id, "pipeline_run_id": ctx.pipeline_run_id, "run_dir": ctx.run_dir}))
+    # "train": where the train stage runs (the orchestrators launch it on several ranks when "distributed")
+    print(json.dumps({"parent_run_id": ctx.parent_run_id, "pipeline_run_id": ctx.pipeline_run_id, "run_dir": ctx.run_dir,
+                      "train": shape(ctx.cfg)}))
     return 0
 
 

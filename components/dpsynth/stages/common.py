@@ -33,7 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from dpsynth import storage, tracking
-from dpsynth.config import RunConfig, dump_config
+from dpsynth.config import RunConfig, dump_config, without_launch
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, StageError
 from dpsynth.stages import manifest
@@ -177,8 +177,9 @@ def redacted(cfg: RunConfig) -> RunConfig:
 
 
 def fingerprint(cfg: RunConfig, sections: tuple[str, ...]) -> str:
-    """sha256 of the config sections a stage's outputs depend on (partition key redacted)."""
-    d = redacted(cfg).to_dict()
+    """sha256 of the config sections a stage's outputs depend on (partition key redacted; not where the train
+    stage's ranks run: ``config.LAUNCH_FIELDS``)."""
+    d = without_launch(redacted(cfg).to_dict())
     return hashlib.sha256(json.dumps({s: d[s] for s in sections}, sort_keys=True).encode()).hexdigest()
 
 

@@ -13,6 +13,12 @@ outputs are then uploaded (no resume across machines for remote run directories 
 Every attempt is charged to the ledger (:mod:`dpsynth.privacy.attempt`): it opens its own reservation
 before building the trainer, adopting the reservation of the checkpoint it resumes, and commits the ε
 of the steps it added. A reused stage opens none (it spends nothing).
+
+Under ``torchrun`` (a data-parallel method, :mod:`dpsynth.methods.distributed`) every rank runs
+``dpsynth train --run-dir RUN_DIR``: rank 0 is the stage — :func:`run`: the reuse decision, the
+ledger attempt, the trainer's MLflow child run, the outputs and the manifest — and tells the other
+ranks whether it trains; they (:func:`follow`) read the same shards and warm start, train in step
+with it, and write nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from pathlib import Path
 
 from dpsynth import storage, tracking
 from dpsynth.data import read_parquet
-from dpsynth.methods import registry
+from dpsynth.methods import distributed, registry
 from dpsynth.stages import charging, common, manifest
 
 STAGE = "train"
@@ -79,15 +85,48 @@ def _discard_stale_checkpoints(workdir: str, *, stamp: str, force: bool) -> None
     marker.write_text(stamp)
 
 
-def run(ctx: common.StageContext) -> common.Outcome:
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """What the stage reads, the same on every rank: the upstream manifests, the shards, the fingerprint."""
+
+    method: registry.Method
+    partition: dict
+    warmstart: dict
+    shards: list[dict]
+    inputs: list[dict]
+    fingerprint: str
+
+
+def _inputs(ctx: common.StageContext) -> _Inputs:
     cfg = ctx.cfg
     method = registry.get(cfg.train.method)
     partition, partition_entry = common.upstream(ctx, "partition")
     warmstart_manifest, warmstart_entry = common.upstream(ctx, "warmstart")
     shards = [manifest.verify(s) for s in manifest.outputs(partition, "shard")]
-    inputs = [partition_entry, warmstart_entry, *shards]
-    fp = common.fingerprint(cfg, SECTIONS + method.sections)
-    if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
+    return _Inputs(method=method, partition=partition, warmstart=warmstart_manifest, shards=shards,
+                   inputs=[partition_entry, warmstart_entry, *shards],
+                   fingerprint=common.fingerprint(cfg, SECTIONS + method.sections))
+
+
+def _trainer_config(ctx: common.StageContext, shards: list[dict], workdir: str):
+    cfg = ctx.cfg
+    return dataclasses.replace(
+        common.redacted(cfg),
+        data=dataclasses.replace(cfg.data, uri=shards[0]["uri"] if len(shards) == 1 else ctx.stage_dir("partition")),
+        output=dataclasses.replace(cfg.output, dir=workdir),
+        tracking=dataclasses.replace(cfg.tracking, uri=ctx.tracking_uri if cfg.tracking.enabled else None,
+                                     experiment=ctx.experiment),
+    )
+
+
+def run(ctx: common.StageContext) -> common.Outcome:
+    cfg = ctx.cfg
+    ranks = distributed.current()  # under torchrun this is rank 0; the other ranks run follow()
+    read = _inputs(ctx)
+    method, partition, shards, inputs, fp = read.method, read.partition, read.shards, read.inputs, read.fingerprint
+    reused = common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)
+    ranks.from_main(reused is None)  # the other ranks train only when rank 0 does
+    if reused is not None:
         return reused
     charging.population_id(cfg)  # ConfigError before the data is read
     shard_data = [read_parquet(s["uri"]) for s in shards]
@@ -97,15 +136,9 @@ def run(ctx: common.StageContext) -> common.Outcome:
         workdir = scratch if remote else str(storage.local_path(ctx.stage_dir(STAGE)))
         stamp = hashlib.sha256(json.dumps([fp, [s["sha256"] for s in shards]]).encode()).hexdigest()
         _discard_stale_checkpoints(workdir, stamp=stamp, force=ctx.force)
-        tcfg = dataclasses.replace(
-            common.redacted(cfg),
-            data=dataclasses.replace(cfg.data, uri=shards[0]["uri"] if len(shards) == 1 else ctx.stage_dir("partition")),
-            output=dataclasses.replace(cfg.output, dir=workdir),
-            tracking=dataclasses.replace(cfg.tracking, uri=ctx.tracking_uri if cfg.tracking.enabled else None,
-                                         experiment=ctx.experiment),
-        )
+        tcfg = _trainer_config(ctx, shards, workdir)
         data, method_kwargs = method_inputs(ctx, method, dataset=dataset, shards=shard_data,
-                                            warmstart=warmstart_manifest)
+                                            warmstart=read.warmstart)
         tracking_uri = ctx.tracking_uri if cfg.tracking.enabled else None
         ledger = charging.open_ledger(charging.ledger_url(cfg, run_dir=ctx.run_dir, tracking_uri=tracking_uri))
         result = dataclasses.asdict(charging.train_charged(
@@ -125,9 +158,26 @@ def run(ctx: common.StageContext) -> common.Outcome:
     trace = json.loads(storage.read_bytes(ctx.uri(STAGE, OUTPUTS["trace"])))
     privacy = {"epsilon": result["epsilon"], "delta": result["delta"], "accountant": result["accountant"],
                "events": trace["events"], "note": "as reported by the trainer; the audit recomputes it from the trace"}
-    details = {"method": cfg.train.method, "training_records": len(dataset),
+    details = {"method": cfg.train.method, "training_records": len(dataset), "ranks": ranks.world_size,
                **{k: result[k] for k in ("steps", "generator_steps", "noise_multiplier", "sample_rate", "stopped_by")
                   if k in result}}
     with common.child_run(ctx, STAGE, run_id=result.get("mlflow_run_id")) as run:
         return common.finish(ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"],
                              inputs=inputs, outputs=outputs, privacy=privacy, details=details)
+
+
+def follow(ctx: common.StageContext) -> None:
+    """A rank other than 0 of a ``torchrun`` job: when rank 0 trains (:func:`run`), the same trainer on the same
+    shards and warm start, step for step with it; it opens no ledger attempt, no MLflow run, and writes nothing
+    (its trainer's ``output.dir`` is rank 0's work directory, which only rank 0 writes)."""
+    ranks = distributed.current()
+    if ranks.is_main:
+        raise RuntimeError("train.follow: rank 0 runs the stage itself (train.run)")
+    read = _inputs(ctx)
+    if not ranks.from_main(None):  # rank 0 reused the stage's outputs: nothing to train
+        return
+    shard_data = [read_parquet(s["uri"]) for s in read.shards]
+    tcfg = _trainer_config(ctx, read.shards, str(ctx.stage_dir(STAGE)))  # never written here
+    data, method_kwargs = method_inputs(ctx, read.method, dataset=common.concat(shard_data), shards=shard_data,
+                                        warmstart=read.warmstart)
+    read.method.trainer_class()(tcfg, data, **method_kwargs).train()

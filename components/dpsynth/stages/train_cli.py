@@ -33,7 +33,9 @@ def register(subparsers) -> None:
             "last checkpoint there). Every attempt is charged to ledger.population_id's lifetime budget in the "
             "ledger (ledger.url, else $DPSYNTH_LEDGER_URL, else outputs/ledger.db; see `dpsynth ledger --help`). With --run-dir (or pipeline.run_dir) it is the pipeline's train stage, "
             "for every method: it trains on the shards of RUN_DIR/sensitive/partition and writes "
-            "RUN_DIR/sensitive/train (output.dir is not used) with a manifest and an MLflow child run."
+            "RUN_DIR/sensitive/train (output.dir is not used) with a manifest and an MLflow child run. Under "
+            "torchrun (`torchrun --nproc-per-node N -m dpsynth train ...`) dpgan and zhang train data-parallel, "
+            "with or without --run-dir: rank 0 alone is charged and writes (docs/distributed.md)."
         ),
         epilog=methods_text(),
         formatter_class=_Formatter,
@@ -43,6 +45,10 @@ def register(subparsers) -> None:
                    help="override one setting (repeatable)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     stage_cli.add_stage_options(p)
+    p.add_argument("--launch", choices=("torchrun", "trainjob"),
+                   help="start the train stage (--run-dir) on train.nodes × train.gpus_per_node ranks and wait for it: "
+                        "torchrun on this machine, or a Kubeflow Trainer TrainJob (from the chart's template, "
+                        "$DPSYNTH_TRAINJOB_TEMPLATE) on Kubernetes; what the orchestrators run when it exceeds 1")
     p.set_defaults(func=run_train)
 
 
@@ -55,9 +61,13 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 def run_train(args) -> int:
     cfg = load_config(args.config, overrides=args.overrides)
+    if args.launch:  # the stage on several ranks, started and waited for (dpsynth.stages.launch)
+        from dpsynth.stages import launch
+
+        return launch.run(args.launch, cfg, args)
     from dpsynth.methods import distributed
 
-    ranks = distributed.launch(cfg, stage=bool(args.run_dir or cfg.pipeline.run_dir))  # under torchrun: join the job
+    ranks = distributed.launch(cfg)  # under torchrun: join the job
     try:
         return _run_train(args, cfg, ranks)
     finally:
@@ -66,6 +76,13 @@ def run_train(args) -> int:
 
 def _run_train(args, cfg, ranks) -> int:
     if args.run_dir or cfg.pipeline.run_dir:
+        if not ranks.is_main:  # torchrun's other ranks: rank 0 is the stage (ledger, MLflow, outputs, manifest)
+            from dpsynth.stages import train as train_stage
+            from dpsynth.stages.common import StageContext
+
+            train_stage.follow(StageContext.create(cfg, run_dir=args.run_dir, parent_run_id=args.parent_run_id,
+                                                   pipeline_run_id=args.pipeline_run_id, force=args.force))
+            return 0
         return stage_cli.run_stage_command("train", args, cfg)
     method = registry.standalone_or_refuse(cfg.train.method)  # ConfigError (exit 2) names the command to use
     import secrets

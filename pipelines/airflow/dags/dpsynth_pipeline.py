@@ -2,7 +2,9 @@
 
 plan → start → partition → warmstart_shard (mapped over the K shards: one `dpsynth warmstart --shard K`
 each) → warmstart (the fan-in) → train → audit
-→ sample → evaluate → finish. ``start`` opens the MLflow parent run, each stage nests its child run
+→ sample → evaluate → finish. When the train stage runs on several ranks (``start`` reports
+train.nodes × train.gpus_per_node > 1) the local ``train`` task starts it under torchrun, and on Kubernetes
+``train_launch`` picks the ``train_job`` pod (a Kubeflow Trainer TrainJob, followed) instead of ``train``. ``start`` opens the MLflow parent run, each stage nests its child run
 under it, ``finish`` (run whatever happened upstream) closes it and fails the DAG run unless every
 stage succeeded. Tasks pass only plain values: ids, URIs, ε.
 """
@@ -167,7 +169,10 @@ def _local_tasks(plan_out):
     def stage_task(stage: str):
         @task(task_id=stage)
         def run(plan: dict, ids: dict) -> dict:
-            return pods.summarise(_run_local(pods.with_parent(plan["argv"][stage], ids["parent_run_id"])))
+            argv = pods.with_parent(plan["argv"][stage], ids["parent_run_id"])
+            if stage == "train" and pods.distributed(ids):  # several ranks: torchrun on this machine
+                argv = pods.launched(argv, "torchrun")
+            return pods.summarise(_run_local(argv))
         return run
 
     @task(task_id="finish", trigger_rule="all_done", retries=0)  # a failed pipeline is a verdict, not a glitch
@@ -191,9 +196,17 @@ def start_command(plan: dict) -> dict:
 
 @task(multiple_outputs=True)
 def stage_commands(plan: dict, ids: dict) -> dict:
-    """``{stage: argv}`` for every stage pod and ``finish``, each nested under the parent run."""
-    return {name: ["dpsynth", *pods.with_parent(plan["argv"][name], ids["parent_run_id"])]
+    """``{stage: argv}`` for every stage pod, ``finish`` and ``train_job``, each nested under the parent run."""
+    argv = {name: ["dpsynth", *pods.with_parent(plan["argv"][name], ids["parent_run_id"])]
             for name in (*pods.STAGES, "finish")}
+    return {**argv, pods.TRAIN_JOB: pods.launched(argv["train"], "trainjob")}
+
+
+@task.branch
+def train_launch(ids: dict) -> str:
+    """``train_job`` (the stage as a TrainJob) when ``start`` reports the train stage on several ranks, else
+    ``train``."""
+    return pods.TRAIN_JOB if pods.distributed(ids) else "train"
 
 
 @task
@@ -206,7 +219,12 @@ def shard_commands(plan: dict, partition: dict) -> list[list[str]]:
 def _kubernetes_tasks(plan_out):
     ids = pods.stage_pod_operator("start", "start", start_command(plan_out)["start"])
     argv = stage_commands(plan_out, ids.output)
-    stages = {stage: pods.stage_pod_operator(stage, stage, argv[stage]) for stage in pods.STAGES}
+    # audit follows whichever of train / train_job ran (train_launch skips the other)
+    stages = {stage: pods.stage_pod_operator(stage, stage, argv[stage], **(
+        {"trigger_rule": "none_failed_min_one_success"} if stage == "audit" else {})) for stage in pods.STAGES}
+    job = pods.stage_pod_operator(pods.TRAIN_JOB, "train-job", argv[pods.TRAIN_JOB])
+    train_launch(ids.output) >> [stages["train"], job]
+    stages["warmstart"] >> job >> stages["audit"]
     finish = pods.stage_pod_operator("finish", "finish", argv["finish"], trigger_rule="all_done", retries=0)
     return ids, {s: op.output for s, op in stages.items()}, finish
 

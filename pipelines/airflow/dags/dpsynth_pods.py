@@ -9,6 +9,10 @@ ConfigMap), else its default:
   (a KubernetesPodOperator per stage, running ``DPSYNTH_STAGE_IMAGE``).
 - local: ``DPSYNTH_STAGE_BIN`` (the ``dpsynth`` console script) or ``DPSYNTH_STAGE_PYTHON``
   (``python -m dpsynth.cli``); default ``<repo>/.venv/stage/bin/dpsynth``, run in ``DPSYNTH_REPO``.
+- the train stage on several ranks (``dpsynth pipeline start`` reports ``train.nodes × train.gpus_per_node > 1``):
+  local, ``dpsynth train --launch torchrun`` (the ranks on this machine); kubernetes, the ``train_job`` pod instead
+  of ``train``: ``dpsynth train --launch trainjob`` (CPU; it creates and follows a Kubeflow Trainer TrainJob from the
+  chart's template, as ``DPSYNTH_TRAIN_LAUNCHER_SERVICE_ACCOUNT``, the chart's ``<release>-train-launcher``).
 - kubernetes: ``DPSYNTH_K8S_NAMESPACE``, ``DPSYNTH_GPU_STAGES`` (default "warmstart,train"),
   ``DPSYNTH_GPU_LIMIT``, ``DPSYNTH_GPU_NODE_SELECTOR`` and ``DPSYNTH_GPU_TOLERATIONS`` (JSON),
   ``DPSYNTH_STAGE_SECRET`` and ``DPSYNTH_STAGE_CONFIG_MAP`` (a Secret with the S3 credentials and the
@@ -96,6 +100,19 @@ def with_parent(argv: list[str], parent_run_id: str | None) -> list[str]:
     return [*argv, "--parent-run-id", parent_run_id] if parent_run_id else list(argv)
 
 
+TRAIN_JOB = "train_job"  # the kubernetes executor's task for the train stage on several ranks
+
+
+def distributed(ids: dict) -> bool:
+    """Whether the run's train stage runs on several ranks: ``dpsynth pipeline start``'s ``train`` (its shape)."""
+    return bool((ids.get("train") or {}).get("distributed"))
+
+
+def launched(argv: list[str], how: str) -> list[str]:
+    """The train stage's argv started on several ranks: ``--launch torchrun`` (local) or ``trainjob`` (kubernetes)."""
+    return [*argv, "--launch", how]
+
+
 def local_command() -> list[str]:
     if python := setting("DPSYNTH_STAGE_PYTHON"):
         return [python, "-m", "dpsynth.cli"]
@@ -156,6 +173,8 @@ def pod_settings(stage: str) -> dict:
         kw["config_file"] = config_file
     else:
         kw["in_cluster"] = True
+    if stage == "train-job" and (account := setting("DPSYNTH_TRAIN_LAUNCHER_SERVICE_ACCOUNT")):
+        kw["service_account_name"] = account  # may create and follow TrainJobs (the chart's Role)
     return kw
 
 

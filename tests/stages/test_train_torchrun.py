@@ -1,0 +1,104 @@
+"""The pipeline's train stage under torchrun (2 gloo processes on CPU): `dpsynth train --run-dir RUN_DIR` joined by
+every rank; rank 0 is the stage (one ledger attempt, one MLflow child run, the outputs and the manifest), the
+other ranks train in step with it and write nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpsynth.privacy.ledger import Ledger
+from tests.methods import distributed_workers as workers
+from tests.stages.helpers import TINY, manifest, settings, stages
+
+ZHANG = ("train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
+         "zhang.warm_start_iterations=2", "zhang.num_groups=3", "zhang.n_critic=2", "train.steps=6")
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def train_runs(tracking_uri: str) -> list:
+    from mlflow import MlflowClient
+
+    from dpsynth import tracking
+
+    client = MlflowClient(tracking_uri)
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    return [r for r in runs if r.data.tags.get(tracking.TAG_STAGE) == "train"]
+
+
+def test_only_rank_zero_is_the_stage(tmp_path, source):
+    """Rank 0 runs the stage in RUN_DIR; rank 1 follows from a copy of the same upstream outputs with its own
+    MLflow store and ledger: the copy, the store and the ledger are left exactly as they were."""
+    overrides = [f"data.uri={source}", *TINY, "partition.num_shards=1", "train.steps=6"]
+    run0, run1 = tmp_path / "run0", tmp_path / "run1"
+    stages(run0, source, "partition", "warmstart", overrides=["partition.num_shards=1"])
+    shutil.copytree(run0, run1)
+    before = tree(run1)
+    Ledger(f"sqlite:///{tmp_path / 'ledger0.db'}").set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="test")
+    workers.run_ranks(2, tmp_path, workers.train_stage, str(tmp_path), [str(run0), str(run1)], overrides)
+
+    outcome = json.loads((tmp_path / "outcome.json").read_text())
+    assert outcome["status"] == "succeeded" and outcome["manifest"]["details"]["steps"] == 6
+    assert outcome["manifest"]["details"]["ranks"] == 2
+    trace = json.loads((run0 / "sensitive" / "train" / "trace.json").read_text())
+    assert trace["events"][-1]["count"] == 6  # one event per logical step, not one per rank
+    (charged,) = Ledger(f"sqlite:///{tmp_path / 'ledger0.db'}").history("mnist600")
+    assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(
+        outcome["manifest"]["privacy"]["epsilon"], rel=1e-6)
+    assert len(train_runs(f"sqlite:///{tmp_path / 'mlflow0.db'}")) == 1
+    # rank 1: no file in its run directory, no MLflow store, no ledger
+    assert tree(run1) == before
+    assert not (tmp_path / "mlflow1.db").exists() and not (tmp_path / "ledger1.db").exists()
+
+
+def torchrun_train(run_dir: Path, source: str, tracking_uri: str, *extra: str) -> subprocess.CompletedProcess:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    args = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "dpsynth", "train", "--run-dir", str(run_dir),
+            "--pipeline-run-id", "torchrun-e2e", *settings(source, *ZHANG, "tracking.enabled=true",
+                                                             f"tracking.uri={tracking_uri}"), *extra, "--json"]
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_torchrun_train_stage_end_to_end(tmp_path, source, ledger_with_budget):
+    """`torchrun --nproc-per-node 2 -m dpsynth train --run-dir RUN` (dp-GAN, after partition and warmstart): one
+    JSON outcome on stdout, the manifest, one ledger attempt, one MLflow child run, a passed audit; run again,
+    through `dpsynth train --launch torchrun` (what the local orchestrators run), the stage is skipped (rank 0
+    tells the other rank) and nothing more is charged."""
+    run, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    stages(run, source, "partition", "warmstart", overrides=ZHANG)
+    done = torchrun_train(run, source, uri)
+    assert done.returncode == 0, done.stderr[-4000:]
+    outcome = json.loads(done.stdout)  # rank 0 alone printed (one JSON document)
+    assert outcome["status"] == "succeeded" and outcome["stage"] == "train"
+    trained = manifest(run, "sensitive", "train")
+    assert (trained["details"]["method"], trained["details"]["steps"], trained["details"]["ranks"]) == ("zhang", 6, 2)
+    assert json.loads((run / "sensitive" / "train" / "trace.json").read_text())["events"][-1]["count"] == 6
+    (charged,) = ledger_with_budget.history("mnist600")
+    assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(
+        trained["privacy"]["epsilon"], rel=1e-6)
+    (child,) = train_runs(uri)
+    assert child.info.run_id == outcome["mlflow_run_id"] and child.data.metrics["epsilon"] == pytest.approx(
+        trained["privacy"]["epsilon"])
+    stages(run, source, "audit", overrides=ZHANG)
+    assert json.loads((run / "sensitive" / "audit" / "audit.json").read_text())["decision"] == "passed"
+
+    again = subprocess.run([sys.executable, "-m", "dpsynth", "train", "--launch", "torchrun", "--run-dir", str(run),
+                            "--pipeline-run-id", "torchrun-e2e",
+                            *settings(source, *ZHANG, "tracking.enabled=true", f"tracking.uri={uri}",
+                                      "train.gpus_per_node=2"), "--json"],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert json.loads(again.stdout)["status"] == "skipped"
+    assert len(ledger_with_budget.history("mnist600")) == 1  # nothing trained, nothing charged
+    assert manifest(run, "sensitive", "train") == trained
