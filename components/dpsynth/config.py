@@ -30,8 +30,9 @@ from dpsynth.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATASET = str(REPO_ROOT / "data" / "mnist")
-# Unknown settings are refused; NaN and infinities are no setting's value.
-SECTION = ConfigDict(extra="forbid", allow_inf_nan=False)
+# Unknown settings are refused; NaN and infinities are no setting's value. The validators are built at first
+# use, not on import (`dpsynth --help` imports this module).
+SECTION = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 NOT_BLANK = r"\S"  # a string's pattern: at least one character that is not white space
 
 
