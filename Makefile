@@ -20,7 +20,7 @@ CONFIG ?= configs/dpgan-mnist-cpu.yaml
 LEDGER_URL := sqlite:///$(abspath $(OUT))/ledger.db
 POPULATION := mnist
 
-.PHONY: image help venv airflow-venv tools-venv up down budget run run-train run-pipeline run-kfp kfp-yaml test test-slow bench bench-utility lock airflow-lock clean mlflow-ui
+.PHONY: image help venv airflow-venv tools-venv up down budget run run-train run-pipeline run-kfp kfp-yaml schema test test-slow bench bench-utility lock airflow-lock clean mlflow-ui
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -84,6 +84,9 @@ run-kfp: budget  ## the Kubeflow pipeline's shape run locally (kfp.local, stages
 
 kfp-yaml: $(STAMP)  ## regenerate pipelines/kfp/dpsynth_pipeline.yaml (a test keeps it in sync)
 	$(PY) pipelines/kfp/dpsynth_pipeline.py --compile
+
+schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema beside the DAGs and in the chart, and the KFP YAML
+	$(PY) scripts/config_schema.py
 
 test: $(STAMP) $(AIRFLOW_STAMP) $(TOOLS_STAMP)  ## the test suite (under ~20 minutes on 2 cores)
 	$(PY) -m pytest -m "not slow" -q

@@ -5,9 +5,9 @@
 # HEALTH_TIMEOUT (seconds, 120), PLATFORM_DB (postgres | sqlite; default postgres where a PostgreSQL server
 # binary exists), PG_PORT (55432), PG_DIR ($PLATFORM_DIR/postgres). `up` and `down` are idempotent; logs and pid files (one PGID each) live in
 # $PLATFORM_DIR/{logs,pids}. With PostgreSQL, `up` starts a local server (scripts/postgres.sh: data in
-# $PLATFORM_DIR/postgres, a Unix socket there, no TCP) holding two databases, `mlflow` (MLflow's backend store)
-# and `ledger`; without one, it says so and both stay in SQLite files ($PLATFORM_DIR/mlflow.db, ledger.db).
-# Airflow's own metadata stays in SQLite ($PLATFORM_DIR/airflow/airflow.db). DAG runs log to the MLflow server
+# $PLATFORM_DIR/postgres, a Unix socket there, no TCP) holding three databases, `mlflow` (MLflow's backend store),
+# `ledger` and `airflow` (Airflow's metadata; psycopg2 and asyncpg are in the Airflow venv); without one, it says so
+# and all three stay in SQLite files ($PLATFORM_DIR/mlflow.db, ledger.db, airflow/airflow.db). DAG runs log to the MLflow server
 # (DPSYNTH_TRACKING_URI, MLFLOW_TRACKING_URI), whose UI serves the auditors' Privacy ledger page
 # (/dpsynth/ledger), and are charged to the privacy ledger DPSYNTH_LEDGER_URL (set it to use another). The
 # ledger gives no budget by default: `up` gives the bundled MNIST's population (`mnist`, the trigger form's
@@ -28,7 +28,6 @@ AIRFLOW_URL="http://127.0.0.1:$AIRFLOW_PORT"
 [[ -f "$DIR/secret" ]] || (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n" > "$DIR/secret")
 export AIRFLOW_HOME="$DIR/airflow"
 export AIRFLOW__CORE__DAGS_FOLDER="$REPO/pipelines/airflow/dags"
-export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$AIRFLOW_HOME/airflow.db"
 export AIRFLOW__CORE__PARALLELISM=4 AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=True
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="$AIRFLOW_URL/execution/"
@@ -44,11 +43,13 @@ if [[ -z "${PLATFORM_DB:-}" ]]; then
 fi
 case "$PLATFORM_DB" in
   postgres) BACKEND_STORE_URI="$("$PG" url "$(mkdir -p "$PG_DIR" && echo "$PG_DIR")" "$PG_PORT" mlflow)"
-            DEFAULT_LEDGER_URL="$("$PG" url "$PG_DIR" "$PG_PORT" ledger)" ;;
-  sqlite) BACKEND_STORE_URI="sqlite:///$DIR/mlflow.db" DEFAULT_LEDGER_URL="sqlite:///$DIR/ledger.db" ;;
+            DEFAULT_LEDGER_URL="$("$PG" url "$PG_DIR" "$PG_PORT" ledger)"
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="$("$PG" url "$PG_DIR" "$PG_PORT" airflow)" ;;
+  sqlite) BACKEND_STORE_URI="sqlite:///$DIR/mlflow.db" DEFAULT_LEDGER_URL="sqlite:///$DIR/ledger.db"
+          AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$AIRFLOW_HOME/airflow.db" ;;
   *) echo "PLATFORM_DB: must be postgres or sqlite, got '$PLATFORM_DB'" >&2; exit 2 ;;
 esac
-export DPSYNTH_LEDGER_URL="${DPSYNTH_LEDGER_URL:-$DEFAULT_LEDGER_URL}"
+export DPSYNTH_LEDGER_URL="${DPSYNTH_LEDGER_URL:-$DEFAULT_LEDGER_URL}" AIRFLOW__DATABASE__SQL_ALCHEMY_CONN
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false PYTHONUNBUFFERED=1
 # No usage telemetry: MLflow 3 reads MLFLOW_DISABLE_TELEMETRY (and DO_NOT_TRACK); Airflow 3.3.2 collects none.
 export MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true
@@ -76,7 +77,7 @@ sys.exit(0 if all(h.get(k, {}).get("status") == "healthy"
 
 up() {
   mkdir -p "$DIR/logs" "$DIR/pids" "$DIR/mlartifacts" "$AIRFLOW_HOME"
-  [[ "$PLATFORM_DB" == postgres ]] && "$PG" start "$PG_DIR" "$PG_PORT" mlflow ledger
+  [[ "$PLATFORM_DB" == postgres ]] && "$PG" start "$PG_DIR" "$PG_PORT" mlflow ledger airflow
   config
   # δ stays < 1/n = 1e-4 for the 10,000 records (9 attempts at δ = 1e-5); an existing budget stays as it is
   "$STAGE_BIN/dpsynth" ledger set-budget mnist --if-new --epsilon 90 --delta 9e-5 --records 10000 \
@@ -108,6 +109,7 @@ config() {  # which databases MLflow and the ledger use, and why
   fi
   echo "MLflow backend store: $BACKEND_STORE_URI"
   echo "ledger: $DPSYNTH_LEDGER_URL"
+  echo "Airflow metadata: $AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
 }
 
 session() {  # session SID: the process groups in that session (task processes get their own group)

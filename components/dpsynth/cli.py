@@ -58,6 +58,12 @@ def _register_config(subparsers) -> None:
                               "result as YAML (with --json, as JSON). The partition key is shown as a digest.")
     add_config_options(show)
     show.set_defaults(func=run_config_show)
+    schema = actions.add_parser("schema", help="print the JSON Schema of a config file (every setting)",
+                                description="Print the JSON Schema (2020-12) of a config file: every section and "
+                                "setting with its type, bounds, default and description. The Airflow trigger form, "
+                                "the chart's values.schema.json and the KFP pipeline's inputs are built from it "
+                                "(scripts/config_schema.py writes the copies the repository keeps).")
+    schema.set_defaults(func=run_config_schema)
 
 
 def run_config_show(args: argparse.Namespace) -> int:
@@ -69,6 +75,13 @@ def run_config_show(args: argparse.Namespace) -> int:
         print(json.dumps(cfg.to_dict(), indent=2))
     else:
         print(dump_config(cfg), end="")
+    return 0
+
+
+def run_config_schema(args: argparse.Namespace) -> int:
+    from dpsynth.config import json_schema
+
+    print(json.dumps(json_schema(), indent=2, ensure_ascii=False))
     return 0
 
 

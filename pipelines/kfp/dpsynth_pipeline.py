@@ -39,12 +39,15 @@ would track into SQLite under the run dir.
 """
 
 import argparse
+import inspect
 import os
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
 from kfp import compiler, dsl
+
+from dpsynth.config import setting_schema
 
 STAGE_IMAGE = os.environ.get("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest")
 ACCELERATOR = "nvidia.com/gpu"  # KFP accelerator type → resources.limits["nvidia.com/gpu"] on the pod
@@ -66,13 +69,19 @@ RETRIES = 2
 RETRY_BACKOFF = "120s"
 TIMEOUT_SECONDS = 12 * 3600
 
-# The pipeline parameters that become stage settings: pipeline parameter -> config field.
+# The pipeline parameters that become stage settings: pipeline parameter -> config field. Each takes its
+# default and description from the config's schema (the stages validate the values: `pipeline start` first).
 SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", "method": "train.method", "epsilon": "privacy.epsilon",
             "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
             "n_d": "train.n_d", "seed": "train.seed"}
 # The train stage's shape (pipeline parameter -> config field): given to the train-job task only.
 LAUNCH = {"train_nodes": "train.nodes", "train_gpus_per_node": "train.gpus_per_node"}
 TEMPLATE_ENV = "DPSYNTH_TRAINJOB_TEMPLATE"  # in the stage ConfigMap: the chart's TrainJob template (train-job)
+DEFAULT = {name: setting_schema(field).get("default") for name, field in {**SETTINGS, **LAUNCH}.items()}
+INPUTS = {"run_dir": "Root URI of the pipeline run (s3:// on a cluster): run_dir/sensitive, run_dir/release.",
+          "extra": "More settings, section.field=value, applied last.",
+          **{name: f"{field}: {setting_schema(field).get('description', '')}"
+             for name, field in {**SETTINGS, **LAUNCH}.items()}}
 
 try:  # kfp-kubernetes: tolerations and node selectors of the GPU pods
     from kfp import kubernetes
@@ -267,18 +276,29 @@ def _on_cluster(task, *, gpu: bool, retry: bool) -> None:
             kubernetes.add_node_selector(task, label_key=label, label_value=value)
 
 
+def _documented(pipeline):
+    """``pipeline`` with an Args docstring from :data:`INPUTS`: KFP shows each input's description."""
+    names = inspect.signature(pipeline).parameters
+    pipeline.__doc__ = "The pipeline's inputs.\n\nArgs:\n" + "".join(f"    {name}: {INPUTS[name]}\n" for name in names)
+    return pipeline
+
+
 @dsl.pipeline(name="dpsynth", description="dpsynth: partition, warmstart ×K, train (GPU), audit, sample, evaluate")
-def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = "dpgan", epsilon: float = 10.0,
-                     delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
-                     seed: int = 0, train_nodes: int = 1, train_gpus_per_node: int = 1):
+@_documented
+def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = DEFAULT["method"],
+                     epsilon: float = DEFAULT["epsilon"], delta: float = DEFAULT["delta"], steps: int = DEFAULT["steps"],
+                     num_shards: int = DEFAULT["num_shards"], n_d: str = str(DEFAULT["n_d"]), seed: int = DEFAULT["seed"],
+                     train_nodes: int = DEFAULT["train_nodes"], train_gpus_per_node: int = DEFAULT["train_gpus_per_node"]):
     _wire(lambda command, **kw: CONTAINER[command](**kw), locals(), cluster=True)
 
 
 @dsl.pipeline(name="dpsynth-local", description="dpsynth_pipeline's shape, stages as local Python subprocesses")
-def local_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = "dpgan", epsilon: float = 10.0,
-                   delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
-                   seed: int = 0, extra: list = [], train_nodes: int = 1,  # noqa: B006 (KFP default)
-                   train_gpus_per_node: int = 1):
+@_documented
+def local_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = DEFAULT["method"],
+                   epsilon: float = DEFAULT["epsilon"], delta: float = DEFAULT["delta"], steps: int = DEFAULT["steps"],
+                   num_shards: int = DEFAULT["num_shards"], n_d: str = str(DEFAULT["n_d"]), seed: int = DEFAULT["seed"],
+                   extra: list = [], train_nodes: int = DEFAULT["train_nodes"],  # noqa: B006 (KFP default)
+                   train_gpus_per_node: int = DEFAULT["train_gpus_per_node"]):
     _wire(lambda command, **kw: local_stage(command=command, extra=extra, **kw), locals(), cluster=False)
 
 

@@ -199,7 +199,8 @@ def test_stage_config_map_has_the_non_secret_settings(variant):
 def test_dags_configmap_carries_the_repository_dags():
     data = find(render(), "ConfigMap", "-dags")["data"]
     dags = REPO / "pipelines" / "airflow" / "dags"
-    assert data == {p.name: p.read_text().rstrip("\n") for p in dags.glob("*.py")}
+    files = [*dags.glob("*.py"), dags / "dpsynth_config.schema.json"]  # the form is built from the schema
+    assert data == {p.name: p.read_text(encoding="utf-8").rstrip("\n") for p in files}
 
 
 # --- Dockerfiles (no tools needed) ---------------------------------------------------------------
@@ -337,6 +338,13 @@ def test_platform_script_switches_telemetry_off():
     (["--set", "minio.enabeld=false"], "enabeld"),
     (["--set", "stage.startupTimeoutSeconds=0"], "/stage/startupTimeoutSeconds"),
     (["--set", "ledger.database=led-ger"], "/ledger/database"),
+    # stage.config: dpsynth's own config schema, embedded from the models (scripts/config_schema.py)
+    (["--set", "stage.config.train.steps=0"], "/stage/config/train/steps"),
+    (["--set", "stage.config.train.stepz=3"], "stepz"),
+    (["--set", "stage.config.bogus.x=1"], "bogus"),
+    (["--set", "stage.config.train.method=wgan"], "/stage/config/train/method"),
+    (["--set", "stage.config.train.n_d=sometimes"], "/stage/config/train/n_d"),
+    (["--set-json", "stage.config.privacy.delta=1.5"], "/stage/config/privacy/delta"),
 ])
 def test_values_schema_rejects_bad_values(bad, where):
     proc = subprocess.run([str(HELM), "template", "dpsynth", str(CHART), *bad], capture_output=True, text=True)
@@ -350,6 +358,18 @@ def test_airflow_task_settings_reach_the_airflow_env():
     assert env["DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS"] == "1800" and env["DPSYNTH_K8S_DEFERRABLE"] == "false"
     assert (env["DPSYNTH_TASK_RETRIES"], env["DPSYNTH_TASK_RETRY_DELAY_SECONDS"], env["DPSYNTH_TASK_TIMEOUT_SECONDS"]) == (
         "2", "120", "43200")
+
+
+@tools
+def test_stage_config_reaches_the_airflow_env(tmp_path):
+    """The platform's stage settings reach Airflow as DPSYNTH_STAGE_CONFIG (the trigger form's defaults)."""
+    values = tmp_path / "values.yaml"
+    values.write_text("stage:\n  config:\n    privacy: {epsilon: 3, delta: 1.0e-6}\n    train: {n_d: 5}\n"
+                      "    ledger: {population_id: mnist}\n")
+    env = find(render("-f", str(values)), "ConfigMap", "-airflow-env")["data"]
+    assert json.loads(env["DPSYNTH_STAGE_CONFIG"]) == {"privacy": {"epsilon": 3, "delta": 1e-6}, "train": {"n_d": 5},
+                                                       "ledger": {"population_id": "mnist"}}
+    assert find(render(), "ConfigMap", "-airflow-env")["data"]["DPSYNTH_STAGE_CONFIG"] == "{}"
 
 
 def helm_test_pod(docs: list[dict]) -> dict:

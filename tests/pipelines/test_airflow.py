@@ -107,6 +107,57 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     assert out["map_index_template"] == "shard {{ task.op_kwargs['shard'] }}"
 
 
+def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(airflow_env):
+    """Each form field that is a setting has the models' bounds, choices and description; the platform's
+    settings (DPSYNTH_STAGE_CONFIG, the chart's stage.config) are the defaults, and those without a field the
+    extra settings, which must name settings the models know."""
+    import typing
+
+    from dpsynth.config import TrainConfig, setting_schema
+
+    platform = {"privacy": {"epsilon": 3}, "train": {"n_d": 5, "lr_g": 1e-4}, "warmup": {"central_images": True}}
+    out = in_airflow(LOAD + """
+    import copy, dpsynth_pipeline
+    from airflow.sdk.exceptions import ParamValidationError
+    def rejected(**values):
+        try:
+            params = copy.deepcopy(bag.dags["dpsynth_train"].params)
+            params.update(values)
+            params.validate()
+        except ParamValidationError:
+            return True
+        return False
+    form = bag.dags["dpsynth_train"].params
+    print(json.dumps({
+        "form": {k: form.get_param(k).serialize() for k in form},
+        "retrain": {k: p.serialize() for k, p in bag.dags["dpsynth_retrain_on_new_data"].params.items()},
+        "settings": dpsynth_pipeline.SETTINGS,
+        "overrides": {o: rejected(overrides=[o]) for o in ["train.stepz=3", "bogus.x=1", "warmup.styles=3",
+                                                           "privacy.noise_multiplier=2"]},
+    }))
+    """, {**airflow_env, "DPSYNTH_STAGE_CONFIG": json.dumps(platform)})
+    form, settings = out["form"], out["settings"]
+    expected = {"data.uri": {"type": "string", "minLength": 1},
+                "ledger.population_id": {"type": ["null", "string"], "minLength": 1, "maxLength": 200, "pattern": "\\S"},
+                "train.method": {"type": "string", "enum": list(typing.get_args(typing.get_type_hints(TrainConfig)["method"]))},
+                "privacy.epsilon": {"type": "number", "exclusiveMinimum": 0},
+                "privacy.delta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                "train.steps": {"type": "integer", "minimum": 1}, "partition.num_shards": {"type": "integer", "minimum": 1},
+                "train.n_d": {"type": "string", "pattern": "^(adaptive|[1-9][0-9]*)$"},
+                "train.seed": {"type": "integer", "minimum": 0}}
+    assert sorted(settings.values()) == sorted(expected)
+    for name, field in settings.items():
+        schema = {k: v for k, v in form[name]["schema"].items() if k != "title"}
+        assert schema == expected[field], name
+        assert form[name]["description"].startswith(setting_schema(field)["description"]), name
+    assert {k: form[k]["value"] for k in ("epsilon", "n_d", "delta", "steps", "method")} == {
+        "epsilon": 3, "n_d": "5", "delta": 1e-5, "steps": 2000, "method": "dpgan"}  # platform, else the models'
+    assert form["overrides"]["value"] == ["train.lr_g=0.0001", "warmup.central_images=true"]
+    assert out["overrides"] == {"train.stepz=3": True, "bogus.x=1": True, "warmup.styles=3": False,
+                                "privacy.noise_multiplier=2": False}
+    assert out["retrain"] == form
+
+
 def test_task_settings_come_from_airflow_variables_else_the_environment(airflow_env, tmp_path):
     (tmp_path / "kubeconfig").write_text(KUBECONFIG)
     env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(tmp_path / "kubeconfig"),

@@ -82,6 +82,24 @@ def test_gpu_stages_and_fan_out(compiled):
             assert "ledger.population_id={{$.inputs.parameters['population_id']}}" in executor["container"]["args"], name
 
 
+def test_inputs_take_type_default_and_description_from_the_config_schema(compiled):
+    """Each input that is a setting: KFP's type for the setting's, the models' default, their description."""
+    from dpsynth.config import load_config, setting_schema
+
+    params = compiled["root"]["inputDefinitions"]["parameters"]
+    defaults = load_config().to_dict()
+    kinds = {"number": "NUMBER_DOUBLE", "integer": "NUMBER_INTEGER", "string": "STRING"}
+    for name, field in kp.SETTINGS.items():
+        schema = setting_schema(field)
+        types = {o.get("type") for o in schema.get("anyOf", [schema])} - {"null"}
+        assert params[name]["parameterType"] == (kinds[types.pop()] if len(types) == 1 else "STRING"), name
+        assert params[name]["description"] == f"{field}: {schema['description']}", name
+        section, key = field.split(".")
+        if name not in ("dataset_uri", "population_id"):  # required inputs: a run names its data and population
+            assert params[name]["defaultValue"] == defaults[section][key], name
+    assert params["n_d"]["defaultValue"] == "adaptive" and params["epsilon"]["defaultValue"] == 10.0
+
+
 def test_gpu_toleration_and_node_selector(documents):
     platform = documents[1]["platforms"]["kubernetes"] if len(documents) > 1 else None
     if kp.kubernetes is None:

@@ -22,40 +22,42 @@ import time
 
 from airflow.sdk import Param, task
 
+import dpsynth_form as form
 import dpsynth_pods as pods
 
 DATASET_URI = pods.setting("DPSYNTH_DATASET_URI", "outputs/data/mnist.parquet")
 
 
+# The form fields that are settings: form field -> setting (dpsynth_pods.overrides passes them on).
+SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", "method": "train.method",
+            "epsilon": "privacy.epsilon", "delta": "privacy.delta", "steps": "train.steps",
+            "num_shards": "partition.num_shards", "n_d": "train.n_d", "seed": "train.seed"}
+
+
 def params(dataset_uri: str = DATASET_URI) -> dict:
-    """The trigger form (JSON schema validated when a run is triggered)."""
+    """The trigger form (JSON schema validated when a run is triggered). A setting's field takes its type,
+    bounds, choices, default and description from dpsynth's config schema (``dpsynth_form``)."""
+    population = form.setting("ledger.population_id")["description"]
     return {
-        "dataset_uri": Param(dataset_uri, type="string", minLength=1, title="Dataset URI",
-                             description="canonical Parquet (local path or s3://), e.g. from `dpsynth data import`"),
-        "population_id": Param(pods.setting("DPSYNTH_POPULATION_ID"), type=["null", "string"], minLength=1,
-                               maxLength=200, title="Population id",
-                               description="ledger.population_id: whose lifetime privacy budget every training "
-                                           "attempt is charged; an operator sets that budget beforehand with "
-                                           "`dpsynth ledger set-budget POPULATION --epsilon E --delta D --reason "
-                                           "TEXT` (none is given by default). Empty: the config's"),
-        "method": Param("dpgan", type="string", enum=list(pods.METHODS), title="Method",
-                        description="dpgan (Bie et al.), gswgan / dpac (one warm-started discriminator per "
-                                    "shard), gswgan_federated (GS-WGAN with each shard a client process), "
-                                    "zhang (dp-GAN; needs public data declared in the config)"),
-        "epsilon": Param(10.0, type="number", exclusiveMinimum=0, title="ε (target)"),
-        "delta": Param(1e-5, type="number", exclusiveMinimum=0, exclusiveMaximum=1, title="δ"),
-        "steps": Param(2000, type="integer", minimum=1, title="Step budget (private discriminator steps)"),
-        "num_shards": Param(1, type="integer", minimum=1, title="Shards K"),
-        "n_d": Param("adaptive", type="string", pattern="^(adaptive|[1-9][0-9]*)$",
-                     title="n_d policy", description='"adaptive" or a fixed number of D steps per G step'),
-        "seed": Param(0, type="integer", minimum=0, title="Seed"),
+        "dataset_uri": form.param("data.uri", dataset_uri, title="Dataset URI"),
+        "population_id": form.param("ledger.population_id", pods.setting("DPSYNTH_POPULATION_ID"),
+                                    title="Population id", description=f"{population} Empty: the config's."),
+        "method": form.param("train.method", title="Method"),
+        "epsilon": form.param("privacy.epsilon", title="ε (target)"),
+        "delta": form.param("privacy.delta", title="δ"),
+        "steps": form.param("train.steps", title="Step budget (private steps)"),
+        "num_shards": form.param("partition.num_shards", title="Shards K"),
+        "n_d": form.param("train.n_d", title="n_d policy"),
+        "seed": form.param("train.seed", title="Seed"),
         "run_root": Param(pods.setting("DPSYNTH_RUN_ROOT", "outputs/airflow"), type="string", minLength=1,
                           title="Storage root URI", description="each run writes under ROOT/<pipeline run id>"),
         "config": Param(pods.setting("DPSYNTH_CONFIG", "configs/dpgan-mnist-cpu.yaml"), type=["null", "string"],
                         title="Base YAML config", description="path in the stage environment; empty: the defaults"),
         "tracking_uri": Param(pods.setting("DPSYNTH_TRACKING_URI"), type=["null", "string"], title="MLflow tracking URI"),
-        "overrides": Param([], type="array", items={"type": "string", "pattern": "^[a-z_]+\\.[a-z_0-9]+=.*$"},
-                           title="Extra settings", description="section.field=value, applied last"),
+        "overrides": Param(form.extra_settings(set(SETTINGS.values())), type="array",
+                           items={"type": "string", "pattern": form.settings_pattern()}, title="Extra settings",
+                           description="section.field=value, applied last (default: the platform's settings, "
+                                       "DPSYNTH_STAGE_CONFIG, that have no field above)"),
         "pipeline_run_id": Param(None, type=["null", "string"], title="Pipeline run id (default: from the DAG run)"),
     }
 

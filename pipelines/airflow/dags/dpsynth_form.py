@@ -1,0 +1,84 @@
+"""The trigger form's fields, built from dpsynth's configuration schema.
+
+``dpsynth_config.schema.json`` beside this file is ``dpsynth config schema``'s output (the Airflow
+environment has no dpsynth to import; ``scripts/config_schema.py`` writes it and a test keeps it equal to
+the models). ``param("privacy.epsilon", title=...)`` is the form field of one setting: its type, bounds,
+choices, default and description come from the schema, so the form refuses what the stage would refuse
+(the checks across settings excepted: the stages make those).
+
+The platform's settings, ``DPSYNTH_STAGE_CONFIG`` (a Variable or environment variable holding a JSON
+mapping of sections, as in a config file; the chart's ``stage.config``), replace the schema's defaults;
+:func:`extra_settings` lists those the form has no field for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import dpsynth_pods as pods
+
+SCHEMA = json.loads(Path(__file__).with_name("dpsynth_config.schema.json").read_text(encoding="utf-8"))
+# The JSON Schema keywords a form field keeps (Airflow validates them when a run is triggered).
+KEYWORDS = ("type", "enum", "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "minLength", "maxLength",
+            "pattern")
+
+
+def platform() -> dict:
+    """The platform's settings: {section: {field: value}} (empty when none are set)."""
+    return json.loads(pods.setting("DPSYNTH_STAGE_CONFIG") or "{}")
+
+
+def setting(name: str) -> dict:
+    """The JSON Schema of one setting, e.g. ``privacy.epsilon``."""
+    section, field = name.split(".")
+    definition = SCHEMA["properties"][section]["$ref"].rsplit("/", 1)[1]
+    return SCHEMA["$defs"][definition]["properties"][field]
+
+
+def field_schema(name: str) -> dict:
+    """The form field's JSON Schema keywords for a setting. A nullable setting is ``type: [null, T]``; a setting
+    that is an integer or a word (``train.n_d``: 5 or "adaptive") is a text field with a pattern."""
+    options = setting(name).get("anyOf", [setting(name)])
+    values = [o for o in options if o.get("type") != "null"]
+    if len(values) == 1:
+        out = {k: values[0][k] for k in KEYWORDS if k in values[0]}
+        if len(values) < len(options):
+            out["type"] = ["null", out["type"]]
+        return out
+    words = [o["const"] for o in values if "const" in o]
+    numbers = [o for o in values if o.get("type") == "integer"]
+    if len(numbers) == 1 and len(words) == len(values) - 1 and numbers[0].get("minimum", 0) in (0, 1):
+        digits = "[1-9][0-9]*" if numbers[0].get("minimum") == 1 else "[0-9]+"
+        return {"type": "string", "pattern": f"^({'|'.join(map(re.escape, words))}|{digits})$"}
+    raise ValueError(f"{name}: no form field for the schema {setting(name)}")
+
+
+def default(name: str):
+    """The platform's value of a setting, else the schema's default."""
+    section, field = name.split(".")
+    value = platform().get(section, {}).get(field, setting(name).get("default"))
+    return str(value) if value is not None and field_schema(name)["type"] == "string" else value
+
+
+def param(name: str, value=None, **keywords):
+    """The form field (``Param``) of setting ``name``: ``value`` or :func:`default`, the setting's schema and
+    description; ``keywords`` (a title, a longer description) are added last."""
+    from airflow.sdk import Param
+
+    schema = {**field_schema(name), "description": setting(name).get("description", "")}
+    return Param(default(name) if value is None else value, **{**schema, **keywords})
+
+
+def extra_settings(shown: set[str]) -> list[str]:
+    """The platform's settings the form shows no field for, as ``section.field=value`` (JSON is YAML)."""
+    return [f"{section}.{field}={json.dumps(value)}" for section, fields in platform().items()
+            for field, value in fields.items() if f"{section}.{field}" not in shown]
+
+
+def settings_pattern() -> str:
+    """A pattern for ``section.field=value`` that names a setting the schema knows."""
+    sections = [f"{section}\\.({'|'.join(SCHEMA['$defs'][ref['$ref'].rsplit('/', 1)[1]]['properties'])})"
+                for section, ref in SCHEMA["properties"].items()]
+    return f"^({'|'.join(sections)})=.*$"
