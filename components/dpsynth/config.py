@@ -27,6 +27,7 @@ from pydantic import model_validator
 from pydantic.dataclasses import dataclass
 
 from dpsynth.errors import ConfigError
+from dpsynth.methods.registry import METHODS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATASET = str(REPO_ROOT / "data" / "mnist")
@@ -50,6 +51,10 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
 Int = StrictInt
 Float = StrictFloat
 Bool = StrictBool
+
+
+# train.method: a name in the method registry (dpsynth.methods.registry), the one table of methods
+MethodName = Literal[tuple(METHODS)]
 
 
 def _require(ok: bool, name: str, message: str) -> None:
@@ -134,7 +139,7 @@ class TrainConfig:
     """The training method and DPGAN's settings (Bie et al.); ``train.steps``, ``seed`` and ``device`` apply to
     every method."""
 
-    method: Literal["dpgan", "gswgan", "dpac", "zhang", "gswgan_federated"] = Field(
+    method: MethodName = Field(
         "dpgan", description="dpgan: Bie et al.; gswgan / dpac: GS-WGAN and DP-GAN-DPAC (one warm-started "
                              "discriminator per shard; sections gswgan, dpac); gswgan_federated: GS-WGAN with each "
                              "shard a client process; zhang: dp-GAN of Zhang, Ji & Wang (section zhang; needs "

@@ -36,7 +36,6 @@ from datetime import timedelta
 from pathlib import Path
 
 STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
-METHODS = ("dpgan", "gswgan", "dpac", "zhang", "gswgan_federated")  # as dpsynth.config.TrainConfig.method
 REPO = Path(os.environ.get("DPSYNTH_REPO", Path(__file__).resolve().parents[3]))
 XCOM_FILE = "/airflow/xcom/return.json"  # what KubernetesPodOperator's sidecar pushes as XCom
 # The stage pods' entrypoint: a constant script that runs its positional arguments ("$@", the argv of
