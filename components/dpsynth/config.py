@@ -376,9 +376,6 @@ class EvaluateConfig:
         _require(self.curve_samples >= 0, "evaluate.curve_samples", f"must be >= 0, got {self.curve_samples}")
 
 
-EMPIRICAL_AUDIT_METHODS = ("dpgan", "zhang")  # the methods dpsynth.privacy.empirical can audit
-
-
 @dataclass(frozen=True)
 class AuditConfig:
     """``dpsynth audit``'s optional empirical step (``dpsynth.privacy.empirical``): an audit run of the
@@ -426,8 +423,11 @@ class RunConfig:
             if hasattr(value, "validate"):
                 value.validate()
         # refused before training spends anything, not at the audit
-        _require(self.audit.empirical == "off" or self.train.method in EMPIRICAL_AUDIT_METHODS, "audit.empirical",
-                 f"the empirical audit supports train.method in {list(EMPIRICAL_AUDIT_METHODS)}, not "
+        from dpsynth.methods.registry import empirical_audit_methods  # the registry's Method.empirical_audit
+
+        audited = empirical_audit_methods()
+        _require(self.audit.empirical == "off" or self.train.method in audited, "audit.empirical",
+                 f"the empirical audit supports train.method in {list(audited)}, not "
                  f"{self.train.method!r} (yet); set audit.empirical=off")
         method, dcgan = self.train.method, self.train.method in ("dpgan", "zhang")  # dcgan.Generator's methods
         _require(not self.train.g_warp or dcgan, "train.g_warp",

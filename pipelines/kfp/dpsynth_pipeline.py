@@ -61,7 +61,7 @@ TIMEOUT_SECONDS = 12 * 3600
 # The pipeline parameters that become stage settings: pipeline parameter -> config field.
 SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", "method": "train.method", "epsilon": "privacy.epsilon",
             "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
-            "n_d": "train.n_d", "seed": "train.seed"}
+            "n_d": "train.n_d", "seed": "train.seed", "audit_empirical": "audit.empirical"}
 
 try:  # kfp-kubernetes: tolerations and node selectors of the GPU pods
     from kfp import kubernetes
@@ -97,16 +97,17 @@ def _container(command: str):
     """The container component of one ``dpsynth`` command (its name: dpsynth-<command>)."""
 
     def stage(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
-              method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int):
+              method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, audit_empirical: str):
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
 
     def warmstart_shard(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
                         method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int,
-                        shard_index: int):
+                        audit_empirical: str, shard_index: int):
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
 
     def start(run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, method: str, epsilon: float,
-              delta: float, steps: int, num_shards: int, n_d: str, seed: int, parent_run_id: dsl.OutputPath(str)):
+              delta: float, steps: int, num_shards: int, n_d: str, seed: int, audit_empirical: str,
+              parent_run_id: dsl.OutputPath(str)):
         args = _cli_args(command, {**locals(), "parent_run_id": None})
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["python", "-c", _START, parent_run_id, "dpsynth"],
                                  args=args)
@@ -135,8 +136,8 @@ def shard_indices(num_shards: int, parent_run_id: str) -> list:
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)  # runs locally; image for symmetry
 def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, method: str,
-                epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, extra: list,
-                parent_run_id: str = "", shard_index: int = -1) -> NamedTuple("Outputs", [("parent_run_id", str)]):
+                epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, audit_empirical: str,
+                extra: list, parent_run_id: str = "", shard_index: int = -1) -> NamedTuple("Outputs", [("parent_run_id", str)]):
     """Runs ``python -m dpsynth.cli <command>`` like the container does; outputs the parent run id."""
     import json
     import subprocess
@@ -144,11 +145,11 @@ def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: s
     from typing import NamedTuple
 
     values = {"dataset_uri": dataset_uri, "population_id": population_id, "method": method, "epsilon": epsilon, "delta": delta, "steps": steps,
-              "num_shards": num_shards, "n_d": n_d, "seed": seed}
+              "num_shards": num_shards, "n_d": n_d, "seed": seed, "audit_empirical": audit_empirical}
     fields = {"dataset_uri": "data.uri", "population_id": "ledger.population_id",  # = SETTINGS
               "method": "train.method", "epsilon": "privacy.epsilon",
               "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
-              "n_d": "train.n_d", "seed": "train.seed"}
+              "n_d": "train.n_d", "seed": "train.seed", "audit_empirical": "audit.empirical"}
     head = ["warmstart", "--shard", str(shard_index)] if command == "warmstart shard" else command.split()
     argv = [*head, "--json", "--run-dir", run_dir, "--pipeline-run-id", pipeline_run_id]
     if command != "pipeline start":
@@ -225,14 +226,14 @@ def _on_cluster(task, *, gpu: bool, retry: bool) -> None:
 @dsl.pipeline(name="dpsynth", description="dpsynth: partition, warmstart ×K, train (GPU), audit, sample, evaluate")
 def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = "dpgan", epsilon: float = 10.0,
                      delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
-                     seed: int = 0):
+                     seed: int = 0, audit_empirical: str = "off"):
     _wire(lambda command, **kw: CONTAINER[command](**kw), locals(), cluster=True)
 
 
 @dsl.pipeline(name="dpsynth-local", description="dpsynth_pipeline's shape, stages as local Python subprocesses")
 def local_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = "dpgan", epsilon: float = 10.0,
                    delta: float = 1e-5, steps: int = 2000, num_shards: int = 1, n_d: str = "adaptive",
-                   seed: int = 0, extra: list = []):  # noqa: B006 (KFP default)
+                   seed: int = 0, audit_empirical: str = "off", extra: list = []):  # noqa: B006 (KFP default)
     _wire(lambda command, **kw: local_stage(command=command, extra=extra, **kw), locals(), cluster=False)
 
 

@@ -47,6 +47,11 @@ def params(dataset_uri: str = DATASET_URI) -> dict:
         "n_d": Param("adaptive", type="string", pattern="^(adaptive|[1-9][0-9]*)$",
                      title="n_d policy", description='"adaptive" or a fixed number of D steps per G step'),
         "seed": Param(0, type="integer", minimum=0, title="Seed"),
+        "audit_empirical": Param(None, type=["null", "string"], enum=[None, *pods.AUDIT_EMPIRICAL],
+                                 title="Empirical audit",
+                                 description="audit.empirical: off, quick (the first audit.quick_steps steps) or full "
+                                             "(every step): a canary audit run on a public stand-in whose lower "
+                                             "bound on ε must not exceed the accounted ε. Empty: the config's"),
         "run_root": Param(pods.setting("DPSYNTH_RUN_ROOT", "outputs/airflow"), type="string", minLength=1,
                           title="Storage root URI", description="each run writes under ROOT/<pipeline run id>"),
         "config": Param(pods.setting("DPSYNTH_CONFIG", "configs/dpgan-mnist-cpu.yaml"), type=["null", "string"],
