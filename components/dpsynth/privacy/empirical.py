@@ -388,13 +388,21 @@ def stand_in(n: int, image_shape: Sequence[int], num_classes: int, *, seed: int 
                         splits=None, num_classes=num_classes, source="public stand-in (uniform noise)")
 
 
-def _trainer(method: registry.Method, cfg, data, *, mechanism_seed):
-    """The method's trainer on the stand-in, built as the train stage builds it, less its warm starts."""
+def stand_in_trainer(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, directory: str,
+                     mechanism_seed: int | None = None):
+    """The method's trainer on a stand-in of n records, built as the train stage builds it but for its
+    warm starts, writing only under ``directory`` and tracking nothing; no canaries yet (the benchmark
+    times it alone as the reference). The private warm-up is not run either: the canaries never enter
+    its release (outside the audited steps) or the generator fit after it (post-processing)."""
+    method = registry.get(cfg.train.method)
+    cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, dir=directory),
+                              tracking=dataclasses.replace(cfg.tracking, enabled=False),
+                              warmup=dataclasses.replace(cfg.warmup, steps=0))
+    data = stand_in(n, image_shape, num_classes, seed=cfg.train.seed)
     cls = method.trainer_class()
     if method.warm_start == "shard":  # K shards, record i in shard i mod K; D_k from initialisation
         K = cfg.partition.num_shards
-        shards = [data.subset(np.arange(k, len(data), K)) for k in range(K)]
-        return cls(cfg, shards, mechanism_seed=mechanism_seed)
+        return cls(cfg, [data.subset(np.arange(k, len(data), K)) for k in range(K)], mechanism_seed=mechanism_seed)
     if method.warm_start == "public":  # dp-GAN: its public records, a second stand-in (bounds, groups)
         z = cfg.zhang
         public = None
@@ -453,13 +461,8 @@ def run_audit(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode
     cfg = dataclasses.replace(cfg, audit=dataclasses.replace(cfg.audit, empirical=mode, canaries=m))
     started = time.process_time()
     with tempfile.TemporaryDirectory(prefix="dpsynth-empirical-") as tmp:
-        # The warm-up's release and generator fit are not run: the canaries never enter them (post-processing
-        # and a release outside the audited steps), and the trainer is driven step by step below.
-        run_cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, dir=tmp),
-                                      tracking=dataclasses.replace(cfg.tracking, enabled=False),
-                                      warmup=dataclasses.replace(cfg.warmup, steps=0))
-        trainer = _trainer(method, run_cfg, stand_in(n, image_shape, num_classes, seed=cfg.train.seed),
-                           mechanism_seed=mechanism_seed)
+        trainer = stand_in_trainer(cfg, n=n, image_shape=image_shape, num_classes=num_classes, directory=tmp,
+                                   mechanism_seed=mechanism_seed)
         white = _attach_white_box(kind, trainer, m)
         black = InputCanaries(max(2, min(m, n // BLACK_BOX_SHARE)), image_shape, num_classes,
                               randomness=trainer.mechanism)
