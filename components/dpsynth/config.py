@@ -481,6 +481,8 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
                 pass
         raise ConfigError(f"{name}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
+        if value is False and "off" in typing.get_args(tp):  # YAML 1.1 reads off (audit.empirical=off) as false
+            value = "off"
         if value not in typing.get_args(tp):
             raise ConfigError(f"{name}: must be one of {list(typing.get_args(tp))}, got {value!r}")
         return value

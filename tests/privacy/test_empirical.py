@@ -93,6 +93,17 @@ def test_the_audited_methods_come_from_the_registry():
     assert empirical.BLACK_BOX.keys() == {m.empirical_audit for m in registry.METHODS.values() if m.empirical_audit}
 
 
+def test_off_is_a_setting_not_a_boolean(tmp_path):
+    """YAML 1.1 reads `off` as false: `--set audit.empirical=off` (the KFP default) and `empirical: off` in a
+    file are the setting "off"; `on` is refused, naming the field."""
+    (tmp_path / "c.yaml").write_text("audit:\n  empirical: off\n")
+    assert load_config(overrides=["audit.empirical=off"]).audit.empirical == "off"
+    assert load_config(tmp_path / "c.yaml", overrides=["audit.empirical=quick"]).audit.empirical == "quick"
+    assert load_config(tmp_path / "c.yaml").audit.empirical == "off"
+    with pytest.raises(ConfigError, match="audit.empirical"):
+        load_config(overrides=["audit.empirical=on"])
+
+
 # --- the audit run through each method's trainer and its real sanitizer ---------------------------------
 def no_noise(monkeypatch):
     """Every draw of the mechanism's noise is zero (the sanitizer adds nothing): the regression the audit exists for."""
