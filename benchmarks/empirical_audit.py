@@ -135,25 +135,28 @@ def main() -> None:
 
 def markdown(out: dict) -> str:
     refs = {(r["method"], r["epsilon"]): r["cpu_seconds"] for r in out.get("references", [])}
-    table = ["| method | ε (target) | sanitizer | mode | steps | m (white / black) | ε_lower white-box | ε_lower black-box "
-             "| accounted ε of the audited steps | largest provable ε | white-box correct / guesses | gate | CPU-s "
-             "| × the trainer alone |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    table = ["| method | ε (target) | sanitizer | mode | steps | m (white / black) | ε_lower white-box "
+             "| ε_lower black-box | accounted ε of the audited steps | largest provable ε "
+             "| white-box correct / guesses | gate | CPU-s | × the trainer alone |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in out["rows"]:
         white, black = r["attacks"]
         ref = refs.get((r["method"], r["epsilon"]))
-        ratio = f"{r['cpu_seconds'] / ref:.2f}" if ref and r["mode"] == "quick" and r["steps"] == out["quick_steps"] else ""
+        same_steps = r["mode"] == "quick" and r["steps"] == out["quick_steps"]
+        ratio = f"{r['cpu_seconds'] / ref:.2f}" if ref and same_steps else ""
         table.append(f"| {r['method']} | {r['epsilon']:g} | {r['control']} | {r['mode']} | {r['steps']} | "
                      f"{white['canaries']:,} / {black['canaries']:,} | {white['epsilon_lower']:.3f} | "
                      f"{black['epsilon_lower']:.3f} | {r['accounted_epsilon']:.3f} ({r['accountant']}) | "
                      f"{white['ceiling']:.2f} | {white['correct']} / {white['guesses']} | "
                      f"{'pass' if r['gate'] else '**fail**'} | {r['cpu_seconds']:.0f} | {ratio} |")
-    lines = [f"- {r['method']} at ε = {r['epsilon']:g}: the trainer alone, {r['steps']} steps, {r['cpu_seconds']:.0f} CPU-s"
-             for r in out.get("references", [])]
+    lines = [f"- {r['method']} at ε = {r['epsilon']:g}: the trainer alone, {r['steps']} steps, "
+             f"{r['cpu_seconds']:.0f} CPU-s" for r in out.get("references", [])]
     methods = ", ".join(f"{m} ({c})" for m, c in out["methods"].items())
-    return (f"Empirical audit of {methods}, train.steps = {out['train_steps']} (quick: {out['quick_steps']} steps), "
-            f"n = {out['records']}, measured {out['measured']} on the shared 2-core CPU, one torch thread; total "
-            f"{out['total_cpu_seconds'] / 60:.1f} CPU-minutes.\n\n" + "\n".join(table) + "\n"
-            + ("\nReference (same process, same stand-in, no canaries):\n\n" + "\n".join(lines) + "\n" if lines else ""))
+    reference = "\nReference (same process, same stand-in, no canaries):\n\n" + "\n".join(lines) + "\n"
+    return (f"Empirical audit of {methods}, train.steps = {out['train_steps']} (quick: {out['quick_steps']} "
+            f"steps), n = {out['records']}, measured {out['measured']} on the shared 2-core CPU, one torch thread; "
+            f"total {out['total_cpu_seconds'] / 60:.1f} CPU-minutes.\n\n" + "\n".join(table) + "\n"
+            + (reference if lines else ""))
 
 
 if __name__ == "__main__":

@@ -106,8 +106,9 @@ def test_off_is_a_setting_not_a_boolean(tmp_path):
 
 # --- the audit run through each method's trainer and its real sanitizer ---------------------------------
 def no_noise(monkeypatch):
-    """Every draw of the mechanism's noise is zero (the sanitizer adds nothing): the regression the audit exists for."""
-    monkeypatch.setattr(MechanismRandomness, "standard_normal", lambda self, shape, dtype=None: torch.zeros(shape, dtype=dtype))
+    """Every draw of the mechanism's noise is zero (the sanitizer adds nothing): the regression the audit is for."""
+    monkeypatch.setattr(MechanismRandomness, "standard_normal",
+                        lambda self, shape, dtype=None: torch.zeros(shape, dtype=dtype))
 
 
 def tiny(eps=1.0, *extra):

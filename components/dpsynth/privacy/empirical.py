@@ -187,8 +187,9 @@ class GradientCanaries:
 
     def at_coords(self, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
         """The canaries' coordinates of per-parameter tensors (None: zeros), in float64."""
-        return torch.cat([(torch.zeros(p.numel(), dtype=torch.float64) if t is None else
-                           t.detach().reshape(-1).to("cpu", torch.float64)) for p, t in zip(self.params, tensors)])[self.coords]
+        flat = [torch.zeros(p.numel(), dtype=torch.float64) if t is None else
+                t.detach().reshape(-1).to("cpu", torch.float64) for p, t in zip(self.params, tensors)]
+        return torch.cat(flat)[self.coords]
 
     def observe(self, known) -> None:
         """Add each canary's coordinate of the step's privatized gradient (``p.grad``), less ``known`` (the
@@ -218,7 +219,8 @@ class _SanitizerWithCanaries:
     def finalize(self) -> None:
         inner = self._inner
         running = {id(p): acc for group, sums in zip(inner.groups, inner._sums or ()) for p, acc in zip(group, sums)}
-        known = self._canaries.at_coords([running.get(id(p)) for p in self._canaries.params]) / inner.expected_batch_size
+        known = self._canaries.at_coords([running.get(id(p)) for p in self._canaries.params])
+        known /= inner.expected_batch_size
         if self._canaries.join(CANARY_SCALE * max(inner.bounds)):  # dp-GAN's bounds adapt: 1000 × the largest
             inner.accumulate()
         inner.finalize()
@@ -244,8 +246,9 @@ class InputGradientCanaries:
         for k in range(num_shards):
             mine = (self.shard == k).nonzero().flatten()
             if len(mine) > image_numel:
-                raise ConfigError(f"audit.canaries: {m} canaries over {num_shards} shards put {len(mine)} in one shard, "
-                                  f"more than its releases' {image_numel} coordinates; at most {num_shards * image_numel}")
+                raise ConfigError(f"audit.canaries: {m} canaries over {num_shards} shards put {len(mine)} in one "
+                                  f"shard, more than its releases' {image_numel} coordinates; at most "
+                                  f"{num_shards * image_numel}")
             self.pixel[mine] = torch.randperm(image_numel, generator=self.rng)[:len(mine)]
         half = releases // 2
         self.pattern = torch.tensor([1.0] * half + [-1.0] * half + [0.0] * (releases % 2), dtype=torch.float64)
@@ -258,7 +261,8 @@ class InputGradientCanaries:
         return self.pattern[order]
 
     def inject(self, grads: torch.Tensor, shard: int, norm: float, signs: torch.Tensor) -> torch.Tensor:
-        """``grads`` (B × image) plus, on every row j, ``norm``·s_ij on pixel p_i of each included canary of ``shard``."""
+        """``grads`` (B × image) plus, on every row j, ``norm``·s_ij on pixel p_i of each included canary of
+        ``shard``."""
         mine = (self.included & (self.shard == shard)).nonzero().flatten()
         rows = grads.flatten(1).clone()
         rows[:, self.pixel[mine].to(rows.device)] += norm * signs[mine].T.to(rows.device, rows.dtype)
@@ -421,22 +425,23 @@ def audit_steps(cfg, total_steps: int) -> int:
 def comparison(method: registry.Method, accountant: str) -> str:
     """Why the canaries' ε_lower and the accounted ε of the audited steps measure the same thing."""
     if method.empirical_audit == "input_gradient":
-        return (f"accounted by the `{accountant}` accountant, as the trained run: a canary is one record of one shard, "
-                "so adding it changes only the iterations that draw its shard (rate 1/K, without replacement), each of "
-                "whose B sanitized releases moves by ≤ 2C — the trace's replace_one event at the shard level, folded "
-                "to σ/√B, exactly as for a record. The scores read the releases and the public canary design only, "
-                "never the secret shard choice: an adversary who sees the choice is bound only by the revealed-choice "
-                "account, not by this ε. The white-box canaries enter the gradients directly, not through D_k's "
-                "training, so they do not test GS-WGAN's shard-state assumption; the black-box canaries, records of "
-                "their shards, go through D_k and rest on it")
-    return (f"accounted by the `{accountant}` accountant, as the trained run: a canary is one record, added or removed, "
-            "joining each step by its own Poisson coin at rate q, its clipped gradient of norm ≤ C (dp-GAN: c_j per "
-            "group) — the trace's add_remove event. The white-box score subtracts the stand-in records' clipped sum, "
-            "which does not depend on the canaries' coins")
+        return (f"accounted by the `{accountant}` accountant, as the trained run: a canary is one record of one "
+                "shard, so adding it changes only the iterations that draw its shard (rate 1/K, without "
+                "replacement), each of whose B sanitized releases moves by ≤ 2C — the trace's replace_one event at "
+                "the shard level, folded to σ/√B, exactly as for a record. The scores read the releases and the "
+                "public canary design only, never the secret shard choice: an adversary who sees the choice is "
+                "bound only by the revealed-choice account, not by this ε. The white-box canaries enter the "
+                "gradients directly, not through D_k's training, so they do not test GS-WGAN's shard-state "
+                "assumption; the black-box canaries, records of their shards, go through D_k and rest on it")
+    return (f"accounted by the `{accountant}` accountant, as the trained run: a canary is one record, added or "
+            "removed, joining each step by its own Poisson coin at rate q, its clipped gradient of norm ≤ C "
+            "(dp-GAN: c_j per group) — the trace's add_remove event. The white-box score subtracts the stand-in "
+            "records' clipped sum, which does not depend on the canaries' coins")
 
 
 def _attack(kind: str, scores, included, *, delta: float, confidence: float) -> dict:
-    return {"name": kind, "attack": ATTACKS[kind], **guess_and_bound(scores, included, delta=delta, confidence=confidence)}
+    bound = guess_and_bound(scores, included, delta=delta, confidence=confidence)
+    return {"name": kind, "attack": ATTACKS[kind], **bound}
 
 
 def run_audit(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode: str | None = None,
@@ -497,8 +502,9 @@ def gate(result: dict) -> dict:
     found = "; ".join(f"{a['name']}: ε_lower={a['epsilon_lower']:.4g} (m={a['canaries']}, {a['correct']}/"
                       f"{a['guesses']} guesses correct)" for a in result["attacks"])
     return {"name": "empirical", "passed": bool(ok),
-            "detail": (f"ε_lower={lower:.4g} ({result['confidence']:.0%} confidence over both attacks, {result['mode']}, "
-                       f"{result['steps']} steps; {found}) {'≤' if ok else '>'} accounted ε={eps:.4g} of the audited steps"
+            "detail": (f"ε_lower={lower:.4g} ({result['confidence']:.0%} confidence over both attacks, "
+                       f"{result['mode']}, {result['steps']} steps; {found}) {'≤' if ok else '>'} accounted "
+                       f"ε={eps:.4g} of the audited steps"
                        + ("" if ok else ": the code does not implement the accounted mechanism")
                        + ("" if result["ceiling"] > eps else
                           f"; inconclusive: with m={result['canaries']} no audit can prove more than "
@@ -539,11 +545,12 @@ def stand_in_shape(partition: dict) -> tuple[int, list[int], int]:
 def markdown(result: dict | None) -> str:
     if not result:
         return ""
-    rows = "".join(f"| {a['name']} | {a['epsilon_lower']:.4g} | {a['ceiling']:.3g} | {a['canaries']} | {a['guesses']} | "
-                   f"{a['correct']} | {a['attack']} |\n" for a in result["attacks"])
+    rows = "".join(f"| {a['name']} | {a['epsilon_lower']:.4g} | {a['ceiling']:.3g} | {a['canaries']} | "
+                   f"{a['guesses']} | {a['correct']} | {a['attack']} |\n" for a in result["attacks"])
     return ("\n## Empirical audit (one-run canary audit)\n\n"
-            f"ε_lower = **{result['epsilon_lower']:.4g}** ({result['confidence']:.0%} confidence over both attacks, each "
-            f"at {1 - (1 - result['confidence']) / 2:.1%}) against the accounted ε = **{result['accounted_epsilon']:.4g}** "
+            f"ε_lower = **{result['epsilon_lower']:.4g}** ({result['confidence']:.0%} confidence over both attacks, "
+            f"each at {1 - (1 - result['confidence']) / 2:.1%}) against the accounted ε = "
+            f"**{result['accounted_epsilon']:.4g}** "
             f"of the {result['steps']} steps audited ({result['mode']}; σ = {result['noise_multiplier']:.4g}, "
             f"q = {result['sample_rate']:.4g}).\n\n"
             "| attack | ε_lower | largest provable ε | canaries m | guesses | correct | how |\n"
