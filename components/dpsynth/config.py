@@ -23,11 +23,11 @@ from typing import Annotated, Literal
 
 import yaml
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, TypeAdapter, ValidationError
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from dpsynth.errors import ConfigError
-from dpsynth.methods.registry import METHODS
+from dpsynth.methods.registry import METHODS, empirical_audit_methods
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATASET = str(REPO_ROOT / "data" / "mnist")
@@ -391,9 +391,6 @@ class EvaluateConfig:
         return self
 
 
-EMPIRICAL_AUDIT_METHODS = ("dpgan", "zhang")  # the methods dpsynth.privacy.empirical can audit
-
-
 @dataclass(frozen=True, config=SECTION)
 class AuditConfig:
     """``dpsynth audit``'s optional empirical step (``dpsynth.privacy.empirical``): an audit run of the
@@ -402,10 +399,15 @@ class AuditConfig:
 
     empirical: Literal["off", "quick", "full"] = Field(
         "off", description="off: skipped; quick: the first quick_steps steps; full: every step (methods: "
-                           f"{', '.join(EMPIRICAL_AUDIT_METHODS)}).")
+                           f"{', '.join(empirical_audit_methods())}).")
     canaries: Int = Field(1000, ge=2, description="m: canary gradients inserted.")
     confidence: Float = Field(0.95, gt=0, lt=1, description="Confidence of the lower bound ε_lower.")
     quick_steps: Int = Field(100, ge=1)
+
+    @field_validator("empirical", mode="before")
+    @classmethod
+    def _yaml_off(cls, value):
+        return "off" if value is False else value  # YAML 1.1 reads `off` (audit.empirical=off) as false
 
 
 @dataclass(frozen=True, config=SECTION)
@@ -440,8 +442,9 @@ class RunConfig:
     @model_validator(mode="after")
     def _across_sections(self) -> RunConfig:
         # refused before training spends anything, not at the audit
-        _require(self.audit.empirical == "off" or self.train.method in EMPIRICAL_AUDIT_METHODS, "audit.empirical",
-                 f"the empirical audit supports train.method in {list(EMPIRICAL_AUDIT_METHODS)}, not "
+        audited = empirical_audit_methods()
+        _require(self.audit.empirical == "off" or self.train.method in audited, "audit.empirical",
+                 f"the empirical audit supports train.method in {list(audited)}, not "
                  f"{self.train.method!r} (yet); set audit.empirical=off")
         method, dcgan = self.train.method, self.train.method in ("dpgan", "zhang")  # dcgan.Generator's methods
         _require(not self.train.g_warp or dcgan, "train.g_warp",

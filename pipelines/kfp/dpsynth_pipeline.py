@@ -73,7 +73,7 @@ TIMEOUT_SECONDS = 12 * 3600
 # default and description from the config's schema (the stages validate the values: `pipeline start` first).
 SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", "method": "train.method", "epsilon": "privacy.epsilon",
             "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
-            "n_d": "train.n_d", "seed": "train.seed"}
+            "n_d": "train.n_d", "seed": "train.seed", "audit_empirical": "audit.empirical"}
 # The train stage's shape (pipeline parameter -> config field): given to the train-job task only.
 LAUNCH = {"train_nodes": "train.nodes", "train_gpus_per_node": "train.gpus_per_node"}
 TEMPLATE_ENV = "DPSYNTH_TRAINJOB_TEMPLATE"  # in the stage ConfigMap: the chart's TrainJob template (train-job)
@@ -120,21 +120,22 @@ def _container(command: str):
     """The container component of one ``dpsynth`` command (its name: dpsynth-<command>)."""
 
     def stage(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
-              method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int):
+              method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, audit_empirical: str):
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
 
     def warmstart_shard(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
                         method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int,
-                        shard_index: int):
+                        audit_empirical: str, shard_index: int):
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
 
     def train_job(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
                   method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int,
-                  train_nodes: int, train_gpus_per_node: int):
+                  audit_empirical: str, train_nodes: int, train_gpus_per_node: int):
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
 
     def start(run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, method: str, epsilon: float,
-              delta: float, steps: int, num_shards: int, n_d: str, seed: int, parent_run_id: dsl.OutputPath(str)):
+              delta: float, steps: int, num_shards: int, n_d: str, seed: int, audit_empirical: str,
+              parent_run_id: dsl.OutputPath(str)):
         args = _cli_args(command, {**locals(), "parent_run_id": None})
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["python", "-c", _START, parent_run_id, "dpsynth"],
                                  args=args)
@@ -174,8 +175,8 @@ def train_distributed(train_nodes: int, train_gpus_per_node: int) -> bool:
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)  # runs locally; image for symmetry
 def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, method: str,
-                epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, extra: list,
-                parent_run_id: str = "", shard_index: int = -1, train_nodes: int = 1,
+                epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, audit_empirical: str,
+                extra: list, parent_run_id: str = "", shard_index: int = -1, train_nodes: int = 1,
                 train_gpus_per_node: int = 1) -> NamedTuple("Outputs", [("parent_run_id", str)]):
     """Runs ``python -m dpsynth.cli <command>`` like the container does ("train job": the train stage on
     several ranks of this machine, ``--launch torchrun``); outputs the parent run id."""
@@ -185,11 +186,11 @@ def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: s
     from typing import NamedTuple
 
     values = {"dataset_uri": dataset_uri, "population_id": population_id, "method": method, "epsilon": epsilon, "delta": delta, "steps": steps,
-              "num_shards": num_shards, "n_d": n_d, "seed": seed}
+              "num_shards": num_shards, "n_d": n_d, "seed": seed, "audit_empirical": audit_empirical}
     fields = {"dataset_uri": "data.uri", "population_id": "ledger.population_id",  # = SETTINGS
               "method": "train.method", "epsilon": "privacy.epsilon",
               "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
-              "n_d": "train.n_d", "seed": "train.seed"}
+              "n_d": "train.n_d", "seed": "train.seed", "audit_empirical": "audit.empirical"}
     heads = {"warmstart shard": ["warmstart", "--shard", str(shard_index)],
              "train job": ["train", "--launch", "torchrun"]}
     head = heads.get(command) or command.split()
@@ -288,7 +289,8 @@ def _documented(pipeline):
 def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = DEFAULT["method"],
                      epsilon: float = DEFAULT["epsilon"], delta: float = DEFAULT["delta"], steps: int = DEFAULT["steps"],
                      num_shards: int = DEFAULT["num_shards"], n_d: str = str(DEFAULT["n_d"]), seed: int = DEFAULT["seed"],
-                     train_nodes: int = DEFAULT["train_nodes"], train_gpus_per_node: int = DEFAULT["train_gpus_per_node"]):
+                     audit_empirical: str = DEFAULT["audit_empirical"], train_nodes: int = DEFAULT["train_nodes"],
+                     train_gpus_per_node: int = DEFAULT["train_gpus_per_node"]):
     _wire(lambda command, **kw: CONTAINER[command](**kw), locals(), cluster=True)
 
 
@@ -297,8 +299,8 @@ def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, method:
 def local_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = DEFAULT["method"],
                    epsilon: float = DEFAULT["epsilon"], delta: float = DEFAULT["delta"], steps: int = DEFAULT["steps"],
                    num_shards: int = DEFAULT["num_shards"], n_d: str = str(DEFAULT["n_d"]), seed: int = DEFAULT["seed"],
-                   extra: list = [], train_nodes: int = DEFAULT["train_nodes"],  # noqa: B006 (KFP default)
-                   train_gpus_per_node: int = DEFAULT["train_gpus_per_node"]):
+                   audit_empirical: str = DEFAULT["audit_empirical"], extra: list = [],  # noqa: B006 (KFP default)
+                   train_nodes: int = DEFAULT["train_nodes"], train_gpus_per_node: int = DEFAULT["train_gpus_per_node"]):
     _wire(lambda command, **kw: local_stage(command=command, extra=extra, **kw), locals(), cluster=False)
 
 

@@ -4,8 +4,8 @@
         --config configs/dpgan-mnist-cpu.yaml --steps 200
 
 Settings from ``--config`` (a YAML file) and ``--set section.field=value`` reach every stage as
-overrides; the pipeline parameters (dataset, population id, method, ε, δ, steps, K, n_D, seed) default
-to the config's values and, when given, win. The population id (``ledger.population_id``) is required:
+overrides; the pipeline parameters (dataset, population id, method, ε, δ, steps, K, n_D, seed, the
+empirical audit) default to the config's values and, when given, win. The population id (``ledger.population_id``) is required:
 its lifetime budget, set beforehand with ``dpsynth ledger set-budget`` (``make run-kfp`` does it for the
 bundled MNIST), is charged for every training attempt, in the ledger beside the SQLite MLflow store or
 the local run directory (or ``ledger.url``, ``$DPSYNTH_LEDGER_URL``).
@@ -78,6 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--num-shards", type=int)
     ap.add_argument("--n-d")
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--audit-empirical", choices=["off", "quick", "full"], help="audit.empirical (default: the config's)")
     a = ap.parse_args(argv)
     extra, params = flatten(a.config, [f"data.uri={a.dataset}", *a.overrides])
     params.update({k: v for k, v in vars(a).items() if k in params and v is not None})

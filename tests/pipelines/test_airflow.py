@@ -68,6 +68,12 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     out = in_airflow(LOAD + """
     import copy
     from airflow.sdk.exceptions import ParamValidationError
+    import dpsynth_pods
+    def refused(call):  # what a caller that skips the form's validation gets
+        try:
+            call()
+        except ValueError as exc:
+            return str(exc)
     def rejected(**values):  # as the trigger form and `dags trigger --conf` do
         try:
             params = copy.deepcopy(bag.dags["dpsynth_train"].params)
@@ -80,10 +86,14 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     print(json.dumps({
         "dags": sorted(bag.dags), "tasks": sorted(t.task_id for t in train.tasks),
         "mapped": [t.task_id for t in train.tasks if getattr(t, "is_mapped", False) or type(t).__name__ == "MappedOperator"],
-        "ok": not rejected(epsilon=3.5, delta=1e-6, num_shards=4, n_d="5", population_id="mnist600"),
+        "ok": not rejected(epsilon=3.5, delta=1e-6, num_shards=4, n_d="5", population_id="mnist600",
+                           audit_empirical="quick"),
         "bad": {k: rejected(**{k: v}) for k, v in [("epsilon", -1), ("epsilon", 0), ("delta", 1), ("delta", 0),
                 ("method", "wgan"), ("n_d", "sometimes"), ("num_shards", 0), ("steps", 0),
-                ("population_id", ""), ("population_id", "x" * 201)]},
+                ("population_id", ""), ("population_id", "x" * 201), ("audit_empirical", "fast")]},
+        "audit_sets": [[s for s in dpsynth_pods.overrides({**train.params.dump(), "audit_empirical": v})
+                        if s.startswith("audit.")] for v in (None, "full")],
+        "audit_refused": refused(lambda: dpsynth_pods.overrides({**train.params.dump(), "audit_empirical": "x"})),
         "population_default": train.params["population_id"],
         "retrain_schedule": type(retrain.timetable).__name__,
         "retrain_assets": [a.uri for a in retrain.timetable.asset_condition.objects],
@@ -98,6 +108,8 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     assert out["tasks"] == sorted(["plan", "start", *STAGES, "shards", "warmstart_shard", "finish"])
     assert out["mapped"] == ["warmstart_shard"]
     assert out["ok"] and all(out["bad"].values()), out["bad"]
+    assert out["audit_sets"] == [[], ["audit.empirical=full"]]  # empty: the config's; one --set argument
+    assert out["audit_refused"].startswith("audit_empirical (audit.empirical): must be one of off, quick, full")
     assert out["population_default"] is None  # no DPSYNTH_POPULATION_ID: the config's (never a made-up one)
     assert out["retrain_schedule"] == "AssetTriggeredTimetable"
     dataset = (REPO / "outputs" / "data" / "mnist.parquet").as_uri()  # DPSYNTH_DATASET_URI's default

@@ -74,7 +74,8 @@ def test_gpu_stages_and_fan_out(compiled):
     assert all(not t.get("cachingOptions", {}).get("enableCache") for t in dag.values())
     params = compiled["root"]["inputDefinitions"]["parameters"]
     assert set(params) == {"dataset_uri", "population_id", "method", "epsilon", "delta", "steps", "num_shards", "n_d",
-                           "seed", "run_dir", "train_nodes", "train_gpus_per_node"}
+                           "seed", "audit_empirical", "run_dir", "train_nodes", "train_gpus_per_node"}
+    assert params["audit_empirical"]["defaultValue"] == "off"  # the stage pods read no config file
     # no default population: a run names whose budget it is charged (the pods read no config file)
     assert "defaultValue" not in params["population_id"] and not params["population_id"].get("isOptional")
     for name, executor in executors.items():
@@ -151,8 +152,8 @@ def test_local_component_runs_the_containers_command(compiled, monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     values = dict(run_dir="R", pipeline_run_id="J", parent_run_id="P", dataset_uri="D", population_id="POP", method="dpgan",
-                  epsilon=1.5, delta=1e-5, steps=7, num_shards=2, n_d="adaptive", seed=3, shard_index=1, train_nodes=2,
-                  train_gpus_per_node=4)
+                  epsilon=1.5, delta=1e-5, steps=7, num_shards=2, n_d="adaptive", seed=3, audit_empirical="quick",
+                  shard_index=1, train_nodes=2, train_gpus_per_node=4)
     for command in kp.CONTAINER:
         kp.local_stage.python_func(command=command, extra=[], **values)
         name = "exec-dpsynth-" + command.replace("pipeline ", "").replace(" ", "-")

@@ -1,5 +1,6 @@
 """The empirical audit: the one-run bound against brute force and published values, its soundness on a
-mechanism of known ε, and positive controls — a sanitizer without noise or without clipping fails the gate."""
+mechanism of known ε, and positive controls for every audited method — a sanitizer without noise or
+without clipping fails the gate, the real one passes."""
 
 import math
 
@@ -9,6 +10,7 @@ import torch
 
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
+from dpsynth.methods import gswgan, registry
 from dpsynth.privacy import empirical
 from dpsynth.privacy.dpsgd import GradientSanitizer
 from dpsynth.privacy.randomness import MechanismRandomness
@@ -74,14 +76,41 @@ def test_guess_and_bound_uses_the_grid_with_bonferroni():
 
 
 def test_the_gate_says_when_it_cannot_fail():
-    result = {"epsilon_lower": 0.5, "accounted_epsilon": 7.0, "canaries": 1000, "confidence": 0.95, "correct": 300,
-              "guesses": 500, "mode": "quick", "steps": 100, "ceiling": 5.3}
+    attacks = [{"name": "gradient", "epsilon_lower": 0.5, "canaries": 1000, "correct": 300, "guesses": 500},
+               {"name": "discriminator", "epsilon_lower": 0.0, "canaries": 120, "correct": 60, "guesses": 120}]
+    result = {"epsilon_lower": 0.5, "accounted_epsilon": 7.0, "canaries": 1000, "confidence": 0.95, "attacks": attacks,
+              "mode": "quick", "steps": 100, "ceiling": 5.3}
     check = empirical.gate(result)
-    assert check["passed"] and "inconclusive" in check["detail"]
+    assert check["passed"] and "inconclusive" in check["detail"] and "discriminator: ε_lower=0" in check["detail"]
     assert "inconclusive" not in empirical.gate({**result, "accounted_epsilon": 1.0})["detail"]
+    assert not empirical.gate({**result, "accounted_epsilon": 0.4})["passed"]
 
 
-# --- the audit run through DPGAN's trainer and the real sanitizer -------------------------------------
+def test_the_audited_methods_come_from_the_registry():
+    assert registry.empirical_audit_methods() == ("dpgan", "gswgan", "dpac", "zhang")
+    with pytest.raises(ConfigError, match="audit.empirical"):  # refused at load, before training spends anything
+        load_config(overrides=["train.method=gswgan_federated", "audit.empirical=quick"])
+    assert empirical.BLACK_BOX.keys() == {m.empirical_audit for m in registry.METHODS.values() if m.empirical_audit}
+
+
+def test_off_is_a_setting_not_a_boolean(tmp_path):
+    """YAML 1.1 reads `off` as false: `--set audit.empirical=off` (the KFP default) and `empirical: off` in a
+    file are the setting "off"; `on` is refused, naming the field."""
+    (tmp_path / "c.yaml").write_text("audit:\n  empirical: off\n")
+    assert load_config(overrides=["audit.empirical=off"]).audit.empirical == "off"
+    assert load_config(tmp_path / "c.yaml", overrides=["audit.empirical=quick"]).audit.empirical == "quick"
+    assert load_config(tmp_path / "c.yaml").audit.empirical == "off"
+    with pytest.raises(ConfigError, match="audit.empirical"):
+        load_config(overrides=["audit.empirical=on"])
+
+
+# --- the audit run through each method's trainer and its real sanitizer ---------------------------------
+def no_noise(monkeypatch):
+    """Every draw of the mechanism's noise is zero (the sanitizer adds nothing): the regression the audit is for."""
+    monkeypatch.setattr(MechanismRandomness, "standard_normal",
+                        lambda self, shape, dtype=None: torch.zeros(shape, dtype=dtype))
+
+
 def tiny(eps=1.0, *extra):
     return load_config(overrides=[
         "tracking.enabled=false", "train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch_size=32",
@@ -93,24 +122,32 @@ def audit(cfg):
     return empirical.run_audit(cfg, n=600, image_shape=(28, 28, 1), num_classes=10)
 
 
+def fails(result, factor=2.5):
+    """The positive control's verdict: ε_lower well above the accounted ε, and the gate says why."""
+    check = empirical.gate(result)
+    return (result["epsilon_lower"] > factor * result["accounted_epsilon"] and not check["passed"]
+            and "does not implement" in check["detail"])
+
+
 def test_real_sanitizer_passes():
     result = audit(tiny())
     assert result["accounted_epsilon"] <= 1.0 and result["steps"] == 100 and result["canaries"] == 1000
-    assert result["epsilon_lower"] <= result["accounted_epsilon"]
+    assert result["accountant"] == "rdp" and result["epsilon_lower"] <= result["accounted_epsilon"]
+    assert [a["name"] for a in result["attacks"]] == ["gradient", "discriminator"]
+    assert result["attacks"][1]["canaries"] == 600 // empirical.BLACK_BOX_SHARE
     assert empirical.gate(result)["passed"]
 
 
 def test_without_noise_the_gate_fails(monkeypatch):
-    """A sanitizer whose noise never reaches the gradient (the regression the audit exists for)."""
-    monkeypatch.setattr(MechanismRandomness, "standard_normal", lambda self, shape, dtype=None: torch.zeros(shape, dtype=dtype))
-    result = audit(tiny(1.0, "train.physical_batch_size=16"))  # canaries join once per step, not per chunk
-    assert result["epsilon_lower"] > 2.5 * result["accounted_epsilon"]
-    check = empirical.gate(result)
-    assert not check["passed"] and "does not implement" in check["detail"]
+    no_noise(monkeypatch)
+    result = audit(tiny(0.5, "train.physical_batch_size=16"))  # the records in chunks: canaries join once per step
+    assert result["attacks"][0]["epsilon_lower"] == result["epsilon_lower"] and fails(result)
 
 
 def test_without_clipping_the_gate_fails(monkeypatch):
-    def accumulate_unclipped(self):  # sums the raw per-example gradients: clipping removed
+    def accumulate_unclipped(self, losses=None):  # sums the raw per-example gradients: clipping removed
+        if losses is not None:
+            losses.sum().backward()
         if self._sums is None:
             self._sums = [[torch.zeros_like(p) for p in g] for g in self.groups]
         for group, sums in zip(self.groups, self._sums):
@@ -119,30 +156,107 @@ def test_without_clipping_the_gate_fails(monkeypatch):
                 p.grad_sample = p.grad = None
 
     monkeypatch.setattr(GradientSanitizer, "accumulate", accumulate_unclipped)
-    result = audit(tiny(1.0, "train.grad_sample_mode=hooks"))  # Opacus' other per-sample engine
-    assert result["epsilon_lower"] > 2.5 * result["accounted_epsilon"]
-    assert not empirical.gate(result)["passed"]
+    assert fails(audit(tiny(0.5, "train.grad_sample_mode=hooks")))  # Opacus' other per-sample engine
+
+
+def test_without_clipping_of_per_example_gradients_under_ghost_clipping_the_gate_fails(monkeypatch):
+    """The default recipe's mode: the records by ghost clipping, the canaries by the per-example path, unclipped."""
+    def unclipped(self):
+        for group, sums in zip(self.groups, self._sums):
+            for p, acc in zip(group, sums):
+                acc.add_(p.grad_sample.sum(0))
+                p.grad_sample = p.grad = None
+
+    monkeypatch.setattr(GradientSanitizer, "_clip_grad_samples", unclipped)
+    assert fails(audit(tiny(0.5, "train.grad_sample_mode=ghost")))
 
 
 def test_bad_settings_name_the_field():
     with pytest.raises(ConfigError, match="audit.canaries"):
         empirical.run_audit(tiny(1.0, "audit.canaries=20000"), n=600, image_shape=(28, 28, 1), num_classes=10)
-    with pytest.raises(ConfigError, match="audit.empirical"):  # refused at load, before training spends anything
-        tiny(1.0, "train.method=gswgan")
+    with pytest.raises(ConfigError, match="audit.canaries"):  # more canaries in a shard than a release has pixels
+        empirical.run_audit(gswgan_cfg(1.0, "audit.canaries=4000"), n=600, image_shape=(28, 28, 1), num_classes=10)
     with pytest.raises(ConfigError, match="audit.confidence"):
         tiny(1.0, "audit.confidence=1.5")
 
 
 def zhang(*extra):
-    return tiny(1.0, "train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
+    return tiny(0.5, "train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
                 "zhang.num_groups=3", "zhang.n_critic=2", "train.steps=60", *extra)
 
 
 def test_zhang_real_sanitizer_passes_and_without_noise_fails(monkeypatch):
     """dp-GAN's critic: grouped clipping with adaptive bounds from (stand-in) public data, same canaries."""
     result = audit(zhang())
-    assert result["method"] == "zhang" and result["accounted_epsilon"] <= 1.0
+    assert result["method"] == "zhang" and result["accounted_epsilon"] <= 0.5
     assert empirical.gate(result)["passed"]
-    monkeypatch.setattr(MechanismRandomness, "standard_normal", lambda self, shape, dtype=None: torch.zeros(shape, dtype=dtype))
-    result = audit(zhang())
-    assert result["epsilon_lower"] > 2 * result["accounted_epsilon"] and not empirical.gate(result)["passed"]
+    no_noise(monkeypatch)
+    assert fails(audit(zhang()), factor=2)
+
+
+# --- GS-WGAN and DPAC: canaries in the sanitized generator gradient ∂ℓ/∂G(z) -------------------------------
+def gswgan_cfg(eps=0.5, *extra, method="gswgan"):
+    return tiny(eps, f"train.method={method}", "partition.num_shards=5", "gswgan.batch_size=8", "gswgan.d_width=4",
+                "gswgan.g_width=4", "gswgan.n_dis=1", "train.steps=40", "dpac.c_width=4", "dpac.n_f=1", "dpac.n_r=1",
+                "dpac.start_iteration=20", *extra)
+
+
+def test_gswgan_real_sanitizer_passes_under_its_own_accountant():
+    result = audit(gswgan_cfg())
+    assert result["accountant"] == "wor" and result["sample_rate"] == pytest.approx(1 / 5)
+    assert 0.4 < result["accounted_epsilon"] <= 0.5  # the wor ε of the 40 audited iterations, as planned
+    assert [a["name"] for a in result["attacks"]] == ["input_gradient", "generator"]
+    assert result["epsilon_lower"] <= result["accounted_epsilon"] and empirical.gate(result)["passed"]
+    assert "never the secret shard choice" in result["comparison"]
+
+
+def test_gswgan_without_noise_the_gate_fails(monkeypatch):
+    no_noise(monkeypatch)
+    assert fails(audit(gswgan_cfg()))
+
+
+def test_gswgan_without_clipping_the_gate_fails(monkeypatch):
+    def sanitize_unclipped(grads, *, clip_norm, noise_multiplier, randomness=None):  # the noise, no clipping
+        return grads + randomness.standard_normal(grads.shape, dtype=grads.dtype) * (noise_multiplier * clip_norm)
+
+    monkeypatch.setattr(gswgan, "sanitize", sanitize_unclipped)
+    assert fails(audit(gswgan_cfg()))
+
+
+def test_dpac_real_sanitizer_passes_and_without_noise_fails(monkeypatch):
+    """DPAC: the same sanitizer after its classifier joins the loss (from iteration 20 of the 40 audited)."""
+    result = audit(gswgan_cfg(method="dpac"))
+    assert result["method"] == "dpac" and empirical.gate(result)["passed"]
+    no_noise(monkeypatch)
+    assert fails(audit(gswgan_cfg(method="dpac")))
+
+
+# --- the black-box scores read the model the right way round ------------------------------------------
+def test_black_box_scores_rank_memorized_canaries_first():
+    """A discriminator that saw the included canaries, and a generator that reproduces them: both scores put
+    the included canaries on top, and the bound says so (the attack is weak on a private model, not blind)."""
+    canaries = empirical.InputCanaries(200, (28, 28, 1), 10, randomness=MechanismRandomness(seed=1))
+    members = canaries.images[canaries.included]
+
+    class Remembers(torch.nn.Module):
+        def forward(self, x, y):
+            return (x.flatten(1)[:, None] == members.flatten(1)[None]).all(-1).any(-1).float()
+
+    class Reproduces(torch.nn.Module):
+        num_classes, latent_dim = 10, 1
+
+        def sample(self, n, *, labels, generator=None):
+            pool = [members[canaries.labels[canaries.included] == k] for k in range(10)]
+            return torch.stack([pool[k][(i // 10) % len(pool[k])] if len(pool[k]) else torch.zeros(1, 28, 28)
+                                for i, k in enumerate(labels.tolist())]), labels  # labels cycle 0, 1, …, 9
+
+    class Trainer:
+        D, D_private, device, num_classes = Remembers(), None, "cpu", 10
+
+        def generator(self):
+            return Reproduces(), {}
+
+    for kind in ("discriminator", "generator"):
+        scores = empirical._black_box_scores(kind, Trainer(), canaries, seed=0)
+        result = empirical.guess_and_bound(scores, canaries.included.numpy(), delta=0)
+        assert result["epsilon_lower"] > 2, kind

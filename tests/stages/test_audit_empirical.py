@@ -9,12 +9,12 @@ import torch
 from dpsynth.privacy.randomness import MechanismRandomness
 from tests.stages.helpers import dpsynth, manifest, release_files, settings, stage, stages
 
-# ε = 1 over 100 steps: low enough that a sanitizer without noise is caught with 1,000 canaries
-AUDITED = ("privacy.epsilon=1", "train.steps=100", "audit.empirical=full", "audit.canaries=1000")
+# ε = 0.5 over 100 steps: low enough that a sanitizer without noise is caught with 1,000 canaries
+AUDITED = ("privacy.epsilon=0.5", "train.steps=100", "audit.empirical=full", "audit.canaries=1000")
 
 
 @pytest.fixture
-def trained_at_1(tmp_path, source):
+def trained_at_half(tmp_path, source):
     run_dir = tmp_path / "run"
     stages(run_dir, source, "partition", "warmstart", "train", overrides=AUDITED)
     return run_dir
@@ -24,45 +24,57 @@ def report(run_dir):
     return json.loads((run_dir / "sensitive" / "audit" / "audit.json").read_text())
 
 
-def test_the_audit_reports_epsilon_lower_and_passes(trained_at_1, source):
-    assert stage("audit", trained_at_1, source, *AUDITED) == 0
-    r = report(trained_at_1)
+def test_the_audit_reports_epsilon_lower_and_passes(trained_at_half, source):
+    assert stage("audit", trained_at_half, source, *AUDITED) == 0
+    r = report(trained_at_half)
     e = r["empirical"]
     assert r["decision"] == "passed" and e["canaries"] == 1000 and e["confidence"] == 0.95 and e["steps"] == 100
-    assert e["epsilon_lower"] <= e["accounted_epsilon"] <= r["epsilon_upper_bound"] <= 1
-    assert "public stand-in" in e["privacy_cost"]
+    assert e["epsilon_lower"] <= e["accounted_epsilon"] <= r["epsilon_upper_bound"] <= 0.5
+    assert "public stand-in" in e["privacy_cost"] and [a["name"] for a in e["attacks"]] == ["gradient", "discriminator"]
     (check,) = [c for c in r["checks"] if c["name"] == "empirical"]
     assert check["passed"]
-    md = (trained_at_1 / "sensitive" / "audit" / "audit.md").read_text()
-    assert "## Empirical audit" in md and "ε_lower" in md
-    assert manifest(trained_at_1, "sensitive", "audit")["details"]["epsilon_lower"] == e["epsilon_lower"]
+    md = (trained_at_half / "sensitive" / "audit" / "audit.md").read_text()
+    assert "## Empirical audit" in md and "ε_lower" in md and "What makes them comparable" in md
+    assert "| discriminator |" in md  # the black-box attack's row beside the white-box one
+    assert manifest(trained_at_half, "sensitive", "audit")["details"]["epsilon_lower"] == e["epsilon_lower"]
 
 
-def test_a_sanitizer_without_noise_fails_the_release(trained_at_1, source, monkeypatch, capsys):
+def test_a_sanitizer_without_noise_fails_the_release(trained_at_half, source, monkeypatch, capsys):
     monkeypatch.setattr(MechanismRandomness, "standard_normal",
                         lambda self, shape, dtype=None: torch.zeros(shape, dtype=dtype))
-    assert stage("audit", trained_at_1, source, *AUDITED) == 2
+    assert stage("audit", trained_at_half, source, *AUDITED) == 2
     assert "does not implement the accounted mechanism" in capsys.readouterr().err
-    r = report(trained_at_1)
+    r = report(trained_at_half)
     assert r["decision"] == "failed" and {c["name"] for c in r["checks"] if not c["passed"]} == {"empirical"}
-    assert r["empirical"]["epsilon_lower"] > 2 * r["empirical"]["accounted_epsilon"]
-    assert stage("sample", trained_at_1, source, *AUDITED) == 2
-    assert release_files(trained_at_1) == []
+    assert r["empirical"]["epsilon_lower"] > 2.5 * r["empirical"]["accounted_epsilon"]
+    assert stage("sample", trained_at_half, source, *AUDITED) == 2
+    assert release_files(trained_at_half) == []
 
 
-def test_off_by_default(trained_at_1, source):
-    assert stage("audit", trained_at_1, source, "privacy.epsilon=1", "train.steps=100") == 0
-    assert report(trained_at_1)["empirical"] is None
+def test_off_by_default(trained_at_half, source):
+    assert stage("audit", trained_at_half, source, "privacy.epsilon=0.5", "train.steps=100") == 0
+    assert report(trained_at_half)["empirical"] is None
 
 
-def test_the_command(trained_at_1, source, capsys):
-    assert dpsynth("audit", "empirical", "--run-dir", trained_at_1, *settings(source, *AUDITED), "--json") == 0
+def test_the_command(trained_at_half, source, capsys):
+    assert dpsynth("audit", "empirical", "--run-dir", trained_at_half, *settings(source, *AUDITED), "--json") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["check"]["passed"] and out["canaries"] == 1000 and out["mode"] == "full"
     # without a run directory: the shape by hand; bad input names the option
     assert dpsynth("audit", "empirical", "--records", "600", "--image-shape", "28x28", "--num-classes", "10",
                    *settings(source, *AUDITED)) == 2
     assert "--image-shape" in capsys.readouterr().err
+
+
+def test_the_command_audits_gswgan_by_its_own_accountant(source, capsys):
+    """GS-WGAN's input-gradient canaries, without a run directory: both attacks, the wor accountant."""
+    gswgan = ("train.method=gswgan", "partition.num_shards=5", "gswgan.batch_size=8", "gswgan.d_width=4",
+              "gswgan.g_width=4", "gswgan.n_dis=1", "train.steps=40", "privacy.epsilon=1", "audit.empirical=quick",
+              "audit.quick_steps=20", "audit.canaries=500")
+    assert dpsynth("audit", "empirical", "--records", "600", "--image-shape", "28x28x1", "--num-classes", "10",
+                   *settings(source, *gswgan)) == 0
+    out = capsys.readouterr().out
+    assert "input_gradient: ε_lower" in out and "generator: ε_lower" in out and "(wor)" in out and "passed" in out
 
 
 def test_tracked_the_figures_reach_mlflow_the_release_and_the_ledger_page(tmp_path, source, capsys, ledger_with_budget):

@@ -45,6 +45,9 @@ class Method:
     # (dpsynth.privacy.statement.Statement: adjacency, noise convention, assumptions, other accounts).
     plan: str = ""
     statement: str = ""
+    # The white-box canaries of the empirical audit (dpsynth.privacy.empirical): "gradient" (per-example gradients
+    # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's Sanitizer of ∂ℓ/∂G(z)); "" not audited yet.
+    empirical_audit: str = ""
 
     @property
     def standalone(self) -> bool:
@@ -79,23 +82,29 @@ _GSWGAN_AUDIT = {"plan": "dpsynth.methods.gswgan:audit_plan", "statement": "dpsy
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("dpgan", "DPGAN of Bie et al., 'Private GANs, Revisited': DP-SGD discriminator, Poisson sampling",
            "dpsynth.methods.dpgan:DPGANTrainer", "none", (), "dpsynth.methods.dpgan:audit_invariants",
-           plan="dpsynth.methods.dpgan:plan_privacy", statement="dpsynth.methods.dpgan:privacy_statement"),
+           plan="dpsynth.methods.dpgan:plan_privacy", statement="dpsynth.methods.dpgan:privacy_statement",
+           empirical_audit="gradient"),
     Method("gswgan", "GS-WGAN (Chen et al. 2020): sanitized generator gradients, K warm-started shard critics",
            "dpsynth.methods.gswgan:GSWGANTrainer", "shard", ("gswgan",), "dpsynth.methods.gswgan:audit_invariants",
-           _SHARD_WARM_START, **_GSWGAN_AUDIT),
+           _SHARD_WARM_START, **_GSWGAN_AUDIT, empirical_audit="input_gradient"),
     Method("dpac", "DP-GAN-DPAC (Chen et al. 2023): GS-WGAN plus a dual-purpose auxiliary classifier",
            "dpsynth.methods.dpac:DPACTrainer", "shard", ("gswgan", "dpac"), "dpsynth.methods.dpac:audit_invariants",
-           _SHARD_WARM_START, **_GSWGAN_AUDIT),
+           _SHARD_WARM_START, **_GSWGAN_AUDIT, empirical_audit="input_gradient"),
     Method("zhang", "dp-GAN (Zhang et al.): WGAN-GP with a DP critic, parameter grouping, public warm start",
            "dpsynth.methods.zhang:ZhangTrainer", "public", ("zhang",), "dpsynth.methods.zhang:audit_invariants",
            "dpsynth.methods.zhang:warm_start", plan="dpsynth.methods.zhang:audit_plan",
-           statement="dpsynth.methods.zhang:privacy_statement"),
+           statement="dpsynth.methods.zhang:privacy_statement", empirical_audit="gradient"),
     Method("gswgan_federated", "federated GS-WGAN: server and K client processes over gloo",
            "dpsynth.methods.gswgan_federated:FederatedProcesses", "shard", ("gswgan",),
            "dpsynth.methods.gswgan_federated:audit_invariants", _SHARD_WARM_START,
            plan="dpsynth.methods.gswgan_federated:audit_plan",
            statement="dpsynth.methods.gswgan_federated:privacy_statement"),
 )}
+
+
+def empirical_audit_methods() -> tuple[str, ...]:
+    """The methods the empirical audit (``audit.empirical``) can audit."""
+    return tuple(name for name, m in METHODS.items() if m.empirical_audit)
 
 
 def get(name: str) -> Method:

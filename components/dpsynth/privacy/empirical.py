@@ -13,27 +13,48 @@ Training Run" (NeurIPS 2023, arXiv:2305.08846):
   Appendix D, implemented here from the statement: P[≥ v correct] ≤ P[Binomial(r, q) ≥ v] +
   2mδ · max_{1≤i≤v} P[v − i ≤ Binomial(r, q) < v] / i, q = e^ε / (1 + e^ε)).
 
-The number of guesses k is chosen from a fixed grid (:data:`GUESS_FRACTIONS`); the reported bound is
+The number of guesses k is chosen from a fixed grid (:data:`GUESS_FRACTIONS`); an attack's bound is
 the best over the grid at confidence 1 − β/|grid| each (Bonferroni), so choosing k after seeing the
-scores keeps the 95 % guarantee.
+scores keeps the guarantee. Each audit run carries two attacks, each at 1 − β/2, so the larger of
+their two bounds (what the gate compares) holds at the configured confidence.
 
-**White-box gradient canaries (DP-SGD discriminators: DPGAN, and dp-GAN of Zhang et al.'s critic).**
-Canary i is a record whose per-example gradient is ``CANARY_SCALE`` times the largest clip bound in
-use (C; dp-GAN's per-group bounds c_j) on one coordinate c_i of the discriminator's parameters
-(a Dirac canary, coordinates distinct and random). In every step each included canary joins the
-batch by its own Poisson coin at the trainer's rate q, exactly as a record does; its gradient is
-appended to the per-example gradients the sanitizer (:class:`~dpsynth.privacy.dpsgd.GradientSanitizer`)
-reads, so it is clipped, summed and noised by the same code as the data. The auditor sees each step's
-privatized gradient (the mechanism's output) and scores canary i by the sum over steps of its
-coordinate c_i, less the stand-in records' clipped part of it (see :class:`_SanitizerWithCanaries`). With a correct sanitizer a canary moves its coordinate by at most C/(2B) per step,
-under noise σC/(2B); without noise or without clipping the canaries stand out and ε_lower exceeds ε.
+**Attack 1, white-box, on the sanitizer's input** (the method registry's ``Method.empirical_audit``):
+
+* ``"gradient"`` (DP-SGD discriminators: DPGAN, and dp-GAN of Zhang et al.'s critic). Canary i is a
+  record whose per-example gradient is ``CANARY_SCALE`` times the largest clip bound in use (C; dp-GAN's
+  per-group bounds c_j) on one coordinate c_i of the discriminator's parameters (a Dirac canary,
+  coordinates distinct and random). In every step each included canary joins the batch by its own
+  Poisson coin at the trainer's rate q, exactly as a record does, and its gradient joins the step's
+  per-example gradients in the trainer's own sanitizer
+  (:class:`~dpsynth.privacy.dpsgd.GradientSanitizer`), which clips, sums and noises it with the records'
+  (:class:`_SanitizerWithCanaries`). Canary i's score is the sum over steps of coordinate c_i of the
+  privatized gradient (the mechanism's output), less the stand-in records' clipped part of it.
+* ``"input_gradient"`` (GS-WGAN, DPAC: the sanitized quantity is ∂ℓ_i/∂G(z_i), B per iteration). Canary
+  i is a record of shard s_i; when an iteration draws s_i, each included canary of that shard adds
+  ``CANARY_SCALE``·C·s_ij on its pixel p_i to every per-sample gradient j (signs s_ij = ±1, half of each,
+  public), before the trainer's own :class:`~dpsynth.methods.gswgan.Sanitizer` clips each row and adds
+  N(0, σ²C²) (:class:`_InputSanitizerWithCanaries`). The score is Σ_iterations Σ_j s_ij · release[j, p_i]:
+  it reads the releases and the public canary design only, never the secret shard choice (the balanced
+  signs cancel what the rows share at p_i, so no data part need be subtracted).
+
+**Attack 2, black-box, on the training records.** m' = min(m, n/5) out-of-distribution records (blocky
+binary images with random labels) join the stand-in, each with probability ½. After the run a canary
+is scored by the final private discriminator's output on it (DPGAN, dp-GAN: its discriminator is
+DP-SGD's output), or — GS-WGAN and DPAC, whose discriminators are trained without privacy and never
+released — by minus its distance to the nearest sample of its label from the released generator
+(GAN-Leaks' full black-box score, :func:`dpsynth.evaluation.mia.nearest_distances`). It is the weaker
+attack (expect ε_lower ≈ 0), but it sees every path from the records to the model, not only the
+sanitizer's.
 
 **What the audit run costs.** It trains on a *public stand-in of the same shape* (n uniform-noise
 images of the training data's size and channels, uniform labels), never on the sensitive records, so
 it spends no privacy of the population and needs no ledger reservation; its σ, q, batch and steps are
-the real run's (the same privacy plan from the same n). ``quick`` audits the first
+the real run's (the same privacy plan from the same n; the black-box canaries join after the plan).
+GS-WGAN's shards are the stand-in's records in turn, their discriminators start from initialisation
+(the warm start is non-private pre-training outside the mechanism). ``quick`` audits the first
 ``audit.quick_steps`` steps, ``full`` all of them; ε_lower is compared with the accounted ε of the
-steps audited (the warm-up release, which the canaries never enter, is left out of both).
+steps audited, by the method's own accountant (the warm-up release, which the canaries never enter, is
+left out of both). :func:`comparison` says what makes the two comparable, per method.
 """
 
 from __future__ import annotations
@@ -47,14 +68,28 @@ import numpy as np
 import torch
 from scipy import stats
 
-from dpsynth.config import EMPIRICAL_AUDIT_METHODS as SUPPORTED_METHODS
 from dpsynth.errors import ConfigError, PrivacyError
+from dpsynth.methods import registry
 
 CONFIDENCE = 0.95
 # k = fraction · m / 2 canaries guessed "in" and as many "out"; the rest abstain (Bonferroni over these)
 GUESS_FRACTIONS = (1.0, 0.5, 0.2, 0.1, 0.05, 0.02)
 CANARY_SCALE = 1e3  # a canary's raw gradient norm, in units of the clip bound C (clipping must cut it)
-ATTACK = "white-box Dirac gradient canaries, scored by the privatized gradient at their coordinate"
+BLACK_BOX_SHARE = 5  # at most n / 5 black-box canaries: about n / 10 join the n stand-in records
+GENERATED = 1000  # samples of the released generator a black-box canary is compared with (GS-WGAN, DPAC)
+ATTACKS = {
+    "gradient": "white-box Dirac gradient canaries in the DP-SGD sanitizer's per-example gradients, scored by "
+                "the privatized gradient at their coordinate",
+    "input_gradient": "white-box input-gradient canaries: a signed Dirac direction on every sanitized per-sample "
+                      "gradient ∂ℓ/∂G(z) of their shard's iterations, scored by the releases at their pixel",
+    "discriminator": "black-box input canaries (blocky out-of-distribution images, random labels) among the "
+                     "training records, scored by the final private discriminator's output on them",
+    "generator": "black-box input canaries (blocky out-of-distribution images, random labels) among the shards' "
+                 "records, scored by minus their distance to the nearest sample of their label from the released "
+                 "generator (GAN-Leaks)",
+}
+# the black-box score each white-box kind goes with: only DP-SGD's discriminator is a private output
+BLACK_BOX = {"gradient": "discriminator", "input_gradient": "generator"}
 
 
 # --- the one-run bound ----------------------------------------------------------------------------
@@ -116,7 +151,7 @@ def guess_and_bound(scores, included, *, delta: float, confidence: float = CONFI
             "ceiling": ceiling}
 
 
-# --- white-box gradient canaries in the sanitizer's input -----------------------------------------
+# --- attack 1, white-box: DP-SGD's per-example gradients (DPGAN, dp-GAN) -------------------------------
 class GradientCanaries:
     """m Dirac canaries on distinct coordinates of ``params`` (the sanitizer's parameters).
 
@@ -136,65 +171,128 @@ class GradientCanaries:
         self.included = randomness.poisson_mask(m, 0.5).cpu()
         self.scores = torch.zeros(m, dtype=torch.float64)
 
-    def inject(self, norm: float) -> None:
-        """Append the per-example gradients (``norm`` on the canary's coordinate) of this step's sampled
-        canaries to every ``p.grad_sample``."""
+    def join(self, norm: float) -> bool:
+        """Set ``p.grad_sample`` to the per-example gradients (``norm`` on the canary's coordinate) of this
+        step's sampled canaries; False (nothing set) when none was sampled."""
         joined = (self.included & self.randomness.poisson_mask(self.m, self.sample_rate).cpu()).nonzero().flatten()
+        if len(joined) == 0:
+            return False
         coords = self.coords[joined]
         for j, p in enumerate(self.params):
             rows = torch.zeros(len(coords), p.numel(), dtype=p.dtype, device=p.device)
             here = (coords >= self.offsets[j]) & (coords < self.offsets[j + 1])
             rows[here.nonzero().flatten(), coords[here] - int(self.offsets[j])] = norm
-            p.grad_sample = torch.cat([p.grad_sample, rows.view(len(coords), *p.shape)])
+            p.grad_sample = rows.view(len(coords), *p.shape)
+        return True
 
-    def flat_grad(self):
-        return torch.cat([p.grad.detach().reshape(-1).to("cpu", torch.float64) for p in self.params])[self.coords]
+    def at_coords(self, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
+        """The canaries' coordinates of per-parameter tensors (None: zeros), in float64."""
+        flat = [torch.zeros(p.numel(), dtype=torch.float64) if t is None else
+                t.detach().reshape(-1).to("cpu", torch.float64) for p, t in zip(self.params, tensors)]
+        return torch.cat(flat)[self.coords]
 
     def observe(self, known) -> None:
         """Add each canary's coordinate of the step's privatized gradient (``p.grad``), less ``known`` (the
         data records' part of it, at the same coordinates), to its score."""
-        self.scores += self.flat_grad() - known
+        self.scores += self.at_coords([p.grad for p in self.params]) - known
 
 
 class _SanitizerWithCanaries:
-    """The trainer's own sanitizer, with the canaries' gradients appended to its input once per step
-    and the output read after ``finalize``; everything else is the sanitizer itself.
+    """The trainer's own sanitizer; once per step, after the data records' chunks and before the noise,
+    the step's sampled canaries join as one more chunk of per-example gradients (``p.grad_sample``), which
+    the sanitizer clips and sums with the records' (one clip per example, one noise draw per step).
 
-    The auditor of its own audit run knows the stand-in records and which of them each step sampled
-    (none of it depends on the canaries' coins), so it subtracts their part: a second, noiseless
-    sanitizer of the same class over the same groups and bounds sums the data records' clipped
-    gradients, and a canary's score is its coordinate of the output less that sum. What is left is the
-    canaries' clipped gradients and the noise: the white-box setting of Nasr et al. 2023."""
+    The auditor of its own audit run subtracts the stand-in records' part: it reads the sanitizer's running
+    clipped sum just before the canaries join (white-box; none of it depends on the canaries' coins, and
+    the Poisson analysis of a canary holds given everything else), so a canary's score is its coordinate of
+    the output less that sum. What is left is the canaries' clipped gradients and the noise: the white-box
+    setting of Nasr et al. 2023. The records take the trainer's own ``train.grad_sample_mode`` (ghost
+    clipping in the default recipe); the canaries, as per-example gradients, take the sanitizer's
+    ``grad_sample`` path."""
 
     def __init__(self, sanitizer, canaries: GradientCanaries):
-        self._inner, self._canaries, self._pending, self._data = sanitizer, canaries, True, None
+        self._inner, self._canaries = sanitizer, canaries
 
     def accumulate(self, losses=None) -> None:
-        if losses is not None:  # the trainer hands per-example losses: backward fills grad_sample (ew/hooks)
-            if losses.dim() != 1:
-                raise ValueError(f"losses: need one loss per example, shape (batch,), got {tuple(losses.shape)}")
-            losses.sum().backward()
-        params = [p for g in self._inner.groups for p in g]
-        if self._pending:
-            self._data = type(self._inner)(self._inner.groups, max_grad_norm=self._inner.bounds, noise_multiplier=0,
-                                           expected_batch_size=self._inner.expected_batch_size)
-        samples = [p.grad_sample for p in params]
-        self._data.accumulate()  # clears grad_sample: put it back for the real sanitizer
-        for p, s in zip(params, samples):
-            p.grad_sample = s
-        if self._pending:  # 1000 × the largest bound in use, so clipping must cut it (dp-GAN's bounds adapt)
-            self._canaries.inject(CANARY_SCALE * max(self._inner.bounds))
-            self._pending = False
-        self._inner.accumulate()
+        self._inner.accumulate(losses)  # the data records, by the trainer's own path
 
     def finalize(self) -> None:
-        known = 0.0
-        if self._data is not None:
-            self._data.finalize()  # the data records' clipped sum / expected batch size, in p.grad
-            known = self._canaries.flat_grad()
-        self._inner.finalize()
+        inner = self._inner
+        running = {id(p): acc for group, sums in zip(inner.groups, inner._sums or ()) for p, acc in zip(group, sums)}
+        known = self._canaries.at_coords([running.get(id(p)) for p in self._canaries.params])
+        known /= inner.expected_batch_size
+        if self._canaries.join(CANARY_SCALE * max(inner.bounds)):  # dp-GAN's bounds adapt: 1000 × the largest
+            inner.accumulate()
+        inner.finalize()
         self._canaries.observe(known)
-        self._pending, self._data = True, None
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+# --- attack 1, white-box: the sanitized input gradient ∂ℓ/∂G(z) (GS-WGAN, DPAC) --------------------------
+class InputGradientCanaries:
+    """m canaries of a shard-sampled input-gradient mechanism: canary i lives in shard ``shard[i]`` (public,
+    balanced over the K shards) and owns pixel ``pixel[i]`` (distinct within its shard). ``included``: the
+    secret ½ coins. Each release gives every canary fresh public signs s_ij = ±1 over the B rows, half of
+    each (0 on an odd row out): the rows' common part at a pixel cancels in a score, and so does, on
+    average, a canary of another shard that shares the pixel."""
+
+    def __init__(self, *, m: int, num_shards: int, releases: int, image_numel: int, randomness):
+        self.rng = torch.Generator().manual_seed(_public_seed())
+        self.m = m
+        self.shard = torch.randperm(m, generator=self.rng) % num_shards
+        self.pixel = torch.empty(m, dtype=torch.long)
+        for k in range(num_shards):
+            mine = (self.shard == k).nonzero().flatten()
+            if len(mine) > image_numel:
+                raise ConfigError(f"audit.canaries: {m} canaries over {num_shards} shards put {len(mine)} in one "
+                                  f"shard, more than its releases' {image_numel} coordinates; at most "
+                                  f"{num_shards * image_numel}")
+            self.pixel[mine] = torch.randperm(image_numel, generator=self.rng)[:len(mine)]
+        half = releases // 2
+        self.pattern = torch.tensor([1.0] * half + [-1.0] * half + [0.0] * (releases % 2), dtype=torch.float64)
+        self.included = randomness.poisson_mask(m, 0.5).cpu()
+        self.scores = torch.zeros(m, dtype=torch.float64)
+
+    def signs(self) -> torch.Tensor:
+        """(m, B): a fresh public permutation of the balanced pattern for each canary."""
+        order = torch.rand(self.m, len(self.pattern), generator=self.rng).argsort(dim=1)
+        return self.pattern[order]
+
+    def inject(self, grads: torch.Tensor, shard: int, norm: float, signs: torch.Tensor) -> torch.Tensor:
+        """``grads`` (B × image) plus, on every row j, ``norm``·s_ij on pixel p_i of each included canary of
+        ``shard``."""
+        mine = (self.included & (self.shard == shard)).nonzero().flatten()
+        rows = grads.flatten(1).clone()
+        rows[:, self.pixel[mine].to(rows.device)] += norm * signs[mine].T.to(rows.device, rows.dtype)
+        return rows.view_as(grads)
+
+    def observe(self, released: torch.Tensor, signs: torch.Tensor) -> None:
+        """Add Σ_j s_ij · release[j, p_i] to canary i's score: the release and the public design only."""
+        flat = released.detach().flatten(1).to("cpu", torch.float64)
+        self.scores += (flat[:, self.pixel] * signs.T).sum(0)
+
+
+class _InputSanitizerWithCanaries:
+    """GS-WGAN's own :class:`~dpsynth.methods.gswgan.Sanitizer` (clip each row, add noise, record the
+    iteration's event), with the included canaries of the drawn shard added to its input rows and its
+    output observed. ``shard`` is set by the trainer's per-shard hook (``generator_loss(k)``) just before:
+    the mechanism's own secret choice decides whose canaries join, as it decides whose records do; the
+    score never reads it."""
+
+    def __init__(self, sanitizer, canaries: InputGradientCanaries):
+        self._inner, self._canaries, self.shard = sanitizer, canaries, None
+
+    def __call__(self, grads: torch.Tensor) -> torch.Tensor:
+        if self.shard is None:
+            raise RuntimeError("audit run: a release without the iteration's shard")
+        signs = self._canaries.signs()
+        grads = self._canaries.inject(grads, self.shard, CANARY_SCALE * self._inner.clip_norm, signs)
+        self.shard = None
+        released = self._inner(grads)
+        self._canaries.observe(released, signs)
+        return released
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -202,6 +300,83 @@ class _SanitizerWithCanaries:
 
 def _public_seed() -> int:
     return int.from_bytes(np.random.default_rng().bytes(8), "little") >> 1
+
+
+def _attach_white_box(kind: str, trainer, m: int):
+    """The white-box canaries of ``kind`` in ``trainer``'s sanitizer; they keep the scores."""
+    if kind == "gradient":
+        canaries = GradientCanaries(list(trainer.D.parameters()), m=m, sample_rate=trainer.event.sample_rate,
+                                    randomness=trainer.mechanism)
+        trainer.sanitizer = _SanitizerWithCanaries(trainer.sanitizer, canaries)
+        return canaries
+    channels, size = trainer.spec["channels"], trainer.spec["image_size"]
+    canaries = InputGradientCanaries(m=m, num_shards=trainer.K, releases=trainer.plan.releases,
+                                     image_numel=channels * size * size, randomness=trainer.mechanism)
+    sanitizer = trainer.sanitizer = _InputSanitizerWithCanaries(trainer.sanitizer, canaries)
+    loss_for = trainer.generator_loss
+
+    def generator_loss(k: int):  # the per-shard hook of GS-WGAN's iteration: tells the wrapper which shard drew
+        sanitizer.shard = k
+        return loss_for(k)
+
+    trainer.generator_loss = generator_loss
+    return canaries
+
+
+# --- attack 2, black-box: out-of-distribution records -------------------------------------------------
+class InputCanaries:
+    """m records unlike the stand-in: a random 4 × 4 binary pattern blown up to the image size, a random
+    label (public), each among the training records by a secret ½ coin (``included``)."""
+
+    def __init__(self, m: int, image_shape: Sequence[int], num_classes: int, *, randomness):
+        from dpsynth.data.dataset import ImageDataset
+
+        rng = np.random.default_rng(_public_seed())
+        h, w, c = (int(d) for d in image_shape)
+        blocks = rng.integers(0, 2, (m, 4, 4, c), dtype=np.uint8) * np.uint8(255)
+        images = blocks[:, (np.arange(h) * 4) // h][:, :, (np.arange(w) * 4) // w]
+        data = ImageDataset(record_ids=[f"canary-{i}" for i in range(m)], labels=rng.integers(0, num_classes, m),
+                            images=np.ascontiguousarray(images), splits=None, num_classes=num_classes,
+                            source="black-box canaries")
+        self.m = m
+        self.images, self.labels = data.to_tensors()
+        self.included = randomness.poisson_mask(m, 0.5).cpu()
+        self.slot = torch.from_numpy(rng.integers(0, 2**31, m))  # public; mod K: the shard of a shard method's canary
+
+
+def _add_records(method: registry.Method, trainer, canaries: InputCanaries) -> None:
+    """The included black-box canaries join the audit run's training records, after the plan was made from
+    the stand-in's n (so σ and q are the real run's; Poisson sampling reaches every record at rate q)."""
+    x, y = canaries.images[canaries.included], canaries.labels[canaries.included]
+    if method.warm_start == "shard":  # each into one shard (public, uniform: as a keyed hash puts a record)
+        where = canaries.slot[canaries.included] % trainer.K
+        trainer.shards = [(torch.cat([xs, x[where == k].to(xs.device)]), torch.cat([ys, y[where == k].to(ys.device)]))
+                          for k, (xs, ys) in enumerate(trainer.shards)]
+        return
+    trainer.images = torch.cat([trainer.images, x.to(trainer.device)])
+    trainer.labels = torch.cat([trainer.labels, y.to(trainer.device)])
+    trainer.n = len(trainer.images)
+
+
+@torch.no_grad()
+def _black_box_scores(kind: str, trainer, canaries: InputCanaries, *, seed: int) -> np.ndarray:
+    """Higher: more likely a member. ``discriminator``: D's output (logit or critic value) on the canary and
+    its label; ``generator``: minus the distance to the nearest of ``GENERATED`` samples of its label."""
+    if kind == "discriminator":
+        private = getattr(trainer, "D_private", None)
+        if hasattr(private, "disable_hooks"):  # a plain forward: record nothing for the sanitizer (run is over)
+            private.disable_hooks()
+        D = trainer.D.eval()
+        return torch.cat([D(x.to(trainer.device), y.to(trainer.device)).reshape(-1).double().cpu()
+                          for x, y in zip(canaries.images.split(1024), canaries.labels.split(1024))]).numpy()
+    from dpsynth.evaluation.mia import nearest_distances
+
+    G = trainer.generator()[0].eval()  # the generator the method releases (GS-WGAN: the EMA copy)
+    rng = torch.Generator(device=trainer.device).manual_seed(seed)
+    labels = torch.arange(GENERATED, device=trainer.device) % trainer.num_classes
+    samples = torch.cat([G.sample(len(part), labels=part, generator=rng)[0] for part in labels.split(500)])
+    d = nearest_distances(canaries.images.flatten(1), canaries.labels, samples.flatten(1).cpu(), labels.cpu())
+    return -d.numpy()
 
 
 # --- the audit run -----------------------------------------------------------------------------------
@@ -217,22 +392,29 @@ def stand_in(n: int, image_shape: Sequence[int], num_classes: int, *, seed: int 
                         splits=None, num_classes=num_classes, source="public stand-in (uniform noise)")
 
 
-def _trainer(cfg, data, *, mechanism_seed):
-    """The method's trainer on the stand-in, its private step, and when its generator steps follow."""
-    if cfg.train.method == "zhang":
-        from dpsynth.methods.zhang import ZhangTrainer
-
+def stand_in_trainer(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, directory: str,
+                     mechanism_seed: int | None = None):
+    """The method's trainer on a stand-in of n records, built as the train stage builds it but for its
+    warm starts, writing only under ``directory`` and tracking nothing; no canaries yet (the benchmark
+    times it alone as the reference). The private warm-up is not run either: the canaries never enter
+    its release (outside the audited steps) or the generator fit after it (post-processing)."""
+    method = registry.get(cfg.train.method)
+    cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, dir=directory),
+                              tracking=dataclasses.replace(cfg.tracking, enabled=False),
+                              warmup=dataclasses.replace(cfg.warmup, steps=0))
+    data = stand_in(n, image_shape, num_classes, seed=cfg.train.seed)
+    cls = method.trainer_class()
+    if method.warm_start == "shard":  # K shards, record i in shard i mod K; D_k from initialisation
+        K = cfg.partition.num_shards
+        return cls(cfg, [data.subset(np.arange(k, len(data), K)) for k in range(K)], mechanism_seed=mechanism_seed)
+    if method.warm_start == "public":  # dp-GAN: its public records, a second stand-in (bounds, groups)
         z = cfg.zhang
         public = None
-        if z.adaptive_clipping or z.grouping == "clustering":  # its public data: a second stand-in
+        if z.adaptive_clipping or z.grouping == "clustering":
             public = stand_in(max(z.public_batch_size, 2), data.shape, data.num_classes, seed=cfg.train.seed + 1,
                               name="stand-in-public")
-        t = ZhangTrainer(cfg, data, public=public, mechanism_seed=mechanism_seed)
-        return t, t.D, t.critic_step, lambda: t.since_g >= z.n_critic
-    from dpsynth.methods.dpgan import DPGANTrainer
-
-    t = DPGANTrainer(cfg, data, mechanism_seed=mechanism_seed)
-    return t, t.D, t.discriminator_step, lambda: t.since_g >= t.n_d.n_d
+        return cls(cfg, data, public=public, mechanism_seed=mechanism_seed)
+    return cls(cfg, data, mechanism_seed=mechanism_seed)
 
 
 def audit_steps(cfg, total_steps: int) -> int:
@@ -240,66 +422,89 @@ def audit_steps(cfg, total_steps: int) -> int:
     return total_steps if a.empirical == "full" else min(total_steps, a.quick_steps)
 
 
+def comparison(method: registry.Method, accountant: str) -> str:
+    """Why the canaries' ε_lower and the accounted ε of the audited steps measure the same thing."""
+    if method.empirical_audit == "input_gradient":
+        return (f"accounted by the `{accountant}` accountant, as the trained run: a canary is one record of one "
+                "shard, so adding it changes only the iterations that draw its shard (rate 1/K, without "
+                "replacement), each of whose B sanitized releases moves by ≤ 2C — the trace's replace_one event at "
+                "the shard level, folded to σ/√B, exactly as for a record. The scores read the releases and the "
+                "public canary design only, never the secret shard choice: an adversary who sees the choice is "
+                "bound only by the revealed-choice account, not by this ε. The white-box canaries enter the "
+                "gradients directly, not through D_k's training, so they do not test GS-WGAN's shard-state "
+                "assumption; the black-box canaries, records of their shards, go through D_k and rest on it")
+    return (f"accounted by the `{accountant}` accountant, as the trained run: a canary is one record, added or "
+            "removed, joining each step by its own Poisson coin at rate q, its clipped gradient of norm ≤ C "
+            "(dp-GAN: c_j per group) — the trace's add_remove event. The white-box score subtracts the stand-in "
+            "records' clipped sum, which does not depend on the canaries' coins")
+
+
+def _attack(kind: str, scores, included, *, delta: float, confidence: float) -> dict:
+    bound = guess_and_bound(scores, included, delta=delta, confidence=confidence)
+    return {"name": kind, "attack": ATTACKS[kind], **bound}
+
+
 def run_audit(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode: str | None = None,
               canaries: int | None = None, mechanism_seed: int | None = None) -> dict:
-    """One audit run of ``cfg``'s method on a public stand-in with n records: ε_lower and the accounted
-    ε of the steps audited. ``mode``/``canaries`` override ``audit.empirical``/``audit.canaries``;
+    """One audit run of ``cfg``'s method on a public stand-in with n records: ε_lower of both attacks and
+    the accounted ε of the steps audited. ``mode``/``canaries`` override ``audit.empirical``/``audit.canaries``;
     ``mechanism_seed``: tests only."""
     import tempfile
 
-    from dpsynth.privacy import MechanismTrace, get_accountant
+    from dpsynth.privacy import MechanismTrace
 
     mode = mode or cfg.audit.empirical
     m = canaries or cfg.audit.canaries
     if mode not in ("quick", "full"):
         raise ConfigError(f"audit.empirical: an audit run needs 'quick' or 'full', got {mode!r}")
-    if cfg.train.method not in SUPPORTED_METHODS:
-        raise ConfigError(f"audit.empirical: the empirical audit supports train.method in {list(SUPPORTED_METHODS)}, "
-                          f"not {cfg.train.method!r} (yet); set audit.empirical=off")
+    method = registry.get(cfg.train.method)
+    kind = method.empirical_audit
+    if not kind:
+        raise ConfigError(f"audit.empirical: the empirical audit supports train.method in "
+                          f"{list(registry.empirical_audit_methods())}, not {cfg.train.method!r} (yet); "
+                          "set audit.empirical=off")
     cfg = dataclasses.replace(cfg, audit=dataclasses.replace(cfg.audit, empirical=mode, canaries=m))
     started = time.process_time()
     with tempfile.TemporaryDirectory(prefix="dpsynth-empirical-") as tmp:
-        # The canaries enter as per-example gradients, so the audit run takes the per-example path through
-        # the same sanitizer (ghost clipping computes the same clipped sum without them: tests/privacy/
-        # test_ghost.py checks that against brute force). The warm-up's generator fit is skipped: it is
-        # post-processing and never touches the audited discriminator steps.
-        mode_ = cfg.train.grad_sample_mode if cfg.train.grad_sample_mode in ("ew", "hooks") else "ew"
-        run_cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, dir=tmp),
-                                      tracking=dataclasses.replace(cfg.tracking, enabled=False),
-                                      train=dataclasses.replace(cfg.train, grad_sample_mode=mode_),
-                                      warmup=dataclasses.replace(cfg.warmup, steps=0))
-        trainer, critic, private_step, generator_due = _trainer(
-            run_cfg, stand_in(n, image_shape, num_classes, seed=cfg.train.seed), mechanism_seed=mechanism_seed)
-        c = GradientCanaries(list(critic.parameters()), m=m, sample_rate=trainer.event.sample_rate,
-                             randomness=trainer.mechanism)
-        trainer.sanitizer = _SanitizerWithCanaries(trainer.sanitizer, c)
+        trainer = stand_in_trainer(cfg, n=n, image_shape=image_shape, num_classes=num_classes, directory=tmp,
+                                   mechanism_seed=mechanism_seed)
+        white = _attach_white_box(kind, trainer, m)
+        black = InputCanaries(max(2, min(m, n // BLACK_BOX_SHARE)), image_shape, num_classes,
+                              randomness=trainer.mechanism)
+        _add_records(method, trainer, black)
         steps = audit_steps(cfg, trainer.total_steps)
-        for _ in range(steps):  # the trainer's own loop body (train() adds checkpoints and logging)
-            private_step()
-            if generator_due():
-                trainer.generator_step()
+        for _ in range(steps):  # the trainer's own step (train() adds checkpoints and logging)
+            trainer.train_step()
+        black_scores = _black_box_scores(BLACK_BOX[kind], trainer, black, seed=cfg.train.seed)
     audited = trainer.trace  # the sanitizer recorded each audited step's release itself
     if audited != MechanismTrace([trainer.event.with_count(steps)]):
         raise PrivacyError(f"audit run: {steps} steps audited, but the sanitizer recorded {audited!r}")
     p = cfg.privacy
-    accounted = get_accountant(p.accountant).epsilon(audited, delta=p.delta)
-    result = guess_and_bound(c.scores.numpy(), c.included.numpy(), delta=p.delta, confidence=cfg.audit.confidence)
-    return {**result, "mode": mode, "attack": ATTACK, "method": cfg.train.method, "steps": steps,
-            "accounted_epsilon": accounted, "accountant": p.accountant,
-            "noise_multiplier": trainer.event.noise_multiplier, "sample_rate": trainer.event.sample_rate,
+    accountant = trainer.ACCOUNTANT or p.accountant
+    accounted = trainer.accountant.epsilon(audited, delta=p.delta)
+    each = 1 - (1 - cfg.audit.confidence) / 2  # two attacks: Bonferroni, so the larger bound holds at `confidence`
+    attacks = [_attack(kind, white.scores.numpy(), white.included.numpy(), delta=p.delta, confidence=each),
+               _attack(BLACK_BOX[kind], black_scores, black.included.numpy(), delta=p.delta, confidence=each)]
+    return {"epsilon_lower": max(a["epsilon_lower"] for a in attacks), "accounted_epsilon": accounted,
+            "accountant": accountant, "canaries": m, "confidence": cfg.audit.confidence,
+            "ceiling": max(a["ceiling"] for a in attacks), "attacks": attacks, "mode": mode,
+            "method": cfg.train.method, "steps": steps, "noise_multiplier": trainer.event.noise_multiplier,
+            "sample_rate": trainer.event.sample_rate, "comparison": comparison(method, accountant),
             "privacy_cost": "none: trained on a public stand-in of the same shape (uniform-noise images), "
                             "never on the sensitive records",
             "cpu_seconds": time.process_time() - started}
 
 
 def gate(result: dict) -> dict:
-    """The audit check: fails when ε_lower > the accounted ε of the audited steps."""
+    """The audit check: fails when an attack's ε_lower > the accounted ε of the audited steps."""
     lower, eps = result["epsilon_lower"], result["accounted_epsilon"]
     ok = lower <= eps
+    found = "; ".join(f"{a['name']}: ε_lower={a['epsilon_lower']:.4g} (m={a['canaries']}, {a['correct']}/"
+                      f"{a['guesses']} guesses correct)" for a in result["attacks"])
     return {"name": "empirical", "passed": bool(ok),
-            "detail": (f"ε_lower={lower:.4g} (m={result['canaries']}, {result['confidence']:.0%} confidence, "
-                       f"{result['correct']}/{result['guesses']} guesses correct, {result['mode']}, {result['steps']} "
-                       f"steps) {'≤' if ok else '>'} accounted ε={eps:.4g} of the audited steps"
+            "detail": (f"ε_lower={lower:.4g} ({result['confidence']:.0%} confidence over both attacks, "
+                       f"{result['mode']}, {result['steps']} steps; {found}) {'≤' if ok else '>'} accounted "
+                       f"ε={eps:.4g} of the audited steps"
                        + ("" if ok else ": the code does not implement the accounted mechanism")
                        + ("" if result["ceiling"] > eps else
                           f"; inconclusive: with m={result['canaries']} no audit can prove more than "
@@ -308,8 +513,11 @@ def gate(result: dict) -> dict:
 
 # --- what the audit stage adds ----------------------------------------------------------------------
 MLFLOW_METRICS = {
-    "epsilon_lower_empirical": "one-run canary audit on a public stand-in (no sensitive record enters)",
-    "epsilon_accounted_empirical": "ε of the audited steps by the configured accountant (the plan)",
+    "epsilon_lower_empirical": "one-run canary audit on a public stand-in (no sensitive record enters): the larger "
+                               "of its two attacks' bounds",
+    "epsilon_lower_white_box": "the white-box canaries' bound (same audit run)",
+    "epsilon_lower_black_box": "the black-box canaries' bound (same audit run)",
+    "epsilon_accounted_empirical": "ε of the audited steps by the method's accountant (the plan)",
     "empirical_canaries": "audit.canaries (configuration)",
 }
 
@@ -337,12 +545,17 @@ def stand_in_shape(partition: dict) -> tuple[int, list[int], int]:
 def markdown(result: dict | None) -> str:
     if not result:
         return ""
+    rows = "".join(f"| {a['name']} | {a['epsilon_lower']:.4g} | {a['ceiling']:.3g} | {a['canaries']} | "
+                   f"{a['guesses']} | {a['correct']} | {a['attack']} |\n" for a in result["attacks"])
     return ("\n## Empirical audit (one-run canary audit)\n\n"
-            f"| ε_lower ({result['confidence']:.0%}) | accounted ε (audited steps) | largest provable ε | canaries m "
-            f"| guesses | correct | mode | steps | attack |\n|---|---|---|---|---|---|---|---|---|\n"
-            f"| {result['epsilon_lower']:.4g} | {result['accounted_epsilon']:.4g} | {result['ceiling']:.3g} | "
-            f"{result['canaries']} | "
-            f"{result['guesses']} | {result['correct']} | {result['mode']} | {result['steps']} | {result['attack']} |\n\n"
+            f"ε_lower = **{result['epsilon_lower']:.4g}** ({result['confidence']:.0%} confidence over both attacks, "
+            f"each at {1 - (1 - result['confidence']) / 2:.1%}) against the accounted ε = "
+            f"**{result['accounted_epsilon']:.4g}** "
+            f"of the {result['steps']} steps audited ({result['mode']}; σ = {result['noise_multiplier']:.4g}, "
+            f"q = {result['sample_rate']:.4g}).\n\n"
+            "| attack | ε_lower | largest provable ε | canaries m | guesses | correct | how |\n"
+            "|---|---|---|---|---|---|---|\n" + rows +
+            f"\nWhat makes them comparable: {result['comparison']}.\n\n"
             f"Privacy cost of the audit run: {result['privacy_cost']}.\n")
 
 
@@ -350,9 +563,10 @@ def tags(result: dict) -> dict[str, str]:
     """The MLflow tags of an empirical audit: on the audit run, the pipeline's parent run and the release."""
     from dpsynth import tracking
 
+    each = ", ".join(f"{a['name']} {a['epsilon_lower']:.4g}" for a in result["attacks"])
     return {tracking.TAG_EPSILON_LOWER: f"{result['epsilon_lower']:.4g}",
             tracking.TAG_EMPIRICAL_AUDIT: (f"m={result['canaries']}, {result['confidence']:.0%} confidence, "
-                                           f"{result['mode']} ({result['steps']} steps), {result['attack']}; "
+                                           f"{result['mode']} ({result['steps']} steps), {each}; "
                                            f"accounted ε of those steps {result['accounted_epsilon']:.4g}")}
 
 
@@ -362,7 +576,10 @@ def log_mlflow(result: dict | None, *, tracking_uri: str | None = None, also: Se
         return
     import mlflow
 
+    white, black = result["attacks"]
     mlflow.log_metrics({"epsilon_lower_empirical": result["epsilon_lower"],
+                        "epsilon_lower_white_box": white["epsilon_lower"],
+                        "epsilon_lower_black_box": black["epsilon_lower"],
                         "epsilon_accounted_empirical": result["accounted_epsilon"],
                         "empirical_canaries": result["canaries"]})
     mlflow.set_tags(tags(result))

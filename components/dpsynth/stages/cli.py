@@ -166,12 +166,12 @@ def empirical_command(args) -> int:
     if args.json:
         print(json.dumps({**result, "check": check}, indent=2))
     else:
-        print(f"empirical audit ({result['attack']}; {result['privacy_cost']})\n"
-              f"  ε_lower = {result['epsilon_lower']:.4g} at {result['confidence']:.0%} confidence "
-              f"(m = {result['canaries']}, {result['correct']}/{result['guesses']} correct, {result['mode']}, "
-              f"{result['steps']} steps)\n  accounted ε of the audited steps = {result['accounted_epsilon']:.4g} "
-              f"({result['accountant']})\n  {'passed' if check['passed'] else 'FAILED'}; "
-              f"{result['cpu_seconds']:.1f} CPU-s")
+        attacks = "".join(f"\n  {a['name']}: ε_lower = {a['epsilon_lower']:.4g} (m = {a['canaries']}, {a['correct']}/"
+                          f"{a['guesses']} correct; {a['attack']})" for a in result["attacks"])
+        print(f"empirical audit of {result['method']} ({result['mode']}, {result['steps']} steps; {result['privacy_cost']})"
+              f"{attacks}\n  ε_lower = {result['epsilon_lower']:.4g} at {result['confidence']:.0%} confidence over both"
+              f"\n  accounted ε of the audited steps = {result['accounted_epsilon']:.4g} ({result['accountant']})"
+              f"\n  {'passed' if check['passed'] else 'FAILED'}; {result['cpu_seconds']:.1f} CPU-s")
     if not check["passed"]:
         raise AuditFailed(check["detail"])
     return 0

@@ -31,7 +31,8 @@ DATASET_URI = pods.setting("DPSYNTH_DATASET_URI", "outputs/data/mnist.parquet")
 # The form fields that are settings: form field -> setting (dpsynth_pods.overrides passes them on).
 SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", "method": "train.method",
             "epsilon": "privacy.epsilon", "delta": "privacy.delta", "steps": "train.steps",
-            "num_shards": "partition.num_shards", "n_d": "train.n_d", "seed": "train.seed"}
+            "num_shards": "partition.num_shards", "n_d": "train.n_d", "seed": "train.seed",
+            "audit_empirical": "audit.empirical"}
 
 
 def params(dataset_uri: str = DATASET_URI) -> dict:
@@ -49,6 +50,9 @@ def params(dataset_uri: str = DATASET_URI) -> dict:
         "num_shards": form.param("partition.num_shards", title="Shards K"),
         "n_d": form.param("train.n_d", title="n_d policy"),
         "seed": form.param("train.seed", title="Seed"),
+        "audit_empirical": Param(None, type=["null", "string"], enum=[None, *pods.AUDIT_EMPIRICAL],
+                                 title="Empirical audit",
+                                 description=f"{form.setting('audit.empirical')['description']} Empty: the config's."),
         "run_root": Param(pods.setting("DPSYNTH_RUN_ROOT", "outputs/airflow"), type="string", minLength=1,
                           title="Storage root URI", description="each run writes under ROOT/<pipeline run id>"),
         "config": Param(pods.setting("DPSYNTH_CONFIG", "configs/dpgan-mnist-cpu.yaml"), type=["null", "string"],

@@ -36,6 +36,9 @@ from datetime import timedelta
 from pathlib import Path
 
 STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
+# audit.empirical's choices, from the exported config schema beside this file (dpsynth_config.schema.json)
+AUDIT_EMPIRICAL = tuple(json.loads(Path(__file__).with_name("dpsynth_config.schema.json").read_text(encoding="utf-8"))
+                        ["$defs"]["AuditConfig"]["properties"]["empirical"]["enum"])
 REPO = Path(os.environ.get("DPSYNTH_REPO", Path(__file__).resolve().parents[3]))
 XCOM_FILE = "/airflow/xcom/return.json"  # what KubernetesPodOperator's sidecar pushes as XCom
 # The stage pods' entrypoint: a constant script that runs its positional arguments ("$@", the argv of
@@ -79,6 +82,10 @@ def overrides(params: dict) -> list[str]:
             f"train.n_d={params['n_d']}", f"train.seed={params['seed']}"]
     if params.get("population_id"):  # else the config's (required: `dpsynth pipeline start` refuses a run without)
         sets.append(f"ledger.population_id={params['population_id']}")
+    if audit := params.get("audit_empirical"):  # else the config's
+        if audit not in AUDIT_EMPIRICAL:
+            raise ValueError(f"audit_empirical (audit.empirical): must be one of {', '.join(AUDIT_EMPIRICAL)}, got {audit!r}")
+        sets.append(f"audit.empirical={audit}")
     if params.get("tracking_uri"):
         sets += ["tracking.enabled=true", f"tracking.uri={params['tracking_uri']}"]
     return sets + list(params.get("overrides") or [])
