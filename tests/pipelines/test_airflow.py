@@ -156,7 +156,9 @@ def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(a
                 "privacy.delta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
                 "train.steps": {"type": "integer", "minimum": 1}, "partition.num_shards": {"type": "integer", "minimum": 1},
                 "train.n_d": {"type": "string", "pattern": "^(adaptive|[1-9][0-9]*)$"},
-                "train.seed": {"type": "integer", "minimum": 0}}
+                "train.seed": {"type": "integer", "minimum": 0},
+                # nullable: empty keeps the config's setting (the pods read no config file: their default is off)
+                "audit.empirical": {"type": ["null", "string"], "enum": [None, "off", "quick", "full"]}}
     assert sorted(settings.values()) == sorted(expected)
     for name, field in settings.items():
         schema = {k: v for k, v in form[name]["schema"].items() if k != "title"}
