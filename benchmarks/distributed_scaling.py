@@ -51,9 +51,10 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
         cfg = load_config(overrides=[
             f"output.dir={out}/w{world}", "tracking.enabled=false", f"train.method={method}",
             f"train.d_width={args['d_width']}", f"train.g_width={args['d_width']}",
-            f"train.batch_size={args['batch_size']}", "train.steps=100000", "train.n_d=5",
+            f"train.batch_size={args['batch_size']}", "train.steps=100000",
+            f"train.n_d={4 if method == 'zhang' else 5}",  # n_critic = 4 (dp-GAN), n_D = 5 (DPGAN)
             "privacy.noise_multiplier=1.0", "privacy.epsilon=1000", "privacy.delta=1e-5",
-            f"train.grad_sample_mode={args['mode']}", "data.public_source=sklearn:digits", "zhang.n_critic=4",
+            f"train.grad_sample_mode={args['mode']}", "data.public_source=sklearn:digits",
             *(["zhang.grouping=clustering", "zhang.num_groups=5", "zhang.adaptive_clipping=true"]
               if args.get("bounds", "adaptive") == "adaptive" else
               ["zhang.grouping=weight_bias", "zhang.adaptive_clipping=false"]), "zhang.public_batch_size=64"])

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     out = Path(tempfile.mkdtemp(prefix="dpsynth-bench-gswgan-"))
     common = [f"output.dir={out}", "tracking.enabled=false", f"train.method={args.method}",
               f"partition.num_shards={args.shards}", f"gswgan.d_width={args.width}", f"gswgan.g_width={args.width}",
-              f"gswgan.batch_size={args.batch_size}", f"gswgan.n_dis={args.n_dis}", "train.steps=1000000",
+              f"gswgan.batch_size={args.batch_size}", f"train.n_d={args.n_dis}", "train.steps=1000000",
               "privacy.noise_multiplier=1.07", "privacy.accounting=as_published", "privacy.epsilon=1e9",
               "privacy.delta=1e-6", "dpac.start_iteration=0", "output.checkpoint_every=0", "output.log_every=0",
               "output.sample_every=0", "train.device=cpu"]

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         return load_config(overrides=[
             f"output.dir={out / name}", "tracking.enabled=false", "train.method=gswgan_federated",
             f"partition.num_shards={args.clients}", f"gswgan.d_width={args.width}", f"gswgan.g_width={args.width}",
-            f"gswgan.batch_size={args.batch_size}", f"gswgan.n_dis={args.n_dis}", f"train.steps={args.steps}",
+            f"gswgan.batch_size={args.batch_size}", f"train.n_d={args.n_dis}", f"train.steps={args.steps}",
             "privacy.noise_multiplier=1.07", "privacy.epsilon=1e6", "privacy.delta=1e-5", "output.log_every=0",
             "output.sample_every=0", "output.checkpoint_every=0"])
 

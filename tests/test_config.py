@@ -42,3 +42,27 @@ def test_fingerprint_ignores_output_and_tracking():
     b = load_config(overrides=["output.dir=/b", "tracking.enabled=false"])
     c = load_config(overrides=["train.seed=3"])
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+
+
+@pytest.mark.parametrize("method,expected", [("dpgan", "adaptive"), ("gswgan", 5), ("dpac", 5), ("zhang", 4),
+                                             ("gswgan_federated", 5)])
+def test_one_name_for_discriminator_steps_per_generator_step(tmp_path, method, expected):
+    """train.n_d is n_D (Bie et al.), n_dis (GS-WGAN) and n_critic (dp-GAN); unset, each paper's own default."""
+    from dpsynth.methods import registry
+
+    assert registry.n_d(load_config(overrides=[f"train.method={method}"])) == expected
+    assert registry.n_d(load_config(overrides=[f"train.method={method}", "train.n_d=3"])) == 3
+    if method != "dpgan":
+        with pytest.raises(ConfigError, match=r"^train\.n_d: 'adaptive' is DPGAN's policy"):
+            load_config(overrides=[f"train.method={method}", "train.n_d=adaptive"])
+
+
+@pytest.mark.parametrize("old", ["gswgan.n_dis", "zhang.n_critic"])
+def test_the_old_names_are_refused_with_the_new_one(tmp_path, old):
+    section, field = old.split(".")
+    with pytest.raises(ConfigError, match=rf"^{old}: renamed train\.n_d"):
+        load_config(overrides=[f"{old}=5"])
+    f = tmp_path / "old.yaml"
+    f.write_text(f"{section}:\n  {field}: 5\n")
+    with pytest.raises(ConfigError, match=rf"^{old}: renamed train\.n_d"):
+        load_config(f)

@@ -120,7 +120,7 @@ def test_every_bad_setting_is_named_once(tmp_path):
         load_config(f)
     lines = str(info.value).splitlines()
     assert sorted(line.split(":")[0] for line in lines) == ["privacy.epsilon", "train.n_d", "train.steps", "train.stepz"]
-    assert "train.n_d: must be an integer >= 1 or 'adaptive', got 'sometimes'" in lines
+    assert "train.n_d: must be an integer >= 1 or 'adaptive' or null, got 'sometimes'" in lines
     assert "privacy.epsilon: must be a number > 0, got -1" in lines
     assert any(line.startswith("train.stepz: unknown setting (known: adam_beta1,") for line in lines)
 

@@ -148,8 +148,12 @@ class TrainConfig:
                                                "methods/loop.py); fewer at the ε budget.")
     batch_size: Int = Field(128, ge=1, description="Expected Poisson batch size B; q = B / n.")
     physical_batch_size: Int | None = Field(None, ge=1, description="Memory cap per forward/backward; null: no cap.")
-    n_d: Annotated[Int, Field(ge=1)] | Literal["adaptive"] = Field(
-        "adaptive", description='Discriminator steps per generator step: "adaptive" or a fixed number.')
+    n_d: Annotated[Int, Field(ge=1)] | Literal["adaptive"] | None = Field(
+        None, description="Discriminator (critic) steps per generator step, in every method: Bie et al.'s n_D "
+                          "(dpgan), GS-WGAN's n_dis (gswgan, dpac, gswgan_federated), dp-GAN's n_critic (zhang). "
+                          "null: the method's default (dpgan: adaptive; gswgan, dpac, gswgan_federated: 5; zhang: 4). "
+                          '"adaptive" (dpgan only): grows from 1 while the discriminator\'s accuracy on fakes stays '
+                          "above n_d_threshold.")
     n_d_threshold: Float = Field(0.6, ge=0, le=1, description="Adaptive n_d: the discriminator's accuracy on fakes "
                                                               "above which n_d grows.")
     n_d_beta: Float = Field(0.99, gt=0, lt=1, description="Adaptive n_d: the decay of that accuracy's moving average.")
@@ -275,12 +279,11 @@ class GSWGANConfig:
     ``train.steps`` is T (private generator iterations), ``train.seed`` and ``train.device``
     apply; ``privacy.max_grad_norm`` is the clip bound C and ``privacy.noise_multiplier`` the
     per-release σ (noise std / C of each sanitized ∂L_G/∂G(z_i)). The ``train`` section's batch
-    size, widths, learning rates and n_d are DPGAN's and are not used here.
+    size, widths and learning rates are DPGAN's and are not used here; ``train.n_d`` is n_dis.
     """
 
     warmstart_iterations: Int = Field(2000, ge=0, description="T_w: non-private iterations per shard (0: D_k starts "
                                                               "fresh).")
-    n_dis: Int = Field(5, ge=1, description="Critic steps of D_k per generator iteration.")
     batch_size: Int = Field(32, ge=1, description="B: real and fake records per critic step, sanitized samples per "
                                                   "G step.")
     gp_weight: Float = Field(10.0, ge=0, description="WGAN-GP λ.")
@@ -315,7 +318,6 @@ class ZhangConfig:
     """dp-GAN of Zhang, Ji & Wang (seed 004): WGAN-GP with a DP critic, parameter grouping,
     adaptive clipping bounds and a warm start, both from public data (``data.public_*``)."""
 
-    n_critic: Int = Field(4, ge=1, description="Private critic steps per generator step.")
     gp_weight: Float = Field(10.0, ge=0, description="λ of the gradient penalty.")
     grouping: Literal["global", "weight_bias", "per_layer", "clustering"] = Field(
         "clustering", description="global: one group; weight_bias: weights vs biases; per_layer: one group per "
@@ -447,6 +449,9 @@ class RunConfig:
                  f"the empirical audit supports train.method in {list(audited)}, not "
                  f"{self.train.method!r} (yet); set audit.empirical=off")
         method, dcgan = self.train.method, self.train.method in ("dpgan", "zhang")  # dcgan.Generator's methods
+        _require(self.train.n_d != "adaptive" or method == "dpgan", "train.n_d",
+                 f"'adaptive' is DPGAN's policy (Bie et al.); train.method={method!r} takes a number of critic steps "
+                 "per generator step (or null: the method's default)")
         _require(not self.train.g_warp or dcgan, "train.g_warp",
                  f"only DPGAN's and dp-GAN's generator (dcgan.Generator) warps, not train.method={method!r}")
         _require(not self.train.g_warp or self.train.latent_dim >= 6, "train.g_warp",
@@ -563,6 +568,10 @@ def _config_error(exc: ValidationError) -> ConfigError:
     return ConfigError("\n".join(lines.values()))
 
 
+# Settings that were renamed: a file or --set that still names one is refused with the new name.
+RENAMED = {"gswgan.n_dis": "train.n_d", "zhang.n_critic": "train.n_d"}
+
+
 def _set_path(d: dict, dotted: str, raw: str) -> None:
     keys = dotted.split(".")
     for key in keys[:-1]:
@@ -587,6 +596,10 @@ def load_config(path: str | Path | None = None, *, overrides: list[str] | tuple[
             raise ConfigError(f"--set {item}: expected section.field=value")
         key, raw = item.split("=", 1)
         _set_path(values, key.strip(), raw)
+    for old_name, new_name in RENAMED.items():
+        section, _, field = old_name.partition(".")
+        if isinstance(values.get(section), dict) and field in values[section]:
+            raise ConfigError(f"{old_name}: renamed {new_name} (one name in every method)")
     try:
         return _adapter().validate_python(values)
     except ValidationError as exc:

@@ -49,7 +49,7 @@ except DpsynthError as exc:
 print(json.dumps({"dataset_uri": dataset, "config": config, "run_root": run_root, "tracking_uri": tracking,
                   "pipeline_run_id": run_id, "population_id": population, "method": c.train.method, "epsilon": c.privacy.epsilon,
                   "delta": c.privacy.delta, "steps": c.train.steps, "num_shards": c.partition.num_shards,
-                  "n_d": str(c.train.n_d), "seed": c.train.seed}))
+                  "n_d": None if c.train.n_d is None else str(c.train.n_d), "seed": c.train.seed}))
 PY
 )
 LOG="$AIRFLOW_HOME/$RUN_ID.log"

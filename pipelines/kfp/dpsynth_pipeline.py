@@ -288,7 +288,7 @@ def _documented(pipeline):
 @_documented
 def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = DEFAULT["method"],
                      epsilon: float = DEFAULT["epsilon"], delta: float = DEFAULT["delta"], steps: int = DEFAULT["steps"],
-                     num_shards: int = DEFAULT["num_shards"], n_d: str = str(DEFAULT["n_d"]), seed: int = DEFAULT["seed"],
+                     num_shards: int = DEFAULT["num_shards"], n_d: str = str(DEFAULT["n_d"] or ""), seed: int = DEFAULT["seed"],
                      audit_empirical: str = DEFAULT["audit_empirical"], train_nodes: int = DEFAULT["train_nodes"],
                      train_gpus_per_node: int = DEFAULT["train_gpus_per_node"]):
     _wire(lambda command, **kw: CONTAINER[command](**kw), locals(), cluster=True)
@@ -298,7 +298,7 @@ def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, method:
 @_documented
 def local_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = DEFAULT["method"],
                    epsilon: float = DEFAULT["epsilon"], delta: float = DEFAULT["delta"], steps: int = DEFAULT["steps"],
-                   num_shards: int = DEFAULT["num_shards"], n_d: str = str(DEFAULT["n_d"]), seed: int = DEFAULT["seed"],
+                   num_shards: int = DEFAULT["num_shards"], n_d: str = str(DEFAULT["n_d"] or ""), seed: int = DEFAULT["seed"],
                    audit_empirical: str = DEFAULT["audit_empirical"], extra: list = [],  # noqa: B006 (KFP default)
                    train_nodes: int = DEFAULT["train_nodes"], train_gpus_per_node: int = DEFAULT["train_gpus_per_node"]):
     _wire(lambda command, **kw: local_stage(command=command, extra=extra, **kw), locals(), cluster=False)

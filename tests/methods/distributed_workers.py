@@ -138,7 +138,7 @@ def zhang_tiny(out, *extra):
         f"output.dir={out}", "tracking.enabled=false", "train.method=zhang", "train.d_width=4", "train.g_width=4",
         "train.latent_dim=8", "train.batch_size=32", "train.steps=8", "data.heldout_fraction=0",
         "data.public_fraction=0.1", "data.public_fraction_unprotected=true", "zhang.public_batch_size=16",
-        "zhang.num_groups=3", "zhang.n_critic=2", "output.checkpoint_every=4", "output.sample_every=0",
+        "zhang.num_groups=3", "train.n_d=2", "output.checkpoint_every=4", "output.sample_every=0",
         "output.log_every=0", "privacy.epsilon=50", "privacy.delta=1e-4", *extra])
 
 

@@ -16,7 +16,7 @@ K = 3  # shards of the ``shards`` fixture
 def tiny(tmp_path, *extra, method="gswgan"):
     return load_config(overrides=[
         f"output.dir={tmp_path}", "tracking.enabled=false", f"train.method={method}", f"partition.num_shards={K}",
-        "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=8", "gswgan.batch_size=16", "gswgan.n_dis=2",
+        "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2",
         "gswgan.warmstart_iterations=2", "gswgan.ema_decay=0.9", "train.steps=6", "privacy.epsilon=50",
         "privacy.delta=1e-4", "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0",
         "dpac.c_width=4", "dpac.n_f=2", "dpac.n_r=2", "dpac.start_iteration=2", *extra,

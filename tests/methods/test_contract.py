@@ -46,10 +46,10 @@ TINY = (
     "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=4",
     "train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch_size=32", "train.n_d=2",
     f"partition.num_shards={K}", "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=8",
-    "gswgan.batch_size=16", "gswgan.n_dis=2", "gswgan.warmstart_iterations=2",
+    "gswgan.batch_size=16", "gswgan.warmstart_iterations=2",
     "dpac.c_width=4", "dpac.n_f=2", "dpac.n_r=2", "dpac.start_iteration=2",
     "data.heldout_fraction=0", "data.public_fraction=0.1", "data.public_fraction_unprotected=true",
-    "zhang.public_batch_size=16", "zhang.warm_start_iterations=2", "zhang.num_groups=3", "zhang.n_critic=2",
+    "zhang.public_batch_size=16", "zhang.warm_start_iterations=2", "zhang.num_groups=3",
 )
 
 

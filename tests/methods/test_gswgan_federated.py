@@ -38,11 +38,11 @@ from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
 
-B, N_DIS, IMAGE = 16, 2, 1 * 28 * 28  # tiny(): gswgan.batch_size, gswgan.n_dis; MNIST is 1×28×28
+B, N_DIS, IMAGE = 16, 2, 1 * 28 * 28  # tiny(): gswgan.batch_size, train.n_d (n_dis); MNIST is 1×28×28
 
 
 def test_all_n_dis_rounds_of_releases_are_folded(tmp_path, shards):
-    cfg = tiny(tmp_path, "privacy.noise_multiplier=16.0", "gswgan.n_dis=4")  # B = 16: 64 releases per iteration
+    cfg = tiny(tmp_path, "privacy.noise_multiplier=16.0", "train.n_d=4")  # B = 16: 64 releases per iteration
     result = FederatedGSWGANTrainer(cfg, shards).train()
     (event,) = json.loads(Path(result.trace_path).read_text())["events"]
     assert event["noise_multiplier"] == pytest.approx(16.0 / 8) and event["count"] == 6
@@ -246,7 +246,7 @@ def test_stages_partition_warmstart_train_audit(tmp_path, stage_ledger):
     write_parquet(import_source(str(MNIST)).subset(np.arange(400)), source)
     run = tmp_path / "run"
     overrides = ("train.method=gswgan_federated", "partition.num_shards=2", "gswgan.d_width=4", "gswgan.g_width=4",
-                 "gswgan.latent_dim=8", "gswgan.batch_size=16", "gswgan.n_dis=2", "gswgan.warmstart_iterations=2",
+                 "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.warmstart_iterations=2",
                  "train.steps=4", "privacy.epsilon=50")
     for name in ("partition", "warmstart", "train", "audit"):
         assert stage(name, run, str(source), *overrides) == 0, name

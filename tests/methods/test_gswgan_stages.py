@@ -19,7 +19,7 @@ from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
 
 TINY = ("partition.num_shards=3", "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=8",
-        "gswgan.batch_size=16", "gswgan.n_dis=2", "gswgan.warmstart_iterations=2", "train.steps=6",
+        "gswgan.batch_size=16", "train.n_d=2", "gswgan.warmstart_iterations=2", "train.steps=6",
         "dpac.start_iteration=2", "dpac.n_f=2", "dpac.n_r=2", "dpac.c_width=4")
 
 

@@ -27,7 +27,7 @@ def tiny(tmp_path, *extra):
         f"output.dir={tmp_path}", "tracking.enabled=false", "train.d_width=4", "train.g_width=4",
         "train.latent_dim=8", "train.batch_size=32", "train.steps=8", "data.heldout_fraction=0",
         "data.public_fraction=0.1", "data.public_fraction_unprotected=true", "zhang.public_batch_size=16", "zhang.warm_start_iterations=2",
-        "zhang.num_groups=3", "zhang.n_critic=2", "output.checkpoint_every=4", "output.sample_every=0",
+        "zhang.num_groups=3", "train.n_d=2", "output.checkpoint_every=4", "output.sample_every=0",
         "output.log_every=0", "privacy.epsilon=10", "privacy.delta=1e-4", *extra,
     ])
 
@@ -307,7 +307,7 @@ def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, small_mnist, 
     write_parquet(small_mnist, src)
     run = tmp_path / "run"
     zhang = ("train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
-             "zhang.warm_start_iterations=2", "zhang.num_groups=3", "zhang.n_critic=2", "train.steps=6")
+             "zhang.warm_start_iterations=2", "zhang.num_groups=3", "train.n_d=2", "train.steps=6")
     for name in ("partition", "warmstart", "train", "audit", "sample"):
         assert stage(name, run, str(src), *zhang) == 0, name
     part = manifest(run, "sensitive", "partition")

@@ -155,7 +155,7 @@ def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(a
                 "privacy.epsilon": {"type": "number", "exclusiveMinimum": 0},
                 "privacy.delta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
                 "train.steps": {"type": "integer", "minimum": 1}, "partition.num_shards": {"type": "integer", "minimum": 1},
-                "train.n_d": {"type": "string", "pattern": "^(adaptive|[1-9][0-9]*)$"},
+                "train.n_d": {"type": ["null", "string"], "pattern": "^(adaptive|[1-9][0-9]*)$"},
                 "train.seed": {"type": "integer", "minimum": 0},
                 # nullable: empty keeps the config's setting (the pods read no config file: their default is off)
                 "audit.empirical": {"type": ["null", "string"], "enum": [None, "off", "quick", "full"]}}
@@ -464,8 +464,9 @@ def test_train_dag_end_to_end(airflow_db, tmp_path, ranks):
     assert log.count("running task <TaskInstance: dpsynth_train.warmstart_shard") == 2  # mapped over K=2 shards
     import sqlite3
     db = sqlite3.connect(Path(airflow_db["AIRFLOW_HOME"]) / "airflow.db")
-    labels = db.execute("SELECT rendered_map_index FROM task_instance WHERE task_id = 'warmstart_shard' "
-                        "ORDER BY map_index").fetchall()
+    labels = db.execute("SELECT rendered_map_index FROM task_instance WHERE task_id = 'warmstart_shard' AND run_id = "
+                        "(SELECT run_id FROM dag_run WHERE dag_id = 'dpsynth_train' ORDER BY id DESC LIMIT 1) "
+                        "ORDER BY map_index").fetchall()  # this run's (the module's database holds every param's)
     assert labels == [("shard 0",), ("shard 1",)]  # map_index_template
 
     trained = json.loads((tmp_path / "runs" / "af-e2e" / "sensitive" / "train" / "manifest.json").read_text())

@@ -24,13 +24,13 @@ COMMON = ["sample.num_samples=200", "output.log_every=0", "output.sample_every=0
           "evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=20",
           "evaluate.curve_samples=0"]
 GSWGAN = ["gswgan.warmstart_iterations=2", "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4",
-          "gswgan.latent_dim=4", "gswgan.n_dis=1"]
+          "gswgan.latent_dim=4", "train.n_d=1"]
 TINY = {
     "gswgan": GSWGAN,
     "gswgan_federated": GSWGAN,
     "dpac": [*GSWGAN, "dpac.start_iteration=2", "dpac.n_f=1", "dpac.n_r=1", "dpac.c_width=4"],
     "zhang": ["data.public_source=sklearn:digits", "train.d_width=4", "train.g_width=4", "train.latent_dim=8",
-              "train.batch_size=32", "zhang.n_critic=2", "zhang.warm_start_iterations=2", "zhang.public_batch_size=16",
+              "train.batch_size=32", "train.n_d=2", "zhang.warm_start_iterations=2", "zhang.public_batch_size=16",
               "zhang.num_groups=2"],
 }
 STEPS = {"gswgan": 4, "gswgan_federated": 3, "dpac": 4, "zhang": 6}

@@ -182,7 +182,7 @@ def test_bad_settings_name_the_field():
 
 def zhang(*extra):
     return tiny(0.5, "train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
-                "zhang.num_groups=3", "zhang.n_critic=2", "train.steps=60", *extra)
+                "zhang.num_groups=3", "train.n_d=2", "train.steps=60", *extra)
 
 
 def test_zhang_real_sanitizer_passes_and_without_noise_fails(monkeypatch):
@@ -197,7 +197,7 @@ def test_zhang_real_sanitizer_passes_and_without_noise_fails(monkeypatch):
 # --- GS-WGAN and DPAC: canaries in the sanitized generator gradient ∂ℓ/∂G(z) -------------------------------
 def gswgan_cfg(eps=0.5, *extra, method="gswgan"):
     return tiny(eps, f"train.method={method}", "partition.num_shards=5", "gswgan.batch_size=8", "gswgan.d_width=4",
-                "gswgan.g_width=4", "gswgan.n_dis=1", "train.steps=40", "dpac.c_width=4", "dpac.n_f=1", "dpac.n_r=1",
+                "gswgan.g_width=4", "train.n_d=1", "train.steps=40", "dpac.c_width=4", "dpac.n_f=1", "dpac.n_r=1",
                 "dpac.start_iteration=20", *extra)
 
 

@@ -68,7 +68,7 @@ def test_gswgan_shard_choice_is_not_a_function_of_train_seed(tmp_path, small_mni
     choices = []
     for name in "ab":
         cfg = tiny(tmp_path / name, "partition.num_shards=4", "gswgan.batch_size=8", "gswgan.d_width=4",
-                   "gswgan.g_width=4", "gswgan.latent_dim=4", "gswgan.n_dis=1", "train.method=gswgan",
+                   "gswgan.g_width=4", "gswgan.latent_dim=4", "train.n_d=1", "train.method=gswgan",
                    "privacy.noise_multiplier=4.0")
         t = GSWGANTrainer(cfg, shards)
         loaded = []

@@ -69,7 +69,7 @@ def test_the_command(trained_at_half, source, capsys):
 def test_the_command_audits_gswgan_by_its_own_accountant(source, capsys):
     """GS-WGAN's input-gradient canaries, without a run directory: both attacks, the wor accountant."""
     gswgan = ("train.method=gswgan", "partition.num_shards=5", "gswgan.batch_size=8", "gswgan.d_width=4",
-              "gswgan.g_width=4", "gswgan.n_dis=1", "train.steps=40", "privacy.epsilon=1", "audit.empirical=quick",
+              "gswgan.g_width=4", "train.n_d=1", "train.steps=40", "privacy.epsilon=1", "audit.empirical=quick",
               "audit.quick_steps=20", "audit.canaries=500")
     assert dpsynth("audit", "empirical", "--records", "600", "--image-shape", "28x28x1", "--num-classes", "10",
                    *settings(source, *gswgan)) == 0

@@ -23,7 +23,7 @@ METHOD_SETTINGS = {  # small, fast plans for every registered method
     "zhang": ["train.batch_size=600", "train.steps=200", "zhang.grouping=global", "zhang.adaptive_clipping=false"],
     "gswgan": ["partition.num_shards=100", "train.steps=200", "gswgan.batch_size=8"],
     "dpac": ["partition.num_shards=100", "train.steps=200", "gswgan.batch_size=8"],
-    "gswgan_federated": ["partition.num_shards=100", "train.steps=200", "gswgan.batch_size=8", "gswgan.n_dis=2"],
+    "gswgan_federated": ["partition.num_shards=100", "train.steps=200", "gswgan.batch_size=8", "train.n_d=2"],
 }
 
 

@@ -18,7 +18,7 @@ from tests.stages.helpers import dpsynth, release_files, settings
 EVALUATE = ("evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=20",
             "evaluate.curve_samples=0", "sample.num_samples=200")
 GSWGAN = ("train.method=gswgan", "partition.num_shards=2", "train.steps=4", "gswgan.warmstart_iterations=2",
-          "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=4", "gswgan.n_dis=1")
+          "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=4", "train.n_d=1")
 METHODS = {"dpgan": ("output.log_every=2",), "gswgan": (*GSWGAN, "output.log_every=2")}
 
 

@@ -23,8 +23,8 @@ CONFIGS = sorted(REPO.glob("configs/*-mnist-cpu.yaml"))
 SHORT = (
     "train.steps=10", "train.d_width=4", "train.g_width=4", "train.batch_size=32", "warmup.steps=5",
     "partition.num_shards=3", "gswgan.warmstart_iterations=2", "gswgan.d_width=4", "gswgan.g_width=4",
-    "gswgan.batch_size=16", "gswgan.n_dis=2", "dpac.start_iteration=2", "dpac.n_f=2", "dpac.n_r=2",
-    "dpac.c_width=4", "zhang.warm_start_iterations=2", "zhang.public_batch_size=16", "zhang.n_critic=2",
+    "gswgan.batch_size=16", "train.n_d=2", "dpac.start_iteration=2", "dpac.n_f=2", "dpac.n_r=2",
+    "dpac.c_width=4", "zhang.warm_start_iterations=2", "zhang.public_batch_size=16",
     "output.checkpoint_every=5", "output.sample_every=5", "output.log_every=2",
     "sample.num_samples=200", "evaluate.epochs=1", "evaluate.feature_steps=5",
 )

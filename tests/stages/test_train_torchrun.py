@@ -19,7 +19,7 @@ from tests.methods import distributed_workers as workers
 from tests.stages.helpers import TINY, manifest, settings, stages
 
 ZHANG = ("train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
-         "zhang.warm_start_iterations=2", "zhang.num_groups=3", "zhang.n_critic=2", "train.steps=6")
+         "zhang.warm_start_iterations=2", "zhang.num_groups=3", "train.n_d=2", "train.steps=6")
 
 
 def tree(root: Path) -> dict[str, str]:

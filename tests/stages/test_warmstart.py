@@ -28,7 +28,7 @@ def test_needs_a_partition(tmp_path, source, capsys):
 
 
 GSWGAN = ("train.method=gswgan", "partition.num_shards=2", "gswgan.warmstart_iterations=2", "gswgan.batch_size=8",
-          "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=4", "gswgan.n_dis=1")
+          "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=4", "train.n_d=1")
 
 
 def shard_files(run) -> dict[str, str]:

@@ -22,7 +22,7 @@ from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import PrivacyError
-from dpsynth.methods import distributed, warmup
+from dpsynth.methods import distributed, registry, warmup
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.methods.loop import Trainer
 from dpsynth.models.dcgan import Discriminator, Generator
@@ -112,8 +112,8 @@ class DPGANTrainer(Trainer):
             randomness=self.mechanism, module=self.D_private, trace=self.trace, event=self.plan.event,
         )
         distributed.join(self)  # under torchrun: noise on rank 0, the clipped sums all-reduced
-        self.n_d = (AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta)
-                    if t.n_d == "adaptive" else FixedSteps(t.n_d))
+        n_d = registry.n_d(cfg)  # n_D of Bie et al.
+        self.n_d = AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta) if n_d == "adaptive" else FixedSteps(n_d)
         self.since_g = 0  # discriminator steps since the last generator step
         self.last_fake_acc = float("nan")
         self.last_g_loss = float("nan")

@@ -8,7 +8,7 @@ stage). Each private iteration then
 1. draws k uniformly from the mechanism's secret randomness (seeded from OS entropy, never from
    train.seed; only checkpoints, which stay in the sensitive zone, hold its state;
    :mod:`dpsynth.privacy.randomness`), which also draws the noise,
-2. takes ``n_dis`` non-private WGAN-GP steps of D_k on shard k,
+2. takes n_dis (``train.n_d``) non-private WGAN-GP steps of D_k on shard k,
 3. takes one generator step in which only the per-sample gradient g_i = ∂ℓ_i/∂x_i of the
    generator loss w.r.t. the generated image x_i = G(z_i, y_i) is sanitized:
    g̃_i = clip(g_i, C) + N(0, σ²C² I), and the update is (1/B) Σ_i g̃_i · ∂x_i/∂θ_G. The
@@ -47,7 +47,7 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import warmup
+from dpsynth.methods import registry, warmup
 from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.loop import Trainer
 from dpsynth.models.gswgan import Discriminator, Generator
@@ -198,9 +198,9 @@ def sanitized_generator_step(G, opt_g, per_sample_loss: Callable, *, batch_size:
 
 def critic_steps(D, opt_d, G, images, labels, *, cfg: RunConfig, data_rng: torch.Generator,
                  rng: torch.Generator) -> None:
-    """``n_dis`` non-private WGAN-GP steps of D on one shard's (images, labels)."""
+    """n_dis (``train.n_d``) non-private WGAN-GP steps of D on one shard's (images, labels)."""
     g = cfg.gswgan
-    for _ in range(g.n_dis):
+    for _ in range(registry.n_d(cfg)):
         real_x, real_y = real_batch(images, labels, size=g.batch_size, rng=data_rng)
         with torch.no_grad():
             z = torch.randn(len(real_x), G.latent_dim, device=real_x.device, generator=rng)

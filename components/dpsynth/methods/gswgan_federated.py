@@ -1,7 +1,7 @@
 """GS-WGAN, federated (Chen, Orekondy & Fritz 2020, supplement Algorithm 2).
 
 Clients keep their data and their discriminator D_k; the server holds the generator. Each
-iteration the server picks a client k uniformly and runs ``n_dis`` rounds: it sends B generated
+iteration the server picks a client k uniformly and runs n_dis (``train.n_d``) rounds: it sends B generated
 images G(z_i, y_i) (and their labels), the client takes one WGAN-GP step of D_k on a real batch
 of its own data and those fakes, and returns the B *sanitized* gradients clip(∂ℓ_i/∂x_i, C) +
 N(0, σ²C²) — computed on the client, so the server never sees anything unsanitized. The server
@@ -70,6 +70,7 @@ from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyError
+from dpsynth.methods import registry
 from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.loop import Trainer
 from dpsynth.methods.gswgan import (
@@ -181,7 +182,7 @@ def plan_federated_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> Privac
     """As :func:`plan_privacy`, with n_dis·B releases folded per iteration (sound accounting only)."""
     if cfg.privacy.accounting != "sound":
         raise ConfigError("privacy.accounting: federated GS-WGAN has no published account to reproduce here")
-    releases = cfg.gswgan.n_dis * cfg.gswgan.batch_size
+    releases = registry.n_d(cfg) * cfg.gswgan.batch_size
     plan = plan_privacy(replace(cfg, gswgan=replace(cfg.gswgan, batch_size=releases)), n=n, num_shards=num_shards)
     event = gswgan_event(noise_multiplier=plan.noise_multiplier, batch_size=releases, num_shards=num_shards)
     assert event == plan.event
@@ -210,8 +211,9 @@ def federation_meta(cfg: RunConfig, shards: list[ImageDataset]) -> FederationMet
 def message_bytes(cfg: RunConfig, spec: dict) -> dict:
     """Bytes per generator iteration, from the protocol alone (data-independent: shapes only)."""
     B, image = cfg.gswgan.batch_size, spec["channels"] * spec["image_size"] ** 2
-    to_client = cfg.gswgan.n_dis * (8 + B * image * 4 + B * 8)
-    from_client = cfg.gswgan.n_dis * B * image * 4
+    rounds = registry.n_d(cfg)
+    to_client = rounds * (8 + B * image * 4 + B * 8)
+    from_client = rounds * B * image * 4
     return {"to_clients": to_client, "from_clients": from_client, "total": to_client + from_client}
 
 
@@ -354,12 +356,12 @@ class FederatedServer(GSWGANTrainer):
         self.receipts = Receipts(self.trace, self.plan.event, releases=self.plan.releases)
 
     def iteration(self) -> None:
-        g = self.cfg.gswgan
+        g, rounds = self.cfg.gswgan, registry.n_d(self.cfg)
         k = self.mechanism.choice(self.K)
-        for r in range(g.n_dis):  # every round's answer is a release the server sees
+        for r in range(rounds):  # every round's answer is a release the server sees
             labels = torch.randint(0, self.num_classes, (g.batch_size,), device=self.device, generator=self.rng)
             z = torch.randn(g.batch_size, self.G.latent_dim, device=self.device, generator=self.rng)
-            with torch.set_grad_enabled(r == g.n_dis - 1):  # only the last round's graph is needed
+            with torch.set_grad_enabled(r == rounds - 1):  # only the last round's graph is needed
                 x = self.G(z, labels)
             released = self.receipts.received(self.clients.ask(k, x.detach(), labels))
         self.receipts.end_iteration()  # records the event that folds the n_dis·B releases received
@@ -609,13 +611,13 @@ class FederatedProcesses:
 def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
     """Checks that a federated GS-WGAN trace is the mechanism this config describes (n_dis·B folded)."""
     g, p = cfg.gswgan, cfg.privacy
-    releases = g.n_dis * g.batch_size
+    releases = registry.n_d(cfg) * g.batch_size
     checks = _gswgan_invariants(replace(cfg, gswgan=replace(g, batch_size=releases)), trace, n)
     for c in checks:
         c["name"] = c["name"].replace("gswgan.", "gswgan_federated.", 1)
         if c["name"] == "gswgan_federated.noise_multiplier" and p.noise_multiplier is not None:
             folded = fold_releases(p.noise_multiplier, releases)
-            c["detail"] = (f"every event folds the n_dis·B = {g.n_dis}·{g.batch_size} releases of σ = "
+            c["detail"] = (f"every event folds the n_dis·B = {registry.n_d(cfg)}·{g.batch_size} releases of σ = "
                            f"{p.noise_multiplier}: σ/√{releases} = {folded:.6g}")
     return checks
 

@@ -48,6 +48,8 @@ class Method:
     # The white-box canaries of the empirical audit (dpsynth.privacy.empirical): "gradient" (per-example gradients
     # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's Sanitizer of ∂ℓ/∂G(z)); "" not audited yet.
     empirical_audit: str = ""
+    # train.n_d's default for the method, its paper's: discriminator (critic) steps per generator step
+    n_d: int | Literal["adaptive"] = "adaptive"
 
     @property
     def standalone(self) -> bool:
@@ -86,20 +88,26 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            empirical_audit="gradient"),
     Method("gswgan", "GS-WGAN (Chen et al. 2020): sanitized generator gradients, K warm-started shard critics",
            "dpsynth.methods.gswgan:GSWGANTrainer", "shard", ("gswgan",), "dpsynth.methods.gswgan:audit_invariants",
-           _SHARD_WARM_START, **_GSWGAN_AUDIT, empirical_audit="input_gradient"),
+           _SHARD_WARM_START, **_GSWGAN_AUDIT, empirical_audit="input_gradient", n_d=5),
     Method("dpac", "DP-GAN-DPAC (Chen et al. 2023): GS-WGAN plus a dual-purpose auxiliary classifier",
            "dpsynth.methods.dpac:DPACTrainer", "shard", ("gswgan", "dpac"), "dpsynth.methods.dpac:audit_invariants",
-           _SHARD_WARM_START, **_GSWGAN_AUDIT, empirical_audit="input_gradient"),
+           _SHARD_WARM_START, **_GSWGAN_AUDIT, empirical_audit="input_gradient", n_d=5),
     Method("zhang", "dp-GAN (Zhang et al.): WGAN-GP with a DP critic, parameter grouping, public warm start",
            "dpsynth.methods.zhang:ZhangTrainer", "public", ("zhang",), "dpsynth.methods.zhang:audit_invariants",
            "dpsynth.methods.zhang:warm_start", plan="dpsynth.methods.zhang:audit_plan",
-           statement="dpsynth.methods.zhang:privacy_statement", empirical_audit="gradient"),
+           statement="dpsynth.methods.zhang:privacy_statement", empirical_audit="gradient", n_d=4),
     Method("gswgan_federated", "federated GS-WGAN: server and K client processes over gloo",
            "dpsynth.methods.gswgan_federated:FederatedProcesses", "shard", ("gswgan",),
            "dpsynth.methods.gswgan_federated:audit_invariants", _SHARD_WARM_START,
            plan="dpsynth.methods.gswgan_federated:audit_plan",
-           statement="dpsynth.methods.gswgan_federated:privacy_statement"),
+           statement="dpsynth.methods.gswgan_federated:privacy_statement", n_d=5),
 )}
+
+
+def n_d(cfg) -> int | str:
+    """Discriminator (critic) steps per generator step of ``cfg``'s run: ``train.n_d``, else its method's default
+    (DPGAN: "adaptive"; GS-WGAN and DPAC: n_dis = 5; dp-GAN: n_critic = 4)."""
+    return cfg.train.n_d if cfg.train.n_d is not None else get(cfg.train.method).n_d
 
 
 def empirical_audit_methods() -> tuple[str, ...]:

@@ -22,7 +22,7 @@ only through D, so releasing it is post-processing.
   as Alg. 3 line 12 reads), and divided by the expected batch size B.
 * Groups and bounds (§4.1–4.2, :mod:`dpsynth.privacy.grouping`): from a public batch every
   ``zhang.update_every`` critic steps (adaptive), or fixed at ``privacy.max_grad_norm``.
-* Generator step (line 20): after ``zhang.n_critic`` critic steps, one non-private step on
+* Generator step (line 20): after n_critic (``train.n_d``) critic steps, one non-private step on
   −D(G(z)). (The authors' released DP loop never updates G; this one does.)
 
 Accounting: the k group releases of one step share one sample, so they fold into one Poisson
@@ -48,7 +48,7 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.data.public import declared as public_declared, describe as public_source_statement, unprotected_statement
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
-from dpsynth.methods import distributed, warmup
+from dpsynth.methods import distributed, registry, warmup
 from dpsynth.methods.core import resolve_device
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.loop import Trainer
@@ -195,7 +195,7 @@ def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
     opt_g = torch.optim.Adam(G.parameters(), lr=z.lr, betas=betas)
     m = min(t.batch_size, len(public))
     for _ in range(z.warm_start_iterations):
-        for _ in range(z.n_critic):
+        for _ in range(registry.n_d(cfg)):
             idx = torch.randperm(len(public), device=device, generator=rng)[:m]
             real, y = images[idx], labels[idx]
             with torch.no_grad():
@@ -213,7 +213,7 @@ def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
     buf = io.BytesIO()
     torch.save(state, buf)
     storage.write_bytes(out_path, buf.getvalue())
-    return {"iterations": z.warm_start_iterations, "public_records": len(public), "critic_steps_per_iteration": z.n_critic,
+    return {"iterations": z.warm_start_iterations, "public_records": len(public), "critic_steps_per_iteration": registry.n_d(cfg),
             "seconds": time.monotonic() - started}
 
 
@@ -365,7 +365,7 @@ class ZhangTrainer(Trainer):
 
     def train_step(self) -> None:
         self.critic_step()
-        if self.since_g >= self.cfg.zhang.n_critic:
+        if self.since_g >= registry.n_d(self.cfg):
             self.generator_step()
 
     # --- one critic step (Alg. 3 lines 7–17) ---------------------------------------------------

@@ -41,7 +41,7 @@ MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     "fan_in_seconds": _TIME, "shard_seconds_total": _TIME, "shard_seconds_max": _TIME,
     "public_records": "the public records' count (public data)",
     "iterations": "zhang.warm_start_iterations (configuration)",
-    "critic_steps_per_iteration": "zhang.n_critic (configuration)",
+    "critic_steps_per_iteration": "train.n_d, dp-GAN's n_critic (configuration)",
     "seconds": "wall-clock of the warm start on public data",
 })
 # What runs comes from the method registry (dpsynth.methods.registry): Method.warm_start is the kind,

@@ -39,7 +39,7 @@ def setting(name: str) -> dict:
 
 def field_schema(name: str) -> dict:
     """The form field's JSON Schema keywords for a setting. A nullable setting is ``type: [null, T]``; a setting
-    that is an integer or a word (``train.n_d``: 5 or "adaptive") is a text field with a pattern."""
+    that is an integer or a word (``train.n_d``: 5 or "adaptive", or null) is a text field with a pattern."""
     options = setting(name).get("anyOf", [setting(name)])
     values = [o for o in options if o.get("type") != "null"]
     if len(values) == 1:
@@ -51,7 +51,8 @@ def field_schema(name: str) -> dict:
     numbers = [o for o in values if o.get("type") == "integer"]
     if len(numbers) == 1 and len(words) == len(values) - 1 and numbers[0].get("minimum", 0) in (0, 1):
         digits = "[1-9][0-9]*" if numbers[0].get("minimum") == 1 else "[0-9]+"
-        return {"type": "string", "pattern": f"^({'|'.join(map(re.escape, words))}|{digits})$"}
+        text = {"type": "string", "pattern": f"^({'|'.join(map(re.escape, words))}|{digits})$"}
+        return {**text, "type": ["null", "string"]} if len(values) < len(options) else text
     raise ValueError(f"{name}: no form field for the schema {setting(name)}")
 
 
@@ -59,7 +60,9 @@ def default(name: str):
     """The platform's value of a setting, else the schema's default."""
     section, field = name.split(".")
     value = platform().get(section, {}).get(field, setting(name).get("default"))
-    return str(value) if value is not None and field_schema(name)["type"] == "string" else value
+    kind = field_schema(name)["type"]
+    text = "string" in kind if isinstance(kind, list) else kind == "string"
+    return str(value) if value is not None and text else value
 
 
 def param(name: str, value=None, **keywords):

@@ -79,7 +79,7 @@ def overrides(params: dict) -> list[str]:
     sets = [f"data.uri={params['dataset_uri']}", f"train.method={params['method']}",
             f"privacy.epsilon={params['epsilon']}", f"privacy.delta={params['delta']}",
             f"train.steps={params['steps']}", f"partition.num_shards={params['num_shards']}",
-            f"train.n_d={params['n_d']}", f"train.seed={params['seed']}"]
+            f"train.n_d={params.get('n_d') or ''}", f"train.seed={params['seed']}"]  # n_d empty: the method's
     if params.get("population_id"):  # else the config's (required: `dpsynth pipeline start` refuses a run without)
         sets.append(f"ledger.population_id={params['population_id']}")
     if audit := params.get("audit_empirical"):  # else the config's
