@@ -89,16 +89,27 @@ def ghost_norms(model, inputs):
     wrapped = ghost.GhostClipping(model)
     losses = per_example_loss(wrapped(*inputs))
     n = wrapped._output_grads(losses, keep_graph=False)
-    norms = wrapped.per_example_sq_norms(n)
+    norms, _ = wrapped._norms(n)
     wrapped.clear()
     return norms
 
 
-@pytest.mark.parametrize("rule", ["cost_model", "always_ghost", "always_instantiate"])
+RULES = ["cost_model", "always_ghost", "always_instantiate", "always_keep"]
+
+
+def force(rule, monkeypatch):
+    """Every branch of the per-layer choice (ghost norm; instantiated, dropped or kept), in chunks of 2 examples."""
+    if rule == "cost_model":
+        return
+    monkeypatch.setattr(ghost, "use_ghost_norm", lambda T, p, d: rule == "always_ghost")
+    monkeypatch.setattr(ghost, "keep_instantiated", lambda n, p, d, stored: rule == "always_keep")
+    monkeypatch.setattr(ghost, "chunk_size", lambda n, per_example: 2)
+
+
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("case", list(cases()))
 def test_per_example_norms_match_brute_force(case, rule, monkeypatch):
-    if rule != "cost_model":
-        monkeypatch.setattr(ghost, "use_ghost_norm", lambda T, p, d: rule == "always_ghost")
+    force(rule, monkeypatch)
     torch.manual_seed(1)
     model, inputs = cases()[case]
     model = model.double()
@@ -111,9 +122,11 @@ def test_per_example_norms_match_brute_force(case, rule, monkeypatch):
         torch.testing.assert_close(norms[id(p)], want, rtol=RTOL, atol=1e-12)
 
 
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("mode,grouped", [("ghost", False), ("ghost", True), ("ghost_two_pass", False)])
 @pytest.mark.parametrize("case", ["images", "dcgan_d", "tokens"])
-def test_clipped_sum_matches_brute_force_with_chunks(case, mode, grouped):
+def test_clipped_sum_matches_brute_force_with_chunks(case, mode, grouped, rule, monkeypatch):
+    force(rule, monkeypatch)
     torch.manual_seed(2)
     model, inputs = cases()[case]
     model = model.double()
@@ -216,12 +229,11 @@ class MLPCritic(nn.Module):
         return self.fc2(torch.tanh(self.fc1(x.flatten(1) + self.emb(y)))).view(-1)
 
 
-@pytest.mark.parametrize("rule", ["cost_model", "always_ghost", "always_instantiate"])
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("critic", ["dcgan_d", "mlp"])
 def test_gradient_penalty_units_match_brute_force(critic, rule, monkeypatch):
     """Second order: each unit's gradient includes the penalty's path through ∇_x D; clipped per group."""
-    if rule != "cost_model":
-        monkeypatch.setattr(ghost, "use_ghost_norm", lambda T, p, d: rule == "always_ghost")
+    force(rule, monkeypatch)
     torch.manual_seed(4)
     if critic == "dcgan_d":
         D, shape = dcgan.Discriminator(num_classes=3, width=4).double(), (5, 1, 28, 28)
