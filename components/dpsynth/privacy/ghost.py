@@ -9,9 +9,9 @@ example's inputs A (T × p; a convolution's unfolded patches) and output gradien
 
 which costs ~T²(p + d) per example against ~T·p·d for instantiating ∇W and taking its norm.
 Mixed ghost clipping (Bu et al. 2022, "Scalable and efficient training of large convolutional
-neural networks with differential privacy") picks the cheaper of the two per layer, as
-:func:`_weight_sq_norms` does. Biases and the affine weights of GroupNorm/LayerNorm are small:
-their per-example gradients are instantiated.
+neural networks with differential privacy") picks the cheaper of the two per layer
+(:func:`use_ghost_norm`). Biases and the affine weights of GroupNorm/LayerNorm are small: their
+per-example gradients are instantiated.
 
 Given the per-example norms (per parameter tensor, so that dp-GAN's groups can be clipped group
 by group), the clipped sum Σ_i c_i ∇ℓ_i is obtained in one of two ways:
@@ -20,9 +20,21 @@ by group), the clipped sum Σ_i c_i ∇ℓ_i is obtained in one of two ways:
   small cost"): one backward pass yields only the output gradients G of every layer (autograd
   is asked for them alone, so it skips the weight gradients); the weight gradient of each
   layer is then formed once from A and the rescaled c_i·G_i, with the layer's own backward
-  kernel (``aten.convolution_backward`` for convolutions, one matmul for linear layers);
+  kernel (``aten.convolution_backward`` for convolutions, one matmul for linear layers) — or,
+  where the per-example gradients were instantiated for the norms and kept
+  (:func:`keep_instantiated`: when they take no more memory than the layer's stored inputs and
+  output gradients, e.g. a first convolution with few input channels, a last one with one
+  output), as Σ_i c_i ∇W_i, one matrix-vector product, with no weight-gradient pass at all;
 * ``two_pass``: the same first pass for the norms, then an ordinary backward of Σ_i c_i ℓ_i
   (one group only: a second pass per group would be needed otherwise).
+
+Memory: the engine holds each call's input and, after the backward pass, its output gradient;
+not its output (autograd is asked for the gradient at the output's edge, so the graph frees the
+output as usual). A layer's norm work runs over chunks of examples (:func:`chunk_size`), so that
+a convolution's patches (A, k² times its input) are never built for the whole batch; they are
+copied from a channels-last view of the padded input (:func:`_patches`). A call whose output
+gradient is zero (the forward calls that a gradient penalty reaches only through LeakyReLU's
+derivative) is dropped.
 
 Supported layers: ``nn.Linear``, ``nn.Conv2d``, ``nn.ConvTranspose2d`` (zero padding, groups = 1),
 ``nn.Embedding``, ``nn.GroupNorm``, ``nn.LayerNorm``. Any other module that owns a trainable
