@@ -137,7 +137,8 @@ class GhostClipping(nn.Module):
     ``clipped_sums(losses, groups, bounds)`` then returns, per group and parameter, the sum over
     examples of each example's gradient clipped group by group to the group's bound (the factor
     ``min(1, c / (‖g‖ + 1e-6))`` of :class:`~dpsynth.privacy.dpsgd.GradientSanitizer`).
-    ``losses`` are the per-example losses (batch,) of that forward pass.
+    ``losses`` are the per-example losses (batch,) of that forward pass. The sums are new tensors, one per
+    parameter, that the caller may modify in place.
     """
 
     def __init__(self, module: nn.Module, *, strategy: str = "bookkeeping", second_order: bool = False):
@@ -214,7 +215,12 @@ class GhostClipping(nn.Module):
             if self.strategy == "two_pass":
                 params = list(groups[0])
                 grads = torch.autograd.grad((losses * factors[0].detach()).sum(), params, allow_unused=True)
-                return [[torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]]
+                out, seen = [], set()
+                for p, g in zip(params, grads):
+                    g = torch.zeros_like(p) if g is None else g.clone() if g.data_ptr() in seen else g
+                    seen.add(g.data_ptr())  # autograd may hand two parameters one tensor (x + p1 + p2)
+                    out.append(g)
+                return [out]
             weighted = self._weighted_grads(factors, groups, kept)
             return [[weighted.get(id(p), torch.zeros_like(p)) for p in group] for group in groups]
         finally:
