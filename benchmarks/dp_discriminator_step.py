@@ -198,6 +198,57 @@ REFERENCE = {name: "zhang critic + GP, non-private" for name in VARIANTS if name
 DEFAULT_REF = "non-private (autograd + Adam)"
 
 
+def add_baseline(rev: str) -> None:
+    """Add the ghost variants with ``dpsynth/privacy/ghost.py`` as it was at git revision ``rev`` (before/after in
+    one process). That engine's sums go to the sanitizer's running sums directly (its class is not the one
+    ``GradientSanitizer.accumulate`` recognises); noise, division and Adam are as in the other variants."""
+    import importlib.util
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    text = subprocess.run(["git", "show", f"{rev}:components/dpsynth/privacy/ghost.py"], cwd=root, check=True,
+                          capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "ghost_at_rev.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("ghost_at_rev", path)
+    engine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine)
+
+    def dpgan(D, x, y, r):
+        model = engine.GhostClipping(D)
+        opt = torch.optim.Adam(D.parameters(), lr=LR, betas=BETAS)
+        sanitizer = GradientSanitizer(list(D.parameters()), max_grad_norm=C, noise_multiplier=SIGMA,
+                                      expected_batch_size=len(x))
+
+        def step():
+            sanitizer._sums = model.clipped_sums(ns_loss(model(x, y), r), sanitizer.groups, sanitizer.bounds)
+            sanitizer.finalize()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    def zhang(D, x, y, r):
+        opt = torch.optim.Adam(D.parameters(), lr=LR, betas=BETAS)
+        real, fake, yy, rho = zhang_units(x, y, r)
+        params = dict(D.named_parameters())
+        groups = grouping.fixed_groups(list(params), strategy="per_layer")
+        model = engine.GhostClipping(D, second_order=True)
+        sanitizer = GradientSanitizer([[params[n] for n in g] for g in groups], max_grad_norm=[C] * len(groups),
+                                      noise_multiplier=SIGMA, expected_batch_size=len(real))
+
+        def step():
+            losses = unit_losses(model, real, fake, yy, rho, gp_weight=10.0)
+            sanitizer._sums = model.clipped_sums(losses, sanitizer.groups, sanitizer.bounds)
+            sanitizer.finalize()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    VARIANTS[f"dpsynth GradientSanitizer, ghost @{rev}"] = dpgan
+    VARIANTS[f"zhang critic + GP, per-layer groups, ghost @{rev}"] = zhang
+    REFERENCE[f"zhang critic + GP, per-layer groups, ghost @{rev}"] = "zhang critic + GP, non-private"
+
+
 def ratio_stats(samples: list[float], reference: list[float]) -> tuple[float, tuple[float, float]]:
     """Median and quartiles of the per-round ratios samples[i] / reference[i]."""
     ratios = [s / r for s, r in zip(samples, reference)]
@@ -254,7 +305,7 @@ def memory(names, args) -> dict:
     out = {}
     for name in names:
         cmd = [sys.executable, __file__, "--memory-child", name, "--batch-size", str(args.batch_size),
-               "--width", str(args.width), "--threads", str(args.threads)]
+               "--width", str(args.width), "--threads", str(args.threads)] + (["--baseline", args.baseline] if args.baseline else [])
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             out[name] = json.loads(res.stdout.strip().splitlines()[-1])
@@ -275,11 +326,15 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true",
                     help="also measure each variant's allocation peak and peak RSS in its own process")
     ap.add_argument("--profile", action="store_true", help="print each variant's top operators (one step)")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also run the ghost variants with privacy/ghost.py from this git revision (before/after)")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    if args.baseline:
+        add_baseline(args.baseline)
     if args.memory_child:
         warnings.filterwarnings("ignore")
         return memory_child(args.memory_child, args)
@@ -344,11 +399,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, opacus {opacus.__version__}, {torch.get_num_threads()} threads, "
           f"{args.repeats} timed rounds after {args.warmup} warm-up; load average before {load[0]:.1f}, "
           f"after {os.getloadavg()[0]:.1f}")
-    print(f"{'variant':<50}{'wall s':>8}{'x ref (quartiles)':>20}{'cpu s':>8}{'x ref (quartiles)':>20}"
+    print(f"{'variant':<56}{'wall s':>8}{'x ref (quartiles)':>20}{'cpu s':>8}{'x ref (quartiles)':>20}"
           + (f"{'alloc MB':>10}{'x ref':>7}{'RSS MB':>8}{'x ref':>7}" if mem else ""))
     for row in rows:
         if "error" in row:
-            print(f"{row['variant']:<50}{'FAILED':>8}   {row['error'][:200]}")
+            print(f"{row['variant']:<56}{'FAILED':>8}   {row['error'][:200]}")
             continue
 
         def fmt(key):
@@ -362,7 +417,7 @@ def main() -> None:
             extra = (f"{m['alloc_peak_kb'] / 1024:>10.1f}{row.get('alloc_peak_ratio', float('nan')):>7.2f}"
                      f"{m['peak_kb'] / 1024:>8.0f}{row.get('rss_peak_ratio', float('nan')):>7.2f}" if "peak_kb" in m
                      else f"{'n/a':>10}")
-        print(f"{row['variant']:<50}{row['median_s']:>8.3f}{fmt('ratio')}{row['median_cpu_s']:>8.3f}{fmt('cpu_ratio')}{extra}")
+        print(f"{row['variant']:<56}{row['median_s']:>8.3f}{fmt('ratio')}{row['median_cpu_s']:>8.3f}{fmt('cpu_ratio')}{extra}")
     print("ratios: median over rounds of (variant / reference in the same round), quartiles in brackets; reference: "
           "the zhang non-private critic step (WGAN-GP) for the zhang rows, else the DPGAN non-private step; "
           "alloc: the step's own allocation peak (torch.profiler), RSS: the process's peak RSS (fresh process each)")
