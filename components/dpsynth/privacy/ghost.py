@@ -32,9 +32,9 @@ Memory: the engine holds each call's input and, after the backward pass, its out
 not its output (autograd is asked for the gradient at the output's edge, so the graph frees the
 output as usual). A layer's norm work runs over chunks of examples (:func:`chunk_size`), so that
 a convolution's patches (A, k² times its input) are never built for the whole batch; they are
-copied from a channels-last view of the padded input (:func:`_patches`). A call whose output
-gradient is zero (the forward calls that a gradient penalty reaches only through LeakyReLU's
-derivative) is dropped.
+copied from a channels-last view of the padded input (:func:`_patches`). In second-order mode a
+call whose output gradient is zero (the forward calls that a gradient penalty reaches only through
+LeakyReLU's derivative) is dropped.
 
 Supported layers: ``nn.Linear``, ``nn.Conv2d``, ``nn.ConvTranspose2d`` (zero padding, groups = 1),
 ``nn.Embedding``, ``nn.GroupNorm``, ``nn.LayerNorm``. Any other module that owns a trainable
@@ -229,7 +229,8 @@ class GhostClipping(nn.Module):
     def _output_grads(self, losses: torch.Tensor, *, keep_graph: bool) -> int:
         """One backward pass for the output gradient of every recorded layer call (no weight gradients).
 
-        A call that the losses do not reach, or whose output gradient is zero, contributes nothing and is dropped."""
+        A call that the losses do not reach contributes nothing and is dropped; in second-order mode, so is one
+        whose output gradient is zero."""
         if losses.dim() != 1:
             raise ValueError(f"losses: need one loss per example, shape (batch,), got {tuple(losses.shape)}")
         n = losses.shape[0]
@@ -242,10 +243,12 @@ class GhostClipping(nn.Module):
             for r, g in zip(self._records, grads):
                 r.grad, r.edge = g, None
             records = [r for r in self._records if r.grad is not None]
-            # autograd also returns exact zeros: e.g. a gradient penalty reaches the forward calls that compute
-            # ∇_x D only through LeakyReLU's derivative, whose own derivative is zero; such a call adds nothing
-            live = torch.stack([r.grad.any() for r in records]).tolist() if records else []
-            self._records = [r for r, keep in zip(records, live) if keep]
+            if self.second_order and records:
+                # a gradient penalty reaches the forward calls that compute ∇_x D only through the activations'
+                # derivatives: exact zeros for piecewise-linear ones (LeakyReLU); such a call adds nothing
+                live = torch.stack([r.grad.any() for r in records]).tolist()
+                records = [r for r, keep in zip(records, live) if keep]
+            self._records = records
         return n
 
     def _by_layer(self) -> dict[nn.Module, list[_Record]]:
