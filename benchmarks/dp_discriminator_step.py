@@ -6,16 +6,22 @@ added, divided by 2B, one Adam step. The same input batch is reused for every st
 every variant, so only the step itself is timed (no data sampling, no generator step).
 
 Variants are timed round-robin (one step each per round, the starting variant rotated
-every round) in one process, so background load hits all of them alike. Reported: the
-median seconds per step, and the median over rounds of (variant time / non-private time
-in the same round).
+every round) in one process, so background load hits all of them alike. Each step's wall time
+(``time.perf_counter``) and the process's CPU time (``time.process_time``, all threads: less
+disturbed by other processes taking the cores) are recorded. Reported: the median seconds per
+step, and the median over rounds of (variant time / reference time in the same round), with the
+quartiles of those per-round ratios as their spread.
 
     python benchmarks/dp_discriminator_step.py [--batch-size 128] [--width 128] [--threads 2]
-        [--repeats 5] [--warmup 2] [--only SUBSTRING ...] [--memory] [--json PATH]
+        [--repeats 5] [--warmup 2] [--only SUBSTRING ...] [--memory] [--profile] [--json PATH]
 
-``--memory`` also runs each variant alone in a fresh process: after one step it resets the RSS
-high-water mark, takes three more steps and reports their peak RSS and its growth over the RSS
-before them (what the steps themselves allocate).
+``--memory`` also runs each variant alone in a fresh process: after one step (first-call
+allocations, optimizer state) it measures (1) the step's own allocation peak: the running sum of
+torch's CPU allocations and frees during one step, recorded by ``torch.profiler`` with
+``profile_memory=True`` (the tensors the step creates, temporaries included; not the model, the
+batch or the optimizer state that exist before it); (2) the process's peak RSS over three more
+steps after resetting the high-water mark (``/proc/self/clear_refs``), and its growth over the
+RSS before them. ``--profile`` prints each variant's top operators (torch.profiler, one step).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import argparse
 import copy
 import gzip
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -191,32 +198,114 @@ REFERENCE = {name: "zhang critic + GP, non-private" for name in VARIANTS if name
 DEFAULT_REF = "non-private (autograd + Adam)"
 
 
+def add_baseline(rev: str) -> None:
+    """Add the ghost variants with ``dpsynth/privacy/ghost.py`` as it was at git revision ``rev`` (before/after in
+    one process). That engine's sums go to the sanitizer's running sums directly (its class is not the one
+    ``GradientSanitizer.accumulate`` recognises); noise, division and Adam are as in the other variants."""
+    import importlib.util
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    text = subprocess.run(["git", "show", f"{rev}:components/dpsynth/privacy/ghost.py"], cwd=root, check=True,
+                          capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "ghost_at_rev.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("ghost_at_rev", path)
+    engine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine)
+
+    def dpgan(D, x, y, r):
+        model = engine.GhostClipping(D)
+        opt = torch.optim.Adam(D.parameters(), lr=LR, betas=BETAS)
+        sanitizer = GradientSanitizer(list(D.parameters()), max_grad_norm=C, noise_multiplier=SIGMA,
+                                      expected_batch_size=len(x))
+
+        def step():
+            sanitizer._sums = model.clipped_sums(ns_loss(model(x, y), r), sanitizer.groups, sanitizer.bounds)
+            sanitizer.finalize()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    def zhang(D, x, y, r):
+        opt = torch.optim.Adam(D.parameters(), lr=LR, betas=BETAS)
+        real, fake, yy, rho = zhang_units(x, y, r)
+        params = dict(D.named_parameters())
+        groups = grouping.fixed_groups(list(params), strategy="per_layer")
+        model = engine.GhostClipping(D, second_order=True)
+        sanitizer = GradientSanitizer([[params[n] for n in g] for g in groups], max_grad_norm=[C] * len(groups),
+                                      noise_multiplier=SIGMA, expected_batch_size=len(real))
+
+        def step():
+            losses = unit_losses(model, real, fake, yy, rho, gp_weight=10.0)
+            sanitizer._sums = model.clipped_sums(losses, sanitizer.groups, sanitizer.bounds)
+            sanitizer.finalize()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    VARIANTS[f"dpsynth GradientSanitizer, ghost @{rev}"] = dpgan
+    VARIANTS[f"zhang critic + GP, per-layer groups, ghost @{rev}"] = zhang
+    REFERENCE[f"zhang critic + GP, per-layer groups, ghost @{rev}"] = "zhang critic + GP, non-private"
+
+
+def ratio_stats(samples: list[float], reference: list[float]) -> tuple[float, tuple[float, float]]:
+    """Median and quartiles of the per-round ratios samples[i] / reference[i]."""
+    ratios = [s / r for s, r in zip(samples, reference)]
+    if len(ratios) < 2:
+        return ratios[0], (ratios[0], ratios[0])
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return statistics.median(ratios), (q1, q3)
+
+
 def _status_kb(field: str) -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
+def allocation_peak(step) -> int:
+    """Bytes: the peak of (torch CPU allocations − frees) during one call of ``step``, from the profiler's
+    memory events in time order (allocations made before the call and freed in it count as negative)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    current = peak = 0
+    for _, nbytes in events:
+        current += nbytes
+        peak = max(peak, current)
+    return peak
+
+
 def memory_child(name: str, args) -> None:
-    """Build one variant, take one step (first-call allocations), reset the RSS high-water mark
-    (``/proc/self/clear_refs``), take 3 more; print JSON: RSS before them and their peak RSS."""
+    """Build one variant, take one step (first-call allocations), measure the allocation peak of the next
+    step, then reset the RSS high-water mark (``/proc/self/clear_refs``) and take 3 more; print JSON."""
     gen = torch.Generator().manual_seed(0)
     x, y, r, _ = make_batch(args.batch_size, gen)
     torch.manual_seed(0)
     step = VARIANTS[name](Discriminator(num_classes=10, channels=1, image_size=28, width=args.width), x, y, r)
     step()
+    alloc = allocation_peak(step)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = _status_kb("VmRSS")
     for _ in range(3):
         step()
-    print(json.dumps({"before_kb": before, "peak_kb": _status_kb("VmHWM")}))
+    print(json.dumps({"alloc_peak_kb": alloc // 1024, "before_kb": before, "peak_kb": _status_kb("VmHWM")}))
+
+
+def profile_variant(name: str, step) -> None:
+    """Print the step's top operators by self CPU time (one step, torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    print(f"--- {name}")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50))
 
 
 def memory(names, args) -> dict:
     out = {}
     for name in names:
         cmd = [sys.executable, __file__, "--memory-child", name, "--batch-size", str(args.batch_size),
-               "--width", str(args.width), "--threads", str(args.threads)]
+               "--width", str(args.width), "--threads", str(args.threads)] + (["--baseline", args.baseline] if args.baseline else [])
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             out[name] = json.loads(res.stdout.strip().splitlines()[-1])
@@ -234,19 +323,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--only", nargs="+", metavar="SUBSTRING",
                     help="run only the variants whose names contain one of these (the references always run)")
-    ap.add_argument("--memory", action="store_true", help="also measure each variant's peak RSS in its own process")
+    ap.add_argument("--memory", action="store_true",
+                    help="also measure each variant's allocation peak and peak RSS in its own process")
+    ap.add_argument("--profile", action="store_true", help="print each variant's top operators (one step)")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also run the ghost variants with privacy/ghost.py from this git revision (before/after)")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    if args.baseline:
+        add_baseline(args.baseline)
     if args.memory_child:
         warnings.filterwarnings("ignore")
         return memory_child(args.memory_child, args)
     chosen = [n for n in VARIANTS if not args.only or n in REFERENCE.values() or n == DEFAULT_REF
               or any(s in n for s in args.only)]
     warnings.filterwarnings("ignore")  # Opacus warns about secure RNG, full backward hooks, ...
-    started = time.perf_counter()
+    started, load = time.perf_counter(), os.getloadavg()
     gen = torch.Generator().manual_seed(0)
     x, y, r, source = make_batch(args.batch_size, gen)
     torch.manual_seed(0)
@@ -260,48 +355,72 @@ def main() -> None:
         except Exception as e:  # a variant that cannot run with this model is reported, not fatal
             errors[name] = f"{type(e).__name__}: {e}"
     times = {name: [] for name in steps}
+    cpu = {name: [] for name in steps}
     for rnd in range(args.warmup + args.repeats):
         names = list(steps)
         for name in names[rnd % len(names):] + names[:rnd % len(names)]:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             try:
                 steps[name]()
             except Exception as e:
                 errors[name] = f"{type(e).__name__}: {e}"
-                del steps[name], times[name]
+                del steps[name], times[name], cpu[name]
                 continue
             if rnd >= args.warmup:
                 times[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
+    if args.profile:
+        for name, step in steps.items():
+            profile_variant(name, step)
 
     mem = memory(chosen, args) if args.memory else {}
     rows = []
     for name in chosen:
-        ref = times.get(REFERENCE.get(name, DEFAULT_REF))
+        ref_name = REFERENCE.get(name, DEFAULT_REF)
         if name in times:
-            ratio = statistics.median(t / t_ref for t, t_ref in zip(times[name], ref)) if ref else None
-            rows.append({"variant": name, "median_s": statistics.median(times[name]), "ratio": ratio,
-                         "times_s": times[name]})
+            row = {"variant": name, "reference": ref_name, "median_s": statistics.median(times[name]),
+                   "median_cpu_s": statistics.median(cpu[name]), "times_s": times[name], "cpu_s": cpu[name]}
+            for key, samples in (("ratio", times), ("cpu_ratio", cpu)):
+                if ref_name in samples:
+                    row[key], row[key + "_quartiles"] = ratio_stats(samples[name], samples[ref_name])
+            rows.append(row)
         else:
             rows.append({"variant": name, "error": errors[name]})
         if name in mem:
             rows[-1]["memory"] = mem[name]
+            ref_mem = mem.get(ref_name, {})
+            if "peak_kb" in mem[name] and "peak_kb" in ref_mem:
+                rows[-1]["alloc_peak_ratio"] = mem[name]["alloc_peak_kb"] / ref_mem["alloc_peak_kb"]
+                rows[-1]["rss_peak_ratio"] = mem[name]["peak_kb"] / ref_mem["peak_kb"]
     wall = time.perf_counter() - started
 
     print(f"D: width {args.width}, {count_parameters(D0):,} params; batch {args.batch_size} real + "
           f"{args.batch_size} fake, 28x28; input: {source}")
     print(f"torch {torch.__version__}, opacus {opacus.__version__}, {torch.get_num_threads()} threads, "
-          f"{args.repeats} timed rounds after {args.warmup} warm-up")
-    print(f"{'variant':<44}{'median s/step':>14}{'x non-private':>15}" + (f"{'peak RSS MB':>13}{'step +MB':>10}" if mem else ""))
+          f"{args.repeats} timed rounds after {args.warmup} warm-up; load average before {load[0]:.1f}, "
+          f"after {os.getloadavg()[0]:.1f}")
+    print(f"{'variant':<56}{'wall s':>8}{'x ref (quartiles)':>20}{'cpu s':>8}{'x ref (quartiles)':>20}"
+          + (f"{'alloc MB':>10}{'x ref':>7}{'RSS MB':>8}{'x ref':>7}" if mem else ""))
     for row in rows:
         if "error" in row:
-            print(f"{row['variant']:<44}{'FAILED':>14}   {row['error'][:200]}")
+            print(f"{row['variant']:<56}{'FAILED':>8}   {row['error'][:200]}")
             continue
-        ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "n/a"
+
+        def fmt(key):
+            if key not in row:
+                return f"{'n/a':>20}"
+            q1, q3 = row[key + "_quartiles"]
+            return f"{row[key]:>8.2f} ({q1:.2f}-{q3:.2f})"
         m = row.get("memory", {})
-        extra = (f"{m['peak_kb'] / 1024:>13.0f}{(m['peak_kb'] - m['before_kb']) / 1024:>10.0f}" if "peak_kb" in m
-                 else f"{'n/a':>13}" if mem else "")
-        print(f"{row['variant']:<44}{row['median_s']:>14.3f}{ratio:>15}{extra}")
-    print("zhang rows: ratio to the zhang non-private critic step (WGAN-GP); others: to the DPGAN non-private step")
+        extra = ""
+        if mem:
+            extra = (f"{m['alloc_peak_kb'] / 1024:>10.1f}{row.get('alloc_peak_ratio', float('nan')):>7.2f}"
+                     f"{m['peak_kb'] / 1024:>8.0f}{row.get('rss_peak_ratio', float('nan')):>7.2f}" if "peak_kb" in m
+                     else f"{'n/a':>10}")
+        print(f"{row['variant']:<56}{row['median_s']:>8.3f}{fmt('ratio')}{row['median_cpu_s']:>8.3f}{fmt('cpu_ratio')}{extra}")
+    print("ratios: median over rounds of (variant / reference in the same round), quartiles in brackets; reference: "
+          "the zhang non-private critic step (WGAN-GP) for the zhang rows, else the DPGAN non-private step; "
+          "alloc: the step's own allocation peak (torch.profiler), RSS: the process's peak RSS (fresh process each)")
     print(f"wall time {wall:.1f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -309,7 +428,8 @@ def main() -> None:
             "batch_size": args.batch_size, "width": args.width, "params": count_parameters(D0),
             "repeats": args.repeats, "warmup": args.warmup, "input": source, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "opacus": opacus.__version__, "machine": platform.processor() or platform.machine(),
-            "ratio": "median over rounds of (variant s / non-private s in the same round)",
+            "load_average": [load[0], os.getloadavg()[0]], "date": time.strftime("%Y-%m-%d %H:%M"),
+            "ratio": "median over rounds of (variant s / reference s in the same round); quartiles of those ratios",
             "results": rows, "wall_s": wall}, indent=2))
 
 

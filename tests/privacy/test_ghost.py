@@ -5,6 +5,7 @@ groups and with physical chunks, the discriminators of every method, and the ref
 """
 
 import copy
+import weakref
 
 import pytest
 import torch
@@ -54,6 +55,18 @@ class Images(nn.Module):
         return self.up(F.leaky_relu(self.gn(self.dil(F.leaky_relu(self.conv(x))))))
 
 
+class Oblong(nn.Module):
+    """Non-square kernels, strides, paddings and dilations (rows and columns must not be mixed up)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2))
+        self.up = nn.ConvTranspose2d(3, 2, (2, 3), stride=(1, 2), padding=(0, 1), dilation=(2, 1), bias=False)
+
+    def forward(self, x):
+        return self.up(torch.tanh(self.conv(x)))
+
+
 def cases():
     g = torch.Generator().manual_seed(0)
     return {
@@ -61,6 +74,7 @@ def cases():
         "linear_reused": (Reuse(), (torch.randn(5, 3, generator=g),)),
         "tokens": (Tokens(), (torch.tensor([[1, 2, 1, 0], [3, 3, 3, 3], [0, 0, 4, 1], [2, 4, 2, 1], [1, 1, 0, 2]]),)),
         "images": (Images(), (torch.randn(5, 2, 7, 7, generator=g),)),
+        "oblong": (Oblong(), (torch.randn(5, 2, 7, 6, generator=g),)),
         "dcgan_d": (dcgan.Discriminator(num_classes=3, width=4), (torch.randn(5, 1, 28, 28, generator=g),
                                                                    torch.tensor([0, 2, 1, 1, 0]))),
         "dcgan_d32": (dcgan.Discriminator(num_classes=3, channels=3, image_size=32, width=4),
@@ -89,16 +103,27 @@ def ghost_norms(model, inputs):
     wrapped = ghost.GhostClipping(model)
     losses = per_example_loss(wrapped(*inputs))
     n = wrapped._output_grads(losses, keep_graph=False)
-    norms = wrapped.per_example_sq_norms(n)
+    norms, _ = wrapped._norms(n)
     wrapped.clear()
     return norms
 
 
-@pytest.mark.parametrize("rule", ["cost_model", "always_ghost", "always_instantiate"])
+RULES = ["cost_model", "always_ghost", "always_instantiate", "always_keep"]
+
+
+def force(rule, monkeypatch):
+    """Every branch of the per-layer choice (ghost norm; instantiated, dropped or kept), in chunks of 2 examples."""
+    if rule == "cost_model":
+        return
+    monkeypatch.setattr(ghost, "use_ghost_norm", lambda T, p, d: rule == "always_ghost")
+    monkeypatch.setattr(ghost, "keep_instantiated", lambda n, p, d, stored: rule == "always_keep")
+    monkeypatch.setattr(ghost, "chunk_size", lambda n, per_example: 2)
+
+
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("case", list(cases()))
 def test_per_example_norms_match_brute_force(case, rule, monkeypatch):
-    if rule != "cost_model":
-        monkeypatch.setattr(ghost, "use_ghost_norm", lambda T, p, d: rule == "always_ghost")
+    force(rule, monkeypatch)
     torch.manual_seed(1)
     model, inputs = cases()[case]
     model = model.double()
@@ -111,9 +136,11 @@ def test_per_example_norms_match_brute_force(case, rule, monkeypatch):
         torch.testing.assert_close(norms[id(p)], want, rtol=RTOL, atol=1e-12)
 
 
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("mode,grouped", [("ghost", False), ("ghost", True), ("ghost_two_pass", False)])
-@pytest.mark.parametrize("case", ["images", "dcgan_d", "tokens"])
-def test_clipped_sum_matches_brute_force_with_chunks(case, mode, grouped):
+@pytest.mark.parametrize("case", ["images", "oblong", "dcgan_d", "tokens"])
+def test_clipped_sum_matches_brute_force_with_chunks(case, mode, grouped, rule, monkeypatch):
+    force(rule, monkeypatch)
     torch.manual_seed(2)
     model, inputs = cases()[case]
     model = model.double()
@@ -163,6 +190,17 @@ def test_bookkeeping_and_two_pass_agree_with_ew_in_float32():
     for mode in ("ghost", "ghost_two_pass"):
         for a, b in zip(grads[mode], grads["ew"]):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_layer_outputs_are_not_held():
+    """The engine records an output's autograd edge, not the output: the graph alone decides when it is freed."""
+    model = ghost.GhostClipping(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)))  # Tanh saves its result
+    seen = []
+    model._module[0].register_forward_hook(lambda layer, inputs, out: seen.append(weakref.ref(out)))
+    losses = model(torch.randn(5, 3)).view(-1)
+    assert seen[0]() is None
+    sums = model.clipped_sums(losses, [list(model.parameters())], [1.0])
+    assert all(s.abs().sum() > 0 for s in sums[0])
 
 
 def test_gswgan_spectral_norm_is_refused_by_name():
@@ -216,12 +254,11 @@ class MLPCritic(nn.Module):
         return self.fc2(torch.tanh(self.fc1(x.flatten(1) + self.emb(y)))).view(-1)
 
 
-@pytest.mark.parametrize("rule", ["cost_model", "always_ghost", "always_instantiate"])
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("critic", ["dcgan_d", "mlp"])
 def test_gradient_penalty_units_match_brute_force(critic, rule, monkeypatch):
     """Second order: each unit's gradient includes the penalty's path through ∇_x D; clipped per group."""
-    if rule != "cost_model":
-        monkeypatch.setattr(ghost, "use_ghost_norm", lambda T, p, d: rule == "always_ghost")
+    force(rule, monkeypatch)
     torch.manual_seed(4)
     if critic == "dcgan_d":
         D, shape = dcgan.Discriminator(num_classes=3, width=4).double(), (5, 1, 28, 28)

@@ -145,10 +145,11 @@ class GradientSanitizer:
         sanitizer runs the backward pass. Without them, the per-example gradients must already be
         in ``p.grad_sample`` (set by the caller, or by its own backward through an Opacus module).
         """
-        if self._sums is None:
-            self._sums = [[torch.zeros_like(p) for p in group] for group in self.groups]
         if losses is not None and isinstance(self.module, GhostClipping):
             sums = self.module.clipped_sums(losses, self.groups, self.bounds)
+            if self._sums is None:  # the first physical batch: its sums are fresh tensors, the running sums
+                self._sums = sums
+                return
             with torch.no_grad():
                 for acc_group, part in zip(self._sums, sums):
                     for acc, s in zip(acc_group, part):
@@ -158,6 +159,8 @@ class GradientSanitizer:
             if losses.dim() != 1:
                 raise ValueError(f"losses: need one loss per example, shape (batch,), got {tuple(losses.shape)}")
             losses.sum().backward()
+        if self._sums is None:
+            self._sums = [[torch.zeros_like(p) for p in group] for group in self.groups]
         self._clip_grad_samples()
 
     @torch.no_grad()
