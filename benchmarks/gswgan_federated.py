@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT / "components"))
 
 from dpsynth.config import load_config  # noqa: E402
 from dpsynth.data import import_source  # noqa: E402
-from dpsynth.methods.gswgan_federated import FederatedGSWGANTrainer, message_bytes, train_federated  # noqa: E402
+from dpsynth.federation import train_federated  # noqa: E402
+from dpsynth.methods.gswgan_federated import FederatedGSWGANTrainer, message_bytes  # noqa: E402
 from dpsynth.models.gswgan import Discriminator, Generator, count_parameters  # noqa: E402
 from dpsynth.stages.partition import assign  # noqa: E402
 

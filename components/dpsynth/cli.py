@@ -85,11 +85,24 @@ def run_config_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def refuse_ranks(command: str, environ=None) -> None:
+    """Under torchrun (``WORLD_SIZE`` > 1) only ``dpsynth train`` runs: every other command would run once per
+    rank, each writing the same outputs (and a pipeline run would charge the ledger once per rank)."""
+    import os
+
+    world = (os.environ if environ is None else environ).get("WORLD_SIZE", "1")
+    if command != "train" and world.strip() not in ("", "0", "1"):
+        raise DpsynthError(f"{command}: runs in one process, but this is one rank of a torchrun job "
+                           f"(WORLD_SIZE={world}); only `dpsynth train` runs under torchrun (`dpsynth train "
+                           f"--launch torchrun` starts it from a pipeline run's train stage)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     log.configure(args.verbose - args.quiet)
     try:
+        refuse_ranks(args.command)
         return int(args.func(args) or 0)
     except DpsynthError as exc:
         logging.getLogger("dpsynth").debug("failed", exc_info=True)

@@ -18,15 +18,13 @@ from dpsynth import storage
 from dpsynth.data import ImageDataset, import_source, write_parquet
 from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.methods.gswgan import audit_invariants as gswgan_invariants
+from dpsynth.federation import process_jobs, server_main, train_federated
 from dpsynth.methods.gswgan_federated import (
     Client,
     FederatedGSWGANTrainer,
     FederatedServer,
     audit_invariants,
     federation_meta,
-    process_jobs,
-    server_main,
-    train_federated,
 )
 from dpsynth.models.gswgan import Discriminator
 from dpsynth.privacy import MechanismTrace, gswgan_event

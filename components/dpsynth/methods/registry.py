@@ -97,7 +97,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "dpsynth.methods.zhang:warm_start", plan="dpsynth.methods.zhang:audit_plan",
            statement="dpsynth.methods.zhang:privacy_statement", empirical_audit="gradient", n_d=4),
     Method("gswgan_federated", "federated GS-WGAN: server and K client processes over gloo",
-           "dpsynth.methods.gswgan_federated:FederatedProcesses", "shard", ("gswgan",),
+           "dpsynth.federation:FederatedProcesses", "shard", ("gswgan",),
            "dpsynth.methods.gswgan_federated:audit_invariants", _SHARD_WARM_START,
            plan="dpsynth.methods.gswgan_federated:audit_plan",
            statement="dpsynth.methods.gswgan_federated:privacy_statement", n_d=5),
