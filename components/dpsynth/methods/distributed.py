@@ -46,8 +46,8 @@ def launch(cfg) -> distributed.Ranks:
     return distributed.init_process_group(ranks.place(resolve_device(cfg.train.device)))
 
 
-def shutdown() -> None:
-    distributed.shutdown()
+def shutdown(*, barrier: bool = False) -> None:
+    distributed.shutdown(barrier=barrier)
 
 
 def join(trainer) -> None:

@@ -187,8 +187,15 @@ def current() -> Ranks:
                  local_rank=int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def shutdown() -> None:
+def shutdown(*, barrier: bool = False) -> None:
+    """Leave the job. ``barrier``: first wait until every rank is leaving too (the path where all ranks succeeded).
+    Without it a rank that finishes early closes its connections while another still holds the group, and gloo
+    may abort that one at its own exit ("terminate called without an active exception", seen in a CI run when
+    rank 1 left at once on a reused stage while rank 0 was writing the stage's outcome). Not after a failure: the
+    other ranks may be inside a collective that this rank will never join, and torchrun stops them anyway."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if barrier and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()

@@ -68,10 +68,12 @@ def run_train(args) -> int:
     from dpsynth.methods import distributed
 
     ranks = distributed.launch(cfg)  # under torchrun: join the job
+    code = None
     try:
-        return _run_train(args, cfg, ranks)
+        code = _run_train(args, cfg, ranks)
+        return code
     finally:
-        distributed.shutdown()
+        distributed.shutdown(barrier=code == 0)  # every rank leaves together when all succeeded
 
 
 def _run_train(args, cfg, ranks) -> int:
