@@ -85,16 +85,20 @@ def run_config_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def refuse_ranks(command: str, environ=None) -> None:
+def refuse_ranks(command: str) -> None:
     """Under torchrun (``WORLD_SIZE`` > 1) only ``dpsynth train`` runs: every other command would run once per
     rank, each writing the same outputs (and a pipeline run would charge the ledger once per rank)."""
     import os
 
-    world = (os.environ if environ is None else environ).get("WORLD_SIZE", "1")
-    if command != "train" and world.strip() not in ("", "0", "1"):
+    if command == "train" or "WORLD_SIZE" not in os.environ:  # torch is imported only under a launcher
+        return
+    from dpsynth.privacy.distributed import env_ranks
+
+    ranks = env_ranks()
+    if ranks.distributed:
         raise DpsynthError(f"{command}: runs in one process, but this is one rank of a torchrun job "
-                           f"(WORLD_SIZE={world}); only `dpsynth train` runs under torchrun (`dpsynth train "
-                           f"--launch torchrun` starts it from a pipeline run's train stage)")
+                           f"(WORLD_SIZE={ranks.world_size}); only `dpsynth train` runs under torchrun "
+                           f"(`dpsynth train --launch torchrun` starts it from a pipeline run's train stage)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -193,9 +193,9 @@ def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
     betas = (z.adam_beta1, z.adam_beta2)
     opt_d = torch.optim.Adam(D.parameters(), lr=z.lr, betas=betas)
     opt_g = torch.optim.Adam(G.parameters(), lr=z.lr, betas=betas)
-    m = min(t.batch_size, len(public))
+    m, n_critic = min(t.batch_size, len(public)), registry.n_d(cfg)
     for _ in range(z.warm_start_iterations):
-        for _ in range(registry.n_d(cfg)):
+        for _ in range(n_critic):
             idx = torch.randperm(len(public), device=device, generator=rng)[:m]
             real, y = images[idx], labels[idx]
             with torch.no_grad():
@@ -213,7 +213,7 @@ def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
     buf = io.BytesIO()
     torch.save(state, buf)
     storage.write_bytes(out_path, buf.getvalue())
-    return {"iterations": z.warm_start_iterations, "public_records": len(public), "critic_steps_per_iteration": registry.n_d(cfg),
+    return {"iterations": z.warm_start_iterations, "public_records": len(public), "critic_steps_per_iteration": n_critic,
             "seconds": time.monotonic() - started}
 
 
