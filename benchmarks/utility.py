@@ -48,6 +48,8 @@ RECIPES = {
     "dpac": "configs/dpac-mnist-cpu.yaml",
     # the same methods after the private warm-up of the default recipe (dpsynth.methods.warmup)
     "zhang-warmup": "configs/zhang-warmup-mnist-cpu.yaml",
+    "gswgan-warmup": "configs/gswgan-warmup-mnist-cpu.yaml",
+    "dpac-warmup": "configs/dpac-warmup-mnist-cpu.yaml",
 }
 # Published CNN accuracy on MNIST (%), read from the papers (seeds) and DPImageBench; full-size
 # networks, 60k training images, hours of GPU.

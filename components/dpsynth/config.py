@@ -164,8 +164,9 @@ class TrainConfig:
     d_width: Int = Field(128, ge=1)
     g_width: Int = Field(128, ge=1)
     latent_dim: Int = Field(100, ge=1)
-    g_warp: Bool = Field(False, description="DPGAN's G ends with a fixed warp of its image by z[:, :6] "
-                                            "(dcgan.Generator(warp=True)).")
+    g_warp: Bool = Field(False, description="The DCGAN generator (DPGAN's, dp-GAN's, GS-WGAN's with "
+                                            "gswgan.generator=dcgan) ends with a fixed warp of its image by "
+                                            "z[:, :6] (dcgan.Generator(warp=True)).")
     grad_sample_mode: Literal["hooks", "ew", "ghost", "ghost_two_pass"] = Field(
         "ghost", description="How per-sample gradients are clipped: Opacus hooks, ew (expanded weights) or ghost "
                              "clipping.")
@@ -293,7 +294,11 @@ class GSWGANConfig:
     adam_beta1: Float = Field(0.5, ge=0, lt=1)
     adam_beta2: Float = Field(0.99, ge=0, lt=1)
     d_width: Int = Field(64, ge=1, description="DCGAN discriminator, spectral norm, label projection.")
-    g_width: Int = Field(64, ge=1, description="ResNet generator.")
+    g_width: Int = Field(64, ge=1, description="The generator's width (either architecture).")
+    generator: Literal["resnet", "dcgan"] = Field(
+        "resnet", description="resnet: the paper's ResNet generator (spectral norm); dcgan: dpsynth's DCGAN "
+                              "generator (DPGAN's: style slots for the warm-up's style release, train.g_warp), far "
+                              "cheaper on a CPU. Only G changes: the critics and the sanitized step are the paper's.")
     latent_dim: Int = Field(10, ge=1)
     ema_decay: Float = Field(0.999, ge=0, lt=1, description="The released generator is an EMA of G's weights; 0: G "
                                                             "itself.")
@@ -448,22 +453,24 @@ class RunConfig:
         _require(self.audit.empirical == "off" or self.train.method in audited, "audit.empirical",
                  f"the empirical audit supports train.method in {list(audited)}, not "
                  f"{self.train.method!r} (yet); set audit.empirical=off")
-        method, dcgan = self.train.method, self.train.method in ("dpgan", "zhang")  # dcgan.Generator's methods
+        method = self.train.method
+        dcgan = method in ("dpgan", "zhang") or self.gswgan.generator == "dcgan"  # G is a dcgan.Generator
         _require(self.train.n_d != "adaptive" or method == "dpgan", "train.n_d",
                  f"'adaptive' is DPGAN's policy (Bie et al.); train.method={method!r} takes a number of critic steps "
                  "per generator step (or null: the method's default)")
+        latent, where = ((self.train.latent_dim, "train.latent_dim") if method in ("dpgan", "zhang")
+                         else (self.gswgan.latent_dim, "gswgan.latent_dim"))
         _require(not self.train.g_warp or dcgan, "train.g_warp",
-                 f"only DPGAN's and dp-GAN's generator (dcgan.Generator) warps, not train.method={method!r}")
-        _require(not self.train.g_warp or self.train.latent_dim >= 6, "train.g_warp",
-                 f"the warp reads z[:, :6]: train.latent_dim must be >= 6, got {self.train.latent_dim}")
+                 f"only the DCGAN generator (dcgan.Generator) warps, not train.method={method!r}'s ResNet one; "
+                 "set gswgan.generator=dcgan or train.g_warp=false")
+        _require(not self.train.g_warp or latent >= 6, "train.g_warp",
+                 f"the warp reads z[:, :6]: {where} must be >= 6, got {latent}")
         w = self.warmup
         _require(not w.central_images or method != "gswgan_federated", "warmup.central_images",
                  "the federated GS-WGAN server holds no records to release; set warmup.central_images=false")
         _require(not (w.central_images and w.styles) or dcgan, "warmup.styles",
-                 f"the style release needs a generator with style slots (dcgan.Generator: dpgan, zhang), not "
-                 f"train.method={method!r}; set warmup.styles=0")
-        latent, where = ((self.train.latent_dim, "train.latent_dim") if dcgan
-                         else (self.gswgan.latent_dim, "gswgan.latent_dim"))
+                 f"the style release needs a generator with style slots (dcgan.Generator: dpgan, zhang, or "
+                 f"gswgan.generator=dcgan), not train.method={method!r}'s ResNet one; set warmup.styles=0")
         _require(not (w.central_images and w.variations) or latent >= 7 + w.variations,
                  "warmup.variations", f"{w.variations} directions need {where} >= {7 + w.variations} "
                  f"(z[:, 7:7 + r] weighs them), got {latent}")

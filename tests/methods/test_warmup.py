@@ -257,7 +257,13 @@ def test_the_warm_up_settings_a_method_cannot_take_are_refused_naming_the_field(
     from tests.methods.gswgan_helpers import tiny as gswgan_tiny
 
     with pytest.raises(ConfigError, match="warmup.styles"):
-        gswgan_tiny(tmp_path, "warmup.central_images=true", "warmup.styles=2")
+        gswgan_tiny(tmp_path, "warmup.central_images=true", "warmup.styles=2")  # the paper's ResNet G
+    with pytest.raises(ConfigError, match="train.g_warp"):
+        gswgan_tiny(tmp_path, "train.g_warp=true")
+    with pytest.raises(ConfigError, match="train.g_warp.*gswgan.latent_dim"):
+        gswgan_tiny(tmp_path, "gswgan.generator=dcgan", "train.g_warp=true", "gswgan.latent_dim=4")
+    with pytest.raises(ConfigError, match="gswgan.generator"):
+        gswgan_tiny(tmp_path, "gswgan.generator=biggan")
     with pytest.raises(ConfigError, match="warmup.central_images"):
         gswgan_tiny(tmp_path, "warmup.central_images=true", method="gswgan_federated")
     with pytest.raises(ConfigError, match="gswgan.latent_dim"):
@@ -284,3 +290,25 @@ def test_zhang_warms_up_with_styles_and_the_warp(tmp_path, small_mnist):
     assert all(c["passed"] for c in invariants("zhang")(cfg, trace, len(private)))
     loaded, _ = artifacts.load_generator(result.generator_path)
     assert loaded.styles == 4 and loaded.warp is True
+
+
+@pytest.mark.parametrize("method", ["gswgan", "dpac"])
+def test_gswgan_and_dpac_with_the_dcgan_generator_warm_up_with_styles_and_the_warp(tmp_path, shards, method):
+    from dpsynth.methods.registry import get
+    from dpsynth.models.dcgan import Generator
+    from tests.methods.gswgan_helpers import tiny as gswgan_tiny
+
+    cfg = gswgan_tiny(tmp_path, "gswgan.generator=dcgan", "train.g_warp=true", "warmup.central_images=true",
+                      "warmup.steps=4", "warmup.noise_multiplier=5", "warmup.styles=2",
+                      "warmup.styles_noise_multiplier=4", "privacy.epsilon=30", method=method)
+    trainer = get(method).trainer_class()(cfg, shards)
+    assert isinstance(trainer.G, Generator) and trainer.G.styles == 4 and trainer.G.warp
+    result = trainer.train()
+    trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
+    assert [(e.sampling, e.noise_multiplier) for e in trace.events[:2]] == [("full_batch", 5.0), ("full_batch", 4.0)]
+    assert trace.events[2].sampling == "without_replacement" and trace.events[2].count == cfg.train.steps
+    assert all(c["passed"] for c in invariants(method)(cfg, trace, sum(len(s) for s in shards)))
+    loaded, _ = artifacts.load_generator(result.generator_path)  # the release names the DCGAN class
+    assert isinstance(loaded, Generator) and loaded.styles == 4 and loaded.warp is True
+    images, _ = loaded.sample(10, labels=torch.arange(10), generator=torch.Generator().manual_seed(0))
+    assert images.shape == (10, 1, 28, 28) and images.abs().max() <= 1

@@ -62,15 +62,23 @@ def _read(uri: str) -> dict:
     return state
 
 
+def build_generator(model: dict) -> torch.nn.Module:
+    """A fresh generator from a ``model`` record: its "class" (one of GENERATOR_CLASSES) and keywords."""
+    model = dict(model)
+    name = model.pop("class", "dpsynth.models.dcgan.Generator")
+    if name not in GENERATOR_CLASSES:
+        raise ValueError(f"unknown generator class {name!r} (known: {', '.join(GENERATOR_CLASSES)})")
+    module, _, attr = name.rpartition(".")
+    return getattr(importlib.import_module(module), attr)(**model)
+
+
 def load_generator(uri: str) -> tuple[torch.nn.Module, dict]:
     """The generator a trainer saved (``dpsynth.generator/1``) and its privacy record."""
     state = _read(uri)
-    model = dict(state["model"])
-    name = model.pop("class", "dpsynth.models.dcgan.Generator")
-    if name not in GENERATOR_CLASSES:
-        raise StageError(f"{uri}: unknown generator class {name!r} (known: {', '.join(GENERATOR_CLASSES)})")
-    module, _, attr = name.rpartition(".")
-    generator = getattr(importlib.import_module(module), attr)(**model)
+    try:
+        generator = build_generator(state["model"])
+    except ValueError as exc:
+        raise StageError(f"{uri}: {exc}") from None
     generator.load_state_dict(state["state_dict"])
     return generator.eval(), state["privacy"]
 

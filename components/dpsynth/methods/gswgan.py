@@ -50,7 +50,8 @@ from dpsynth.grids import class_grid
 from dpsynth.methods import registry, warmup
 from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.loop import Trainer
-from dpsynth.models.gswgan import Discriminator, Generator
+from dpsynth.methods.artifacts import build_generator
+from dpsynth.models.gswgan import Discriminator
 from dpsynth.privacy import (
     BudgetGuard,
     MechanismEvent,
@@ -95,8 +96,20 @@ def _image_spec(cfg: RunConfig, dataset: ImageDataset) -> dict:
     return {"num_classes": cfg.data.num_classes or dataset.num_classes, "channels": channels, "image_size": height}
 
 
-def generator_kwargs(cfg: RunConfig, spec: dict) -> dict:
-    return {**spec, "width": cfg.gswgan.g_width, "latent_dim": cfg.gswgan.latent_dim}
+def generator_record(cfg: RunConfig, spec: dict) -> dict:
+    """G's class and keywords (the released generator's ``model`` record): the paper's ResNet generator, or
+    with ``gswgan.generator=dcgan`` the DCGAN one (the warm-up's style slots, ``train.g_warp``)."""
+    g = cfg.gswgan
+    kwargs = {**spec, "width": g.g_width, "latent_dim": g.latent_dim}
+    if g.generator == "dcgan":
+        return {"class": "dpsynth.models.dcgan.Generator", **kwargs, "styles": warmup.style_slots(cfg),
+                "warp": cfg.train.g_warp}
+    return {"class": "dpsynth.models.gswgan.Generator", **kwargs}
+
+
+def make_generator(cfg: RunConfig, spec: dict) -> torch.nn.Module:
+    """A fresh G (:func:`generator_record`), initialised by the global RNG."""
+    return build_generator(generator_record(cfg, spec))
 
 
 def discriminator_kwargs(cfg: RunConfig, spec: dict) -> dict:
@@ -233,7 +246,7 @@ def warm_start_shard(cfg: RunConfig, shard: ImageDataset, *, shard_index: int, o
     g = cfg.gswgan
     D = fresh_discriminator(cfg, spec, shard_index=shard_index).to(device)
     G = _init_with_seed(derived_seed(cfg.train.seed, "warmstart-generator", shard_index),
-                        lambda: Generator(**generator_kwargs(cfg, spec))).to(device)
+                        lambda: make_generator(cfg, spec)).to(device)
     opt_d, opt_g = _adam(D.parameters(), lr=g.lr_d, cfg=cfg), _adam(G.parameters(), lr=g.lr_g, cfg=cfg)
     images, labels = (t.to(device) for t in shard.to_tensors())
     data_rng = _cpu_rng(cfg.train.seed, "warmstart-data", shard_index)
@@ -349,8 +362,8 @@ class GSWGANTrainer(Trainer):
         self.plan = plan_privacy(cfg, n=self.n, num_shards=self.K)
 
         self.G = _init_with_seed(derived_seed(seed, "generator"),
-                                 lambda: Generator(**generator_kwargs(cfg, self.spec))).to(self.device)
-        self.G_ema = Generator(**generator_kwargs(cfg, self.spec)).to(self.device).requires_grad_(False)
+                                 lambda: make_generator(cfg, self.spec)).to(self.device)
+        self.G_ema = make_generator(cfg, self.spec).to(self.device).requires_grad_(False)
         self.G_ema.load_state_dict(self.G.state_dict())  # not deepcopy: parametrized classes would be shared
         self.opt_g = _adam(self.G.parameters(), lr=g.lr_g, cfg=cfg)
         self.D = fresh_discriminator(cfg, self.spec, shard_index=0).to(self.device)
@@ -441,7 +454,7 @@ class GSWGANTrainer(Trainer):
         self.rng.set_state(state["rng"])
 
     def generator(self) -> tuple[torch.nn.Module, dict]:
-        return self.G_ema, {"class": "dpsynth.models.gswgan.Generator", **generator_kwargs(self.cfg, self.spec)}
+        return self.G_ema, generator_record(self.cfg, self.spec)
 
     def grid(self):
         _refresh_spectral_norm(self.G_ema)

@@ -78,13 +78,12 @@ from dpsynth.methods.gswgan import (
     derived_seed,
     discriminator_kwargs,
     fresh_discriminator,
-    generator_kwargs,
+    make_generator,
     plan_privacy,
     read_discriminator,
     real_batch,
     sanitize,
 )
-from dpsynth.models.gswgan import Generator
 from dpsynth.privacy import MechanismTrace, fold_releases, gswgan_event
 from dpsynth.privacy.randomness import MechanismRandomness, secret_seed
 
@@ -283,8 +282,8 @@ class FederatedServer(GSWGANTrainer):
         self.dataset_name = meta.dataset_name
         self.plan = plan_federated_privacy(cfg, n=self.n, num_shards=self.K)
         self.G = _init_with_seed(derived_seed(seed, "generator"),
-                                 lambda: Generator(**generator_kwargs(cfg, self.spec))).to(self.device)
-        self.G_ema = Generator(**generator_kwargs(cfg, self.spec)).to(self.device).requires_grad_(False)
+                                 lambda: make_generator(cfg, self.spec)).to(self.device)
+        self.G_ema = make_generator(cfg, self.spec).to(self.device).requires_grad_(False)
         self.G_ema.load_state_dict(self.G.state_dict())
         self.opt_g = _adam(self.G.parameters(), lr=g.lr_g, cfg=cfg)
         self.D = fresh_discriminator(cfg, self.spec, shard_index=0)  # architecture only: logs its parameter count
