@@ -168,7 +168,8 @@ def test_pytorchjob_validates_against_the_crd(variant, nodes, gpus):
         pod = r["template"]["spec"]
         [c] = pod["containers"]
         assert c["name"] == "pytorch" and c["command"] == ["torchrun", "-m", "dpsynth", "train"]
-        assert c["args"] == [*(["--set", "train.device=cuda"] if gpus else []), "--set", "data.uri=s3://b/mnist.parquet"]
+        device = ["--set", "train.device=cuda"] if gpus else []
+        assert c["args"] == [*device, "--set", "data.uri=s3://b/mnist.parquet"]
         env = {e["name"]: e["valueFrom"] for e in c["env"]}
         assert env["DPSYNTH_LEDGER_URL"]["secretKeyRef"]["name"].endswith("-stage")
         assert env["MLFLOW_TRACKING_URI"]["configMapKeyRef"]["name"].endswith("-stage-config")

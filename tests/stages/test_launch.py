@@ -37,9 +37,10 @@ TEMPLATE = {  # the shape of the chart's template (the chart's own is checked in
              "trainer": {"image": "dpsynth-stage:cpu", "command": ["torchrun", "-m", "dpsynth", "train"], "args": []}}}
 PYTORCHJOB = {  # the shape of the chart's PyTorchJob template (trainJob.kind=PyTorchJob)
     "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "dpsynth-train"},
-    "spec": {"nprocPerNode": "1", "pytorchReplicaSpecs": {"Master": {"replicas": 1, "restartPolicy": "Never", "template": {
-        "spec": {"containers": [{"name": "pytorch", "image": "dpsynth-stage:cpu",
-                                 "command": ["torchrun", "-m", "dpsynth", "train"], "args": []}]}}}}}}
+    "spec": {"nprocPerNode": "1", "pytorchReplicaSpecs": {"Master": {
+        "replicas": 1, "restartPolicy": "Never", "template": {"spec": {"containers": [
+            {"name": "pytorch", "image": "dpsynth-stage:cpu", "command": ["torchrun", "-m", "dpsynth", "train"],
+             "args": []}]}}}}}}
 TEMPLATES = {"TrainJob": TEMPLATE, "PyTorchJob": PYTORCHJOB}
 
 
@@ -302,7 +303,7 @@ SHAPES = {"TrainJob": ("train.nodes=1", "train.gpus_per_node=2"),  # the TrainJo
           "PyTorchJob": ("train.nodes=2", "train.gpus_per_node=1")}  # two replicas: Master (rank 0) and a Worker
 
 
-@pytest.mark.parametrize("kind", ["TrainJob", "PyTorchJob"])
+@pytest.mark.parametrize("kind", ["TrainJob", pytest.param("PyTorchJob", marks=pytest.mark.slow)])  # ~30 s each
 def test_trainjob_launch_end_to_end_on_a_local_stand_in(tmp_path, monkeypatch, capsys, source, ledger_with_budget,
                                                         kind):
     """A failed job left by an earlier attempt of the run is replaced; the new one (2 ranks, gloo: a TrainJob of

@@ -1,7 +1,7 @@
 """How the orchestrators start the pipeline's train stage on several ranks (``train.nodes × train.gpus_per_node > 1``).
 
     dpsynth train --run-dir RUN_DIR ... --launch torchrun   # this machine: torchrun, train.gpus_per_node ranks
-    dpsynth train --run-dir RUN_DIR ... --launch trainjob   # Kubernetes: a Kubeflow TrainJob (or PyTorchJob), waited for
+    dpsynth train --run-dir RUN_DIR ... --launch trainjob   # Kubernetes: a Kubeflow TrainJob / PyTorchJob, waited for
 
 Both run the stage's own command on every rank — ``dpsynth train --run-dir RUN_DIR ...`` without ``--launch``;
 rank 0 is the stage (:mod:`dpsynth.stages.train`) — and end as the one-process stage ends: the stage's outcome
