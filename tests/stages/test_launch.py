@@ -189,6 +189,57 @@ def test_a_template_of_another_kind_is_refused_naming_the_chart_value(tmp_path, 
     assert not cluster.created
 
 
+def test_each_kind_finishes_on_its_own_conditions():
+    """TrainJob: Complete / Failed; PyTorchJob (training operator v1, common_types.go): Succeeded / Failed, after
+    Created and Running, which do not end it."""
+    def job(kind, *conditions):
+        return {"kind": kind, "status": {"conditions": [{"type": t, "status": v} for t, v in conditions]}}
+
+    assert launch.condition(job("TrainJob", ("Complete", "True"))) == "Complete"
+    assert launch.condition(job("TrainJob", ("Succeeded", "True"))) is None
+    assert launch.condition(job("PyTorchJob", ("Created", "True"), ("Running", "True"))) is None
+    assert launch.condition(job("PyTorchJob", ("Created", "True"), ("Running", "False"),
+                                ("Succeeded", "True"))) == "Succeeded"
+    assert launch.condition(job("PyTorchJob", ("Complete", "True"))) is None
+    assert launch.condition(job("PyTorchJob", ("Restarting", "True"), ("Failed", "True"))) == "Failed"
+    assert launch.condition(job("PyTorchJob", ("Failed", "False"))) is None
+
+
+def test_the_clusters_calls_name_each_kinds_api_and_pods():
+    """:class:`launch.Cluster` against recording fakes of the Kubernetes client: each kind's group, version and plural
+    (kubeflow/trainer's trainjob_types.go; kubeflow/training-operator's pytorch_types.go) and the labels its controller
+    puts on the first node's pod (JobSet's; the training operator's pytorchjob_controller.go, replica type in lower
+    case)."""
+    calls = []
+
+    class Recorder:
+        def __getattr__(self, method):
+            def call(*args, **kwargs):
+                calls.append((method, args, kwargs))
+                return type("Pods", (), {"items": []})()
+            return call
+
+    cluster = launch.Cluster.__new__(launch.Cluster)
+    cluster.objects, cluster.core, cluster.namespace = Recorder(), Recorder(), "ns"
+    expected = {"TrainJob": (("trainer.kubeflow.org", "v1alpha1", "ns", "trainjobs"),
+                             "jobset.sigs.k8s.io/jobset-name=j,batch.kubernetes.io/job-completion-index=0"),
+                "PyTorchJob": (("kubeflow.org", "v1", "ns", "pytorchjobs"),
+                               "training.kubeflow.org/job-name=j,training.kubeflow.org/replica-type=master,"
+                               "training.kubeflow.org/replica-index=0")}
+    for name, (api, selector) in expected.items():
+        kind = launch.KINDS[name]
+        calls.clear()
+        cluster.get(kind, "j")
+        cluster.create(kind, {"kind": name})
+        cluster.delete(kind, "j")
+        assert cluster.first_node_pod(kind, "j") is None
+        assert [(m, a[:4]) for m, a, _ in calls[:3]] == [("get_namespaced_custom_object", api),
+                                                         ("create_namespaced_custom_object", api),
+                                                         ("delete_namespaced_custom_object", api)]
+        assert calls[3][0] == "list_namespaced_pod" and calls[3][2]["label_selector"] == selector
+        assert launch.KINDS[name].api_version == "/".join(api[:2])
+
+
 # --- the launcher, against a local stand-in of the controllers ---------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
