@@ -17,7 +17,6 @@ from tests.deploy.test_chart import CHART, VARIANTS, helm, tools
 
 CRDS = {c["kind"]: c for c in (json.loads((Path(__file__).parent / "crds" / f).read_text())
                                 for f in ("trainjob-v1alpha1.json", "pytorchjob-v1.json"))}
-CRD = CRDS["TrainJob"]
 
 
 def strict(schema: dict) -> dict:
