@@ -1,6 +1,8 @@
-"""The chart's Kubeflow Trainer TrainJob (charts/dpsynth/templates/trainjob.yaml), validated offline against the
-TrainJob CRD's own schema (tests/deploy/crds/trainjob-v1alpha1.json, copied from kubeflow/trainer; its ``source``
-names the commit), with unknown fields refused as ``kubectl apply`` (strict field validation) refuses them."""
+"""The chart's Kubeflow jobs (charts/dpsynth/templates/trainjob.yaml, of the kind ``trainJob.kind``): the Kubeflow
+Trainer TrainJob and the older training operator's PyTorchJob, validated offline against their CRDs' own schemas
+(tests/deploy/crds/trainjob-v1alpha1.json, copied from kubeflow/trainer, and pytorchjob-v1.json, copied from
+kubeflow/training-operator's release-1.9; each file's ``source`` names the commit), with unknown fields refused as
+``kubectl apply`` (strict field validation) refuses them."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import yaml
 
 from tests.deploy.test_chart import CHART, VARIANTS, helm, tools
 
-CRD = json.loads((Path(__file__).parent / "crds" / "trainjob-v1alpha1.json").read_text())
+CRDS = {c["kind"]: c for c in (json.loads((Path(__file__).parent / "crds" / f).read_text())
+                                for f in ("trainjob-v1alpha1.json", "pytorchjob-v1.json"))}
 
 
 def strict(schema: dict) -> dict:
@@ -42,21 +45,25 @@ def strict(schema: dict) -> dict:
 def errors(doc: dict) -> list[str]:
     import jsonschema
 
-    assert doc["apiVersion"] == f"{CRD['group']}/{CRD['version']}" and doc["kind"] == CRD["kind"]
-    validator = jsonschema.Draft7Validator(strict(CRD["openAPIV3Schema"]))
+    crd = CRDS[doc["kind"]]
+    assert doc["apiVersion"] == f"{crd['group']}/{crd['version']}"
+    validator = jsonschema.Draft7Validator(strict(crd["openAPIV3Schema"]))
     return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
 
 
-def trainjob(*args: str) -> dict:
-    out = helm("template", "dpsynth", str(CHART), "--namespace", "dpsynth", "--set", "trainJob.enabled=true", *args)
-    [doc] = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "TrainJob"]
+def trainjob(*args: str, kind: str = "TrainJob") -> dict:
+    out = helm("template", "dpsynth", str(CHART), "--namespace", "dpsynth", "--set", "trainJob.enabled=true",
+               *(["--set", f"trainJob.kind={kind}"] if kind != "TrainJob" else []), *args)
+    [doc] = [d for d in yaml.safe_load_all(out) if d and d["kind"] in CRDS]
+    assert doc["kind"] == kind
     return doc
 
 
 @tools
-def test_no_trainjob_unless_enabled():
-    out = helm("template", "dpsynth", str(CHART), "--namespace", "dpsynth")
-    assert all(d["kind"] != "TrainJob" for d in yaml.safe_load_all(out) if d)
+@pytest.mark.parametrize("kind", CRDS)
+def test_no_trainjob_unless_enabled(kind):
+    out = helm("template", "dpsynth", str(CHART), "--namespace", "dpsynth", "--set", f"trainJob.kind={kind}")
+    assert all(d["kind"] not in CRDS for d in yaml.safe_load_all(out) if d)
 
 
 @tools
@@ -137,3 +144,76 @@ def test_the_pipelines_trainjob_template_and_its_launcher():
     assert "pods/log" in rules[("", ("pods", "pods/log"))]["resources"]
     subjects = docs[("RoleBinding", "dpsynth-train-launcher")]["subjects"]
     assert [s["name"] for s in subjects] == ["dpsynth-train-launcher", "default-editor"]
+
+
+# --- trainJob.kind=PyTorchJob: the older Kubeflow training operator (kubeflow.org/v1) -----------------------------
+@tools
+@pytest.mark.parametrize("variant", ["default", "gpu"])
+@pytest.mark.parametrize("nodes, gpus", [(1, 0), (2, 0), (1, 2), (2, 2)])
+def test_pytorchjob_validates_against_the_crd(variant, nodes, gpus):
+    """The standalone PyTorchJob: a Master replica (node 0, so rank 0) and nodes − 1 Workers, each one ``pytorch``
+    container running torchrun (its rendezvous from the PET_* env the operator sets), the stage's settings as env, and
+    with GPUs their limit and the GPU pool's placement."""
+    doc = trainjob(*VARIANTS[variant], "--set", f"trainJob.numNodes={nodes}", "--set", f"trainJob.gpusPerNode={gpus}",
+                   "--set", "trainJob.numProcPerNode=2", "--set", "trainJob.args={--set,data.uri=s3://b/mnist.parquet}",
+                   kind="PyTorchJob")
+    assert errors(doc) == []
+    spec = doc["spec"]
+    assert spec["nprocPerNode"] == "2" and spec["runPolicy"]["cleanPodPolicy"] == "Running"
+    replicas = spec["pytorchReplicaSpecs"]
+    assert {k: r["replicas"] for k, r in replicas.items()} == {"Master": 1, **({"Worker": 1} if nodes == 2 else {})}
+    for r in replicas.values():
+        assert r["restartPolicy"] == "Never"
+        pod = r["template"]["spec"]
+        [c] = pod["containers"]
+        assert c["name"] == "pytorch" and c["command"] == ["torchrun", "-m", "dpsynth", "train"]
+        device = ["--set", "train.device=cuda"] if gpus else []
+        assert c["args"] == [*device, "--set", "data.uri=s3://b/mnist.parquet"]
+        env = {e["name"]: e["valueFrom"] for e in c["env"]}
+        assert env["DPSYNTH_LEDGER_URL"]["secretKeyRef"]["name"].endswith("-stage")
+        assert env["MLFLOW_TRACKING_URI"]["configMapKeyRef"]["name"].endswith("-stage-config")
+        if gpus:
+            assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+            assert pod["nodeSelector"] and {t["key"] for t in pod["tolerations"]} >= {"nvidia.com/gpu"}
+        else:
+            assert "resources" not in c and "nodeSelector" not in pod and "tolerations" not in pod
+
+
+@tools
+def test_the_pytorchjob_crd_validation_is_not_vacuous():
+    good = trainjob("--set", "trainJob.numNodes=2", kind="PyTorchJob")
+    assert errors(good) == []
+    container = ("spec", "pytorchReplicaSpecs", "Worker", "template", "spec", "containers", 0)
+    for path, value in [(("spec", "numProcPerNode"), 2),  # the TrainJob's field name
+                        (("spec", "nprocPerNode"), 2),  # a string in the CRD
+                        (("spec", "pytorchReplicaSpecs", "Master", "replicas"), "one"),
+                        ((*container, "imagePullPolcy"), "Always")]:  # a typo deep in the pod template
+        bad = copy.deepcopy(good)
+        node = bad
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        assert errors(bad), path
+
+
+@tools
+def test_values_schema_refuses_an_unknown_kind():
+    import subprocess
+
+    from tests.deploy.test_chart import HELM
+
+    proc = subprocess.run([str(HELM), "lint", "--strict", str(CHART), "--set", "trainJob.kind=MPIJob"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "/trainJob/kind" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    helm("lint", "--strict", str(CHART), "--set", "trainJob.kind=PyTorchJob")
+
+
+@tools
+def test_the_launchers_role_follows_the_kind():
+    out = helm("template", "dpsynth", str(CHART), "--namespace", "dpsynth", "--set", "trainJob.kind=PyTorchJob")
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+    template = yaml.safe_load(docs[("ConfigMap", "dpsynth-trainjob")]["data"]["trainjob.yaml"])
+    assert template["kind"] == "PyTorchJob" and errors(template) == []
+    rules = {(r["apiGroups"][0], tuple(r["resources"])): r for r in docs[("Role", "dpsynth-train-launcher")]["rules"]}
+    assert {"create", "get", "delete"} <= set(rules[("kubeflow.org", ("pytorchjobs",))]["verbs"])
+    assert not any(group == "trainer.kubeflow.org" for group, _ in rules)

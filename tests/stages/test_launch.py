@@ -1,10 +1,12 @@
 """dpsynth train --launch torchrun | trainjob (dpsynth.stages.launch): the train stage started on train.nodes ×
 train.gpus_per_node ranks by the orchestrators.
 
-The TrainJob launcher is checked two ways without a cluster: the TrainJob it builds from the chart's template
-validates against the TrainJob CRD's schema (as tests/deploy/test_trainjob.py does for the chart), and it drives
-a local stand-in of the Trainer controller (:class:`LocalTrainer`: a TrainJob of one node runs its trainer command
-here, under torchrun --standalone, and its conditions follow that process) from creation to the printed outcome.
+The job launcher is checked two ways without a cluster, for both kinds the chart renders (trainJob.kind: a
+Kubeflow Trainer TrainJob, or the older training operator's PyTorchJob): the job it builds from the chart's template
+validates against that kind's CRD schema (as tests/deploy/test_trainjob.py does for the chart), and it drives a
+local stand-in of the controller (:class:`LocalTrainer`: a TrainJob of one node runs its trainer command here, under
+torchrun --standalone; a PyTorchJob runs each replica's torchrun with the rendezvous env the training operator
+sets; the conditions follow those processes) from creation to the printed outcome.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import copy
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -32,6 +35,13 @@ TEMPLATE = {  # the shape of the chart's template (the chart's own is checked in
     "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "dpsynth-train"},
     "spec": {"runtimeRef": {"name": "torch-distributed"},
              "trainer": {"image": "dpsynth-stage:cpu", "command": ["torchrun", "-m", "dpsynth", "train"], "args": []}}}
+PYTORCHJOB = {  # the shape of the chart's PyTorchJob template (trainJob.kind=PyTorchJob)
+    "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "dpsynth-train"},
+    "spec": {"nprocPerNode": "1", "pytorchReplicaSpecs": {"Master": {
+        "replicas": 1, "restartPolicy": "Never", "template": {"spec": {"containers": [
+            {"name": "pytorch", "image": "dpsynth-stage:cpu", "command": ["torchrun", "-m", "dpsynth", "train"],
+             "args": []}]}}}}}}
+TEMPLATES = {"TrainJob": TEMPLATE, "PyTorchJob": PYTORCHJOB}
 
 
 def test_shape_fields_are_validated_and_in_no_fingerprint():
@@ -129,13 +139,126 @@ def test_trainjob_from_the_charts_template_validates_against_the_crd():
         launch.trainjob_manifest({"kind": "Pod"}, load_config(), [], name="x", namespace="n", pipeline_run_id="r")
 
 
-# --- the launcher, against a local stand-in of the Trainer controller -------------------------------------------
+@tools
+@pytest.mark.parametrize("variant", ["default", "gpu"])
+def test_pytorchjob_from_the_charts_template_validates_against_the_crd(variant):
+    """trainJob.kind=PyTorchJob: the launcher's job for 1 and 2 nodes, GPU and CPU ranks, is a valid PyTorchJob whose
+    Master replica is node 0 and whose replicas all run the stage under torchrun (rendezvous: the operator's env)."""
+    from tests.deploy.test_trainjob import errors
+
+    template = chart_template(*VARIANTS[variant], "--set", "trainJob.kind=PyTorchJob")
+    assert template["kind"] == "PyTorchJob" and errors(template) == []
+    for nodes, device in [(1, "cuda"), (2, "cuda"), (1, "cpu"), (2, "cpu")]:
+        job, argv = trainjob_for(template, f"train.nodes={nodes}", f"train.device={device}")
+        assert errors(job) == [], (variant, nodes, device)
+        assert job["metadata"]["name"] == launch.trainjob_name("r1") and job["spec"]["nprocPerNode"] == "4"
+        assert job["metadata"]["annotations"][launch.ANNOTATION] == "r1"
+        replicas = job["spec"]["pytorchReplicaSpecs"]
+        assert {k: r["replicas"] for k, r in replicas.items()} == ({"Master": 1, "Worker": nodes - 1} if nodes > 1
+                                                                    else {"Master": 1})
+        for r in replicas.values():
+            pod = r["template"]["spec"]
+            [c] = pod["containers"]
+            assert c["name"] == "pytorch" and c["command"] == ["torchrun", "-m", "dpsynth"] and c["args"] == argv
+            assert r["restartPolicy"] == "Never"
+            assert {"DPSYNTH_LEDGER_URL", "MLFLOW_TRACKING_URI", "AWS_ACCESS_KEY_ID"} <= {e["name"] for e in c["env"]}
+            limits = (c.get("resources") or {}).get("limits") or {}
+            if device == "cuda":
+                assert limits["nvidia.com/gpu"] == "4" and pod["nodeSelector"] and pod["tolerations"]
+            else:
+                assert "nvidia.com/gpu" not in limits and "nodeSelector" not in pod and "tolerations" not in pod
+    bad = copy.deepcopy(job)
+    bad["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "one"
+    assert errors(bad)  # the validation is not vacuous
+    with pytest.raises(ConfigError, match="no Master replica with a 'pytorch' container"):
+        launch.trainjob_manifest({**PYTORCHJOB, "spec": {"pytorchReplicaSpecs": {}}}, load_config(), [], name="x",
+                                 namespace="n", pipeline_run_id="r")
+
+
+@pytest.mark.parametrize("template", [{"apiVersion": "kubeflow.org/v1", "kind": "MPIJob", "spec": {}},
+                                      {**PYTORCHJOB, "apiVersion": "trainer.kubeflow.org/v1alpha1"}, ["a list"]])
+def test_a_template_of_another_kind_is_refused_naming_the_chart_value(tmp_path, monkeypatch, template):
+    cluster = LocalTrainer(tmp_path, template)
+    monkeypatch.setenv(launch.TEMPLATE_ENV, "dpsynth-trainjob")
+    from dpsynth.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--launch", "trainjob", "--run-dir", str(tmp_path / "run")])
+    with pytest.raises(ConfigError, match=r"^trainJob.kind: .* not one of TrainJob \(trainer.kubeflow.org/v1alpha1\), "
+                                          r"PyTorchJob \(kubeflow.org/v1\)"):
+        launch.run_trainjob(load_config(overrides=list(TINY)), args, cluster=cluster)
+    assert not cluster.created
+
+
+def test_each_kind_finishes_on_its_own_conditions():
+    """TrainJob: Complete / Failed; PyTorchJob (training operator v1, common_types.go): Succeeded / Failed, after
+    Created and Running, which do not end it."""
+    def job(kind, *conditions):
+        return {"kind": kind, "status": {"conditions": [{"type": t, "status": v} for t, v in conditions]}}
+
+    assert launch.condition(job("TrainJob", ("Complete", "True"))) == "Complete"
+    assert launch.condition(job("TrainJob", ("Succeeded", "True"))) is None
+    assert launch.condition(job("PyTorchJob", ("Created", "True"), ("Running", "True"))) is None
+    assert launch.condition(job("PyTorchJob", ("Created", "True"), ("Running", "False"),
+                                ("Succeeded", "True"))) == "Succeeded"
+    assert launch.condition(job("PyTorchJob", ("Complete", "True"))) is None
+    assert launch.condition(job("PyTorchJob", ("Restarting", "True"), ("Failed", "True"))) == "Failed"
+    assert launch.condition(job("PyTorchJob", ("Failed", "False"))) is None
+
+
+def test_the_clusters_calls_name_each_kinds_api_and_pods():
+    """:class:`launch.Cluster` against recording fakes of the Kubernetes client: each kind's group, version and plural
+    (kubeflow/trainer's trainjob_types.go; kubeflow/training-operator's pytorch_types.go) and the labels its controller
+    puts on the first node's pod (JobSet's; the training operator's pytorchjob_controller.go, replica type in lower
+    case)."""
+    calls = []
+
+    class Recorder:
+        def __getattr__(self, method):
+            def call(*args, **kwargs):
+                calls.append((method, args, kwargs))
+                return type("Pods", (), {"items": []})()
+            return call
+
+    cluster = launch.Cluster.__new__(launch.Cluster)
+    cluster.objects, cluster.core, cluster.namespace = Recorder(), Recorder(), "ns"
+    expected = {"TrainJob": (("trainer.kubeflow.org", "v1alpha1", "ns", "trainjobs"),
+                             "jobset.sigs.k8s.io/jobset-name=j,batch.kubernetes.io/job-completion-index=0"),
+                "PyTorchJob": (("kubeflow.org", "v1", "ns", "pytorchjobs"),
+                               "training.kubeflow.org/job-name=j,training.kubeflow.org/replica-type=master,"
+                               "training.kubeflow.org/replica-index=0")}
+    for name, (api, selector) in expected.items():
+        kind = launch.KINDS[name]
+        calls.clear()
+        cluster.get(kind, "j")
+        cluster.create(kind, {"kind": name})
+        cluster.delete(kind, "j")
+        assert cluster.first_node_pod(kind, "j") is None
+        assert [(m, a[:4]) for m, a, _ in calls[:3]] == [("get_namespaced_custom_object", api),
+                                                         ("create_namespaced_custom_object", api),
+                                                         ("delete_namespaced_custom_object", api)]
+        assert calls[3][0] == "list_namespaced_pod" and calls[3][2]["label_selector"] == selector
+        assert launch.KINDS[name].api_version == "/".join(api[:2])
+
+
+# --- the launcher, against a local stand-in of the controllers ---------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class LocalTrainer:
-    """The API calls of :class:`dpsynth.stages.launch.Cluster`, served here: a created TrainJob of one node runs its
-    trainer command on this machine (``torchrun --standalone``, numProcPerNode ranks, in place of the runtime's
-    rendezvous), its log is the process's output, and its condition follows the process's exit status."""
+    """The API calls of :class:`dpsynth.stages.launch.Cluster`, served here. A created job runs on this machine: a
+    TrainJob of one node runs its trainer command under ``torchrun --standalone`` (numProcPerNode ranks, in place of
+    the runtime's rendezvous); a PyTorchJob runs one process per replica (Master first, then the Workers), each its
+    container's ``torchrun`` command with the environment the training operator v1 sets (PET_NNODES, PET_NODE_RANK:
+    Master 0, Worker i → i + 1, PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT, MASTER_ADDR/PORT, WORLD_SIZE, RANK; the
+    loopback address in place of the Master's service). The first node's log is its process's output; the job's
+    condition follows the processes: success once all exited 0, Failed (the others killed) once one failed."""
 
     namespace = "dpsynth"
+    CONDITIONS = {"TrainJob": (("Complete", "JobsDone"), ("Failed", "TrainerFailed")),  # their controllers' words
+                  "PyTorchJob": (("Succeeded", "PyTorchJobSucceeded"), ("Failed", "PyTorchJobFailed"))}
 
     def __init__(self, tmp: Path, template: dict = TEMPLATE):
         self.tmp, self._template, self.jobs, self.procs = tmp, template, {}, {}
@@ -145,33 +268,62 @@ class LocalTrainer:
         assert config_map == "dpsynth-trainjob"
         return copy.deepcopy(self._template)
 
-    def get(self, name: str) -> dict | None:
+    def get(self, kind, name: str) -> dict | None:
         job = self.jobs.get(name)
-        if job is not None and name in self.procs and (code := self.procs[name].poll()) is not None:
-            kind = "Complete" if code == 0 else "Failed"
-            job["status"] = {"conditions": [{"type": kind, "status": "True", "reason": "JobsDone" if code == 0
-                                             else "TrainerFailed", "message": f"exit {code}"}]}
+        assert job is None or job["kind"] == kind.kind
+        codes = [p.poll() for p in self.procs.get(name, [])]
+        failed = next((c for c in codes if c not in (0, None)), None)
+        if job is not None and codes and (failed is not None or all(c == 0 for c in codes)):
+            for p in self.procs[name]:  # the others, e.g. a rank waiting for the failed one
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            type_, reason = self.CONDITIONS[job["kind"]][failed is not None]
+            job["status"] = {"conditions": [{"type": type_, "status": "True", "reason": reason,
+                                             "message": f"exit {failed or 0}"}]}
         return copy.deepcopy(job)
 
-    def create(self, body: dict) -> None:
-        name, t = body["metadata"]["name"], body["spec"]["trainer"]
-        assert name not in self.jobs and t["numNodes"] == 1 and t["command"][0] == "torchrun"
+    def nodes(self, body: dict) -> list[tuple[list[str], dict]]:
+        """The command line and extra environment of each node of the job, the first node first."""
+        if body["kind"] == "TrainJob":
+            t = body["spec"]["trainer"]
+            assert t["numNodes"] == 1 and t["command"][0] == "torchrun"
+            return [([str(TORCHRUN), "--standalone", "--nproc-per-node", str(t["numProcPerNode"]), *t["command"][1:],
+                      *t["args"]], {})]
+        spec, port = body["spec"], str(free_port())
+        replicas = spec["pytorchReplicaSpecs"]
+        assert replicas["Master"]["replicas"] == 1 and set(replicas) <= {"Master", "Worker"}
+        pods = [replicas["Master"]] + [replicas.get("Worker")] * (replicas.get("Worker") or {}).get("replicas", 0)
+        nproc = spec.get("nprocPerNode", "1")
+        nodes = []
+        for rank, replica in enumerate(pods):
+            [c] = [c for c in replica["template"]["spec"]["containers"] if c["name"] == "pytorch"]
+            assert c["command"][0] == "torchrun"
+            env = {"PET_NNODES": str(len(pods)), "PET_NODE_RANK": str(rank), "PET_NPROC_PER_NODE": nproc,
+                   "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port, "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": port, "WORLD_SIZE": str(len(pods) * int(nproc)), "RANK": str(rank)}
+            nodes.append(([str(TORCHRUN), *c["command"][1:], *c["args"]], env))
+        return nodes
+
+    def create(self, kind, body: dict) -> None:
+        name = body["metadata"]["name"]
+        assert name not in self.jobs and body["kind"] == kind.kind
         self.jobs[name] = copy.deepcopy(body)
         self.created.append(copy.deepcopy(body))
-        command = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(t["numProcPerNode"]), *t["command"][1:],
-                   *t["args"]]
-        log = open(self.tmp / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+        self.procs[name] = []
+        for i, (command, env) in enumerate(self.nodes(body)):
+            log = open(self.tmp / (f"{name}.log" if i == 0 else f"{name}-{i}.log"), "wb")
+            self.procs[name].append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                     env={**os.environ, "OMP_NUM_THREADS": "1", **env}))
 
-    def delete(self, name: str) -> None:
+    def delete(self, kind, name: str) -> None:
         self.deleted.append(name)
-        if proc := self.procs.pop(name, None):
+        for proc in self.procs.pop(name, []):
             proc.kill()
             proc.wait()
         self.jobs.pop(name, None)
 
-    def first_node_pod(self, name: str) -> str | None:
+    def first_node_pod(self, kind, name: str) -> str | None:
         return f"{name}-node-0-0" if name in self.procs else None
 
     def log_lines(self, pod: str):
@@ -181,7 +333,7 @@ class LocalTrainer:
                 line = f.readline()
                 if line:
                     yield line.decode(errors="replace").rstrip("\n")
-                elif self.procs[name].poll() is not None:
+                elif self.procs[name][0].poll() is not None:
                     return
                 else:
                     time.sleep(0.2)
@@ -198,46 +350,60 @@ def launched(tmp_path, monkeypatch, capsys, run: Path, source: str, cluster: Loc
     return code, out, err
 
 
-def test_trainjob_launch_end_to_end_on_a_local_stand_in(tmp_path, monkeypatch, capsys, source, ledger_with_budget):
-    """A failed TrainJob left by an earlier attempt of the run is replaced; the new one (1 node × 2 ranks, gloo)
-    trains the stage; the launcher copies rank 0's messages to stderr and prints the stage's outcome."""
+SHAPES = {"TrainJob": ("train.nodes=1", "train.gpus_per_node=2"),  # the TrainJob stand-in runs one node
+          "PyTorchJob": ("train.nodes=2", "train.gpus_per_node=1")}  # two replicas: Master (rank 0) and a Worker
+
+
+@pytest.mark.parametrize("kind", ["TrainJob", pytest.param("PyTorchJob", marks=pytest.mark.slow)])  # ~30 s each
+def test_trainjob_launch_end_to_end_on_a_local_stand_in(tmp_path, monkeypatch, capsys, source, ledger_with_budget,
+                                                        kind):
+    """A failed job left by an earlier attempt of the run is replaced; the new one (2 ranks, gloo: a TrainJob of
+    1 node × 2 ranks, a PyTorchJob of 2 nodes × 1 rank meeting at the rendezvous its operator sets) trains the stage;
+    the launcher copies rank 0's messages to stderr and prints the stage's outcome."""
     run = tmp_path / "run"
     stages(run, source, "partition", "warmstart", overrides=["partition.num_shards=1"])
-    cluster = LocalTrainer(tmp_path)
+    cluster = LocalTrainer(tmp_path, TEMPLATES[kind])
     name = launch.trainjob_name("r-1")
-    cluster.jobs[name] = {**copy.deepcopy(TEMPLATE), "status": {"conditions": [
+    cluster.jobs[name] = {**copy.deepcopy(TEMPLATES[kind]), "status": {"conditions": [
         {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "an earlier attempt"}]}}
     code, out, err = launched(tmp_path, monkeypatch, capsys, run, source, cluster, "partition.num_shards=1",
-                              "train.gpus_per_node=2", "train.device=cpu", "train.steps=6")
+                              *SHAPES[kind], "train.device=cpu", "train.steps=6")
     assert code == 0, err[-4000:]
     assert cluster.deleted == [name] and [b["metadata"]["name"] for b in cluster.created] == [name]
     [job] = cluster.created
-    assert job["spec"]["trainer"]["numProcPerNode"] == 2 and "--launch" not in job["spec"]["trainer"]["args"]
+    [args] = {json.dumps(command[command.index("train"):]) for command, _ in cluster.nodes(job)}  # every node alike
+    assert "--launch" not in json.loads(args) and len(cluster.nodes(job)) == (2 if kind == "PyTorchJob" else 1)
     outcome = json.loads(out)
     trained = manifest(run, "sensitive", "train")
     assert outcome["status"] == "succeeded" and outcome["manifest"] == trained and trained["details"]["ranks"] == 2
-    assert outcome["trainjob"] == {"name": name, "namespace": "dpsynth", "nodes": 1, "gpus_per_node": 2, "ranks": 2,
-                                   "distributed": True}
+    nodes = 2 if kind == "PyTorchJob" else 1
+    assert outcome["trainjob"] == {"kind": kind, "name": name, "namespace": "dpsynth", "nodes": nodes,
+                                   "gpus_per_node": 2 // nodes, "ranks": 2, "distributed": True}
     assert "train: succeeded" in err  # rank 0's own message, copied from its node's log
     assert json.loads((run / "sensitive" / "train" / "trace.json").read_text())["events"][-1]["count"] == 6
     (charged,) = ledger_with_budget.history("mnist600")  # one attempt for the 2-rank job
     assert charged["status"] == "committed"
 
 
-def test_a_failed_trainjob_fails_the_launch_with_its_reason(tmp_path, monkeypatch, capsys, source):
-    """No partition yet: the ranks fail, the TrainJob's Failed condition ends the launch with exit 2 and its reason."""
-    cluster = LocalTrainer(tmp_path)
-    code, out, err = launched(tmp_path, monkeypatch, capsys, tmp_path / "run", source, cluster,
+@pytest.mark.parametrize("kind, reason", [("TrainJob", "TrainerFailed"), ("PyTorchJob", "PyTorchJobFailed")])
+def test_a_failed_trainjob_fails_the_launch_with_its_reason(tmp_path, monkeypatch, capsys, source, kind, reason):
+    """No partition yet: the ranks fail, the job's Failed condition ends the launch with exit 2 and its reason. (One
+    node of 2 ranks for both kinds: with 2 nodes a Worker may fail first, and the job's failure stops the first node
+    before its rank 0 has written its own error.)"""
+    cluster = LocalTrainer(tmp_path, TEMPLATES[kind])
+    code, out, err = launched(tmp_path, monkeypatch, capsys, tmp_path / "run", source, cluster, "train.nodes=1",
                               "train.gpus_per_node=2", "train.device=cpu")
     assert code == 2 and out == ""
-    assert "failed: TrainerFailed" in err and "sensitive/partition/manifest.json" in err  # the rank's error, copied
+    assert f"{kind} {launch.trainjob_name('r-1')} failed: {reason}" in err
+    assert "sensitive/partition/manifest.json" in err  # the rank's error, copied
 
 
-def test_a_stopped_launcher_deletes_its_trainjob(tmp_path, monkeypatch):
-    cluster = LocalTrainer(tmp_path)
-    cluster.create = lambda body: cluster.jobs.__setitem__(body["metadata"]["name"], body)
+@pytest.mark.parametrize("kind", ["TrainJob", "PyTorchJob"])
+def test_a_stopped_launcher_deletes_its_trainjob(tmp_path, monkeypatch, kind):
+    cluster = LocalTrainer(tmp_path, TEMPLATES[kind])
+    cluster.create = lambda k, body: cluster.jobs.__setitem__(body["metadata"]["name"], body)
 
-    def interrupted(name):
+    def interrupted(k, name):
         raise launch.Stopped()
 
     cluster.first_node_pod = interrupted  # SIGTERM while following the TrainJob

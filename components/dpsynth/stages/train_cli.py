@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     stage_cli.add_stage_options(p)
     p.add_argument("--launch", choices=("torchrun", "trainjob"),
                    help="start the train stage (--run-dir) on train.nodes × train.gpus_per_node ranks and wait for it: "
-                        "torchrun on this machine, or a Kubeflow Trainer TrainJob (from the chart's template, "
+                        "torchrun on this machine, or a Kubeflow TrainJob or PyTorchJob (the chart's template, "
                         "$DPSYNTH_TRAINJOB_TEMPLATE) on Kubernetes; what the orchestrators run when it exceeds 1")
     p.set_defaults(func=run_train)
 
