@@ -18,7 +18,6 @@ from dpsynth import storage
 from dpsynth.data import ImageDataset, import_source, write_parquet
 from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.methods.gswgan import audit_invariants as gswgan_invariants
-from dpsynth.federation import process_jobs, server_main, train_federated
 from dpsynth.methods.gswgan_federated import (
     Client,
     FederatedGSWGANTrainer,
@@ -30,7 +29,7 @@ from dpsynth.models.gswgan import Discriminator
 from dpsynth.privacy import MechanismTrace, gswgan_event
 from dpsynth.stages.partition import assign
 from tests.ledger_fixtures import assert_charged_once
-from tests.methods.gswgan_helpers import K, MNIST, record_owner, tiny, warm_files, watch_inputs
+from tests.methods.gswgan_helpers import K, MNIST, record_owner, run_federated, tiny, warm_files, watch_inputs
 from tests.privacy.test_wor import autodp_mechanism_epsilon
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
@@ -76,7 +75,7 @@ def test_client_returns_clipped_noised_gradients_of_its_own_critic(tmp_path, sha
     assert noisy.std().item() == pytest.approx(50 * 0.001, rel=0.1)
 
 
-# --- two clients in their own processes ------------------------------------------------------
+# --- the server and two clients as the ranks of one gloo job ------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -86,44 +85,13 @@ def two_shards() -> list[ImageDataset]:
     return [ds.subset(np.flatnonzero(where == k)) for k in range(2)]
 
 
-def _walk(obj):
-    yield obj
-    if isinstance(obj, dict):
-        for v in obj.values():
-            yield from _walk(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _walk(v)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from _walk(getattr(obj, f.name))
-
-
-def test_server_process_is_given_no_data_and_each_client_only_its_own(tmp_path, two_shards):
-    cfg = tiny(tmp_path, "partition.num_shards=2")
-    warm = {0: b"D_0", 1: b"D_1"}
-    jobs = process_jobs(cfg, two_shards, meta=federation_meta(cfg, two_shards), warm=warm, noise_multiplier=1.0,
-                        port=1, timeout_s=1, results=None, server_kwargs={})
-    server, *clients = jobs
-    assert server["target"] is server_main
-    assert not any(isinstance(v, (torch.Tensor, np.ndarray, ImageDataset, bytes)) for v in _walk(server))
-    assert not any(isinstance(v, str) and "shard" in v for v in _walk(server))  # no shard URIs either
-    assert not {"shard", "shards", "warm"} & set(inspect.signature(server_main).parameters)
-    for k, job in enumerate(clients):
-        images, labels = two_shards[k].to_tensors()
-        assert job["shard_index"] == k and job["warm"] == warm[k]
-        assert torch.equal(job["shard"][0], images) and torch.equal(job["shard"][1], labels)
-        other = [v for v in _walk(job) if isinstance(v, torch.Tensor)]
-        assert len(other) == 2  # its own images and labels, nothing of the other shard
-
-
-def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_bytes(tmp_path, two_shards):
+def test_the_ranks_are_the_in_process_reference_and_move_the_protocol_bytes(tmp_path, two_shards):
     overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
     warm = warm_files(tiny(tmp_path, *overrides), two_shards, tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the server process logs to MLflow
-    result = train_federated(tiny(tmp_path / "processes", *overrides, "tracking.enabled=true", f"tracking.uri={uri}"),
-                             two_shards, warm=warm, mechanism_seed=11)
-    assert multiprocessing.active_children() == []
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the server logs to MLflow
+    result = dataclasses.asdict(run_federated(
+        tiny(tmp_path / "ranks", *overrides, "tracking.enabled=true", f"tracking.uri={uri}"), two_shards, warm=warm,
+        mechanism_seed=11))
     reference = FederatedGSWGANTrainer(tiny(tmp_path / "reference", *overrides), two_shards, warm=warm,
                                        mechanism_seed=11).train()
 
@@ -149,14 +117,12 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
     assert fed["bytes_per_iteration_from_clients"] == from_clients
     assert fed["bytes_per_iteration"] == to_clients + from_clients and fed["bytes_at_stop"] == 2 * 8
 
-    recorded = json.loads(Path(tmp_path / "processes" / "result.json").read_text())
+    recorded = json.loads(Path(tmp_path / "ranks" / "result.json").read_text())
     assert recorded == result and recorded["details"]["privacy_unit"] == "client" and recorded["details"]["clients"] == 2
     assert recorded["details"]["delta_below_one_over_clients"] is True  # δ = 1e-4 < 1/2
     assert got["privacy"]["unit"].startswith("client") and got["privacy"]["clients"] == 2
 
     from mlflow import MlflowClient
-
-    from dpsynth import tracking
 
     run = MlflowClient(uri).get_run(result["mlflow_run_id"])
     assert run.data.params["derived.privacy_unit"] == "client" and run.data.params["derived.clients"] == "2"
@@ -166,7 +132,27 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
     assert FederatedServer.MLFLOW_KEYS.undeclared(metrics=run.data.metrics, params=run.data.params) == []
 
 
-def test_reference_resumes_clients_and_all_and_the_processes_refuse_to(tmp_path, two_shards):
+def test_the_ranks_resume_clients_and_all_as_the_reference_does(tmp_path, two_shards):
+    """Stopped after 3 iterations (checkpoints at 2: the server's, and each client's own D_k, optimizer, RNGs and
+    noise coins), resumed on fresh ranks (fresh coins, then the checkpoints'): the uninterrupted reference run,
+    bit for bit, and the same bytes per iteration."""
+    overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
+    warm = warm_files(tiny(tmp_path, *overrides), two_shards, tmp_path)
+    full = FederatedGSWGANTrainer(tiny(tmp_path / "full", *overrides), two_shards, warm=warm, mechanism_seed=5).train()
+    cfg = tiny(tmp_path / "split", *overrides, "output.checkpoint_every=2")
+    assert run_federated(cfg, two_shards, warm=warm, mechanism_seed=5, stop_after=3) is None
+    clients = tmp_path / "split" / "checkpoints" / "clients"
+    assert sorted(p.name for p in clients.iterdir()) == ["client-0-4.pt", "client-1-4.pt"]  # round 4 = step 2
+    resumed = run_federated(cfg, two_shards, warm=warm)
+    assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()
+    a, b = (torch.load(r.generator_path, weights_only=True)["state_dict"] for r in (full, resumed))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert resumed.details["bytes_per_iteration"] == 100624 + 100352  # the counts resume with the step
+    assert sorted(p.name for p in clients.iterdir()) == [  # each client keeps its last two: rounds 8 and 12
+        "client-0-12.pt", "client-0-8.pt", "client-1-12.pt", "client-1-8.pt"]
+
+
+def test_the_reference_resumes_clients_and_all(tmp_path, two_shards):
     overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
     full = FederatedGSWGANTrainer(tiny(tmp_path / "full", *overrides), two_shards, mechanism_seed=5).train()
     cfg = tiny(tmp_path / "split", *overrides, "output.checkpoint_every=2")
@@ -175,43 +161,21 @@ def test_reference_resumes_clients_and_all_and_the_processes_refuse_to(tmp_path,
     assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()
     a, b = (torch.load(r.generator_path, weights_only=True)["state_dict"] for r in (full, resumed))
     assert all(torch.equal(a[name], b[name]) for name in a)
-    with pytest.raises(ConfigError, match="output.resume"):  # its clients' D_k are not checkpointed
-        train_federated(cfg, two_shards)
 
 
-def test_a_client_crash_is_an_error_naming_the_client_and_leaves_no_process(tmp_path, two_shards):
-    cfg = tiny(tmp_path, "partition.num_shards=2", "privacy.noise_multiplier=4.0")
-    with pytest.raises(DpsynthError, match=r"(?s)client 1 \(rank 2\) failed.*UnpicklingError"):
-        train_federated(cfg, two_shards, warm={1: b"not a discriminator"}, timeout_s=30)
-    assert multiprocessing.active_children() == []
-    assert not (tmp_path / "result.json").exists()
+def test_a_job_of_another_size_than_k_plus_one_is_refused(monkeypatch, tmp_path, two_shards):
+    from dpsynth.federation import FederatedProcesses, launch
 
-
-@pytest.mark.slow
-def test_a_client_killed_mid_run_fails_the_run_at_once(tmp_path, two_shards):
-    import os
-    import signal
-    import threading
-    import time
-
-    killed = []
-
-    def kill_client_1():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed:
-            ranks = {p.name: p for p in multiprocessing.active_children()}
-            if "gswgan-federated-rank2" in ranks and (tmp_path / "config.yaml").exists():  # the server is training
-                time.sleep(1.0)
-                os.kill(ranks["gswgan-federated-rank2"].pid, signal.SIGKILL)
-                killed.append(time.monotonic())
-            time.sleep(0.1)
-
-    threading.Thread(target=kill_client_1, daemon=True).start()
-    cfg = tiny(tmp_path, "partition.num_shards=2", "privacy.noise_multiplier=200", "train.steps=1000000")
-    with pytest.raises(DpsynthError, match=r"client 1 \(rank 2\) exit code -9"):
-        train_federated(cfg, two_shards)
-    assert killed and time.monotonic() - killed[0] < 30
-    assert multiprocessing.active_children() == []
+    cfg = tiny(tmp_path, "partition.num_shards=2", method="gswgan_federated")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match=r"^partition.num_shards: .*3 ranks.*WORLD_SIZE=2 \(--nproc-per-node\)"):
+        launch(cfg)
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(TypeError, match="never the data"):  # the server is given n, never a shard
+        FederatedProcesses(cfg, two_shards)
+    with pytest.raises(ConfigError, match="^train.method: .*rank 0 of a torchrun job"):
+        FederatedProcesses(cfg, 400)
 
 
 def test_audit_checks_the_folded_event_at_rate_one_over_k(tmp_path, shards):

@@ -67,7 +67,12 @@ def run_train(args) -> int:
         return launch.run(args.launch, cfg, args)
     from dpsynth.methods import distributed
 
-    ranks = distributed.launch(cfg)  # under torchrun: join the job
+    if cfg.train.method == "gswgan_federated":  # its server and K clients are the job's ranks (dpsynth.federation)
+        from dpsynth import federation
+
+        ranks = federation.launch(cfg)
+    else:
+        ranks = distributed.launch(cfg)  # under torchrun: join the job
     code = None
     try:
         code = _run_train(args, cfg, ranks)
