@@ -87,3 +87,39 @@ def _federated_rank(rank, cfg, shards, warm, stop_after, mechanism_seed, server_
         k = rank - 1
         client_main(cfg, shards[k], warm=warm.get(k), mechanism_seed=None if noise is None else noise[k],
                     checkpoints=Path(cfg.output.dir) / "checkpoints" / CLIENT_CHECKPOINTS)
+
+
+def stage_rank_reads(rank, run_dir, overrides, out):
+    """Rank ``rank`` of a federated train stage job (rank 0: :func:`dpsynth.stages.train.run`, the others
+    :func:`~dpsynth.stages.train.follow`, as ``torchrun -m dpsynth train --run-dir`` runs them), recording every
+    file the process opens (Python's ``open`` audit events) and every dataset it reads (``read_parquet``, whose
+    reader opens files natively) into ``out/rank<rank>.json``."""
+    import json
+    import sys
+
+    import dpsynth.data
+    import dpsynth.data.dataset
+    from dpsynth.stages import train as train_stage
+    from dpsynth.stages.common import StageContext
+
+    opened = []
+
+    def hook(event, args):
+        if event == "open" and isinstance(args[0], (str, Path)):
+            opened.append(str(Path(args[0]).resolve()))
+
+    sys.addaudithook(hook)
+    real = dpsynth.data.dataset.read_parquet
+
+    def read_parquet(uri):
+        opened.append(str(Path(uri).resolve()))
+        return real(uri)
+
+    for module in (dpsynth.data, dpsynth.data.dataset, train_stage):
+        module.read_parquet = read_parquet
+    ctx = StageContext.create(load_config(overrides=list(overrides)), run_dir=str(run_dir), pipeline_run_id="reads")
+    if rank == 0:
+        train_stage.run(ctx)
+    else:
+        train_stage.follow(ctx)
+    Path(out, f"rank{rank}.json").write_text(json.dumps(opened))

@@ -216,6 +216,7 @@ def test_stages_partition_warmstart_train_audit(tmp_path, stage_ledger):
     assert sorted(o["shard"] for o in warm["outputs"] if o["role"] == "discriminator") == [0, 1]
     trained = manifest(run, "sensitive", "train")
     assert trained["details"]["method"] == "gswgan_federated" and trained["details"]["steps"] == 4
+    assert trained["details"]["ranks"] == 3  # the server and 2 clients: the torchrun job the stage started
     assert all(e["sample_rate"] == pytest.approx(1 / 2) for e in trained["privacy"]["events"])
     result = json.loads(storage.read_bytes([o["uri"] for o in trained["outputs"] if o["role"] == "result"][0]))
     assert result["details"]["privacy_unit"] == "client"
@@ -225,6 +226,73 @@ def test_stages_partition_warmstart_train_audit(tmp_path, stage_ledger):
     report = json.loads(storage.read_bytes([o["uri"] for o in audit["outputs"] if o["uri"].endswith(".json")][0]))
     assert [c["name"] for c in report["checks"] if not c["passed"]] == []
     assert {c["name"] for c in report["checks"]} >= {"gswgan_federated.sampling", "gswgan_federated.noise_multiplier"}
+
+
+def _stage_run_dir(tmp_path, *extra):
+    """A run directory after partition and warmstart (2 clients, tiny); the settings, as --set values."""
+    from tests.stages.helpers import TINY, stage
+
+    source = tmp_path / "mnist400.parquet"
+    write_parquet(import_source(str(MNIST)).subset(np.arange(400)), source)
+    run = tmp_path / "run"
+    overrides = (*FEDERATED_STAGE, *extra)
+    for name in ("partition", "warmstart"):
+        assert stage(name, run, str(source), *overrides) == 0, name
+    return run, (f"data.uri={source}", *TINY, *overrides)
+
+
+FEDERATED_STAGE = ("train.method=gswgan_federated", "partition.num_shards=2", "gswgan.d_width=4", "gswgan.g_width=4",
+                   "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.warmstart_iterations=2",
+                   "train.steps=4", "privacy.epsilon=50")
+
+
+def test_the_stage_server_reads_no_shard_and_each_client_only_its_own(tmp_path, stage_ledger):
+    """The train stage on the job's 3 ranks (rank 0 train.run, ranks 1 and 2 train.follow, as torchrun runs
+    `dpsynth train --run-dir`): the server opens no shard and no warm D_k, not even to hash it; client k opens
+    shard k and D_k only; the stage trains (one charge) with the details of 3 ranks."""
+    from tests.methods.distributed_workers import run_ranks
+    from tests.methods.gswgan_helpers import stage_rank_reads
+    from tests.stages.helpers import manifest
+
+    run, overrides = _stage_run_dir(tmp_path, "output.checkpoint_every=2")
+    shard_files = [str(Path(o["uri"]).resolve()) for o in manifest(run, "sensitive", "partition")["outputs"]
+                   if o["role"] == "shard"]
+    warm = {int(o["shard"]): str(Path(o["uri"]).resolve()) for o in manifest(run, "sensitive", "warmstart")["outputs"]
+            if o["role"] == "discriminator"}
+    assert len(shard_files) == 2 and sorted(warm) == [0, 1]
+    run_ranks(3, tmp_path, stage_rank_reads, str(run), overrides, str(tmp_path))
+    opened = [set(json.loads((tmp_path / f"rank{r}.json").read_text())) for r in range(3)]
+    private = set(shard_files) | set(warm.values())
+    assert opened[0] & private == set()
+    for k in (0, 1):
+        assert opened[k + 1] & private == {shard_files[k], warm[k]}
+    trained = manifest(run, "sensitive", "train")
+    assert trained["status"] == "succeeded" and trained["details"]["ranks"] == 3 and trained["details"]["steps"] == 4
+    assert_charged_once(stage_ledger, trained)
+
+
+def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(tmp_path, stage_ledger):
+    """Client 1's warm D_k altered after the warmstart: client 1 (rank 2) refuses it; torchrun stops the job
+    and `dpsynth train --run-dir` (which started it) exits non-zero with the client's error; the train stage
+    wrote no outputs and the release zone is empty."""
+    import subprocess
+    import sys
+
+    from tests.stages.helpers import manifest, release_files, settings
+
+    run, overrides = _stage_run_dir(tmp_path)
+    (d_1,) = [o["uri"] for o in manifest(run, "sensitive", "warmstart")["outputs"]
+              if o["role"] == "discriminator" and int(o["shard"]) == 1]
+    Path(d_1).write_bytes(b"not a discriminator")
+    done = subprocess.run([sys.executable, "-m", "dpsynth", "train", "--run-dir", str(run),
+                           *[a for o in overrides for a in ("--set", o)]],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"{d_1}: sha256" in done.stderr and "differs from the manifest" in done.stderr  # client 1's own error
+    assert "federated job (server and 2 clients under torchrun) failed" in done.stderr
+    train_dir = run / "sensitive" / "train"
+    assert not (train_dir / "manifest.json").exists() and not (train_dir / "result.json").exists()
+    assert not (train_dir / "generator.pt").exists() and release_files(run) == []
 
 
 def test_the_method_is_wired_into_config_stages_and_airflow():
