@@ -293,6 +293,8 @@ def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(t
     train_dir = run / "sensitive" / "train"
     assert not (train_dir / "manifest.json").exists() and not (train_dir / "result.json").exists()
     assert not (train_dir / "generator.pt").exists() and release_files(run) == []
+    (attempt,) = stage_ledger.history("mnist600")  # rank 0's one attempt; no private step was taken
+    assert attempt["epsilon_spent"] is None and attempt["steps"] == 0
 
 
 def test_the_method_is_wired_into_config_stages_and_airflow():
