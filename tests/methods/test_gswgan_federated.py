@@ -5,9 +5,7 @@ in-process reference, byte for byte, moving exactly the bytes its protocol descr
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
-import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +14,13 @@ import torch
 
 from dpsynth import storage
 from dpsynth.data import ImageDataset, import_source, write_parquet
-from dpsynth.errors import ConfigError, DpsynthError
+from dpsynth.errors import ConfigError
 from dpsynth.methods.gswgan import audit_invariants as gswgan_invariants
 from dpsynth.methods.gswgan_federated import (
     Client,
     FederatedGSWGANTrainer,
     FederatedServer,
     audit_invariants,
-    federation_meta,
 )
 from dpsynth.models.gswgan import Discriminator
 from dpsynth.privacy import MechanismTrace, gswgan_event
