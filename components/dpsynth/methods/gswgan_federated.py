@@ -9,10 +9,11 @@ updates G with the last round's gradients (Algorithm 2, line 11).
 
 Two transports run the same server (:class:`FederatedServer`) and the same :class:`Client`:
 
-* :func:`dpsynth.federation.train_federated` — what ``train.method=gswgan_federated`` runs: the
-  server (rank 0) and each client k (rank k+1) in its own process, talking over
-  torch.distributed/gloo on loopback. The server process is given metadata only (n, K, image
-  shape), never a shard. The processes and the messages are there; this module is the algorithm.
+* :mod:`dpsynth.federation` — what ``train.method=gswgan_federated`` runs: the server (rank 0)
+  and each client k (rank k+1) as the ranks of one ``torchrun`` job, talking over
+  torch.distributed/gloo. The server is given metadata only (n, K, image shape), never a shard;
+  each client checkpoints its own state. The ranks and the messages are there; this module is the
+  algorithm.
 * :class:`FederatedGSWGANTrainer` — the same protocol in one process (the reference the
   multi-process run must match bit for bit, given the same train.seed and, in tests, the same
   mechanism seed).

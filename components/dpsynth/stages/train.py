@@ -19,6 +19,11 @@ Under ``torchrun`` (a data-parallel method, :mod:`dpsynth.methods.distributed`) 
 ledger attempt, the trainer's MLflow child run, the outputs and the manifest — and tells the other
 ranks whether it trains; they (:func:`follow`) read the same shards and warm start, train in step
 with it, and write nothing.
+
+``gswgan_federated`` always runs so, on K + 1 ranks (:mod:`dpsynth.federation`): in one process
+:func:`run` starts that torchrun job and returns its rank 0's outcome; in the job rank 0 is the stage
+and the server, given the number of records only (it opens no shard), and rank k + 1 is client k,
+which reads its own shard and warm D_k only and writes only its own checkpoints.
 """
 
 from __future__ import annotations
