@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import types
 from pathlib import Path
 
@@ -168,7 +171,8 @@ def _client_file(checkpoints: Path, shard_index: int, round_: int) -> Path:
 
 def _save(client: Client, checkpoints: Path | None, shard_index: int, round_: int) -> None:
     """Client k's state at ``round_``, written atomically; its older files but the previous one removed (the
-    server's checkpoint on disk is of this round or of the previous one)."""
+    server's checkpoint on disk is of this round or of the previous one), and any of a later round (left by
+    an earlier run: rounds only grow within a run)."""
     if checkpoints is None:
         return
     checkpoints.mkdir(parents=True, exist_ok=True)
@@ -177,7 +181,8 @@ def _save(client: Client, checkpoints: Path | None, shard_index: int, round_: in
     torch.save(client.state_dict(), tmp)
     os.replace(tmp, path)
     mine = sorted((int(p.stem.rsplit("-", 1)[1]), p) for p in checkpoints.glob(f"client-{shard_index}-*.pt"))
-    for _, old in mine[:-2]:
+    earlier = [p for r, p in mine if r <= round_]
+    for old in earlier[:-2] + [p for r, p in mine if r > round_]:
         old.unlink()
 
 
@@ -278,6 +283,28 @@ def client_stage(ctx) -> None:
     client_main(ctx.cfg, shard, warm=warm[0] if warm else None, checkpoints=checkpoints)
 
 
+def _run_job(command: list[str]) -> tuple[str, int]:
+    """Run torchrun (stdout captured; stderr, every rank's log, passed through as it comes); stopped by SIGTERM
+    (a task's time limit), this process stops torchrun first, which stops the ranks."""
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        stdout, _ = job.communicate()
+        return stdout, job.returncode
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if job.poll() is None:
+            job.terminate()
+            try:
+                job.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.wait()
+
+
 def launch_stage(ctx):
     """The train stage of a one-process ``dpsynth train --run-dir`` / ``dpsynth pipeline run``: run it as a
     torchrun job of K + 1 ranks on this machine (``python -m torch.distributed.run --standalone``, an argv list,
@@ -295,11 +322,14 @@ def launch_stage(ctx):
                                      force=ctx.force, json=True)
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                    str(world_size(ctx.cfg)), "-m", "dpsynth", *stage_argv(args)]
-        done = subprocess.run(command, stdout=subprocess.PIPE, text=True)  # stderr: every rank's log, as it comes
-    if done.returncode != 0:
+        stdout, returncode = _run_job(command)
+    if returncode != 0:
         raise DpsynthError(f"train: the federated job (server and {ctx.cfg.partition.num_shards} clients under "
-                           f"torchrun) failed with exit status {done.returncode}; the failing rank's error is above")
-    out = json.loads(done.stdout)
+                           f"torchrun) failed with exit status {returncode}; the failing rank's error is above")
+    start = re.search(r"^\{", stdout, re.MULTILINE)
+    if start is None:
+        raise DpsynthError("train: the federated job succeeded but its rank 0 printed no outcome")
+    out, _ = json.JSONDecoder().raw_decode(stdout, start.start())  # rank 0's `--json` outcome
     return common.Outcome(stage=out["stage"], status=out["status"], manifest=out["manifest"],
                           manifest_uri=out["manifest_uri"], mlflow_run_id=out["mlflow_run_id"])
 

@@ -140,6 +140,7 @@ def test_the_ranks_resume_clients_and_all_as_the_reference_does(tmp_path, two_sh
     assert run_federated(cfg, two_shards, warm=warm, mechanism_seed=5, stop_after=3) is None
     clients = tmp_path / "split" / "checkpoints" / "clients"
     assert sorted(p.name for p in clients.iterdir()) == ["client-0-4.pt", "client-1-4.pt"]  # round 4 = step 2
+    (clients / "client-0-100.pt").write_bytes(b"left by an earlier, longer run")  # removed at the next save
     resumed = run_federated(cfg, two_shards, warm=warm)
     assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()
     a, b = (torch.load(r.generator_path, weights_only=True)["state_dict"] for r in (full, resumed))
