@@ -356,6 +356,36 @@ def test_a_job_killed_after_a_checkpoint_resumes_and_finishes_the_trace(tmp_path
     assert resumed["status"] == "committed" and resumed["resumes_id"] == killed["id"]
 
 
+@pytest.mark.slow
+def test_a_stopped_stage_stops_its_torchrun_job(tmp_path, stage_ledger):
+    """SIGTERM (a task's time limit) to the one-process `dpsynth train --run-dir` while its job trains: it stops
+    torchrun, which stops the ranks; no process of the job is left running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run, overrides = _stage_run_dir(tmp_path, "train.steps=100000", "output.checkpoint_every=5",
+                                    "privacy.noise_multiplier=50", "privacy.epsilon=1000")
+    argv = [sys.executable, "-m", "dpsynth", "train", "--run-dir", str(run), *[a for o in overrides for a in ("--set", o)]]
+    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 240
+    while not ckpt.exists() and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.1)
+    assert ckpt.exists(), "no checkpoint appeared"
+    processes = _descendants(job.pid)
+    assert len(processes) >= 4  # torchrun's agent and the 3 ranks
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=120) != 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in processes):
+        time.sleep(0.2)
+    assert [pid for pid in processes if Path(f"/proc/{pid}").exists()] == []
+
+
 def test_the_method_is_wired_into_config_stages_and_airflow():
     from typing import get_args, get_type_hints
 
