@@ -3,9 +3,11 @@
     .venv/stage/bin/python benchmarks/gswgan_federated.py [--clients 2] [--width 64] [--batch-size 32]
         [--n-dis 5] [--per-client 60] [--steps 40] [--threads 1] [--json PATH]
 
-Runs the same configuration twice on real MNIST records: once as K + 1 processes over
-torch.distributed/gloo on loopback (:func:`train_federated`, what ``train.method=gswgan_federated``
-runs) and once in one process (:class:`FederatedGSWGANTrainer`, the reference). Reported per
+Runs the same configuration twice on real MNIST records: once as the K + 1 ranks of a torchrun job
+over torch.distributed/gloo (``python -m torch.distributed.run --standalone --nproc-per-node K+1`` running
+this script's ``--rank`` mode: rank 0 :class:`dpsynth.federation.FederatedProcesses`, the server, given n only;
+rank k + 1 :func:`dpsynth.federation.client_main` with shard k — what ``train.method=gswgan_federated`` runs)
+and once in one process (:class:`FederatedGSWGANTrainer`, the reference). Reported per
 transport: the bytes per generator iteration server → clients and back as counted by the transport
 (element_size × numel of every tensor sent, control messages included; the in-process reference
 reports the protocol's analytic count), the trainer's own seconds (training loop + writing the
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +35,7 @@ sys.path.insert(0, str(ROOT / "components"))
 
 from dpsynth.config import load_config  # noqa: E402
 from dpsynth.data import import_source  # noqa: E402
-from dpsynth.federation import train_federated  # noqa: E402
+from dpsynth import federation  # noqa: E402
 from dpsynth.methods.gswgan_federated import FederatedGSWGANTrainer, message_bytes  # noqa: E402
 from dpsynth.models.gswgan import Discriminator, Generator, count_parameters  # noqa: E402
 from dpsynth.stages.partition import assign  # noqa: E402
@@ -47,13 +51,16 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--threads", type=int, default=1, help="torch threads in the in-process run (clients use 1)")
     ap.add_argument("--json")
+    ap.add_argument("--rank", metavar="OUT", help=argparse.SUPPRESS)  # a rank of the torchrun job main() starts
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(1 if args.rank else args.threads)
 
-    ds = import_source(str(ROOT / "data" / "mnist")).subset(np.arange(args.clients * args.per_client))
-    where = assign(ds.record_ids, key="bench", heldout_fraction=0.0, num_shards=args.clients)
-    shards = [ds.subset(np.flatnonzero(where == k)) for k in range(args.clients)]
-    out = Path(tempfile.mkdtemp(prefix="dpsynth-bench-gswgan-federated-"))
+    def shards():
+        ds = import_source(str(ROOT / "data" / "mnist")).subset(np.arange(args.clients * args.per_client))
+        where = assign(ds.record_ids, key="bench", heldout_fraction=0.0, num_shards=args.clients)
+        return [ds.subset(np.flatnonzero(where == k)) for k in range(args.clients)]
+
+    out = Path(args.rank or tempfile.mkdtemp(prefix="dpsynth-bench-gswgan-federated-"))
 
     def cfg(name: str):
         return load_config(overrides=[
@@ -63,33 +70,44 @@ def main(argv=None) -> int:
             "privacy.noise_multiplier=1.07", "privacy.epsilon=1e6", "privacy.delta=1e-5", "output.log_every=0",
             "output.sample_every=0", "output.checkpoint_every=0"])
 
+    if args.rank:  # rank 0 the server (given n only), rank k + 1 client k (its own shard)
+        ranks = federation.launch(cfg("processes"))
+        if ranks.is_main:
+            result = federation.FederatedProcesses(cfg("processes"), args.clients * args.per_client).train()
+            (out / "processes.json").write_text(json.dumps(vars(result)))
+        else:
+            federation.client_main(cfg("processes"), shards()[ranks.rank - 1], warm=None, checkpoints=None)
+        federation.distributed.shutdown(barrier=True)
+        return 0
+
     started = time.monotonic()
-    processes = train_federated(cfg("processes"), shards)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+               str(args.clients + 1), str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:]),
+               "--rank", str(out)]
+    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     wall = time.monotonic() - started
-    reference = FederatedGSWGANTrainer(cfg("in_process"), shards).train()
+    processes = json.loads((out / "processes.json").read_text())
+    reference = FederatedGSWGANTrainer(cfg("in_process"), shards()).train()
 
     spec = {"num_classes": 10, "channels": 1, "image_size": 28}
-    rows = {"processes (gloo)": processes, "in-process": vars(reference)}
+    rows = {"torchrun ranks (gloo)": processes, "in-process": vars(reference)}
     d_params = count_parameters(Discriminator(num_classes=10, width=args.width))
     g_params = count_parameters(Generator(num_classes=10, width=args.width, latent_dim=cfg("x").gswgan.latent_dim))
     report = {"args": vars(args), "analytic": message_bytes(cfg("x"), spec), "process_wall_seconds": wall,
               "d_parameters": d_params, "g_parameters": g_params, "runs": {}}
     print(f"K = {args.clients} clients, width {args.width}, B = {args.batch_size}, n_dis = {args.n_dis}, "
           f"{args.steps} iterations, torch {torch.__version__}")
-    print(f"{'transport':<18}{'→ clients B/it':>16}{'← clients B/it':>16}{'total B/it':>12}"
+    print(f"{'transport':<22}{'→ clients B/it':>16}{'← clients B/it':>16}{'total B/it':>12}"
           f"{'seconds':>10}{'it/s':>8}")
     for name, r in rows.items():
+        r = {**r, **r["details"]}  # the transport's counts are in the result's details
         its = r["steps"] / r["seconds"]
         report["runs"][name] = {k: r[k] for k in ("steps", "seconds", "bytes_per_iteration_to_clients",
                                                   "bytes_per_iteration_from_clients", "bytes_per_iteration")}
         report["runs"][name]["iterations_per_second"] = its
-        print(f"{name:<18}{r['bytes_per_iteration_to_clients']:>16,}{r['bytes_per_iteration_from_clients']:>16,}"
+        print(f"{name:<22}{r['bytes_per_iteration_to_clients']:>16,}{r['bytes_per_iteration_from_clients']:>16,}"
               f"{r['bytes_per_iteration']:>12,}{r['seconds']:>10.2f}{its:>8.2f}")
-    same = all(torch.equal(a, b) for a, b in zip(
-        torch.load(processes["generator_path"], weights_only=True)["state_dict"].values(),
-        torch.load(reference.generator_path, weights_only=True)["state_dict"].values()))
-    report["same_generator"] = same
-    print(f"processes wall time incl. start-up: {wall:.2f} s; same generator bytes: {same}")
+    print(f"torchrun job wall time incl. start-up: {wall:.2f} s")
     print(f"for scale: D has {d_params:,} parameters; one exchange of D's weights both ways = "
           f"{2 * 4 * d_params:,} bytes")
     if args.json:

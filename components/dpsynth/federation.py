@@ -1,86 +1,148 @@
-"""The federated GS-WGAN's processes: the server (rank 0) and K clients (ranks 1..K) over
-torch.distributed/gloo on loopback, each in its own process.
+"""The federated GS-WGAN's processes: the server (rank 0) and K clients (client k is rank k + 1) of one
+``torchrun`` job, talking over torch.distributed/gloo.
+
+    torchrun --standalone --nproc-per-node K+1 -m dpsynth train --run-dir RUN_DIR ...
+
+torch's elastic launcher starts the K + 1 processes, gives them the rendezvous, and supervises them: a rank
+that fails (an exception, a signal) makes torchrun stop the others and exit non-zero with that rank's error.
+A plain ``dpsynth train --run-dir`` (or ``dpsynth pipeline run``) in one process starts that job itself
+(:func:`launch_stage`): the train stage is then rank 0 of the job, as for the data-parallel methods.
+
+* Rank 0 is the stage (:func:`dpsynth.stages.train.run`: the reuse decision, the ledger attempt, the MLflow
+  run, ``sensitive/train/``, the manifest) and the server (:class:`FederatedProcesses`): it is given
+  metadata only — n from the partition manifest, the image shape from client 0 — never a shard or a D_k.
+* Rank k + 1 is client k (:func:`client_stage`): it reads and verifies its own shard and its own warm D_k
+  only, answers the server's requests (:func:`serve`) and writes nothing but its own checkpoint.
 
 The algorithm (:class:`~dpsynth.methods.gswgan_federated.FederatedServer`,
 :class:`~dpsynth.methods.gswgan_federated.Client`, the accounting) is in
-:mod:`dpsynth.methods.gswgan_federated`; this module only moves its messages and runs its processes.
-The server process is given metadata only (n, K, image shape), never a shard; client k its own shard
-and D_k only. The messages of a round are the protocol in :mod:`dpsynth.methods.gswgan_federated`'s
-docstring; :class:`GlooClients` counts every byte of them.
+:mod:`dpsynth.methods.gswgan_federated`; this module only moves its messages and places its processes.
+The messages of a round are the protocol in :mod:`dpsynth.methods.gswgan_federated`'s docstring;
+:class:`GlooClients` counts every byte of them (checkpoint messages are counted apart).
+
+Checkpoints: the server's (``checkpoints/last.pt``, written by rank 0 through the training loop) holds
+the round at which every client saved its own state — D_k, its optimizer, its RNGs and its secret noise
+coins — to ``checkpoints/clients/client-<k>-<round>.pt`` (written by client k only; the server never sees
+it). Each client keeps its last two, so whichever of the server's checkpoints is on disk, the clients'
+of the same round are too. On resume the server tells every client the round to load.
 """
 
 from __future__ import annotations
 
-import datetime
-import multiprocessing.connection
+import json
 import os
-import queue
+import re
 import signal
-import socket
+import subprocess
 import sys
-import time
-import traceback
-from dataclasses import asdict, replace
+import tempfile
+import threading
+import types
 from pathlib import Path
 
 import torch
 
-from dpsynth.config import RunConfig
+from dpsynth import storage
+from dpsynth.config import RunConfig, dump_config
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.methods.core import TrainResult
+from dpsynth.methods.gswgan import _image_spec
 from dpsynth.methods.gswgan_federated import (
     Client,
     FederatedServer,
     FederationMeta,
-    federation_meta,
     make_client,
-    mechanism_seeds,
-    plan_federated_privacy,
 )
+from dpsynth.privacy import distributed
 
-CONTINUE, STOP = 1, 0
-IDLE_TIMEOUT_S = 7 * 24 * 3600.0  # how long a client may wait for its next request (see client_main)
+METHOD = "gswgan_federated"
+CONTINUE, STOP, CHECKPOINT, RESUME = 1, 0, 2, 3
+CLIENT_CHECKPOINTS = "clients"  # under checkpoints/: client-<k>-<round>.pt, each written by its client only
+
+
+def world_size(cfg: RunConfig) -> int:
+    """The job's ranks: the server and K = partition.num_shards clients."""
+    return cfg.partition.num_shards + 1
+
+
+def launch(cfg: RunConfig) -> distributed.Ranks:
+    """Join the torchrun job (when there is one) for ``dpsynth train``: gloo on every rank, whatever
+    ``train.device`` (the messages travel as CPU tensors); a job of any other size than K + 1 is refused."""
+    ranks = distributed.env_ranks()
+    if not ranks.distributed:
+        return distributed.SINGLE
+    if ranks.world_size != world_size(cfg):
+        raise ConfigError(
+            f"partition.num_shards: {METHOD} runs the server and K = {cfg.partition.num_shards} clients as "
+            f"{world_size(cfg)} ranks, but torchrun started WORLD_SIZE={ranks.world_size} (--nproc-per-node); "
+            f"launch it with --nproc-per-node {world_size(cfg)}, or run `dpsynth train --run-dir` in one process "
+            "and it starts the job itself")
+    return distributed.init_process_group(torch.device("cpu"))
 
 
 # --- the transport ---------------------------------------------------------------------------
 
 
 class GlooClients:
-    """Client k is rank k + 1 of the gloo process group; counts every byte sent and received."""
+    """Client k is rank k + 1 of the gloo process group; counts every byte of the protocol sent and received
+    (``sent``, ``received``; the checkpoint and resume messages apart, in ``checkpoint_bytes``)."""
 
     transport = "torch.distributed/gloo"
 
     def __init__(self, *, spec: dict, batch_size: int):
         self.shape = (batch_size, spec["channels"], spec["image_size"], spec["image_size"])
-        self.sent = self.received = 0
+        self.sent = self.received = self.checkpoint_bytes = 0
+        self.rounds = 0  # requests answered so far, over the whole run (names the clients' checkpoints)
 
-    def _send(self, t: torch.Tensor, rank: int) -> None:
+    def _send(self, t: torch.Tensor, rank: int) -> int:
         torch.distributed.send(t.contiguous(), dst=rank)
-        self.sent += t.element_size() * t.numel()
+        return t.element_size() * t.numel()
 
     def ask(self, k: int, fake_x: torch.Tensor, fake_y: torch.Tensor) -> torch.Tensor:
-        self._send(torch.tensor([CONTINUE], dtype=torch.int64), k + 1)
-        self._send(fake_x.detach().to("cpu", torch.float32), k + 1)
-        self._send(fake_y.to("cpu", torch.int64), k + 1)
+        self.sent += self._send(torch.tensor([CONTINUE], dtype=torch.int64), k + 1)
+        self.sent += self._send(fake_x.detach().to("cpu", torch.float32), k + 1)
+        self.sent += self._send(fake_y.to("cpu", torch.int64), k + 1)
         reply = torch.empty(self.shape, dtype=torch.float32)
         torch.distributed.recv(reply, src=k + 1)
         self.received += reply.element_size() * reply.numel()
+        self.rounds += 1
         return reply.to(fake_x.device)
+
+    def _all_clients(self, control: int) -> None:
+        """``control`` (CHECKPOINT or RESUME) and the round to every client; then each one's acknowledgement."""
+        world = torch.distributed.get_world_size()
+        for rank in range(1, world):
+            self.checkpoint_bytes += self._send(torch.tensor([control], dtype=torch.int64), rank)
+            self.checkpoint_bytes += self._send(torch.tensor([self.rounds], dtype=torch.int64), rank)
+        for rank in range(1, world):
+            ack = torch.empty(1, dtype=torch.int64)
+            torch.distributed.recv(ack, src=rank)
+            self.checkpoint_bytes += 8
 
     def close(self) -> None:
         for rank in range(1, torch.distributed.get_world_size()):
-            self._send(torch.tensor([STOP], dtype=torch.int64), rank)
+            self.sent += self._send(torch.tensor([STOP], dtype=torch.int64), rank)
 
     def state_dict(self) -> dict:
-        return {}  # the clients' D_k stay with the clients (see train_federated: no resume)
+        """Every client checkpoints its own state at this round (acknowledged before the server's checkpoint
+        is written); the server's holds the round and its own byte counts, nothing of a client's."""
+        self._all_clients(CHECKPOINT)
+        return {"rounds": self.rounds, "sent": self.sent, "received": self.received}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        if "rounds" not in state:
+            raise ConfigError("output.resume: this checkpoint holds no clients' round (written in one process); "
+                              "clear the checkpoints or set output.resume=false")
+        self.rounds, self.sent, self.received = state["rounds"], state["sent"], state["received"]
+        self._all_clients(RESUME)
 
 
-def serve(client: Client, *, spec: dict, batch_size: int, noise_multiplier: float) -> int:
-    """Client side of the protocol: answer requests from rank 0 until STOP; returns the rounds answered."""
+def serve(client: Client, *, spec: dict, batch_size: int, noise_multiplier: float, checkpoints: Path | None,
+          shard_index: int) -> int:
+    """Client side of the protocol: answer requests from rank 0 until STOP; returns the requests answered.
+    CHECKPOINT / RESUME, then the round r: save / load this client's state of round r under ``checkpoints``
+    (None: a run that cannot resume, e.g. a remote run directory), then acknowledge."""
     shape = (batch_size, spec["channels"], spec["image_size"], spec["image_size"])
     device = client.images.device
     rounds = 0
@@ -89,6 +151,12 @@ def serve(client: Client, *, spec: dict, batch_size: int, noise_multiplier: floa
         torch.distributed.recv(control, src=0)
         if int(control) == STOP:
             return rounds
+        if int(control) in (CHECKPOINT, RESUME):
+            round_ = torch.empty(1, dtype=torch.int64)
+            torch.distributed.recv(round_, src=0)
+            (_save if int(control) == CHECKPOINT else _load)(client, checkpoints, shard_index, int(round_))
+            torch.distributed.send(torch.ones(1, dtype=torch.int64), dst=0)
+            continue
         fake_x, fake_y = torch.empty(shape, dtype=torch.float32), torch.empty(batch_size, dtype=torch.int64)
         torch.distributed.recv(fake_x, src=0)
         torch.distributed.recv(fake_y, src=0)
@@ -97,173 +165,174 @@ def serve(client: Client, *, spec: dict, batch_size: int, noise_multiplier: floa
         rounds += 1
 
 
-# --- processes --------------------------------------------------------------------------------
+def _client_file(checkpoints: Path, shard_index: int, round_: int) -> Path:
+    return checkpoints / f"client-{shard_index}-{round_}.pt"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _save(client: Client, checkpoints: Path | None, shard_index: int, round_: int) -> None:
+    """Client k's state at ``round_``, written atomically; its older files but the previous one removed (the
+    server's checkpoint on disk is of this round or of the previous one), and any of a later round (left by
+    an earlier run: rounds only grow within a run)."""
+    if checkpoints is None:
+        return
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    path = _client_file(checkpoints, shard_index, round_)
+    tmp = path.with_suffix(".tmp")
+    torch.save(client.state_dict(), tmp)
+    os.replace(tmp, path)
+    mine = sorted((int(p.stem.rsplit("-", 1)[1]), p) for p in checkpoints.glob(f"client-{shard_index}-*.pt"))
+    earlier = [p for r, p in mine if r <= round_]
+    for old in earlier[:-2] + [p for r, p in mine if r > round_]:
+        old.unlink()
 
 
-def _join_group(*, rank: int, world: int, port: int, timeout_s: float) -> None:
-    torch.set_num_threads(1)  # K + 1 processes share the machine
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                         world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+def _load(client: Client, checkpoints: Path | None, shard_index: int, round_: int) -> None:
+    path = None if checkpoints is None else _client_file(checkpoints, shard_index, round_)
+    if path is None or not path.exists():
+        raise ConfigError(f"output.resume: client {shard_index} has no checkpoint of round {round_} ({path}); "
+                          "clear the checkpoints or set output.resume=false")
+    client.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
 
 
-def server_main(*, cfg: RunConfig, meta: FederationMeta, port: int, timeout_s: float, parent_run_id: str | None,
-                run_tags: dict | None, mechanism_seed: int, results) -> None:
-    """Rank 0. Receives metadata only: no shard, no shard URI, no record."""
-    try:
-        _join_group(rank=0, world=meta.num_clients + 1, port=port, timeout_s=timeout_s)
-        clients = GlooClients(spec=meta.spec, batch_size=cfg.gswgan.batch_size)
-        server = FederatedServer(cfg, clients, meta=meta, parent_run_id=parent_run_id, run_tags=run_tags,
-                                 mechanism_seed=mechanism_seed)
-        result = server.train()
-        results.put(("result", 0, asdict(result)))
-        torch.distributed.destroy_process_group()
-    except BaseException:
-        results.put(("error", 0, traceback.format_exc()))
-        raise SystemExit(1)
+# --- the ranks ----------------------------------------------------------------------------------
 
 
-def client_main(*, cfg: RunConfig, shard_index: int, shard: tuple[torch.Tensor, torch.Tensor], warm: bytes | None,
-                spec: dict, noise_multiplier: float, port: int, world: int, idle_timeout_s: float,
-                mechanism_seed: int, results) -> None:
-    """Rank k + 1: client k with its own shard and D_k only.
-
-    A client waits for its next request for about K iterations on average, so its own gloo timeout
-    is ``idle_timeout_s`` (long); the server's (``timeout_s``) bounds each request. Either side
-    dying closes the connection, which fails the other at once, whatever the timeouts.
-    """
-    try:
-        client = make_client(cfg, shard, spec=spec, shard_index=shard_index, warm=warm, mechanism_seed=mechanism_seed)
-        _join_group(rank=shard_index + 1, world=world, port=port, timeout_s=idle_timeout_s)
-        rounds = serve(client, spec=spec, batch_size=cfg.gswgan.batch_size, noise_multiplier=noise_multiplier)
-        results.put(("done", shard_index + 1, rounds))
-        torch.distributed.destroy_process_group()
-    except BaseException:
-        results.put(("error", shard_index + 1, traceback.format_exc()))
-        raise SystemExit(1)
+def _spec_from_client_0(spec: dict | None) -> dict:
+    """Client 0's image spec (num_classes, channels, image size) on every rank: the server holds no records."""
+    box = [spec]
+    torch.distributed.broadcast_object_list(box, src=1)
+    return box[0]
 
 
-def _role(rank: int) -> str:
-    return "server" if rank == 0 else f"client {rank - 1}"
-
-
-def _call(kwargs: dict, parent: int) -> None:
-    if sys.platform.startswith("linux"):  # die with the launcher, even when it is SIGKILLed: no orphans
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the launcher died before prctl
-        raise SystemExit(1)
-    kwargs.pop("target")(**kwargs)
-
-
-def process_jobs(cfg: RunConfig, shards: list[ImageDataset], *, meta: FederationMeta, warm: dict[int, bytes] | None,
-                 noise_multiplier: float, port: int, timeout_s: float, results, server_kwargs: dict,
-                 mechanism_seed: int | None = None) -> list[dict]:
-    """What each rank's process is given: the server metadata only, client k its own shard and D_k only
-    (and each its own secret seed, in memory: see :func:`mechanism_seeds`)."""
-    world = meta.num_clients + 1
-    choice_seed, client_seeds = mechanism_seeds(mechanism_seed, meta.num_clients)
-    jobs = [dict(target=server_main, cfg=cfg, meta=meta, port=port, timeout_s=timeout_s, results=results,
-                 mechanism_seed=choice_seed, **server_kwargs)]
-    jobs += [dict(target=client_main, cfg=cfg, shard_index=k, shard=shard.to_tensors(), warm=(warm or {}).get(k),
-                  spec=meta.spec, noise_multiplier=noise_multiplier, port=port, world=world,
-                  idle_timeout_s=max(timeout_s, IDLE_TIMEOUT_S), mechanism_seed=client_seeds[k], results=results)
-             for k, shard in enumerate(shards)]
-    return jobs
-
-
-def train_federated(cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
-                    parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
-                    timeout_s: float = 120.0, mechanism_seed: int | None = None) -> dict:
-    """Run the server and K clients as K + 1 processes over gloo on loopback; returns the server's result.
-
-    Any process failing terminates the others and raises here with its traceback (no orphans:
-    the children are daemonic, killed in ``finally``, and die with this process). ``timeout_s``
-    bounds the server's wait for any one message; clients wait for requests up to IDLE_TIMEOUT_S.
-    Checkpoints hold the server's state only, so the multi-process run does not resume mid-run.
-    ``mechanism_seed``: tests only (compare with the in-process reference); None: drawn from OS entropy.
-    """
-    if cfg.output.resume and (Path(cfg.output.dir) / "checkpoints").is_dir() and any(
-            (Path(cfg.output.dir) / "checkpoints").glob("*.pt")):
-        raise ConfigError("output.resume: the multi-process federated run cannot resume (the clients' D_k are "
-                          "not checkpointed); clear the checkpoints or set output.resume=false")
-    cfg = replace(cfg, output=replace(cfg.output, checkpoint_every=0))
-    meta = federation_meta(cfg, shards)
-    sigma = plan_federated_privacy(cfg, n=meta.n, num_shards=meta.num_clients).noise_multiplier
-    ctx = torch.multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    jobs = process_jobs(cfg, shards, meta=meta, warm=warm, noise_multiplier=sigma, port=_free_port(),
-                        timeout_s=timeout_s, results=results, mechanism_seed=mechanism_seed, server_kwargs=dict(
-                            parent_run_id=parent_run_id, run_tags=run_tags))
-    procs = [ctx.Process(target=_call, args=(job, os.getpid()), daemon=True, name=f"gswgan-federated-rank{rank}")
-             for rank, job in enumerate(jobs)]
-    messages, result = [], None
-    try:
-        for p in procs:
-            p.start()
-        while True:
-            try:
-                kind, rank, payload = results.get(timeout=0.2)
-                messages.append((kind, rank, payload))
-                if kind == "result":
-                    result = payload
-            except queue.Empty:
-                pass
-            failed = [(rank, p.exitcode) for rank, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            errors = [m for m in messages if m[0] == "error"]
-            if failed or errors:
-                time.sleep(0.5)  # let the failing process's traceback arrive
-                while True:
-                    try:
-                        messages.append(results.get_nowait())
-                    except queue.Empty:
-                        break
-                errors = sorted(m for m in messages if m[0] == "error")
-                exits = ", ".join(f"{_role(r)} (rank {r}) exit code {p.exitcode}"
-                                  for r, p in enumerate(procs) if p.exitcode not in (None, 0))
-                raise DpsynthError(f"federated GS-WGAN: a process failed ({exits or 'no exit yet'}); " + "; ".join(
-                    f"{_role(r)} (rank {r}) failed:\n{tb}" for _, r, tb in errors) if errors else
-                    f"federated GS-WGAN: a process died without a traceback ({exits})")
-            if all(p.exitcode == 0 for p in procs):
-                while result is None:  # the server's result may still be in the pipe
-                    kind, rank, payload = results.get(timeout=10)
-                    if kind == "result":
-                        result = payload
-                break
-            multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.2)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if result is None:
-        raise DpsynthError("federated GS-WGAN: the server finished without a result")
-    return result
+def _from_server(value):
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 class FederatedProcesses:
-    """What ``train.method=gswgan_federated`` runs (the registry's trainer): :func:`train_federated`
-    behind the trainer interface, ``FederatedProcesses(cfg, shards, warm=…, **run options).train()``."""
+    """What ``train.method=gswgan_federated`` runs (the registry's trainer) on rank 0 of the job: the server.
 
-    MLFLOW_KEYS = FederatedServer.MLFLOW_KEYS  # the server process logs the run
+    ``FederatedProcesses(cfg, n, parent_run_id=…, run_tags=…).train()``: ``n``, the number of training records
+    (the partition manifest's), is all it is given of the data; the image spec comes from client 0. The clients
+    (:func:`client_main`) run on ranks 1 … K. ``mechanism_seed``: tests only (the seed of the server's client
+    choice, :func:`~dpsynth.methods.gswgan_federated.mechanism_seeds`); None: drawn from OS entropy."""
 
-    def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
-                 **kwargs):
-        self.cfg, self.shards, self.warm, self.kwargs = cfg, shards, warm, kwargs
+    MLFLOW_KEYS = FederatedServer.MLFLOW_KEYS  # the server logs the run
 
-    def train(self) -> TrainResult:
-        return TrainResult(**train_federated(self.cfg, self.shards, warm=self.warm, **self.kwargs))
+    def __init__(self, cfg: RunConfig, n: int, *, parent_run_id: str | None = None,
+                 run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
+        ranks = distributed.current()
+        if not isinstance(n, int):
+            raise TypeError("FederatedProcesses: the server is given the number of records, never the data")
+        if ranks.world_size != world_size(cfg) or not ranks.is_main:
+            raise ConfigError(f"train.method: {METHOD} runs as rank 0 of a torchrun job of K + 1 = {world_size(cfg)} "
+                              "ranks; `dpsynth train --run-dir` in one process starts that job")
+        spec = _spec_from_client_0(None)
+        meta = FederationMeta(spec=spec, n=n, num_clients=cfg.partition.num_shards,
+                              dataset_name=Path(str(cfg.data.uri).rstrip("/")).stem or "dataset")
+        self.server = FederatedServer(cfg, GlooClients(spec=spec, batch_size=cfg.gswgan.batch_size), meta=meta,
+                                      parent_run_id=parent_run_id, run_tags=run_tags, mechanism_seed=mechanism_seed)
+        _from_server(self.server.plan.noise_multiplier)  # every client sanitizes with the server's plan's σ
+
+    def train(self, *, stop_after: int | None = None) -> TrainResult | None:
+        result = self.server.train(stop_after=stop_after)
+        if result is None:  # stopped part-way (tests): the clients stop too (at the end, finish() tells them)
+            self.server.clients.close()
+        return result
 
 
-__all__ = ["FederatedProcesses", "GlooClients", "client_main", "process_jobs", "serve", "server_main",
-           "train_federated"]
+def client_main(cfg: RunConfig, shard: ImageDataset, *, warm: bytes | None,
+                checkpoints: Path | None, mechanism_seed: int | None = None) -> int:
+    """Rank k + 1: client k with its own shard and D_k only, until the server says STOP; the requests answered.
+    ``mechanism_seed``: tests only (the seed of its noise); None: drawn from OS entropy."""
+    ranks = distributed.current()
+    k = ranks.rank - 1
+    spec = _spec_from_client_0(_image_spec(cfg, shard) if k == 0 else None)
+    sigma = _from_server(None)
+    client = make_client(cfg, shard.to_tensors(), spec=spec, shard_index=k, warm=warm, mechanism_seed=mechanism_seed)
+    return serve(client, spec=spec, batch_size=cfg.gswgan.batch_size, noise_multiplier=sigma,
+                 checkpoints=checkpoints, shard_index=k)
+
+
+# --- the train stage -------------------------------------------------------------------------------
+
+
+def client_stage(ctx) -> None:
+    """Rank k + 1 of the job running the train stage (:func:`dpsynth.stages.train.follow`): client k. It reads
+    and verifies its own shard and its own warm D_k, nothing of another shard; it writes only its checkpoints
+    (local run directories: the stage's ``checkpoints/clients/``; none for a remote one, which does not resume)."""
+    from dpsynth.data import read_parquet
+    from dpsynth.stages import common, manifest
+
+    k = distributed.current().rank - 1
+    partition, _ = common.upstream(ctx, "partition")
+    warmstart, _ = common.upstream(ctx, "warmstart")
+    entries = manifest.outputs(partition, "shard")
+    if len(entries) != ctx.cfg.partition.num_shards:
+        raise ConfigError(f"partition.num_shards: {ctx.cfg.partition.num_shards}, but the partition wrote "
+                          f"{len(entries)} shards")
+    if not distributed.current().from_main(None):  # rank 0 reused the stage's outputs: nothing to train
+        return
+    shard = read_parquet(manifest.verify(entries[k])["uri"])
+    warm = [storage.read_bytes(manifest.verify(item)["uri"]) for item in warmstart.get("outputs", [])
+            if item.get("role") == "discriminator" and int(item["shard"]) == k]
+    stage_dir = ctx.stage_dir("train")
+    checkpoints = None if storage.is_remote(stage_dir) else (
+        Path(storage.local_path(stage_dir)) / "checkpoints" / CLIENT_CHECKPOINTS)
+    client_main(ctx.cfg, shard, warm=warm[0] if warm else None, checkpoints=checkpoints)
+
+
+def _run_job(command: list[str]) -> tuple[str, int]:
+    """Run torchrun (stdout captured; stderr, every rank's log, passed through as it comes); stopped by SIGTERM
+    (a task's time limit), this process stops torchrun first, which stops the ranks."""
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        stdout, _ = job.communicate()
+        return stdout, job.returncode
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if job.poll() is None:
+            job.terminate()
+            try:
+                job.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.wait()
+
+
+def launch_stage(ctx):
+    """The train stage of a one-process ``dpsynth train --run-dir`` / ``dpsynth pipeline run``: run it as a
+    torchrun job of K + 1 ranks on this machine (``python -m torch.distributed.run --standalone``, an argv list,
+    no shell) and return rank 0's outcome. The job reads this run's settings from a private copy of the
+    configuration (it holds the partition key), removed afterwards."""
+    from dpsynth.stages import common
+    from dpsynth.stages.launch import stage_argv
+
+    with tempfile.TemporaryDirectory(prefix="dpsynth-federated-") as private:  # mode 0700
+        config = Path(private) / "config.yaml"
+        config.touch(mode=0o600)
+        config.write_text(dump_config(ctx.cfg))
+        args = types.SimpleNamespace(config=str(config), overrides=[], run_dir=ctx.run_dir,
+                                     parent_run_id=ctx.parent_run_id, pipeline_run_id=ctx.pipeline_run_id,
+                                     force=ctx.force, json=True)
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                   str(world_size(ctx.cfg)), "-m", "dpsynth", *stage_argv(args)]
+        stdout, returncode = _run_job(command)
+    if returncode != 0:
+        raise DpsynthError(f"train: the federated job (server and {ctx.cfg.partition.num_shards} clients under "
+                           f"torchrun) failed with exit status {returncode}; the failing rank's error is above")
+    start = re.search(r"^\{", stdout, re.MULTILINE)
+    if start is None:
+        raise DpsynthError("train: the federated job succeeded but its rank 0 printed no outcome")
+    out, _ = json.JSONDecoder().raw_decode(stdout, start.start())  # rank 0's `--json` outcome
+    return common.Outcome(stage=out["stage"], status=out["status"], manifest=out["manifest"],
+                          manifest_uri=out["manifest_uri"], mlflow_run_id=out["mlflow_run_id"])
+
+
+__all__ = ["FederatedProcesses", "GlooClients", "client_main", "client_stage", "launch",
+           "launch_stage", "serve", "world_size"]

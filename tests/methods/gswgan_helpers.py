@@ -49,3 +49,77 @@ def watch_inputs(module_types):
             seen.append((type(module).__name__, args[0].detach().clone()))
 
     return seen, torch.nn.modules.module.register_module_forward_pre_hook(hook)
+
+
+def run_federated(cfg, shards, *, warm: dict[int, bytes] | None = None, stop_after: int | None = None,
+                  mechanism_seed: int | None = None, **server_kwargs):
+    """The federated GS-WGAN's K + 1 ranks, spawned here as one gloo job (a file store; what torchrun does for
+    ``dpsynth train --run-dir``): rank 0 the server, :class:`dpsynth.federation.FederatedProcesses` given n only,
+    rank k + 1 client k (:func:`dpsynth.federation.client_main` with shard k and D_k). Returns the server's
+    result (None when stopped part-way). ``mechanism_seed``: the master seed of
+    :func:`~dpsynth.methods.gswgan_federated.mechanism_seeds` (None: every rank draws its own from OS entropy).
+    (The harness hands every rank the same arguments; what the stage gives each rank is checked in
+    test_gswgan_federated.py.)"""
+    import pickle
+    import tempfile
+
+    from tests.methods.distributed_workers import run_ranks
+
+    with tempfile.TemporaryDirectory(prefix="federated-") as tmp:
+        out = Path(tmp) / "result.pickle"
+        run_ranks(len(shards) + 1, Path(tmp), _federated_rank, cfg, shards, warm or {}, stop_after, mechanism_seed,
+                  server_kwargs, str(out))
+        return pickle.loads(out.read_bytes())
+
+
+def _federated_rank(rank, cfg, shards, warm, stop_after, mechanism_seed, server_kwargs, out):
+    import pickle
+
+    from dpsynth.federation import CLIENT_CHECKPOINTS, FederatedProcesses, client_main
+    from dpsynth.methods.gswgan_federated import mechanism_seeds
+
+    choice, noise = mechanism_seeds(mechanism_seed, len(shards)) if mechanism_seed is not None else (None, None)
+    if rank == 0:
+        n = sum(len(s) for s in shards)
+        result = FederatedProcesses(cfg, n, mechanism_seed=choice, **server_kwargs).train(stop_after=stop_after)
+        Path(out).write_bytes(pickle.dumps(result))
+    else:
+        k = rank - 1
+        client_main(cfg, shards[k], warm=warm.get(k), mechanism_seed=None if noise is None else noise[k],
+                    checkpoints=Path(cfg.output.dir) / "checkpoints" / CLIENT_CHECKPOINTS)
+
+
+def stage_rank_reads(rank, run_dir, overrides, out):
+    """Rank ``rank`` of a federated train stage job (rank 0: :func:`dpsynth.stages.train.run`, the others
+    :func:`~dpsynth.stages.train.follow`, as ``torchrun -m dpsynth train --run-dir`` runs them), recording every
+    file the process opens (Python's ``open`` audit events) and every dataset it reads (``read_parquet``, whose
+    reader opens files natively) into ``out/rank<rank>.json``."""
+    import json
+    import sys
+
+    import dpsynth.data
+    import dpsynth.data.dataset
+    from dpsynth.stages import train as train_stage
+    from dpsynth.stages.common import StageContext
+
+    opened = []
+
+    def hook(event, args):
+        if event == "open" and isinstance(args[0], (str, Path)):
+            opened.append(str(Path(args[0]).resolve()))
+
+    sys.addaudithook(hook)
+    real = dpsynth.data.dataset.read_parquet
+
+    def read_parquet(uri):
+        opened.append(str(Path(uri).resolve()))
+        return real(uri)
+
+    for module in (dpsynth.data, dpsynth.data.dataset, train_stage):
+        module.read_parquet = read_parquet
+    ctx = StageContext.create(load_config(overrides=list(overrides)), run_dir=str(run_dir), pipeline_run_id="reads")
+    if rank == 0:
+        train_stage.run(ctx)
+    else:
+        train_stage.follow(ctx)
+    Path(out, f"rank{rank}.json").write_text(json.dumps(opened))

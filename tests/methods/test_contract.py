@@ -2,13 +2,14 @@
 
 A method added to :data:`dpsynth.methods.registry.METHODS` gets these checks with no new test code:
 its trainer is built as the train stage builds it (``Trainer(cfg, data, **inputs)``, the inputs of its
-warm-start kind, see :mod:`dpsynth.methods.registry`) on a tiny configuration, and
+warm-start kind, see :mod:`dpsynth.methods.registry`; the federated GS-WGAN's server as rank 0 of its K + 1
+ranks, spawned by ``tests.methods.gswgan_helpers.run_federated``) on a tiny configuration, and
 
 * the trace it writes is the registry's plan (``Method.audit_plan()(cfg, n).trace``), and its ε ≤ the target;
 * with a fixed noise multiplier and a budget that allows only 4 steps, it stops after 4 (``stopped_by="budget"``);
 * an interrupted run resumed from its checkpoint is the uninterrupted run (same trace, same generator) —
-  or, for a method whose ``train()`` takes no ``stop_after`` (the multi-process federated run, which
-  checkpoints no client state), it refuses to start over a checkpoint, naming ``output.resume``;
+  or, for a method whose ``train()`` takes no ``stop_after``, it refuses to start over a checkpoint,
+  naming ``output.resume``;
 * its generator file round-trips through :func:`dpsynth.methods.artifacts.load_generator`: the loaded
   model gives the trained generator's outputs for the same z and y;
 * its MLflow run holds only the keys it declares (``Trainer.MLFLOW_KEYS``), and no dataset hash, image or
@@ -96,6 +97,10 @@ def inputs(small_mnist, tmp_path_factory):
 
 def train(name, cfg, inputs, *, stop_after: int | None = None, **kwargs):
     data, method_inputs, _ = inputs[name]
+    if name == "gswgan_federated":  # its trainer is rank 0 (the server, given n) of a job of K + 1 ranks
+        from tests.methods.gswgan_helpers import run_federated
+
+        return run_federated(cfg, data, stop_after=stop_after, **method_inputs, **kwargs)
     trainer = registry.get(name).trainer_class()(cfg, data, **method_inputs, **kwargs)
     return trainer.train() if stop_after is None else trainer.train(stop_after=stop_after)
 
@@ -157,7 +162,7 @@ def test_training_stops_before_the_budget(name, inputs, tmp_path):
     assert result.epsilon <= target and accountant.epsilon(trace, delta=delta) <= target
 
 
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", SPAWNING)
 def test_resume_equals_an_uninterrupted_run(name, inputs, tmp_path):
     from dpsynth.errors import ConfigError
 

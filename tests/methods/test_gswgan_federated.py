@@ -5,9 +5,7 @@ in-process reference, byte for byte, moving exactly the bytes its protocol descr
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
-import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -16,21 +14,19 @@ import torch
 
 from dpsynth import storage
 from dpsynth.data import ImageDataset, import_source, write_parquet
-from dpsynth.errors import ConfigError, DpsynthError
+from dpsynth.errors import ConfigError
 from dpsynth.methods.gswgan import audit_invariants as gswgan_invariants
-from dpsynth.federation import process_jobs, server_main, train_federated
 from dpsynth.methods.gswgan_federated import (
     Client,
     FederatedGSWGANTrainer,
     FederatedServer,
     audit_invariants,
-    federation_meta,
 )
 from dpsynth.models.gswgan import Discriminator
 from dpsynth.privacy import MechanismTrace, gswgan_event
 from dpsynth.stages.partition import assign
 from tests.ledger_fixtures import assert_charged_once
-from tests.methods.gswgan_helpers import K, MNIST, record_owner, tiny, warm_files, watch_inputs
+from tests.methods.gswgan_helpers import K, MNIST, record_owner, run_federated, tiny, warm_files, watch_inputs
 from tests.privacy.test_wor import autodp_mechanism_epsilon
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
@@ -76,7 +72,7 @@ def test_client_returns_clipped_noised_gradients_of_its_own_critic(tmp_path, sha
     assert noisy.std().item() == pytest.approx(50 * 0.001, rel=0.1)
 
 
-# --- two clients in their own processes ------------------------------------------------------
+# --- the server and two clients as the ranks of one gloo job ------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -86,44 +82,13 @@ def two_shards() -> list[ImageDataset]:
     return [ds.subset(np.flatnonzero(where == k)) for k in range(2)]
 
 
-def _walk(obj):
-    yield obj
-    if isinstance(obj, dict):
-        for v in obj.values():
-            yield from _walk(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _walk(v)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from _walk(getattr(obj, f.name))
-
-
-def test_server_process_is_given_no_data_and_each_client_only_its_own(tmp_path, two_shards):
-    cfg = tiny(tmp_path, "partition.num_shards=2")
-    warm = {0: b"D_0", 1: b"D_1"}
-    jobs = process_jobs(cfg, two_shards, meta=federation_meta(cfg, two_shards), warm=warm, noise_multiplier=1.0,
-                        port=1, timeout_s=1, results=None, server_kwargs={})
-    server, *clients = jobs
-    assert server["target"] is server_main
-    assert not any(isinstance(v, (torch.Tensor, np.ndarray, ImageDataset, bytes)) for v in _walk(server))
-    assert not any(isinstance(v, str) and "shard" in v for v in _walk(server))  # no shard URIs either
-    assert not {"shard", "shards", "warm"} & set(inspect.signature(server_main).parameters)
-    for k, job in enumerate(clients):
-        images, labels = two_shards[k].to_tensors()
-        assert job["shard_index"] == k and job["warm"] == warm[k]
-        assert torch.equal(job["shard"][0], images) and torch.equal(job["shard"][1], labels)
-        other = [v for v in _walk(job) if isinstance(v, torch.Tensor)]
-        assert len(other) == 2  # its own images and labels, nothing of the other shard
-
-
-def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_bytes(tmp_path, two_shards):
+def test_the_ranks_are_the_in_process_reference_and_move_the_protocol_bytes(tmp_path, two_shards):
     overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
     warm = warm_files(tiny(tmp_path, *overrides), two_shards, tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the server process logs to MLflow
-    result = train_federated(tiny(tmp_path / "processes", *overrides, "tracking.enabled=true", f"tracking.uri={uri}"),
-                             two_shards, warm=warm, mechanism_seed=11)
-    assert multiprocessing.active_children() == []
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the server logs to MLflow
+    result = dataclasses.asdict(run_federated(
+        tiny(tmp_path / "ranks", *overrides, "tracking.enabled=true", f"tracking.uri={uri}"), two_shards, warm=warm,
+        mechanism_seed=11))
     reference = FederatedGSWGANTrainer(tiny(tmp_path / "reference", *overrides), two_shards, warm=warm,
                                        mechanism_seed=11).train()
 
@@ -149,14 +114,12 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
     assert fed["bytes_per_iteration_from_clients"] == from_clients
     assert fed["bytes_per_iteration"] == to_clients + from_clients and fed["bytes_at_stop"] == 2 * 8
 
-    recorded = json.loads(Path(tmp_path / "processes" / "result.json").read_text())
+    recorded = json.loads(Path(tmp_path / "ranks" / "result.json").read_text())
     assert recorded == result and recorded["details"]["privacy_unit"] == "client" and recorded["details"]["clients"] == 2
     assert recorded["details"]["delta_below_one_over_clients"] is True  # δ = 1e-4 < 1/2
     assert got["privacy"]["unit"].startswith("client") and got["privacy"]["clients"] == 2
 
     from mlflow import MlflowClient
-
-    from dpsynth import tracking
 
     run = MlflowClient(uri).get_run(result["mlflow_run_id"])
     assert run.data.params["derived.privacy_unit"] == "client" and run.data.params["derived.clients"] == "2"
@@ -166,7 +129,28 @@ def test_multiprocess_run_is_the_in_process_reference_and_moves_the_protocol_byt
     assert FederatedServer.MLFLOW_KEYS.undeclared(metrics=run.data.metrics, params=run.data.params) == []
 
 
-def test_reference_resumes_clients_and_all_and_the_processes_refuse_to(tmp_path, two_shards):
+def test_the_ranks_resume_clients_and_all_as_the_reference_does(tmp_path, two_shards):
+    """Stopped after 3 iterations (checkpoints at 2: the server's, and each client's own D_k, optimizer, RNGs and
+    noise coins), resumed on fresh ranks (fresh coins, then the checkpoints'): the uninterrupted reference run,
+    bit for bit, and the same bytes per iteration."""
+    overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
+    warm = warm_files(tiny(tmp_path, *overrides), two_shards, tmp_path)
+    full = FederatedGSWGANTrainer(tiny(tmp_path / "full", *overrides), two_shards, warm=warm, mechanism_seed=5).train()
+    cfg = tiny(tmp_path / "split", *overrides, "output.checkpoint_every=2")
+    assert run_federated(cfg, two_shards, warm=warm, mechanism_seed=5, stop_after=3) is None
+    clients = tmp_path / "split" / "checkpoints" / "clients"
+    assert sorted(p.name for p in clients.iterdir()) == ["client-0-4.pt", "client-1-4.pt"]  # round 4 = step 2
+    (clients / "client-0-100.pt").write_bytes(b"left by an earlier, longer run")  # removed at the next save
+    resumed = run_federated(cfg, two_shards, warm=warm)
+    assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()
+    a, b = (torch.load(r.generator_path, weights_only=True)["state_dict"] for r in (full, resumed))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert resumed.details["bytes_per_iteration"] == 100624 + 100352  # the counts resume with the step
+    assert sorted(p.name for p in clients.iterdir()) == [  # each client keeps its last two: rounds 8 and 12
+        "client-0-12.pt", "client-0-8.pt", "client-1-12.pt", "client-1-8.pt"]
+
+
+def test_the_reference_resumes_clients_and_all(tmp_path, two_shards):
     overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
     full = FederatedGSWGANTrainer(tiny(tmp_path / "full", *overrides), two_shards, mechanism_seed=5).train()
     cfg = tiny(tmp_path / "split", *overrides, "output.checkpoint_every=2")
@@ -175,43 +159,21 @@ def test_reference_resumes_clients_and_all_and_the_processes_refuse_to(tmp_path,
     assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()
     a, b = (torch.load(r.generator_path, weights_only=True)["state_dict"] for r in (full, resumed))
     assert all(torch.equal(a[name], b[name]) for name in a)
-    with pytest.raises(ConfigError, match="output.resume"):  # its clients' D_k are not checkpointed
-        train_federated(cfg, two_shards)
 
 
-def test_a_client_crash_is_an_error_naming_the_client_and_leaves_no_process(tmp_path, two_shards):
-    cfg = tiny(tmp_path, "partition.num_shards=2", "privacy.noise_multiplier=4.0")
-    with pytest.raises(DpsynthError, match=r"(?s)client 1 \(rank 2\) failed.*UnpicklingError"):
-        train_federated(cfg, two_shards, warm={1: b"not a discriminator"}, timeout_s=30)
-    assert multiprocessing.active_children() == []
-    assert not (tmp_path / "result.json").exists()
+def test_a_job_of_another_size_than_k_plus_one_is_refused(monkeypatch, tmp_path, two_shards):
+    from dpsynth.federation import FederatedProcesses, launch
 
-
-@pytest.mark.slow
-def test_a_client_killed_mid_run_fails_the_run_at_once(tmp_path, two_shards):
-    import os
-    import signal
-    import threading
-    import time
-
-    killed = []
-
-    def kill_client_1():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed:
-            ranks = {p.name: p for p in multiprocessing.active_children()}
-            if "gswgan-federated-rank2" in ranks and (tmp_path / "config.yaml").exists():  # the server is training
-                time.sleep(1.0)
-                os.kill(ranks["gswgan-federated-rank2"].pid, signal.SIGKILL)
-                killed.append(time.monotonic())
-            time.sleep(0.1)
-
-    threading.Thread(target=kill_client_1, daemon=True).start()
-    cfg = tiny(tmp_path, "partition.num_shards=2", "privacy.noise_multiplier=200", "train.steps=1000000")
-    with pytest.raises(DpsynthError, match=r"client 1 \(rank 2\) exit code -9"):
-        train_federated(cfg, two_shards)
-    assert killed and time.monotonic() - killed[0] < 30
-    assert multiprocessing.active_children() == []
+    cfg = tiny(tmp_path, "partition.num_shards=2", method="gswgan_federated")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match=r"^partition.num_shards: .*3 ranks.*WORLD_SIZE=2 \(--nproc-per-node\)"):
+        launch(cfg)
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(TypeError, match="never the data"):  # the server is given n, never a shard
+        FederatedProcesses(cfg, two_shards)
+    with pytest.raises(ConfigError, match="^train.method: .*rank 0 of a torchrun job"):
+        FederatedProcesses(cfg, 400)
 
 
 def test_audit_checks_the_folded_event_at_rate_one_over_k(tmp_path, shards):
@@ -252,6 +214,7 @@ def test_stages_partition_warmstart_train_audit(tmp_path, stage_ledger):
     assert sorted(o["shard"] for o in warm["outputs"] if o["role"] == "discriminator") == [0, 1]
     trained = manifest(run, "sensitive", "train")
     assert trained["details"]["method"] == "gswgan_federated" and trained["details"]["steps"] == 4
+    assert trained["details"]["ranks"] == 3  # the server and 2 clients: the torchrun job the stage started
     assert all(e["sample_rate"] == pytest.approx(1 / 2) for e in trained["privacy"]["events"])
     result = json.loads(storage.read_bytes([o["uri"] for o in trained["outputs"] if o["role"] == "result"][0]))
     assert result["details"]["privacy_unit"] == "client"
@@ -261,6 +224,166 @@ def test_stages_partition_warmstart_train_audit(tmp_path, stage_ledger):
     report = json.loads(storage.read_bytes([o["uri"] for o in audit["outputs"] if o["uri"].endswith(".json")][0]))
     assert [c["name"] for c in report["checks"] if not c["passed"]] == []
     assert {c["name"] for c in report["checks"]} >= {"gswgan_federated.sampling", "gswgan_federated.noise_multiplier"}
+
+
+def _stage_run_dir(tmp_path, *extra):
+    """A run directory after partition and warmstart (2 clients, tiny); the settings, as --set values."""
+    from tests.stages.helpers import TINY, stage
+
+    source = tmp_path / "mnist400.parquet"
+    write_parquet(import_source(str(MNIST)).subset(np.arange(400)), source)
+    run = tmp_path / "run"
+    overrides = (*FEDERATED_STAGE, *extra)
+    for name in ("partition", "warmstart"):
+        assert stage(name, run, str(source), *overrides) == 0, name
+    return run, (f"data.uri={source}", *TINY, *overrides)
+
+
+FEDERATED_STAGE = ("train.method=gswgan_federated", "partition.num_shards=2", "gswgan.d_width=4", "gswgan.g_width=4",
+                   "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.warmstart_iterations=2",
+                   "train.steps=4", "privacy.epsilon=50")
+
+
+def test_the_stage_server_reads_no_shard_and_each_client_only_its_own(tmp_path, stage_ledger):
+    """The train stage on the job's 3 ranks (rank 0 train.run, ranks 1 and 2 train.follow, as torchrun runs
+    `dpsynth train --run-dir`): the server opens no shard and no warm D_k, not even to hash it; client k opens
+    shard k and D_k only; the stage trains (one charge) with the details of 3 ranks."""
+    from tests.methods.distributed_workers import run_ranks
+    from tests.methods.gswgan_helpers import stage_rank_reads
+    from tests.stages.helpers import manifest
+
+    run, overrides = _stage_run_dir(tmp_path, "output.checkpoint_every=2")
+    shard_files = [str(Path(o["uri"]).resolve()) for o in manifest(run, "sensitive", "partition")["outputs"]
+                   if o["role"] == "shard"]
+    warm = {int(o["shard"]): str(Path(o["uri"]).resolve()) for o in manifest(run, "sensitive", "warmstart")["outputs"]
+            if o["role"] == "discriminator"}
+    assert len(shard_files) == 2 and sorted(warm) == [0, 1]
+    run_ranks(3, tmp_path, stage_rank_reads, str(run), overrides, str(tmp_path))
+    opened = [set(json.loads((tmp_path / f"rank{r}.json").read_text())) for r in range(3)]
+    private = set(shard_files) | set(warm.values())
+    assert opened[0] & private == set()
+    for k in (0, 1):
+        assert opened[k + 1] & private == {shard_files[k], warm[k]}
+    trained = manifest(run, "sensitive", "train")
+    assert trained["status"] == "succeeded" and trained["details"]["ranks"] == 3 and trained["details"]["steps"] == 4
+    assert_charged_once(stage_ledger, trained)
+
+
+def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(tmp_path, stage_ledger):
+    """Client 1's warm D_k altered after the warmstart: client 1 (rank 2) refuses it; torchrun stops the job
+    and `dpsynth train --run-dir` (which started it) exits non-zero with the client's error; the train stage
+    wrote no outputs and the release zone is empty."""
+    import subprocess
+    import sys
+
+    from tests.stages.helpers import manifest, release_files, settings
+
+    run, overrides = _stage_run_dir(tmp_path)
+    (d_1,) = [o["uri"] for o in manifest(run, "sensitive", "warmstart")["outputs"]
+              if o["role"] == "discriminator" and int(o["shard"]) == 1]
+    Path(d_1).write_bytes(b"not a discriminator")
+    done = subprocess.run([sys.executable, "-m", "dpsynth", "train", "--run-dir", str(run),
+                           *[a for o in overrides for a in ("--set", o)]],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"{d_1}: sha256" in done.stderr and "differs from the manifest" in done.stderr  # client 1's own error
+    assert "federated job (server and 2 clients under torchrun) failed" in done.stderr
+    train_dir = run / "sensitive" / "train"
+    assert not (train_dir / "manifest.json").exists() and not (train_dir / "result.json").exists()
+    assert not (train_dir / "generator.pt").exists() and release_files(run) == []
+    (attempt,) = stage_ledger.history("mnist600")  # rank 0's one attempt; no private step was taken
+    assert attempt["epsilon_spent"] is None and attempt["steps"] == 0
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc): torchrun starts each rank in a session of its own."""
+    import os
+
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+@pytest.mark.slow
+def test_a_job_killed_after_a_checkpoint_resumes_and_finishes_the_trace(tmp_path, stage_ledger):
+    """`dpsynth train --run-dir` (which starts the 3-rank torchrun job) SIGKILLed with all its processes after the
+    first checkpoint; run again, the job resumes the server's and each client's checkpoint and finishes: one
+    event of 60 iterations, the ε of an independent account; the killed attempt, then one that adopted it."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.stages.helpers import manifest
+
+    run, overrides = _stage_run_dir(tmp_path, "train.steps=60", "output.checkpoint_every=5")
+    argv = [sys.executable, "-m", "dpsynth", "train", "--run-dir", str(run), *[a for o in overrides for a in ("--set", o)]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 240
+    while not ckpt.exists() and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.1)
+    assert ckpt.exists(), "no checkpoint appeared"
+    for pid in [*_descendants(job.pid), job.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    job.wait()
+    step_at_kill = torch.load(ckpt, weights_only=False)["step"]
+    assert 0 < step_at_kill < 60 and not (run / "sensitive" / "train" / "result.json").exists()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trained = manifest(run, "sensitive", "train")
+    (event,) = trained["privacy"]["events"]
+    assert trained["details"]["steps"] == 60 and event["count"] == 60 and trained["details"]["ranks"] == 3
+    assert trained["privacy"]["epsilon"] == pytest.approx(
+        autodp_mechanism_epsilon([(1 / 2, event["noise_multiplier"], 60)], delta=1e-4), rel=1e-3)
+    killed, resumed = stage_ledger.history("mnist600")  # the killed job's attempt, then the resumption
+    assert killed["status"] == "committed" and killed["epsilon_spent"] == killed["epsilon_reserved"]
+    assert resumed["status"] == "committed" and resumed["resumes_id"] == killed["id"]
+
+
+@pytest.mark.slow
+def test_a_stopped_stage_stops_its_torchrun_job(tmp_path, stage_ledger):
+    """SIGTERM (a task's time limit) to the one-process `dpsynth train --run-dir` while its job trains: it stops
+    torchrun, which stops the ranks; no process of the job is left running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run, overrides = _stage_run_dir(tmp_path, "train.steps=100000", "output.checkpoint_every=5",
+                                    "privacy.noise_multiplier=50", "privacy.epsilon=1000")
+    argv = [sys.executable, "-m", "dpsynth", "train", "--run-dir", str(run), *[a for o in overrides for a in ("--set", o)]]
+    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 240
+    while not ckpt.exists() and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.1)
+    assert ckpt.exists(), "no checkpoint appeared"
+    processes = _descendants(job.pid)
+    assert len(processes) >= 4  # torchrun's agent and the 3 ranks
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=120) != 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in processes):
+        time.sleep(0.2)
+    assert [pid for pid in processes if Path(f"/proc/{pid}").exists()] == []
 
 
 def test_the_method_is_wired_into_config_stages_and_airflow():

@@ -9,17 +9,19 @@ updates G with the last round's gradients (Algorithm 2, line 11).
 
 Two transports run the same server (:class:`FederatedServer`) and the same :class:`Client`:
 
-* :func:`dpsynth.federation.train_federated` — what ``train.method=gswgan_federated`` runs: the
-  server (rank 0) and each client k (rank k+1) in its own process, talking over
-  torch.distributed/gloo on loopback. The server process is given metadata only (n, K, image
-  shape), never a shard. The processes and the messages are there; this module is the algorithm.
+* :mod:`dpsynth.federation` — what ``train.method=gswgan_federated`` runs: the server (rank 0)
+  and each client k (rank k+1) as the ranks of one ``torchrun`` job, talking over
+  torch.distributed/gloo. The server is given metadata only (n, K, image shape), never a shard;
+  each client checkpoints its own state. The ranks and the messages are there; this module is the
+  algorithm.
 * :class:`FederatedGSWGANTrainer` — the same protocol in one process (the reference the
   multi-process run must match bit for bit, given the same train.seed and, in tests, the same
   mechanism seed).
 
 Secret coins: the server's client choice and each client's noise come from
-:class:`~dpsynth.privacy.randomness.MechanismRandomness` seeded from one master seed drawn from OS
-entropy per run (:func:`mechanism_seeds`), handed to each process in memory and never logged.
+:class:`~dpsynth.privacy.randomness.MechanismRandomness` seeded from OS entropy, never logged: in the
+torchrun job each rank draws its own (none is sent to another rank); the in-process reference derives
+them from one master seed drawn per run (:func:`mechanism_seeds`).
 
 Protocol, per round (server → client k, then client k → server); every message is counted:
 
@@ -141,8 +143,8 @@ class Client:
 
 def mechanism_seeds(master: int | None, num_clients: int) -> tuple[int, list[int]]:
     """The secret seeds of the server's client choice and of each client's noise, from one master seed
-    (None: a fresh :func:`~dpsynth.privacy.randomness.secret_seed`). The master is drawn once per run by
-    whoever launches it and passed to the processes in memory only; nothing logs or stores it."""
+    (None: a fresh :func:`~dpsynth.privacy.randomness.secret_seed`): the in-process reference's, and the tests'
+    replay of the torchrun job's ranks (whose every rank otherwise draws its own); nothing logs or stores it."""
     master = secret_seed() if master is None else master
     return derived_seed(master, "client-choice"), [derived_seed(master, "client-noise", k) for k in range(num_clients)]
 

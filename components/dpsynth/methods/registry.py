@@ -96,7 +96,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "dpsynth.methods.zhang:ZhangTrainer", "public", ("zhang",), "dpsynth.methods.zhang:audit_invariants",
            "dpsynth.methods.zhang:warm_start", plan="dpsynth.methods.zhang:audit_plan",
            statement="dpsynth.methods.zhang:privacy_statement", empirical_audit="gradient", n_d=4),
-    Method("gswgan_federated", "federated GS-WGAN: server and K client processes over gloo",
+    Method("gswgan_federated", "federated GS-WGAN: server and K clients, the ranks of one torchrun job (gloo)",
            "dpsynth.federation:FederatedProcesses", "shard", ("gswgan",),
            "dpsynth.methods.gswgan_federated:audit_invariants", _SHARD_WARM_START,
            plan="dpsynth.methods.gswgan_federated:audit_plan",

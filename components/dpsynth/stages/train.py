@@ -19,6 +19,11 @@ Under ``torchrun`` (a data-parallel method, :mod:`dpsynth.methods.distributed`) 
 ledger attempt, the trainer's MLflow child run, the outputs and the manifest — and tells the other
 ranks whether it trains; they (:func:`follow`) read the same shards and warm start, train in step
 with it, and write nothing.
+
+``gswgan_federated`` always runs so, on K + 1 ranks (:mod:`dpsynth.federation`): in one process
+:func:`run` starts that torchrun job and returns its rank 0's outcome; in the job rank 0 is the stage
+and the server, given the number of records only (it opens no shard), and rank k + 1 is client k,
+which reads its own shard and warm D_k only and writes only its own checkpoints.
 """
 
 from __future__ import annotations
@@ -97,12 +102,12 @@ class _Inputs:
     fingerprint: str
 
 
-def _inputs(ctx: common.StageContext) -> _Inputs:
+def _inputs(ctx: common.StageContext, *, verify_shards: bool = True) -> _Inputs:
     cfg = ctx.cfg
     method = registry.get(cfg.train.method)
     partition, partition_entry = common.upstream(ctx, "partition")
     warmstart_manifest, warmstart_entry = common.upstream(ctx, "warmstart")
-    shards = [manifest.verify(s) for s in manifest.outputs(partition, "shard")]
+    shards = [manifest.verify(s) if verify_shards else s for s in manifest.outputs(partition, "shard")]
     return _Inputs(method=method, partition=partition, warmstart=warmstart_manifest, shards=shards,
                    inputs=[partition_entry, warmstart_entry, *shards],
                    fingerprint=common.fingerprint(cfg, SECTIONS + method.sections))
@@ -122,23 +127,31 @@ def _trainer_config(ctx: common.StageContext, shards: list[dict], workdir: str):
 def run(ctx: common.StageContext) -> common.Outcome:
     cfg = ctx.cfg
     ranks = distributed.current()  # under torchrun this is rank 0; the other ranks run follow()
-    read = _inputs(ctx)
+    federated = cfg.train.method == "gswgan_federated"  # rank 0 is its server (dpsynth.federation)
+    if federated and not ranks.distributed:  # in one process: start the job of the server and K clients
+        from dpsynth import federation
+
+        return federation.launch_stage(ctx)
+    read = _inputs(ctx, verify_shards=not federated)  # each client verifies its own shard; the server reads none
     method, partition, shards, inputs, fp = read.method, read.partition, read.shards, read.inputs, read.fingerprint
     reused = common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)
     ranks.from_main(reused is None)  # the other ranks train only when rank 0 does
     if reused is not None:
         return reused
     charging.population_id(cfg)  # ConfigError before the data is read
-    shard_data = [read_parquet(s["uri"]) for s in shards]
-    dataset = common.concat(shard_data)
+    records = sum(s["rows"] for s in shards)
+    if federated:  # the server is given the number of records, never a shard or a D_k
+        data, method_kwargs = records, {}
+    else:
+        shard_data = [read_parquet(s["uri"]) for s in shards]
+        data, method_kwargs = method_inputs(ctx, method, dataset=common.concat(shard_data), shards=shard_data,
+                                            warmstart=read.warmstart)
     remote = storage.is_remote(ctx.run_dir)
     with tempfile.TemporaryDirectory(prefix="dpsynth-train-") as scratch:
         workdir = scratch if remote else str(storage.local_path(ctx.stage_dir(STAGE)))
         stamp = hashlib.sha256(json.dumps([fp, [s["sha256"] for s in shards]]).encode()).hexdigest()
         _discard_stale_checkpoints(workdir, stamp=stamp, force=ctx.force)
         tcfg = _trainer_config(ctx, shards, workdir)
-        data, method_kwargs = method_inputs(ctx, method, dataset=dataset, shards=shard_data,
-                                            warmstart=read.warmstart)
         tracking_uri = ctx.tracking_uri if cfg.tracking.enabled else None
         ledger = charging.open_ledger(charging.ledger_url(cfg, run_dir=ctx.run_dir, tracking_uri=tracking_uri))
         result = dataclasses.asdict(charging.train_charged(
@@ -158,7 +171,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
     trace = json.loads(storage.read_bytes(ctx.uri(STAGE, OUTPUTS["trace"])))
     privacy = {"epsilon": result["epsilon"], "delta": result["delta"], "accountant": result["accountant"],
                "events": trace["events"], "note": "as reported by the trainer; the audit recomputes it from the trace"}
-    details = {"method": cfg.train.method, "training_records": len(dataset), "ranks": ranks.world_size,
+    details = {"method": cfg.train.method, "training_records": records, "ranks": ranks.world_size,
                **{k: result[k] for k in ("steps", "generator_steps", "noise_multiplier", "sample_rate", "stopped_by")
                   if k in result}}
     with common.child_run(ctx, STAGE, run_id=result.get("mlflow_run_id")) as run:
@@ -173,6 +186,10 @@ def follow(ctx: common.StageContext) -> None:
     ranks = distributed.current()
     if ranks.is_main:
         raise RuntimeError("train.follow: rank 0 runs the stage itself (train.run)")
+    if ctx.cfg.train.method == "gswgan_federated":  # client k = rank k + 1: its own shard and D_k only
+        from dpsynth import federation
+
+        return federation.client_stage(ctx)
     read = _inputs(ctx)
     if not ranks.from_main(None):  # rank 0 reused the stage's outputs: nothing to train
         return

@@ -35,7 +35,8 @@ def register(subparsers) -> None:
             "for every method: it trains on the shards of RUN_DIR/sensitive/partition and writes "
             "RUN_DIR/sensitive/train (output.dir is not used) with a manifest and an MLflow child run. Under "
             "torchrun (`torchrun --nproc-per-node N -m dpsynth train ...`) dpgan and zhang train data-parallel, "
-            "with or without --run-dir: rank 0 alone is charged and writes (docs/distributed.md)."
+            "with or without --run-dir: rank 0 alone is charged and writes (docs/distributed.md). gswgan_federated "
+            "always runs as a torchrun job of K + 1 ranks (server, K clients): --run-dir in one process starts it."
         ),
         epilog=methods_text(),
         formatter_class=_Formatter,
@@ -67,7 +68,12 @@ def run_train(args) -> int:
         return launch.run(args.launch, cfg, args)
     from dpsynth.methods import distributed
 
-    ranks = distributed.launch(cfg)  # under torchrun: join the job
+    if cfg.train.method == "gswgan_federated":  # its server and K clients are the job's ranks (dpsynth.federation)
+        from dpsynth import federation
+
+        ranks = federation.launch(cfg)
+    else:
+        ranks = distributed.launch(cfg)  # under torchrun: join the job
     code = None
     try:
         code = _run_train(args, cfg, ranks)
