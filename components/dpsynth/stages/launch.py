@@ -81,8 +81,10 @@ def run(how: str, cfg, args) -> int:
     if not (args.run_dir or cfg.pipeline.run_dir):
         raise ConfigError("pipeline.run_dir: --launch starts the pipeline's train stage; give --run-dir")
     if cfg.train.method not in METHODS:
-        raise ConfigError(f"train.method: {cfg.train.method!r} trains in one process only; --launch needs one of "
-                          f"{', '.join(METHODS)}")
+        how_it_runs = ("starts its own K + 1 ranks (server and clients) on this machine; run it without --launch"
+                       if cfg.train.method == "gswgan_federated" else "trains in one process only")
+        raise ConfigError(f"train.method: {cfg.train.method!r} {how_it_runs}; --launch runs the data-parallel "
+                          f"methods: {', '.join(METHODS)}")
     if env_ranks().distributed:
         raise ConfigError("--launch: this process is already a rank of a torchrun job; drop --launch")
     if args.run_dir is None:
