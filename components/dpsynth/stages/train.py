@@ -49,20 +49,37 @@ def logged_keys(method: str) -> tracking.LoggedKeys:
     return MLFLOW_KEYS | registry.get(method).trainer_class().MLFLOW_KEYS
 
 
-def warm_discriminators(warmstart_manifest: dict | None) -> dict[int, bytes]:
-    """Shard index → the bytes of its warm-started D_k file, from the warmstart stage's manifest."""
+def warm_discriminators(warmstart_manifest: dict | None, *, own: range | None = None) -> dict[int, bytes]:
+    """Shard index → the bytes of its warm-started D_k file, from the warmstart stage's manifest (``own``: only
+    those shards')."""
     found = {}
     for item in (warmstart_manifest or {}).get("outputs", []):
-        if item.get("role") == "discriminator":
+        if item.get("role") == "discriminator" and (own is None or int(item["shard"]) in own):
             found[int(item["shard"])] = storage.read_bytes(manifest.verify(item)["uri"])
     return found
+
+
+def own_shards(method: registry.Method, count: int) -> range:
+    """The shards this rank reads: all of them, but under torchrun a method training on the K shards (GS-WGAN,
+    DPAC) spreads them over the ranks, and a rank reads only its own block (its trainer holds only those)."""
+    spread = method.warm_start == "shard" and method.name in distributed.METHODS
+    return range(*distributed.current().part(count)) if spread else range(count)
+
+
+def read_shards(method: registry.Method, shards: list[dict]) -> list:
+    """The shards' records, ``None`` for those another rank holds (:func:`own_shards`)."""
+    own = own_shards(method, len(shards))
+    return [read_parquet(s["uri"]) if i in own else None for i, s in enumerate(shards)]
 
 
 def method_inputs(ctx: common.StageContext, method: registry.Method, *, dataset, shards, warmstart) -> tuple:
     """``(data, inputs)`` for the method's trainer (see :mod:`dpsynth.methods.registry`), from the
     partition's and the warmstart stage's manifests."""
     if method.warm_start == "shard":
-        return shards, {"warm": warm_discriminators(warmstart)}
+        inputs = {"warm": warm_discriminators(warmstart, own=own_shards(method, len(shards)))}
+        if None in shards:  # a rank holding its own shards only: n from the partition's manifest
+            inputs["records"] = common.upstream(ctx, "partition")[0]["details"]["training_records"]
+        return shards, inputs
     if method.warm_start == "public":
         from dpsynth.methods.zhang import load_warm_start
 
@@ -129,8 +146,8 @@ def run(ctx: common.StageContext) -> common.Outcome:
     if reused is not None:
         return reused
     charging.population_id(cfg)  # ConfigError before the data is read
-    shard_data = [read_parquet(s["uri"]) for s in shards]
-    dataset = common.concat(shard_data)
+    shard_data = read_shards(method, shards)
+    dataset = common.concat(shard_data) if None not in shard_data else None  # a shard method's trainer takes shards
     remote = storage.is_remote(ctx.run_dir)
     with tempfile.TemporaryDirectory(prefix="dpsynth-train-") as scratch:
         workdir = scratch if remote else str(storage.local_path(ctx.stage_dir(STAGE)))
@@ -158,7 +175,8 @@ def run(ctx: common.StageContext) -> common.Outcome:
     trace = json.loads(storage.read_bytes(ctx.uri(STAGE, OUTPUTS["trace"])))
     privacy = {"epsilon": result["epsilon"], "delta": result["delta"], "accountant": result["accountant"],
                "events": trace["events"], "note": "as reported by the trainer; the audit recomputes it from the trace"}
-    details = {"method": cfg.train.method, "training_records": len(dataset), "ranks": ranks.world_size,
+    details = {"method": cfg.train.method, "training_records": partition["details"]["training_records"],
+               "ranks": ranks.world_size,
                **{k: result[k] for k in ("steps", "generator_steps", "noise_multiplier", "sample_rate", "stopped_by")
                   if k in result}}
     with common.child_run(ctx, STAGE, run_id=result.get("mlflow_run_id")) as run:
@@ -176,8 +194,9 @@ def follow(ctx: common.StageContext) -> None:
     read = _inputs(ctx)
     if not ranks.from_main(None):  # rank 0 reused the stage's outputs: nothing to train
         return
-    shard_data = [read_parquet(s["uri"]) for s in read.shards]
+    shard_data = read_shards(read.method, read.shards)
     tcfg = _trainer_config(ctx, read.shards, str(ctx.stage_dir(STAGE)))  # never written here
-    data, method_kwargs = method_inputs(ctx, read.method, dataset=common.concat(shard_data), shards=shard_data,
+    dataset = common.concat(shard_data) if None not in shard_data else None
+    data, method_kwargs = method_inputs(ctx, read.method, dataset=dataset, shards=shard_data,
                                         warmstart=read.warmstart)
     read.method.trainer_class()(tcfg, data, **method_kwargs).train()
