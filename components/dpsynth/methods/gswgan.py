@@ -377,7 +377,9 @@ class GSWGANTrainer(Trainer):
         self.spec = _image_spec(cfg, shards[self.own.start])
         self.num_classes = self.spec["num_classes"]
         self.n = records if records is not None else sum(len(s) for s in shards)
-        self.shards = {k: tuple(t.to(self.device) for t in shards[k].to_tensors()) for k in self.own}
+        # (images, labels) on the device for this rank's shards; None for those another rank holds
+        self.shards = [tuple(t.to(self.device) for t in shards[k].to_tensors()) if k in self.own else None
+                       for k in range(self.K)]
         self.plan = plan_privacy(cfg, n=self.n, num_shards=self.K)
 
         self.G = _init_with_seed(derived_seed(seed, "generator"),
@@ -405,6 +407,9 @@ class GSWGANTrainer(Trainer):
 
     # --- the private warm-up (dpsynth.methods.warmup), when configured: on the union of the shards ---------
     def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(self.own) != self.K:  # refused before the job starts (dpsynth.methods.distributed.launch)
+            raise ConfigError("warmup.central_images: the private warm-up reads every shard; this rank holds "
+                              f"{len(self.own)} of {self.K}")
         return torch.cat([x for x, _ in self.shards]), torch.cat([y for _, y in self.shards])
 
     def warmed_up(self) -> None:
