@@ -54,6 +54,13 @@ def test_parts_partition_the_index_space_and_one_process_is_unchanged():
     assert torch.equal(distributed.Ranks(rank=1, world_size=2).share(x)[0], torch.arange(5, 10))
 
 
+def test_the_owner_of_an_index_is_the_rank_whose_part_holds_it():
+    for n, world in [(3, 2), (10, 3), (1000, 8), (7, 7), (1, 2)]:
+        for r in range(world):
+            lo, hi = distributed.Ranks(rank=r, world_size=world).part(n)
+            assert all(distributed.Ranks(world_size=world).owner(i, n) == r for i in range(lo, hi))
+
+
 def test_env_and_launch_refusals(monkeypatch, tmp_path):
     assert distributed.env_ranks({}) == distributed.SINGLE
     assert distributed.env_ranks({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == distributed.Ranks(1, 2, 1)
