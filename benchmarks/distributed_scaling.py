@@ -1,5 +1,5 @@
-"""CPU benchmark: DPGAN or dp-GAN (Zhang) data-parallel on 1 vs W gloo ranks (issue #18), steps/s and bytes
-all-reduced per step.
+"""CPU benchmark: DPGAN or dp-GAN (Zhang) data-parallel, or GS-WGAN with its shards spread, on 1 vs W gloo
+ranks (issue #18), steps/s and bytes all-reduced per step.
 
 Each rank is a spawned process with ``--threads`` torch threads that builds the method's trainer on the first
 ``--records`` bundled MNIST images (the real code path: its Poisson part, per-example clipping, the sanitizer's
@@ -10,12 +10,21 @@ untimed, then times ``--steps`` (generator steps included: n_D = 5, n_critic = 4
 steps/s (rank 0's wall clock), the bytes one rank sends into the all-reduce per step, and the scaling
 efficiency (steps/s at W) / (W · steps/s at 1).
 
-    python benchmarks/distributed_scaling.py [--method dpgan|zhang] [--worlds 1 2] [--batch-size 64]
-        [--d-width 32] [--steps 20] [--threads 1] [--json PATH]
+    python benchmarks/distributed_scaling.py [--method dpgan|zhang|gswgan] [--worlds 1 2] [--batch-size 64]
+        [--d-width 32] [--steps 20] [--threads 1] [--shards 10] [--json PATH]
 
 What does not scale with W: DPGAN's ranks each draw all B fakes (no gradient); every rank takes the same
 generator step, so the models stay equal without being sent; dp-GAN's clip bounds (rank 0 alone, every step
 with adaptive clipping, the others wait for them). Only the per-example work is divided.
+
+GS-WGAN (``--method gswgan``, K = ``--shards`` contiguous shards of the records, fresh discriminators): one
+iteration uses one discriminator, so nothing is divided — the rank owning the drawn shard runs the n_dis = 5
+critic steps and the B per-sample gradients while the others wait, and every rank takes the generator step.
+What W buys is memory: each rank holds K/W shards and discriminators (with their Adam states), reported per
+rank as ``held_bytes`` after the timed steps (the discriminators drawn so far). Bytes per step: the release's
+all-reduce (B × image floats) and, measured as their pickled size, the shard index and the owner's batch and
+latent streams and G's buffers that the other ranks receive. Its ``undivided_share`` is the generator step's
+share of rank 0's time (the critic steps are undivided too, run by one rank).
 """
 
 from __future__ import annotations
@@ -58,7 +67,18 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
             *(["zhang.grouping=clustering", "zhang.num_groups=5", "zhang.adaptive_clipping=true"]
               if args.get("bounds", "adaptive") == "adaptive" else
               ["zhang.grouping=weight_bias", "zhang.adaptive_clipping=false"]), "zhang.public_batch_size=64"])
-        if method == "zhang":
+        if method == "gswgan":
+            from dpsynth.methods.gswgan import GSWGANTrainer
+
+            K = args["shards"]
+            cfg = load_config(overrides=[
+                f"output.dir={out}/w{world}", "tracking.enabled=false", "train.method=gswgan", "train.steps=100000",
+                f"partition.num_shards={K}", f"gswgan.d_width={args['d_width']}", f"gswgan.g_width={args['d_width']}",
+                f"gswgan.batch_size={args['batch_size']}", "train.n_d=5", "privacy.noise_multiplier=1.0",
+                "privacy.epsilon=1000", "privacy.delta=1e-5"])
+            cut = np.linspace(0, len(data), K + 1).astype(int)
+            t = GSWGANTrainer(cfg, [data.subset(np.arange(cut[k], cut[k + 1])) for k in range(K)])
+        elif method == "zhang":
             from dpsynth.data.public import load_public_source
             from dpsynth.methods.zhang import ZhangTrainer
 
@@ -80,7 +100,12 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
                     fixed["seconds"] += time.perf_counter() - begin
             return call
 
-        t.generator_step = timed(t.generator_step)
+        if method == "gswgan":  # undivided: the whole iteration (one discriminator); the generator step is timed
+            import dpsynth.methods.gswgan as gswgan
+
+            gswgan.sanitized_generator_step = timed(gswgan.sanitized_generator_step)
+        else:
+            t.generator_step = timed(t.generator_step)
         if method == "zhang":
             t.update_bounds = timed(t.update_bounds)
 
@@ -95,13 +120,37 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
         start = time.perf_counter()
         run(args["steps"])
         seconds = time.perf_counter() - start
+        extra = {}
+        if method == "gswgan":
+            import pickle
+
+            def nbytes(obj):
+                if isinstance(obj, torch.Tensor):
+                    return obj.numel() * obj.element_size()
+                if isinstance(obj, dict):
+                    return sum(nbytes(v) for v in obj.values())
+                if isinstance(obj, (list, tuple)):
+                    return sum(nbytes(v) for v in obj)
+                return 0
+
+            held = nbytes(t.d_states) + nbytes(t.opt_states)
+            Path(out, f"w{world}-rank{rank}-held.json").write_text(json.dumps(
+                {"held_bytes": held, "discriminators": len(t.d_states), "shards_held": len(t.own)}))
+            streams = (t.data_rng.get_state(), t.rng.get_state(), {n: b.cpu() for n, b in t.G.named_buffers()})
+            extra = {"broadcast_bytes_per_step": (len(pickle.dumps(streams)) + len(pickle.dumps(0))) if world > 1 else 0,
+                     "shards": args["shards"]}
+        if world > 1:
+            dist.barrier()
         if rank == 0:
             reducer = t.sanitizer.reducer
+            held = [json.loads(Path(out, f"w{world}-rank{r}-held.json").read_text())
+                    for r in range(world)] if method == "gswgan" else None
             Path(out, f"w{world}.json").write_text(json.dumps({
                 "world_size": world, "steps": args["steps"], "seconds": seconds,
                 "steps_per_s": args["steps"] / seconds, "undivided_share": fixed["seconds"] / seconds,
                 "allreduce_bytes_per_step": reducer.bytes_per_step if reducer is not None else 0,
-                "d_parameters": sum(p.numel() for p in t.D.parameters())}))
+                "d_parameters": sum(p.numel() for p in t.D.parameters()), **extra,
+                **({"per_rank": held} if held else {})}))
     finally:
         if world > 1:
             dist.destroy_process_group()
@@ -109,7 +158,7 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--method", choices=("dpgan", "zhang"), default="dpgan")
+    ap.add_argument("--method", choices=("dpgan", "zhang", "gswgan"), default="dpgan")
     ap.add_argument("--bounds", choices=("adaptive", "fixed"), default="adaptive",
                     help="zhang: clustered groups with adaptive bounds from public data every step (rank 0), or "
                          "fixed weight/bias groups at privacy.max_grad_norm")
@@ -121,12 +170,14 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--mode", default="ghost", help="train.grad_sample_mode")
+    ap.add_argument("--shards", type=int, default=10, help="gswgan: K, the shards (and discriminators)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
     import torch.multiprocessing as mp
 
     args = {"method": a.method, "bounds": a.bounds, "batch_size": a.batch_size, "d_width": a.d_width,
-            "records": a.records, "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "mode": a.mode}
+            "records": a.records, "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "mode": a.mode,
+            "shards": a.shards}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for world in a.worlds:
@@ -141,6 +192,9 @@ def main(argv=None) -> int:
         eff = f"{r['efficiency']:.2f}" if r["efficiency"] is not None else "-"
         print(f"W={r['world_size']}: {r['steps_per_s']:.2f} steps/s, {r['allreduce_bytes_per_step']} B all-reduced "
               f"per step per rank, efficiency {eff}, undivided share of rank 0's time {r['undivided_share']:.2f}")
+        if "per_rank" in r:
+            print(f"     + {r['broadcast_bytes_per_step']} B broadcast per step; held per rank (shards, discriminators "
+                  f"so far, bytes): {[(h['shards_held'], h['discriminators'], h['held_bytes']) for h in r['per_rank']]}")
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2))
     return 0

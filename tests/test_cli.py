@@ -118,7 +118,7 @@ def test_under_torchrun_only_train_runs(monkeypatch, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("dpsynth: error: pipeline: runs in one process") and "WORLD_SIZE=2" in err
     assert not run_dir.exists()
-    assert cli.main(["train", "--set", "train.method=gswgan"]) == 2
+    assert cli.main(["train", "--set", "train.method=gswgan_federated"]) == 2
     assert capsys.readouterr().err.startswith("dpsynth: error: train.method: ")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert cli.main(["config", "show"]) == 0

@@ -238,3 +238,75 @@ def train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list[str]) 
         Path(tmp, "outcome.json").write_text(json.dumps({"status": outcome.status, "manifest": outcome.manifest}))
     else:
         train.follow(ctx)
+
+
+# --- GS-WGAN / DPAC: the K shards and their discriminators spread over the ranks ----------------------------
+def gswgan_tiny(out, *extra):
+    """A tiny GS-WGAN run on 3 shards (2 ranks: rank 0 holds shard 0, rank 1 shards 1 and 2)."""
+    from tests.methods.gswgan_helpers import tiny as gswgan_config
+
+    return gswgan_config(out, "output.checkpoint_every=2", "train.steps=8", *extra)
+
+
+def gswgan_shards():
+    """mnist600 cut into 3 contiguous shards of 200 records."""
+    import numpy as np
+
+    ds = mnist600()
+    return [ds.subset(np.arange(200 * k, 200 * (k + 1))) for k in range(3)]
+
+
+def gswgan_steps(rank: int, tmp: str, method: str, steps: int) -> None:
+    """(a, b) ``steps`` iterations with the noise off, then ``steps`` with it on (mechanism seed fixed: rank 0's
+    stream is one process's): the generator's gradient at each step (a linear function of the release), the
+    shards drawn, the models and this rank's discriminators. The test's own process runs it as the one-process
+    reference (rank 0 of 1)."""
+    from dpsynth.methods import registry
+
+    out = {}
+    for noise in (False, True):
+        cfg = gswgan_tiny(Path(tmp) / f"out{rank}-{noise}", f"train.method={method}")
+        t = registry.get(method).trainer_class()(cfg, gswgan_shards(), mechanism_seed=12)
+        if not noise:
+            noiseless(t)
+        grads, drawn = [], []
+        step = t.opt_g.step
+        t.opt_g.step = lambda: (grads.append([p.grad.clone() for p in t.G.parameters()]), step())
+        load = t._load_discriminator  # called by the rank holding the drawn shard only
+        t._load_discriminator = lambda k: (drawn.append(k), load(k))[1]
+        for _ in range(steps):
+            t.train_step()
+        out[noise] = {"grads": grads, "drawn": drawn, "G": t.G.state_dict(), "G_ema": t.G_ema.state_dict(),
+                      "d_states": t.d_states, "opt_states": t.opt_states, "own": list(t.own),
+                      "trace": t.trace.to_dict(), "bytes": t.sanitizer.reducer.bytes_per_step if t.sanitizer.reducer else 0}
+    torch.save(out, Path(tmp) / f"gsteps{rank}.pt")
+
+
+def gswgan_train_shared_dir(rank: int, tmp: str, method: str, stop_after) -> None:
+    """(d) ranks training GS-WGAN / DPAC in one output.dir (resuming the checkpoint there); mechanism seed
+    fixed so that the run can be compared with an uninterrupted one."""
+    from dpsynth.methods import registry
+
+    tmp = Path(tmp)
+    cfg = gswgan_tiny(tmp / "out", f"train.method={method}")
+    t = registry.get(method).trainer_class()(cfg, gswgan_shards(), mechanism_seed=12)
+    t.train(stop_after=stop_after)
+    torch.save({"G": t.G.state_dict(), "G_ema": t.G_ema.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
+                "d_states": t.d_states, "own": list(t.own)}, tmp / f"gshared{rank}.pt")
+
+
+def gswgan_train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list[str]) -> None:
+    """:func:`train_stage` for GS-WGAN, each rank recording which shard files and warm-started discriminators it
+    read (``reads<rank>.json``)."""
+    from dpsynth import storage
+    from dpsynth.stages import train
+
+    reads = []
+    read_parquet, read_bytes = train.read_parquet, storage.read_bytes
+    train.read_parquet = lambda uri, *a, **k: (reads.append(str(uri)), read_parquet(uri, *a, **k))[1]
+    storage.read_bytes = lambda uri, *a, **k: (reads.append(str(uri)), read_bytes(uri, *a, **k))[1]
+    try:
+        train_stage(rank, tmp, run_dirs, overrides)
+    finally:
+        train.read_parquet, storage.read_bytes = read_parquet, read_bytes
+        Path(tmp, f"reads{rank}.json").write_text(json.dumps(reads))

@@ -54,6 +54,13 @@ def test_parts_partition_the_index_space_and_one_process_is_unchanged():
     assert torch.equal(distributed.Ranks(rank=1, world_size=2).share(x)[0], torch.arange(5, 10))
 
 
+def test_the_owner_of_an_index_is_the_rank_whose_part_holds_it():
+    for n, world in [(3, 2), (10, 3), (1000, 8), (7, 7), (1, 2)]:
+        for r in range(world):
+            lo, hi = distributed.Ranks(rank=r, world_size=world).part(n)
+            assert all(distributed.Ranks(world_size=world).owner(i, n) == r for i in range(lo, hi))
+
+
 def test_env_and_launch_refusals(monkeypatch, tmp_path):
     assert distributed.env_ranks({}) == distributed.SINGLE
     assert distributed.env_ranks({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == distributed.Ranks(1, 2, 1)
@@ -66,7 +73,7 @@ def test_env_and_launch_refusals(monkeypatch, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="^train.method:"):
-        launch(workers.tiny(tmp_path, "train.method=gswgan"))
+        launch(workers.tiny(tmp_path, "train.method=gswgan_federated"))
 
 
 # --- (a) clipped sums, reduced: the 2-rank step is the 1-process step ---------------------------------
@@ -388,3 +395,121 @@ def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnis
     killed, resumed = ledger.history("mnist600")  # the job's one attempt (charged in full), then the resumption
     assert killed["status"] == "committed" and killed["epsilon_spent"] == killed["epsilon_reserved"]
     assert resumed["status"] == "committed" and resumed["resumes_id"] == killed["id"]
+
+
+# --- GS-WGAN / DPAC: the K shards and their discriminators spread over the ranks -----------------------------
+def assert_same_tensors(a, b, **tol) -> None:
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, **tol)
+
+
+def assert_same_states(a: dict, b: dict, **tol) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], **tol, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("method", ["gswgan", "dpac"])
+def test_gswgan_two_ranks_take_the_one_process_iterations(tmp_path, method):
+    """Rank 0 holds shard 0, rank 1 shards 1 and 2 (K = 3). With the noise off and on (rank 0's stream seeded as
+    the one process's), 6 iterations on 2 ranks give the generator the one process's gradients: the owner of the
+    drawn shard ran the critic steps (DPAC: and the classifier) and clipped, rank 0 added the noise once."""
+    steps = 6
+    workers.run_ranks(2, tmp_path, workers.gswgan_steps, str(tmp_path), method, steps)
+    r0, r1 = (torch.load(tmp_path / f"gsteps{r}.pt", weights_only=False) for r in (0, 1))
+    one_dir = tmp_path / "one"
+    one_dir.mkdir()
+    workers.gswgan_steps(0, str(one_dir), method, steps)  # this process, no process group: one process
+    one = torch.load(one_dir / "gsteps0.pt", weights_only=False)
+    for noise in (False, True):
+        a, b, ref = r0[noise], r1[noise], one[noise]
+        assert a["own"] == [0] and b["own"] == [1, 2] and ref["own"] == [0, 1, 2]
+        # the same shards drawn, each by the rank holding it; both ranks drew some
+        assert sorted(a["drawn"] + b["drawn"]) == sorted(ref["drawn"]) and a["drawn"] and b["drawn"]
+        assert set(a["drawn"]) == {0} and set(b["drawn"]) <= {1, 2}
+        # each rank keeps only its own discriminators and Adam states, equal to the one process's
+        assert set(a["d_states"]) == {0} and set(b["d_states"]) == set(ref["d_states"]) - {0}
+        assert set(a["opt_states"]) | set(b["opt_states"]) == set(ref["opt_states"])
+        for k in ref["d_states"]:
+            assert_same_states((a if k == 0 else b)["d_states"][k], ref["d_states"][k], rtol=1e-5, atol=1e-6)
+        # every rank took the same generator steps, bit for bit; and the one process's, to 1e-6
+        assert len(a["grads"]) == len(ref["grads"]) == steps
+        for ga, gb, gref in zip(a["grads"], b["grads"], ref["grads"]):
+            assert_same_tensors(ga, gb, rtol=0, atol=0)
+            assert_same_tensors(ga, gref, rtol=1e-5, atol=1e-6)
+        assert_same_states(a["G"], b["G"], rtol=0, atol=0)
+        assert_same_states(a["G"], ref["G"], rtol=1e-5, atol=1e-6)
+        assert a["bytes"] == 16 * 28 * 28 * 4  # one all-reduce of the B releases (float32)
+    # the noise is there (the noisy first step's gradient is not the clipped one's) and it is rank 0's stream,
+    # added once: each rank adding σC of its own, or none, would not give the one process's gradients above
+    assert r0[True]["trace"] == one[True]["trace"] and r0[True]["trace"]["steps"] == steps
+    first_noisy, first_clean = r0[True]["grads"][0], r0[False]["grads"][0]
+    assert all(not torch.allclose(x, y, atol=1e-3) for x, y in zip(first_noisy, first_clean))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["gswgan", "dpac"])
+def test_gswgan_checkpoints_resume_across_world_sizes(tmp_path, method):
+    """2 ranks stop after 4 of 8 iterations and 1 process finishes; 1 process stops after 4 and 2 ranks finish: both
+    equal the uninterrupted one-process run (mechanism seed fixed), trace and ε included. The 2-rank checkpoint holds
+    every shard's discriminator (gathered to rank 0)."""
+    from dpsynth.methods import registry
+
+    trainer = registry.get(method).trainer_class()
+    straight = trainer(workers.gswgan_tiny(tmp_path / "straight", f"train.method={method}"), workers.gswgan_shards(),
+                       mechanism_seed=12)
+    assert straight.train(stop_after=4) is None
+    at4 = torch.load(tmp_path / "straight" / "checkpoints" / "last.pt", weights_only=False)
+    expected = straight.train()
+    assert expected.steps == 8
+
+    two = tmp_path / "two"
+    two.mkdir()
+    workers.run_ranks(2, two, workers.gswgan_train_shared_dir, str(two), method, 4)
+    ckpt = torch.load(two / "out" / "checkpoints" / "last.pt", weights_only=False)
+    assert ckpt["step"] == 4 and ckpt["trace"] == at4["trace"]
+    assert set(ckpt["d_states"]) == set(at4["d_states"]) and set(ckpt["opt_states"]) == set(at4["opt_states"])
+    for k in at4["d_states"]:
+        assert_same_states(ckpt["d_states"][k], at4["d_states"][k], rtol=1e-5, atol=1e-6)
+    r0 = torch.load(two / "gshared0.pt", weights_only=False)
+    assert set(r0["d_states"]) <= {0}  # rank 0 kept its own shard's discriminator only
+    one = trainer(workers.gswgan_tiny(two / "out", f"train.method={method}"), workers.gswgan_shards(),
+                  mechanism_seed=12)
+    result = one.train()
+    assert result.steps == 8 and result.epsilon == expected.epsilon
+    assert json.loads(Path(result.trace_path).read_text()) == json.loads(Path(expected.trace_path).read_text())
+    assert_same_states(one.G_ema.state_dict(), straight.G_ema.state_dict(), rtol=1e-5, atol=1e-6)
+
+    single = tmp_path / "single"
+    trainer(workers.gswgan_tiny(single / "out", f"train.method={method}"), workers.gswgan_shards(),
+            mechanism_seed=12).train(stop_after=4)
+    workers.run_ranks(2, single, workers.gswgan_train_shared_dir, str(single), method, None)
+    s0, s1 = (torch.load(single / f"gshared{r}.pt", weights_only=False) for r in (0, 1))
+    assert s0["step"] == s1["step"] == 8 and s0["trace"] == s1["trace"]
+    assert set(s1["d_states"]) <= {1, 2} and set(s0["d_states"]) <= {0}  # the checkpoint's spread on resume
+    done = json.loads((single / "out" / "result.json").read_text())
+    assert done["epsilon"] == expected.epsilon
+    assert json.loads((single / "out" / "trace.json").read_text()) == json.loads(Path(expected.trace_path).read_text())
+    assert_same_states(s0["G"], s1["G"], rtol=0, atol=0)  # (G_ema's spectral norms: refreshed by rank 0's grid)
+    assert_same_states(s0["G"], straight.G.state_dict(), rtol=1e-5, atol=1e-6)
+    assert_same_states(s0["G_ema"], straight.G_ema.state_dict(), rtol=1e-5, atol=1e-6)
+    final = torch.load(single / "out" / "checkpoints" / "last.pt", weights_only=False)  # written at step 8 on 2 ranks
+    for k in final["d_states"]:
+        assert_same_states(final["d_states"][k], straight.d_states[k], rtol=1e-5, atol=1e-6)
+    assert set(final["d_states"]) == set(straight.d_states)
+
+
+def test_gswgan_refusals_under_torchrun(monkeypatch):
+    """More ranks than shards, and GS-WGAN's private warm-up (it reads every shard), are refused by name."""
+    from dpsynth.methods import distributed as methods_distributed
+    from tests.methods.gswgan_helpers import tiny as gswgan_config
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match="warmup.central_images"):
+        methods_distributed.launch(gswgan_config("/tmp/unused", "warmup.central_images=true"))
+    monkeypatch.setattr(methods_distributed, "current", lambda: distributed.Ranks(rank=0, world_size=4))
+    with pytest.raises(ConfigError, match="partition.num_shards"):
+        from dpsynth.methods.gswgan import GSWGANTrainer
+
+        GSWGANTrainer(workers.gswgan_tiny("/tmp/unused"), workers.gswgan_shards())

@@ -79,7 +79,7 @@ def test_stage_argv_drops_only_the_launch(tmp_path):
 
 @pytest.mark.parametrize("argv, field", [
     (["--launch", "trainjob"], "pipeline.run_dir"),  # not the stage
-    (["--launch", "torchrun", "--run-dir", "{run}", "--set", "train.method=gswgan"], "train.method"),
+    (["--launch", "torchrun", "--run-dir", "{run}", "--set", "train.method=gswgan_federated"], "train.method"),
     (["--launch", "torchrun", "--run-dir", "{run}", "--set", "train.nodes=2"], "train.nodes"),  # one machine
     (["--launch", "trainjob", "--run-dir", "{run}"], launch.TEMPLATE_ENV),  # no template named
 ])

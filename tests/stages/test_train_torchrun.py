@@ -18,6 +18,9 @@ from dpsynth.privacy.ledger import Ledger
 from tests.methods import distributed_workers as workers
 from tests.stages.helpers import TINY, manifest, settings, stages
 
+GSWGAN = ("train.method=gswgan", "partition.num_shards=3", "gswgan.d_width=4", "gswgan.g_width=4",
+          "gswgan.latent_dim=8", "gswgan.batch_size=16", "gswgan.warmstart_iterations=2", "train.n_d=2",
+          "train.steps=4", "privacy.epsilon=50")
 ZHANG = ("train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
          "zhang.warm_start_iterations=2", "zhang.num_groups=3", "train.n_d=2", "train.steps=6")
 
@@ -60,6 +63,33 @@ def test_only_rank_zero_is_the_stage(tmp_path, source):
     # rank 1: no file in its run directory, no MLflow store, no ledger
     assert tree(run1) == before
     assert not (tmp_path / "mlflow1.db").exists() and not (tmp_path / "ledger1.db").exists()
+
+
+def test_gswgan_ranks_read_their_own_shards_and_the_job_is_one_attempt(tmp_path, source):
+    """GS-WGAN on 2 ranks through the stage (K = 3: rank 0 holds shard 0, rank 1 shards 1 and 2), both in one run
+    directory as under torchrun: each rank reads only its own shards' records and warm-started discriminators;
+    rank 0 is charged once, for one trace of one event per iteration, and the audit passes."""
+    overrides = [f"data.uri={source}", *TINY, *GSWGAN]
+    run = tmp_path / "run"
+    stages(run, source, "partition", "warmstart", overrides=GSWGAN)
+    Ledger(f"sqlite:///{tmp_path / 'ledger0.db'}").set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="test")
+    workers.run_ranks(2, tmp_path, workers.gswgan_train_stage, str(tmp_path), [str(run), str(run)], overrides)
+
+    outcome = json.loads((tmp_path / "outcome.json").read_text())
+    assert outcome["status"] == "succeeded" and outcome["manifest"]["details"]["ranks"] == 2
+    trace = json.loads((run / "sensitive" / "train" / "trace.json").read_text())
+    assert trace["events"][-1]["count"] == 4  # one event per iteration, not one per rank
+    (charged,) = Ledger(f"sqlite:///{tmp_path / 'ledger0.db'}").history("mnist600")
+    assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(
+        outcome["manifest"]["privacy"]["epsilon"], rel=1e-6)
+    assert not (tmp_path / "ledger1.db").exists() and not (tmp_path / "mlflow1.db").exists()
+    for rank, own in ((0, [0]), (1, [1, 2])):
+        reads = json.loads((tmp_path / f"reads{rank}.json").read_text())
+        shards = sorted(int(Path(u).stem.split("-")[1]) for u in reads if "/partition/shard-" in u)  # shard-K-of-N
+        warm = sorted(int(Path(u).parent.name.split("-")[-1]) for u in reads if u.endswith("discriminator.pt"))
+        assert shards == own and warm == own, (rank, reads)
+    stages(run, source, "audit", overrides=[*GSWGAN, f"ledger.url=sqlite:///{tmp_path / 'ledger0.db'}"])
+    assert json.loads((run / "sensitive" / "audit" / "audit.json").read_text())["decision"] == "passed"
 
 
 def torchrun_train(run_dir: Path, source: str, tracking_uri: str, *extra: str) -> subprocess.CompletedProcess:

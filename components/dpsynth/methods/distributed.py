@@ -1,5 +1,6 @@
-"""DP-SGD trainers data-parallel over the ranks of one ``torchrun`` job (the mechanism:
-:mod:`dpsynth.privacy.distributed`): DPGAN and dp-GAN (Zhang), the trainers with ``DATA_PARALLEL = True``.
+"""DP trainers over the ranks of one ``torchrun`` job (the mechanism: :mod:`dpsynth.privacy.distributed`):
+DPGAN and dp-GAN (Zhang) data-parallel, GS-WGAN and DPAC with their shards spread over the ranks — the trainers
+with ``DATA_PARALLEL = True``.
 
     torchrun --standalone --nproc-per-node 2 -m dpsynth train --config run.yaml
 
@@ -20,6 +21,14 @@ run, the trace, the checkpoints and the artifacts. The other ranks (:func:`follo
 they receive rank 0's state after it resumed a checkpoint and after the private warm-up (which
 rank 0 runs alone on the full data) — everything but rank 0's secret coins, which never leave it —
 so a checkpoint written by N ranks resumes on M.
+
+GS-WGAN / DPAC (``SPREAD_STATE``): rank r holds the contiguous block ``part(K)`` of the K shards and only
+their discriminators and Adam states. Rank 0 draws the shard k from its secret coins and sends it; the rank
+holding k runs the critic steps (and DPAC's classifier) and hands the shared latent and batch streams on; the B
+per-sample gradients w.r.t. the fakes are clipped there, rank 0 adds the noise σC, and one all-reduce gives
+every rank the release (the owner's clipped rows + rank 0's noise + zeros), so every rank takes the same
+generator step. A checkpoint gathers every rank's discriminators to rank 0 (:func:`checkpoint_state`): the
+file is one process's, and a resume scatters them to the ranks now holding them (:func:`sync_state`).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from dpsynth.privacy import distributed
 from dpsynth.privacy.distributed import SINGLE, current  # noqa: F401  (the trainer's ranks)
 
 MECHANISM = "mechanism"  # the state key of the trainer's secret coins: never sent to another rank
-METHODS = ("dpgan", "zhang")  # the methods that train on several ranks so far (Trainer.DATA_PARALLEL)
+METHODS = ("dpgan", "zhang", "gswgan", "dpac")  # the methods that train on several ranks (Trainer.DATA_PARALLEL)
 
 
 def launch(cfg) -> distributed.Ranks:
@@ -41,6 +50,10 @@ def launch(cfg) -> distributed.Ranks:
     if cfg.train.method not in METHODS:
         raise ConfigError(f"train.method: {cfg.train.method!r} trains in one process only; under torchrun "
                           f"(WORLD_SIZE={ranks.world_size}) only {', '.join(METHODS)} runs data-parallel")
+    if cfg.train.method in ("gswgan", "dpac") and cfg.warmup.central_images:
+        raise ConfigError(f"warmup.central_images: {cfg.train.method}'s private warm-up reads every shard, and under "
+                          f"torchrun (WORLD_SIZE={ranks.world_size}) each rank holds only its own; turn it off or "
+                          "train in one process")
     from dpsynth.methods.core import resolve_device
 
     return distributed.init_process_group(ranks.place(resolve_device(cfg.train.device)))
@@ -61,15 +74,46 @@ def join(trainer) -> None:
 
 def sync_state(trainer) -> None:
     """Every rank takes rank 0's state (models, optimizers, latent RNGs, n_D schedule, trace), all but its
-    secret coins: each rank keeps its own. A no-op in one process."""
+    secret coins: each rank keeps its own. The trainer's ``SPREAD_STATE`` is not broadcast: rank 0 hands each
+    rank the entries of that rank's indices it holds (all of them after resuming a checkpoint, none else) and
+    keeps only its own. A no-op in one process."""
     if not trainer.dist.distributed:
         return
     import torch.distributed as dist
 
-    box = [{k: v for k, v in trainer.state_dict().items() if k != MECHANISM} if trainer.dist.is_main else None]
+    ranks, spread = trainer.dist, trainer.SPREAD_STATE
+    state = trainer.state_dict() if ranks.is_main else {}
+    box = [{k: v for k, v in state.items() if k != MECHANISM and k not in spread} if ranks.is_main else None]
     dist.broadcast_object_list(box, src=0)
-    if not trainer.dist.is_main:
-        trainer.load_state_dict({**box[0], MECHANISM: trainer.mechanism.state_dict()})
+    if not ranks.is_main:
+        trainer.load_state_dict({**box[0], MECHANISM: trainer.mechanism.state_dict(),
+                                 **{key: getattr(trainer, key) for key in spread}})
+    for key in spread:
+        held = getattr(trainer, key)
+        parts = ([{i: v for i, v in held.items() if trainer.owner(i) == r} for r in range(ranks.world_size)]
+                 if ranks.is_main else None)
+        mine = [None]
+        dist.scatter_object_list(mine, parts, src=0)
+        setattr(trainer, key, mine[0] if ranks.is_main else {**held, **mine[0]})
+
+
+def checkpoint_state(trainer) -> dict | None:
+    """Rank 0's checkpoint: the trainer's state, with every rank's ``SPREAD_STATE`` entries gathered to rank 0,
+    so the file is one process's and resumes on any number of ranks. With spread state every rank calls it at
+    the same step (a collective); None on the other ranks."""
+    ranks, spread = trainer.dist, trainer.SPREAD_STATE
+    if not (ranks.distributed and spread):
+        return trainer.state_dict() if ranks.is_main else None
+    import torch.distributed as dist
+
+    gathered = [None] * ranks.world_size if ranks.is_main else None
+    dist.gather_object({key: getattr(trainer, key) for key in spread}, gathered, dst=0)
+    if not ranks.is_main:
+        return None
+    state = trainer.state_dict()
+    for key in spread:
+        state[key] = {i: v for part in gathered for i, v in part[key].items()}
+    return state
 
 
 def follow(trainer, *, stop_after: int | None = None) -> None:
@@ -77,14 +121,18 @@ def follow(trainer, *, stop_after: int | None = None) -> None:
     same order), writing nothing."""
     if trainer.dist.is_main:
         raise RuntimeError("follow: rank 0 runs the trainer's own loop")
-    cfg = trainer.cfg
+    o = trainer.cfg.output
     sync_state(trainer)  # rank 0's, after it resumed its checkpoint (if any)
-    if cfg.warmup.central_images and trainer.trace.steps == 0:
+    if trainer.cfg.warmup.central_images and trainer.trace.steps == 0:
         sync_state(trainer)  # rank 0 ran the private warm-up: its G, latent RNG and trace
+        if o.checkpoint_every:
+            checkpoint_state(trainer)  # rank 0 checkpoints the warm-up (spread state: gathered)
     while trainer.step < trainer.total_steps:  # dpsynth.methods.loop.train's loop, without its writes
         if stop_after is not None and trainer.step >= stop_after:
             return None
         if not trainer.can_step():
             break
         trainer.train_step()
+        if o.checkpoint_every and trainer.step % o.checkpoint_every == 0:
+            checkpoint_state(trainer)
     return None

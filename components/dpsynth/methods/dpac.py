@@ -45,6 +45,7 @@ def balanced_labels(n: int, num_classes: int) -> torch.Tensor:
 
 class DPACTrainer(GSWGANTrainer):
     method = "dpac"
+    DATA_PARALLEL = True  # as GS-WGAN: C is trained, like D_k, by the rank holding shard k
 
     def generator_loss(self, k: int) -> Callable:
         d = self.cfg.dpac

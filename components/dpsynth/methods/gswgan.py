@@ -47,7 +47,7 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import registry, warmup
+from dpsynth.methods import distributed, registry, warmup
 from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.loop import Trainer
 from dpsynth.methods.artifacts import build_generator
@@ -164,7 +164,12 @@ class Sanitizer:
     With ``trace`` and ``event`` (both or neither), each call releases ``releases`` sanitized rows and
     records ``event`` — those releases folded into one (σ/√releases) — in ``trace``; an event whose σ is
     not that fold, or a call with another number of rows, is refused, so the noise added and the event
-    recorded cannot come apart."""
+    recorded cannot come apart.
+
+    Across torchrun ranks (:mod:`dpsynth.methods.distributed`) ``reducer`` forms the one release of the job:
+    only the rank holding D_k passes the B gradients (the others pass zeros), rank 0 alone adds the noise
+    (σC per coordinate, from its secret coins: the one-process stream), and one SUM all-reduce gives every
+    rank clip(g_i, C) + N(0, σ²C²)."""
 
     def __init__(self, *, clip_norm: float, noise_multiplier: float, randomness: MechanismRandomness,
                  trace: MechanismTrace | None = None, event: MechanismEvent | None = None, releases: int = 1):
@@ -177,19 +182,22 @@ class Sanitizer:
                                f"but the event it records has σ = {event.noise_multiplier:.6g}; refusing to release")
         self.clip_norm, self.noise_multiplier, self.randomness = clip_norm, noise_multiplier, randomness
         self.trace, self.event, self.releases = trace, event, releases
+        self.reducer = None  # torchrun: dpsynth.privacy.distributed.NoiseOnRankZero (set by distributed.join)
 
     def __call__(self, grads: torch.Tensor) -> torch.Tensor:
         if self.trace is not None and len(grads) != self.releases:
             raise PrivacyError(f"sanitizer: {len(grads)} releases given, its event folds {self.releases}")
-        released = sanitize(grads, clip_norm=self.clip_norm, noise_multiplier=self.noise_multiplier,
-                            randomness=self.randomness)
+        noise = self.noise_multiplier if self.reducer is None or self.reducer.adds_noise else 0.0
+        released = sanitize(grads, clip_norm=self.clip_norm, noise_multiplier=noise, randomness=self.randomness)
+        if self.reducer is not None:  # every rank: the owner's clipped rows + the noise rank 0 added
+            self.reducer.all_reduce([released])
         if self.trace is not None:
             self.trace.record(self.event)
         return released
 
 
-def sanitized_generator_step(G, opt_g, per_sample_loss: Callable, *, batch_size: int, generator: torch.Generator,
-                             sanitizer: Sanitizer) -> None:
+def sanitized_generator_step(G, opt_g, per_sample_loss: Callable | None, *, batch_size: int,
+                             generator: torch.Generator, sanitizer: Sanitizer) -> None:
     """One generator update in which only ∂ℓ_i/∂G(z_i) is sanitized (paper Eq. 11).
 
     ``generator`` draws the latents and labels (train.seed), ``sanitizer`` releases the B gradients
@@ -197,12 +205,16 @@ def sanitized_generator_step(G, opt_g, per_sample_loss: Callable, *, batch_size:
 
     ``per_sample_loss(x, y)`` returns the vector (ℓ_1 … ℓ_B); ℓ_i may depend on x_i alone
     (no batch statistics), so the gradient of Σℓ w.r.t. x holds the per-sample gradients.
+    None: a rank that does not hold this iteration's D_k (torchrun); it adds zeros to the job's one release.
     """
     labels = torch.randint(0, G.num_classes, (batch_size,), device=generator.device, generator=generator)
     z = torch.randn(batch_size, G.latent_dim, device=generator.device, generator=generator)
     x = G(z, labels)
     x_in = x.detach().requires_grad_(True)
-    (grads,) = torch.autograd.grad(per_sample_loss(x_in, labels).sum(), x_in)
+    if per_sample_loss is None:
+        grads = torch.zeros_like(x_in)
+    else:
+        (grads,) = torch.autograd.grad(per_sample_loss(x_in, labels).sum(), x_in)
     released = sanitizer(grads)
     opt_g.zero_grad(set_to_none=True)
     x.backward(released / batch_size)  # (1/B) Σ g̃_i · J_θ G(z_i): post-processing of the releases
@@ -337,28 +349,50 @@ _PLAN = "the privacy plan: from the configuration, n and K, before any iteration
 
 class GSWGANTrainer(Trainer):
     """Private phase of GS-WGAN on K shards; ``train()`` (:mod:`dpsynth.methods.loop`) runs it to the end (or
-    resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases)."""
+    resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases).
+
+    Under torchrun (:mod:`dpsynth.methods.distributed`) rank r holds the contiguous block ``dist.part(K)`` of
+    the shards, their discriminators and Adam states (``own``); rank 0 draws k, the rank owning shard k runs
+    the critic steps and computes the B gradients, the sanitizer's one all-reduce hands every rank the
+    release, and every rank takes the same generator step."""
 
     method = "gswgan"
     STEP = "private generator iterations"
     ACCOUNTANT = ACCOUNTANT
+    DATA_PARALLEL = True  # shards and their discriminators spread over torchrun ranks
+    SPREAD_STATE = ("d_states", "opt_states")  # {k: D_k's state}, {k: its Adam state}: on the rank owning k
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
         params={"derived.release_noise_multiplier": _PLAN, "derived.accountant": "wor (fixed for shard sampling)"})
 
-    def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
-                 parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # a subclass trains across ranks only when it says so (the federated server has a process group of its own)
+        cls.DATA_PARALLEL = cls.__dict__.get("DATA_PARALLEL", False)
+
+    def __init__(self, cfg: RunConfig, shards: list[ImageDataset | None], *, warm: dict[int, bytes] | None = None,
+                 records: int | None = None, parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
                  mechanism_seed: int | None = None):
-        """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
+        """``shards``: the K shards; under torchrun a rank needs only its own (``None`` for the others, and then
+        ``records``, n, from the partition's manifest). ``warm``: {k: D_k's warm-start file}, of its own shards
+        at least. ``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         if len(shards) != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         super().__init__(cfg, parent_run_id=parent_run_id, run_tags=run_tags)
         g, seed = cfg.gswgan, cfg.train.seed
-        self.spec = _image_spec(cfg, shards[0])
-        self.num_classes = self.spec["num_classes"]
         self.K = len(shards)
-        self.n = sum(len(s) for s in shards)
-        self.shards = [tuple(t.to(self.device) for t in s.to_tensors()) for s in shards]
+        if self.K < self.dist.world_size:
+            raise ConfigError(f"partition.num_shards: {self.K} shards cannot be spread over {self.dist.world_size} "
+                              "ranks (every rank holds at least one); use more shards or fewer ranks")
+        self.own = range(*self.dist.part(self.K))  # the shards (and discriminators) this rank holds: all in one process
+        if any(shards[k] is None for k in self.own):
+            raise ConfigError(f"shards: this rank holds shards {self.own.start}..{self.own.stop - 1}, which were not given")
+        self.spec = _image_spec(cfg, shards[self.own.start])
+        self.num_classes = self.spec["num_classes"]
+        self.n = records if records is not None else sum(len(s) for s in shards)
+        # (images, labels) on the device for this rank's shards; None for those another rank holds
+        self.shards = [tuple(t.to(self.device) for t in shards[k].to_tensors()) if k in self.own else None
+                       for k in range(self.K)]
         self.plan = plan_privacy(cfg, n=self.n, num_shards=self.K)
 
         self.G = _init_with_seed(derived_seed(seed, "generator"),
@@ -370,20 +404,25 @@ class GSWGANTrainer(Trainer):
         # D_k and its Adam state for every shard, on the CPU; D_k is created on first draw when not warm
         kwargs = discriminator_kwargs(cfg, self.spec)
         self.d_states: dict[int, dict] = {k: read_discriminator(data, expect_kwargs=kwargs, shard_index=k)
-                                          for k, data in (warm or {}).items()}
+                                          for k, data in (warm or {}).items() if k in self.own}
         self.opt_states: dict[int, dict] = {}
         # the secret coins: shard choice k ~ U[0, K) and the noise (never train.seed, never logged)
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
-                                             seed=mechanism_seed)
+                                             seed=self.dist.mechanism_seed(mechanism_seed))
         # σ per release; records plan.event (the B releases folded: σ/√B) in the trace at every iteration
         self.sanitizer = Sanitizer(clip_norm=cfg.privacy.max_grad_norm, noise_multiplier=self.plan.noise_multiplier,
                                    randomness=self.mechanism, trace=self.trace, event=self.plan.event,
                                    releases=self.plan.releases)
         self.data_rng = _cpu_rng(seed, "real-batches")
         self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
+        if self.dist.distributed:
+            distributed.join(self)
 
     # --- the private warm-up (dpsynth.methods.warmup), when configured: on the union of the shards ---------
     def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(self.own) != self.K:  # refused before the job starts (dpsynth.methods.distributed.launch)
+            raise ConfigError("warmup.central_images: the private warm-up reads every shard; this rank holds "
+                              f"{len(self.own)} of {self.K}")
         return torch.cat([x for x, _ in self.shards]), torch.cat([y for _, y in self.shards])
 
     def warmed_up(self) -> None:
@@ -408,13 +447,22 @@ class GSWGANTrainer(Trainer):
     def train_step(self) -> None:
         self.iteration()
 
+    def owner(self, k: int) -> int:
+        """The rank holding shard k and D_k (0 in one process)."""
+        return self.dist.owner(k, self.K)
+
     def iteration(self) -> None:
-        k = self.mechanism.choice(self.K)
-        images, labels = self.shards[k]
-        opt_d = self._load_discriminator(k)
-        critic_steps(self.D, opt_d, self.G, images, labels, cfg=self.cfg, data_rng=self.data_rng, rng=self.rng)
-        self._store_discriminator(k, opt_d)
-        loss = self.generator_loss(k)
+        # k from rank 0's secret coins (the one-process stream), the same on every rank
+        k = self.dist.from_main(self.mechanism.choice(self.K) if self.dist.is_main else None)
+        loss = None
+        if k in self.own:
+            images, labels = self.shards[k]
+            opt_d = self._load_discriminator(k)
+            critic_steps(self.D, opt_d, self.G, images, labels, cfg=self.cfg, data_rng=self.data_rng, rng=self.rng)
+            self._store_discriminator(k, opt_d)
+            loss = self.generator_loss(k)
+        if self.dist.distributed:
+            self._as_owner_left(k)
         self.D.requires_grad_(False).eval()  # eval: spectral norm uses D_k's stored estimate, no update
         try:
             sanitized_generator_step(self.G, self.opt_g, loss, batch_size=self.cfg.gswgan.batch_size,
@@ -424,6 +472,18 @@ class GSWGANTrainer(Trainer):
         self.step += 1
         self.g_steps += 1
         self._update_ema()
+
+    @torch.no_grad()
+    def _as_owner_left(self, k: int) -> None:
+        """Every rank takes what the owner of shard k changed of the shared state: the batch and latent streams
+        its critic steps (and DPAC's classifier) drew from, and G's buffers (the spectral norms' power-iteration
+        vectors, which G's forward passes in those steps updated)."""
+        data_rng, rng, buffers = self.dist.from_rank(self.owner(k), (
+            self.data_rng.get_state(), self.rng.get_state(), {n: b.cpu() for n, b in self.G.named_buffers()}))
+        self.data_rng.set_state(data_rng)
+        self.rng.set_state(rng)
+        for name, b in self.G.named_buffers():
+            b.copy_(buffers[name])
 
     def generator_loss(self, k: int) -> Callable:
         """ℓ_i(x_i, y_i) for the generator step on shard k: the WGAN loss −D_k(x_i, y_i)."""

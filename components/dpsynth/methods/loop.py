@@ -64,7 +64,10 @@ class Trainer:
 
     STEP = "private steps"  # the progress bar's name for one step (see the table above)
     KEEPS_SNAPSHOTS = False  # keep a generator snapshot at every checkpoint (evaluate's ε-vs-metric curve)
-    DATA_PARALLEL = False  # trains across torchrun ranks (dpsynth.methods.distributed): DPGAN and dp-GAN
+    DATA_PARALLEL = False  # trains across torchrun ranks (dpsynth.methods.distributed): DPGAN, dp-GAN, GS-WGAN, DPAC
+    # state spread over the ranks (dpsynth.methods.distributed): names of the trainer's dicts {shard index: state},
+    # attributes and state keys alike, each rank holding its own indices' (GS-WGAN: the discriminators)
+    SPREAD_STATE: tuple[str, ...] = ()
     ACCOUNTANT: str | None = None  # None: privacy.accountant; a method may fix its own (GS-WGAN: "wor")
     # what its MLflow run may hold (the train stage's allow-list, checked by the audit): what the loop logs;
     # a method adds what its own hooks log (progress, final_metrics, derived_params, final_params)
@@ -234,7 +237,7 @@ def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | N
         if trainer.trace.steps == 0 and trainer.warm_up():
             distributed.sync_state(trainer)  # the warm G, its latent RNG and the trace
             if o.checkpoint_every:
-                checkpoint.save(ckpt_dir, trainer.state_dict())
+                checkpoint.save(ckpt_dir, distributed.checkpoint_state(trainer))
         bar = tqdm(total=trainer.total_steps, initial=trainer.step, desc=trainer.STEP, unit="step",
                    file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
         while trainer.step < trainer.total_steps:
@@ -251,7 +254,7 @@ def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | N
             if o.sample_every and step % o.sample_every == 0:  # sensitive zone only, never MLflow
                 artifacts.write_grid(trainer.out / "grids" / f"step-{step:07d}.png", trainer.grid())
             if o.checkpoint_every and step % o.checkpoint_every == 0:
-                checkpoint.save(ckpt_dir, trainer.state_dict())
+                checkpoint.save(ckpt_dir, distributed.checkpoint_state(trainer))
                 if trainer.KEEPS_SNAPSHOTS:  # the generator so far, with the ε spent so far
                     storage.write_bytes(ckpt_dir / SNAPSHOTS / f"generator-{step:07d}.pt",
                                         generator_file(trainer, trainer.epsilon_spent()))

@@ -99,13 +99,21 @@ class Ranks:
         must hold exactly as rank 0 holds it, e.g. clip bounds chosen from public data — a rank clipping to a
         larger bound than the one rank 0 scales the noise by would exceed the sensitivity the account assumes
         (on GPUs, non-deterministic kernels can make ranks' own computations of them differ)."""
+        return self.from_rank(0, value)
+
+    def from_rank(self, src: int, value):
+        """Rank ``src``'s ``value`` on every rank (the others pass anything, e.g. None)."""
         if not self.distributed:
             return value
         import torch.distributed as dist
 
-        box = [value if self.is_main else None]
-        dist.broadcast_object_list(box, src=0)
+        box = [value if self.rank == src else None]
+        dist.broadcast_object_list(box, src=src)
         return box[0]
+
+    def owner(self, index: int, count: int) -> int:
+        """The rank whose contiguous block of ``range(count)`` (:meth:`part`) holds ``index``."""
+        return max(r for r in range(self.world_size) if r * count // self.world_size <= index)
 
     def agree(self, what: str, value) -> None:
         """Refuse to train unless every rank holds the same ``value`` (the settings, n, the plan)."""

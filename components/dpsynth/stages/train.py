@@ -54,20 +54,37 @@ def logged_keys(method: str) -> tracking.LoggedKeys:
     return MLFLOW_KEYS | registry.get(method).trainer_class().MLFLOW_KEYS
 
 
-def warm_discriminators(warmstart_manifest: dict | None) -> dict[int, bytes]:
-    """Shard index → the bytes of its warm-started D_k file, from the warmstart stage's manifest."""
+def warm_discriminators(warmstart_manifest: dict | None, *, own: range | None = None) -> dict[int, bytes]:
+    """Shard index → the bytes of its warm-started D_k file, from the warmstart stage's manifest (``own``: only
+    those shards')."""
     found = {}
     for item in (warmstart_manifest or {}).get("outputs", []):
-        if item.get("role") == "discriminator":
+        if item.get("role") == "discriminator" and (own is None or int(item["shard"]) in own):
             found[int(item["shard"])] = storage.read_bytes(manifest.verify(item)["uri"])
     return found
+
+
+def own_shards(method: registry.Method, count: int) -> range:
+    """The shards this rank reads: all of them, but under torchrun a method training on the K shards (GS-WGAN,
+    DPAC) spreads them over the ranks, and a rank reads only its own block (its trainer holds only those)."""
+    spread = method.warm_start == "shard" and method.name in distributed.METHODS
+    return range(*distributed.current().part(count)) if spread else range(count)
+
+
+def read_shards(method: registry.Method, shards: list[dict]) -> list:
+    """The shards' records, ``None`` for those another rank holds (:func:`own_shards`)."""
+    own = own_shards(method, len(shards))
+    return [read_parquet(s["uri"]) if i in own else None for i, s in enumerate(shards)]
 
 
 def method_inputs(ctx: common.StageContext, method: registry.Method, *, dataset, shards, warmstart) -> tuple:
     """``(data, inputs)`` for the method's trainer (see :mod:`dpsynth.methods.registry`), from the
     partition's and the warmstart stage's manifests."""
     if method.warm_start == "shard":
-        return shards, {"warm": warm_discriminators(warmstart)}
+        inputs = {"warm": warm_discriminators(warmstart, own=own_shards(method, len(shards)))}
+        if None in shards:  # a rank holding its own shards only: n from the partition's manifest
+            inputs["records"] = common.upstream(ctx, "partition")[0]["details"]["training_records"]
+        return shards, inputs
     if method.warm_start == "public":
         from dpsynth.methods.zhang import load_warm_start
 
@@ -142,10 +159,10 @@ def run(ctx: common.StageContext) -> common.Outcome:
     records = sum(s["rows"] for s in shards)
     if federated:  # the server is given the number of records, never a shard or a D_k
         data, method_kwargs = records, {}
-    else:
-        shard_data = [read_parquet(s["uri"]) for s in shards]
-        data, method_kwargs = method_inputs(ctx, method, dataset=common.concat(shard_data), shards=shard_data,
-                                            warmstart=read.warmstart)
+    else:  # a rank of a shard method holds its own shards only (None for the others')
+        shard_data = read_shards(method, shards)
+        dataset = common.concat(shard_data) if None not in shard_data else None
+        data, method_kwargs = method_inputs(ctx, method, dataset=dataset, shards=shard_data, warmstart=read.warmstart)
     remote = storage.is_remote(ctx.run_dir)
     with tempfile.TemporaryDirectory(prefix="dpsynth-train-") as scratch:
         workdir = scratch if remote else str(storage.local_path(ctx.stage_dir(STAGE)))
@@ -193,8 +210,9 @@ def follow(ctx: common.StageContext) -> None:
     read = _inputs(ctx)
     if not ranks.from_main(None):  # rank 0 reused the stage's outputs: nothing to train
         return
-    shard_data = [read_parquet(s["uri"]) for s in read.shards]
+    shard_data = read_shards(read.method, read.shards)
     tcfg = _trainer_config(ctx, read.shards, str(ctx.stage_dir(STAGE)))  # never written here
-    data, method_kwargs = method_inputs(ctx, read.method, dataset=common.concat(shard_data), shards=shard_data,
+    dataset = common.concat(shard_data) if None not in shard_data else None
+    data, method_kwargs = method_inputs(ctx, read.method, dataset=dataset, shards=shard_data,
                                         warmstart=read.warmstart)
     read.method.trainer_class()(tcfg, data, **method_kwargs).train()

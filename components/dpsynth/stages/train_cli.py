@@ -34,9 +34,10 @@ def register(subparsers) -> None:
             "ledger (ledger.url, else $DPSYNTH_LEDGER_URL, else outputs/ledger.db; see `dpsynth ledger --help`). With --run-dir (or pipeline.run_dir) it is the pipeline's train stage, "
             "for every method: it trains on the shards of RUN_DIR/sensitive/partition and writes "
             "RUN_DIR/sensitive/train (output.dir is not used) with a manifest and an MLflow child run. Under "
-            "torchrun (`torchrun --nproc-per-node N -m dpsynth train ...`) dpgan and zhang train data-parallel, "
-            "with or without --run-dir: rank 0 alone is charged and writes (docs/distributed.md). gswgan_federated "
-            "always runs as a torchrun job of K + 1 ranks (server, K clients): --run-dir in one process starts it."
+            "torchrun (`torchrun --nproc-per-node N -m dpsynth train ...`) dpgan and zhang train data-parallel "
+            "and gswgan and dpac spread their shards over the ranks, with or without --run-dir: rank 0 alone is "
+            "charged and writes (docs/distributed.md). gswgan_federated always runs as a torchrun job of K + 1 ranks "
+            "(server, K clients): --run-dir in one process starts it."
         ),
         epilog=methods_text(),
         formatter_class=_Formatter,
