@@ -206,7 +206,7 @@ def plan_check(planned: MechanismTrace, trace: MechanismTrace) -> dict:
     if len(want) != len(got):
         bad.append(min(len(want), len(got)))
     if not bad:
-        return _check("plan", True, f"the trace is the plan recomputed from the config and n: "
+        return _check("plan", True, "the trace is the plan recomputed from the config and n: "
                       + "; ".join(show(e) for e in want))
     i = bad[0]
     return _check("plan", False, f"the trace is not the recomputed plan (event[{i}]: trace "

@@ -26,11 +26,10 @@ import logging
 import os
 import time
 import uuid
-from pathlib import Path
 
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig, dump_config
-from dpsynth.errors import ConfigError, DpsynthError
+from dpsynth.errors import DpsynthError
 from dpsynth.stages import audit, charging, common, evaluate, manifest, partition, sample, train, warmstart
 
 MODULES = {m.STAGE: m for m in (partition, warmstart, train, audit, sample, evaluate)}
