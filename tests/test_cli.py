@@ -113,12 +113,16 @@ def test_under_torchrun_only_train_runs(monkeypatch, tmp_path, capsys):
     """A pipeline run (or any command but train) started by torchrun would run once per rank: refused, nothing
     written; train itself goes on to its own checks (here: an unknown method, named)."""
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
     run_dir = tmp_path / "run"
     assert cli.main(["pipeline", "run", "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dpsynth: error: pipeline: runs in one process") and "WORLD_SIZE=2" in err
     assert not run_dir.exists()
+    assert cli.main(["train", "--set", "train.method=nosuch"]) == 2
+    assert capsys.readouterr().err.startswith("dpsynth: error: train.method")
+    monkeypatch.delenv("RANK")  # half a torchrun environment: refused naming what is missing, before any rendezvous
     assert cli.main(["train", "--set", "train.method=gswgan_federated"]) == 2
-    assert capsys.readouterr().err.startswith("dpsynth: error: train.method: ")
+    assert capsys.readouterr().err.startswith("dpsynth: error: RANK: WORLD_SIZE=2 is set but RANK is not")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert cli.main(["config", "show"]) == 0

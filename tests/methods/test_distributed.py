@@ -68,6 +68,9 @@ def test_env_and_launch_refusals(monkeypatch, tmp_path):
         distributed.env_ranks({"RANK": "2", "WORLD_SIZE": "2"})
     with pytest.raises(ConfigError, match="not integers"):
         distributed.env_ranks({"RANK": "x", "WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="^RANK: WORLD_SIZE=2 is set but RANK is not"):
+        distributed.env_ranks({"WORLD_SIZE": "2"})
+    assert distributed.env_ranks({"WORLD_SIZE": "1"}) == distributed.Ranks(0, 1, 0)
     from dpsynth.methods.distributed import launch
 
     monkeypatch.setenv("WORLD_SIZE", "2")

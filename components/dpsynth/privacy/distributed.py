@@ -165,6 +165,9 @@ def env_ranks(environ=None) -> Ranks:
         rank, world, local = (int(environ.get(k, "0")) for k in ENV)
     except ValueError as e:
         raise ConfigError(f"{'/'.join(ENV)}: not integers ({e}); launch with torchrun") from None
+    if world > 1 and "RANK" not in environ:
+        raise ConfigError(f"RANK: WORLD_SIZE={world} is set but RANK is not (a torchrun rank has both); launch with "
+                          "torchrun, or unset WORLD_SIZE")
     if world < 1 or not 0 <= rank < world or local < 0:
         raise ConfigError(f"RANK/WORLD_SIZE: rank {rank} of world size {world} is not a valid rank; launch with torchrun")
     return Ranks(rank=rank, world_size=world, local_rank=local)
