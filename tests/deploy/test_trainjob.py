@@ -97,18 +97,23 @@ def test_gpu_trainjob_requests_gpus_and_the_gpu_pool():
     assert "resourcesPerNode" not in cpu["spec"]["trainer"] and "runtimePatches" not in cpu["spec"]
 
 
+def changed(job: dict, path: tuple, value) -> dict:
+    """A copy of ``job`` with the field at ``path`` set to ``value``."""
+    job = copy.deepcopy(job)
+    node = job
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return job
+
+
 @tools
 def test_the_crd_validation_is_not_vacuous():
     good = trainjob()
     for path, value in [(("spec", "trainer", "numProcsPerNode"), 2),  # a typo'd field
                         (("spec", "trainer", "numNodes"), "two"),  # a wrong type
                         (("spec", "runtimeRef", "name"), "")]:  # below minLength
-        bad = copy.deepcopy(good)
-        node = bad
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = value
-        assert errors(bad), path
+        assert errors(changed(good, path, value)), path
 
 
 @tools
@@ -188,12 +193,7 @@ def test_the_pytorchjob_crd_validation_is_not_vacuous():
                         (("spec", "nprocPerNode"), 2),  # a string in the CRD
                         (("spec", "pytorchReplicaSpecs", "Master", "replicas"), "one"),
                         ((*container, "imagePullPolcy"), "Always")]:  # a typo deep in the pod template
-        bad = copy.deepcopy(good)
-        node = bad
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = value
-        assert errors(bad), path
+        assert errors(changed(good, path, value)), path
 
 
 @tools

@@ -9,7 +9,6 @@ logical step; (d) a checkpoint written by 2 ranks resumes on 1 and vice versa wi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -25,6 +24,7 @@ from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.zhang import ZhangTrainer
 from dpsynth.privacy import distributed
 from dpsynth.privacy.randomness import MechanismRandomness
+from tests.jobs import kill_at_checkpoint
 from tests.methods import distributed_workers as workers
 
 
@@ -340,26 +340,9 @@ def test_torchrun_job_is_one_ledger_attempt(tmp_path, small_mnist, monkeypatch):
     assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(result["epsilon"], rel=1e-6)
 
 
-def _descendants(pid: int) -> list[int]:
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnist, monkeypatch):
     """SIGKILL to the whole 2-rank job after its first checkpoint; `dpsynth train` in one process adopts the
     checkpoint (the ledger's lineage: rank 0 wrote it under the job's reservation) and finishes the trace."""
-    import signal
-    import time
-
     from dpsynth.data import write_parquet
     from tests.ledger_fixtures import budgeted_ledger
 
@@ -373,19 +356,9 @@ def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnis
              "--set", "ledger.population_id=mnist600"]
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    job = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "dpsynth", *train],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     ckpt = out / "checkpoints" / "last.pt"
-    deadline = time.monotonic() + 180
-    while not ckpt.exists() and time.monotonic() < deadline and job.poll() is None:
-        time.sleep(0.1)
-    assert ckpt.exists(), "no checkpoint appeared"
-    # the agent and both ranks: torchrun starts each rank in a session of its own, so killing the agent's
-    # process group would leave the ranks running; kill every descendant (read from /proc) at once
-    for pid in [*_descendants(job.pid), job.pid]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    job.wait()
+    kill_at_checkpoint([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "dpsynth", *train], ckpt,
+                       env=env, timeout_s=180, start_new_session=True)
     step_at_kill = torch.load(ckpt, weights_only=False)["step"]
     assert 0 < step_at_kill < 300 and not (out / "result.json").exists()
     done = subprocess.run([sys.executable, "-m", "dpsynth", *train, "--json"], capture_output=True, text=True,

@@ -25,6 +25,7 @@ from dpsynth.methods.gswgan_federated import (
 from dpsynth.models.gswgan import Discriminator
 from dpsynth.privacy import MechanismTrace, gswgan_event
 from dpsynth.stages.partition import assign
+from tests.jobs import descendants, kill_at_checkpoint
 from tests.ledger_fixtures import assert_charged_once
 from tests.methods.gswgan_helpers import K, MNIST, record_owner, run_federated, tiny, warm_files, watch_inputs
 from tests.privacy.test_wor import autodp_mechanism_epsilon
@@ -276,7 +277,7 @@ def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(t
     import subprocess
     import sys
 
-    from tests.stages.helpers import manifest, release_files, settings
+    from tests.stages.helpers import manifest, release_files
 
     run, overrides = _stage_run_dir(tmp_path)
     (d_1,) = [o["uri"] for o in manifest(run, "sensitive", "warmstart")["outputs"]
@@ -295,53 +296,22 @@ def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(t
     assert attempt["epsilon_spent"] is None and attempt["steps"] == 0
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc): torchrun starts each rank in a session of its own."""
-    import os
-
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 @pytest.mark.slow
 def test_a_job_killed_after_a_checkpoint_resumes_and_finishes_the_trace(tmp_path, stage_ledger):
     """`dpsynth train --run-dir` (which starts the 3-rank torchrun job) SIGKILLed with all its processes after the
     first checkpoint; run again, the job resumes the server's and each client's checkpoint and finishes: one
     event of 60 iterations, the ε of an independent account; the killed attempt, then one that adopted it."""
-    import contextlib
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     from tests.stages.helpers import manifest
 
     run, overrides = _stage_run_dir(tmp_path, "train.steps=60", "output.checkpoint_every=5")
     argv = [sys.executable, "-m", "dpsynth", "train", "--run-dir", str(run), *[a for o in overrides for a in ("--set", o)]]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
-    deadline = time.monotonic() + 240
-    while not ckpt.exists() and time.monotonic() < deadline and job.poll() is None:
-        time.sleep(0.1)
-    assert ckpt.exists(), "no checkpoint appeared"
-    for pid in [*_descendants(job.pid), job.pid]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    job.wait()
+    kill_at_checkpoint(argv, ckpt, env=env, timeout_s=240)
     step_at_kill = torch.load(ckpt, weights_only=False)["step"]
     assert 0 < step_at_kill < 60 and not (run / "sensitive" / "train" / "result.json").exists()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
@@ -376,7 +346,7 @@ def test_a_stopped_stage_stops_its_torchrun_job(tmp_path, stage_ledger):
     while not ckpt.exists() and time.monotonic() < deadline and job.poll() is None:
         time.sleep(0.1)
     assert ckpt.exists(), "no checkpoint appeared"
-    processes = _descendants(job.pid)
+    processes = descendants(job.pid)
     assert len(processes) >= 4  # torchrun's agent and the 3 ranks
     job.send_signal(signal.SIGTERM)
     assert job.wait(timeout=120) != 0
