@@ -86,7 +86,7 @@ from dpsynth.methods.gswgan import (
     real_batch,
     sanitize,
 )
-from dpsynth.privacy import MechanismTrace, fold_releases, gswgan_event
+from dpsynth.privacy import MechanismTrace, distributed, fold_releases, gswgan_event
 from dpsynth.privacy.randomness import MechanismRandomness, secret_seed
 
 PRIVACY_UNIT = ("client: neighbouring datasets differ in one client's entire shard "
@@ -153,7 +153,7 @@ def make_client(cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], *, spe
                 warm: bytes | None, mechanism_seed: int | None = None) -> Client:
     """Client k with its warm-started D_k (or a fresh one), RNGs of its own seeded by train.seed and k,
     and its secret noise coins (``mechanism_seed``, from :func:`mechanism_seeds`; None: fresh)."""
-    device = resolve_device(cfg.train.device)
+    device = distributed.current().place(resolve_device(cfg.train.device))  # a client rank: its local GPU
     D = fresh_discriminator(cfg, spec, shard_index=shard_index).to(device)
     if warm is not None:
         D.load_state_dict(read_discriminator(warm, expect_kwargs=discriminator_kwargs(cfg, spec),
