@@ -26,6 +26,7 @@ from dpsynth.privacy import distributed
 from dpsynth.privacy.randomness import MechanismRandomness
 from tests.jobs import kill_at_checkpoint
 from tests.methods import distributed_workers as workers
+from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse: the in-process reference runs as a rank does)
 
 
 def rdp_epsilon(sigma: float, q: float, steps: int, delta: float = 1e-4) -> float:
