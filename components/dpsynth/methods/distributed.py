@@ -50,7 +50,9 @@ def launch(cfg) -> distributed.Ranks:
     if cfg.train.method not in METHODS:
         raise ConfigError(f"train.method: {cfg.train.method!r} trains in one process only; under torchrun "
                           f"(WORLD_SIZE={ranks.world_size}) only {', '.join(METHODS)} runs data-parallel")
-    if cfg.train.method in ("gswgan", "dpac") and cfg.warmup.central_images:
+    from dpsynth.methods import registry
+
+    if registry.get(cfg.train.method).warm_start == "shard" and cfg.warmup.central_images:
         raise ConfigError(f"warmup.central_images: {cfg.train.method}'s private warm-up reads every shard, and under "
                           f"torchrun (WORLD_SIZE={ranks.world_size}) each rank holds only its own; turn it off or "
                           "train in one process")

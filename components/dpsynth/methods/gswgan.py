@@ -365,11 +365,6 @@ class GSWGANTrainer(Trainer):
         metrics={"epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
         params={"derived.release_noise_multiplier": _PLAN, "derived.accountant": "wor (fixed for shard sampling)"})
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        # a subclass trains across ranks only when it says so (the federated server has a process group of its own)
-        cls.DATA_PARALLEL = cls.__dict__.get("DATA_PARALLEL", False)
-
     def __init__(self, cfg: RunConfig, shards: list[ImageDataset | None], *, warm: dict[int, bytes] | None = None,
                  records: int | None = None, parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
                  mechanism_seed: int | None = None):

@@ -263,6 +263,8 @@ class FederatedServer(GSWGANTrainer):
     """The server of Algorithm 2: G, G_ema, opt_g, the plan, the trace and the shard choice. No data."""
 
     method = "gswgan_federated"
+    DATA_PARALLEL = False  # its ranks have roles (server, clients) in a process group of its own: dpsynth.federation
+    SPREAD_STATE = ()
     MLFLOW_KEYS = GSWGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={k: _PROTOCOL for k in ("bytes_per_iteration_to_clients", "bytes_per_iteration_from_clients",
                                         "bytes_per_iteration")},
