@@ -139,7 +139,7 @@ def ours(mode: str):
 def zhang_units(x, y, r):
     """dp-GAN's units: the B real records, each with one fake (the other half of the batch) and ρ."""
     real, fake = x[r.bool()], x[~r.bool()]
-    rho = torch.rand(len(real), generator=torch.Generator().manual_seed(1)).view(-1, 1, 1, 1)
+    rho = torch.rand(len(real), generator=torch.Generator().manual_seed(1)).view(-1, 1, 1, 1).to(x.device)
     return real, fake, y[r.bool()], rho
 
 
@@ -321,6 +321,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="timed rounds (one step per variant per round)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (steps are timed after torch.cuda.synchronize)")
     ap.add_argument("--only", nargs="+", metavar="SUBSTRING",
                     help="run only the variants whose names contain one of these (the references always run)")
     ap.add_argument("--memory", action="store_true",
@@ -344,8 +345,11 @@ def main() -> None:
     started, load = time.perf_counter(), os.getloadavg()
     gen = torch.Generator().manual_seed(0)
     x, y, r, source = make_batch(args.batch_size, gen)
+    device = torch.device(args.device)
+    x, y, r = x.to(device), y.to(device), r.to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
-    D0 = Discriminator(num_classes=10, channels=1, image_size=28, width=args.width)
+    D0 = Discriminator(num_classes=10, channels=1, image_size=28, width=args.width).to(device)
 
     steps, errors = {}, {}
     for name in chosen:
@@ -359,9 +363,11 @@ def main() -> None:
     for rnd in range(args.warmup + args.repeats):
         names = list(steps)
         for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+            sync()
             t0, c0 = time.perf_counter(), time.process_time()
             try:
                 steps[name]()
+                sync()
             except Exception as e:
                 errors[name] = f"{type(e).__name__}: {e}"
                 del steps[name], times[name], cpu[name]
@@ -396,7 +402,8 @@ def main() -> None:
 
     print(f"D: width {args.width}, {count_parameters(D0):,} params; batch {args.batch_size} real + "
           f"{args.batch_size} fake, 28x28; input: {source}")
-    print(f"torch {torch.__version__}, opacus {opacus.__version__}, {torch.get_num_threads()} threads, "
+    print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
+          f"torch {torch.__version__}, opacus {opacus.__version__}, {torch.get_num_threads()} threads, "
           f"{args.repeats} timed rounds after {args.warmup} warm-up; load average before {load[0]:.1f}, "
           f"after {os.getloadavg()[0]:.1f}")
     print(f"{'variant':<56}{'wall s':>8}{'x ref (quartiles)':>20}{'cpu s':>8}{'x ref (quartiles)':>20}"
@@ -428,6 +435,7 @@ def main() -> None:
             "batch_size": args.batch_size, "width": args.width, "params": count_parameters(D0),
             "repeats": args.repeats, "warmup": args.warmup, "input": source, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "opacus": opacus.__version__, "machine": platform.processor() or platform.machine(),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "load_average": [load[0], os.getloadavg()[0]], "date": time.strftime("%Y-%m-%d %H:%M"),
             "ratio": "median over rounds of (variant s / reference s in the same round); quartiles of those ratios",
             "results": rows, "wall_s": wall}, indent=2))

@@ -51,6 +51,8 @@ RECIPES = {
     "gswgan-warmup": "configs/gswgan-warmup-mnist-cpu.yaml",
     "dpac-warmup": "configs/dpac-warmup-mnist-cpu.yaml",
 }
+# Paper-scale recipes for one GPU (not in the default --recipes): `--recipes dpgan-gpu --set train.steps=N`
+GPU_RECIPES = {f"{m}-gpu": f"configs/{m}-mnist-gpu.yaml" for m in ("dpgan", "gswgan", "dpac", "zhang")}
 # Published CNN accuracy on MNIST (%), read from the papers (seeds) and DPImageBench; full-size
 # networks, 60k training images, hours of GPU.
 PUBLISHED = {
@@ -100,7 +102,7 @@ def budget_for(out: Path, dataset: Path, plan: list[tuple[str, float]], extra: l
 
 
 def run_pipeline(name: str, eps: float, out: Path, dataset: Path, extra: list[str]) -> dict:
-    recipe = RECIPES[name]
+    recipe = {**RECIPES, **GPU_RECIPES}[name]
     run_dir = out / f"{Path(recipe).stem}-eps{eps:g}"
     cmd = [str(ROOT / ".venv/stage/bin/dpsynth"), "pipeline", "run", "--config", str(ROOT / recipe),
            "--run-dir", str(run_dir), "--set", f"data.uri={dataset}", "--set", f"privacy.epsilon={eps}",
@@ -197,7 +199,7 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    plan = [(RECIPES[name], float(e)) for name in a.recipes.split(",") for e in a.epsilons.split(",")]
+    plan = [({**RECIPES, **GPU_RECIPES}[name], float(e)) for name in a.recipes.split(",") for e in a.epsilons.split(",")]
     balance = budget_for(out, Path(a.dataset), plan, a.extra)
     print(f"ledger {ledger_url(out)}: population {POPULATION} budget ε={balance['budget']:g}, "
           f"δ={balance['delta']:g} (remaining ε={balance['remaining']:g})", flush=True)
