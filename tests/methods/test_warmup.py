@@ -312,3 +312,14 @@ def test_gswgan_and_dpac_with_the_dcgan_generator_warm_up_with_styles_and_the_wa
     assert isinstance(loaded, Generator) and loaded.styles == 4 and loaded.warp is True
     images, _ = loaded.sample(10, labels=torch.arange(10), generator=torch.Generator().manual_seed(0))
     assert images.shape == (10, 1, 28, 28) and images.abs().max() <= 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_warm_up_with_all_three_releases_trains_on_a_gpu(tmp_path, small_mnist):
+    # found on an H100: the releases mixed the records' cuda tensors with CPU ones (torch.cat failed)
+    cfg = tiny(tmp_path, "train.device=cuda", "warmup.styles=2", "warmup.styles_noise_multiplier=3",
+               "warmup.variations=1", "warmup.variations_noise_multiplier=4", "warmup.variations_clip=3")
+    result = DPGANTrainer(cfg, small_mnist).train()
+    events = json.loads(Path(result.trace_path).read_text())["events"]
+    assert [e["sampling"] for e in events] == ["full_batch"] * 3 + ["poisson"]
+    assert result.epsilon <= 8
