@@ -53,6 +53,7 @@ RECIPES = {
 }
 # Paper-scale recipes for one GPU (not in the default --recipes): `--recipes dpgan-gpu --set train.steps=N`
 GPU_RECIPES = {f"{m}-gpu": f"configs/{m}-mnist-gpu.yaml" for m in ("dpgan", "gswgan", "dpac", "zhang")}
+ALL_RECIPES = {**RECIPES, **GPU_RECIPES}
 # Published CNN accuracy on MNIST (%), read from the papers (seeds) and DPImageBench; full-size
 # networks, 60k training images, hours of GPU.
 PUBLISHED = {
@@ -102,7 +103,7 @@ def budget_for(out: Path, dataset: Path, plan: list[tuple[str, float]], extra: l
 
 
 def run_pipeline(name: str, eps: float, out: Path, dataset: Path, extra: list[str]) -> dict:
-    recipe = {**RECIPES, **GPU_RECIPES}[name]
+    recipe = ALL_RECIPES[name]
     run_dir = out / f"{Path(recipe).stem}-eps{eps:g}"
     cmd = [str(ROOT / ".venv/stage/bin/dpsynth"), "pipeline", "run", "--config", str(ROOT / recipe),
            "--run-dir", str(run_dir), "--set", f"data.uri={dataset}", "--set", f"privacy.epsilon={eps}",
@@ -188,7 +189,8 @@ def markdown(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
+    ap.add_argument("--recipes", default=",".join(RECIPES),
+                    help=f"comma-separated, of {', '.join(ALL_RECIPES)} (default: all but the -gpu ones)")
     ap.add_argument("--epsilons", default="10,1")
     ap.add_argument("--dataset", default=str(ROOT / "outputs/data/mnist.parquet"))
     ap.add_argument("--out", default=str(ROOT / "outputs/bench-utility"))
@@ -199,7 +201,7 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    plan = [({**RECIPES, **GPU_RECIPES}[name], float(e)) for name in a.recipes.split(",") for e in a.epsilons.split(",")]
+    plan = [(ALL_RECIPES[name], float(e)) for name in a.recipes.split(",") for e in a.epsilons.split(",")]
     balance = budget_for(out, Path(a.dataset), plan, a.extra)
     print(f"ledger {ledger_url(out)}: population {POPULATION} budget ε={balance['budget']:g}, "
           f"δ={balance['delta']:g} (remaining ε={balance['remaining']:g})", flush=True)
