@@ -348,6 +348,7 @@ def main() -> None:
     device = torch.device(args.device)
     x, y, r = x.to(device), y.to(device), r.to(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     torch.manual_seed(0)
     D0 = Discriminator(num_classes=10, channels=1, image_size=28, width=args.width).to(device)
 
@@ -402,7 +403,7 @@ def main() -> None:
 
     print(f"D: width {args.width}, {count_parameters(D0):,} params; batch {args.batch_size} real + "
           f"{args.batch_size} fake, 28x28; input: {source}")
-    print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
+    print(f"device {device_name}; "
           f"torch {torch.__version__}, opacus {opacus.__version__}, {torch.get_num_threads()} threads, "
           f"{args.repeats} timed rounds after {args.warmup} warm-up; load average before {load[0]:.1f}, "
           f"after {os.getloadavg()[0]:.1f}")
@@ -435,7 +436,7 @@ def main() -> None:
             "batch_size": args.batch_size, "width": args.width, "params": count_parameters(D0),
             "repeats": args.repeats, "warmup": args.warmup, "input": source, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "opacus": opacus.__version__, "machine": platform.processor() or platform.machine(),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "device": device_name,
             "load_average": [load[0], os.getloadavg()[0]], "date": time.strftime("%Y-%m-%d %H:%M"),
             "ratio": "median over rounds of (variant s / reference s in the same round); quartiles of those ratios",
             "results": rows, "wall_s": wall}, indent=2))

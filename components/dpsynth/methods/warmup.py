@@ -97,14 +97,11 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
     """The warm-up's releases on the training records (``images`` in [-1, 1], ``labels``), with the
     mechanism's secret coins, each recording its event in ``trace`` (the order of :func:`events`): returns
     the images of the generator's slots (one per class, or per (class, style) with styles, class-major) and
-    the variation directions (None without them) — what :func:`fit_generator` fits G to.
-
-    The releases are small statistics (sums per group, second moments) computed on the CPU in float64,
-    whatever device the records are on; :func:`fit_generator` moves what it fits to G's device."""
+    the variation directions (None without them) — what :func:`fit_generator` fits G to (it moves them to
+    G's device: the releases are computed on the CPU, :mod:`dpsynth.privacy.central_images`)."""
     from dpsynth.privacy import central_images
 
     w = cfg.warmup
-    images, labels = images.cpu(), labels.cpu()
     means, class_counts = central_images.central_images(
         images, labels, num_classes=num_classes, clip=w.clip, noise_multiplier=w.noise_multiplier,
         randomness=randomness, trace=trace, with_counts=True)

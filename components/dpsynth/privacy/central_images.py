@@ -52,7 +52,7 @@ def _contributions(images: torch.Tensor, clip: float) -> torch.Tensor:
     """Every record's [x̃_i, c]: the image in [0, 1] clipped to C/√2, and the count coordinate C/√2."""
     if clip <= 0:
         raise PrivacyError(f"warmup.clip: must be > 0, got {clip}")
-    x = ((images.double() + 1) / 2).flatten(1)  # [0, 1]
+    x = ((images.double() + 1) / 2).flatten(1).cpu()  # [0, 1], on the CPU as every query here
     part = clip / math.sqrt(2)
     x = x * (part / x.norm(dim=1).clamp(min=part)).unsqueeze(1)
     return torch.cat([x, torch.full((len(x), 1), part, dtype=x.dtype)], dim=1)
