@@ -167,6 +167,9 @@ class TrainConfig:
     g_warp: Bool = Field(False, description="The DCGAN generator (DPGAN's, dp-GAN's, GS-WGAN's with "
                                             "gswgan.generator=dcgan) ends with a fixed warp of its image by "
                                             "z[:, :6] (dcgan.Generator(warp=True)).")
+    g_contrast: Float = Field(0.0, ge=0, description="s > 0: the DCGAN generator ends (after the warp) with a "
+                                                   "fixed contrast layer x ↦ tanh(s·x) / tanh(s), which pushes grey "
+                                                   "pixels towards ink or background; 0: none.")
     grad_sample_mode: Literal["hooks", "ew", "ghost", "ghost_two_pass"] = Field(
         "ghost", description="How per-sample gradients are clipped: Opacus hooks, ew (expanded weights) or ghost "
                              "clipping.")
@@ -463,6 +466,9 @@ class RunConfig:
         _require(not self.train.g_warp or dcgan, "train.g_warp",
                  f"only the DCGAN generator (dcgan.Generator) warps, not train.method={method!r}'s ResNet one; "
                  "set gswgan.generator=dcgan or train.g_warp=false")
+        _require(not self.train.g_contrast or dcgan, "train.g_contrast",
+                 f"only the DCGAN generator (dcgan.Generator) has the contrast layer, not train.method={method!r}'s "
+                 "ResNet one; set gswgan.generator=dcgan or train.g_contrast=0")
         _require(not self.train.g_warp or latent >= 6, "train.g_warp",
                  f"the warp reads z[:, :6]: {where} must be >= 6, got {latent}")
         w = self.warmup

@@ -210,6 +210,42 @@ def test_a_warping_generator_learns_its_images_and_is_saved_with_its_warp(tmp_pa
     assert loaded.warp is True
 
 
+def test_a_contrast_generator_fits_its_canonical_image_and_is_saved_with_its_contrast(tmp_path, small_mnist):
+    """train.g_contrast: the fit targets the image before the contrast layer (the released images are blurred
+    strokes: fitting G's sharpened output to them would teach the network to undo the layer), and the
+    generator file records the contrast."""
+    from dpsynth.models.dcgan import Generator
+
+    means = -torch.ones(2, 1, 28, 28)
+    means[0, :, 6:22, 6:10] = 0.6  # grey strokes, as noisy means are
+    means[1, :, 6:22, 18:22] = 0.6
+    fitted = {}
+    for contrast in (0.0, 3.0):
+        torch.manual_seed(0)
+        G = Generator(num_classes=2, width=8, latent_dim=8, contrast=contrast)
+        warmup.fit_generator(G, means, steps=300, batch_size=32, lr=2e-3, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            z, y = torch.zeros(2, 8), torch.arange(2)  # Φ(0) = ½: the identity deformation
+            fitted[contrast] = G.canonical(z, y), G(z, y)
+    torch.testing.assert_close(fitted[3.0][0], fitted[0.0][0])  # the same fit: the layer is bypassed
+    stroke = means > 0
+    assert fitted[3.0][1][stroke].mean() > fitted[0.0][1][stroke].mean() + 0.2  # and then drawn sharper
+
+    cfg = tiny(tmp_path, "train.g_contrast=2.5")
+    result = DPGANTrainer(cfg, small_mnist).train()
+    loaded, _ = artifacts.load_generator(result.generator_path)
+    assert loaded.contrast == 2.5
+
+
+def test_g_contrast_is_refused_for_the_resnet_generator_naming_the_field(tmp_path):
+    from dpsynth.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.g_contrast"):
+        tiny(tmp_path, "train.g_contrast=2", "train.method=gswgan")
+    with pytest.raises(ConfigError, match="train.g_contrast"):
+        tiny(tmp_path, "train.g_contrast=-1")
+
+
 def test_g_warp_is_refused_for_other_methods_naming_the_field(tmp_path):
     from dpsynth.errors import ConfigError
 

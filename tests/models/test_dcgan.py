@@ -52,3 +52,29 @@ def test_a_warping_generator_deforms_its_canonical_image_by_its_latent():
     z.requires_grad_(False)
     warped(z, y).sum().backward()  # differentiable for the GAN steps
     assert all(p.grad is not None for p in warped.parameters())
+
+
+def test_the_contrast_layer_sharpens_greys_and_keeps_ink_background_and_midpoint():
+    """contrast=s: G(z, y) = tanh(s·x) / tanh(s) of the (warped) image x — a fixed layer, no parameters of its
+    own; −1, 0 and 1 stay where they are, a grey between them moves away from 0; 0 is no layer at all."""
+    import math
+
+    torch.manual_seed(0)
+    plain = Generator(num_classes=3, width=8, latent_dim=10, warp=True)
+    sharp = Generator(num_classes=3, width=8, latent_dim=10, warp=True, contrast=3.0)
+    sharp.load_state_dict(plain.state_dict())
+    z, y = torch.randn(5, 10), torch.tensor([0, 1, 2, 0, 1])
+    with torch.no_grad():
+        x = plain(z, y)
+        torch.testing.assert_close(sharp(z, y), torch.tanh(3 * x) / math.tanh(3.0))
+        torch.testing.assert_close(sharp.canonical(z, y), plain.canonical(z, y))
+    assert ((sharp(z, y).abs() >= x.abs() - 1e-6) | (x.abs() > 1 - 1e-6)).all()
+    layer = torch.tensor([-1.0, -0.3, 0.0, 0.3, 1.0])
+    out = torch.tanh(3 * layer) / math.tanh(3.0)
+    torch.testing.assert_close(out[[0, 2, 4]], layer[[0, 2, 4]])
+    assert out[3] > 0.7 and out[1] < -0.7  # a grey of 0.3 (0.65 on [0, 1]) becomes 0.72 (0.86)
+    assert sharp.describe()["contrast"] == 3.0 and plain.describe()["contrast"] == 0.0
+    sharp(z, y).sum().backward()  # differentiable for the GAN steps
+    assert all(p.grad is not None for p in sharp.parameters())
+    with pytest.raises(ConfigError, match="contrast"):
+        Generator(num_classes=3, width=8, contrast=-1.0)

@@ -94,7 +94,8 @@ class DPGANTrainer(Trainer):
 
         torch.manual_seed(t.seed)
         self.G = Generator(num_classes=self.num_classes, channels=channels, image_size=size,
-                           width=t.g_width, latent_dim=t.latent_dim, styles=warmup.style_slots(cfg), warp=t.g_warp).to(self.device)
+                           width=t.g_width, latent_dim=t.latent_dim, styles=warmup.style_slots(cfg), warp=t.g_warp,
+                           contrast=t.g_contrast).to(self.device)
         self.D = Discriminator(num_classes=self.num_classes, channels=channels, image_size=size,
                                width=t.d_width).to(self.device)
         self.D_private = private_module(self.D, t.grad_sample_mode)

@@ -103,7 +103,7 @@ def generator_record(cfg: RunConfig, spec: dict) -> dict:
     kwargs = {**spec, "width": g.g_width, "latent_dim": g.latent_dim}
     if g.generator == "dcgan":
         return {"class": "dpsynth.models.dcgan.Generator", **kwargs, "styles": warmup.style_slots(cfg),
-                "warp": cfg.train.g_warp}
+                "warp": cfg.train.g_warp, "contrast": cfg.train.g_contrast}
     return {"class": "dpsynth.models.gswgan.Generator", **kwargs}
 
 

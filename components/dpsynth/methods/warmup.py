@@ -203,6 +203,7 @@ def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: f
     images = images.to(device)
     directions = directions.to(device) if directions is not None else None
     warps = getattr(G, "warp", False)
+    fitted = G.canonical if warps or getattr(G, "contrast", 0) else G  # the image before G's fixed layers
     opt = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.5, 0.999))
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
@@ -213,8 +214,9 @@ def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: f
             target = vary(images[pick], y, z, directions)
             if not warps:
                 target = deform(target, 0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2))))
-        # a warping G (Generator(warp=True)) deforms its canonical image itself: fit the canonical one
-        loss = F.mse_loss(G.canonical(z, y) if warps else G(z, y), target)
+        # a warping G (Generator(warp=True)) deforms its canonical image itself, and a contrast layer sharpens
+        # it: fit the canonical one (the released images, blurred strokes, are what G draws before its contrast)
+        loss = F.mse_loss(fitted(z, y), target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -93,7 +93,7 @@ def build_models(cfg: RunConfig, *, num_classes: int, image_shape: tuple[int, in
     channels, size, _ = image_shape
     t = cfg.train
     G = Generator(num_classes=num_classes, channels=channels, image_size=size, width=t.g_width, latent_dim=t.latent_dim,
-                  styles=warmup.style_slots(cfg), warp=t.g_warp)
+                  styles=warmup.style_slots(cfg), warp=t.g_warp, contrast=t.g_contrast)
     D = Discriminator(num_classes=num_classes, channels=channels, image_size=size, width=t.d_width)
     return G, D
 
