@@ -1,0 +1,96 @@
+"""What post-processing of an already released generator does to its utility (CPU, one thread).
+
+For one finished run directory (``utility.py --out``: a passed audit, ``release/sample/generator.pt``), draws
+synthetic sets from the released generator under variants and scores each as the evaluate stage does: the
+CNN trained on the synthetic records (epoch chosen on synthetic validation data), tested on the held-out
+half of the partition's hold-out that the evaluate stage tests on; fid_classifier and IS in the reference
+classifier's features. No training record is read, and nothing private is spent: every variant is
+post-processing of the audited generator. Variants, as ``key=value`` lists:
+
+    contrast=S      the generator's fixed contrast layer (``train.g_contrast``) set to S (0: none)
+    n=N             synthetic records (default 10000), classes balanced, as ``dpsynth sample`` draws them
+    epochs=E        CNN epochs (default: the run's ``evaluate.epochs``)
+    seed=K          the sample seed (default 0)
+
+    .venv/stage/bin/python benchmarks/posthoc_release.py RUN_DIR contrast=0 contrast=4 n=20000 \\
+        --json benchmarks/results/posthoc-NAME.json
+
+Results (2026-11-25) are in ``benchmarks/README.md`` (the contrast layer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from dpsynth.config import load_config
+from dpsynth.data.dataset import read_parquet
+from dpsynth.evaluation import accuracy, fid
+from dpsynth.evaluation.classifiers import ReferenceClassifier
+from dpsynth.methods.artifacts import load_generator
+from dpsynth.stages.evaluate import _split, quality
+from dpsynth.stages.sample import synthesize
+
+
+def parse(spec: str) -> dict:
+    """``contrast=4,n=20000`` → {"contrast": 4.0, "n": 20000}."""
+    out = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        if key not in ("contrast", "n", "epochs", "seed"):
+            raise SystemExit(f"variant {spec!r}: unknown key {key!r} (contrast, n, epochs, seed)")
+        out[key] = float(value) if key == "contrast" else int(value)
+    return out
+
+
+def tones(images) -> dict:
+    """Fractions of pixels that are ink (≥ 224 of 255) and grey (32–223): real digits are nearly two-tone."""
+    return {"ink": float((images >= 224).mean()), "grey": float(((images >= 32) & (images < 224)).mean())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path, help="a utility.py run directory (…/dpgan-mnist-cpu-eps10)")
+    ap.add_argument("variants", nargs="+", help="key=value,… (contrast, n, epochs, seed)")
+    ap.add_argument("--json", type=Path, help="append the rows here as JSON lines")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    run = a.run_dir
+    cfg = load_config(run / "sensitive/train/config.yaml")
+    generator, _ = load_generator(str(run / "release/sample/generator.pt"))
+    reference = read_parquet(run / "sensitive/partition/heldout.parquet")
+    fit_idx, test_idx = _split(len(reference), fraction=0.5, seed=cfg.evaluate.seed)  # the evaluate stage's split
+    fit_real, test_real = reference.subset(fit_idx), reference.subset(test_idx)
+    classifier = ReferenceClassifier(fit_real, steps=cfg.evaluate.feature_steps, seed=cfg.evaluate.seed)
+    space = fid.feature_space(None, classifier)
+    trained_contrast = getattr(generator, "contrast", 0.0)
+    print(json.dumps({"run_dir": str(run), "reference_test_tones": tones(test_real.images)}), flush=True)
+    for spec in a.variants:
+        v = parse(spec)
+        start = time.process_time()
+        generator.contrast = v.get("contrast", trained_contrast)
+        synthetic = synthesize(generator, num_samples=v.get("n", 10000), seed=v.get("seed", 0))
+        e = dataclasses.replace(cfg.evaluate, epochs=v.get("epochs", cfg.evaluate.epochs), max_train_records=None)
+        c = dataclasses.replace(cfg, evaluate=e)
+        val_idx, train_idx = _split(len(synthetic), fraction=e.validation_fraction, seed=e.seed)
+        cnn = accuracy.evaluate("cnn", c, synthetic=synthetic.subset(train_idx), validation=synthetic.subset(val_idx),
+                                fit_real=fit_real, test_real=test_real)
+        q = quality(c, synthetic=synthetic, fit_real=fit_real, test_real=test_real, classifier=classifier, space=space)
+        row = {"run_dir": str(run), "variant": spec, "trained_contrast": trained_contrast,
+               "cnn_gen2real": cnn["gen2real"], "synthetic_validation": cnn["model_selection"].get("validation_accuracy"),
+               "fid_classifier": q["frechet"]["value"], "fid_real_vs_real": q["frechet"]["real_vs_real"],
+               "inception_score": q["inception_score"]["mean"], "tones": tones(synthetic.images),
+               "cpu_s": round(time.process_time() - start, 1)}
+        print(json.dumps(row), flush=True)
+        if a.json:
+            with a.json.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
