@@ -63,17 +63,20 @@ def main() -> None:
     run = a.run_dir
     cfg = load_config(run / "sensitive/train/config.yaml")
     generator, _ = load_generator(str(run / "release/sample/generator.pt"))
+    trained_contrast = getattr(generator, "contrast", None)
+    if trained_contrast is None and any("contrast" in parse(v) for v in a.variants):
+        raise SystemExit(f"{run}: its generator ({type(generator).__name__}) has no contrast layer (the DCGAN one has)")
     reference = read_parquet(run / "sensitive/partition/heldout.parquet")
     fit_idx, test_idx = _split(len(reference), fraction=0.5, seed=cfg.evaluate.seed)  # the evaluate stage's split
     fit_real, test_real = reference.subset(fit_idx), reference.subset(test_idx)
     classifier = ReferenceClassifier(fit_real, steps=cfg.evaluate.feature_steps, seed=cfg.evaluate.seed)
     space = fid.feature_space(None, classifier)
-    trained_contrast = getattr(generator, "contrast", 0.0)
     print(json.dumps({"run_dir": str(run), "reference_test_tones": tones(test_real.images)}), flush=True)
     for spec in a.variants:
         v = parse(spec)
         start = time.process_time()
-        generator.contrast = v.get("contrast", trained_contrast)
+        if trained_contrast is not None:
+            generator.contrast = v.get("contrast", trained_contrast)
         synthetic = synthesize(generator, num_samples=v.get("n", 10000), seed=v.get("seed", 0))
         e = dataclasses.replace(cfg.evaluate, epochs=v.get("epochs", cfg.evaluate.epochs), max_train_records=None)
         c = dataclasses.replace(cfg, evaluate=e)
