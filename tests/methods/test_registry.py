@@ -91,9 +91,14 @@ def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path,
         *warm, event = json.loads((out / "trace.json").read_text())["events"]
         assert event["sampling"] == "poisson" and event["sensitivity"] == "add_remove"
         # the shipped recipe opens with its private warm-up releases (full batch: class means, then style
-        # groups when configured), and nothing else
-        w = load_config(config).warmup
-        assert [e["sampling"] for e in warm] == ["full_batch"] * (w.central_images * (1 + bool(w.styles)))
+        # groups and variation directions when configured; the trace merges equal consecutive ones), and
+        # nothing else
+        from dpsynth.methods import warmup
+        from dpsynth.privacy import MechanismTrace
+
+        planned = MechanismTrace(warmup.events(load_config(config))).events
+        assert [(e["sampling"], e["noise_multiplier"], e["count"]) for e in warm] == \
+            [("full_batch", e.noise_multiplier, e.count) for e in planned]
         assert torch.load(out / "generator.pt", weights_only=False)["model"]["class"] == "dpsynth.models.dcgan.Generator"
         (charged,) = ledger.history()  # the attempt, charged to the config's population
         assert charged["status"] == "committed" and charged["population_id"] == "mnist"
