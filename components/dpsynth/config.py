@@ -264,6 +264,11 @@ class WarmupConfig:
                                                    "class (0: none).")
     styles_noise_multiplier: Float = Field(1.0, gt=0, description="σ of the style release (noise std σ·clip on "
                                                                   "every group sum).")
+    styles_max_noise: Float | None = Field(
+        None, gt=0, description="A style group whose released mean is mostly noise gets its class mean instead: "
+                                "when its noise std (styles_noise_multiplier·clip over its noisy count) exceeds "
+                                "this fraction of its image's peak above the background (post-processing). null: "
+                                "only groups of fewer than 20 noisy records.")
     variations: Int = Field(0, ge=0, le=32, description="r > 0: a third release, each class's r main directions of "
                                                         "variation (0: none).")
     variations_noise_multiplier: Float = Field(2.0, gt=0, description="σ of that release (noise std "

@@ -115,8 +115,20 @@ def test_a_style_group_with_too_few_records_gets_its_class_mean():
     styles = torch.stack([torch.full((1, 2, 2), float(v)) for v in range(4)])  # 2 classes × 2 slots
     counts = torch.tensor([50.0, 5.0, 30.0, -2.0])
     means = torch.stack([torch.full((1, 2, 2), -0.5), torch.full((1, 2, 2), 0.5)])
-    images = warmup.fill_styles(styles, counts, means)
+    keep = warmup.keep_styles(styles, counts, sum_noise=7.5, max_noise=None)
+    images = warmup.fill_styles(styles, keep, means)
     assert [float(i.flatten()[0]) for i in images] == [0.0, -0.5, 2.0, 0.5]
+
+
+def test_a_faint_style_group_whose_noise_would_be_stretched_to_white_gets_its_class_mean():
+    """styles_max_noise τ: the noise std σ_s·C / n against τ × the image's peak above the floor (0.15)."""
+    styles = torch.full((4, 1, 2, 2), -1.0)  # peaks on [0, 1]: 0.95, 0.95, 0.35, 0.35
+    styles[:2, 0, 0, 0], styles[2:, 0, 0, 0] = 0.9, -0.3
+    counts = torch.tensor([100.0, 30.0, 100.0, 400.0])
+    # noise std 7.5 / n: 0.075, 0.25, 0.075, 0.019 against 0.3 × (0.8, 0.8, 0.2, 0.2) = 0.24, 0.24, 0.06, 0.06
+    keep = warmup.keep_styles(styles, counts, sum_noise=7.5, max_noise=0.3)
+    assert keep.tolist() == [True, False, False, True]
+    assert warmup.keep_styles(styles, counts, sum_noise=7.5, max_noise=None).all()
 
 
 def test_a_budget_the_warm_up_alone_exceeds_is_refused_naming_the_fields(tmp_path, small_mnist):

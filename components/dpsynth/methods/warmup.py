@@ -10,7 +10,10 @@ With ``warmup.styles`` = s > 0 a second release follows: s × s public templates
 released class mean sheared and thickened or thinned on an s × s grid) split every class into groups
 by each record's nearest template, and the groups' means are released the same way (one more
 Gaussian event; :func:`dpsynth.privacy.central_images.style_images`). A group whose noisy count is
-below ``MIN_COUNT`` is mostly noise: its slot gets the class mean instead (post-processing).
+below ``MIN_COUNT`` is mostly noise: its slot gets the class mean instead (post-processing). With
+``warmup.styles_max_noise`` = τ so does a group whose mean's noise std (σ_s·C over its noisy count) exceeds
+τ times its image's peak above the background floor: a faint group mean (thin strokes) is stretched to
+white by :func:`clean`, and its noise with it.
 
 With ``warmup.variations`` = r > 0 a third release follows: every class's r main directions of variation
 around its released images (:func:`dpsynth.privacy.central_images.variation_directions`: the Gaussian
@@ -42,6 +45,7 @@ import torch.nn.functional as F
 from dpsynth.models.dcgan import LATENT_CONTROLS, deform  # noqa: F401  (z[:, :6] choose the deformation)
 VARIATION_LATENT = 7  # z[:, 7:7 + r] weigh the variation directions (z[:, 6] picks the style slot)
 MIN_COUNT = 20.0  # a style group with fewer (noisy) records is dropped: its mean is mostly noise
+FLOOR = 0.15  # on [0, 1]: what :func:`clean` makes background
 
 
 def events(cfg) -> list:
@@ -112,7 +116,8 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
         styles, counts = central_images.style_images(
             images, labels, templates, slot_classes, clip=w.clip, noise_multiplier=w.styles_noise_multiplier,
             randomness=randomness, trace=trace)
-        slots = fill_styles(clean(styles), counts, means)
+        keep = keep_styles(styles, counts, sum_noise=w.styles_noise_multiplier * w.clip, max_noise=w.styles_max_noise)
+        slots = fill_styles(clean(styles), keep, means)
     directions = None
     if w.variations:  # residuals around each record's nearest released image of its class (public by now)
         directions = central_images.variation_directions(
@@ -160,16 +165,28 @@ def style_templates(means: torch.Tensor, levels: int) -> tuple[torch.Tensor, tor
     return templates, torch.arange(len(means)).repeat_interleave(k)
 
 
-def fill_styles(styles: torch.Tensor, counts: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+def keep_styles(styles: torch.Tensor, counts: torch.Tensor, *, sum_noise: float,
+                max_noise: float | None) -> torch.Tensor:
+    """Which released style groups keep their image (the others get their class mean): a noisy count of at
+    least MIN_COUNT and, with ``max_noise`` = τ, a mean whose noise std — ``sum_noise`` (σ_s·C, the std on
+    every coordinate of the group sums) over the noisy count, in [0, 1] units — is at most τ times the
+    image's peak above FLOOR (what :func:`clean` stretches to white). ``styles`` in [-1, 1], before clean."""
+    keep = counts >= MIN_COUNT
+    if max_noise is not None:
+        peak = ((styles + 1) / 2).flatten(1).amax(1) - FLOOR
+        keep &= sum_noise / counts.clamp(min=1.0) <= max_noise * peak
+    return keep
+
+
+def fill_styles(styles: torch.Tensor, keep: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
     """The images for the generator's style slots (class-major, ``len(styles) // len(means)`` per class):
-    each released style image, or its class mean where the group's noisy count is below MIN_COUNT."""
+    each released style image where ``keep`` (:func:`keep_styles`), else its class mean."""
     per_class = len(styles) // len(means)
     fallback = means.repeat_interleave(per_class, 0)
-    keep = (counts >= MIN_COUNT).view(-1, *[1] * (styles.dim() - 1))
-    return torch.where(keep, styles, fallback)
+    return torch.where(keep.view(-1, *[1] * (styles.dim() - 1)), styles, fallback)
 
 
-def clean(means: torch.Tensor, *, floor: float = 0.15) -> torch.Tensor:
+def clean(means: torch.Tensor, *, floor: float = FLOOR) -> torch.Tensor:
     """Post-process noisy central images: pixels below ``floor`` (on [0, 1]) become background and
     each class is stretched so its brightest pixel is white."""
     m = (means + 1) / 2
