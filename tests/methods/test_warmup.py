@@ -131,6 +131,20 @@ def test_a_faint_style_group_whose_noise_would_be_stretched_to_white_gets_its_cl
     assert warmup.keep_styles(styles, counts, sum_noise=7.5, max_noise=None).all()
 
 
+def test_the_release_applies_styles_max_noise_from_the_config(tmp_path, small_mnist):
+    """The wiring: a τ no group can meet gives every slot of a class the class mean; without τ the groups keep
+    their own images."""
+    from dpsynth.privacy.randomness import MechanismRandomness
+
+    x, y = small_mnist.to_tensors()
+    for extra, all_means in (("warmup.styles_max_noise=1e-9", True), (None, False)):
+        cfg = tiny(tmp_path, "warmup.styles=2", "warmup.styles_noise_multiplier=3", *filter(None, [extra]))
+        slots, _ = warmup.release(cfg, x, y, num_classes=small_mnist.num_classes,
+                                  randomness=MechanismRandomness(seed=0), trace=MechanismTrace())
+        per_class = slots.view(small_mnist.num_classes, 4, -1)
+        assert bool((per_class == per_class[:, :1]).all()) is all_means
+
+
 def test_a_budget_the_warm_up_alone_exceeds_is_refused_naming_the_fields(tmp_path, small_mnist):
     from dpsynth.errors import PrivacyError
 
