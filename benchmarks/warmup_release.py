@@ -4,13 +4,16 @@ Releases the class means (σ₀), then, per round, assigns every training record
 its class and releases the groups' noisy means (σ of that round; Gaussian, sensitivity C, the stacked
 query of dpsynth.privacy.central_images). Centres start from the released class means, deformed at
 random (`--init random`, k per class) or on a shear × stroke-width grid (`--init grid`, the shipped
-`warmup.styles`). Scores the released images as `make bench-utility` would score a generator that
+`warmup.styles`), or are the k-means centres (k per class) of a public set's digits (`--init public`:
+scikit-learn's 1,797 digits resized as `data.public_source=sklearn:digits` resizes them; `public-sharp`:
+the same centres through `warmup.clean`). Scores the released images as `make bench-utility` would score a generator that
 reproduced them: a CNN trained on 5,000 random deformations of them, tested on real images [9000:]
 never used. ε is the RDP composition of the releases at δ = 1e-5. The noise here comes from torch's
 generator: a measurement, not a release.
 
     python benchmarks/warmup_release.py --init grid --sigmas 5,1     # the shipped recipe's releases
     python benchmarks/warmup_release.py --k 8 --sigmas 5,2,2,1       # 3 noisy Lloyd rounds
+    python benchmarks/warmup_release.py --init public --k 9 --sigmas 5,0.75   # public-set templates
 """
 import sys, math, torch, json, argparse
 import torch.nn.functional as F
@@ -71,6 +74,13 @@ if a.init == "grid":
     U = torch.tensor(pts)
     k = len(pts)
     cent = warmup.deform(base.repeat_interleave(k, 0), U.repeat(10, 1))
+elif a.init in ("public", "public-sharp"):  # k-means centres of a public set's digits, per class
+    from sklearn.cluster import KMeans
+    from dpsynth.data.public import SKLEARN_DIGITS, load_public_source
+    px, py = load_public_source(SKLEARN_DIGITS, shape=(28, 28, 1)).to_tensors()
+    cent = torch.cat([torch.from_numpy(KMeans(k, n_init=10, random_state=0).fit(((px[py == c] + 1) / 2).flatten(1).numpy())
+                                       .cluster_centers_).float().view(k, 1, 28, 28) * 2 - 1 for c in range(10)])
+    cent = warmup.clean(cent) if a.init == "public-sharp" else cent
 else:
     cent = warmup.deform(base.repeat_interleave(k, 0), torch.rand(10 * k, 6, generator=g))  # [-1,1]
 cent = ((cent + 1) / 2).flatten(1).double()

@@ -1,0 +1,91 @@
+"""How much of a run's utility is the generator's fit, not the release? (CPU, one thread; not a test)
+
+Makes the default recipe's warm-up releases once (``dpsynth.methods.warmup.release``, fresh secret noise:
+a measurement, nothing is released or logged) on the training shard of a finished ``utility.py`` run
+directory, then fits ``--fits`` generators to that same release (``warmup.fit_generator``, post-processing;
+generator seeds 0 … K − 1) and scores each, and the mixture that draws record i from generator
+⌊i / 10⌋ mod K (10,000 records, classes balanced), as the evaluate stage scores a release: the CNN trained
+on the synthetic records (epoch chosen on synthetic validation), tested on the held-out half of the
+partition's hold-out. No private GAN step is taken: these are warm-up generators.
+
+    .venv/stage/bin/python benchmarks/warmup_refits.py RUN_DIR --fits 4 [--config configs/dpgan-mnist-cpu.yaml]
+
+RUN_DIR is a ``utility.py --out`` run directory (…/dpgan-mnist-cpu-eps10): its
+``sensitive/partition/{shard-00000-of-00001,heldout}.parquet`` are read. Results (2026-11-26) are in
+``benchmarks/README.md`` and ``benchmarks/results/utility-refits.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dpsynth.config import load_config
+from dpsynth.data.dataset import ImageDataset, read_parquet
+from dpsynth.evaluation import accuracy
+from dpsynth.methods import warmup
+from dpsynth.models.dcgan import Generator
+from dpsynth.privacy import MechanismTrace
+from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.stages.evaluate import _split
+from dpsynth.stages.sample import synthesize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--fits", type=int, default=4)
+    ap.add_argument("--config", type=Path, default=ROOT / "configs/dpgan-mnist-cpu.yaml")
+    ap.add_argument("--json", type=Path, help="append the rows here as JSON lines")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    cfg = load_config(a.config)
+    t, w = cfg.train, cfg.warmup
+    part = a.run_dir / "sensitive/partition"
+    x, y = read_parquet(part / "shard-00000-of-00001.parquet").to_tensors()
+    trace = MechanismTrace()
+    slots, directions = warmup.release(cfg, x, y, num_classes=10, randomness=MechanismRandomness(), trace=trace)
+    reference = read_parquet(part / "heldout.parquet")
+    fit_idx, test_idx = _split(len(reference), fraction=0.5, seed=cfg.evaluate.seed)  # the evaluate stage's split
+    fit_real, test_real = reference.subset(fit_idx), reference.subset(test_idx)
+
+    def score(synthetic: ImageDataset) -> float:
+        e = dataclasses.replace(cfg.evaluate, max_train_records=None)
+        val_idx, train_idx = _split(len(synthetic), fraction=e.validation_fraction, seed=e.seed)
+        return accuracy.evaluate("cnn", dataclasses.replace(cfg, evaluate=e), synthetic=synthetic.subset(train_idx),
+                                 validation=synthetic.subset(val_idx), fit_real=fit_real, test_real=test_real)["gen2real"]
+
+    def emit(row: dict) -> None:
+        row = {"run_dir": str(a.run_dir), **row}
+        print(json.dumps(row), flush=True)
+        if a.json:
+            with a.json.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    sets = []
+    for k in range(a.fits):
+        start = time.process_time()
+        torch.manual_seed(k)
+        G = Generator(num_classes=10, channels=1, image_size=28, width=t.g_width, latent_dim=t.latent_dim,
+                      styles=warmup.style_slots(cfg), warp=t.g_warp, contrast=t.g_contrast)
+        warmup.fit_generator(G, slots, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
+                             generator=torch.Generator().manual_seed(k), directions=directions)
+        sets.append(synthesize(G.eval(), num_samples=10000, seed=k))
+        emit({"fit": k, "cnn_gen2real": score(sets[-1]), "cpu_s": round(time.process_time() - start, 1)})
+    pick = (np.arange(10000) // 10) % a.fits
+    images = np.stack([sets[p].images[i] for i, p in enumerate(pick)])
+    mixture = ImageDataset(record_ids=[f"mixture:{i:07d}" for i in range(10000)], labels=sets[0].labels,
+                           images=images, splits=None, num_classes=10, source=f"a mixture of {a.fits} warm-up fits")
+    emit({"mixture": a.fits, "cnn_gen2real": score(mixture)})
+
+
+if __name__ == "__main__":
+    main()
