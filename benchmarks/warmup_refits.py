@@ -11,7 +11,7 @@ partition's hold-out. No private GAN step is taken: these are warm-up generators
     .venv/stage/bin/python benchmarks/warmup_refits.py RUN_DIR --fits 4 [--config configs/dpgan-mnist-cpu.yaml]
 
 RUN_DIR is a ``utility.py --out`` run directory (…/dpgan-mnist-cpu-eps10): its
-``sensitive/partition/{shard-00000-of-00001,heldout}.parquet`` are read. Results (2026-11-26) are in
+``sensitive/partition/{shard-*,heldout}.parquet`` are read. Results (2026-11-26) are in
 ``benchmarks/README.md`` and ``benchmarks/results/utility-refits.md``.
 """
 
@@ -35,8 +35,7 @@ from dpsynth.privacy import MechanismTrace
 from dpsynth.privacy.randomness import MechanismRandomness
 from dpsynth.stages.evaluate import _split
 from dpsynth.stages.sample import synthesize
-
-ROOT = Path(__file__).resolve().parents[1]
+from utility import ROOT, heldout_split  # the evaluate stage's halves of a run's hold-out
 
 
 def main() -> None:
@@ -49,13 +48,10 @@ def main() -> None:
     torch.set_num_threads(1)
     cfg = load_config(a.config)
     t, w = cfg.train, cfg.warmup
-    part = a.run_dir / "sensitive/partition"
-    x, y = read_parquet(part / "shard-00000-of-00001.parquet").to_tensors()
-    trace = MechanismTrace()
-    slots, directions = warmup.release(cfg, x, y, num_classes=10, randomness=MechanismRandomness(), trace=trace)
-    reference = read_parquet(part / "heldout.parquet")
-    fit_idx, test_idx = _split(len(reference), fraction=0.5, seed=cfg.evaluate.seed)  # the evaluate stage's split
-    fit_real, test_real = reference.subset(fit_idx), reference.subset(test_idx)
+    x, y = read_parquet(next((a.run_dir / "sensitive/partition").glob("shard-*.parquet"))).to_tensors()
+    slots, directions = warmup.release(cfg, x, y, num_classes=10, randomness=MechanismRandomness(),
+                                       trace=MechanismTrace())
+    fit_real, test_real = heldout_split(a.run_dir, cfg)
 
     def score(synthetic: ImageDataset) -> float:
         e = dataclasses.replace(cfg.evaluate, max_train_records=None)
