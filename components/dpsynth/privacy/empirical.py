@@ -151,6 +151,23 @@ def guess_and_bound(scores, included, *, delta: float, confidence: float = CONFI
             "ceiling": ceiling}
 
 
+def reachable_ceiling(m: int, reach: float, *, delta: float, confidence: float = CONFIDENCE,
+                      fractions: Sequence[float] = GUESS_FRACTIONS) -> float:
+    """The most an audit of m canaries can prove when an included canary leaves a trace only with probability
+    ``reach`` (the sampling reaches it in some audited step: 1 − (1 − q)^steps): the bound of a perfect attack
+    — every reached canary scored first, the rest (unreached, excluded) indistinguishable — with the expected
+    counts. Below the all-correct ceiling when reach < 1: a sanitizer without noise cannot be caught above it."""
+    per_k = 1 - (1 - confidence) / len(fractions)
+    reached, excluded = reach * m / 2, m / 2
+    rest = m - reached  # the scores a perfect attacker cannot tell apart
+    best = 0.0
+    for k in {max(1, int(f * m) // 2) for f in fractions}:
+        ins = min(k, reached) + max(0.0, k - reached) * (m / 2 - reached) / rest
+        outs = k * excluded / rest
+        best = max(best, epsilon_lower_bound(m, 2 * k, min(2 * k, int(ins + outs)), delta=delta, confidence=per_k))
+    return best
+
+
 # --- attack 1, white-box: DP-SGD's per-example gradients (DPGAN, dp-GAN) -------------------------------
 class GradientCanaries:
     """m Dirac canaries on distinct coordinates of ``params`` (the sanitizer's parameters).
@@ -485,6 +502,10 @@ def run_audit(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode
     each = 1 - (1 - cfg.audit.confidence) / 2  # two attacks: Bonferroni, so the larger bound holds at `confidence`
     attacks = [_attack(kind, white.scores.numpy(), white.included.numpy(), delta=p.delta, confidence=each),
                _attack(BLACK_BOX[kind], black_scores, black.included.numpy(), delta=p.delta, confidence=each)]
+    reach = 1 - (1 - trainer.event.sample_rate) ** steps  # an included canary (or record) is ever sampled
+    for a in attacks:  # what a perfect attack could prove at this sampling: the gate cannot fail above it
+        a["ceiling"] = min(a["ceiling"], reachable_ceiling(a["canaries"], reach, delta=p.delta, confidence=each))
+        a["reach"] = reach
     return {"epsilon_lower": max(a["epsilon_lower"] for a in attacks), "accounted_epsilon": accounted,
             "accountant": accountant, "canaries": m, "confidence": cfg.audit.confidence,
             "ceiling": max(a["ceiling"] for a in attacks), "attacks": attacks, "mode": mode,
