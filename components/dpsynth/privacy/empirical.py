@@ -53,8 +53,17 @@ the real run's (the same privacy plan from the same n; the black-box canaries jo
 GS-WGAN's shards are the stand-in's records in turn, their discriminators start from initialisation
 (the warm start is non-private pre-training outside the mechanism). ``quick`` audits the first
 ``audit.quick_steps`` steps, ``full`` all of them; ε_lower is compared with the accounted ε of the
-steps audited, by the method's own accountant (the warm-up release, which the canaries never enter, is
-left out of both). :func:`comparison` says what makes the two comparable, per method.
+steps audited, by the method's own accountant (the warm-up releases have audit runs of their own,
+:func:`audit_warmup_release`, each compared with its own ε). :func:`comparison` says what makes the two
+comparable, per method.
+
+**The warm-up's Gaussian releases** (:func:`audit_warmup_release`): one audit run per release of the
+warm-up's own code with Dirac canary records on a stand-in that holds no other record, read by the one-run
+bound, a noise test and a bound test (the last two can fail at any ε).
+
+**Verdicts** (:func:`verdict`): failed (ε_lower above the accounted ε, or a warm-up release's noise or bound
+test fails), inconclusive (no audit of this size could have failed: never reported as passed), passed.
+``audit.empirical=auto`` (the default) runs the quick audit for every method that has one.
 """
 
 from __future__ import annotations
@@ -413,8 +422,8 @@ def stand_in_trainer(cfg, *, n: int, image_shape: Sequence[int], num_classes: in
                      mechanism_seed: int | None = None):
     """The method's trainer on a stand-in of n records, built as the train stage builds it but for its
     warm starts, writing only under ``directory`` and tracking nothing; no canaries yet (the benchmark
-    times it alone as the reference). The private warm-up is not run either: the canaries never enter
-    its release (outside the audited steps) or the generator fit after it (post-processing)."""
+    times it alone as the reference). The private warm-up is not run: its releases have audit runs of their
+    own (:func:`audit_warmup_release`), and the generator fit after them is post-processing."""
     method = registry.get(cfg.train.method)
     cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, dir=directory),
                               tracking=dataclasses.replace(cfg.tracking, enabled=False),
