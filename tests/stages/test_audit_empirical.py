@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dpsynth.privacy.randomness import MechanismRandomness
-from tests.stages.helpers import dpsynth, manifest, release_files, settings, stage, stages
+from tests.stages.helpers import TINY, dpsynth, manifest, release_files, settings, stage, stages
 
 # ε = 0.5 over 100 steps: low enough that a sanitizer without noise is caught with 1,000 canaries
 AUDITED = ("privacy.epsilon=0.5", "train.steps=100", "audit.empirical=full", "audit.canaries=1000")
@@ -56,7 +56,9 @@ def test_a_sanitizer_without_noise_fails_the_release(trained_at_half, source, mo
 
 def test_on_by_default_and_off_when_asked(trained_at_half, source):
     """#33: a quick audit in every default run, its verdict in audit.json, audit.md and the manifest."""
-    assert stage("audit", trained_at_half, source, "privacy.epsilon=0.5", "train.steps=100") == 0
+    items = (f"data.uri={source}", *(t for t in TINY if not t.startswith("audit.")), "privacy.epsilon=0.5",
+             "train.steps=100")  # the tiny settings without their audit.empirical=off: the default
+    assert dpsynth("audit", "--run-dir", trained_at_half, *(a for item in items for a in ("--set", item))) == 0
     e = report(trained_at_half)["empirical"]
     assert e["mode"] == "quick" and e["verdict"] in ("passed", "inconclusive") and e["canaries"] == 1000
     assert manifest(trained_at_half, "sensitive", "audit")["details"]["empirical"] == e["verdict"]
