@@ -103,3 +103,17 @@ def test_warmup_canaries_join_the_audited_release_alone():
     assert list(seen) == list(RELEASES)
     assert seen["class_means"].abs().sum() == 0 and seen["variations"].abs().sum() == 0
     assert seen["styles"][:, -1].sum() > 0  # the 20 canaries' counts
+
+
+def test_the_largest_provable_epsilon_counts_only_the_canaries_the_sampling_reaches():
+    """A noiseless sanitizer's canaries that no step samples leave no trace: the audit's ceiling at reach 1 is the
+    all-correct one, and far lower at the default's 76 % (100 steps at q = 0.0142), where it cannot pass."""
+    full = empirical.guess_and_bound([1.0] * 500 + [0.0] * 500, [True] * 500 + [False] * 500, delta=1e-5,
+                                     confidence=0.975)["ceiling"]
+    at = [empirical.reachable_ceiling(1000, r, delta=1e-5, confidence=0.975) for r in (1.0, 0.99, 0.76, 0.5)]
+    assert at[0] == pytest.approx(full, rel=1e-6) and at == sorted(at, reverse=True) and at[2] < 2.0
+    attacks = [{"name": "gradient", "epsilon_lower": 0.2, "canaries": 1000, "correct": 60, "guesses": 100,
+                "reach": 0.76}]
+    check = empirical.gate({"epsilon_lower": 0.2, "accounted_epsilon": 3.6, "canaries": 1000, "confidence": 0.95,
+                            "attacks": attacks, "mode": "quick", "steps": 100, "ceiling": at[2]})
+    assert check["verdict"] == "inconclusive" and "76% of the included canaries" in check["detail"]

@@ -550,7 +550,13 @@ def gate(result: dict) -> dict:
                        + ("" if v != "failed" else ": the code does not implement the accounted mechanism")
                        + ("" if v != "inconclusive" else
                           f"; INCONCLUSIVE: with m={result['canaries']} no audit can prove more than "
-                          f"ε={result['ceiling']:.3g}, below the accounted ε (more canaries, or audit a lower ε)"))}
+                          f"ε={result['ceiling']:.3g}{_reached(result)}, below the accounted ε (more canaries, or "
+                          "audit a lower ε)"))}
+
+
+def _reached(result: dict) -> str:
+    reach = min((a.get("reach", 1.0) for a in result["attacks"]), default=1.0)
+    return "" if reach >= 1 else f" when {reach:.0%} of the included canaries are ever sampled in {result['steps']} steps"
 
 
 # --- the warm-up's Gaussian releases (methods/warmup.py, privacy/central_images.py) -----------------------
