@@ -739,8 +739,15 @@ def stage_audit(cfg, partition: dict) -> dict | None:
     mode = mode_for(cfg)
     if mode is None:
         return None
-    started = time.process_time()
     n, shape, classes = stand_in_shape(partition)
+    return audit_all(cfg, n=n, image_shape=shape, num_classes=classes, mode=mode)
+
+
+def audit_all(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode: str) -> dict:
+    """Every audit run of ``cfg``'s mechanism: the training steps (``mode``) and each warm-up release; the
+    overall verdict and the checks (what :func:`stage_audit` returns; ``dpsynth audit empirical`` prints it)."""
+    started = time.process_time()
+    shape, classes = image_shape, num_classes
     training = run_audit(cfg, n=n, image_shape=shape, num_classes=classes, mode=mode)
     training = {**training, "name": "training", "check": gate(training)}
     training["verdict"] = training["check"]["verdict"]

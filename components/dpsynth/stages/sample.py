@@ -141,6 +141,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
         measured = report.get("empirical")  # the empirical audit's ε_lower, when it ran (privacy/empirical.py)
         if measured:
             release["epsilon_lower"] = measured["epsilon_lower"]
+            release["empirical"] = measured.get("verdict")  # passed | inconclusive (a failed audit releases nothing)
         if run is not None:
             import mlflow
 
