@@ -117,3 +117,13 @@ def test_the_largest_provable_epsilon_counts_only_the_canaries_the_sampling_reac
     check = empirical.gate({"epsilon_lower": 0.2, "accounted_epsilon": 3.6, "canaries": 1000, "confidence": 0.95,
                             "attacks": attacks, "mode": "quick", "steps": 100, "ceiling": at[2]})
     assert check["verdict"] == "inconclusive" and "76% of the included canaries" in check["detail"]
+
+
+def test_a_looser_clip_of_the_image_part_fails_the_bound_test(monkeypatch):
+    """The image part clipped to C instead of C/√2 (a record's [image, count] vector then exceeds C): caught."""
+    contributions = central_images._contributions
+    monkeypatch.setattr(central_images, "_contributions", lambda images, clip: contributions(images, clip * 2 ** 0.5))
+    cfg = load_config(DEFAULT)
+    r = release_audit(cfg, "class_means")
+    assert r["verdict"] == "failed" and not r["bound_test"]["passed"]
+    assert r["bound_test"]["largest_canary_coordinate"] == pytest.approx(cfg.warmup.clip)

@@ -564,8 +564,9 @@ NOISE_TEST_ALPHA = 1e-6  # the noise test fails a release whose noise is this im
 
 
 def warmup_releases(cfg) -> list[tuple[str, float, float]]:
-    """The warm-up's releases as (name, σ, scale): the noise std on every coordinate of the query is σ·scale,
-    and one record moves any coordinate of it by at most ``scale`` (C, or C_v² for the moment matrices)."""
+    """The warm-up's releases as (name, σ, scale): the noise std on every coordinate of the query is σ·scale
+    (scale = C for the class and style sums, C_v² for the moment matrices). :func:`pixel_bound` says how far
+    one record may move a pixel's coordinate."""
     from dpsynth.methods import warmup
 
     w = cfg.warmup
@@ -575,6 +576,13 @@ def warmup_releases(cfg) -> list[tuple[str, float, float]]:
              "variations": (w.variations_noise_multiplier, w.variations_clip ** 2)}
     on = {"class_means": True, "styles": bool(w.styles), "variations": bool(w.variations)}
     return [(name, *every[name]) for name in warmup.RELEASES if on[name]]
+
+
+def pixel_bound(name: str, scale: float) -> float:
+    """The most one record moves one pixel's coordinate of release ``name``: a record's [image, count] vector
+    has norm ≤ C with its count coordinate C/√2, so its image part ≤ C/√2 (class and style sums); a residual
+    r of norm ≤ C_v moves a diagonal entry by r_p² ≤ C_v² (moment matrices)."""
+    return scale if name == "variations" else scale / math.sqrt(2)
 
 
 class _Observed(Exception):
@@ -617,7 +625,8 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
     * the noise test: the output less the noiseless query, over all its independent coordinates, has a
       mean square that N(0, (σ·scale)²) noise would make smaller with probability < ``NOISE_TEST_ALPHA``
       (χ² with that many degrees of freedom): the noise is smaller than the plan's;
-    * the bound: the noiseless query at an included canary's coordinate exceeds ``scale`` (clipping missing).
+    * the bound: the noiseless query at an included canary's coordinate exceeds :func:`pixel_bound`
+      (clipping missing or looser than accounted).
 
     The noise and bound tests can fail at any ε; the one-run bound only below its ceiling, which says so."""
     from dpsynth.methods import warmup
@@ -667,7 +676,8 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
     event = warmup.events(cfg)[list(spec).index(name)]  # the same order: the releases that are on
     accountant = cfg.privacy.accountant if get_accountant(cfg.privacy.accountant).supports(event) else "rdp"
     accounted = get_accountant(accountant).epsilon(MechanismTrace([event]), delta=cfg.privacy.delta)
-    noise_ok, bound_ok = p_small >= NOISE_TEST_ALPHA, largest <= scale * (1 + 1e-9)
+    bound_at = pixel_bound(name, scale)
+    noise_ok, bound_ok = p_small >= NOISE_TEST_ALPHA, largest <= bound_at * (1 + 1e-9)
     one_run = verdict(bound["epsilon_lower"], accounted, bound["ceiling"])
     v = "failed" if one_run == "failed" or not noise_ok or not bound_ok else "passed"
     return {"name": f"warmup.{name}", "verdict": v, "epsilon_lower": bound["epsilon_lower"],
@@ -677,7 +687,7 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
             "noise_multiplier": sigma,
             "noise_test": {"passed": noise_ok, "noise_std_over_planned": ratio, "coordinates": dof,
                            "p_value_smaller": p_small, "alpha": NOISE_TEST_ALPHA},
-            "bound_test": {"passed": bound_ok, "largest_canary_coordinate": largest, "bound": scale},
+            "bound_test": {"passed": bound_ok, "largest_canary_coordinate": largest, "bound": bound_at},
             "cpu_seconds": time.process_time() - started}
 
 
