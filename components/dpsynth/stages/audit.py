@@ -323,7 +323,7 @@ def decision(checks: list[dict]) -> str:
 
 
 def inconclusive(check: dict) -> bool:
-    return check["passed"] is None and check.get("verdict") == "inconclusive"
+    return isinstance(check, dict) and check.get("passed", False) is None and check.get("verdict") == "inconclusive"
 
 
 def _shown(check: dict) -> str:
