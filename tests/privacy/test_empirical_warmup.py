@@ -127,3 +127,10 @@ def test_a_looser_clip_of_the_image_part_fails_the_bound_test(monkeypatch):
     r = release_audit(cfg, "class_means")
     assert r["verdict"] == "failed" and not r["bound_test"]["passed"]
     assert r["bound_test"]["largest_canary_coordinate"] == pytest.approx(cfg.warmup.clip)
+
+
+def test_the_pipeline_summary_shows_the_verdict():
+    from dpsynth.stages import pipeline
+
+    s = {"stages": [], "audit": "passed", "empirical": "inconclusive", "epsilon_total": 9.99, "delta": 1e-5}
+    assert "| **total** | audit passed, empirical audit inconclusive |" in pipeline.table(s)

@@ -422,7 +422,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
     train_run = trained.get("mlflow_run_id")
     extra = [mlflow_check(cfg, tracking_uri=ctx.tracking_uri if cfg.tracking.enabled else None,
                           run_ids=[train_run] if train_run else [], parent_run_id=ctx.parent_run_id)]
-    # the optional empirical audit (audit.empirical): ε_lower from canaries on a public stand-in; its gate
+    # the empirical audit (audit.empirical, on by default): ε_lower from canaries on public stand-ins; its checks
     measured = empirical.stage_audit(cfg, partition)
     extra += measured.pop("checks") if measured else []
     report = evaluate(cfg, trace_text=trace_text, n=n,
