@@ -619,7 +619,7 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
     releases before it see no canary, so the ones it reads — the templates — do not depend on the coins).
     Three tests of the raw output (before post-processing) against the plan's σ and bound:
 
-    * the one-run bound (:func:`guess_and_bound`, at 1 − β/2): canary i's score is the released sum at its
+    * the one-run bound (:func:`guess_and_bound`, at ``confidence``): canary i's score is the released sum at its
       pixel in its class's rows (the largest over the class's style groups; the moment matrices' diagonal):
       the release and the public design only;
     * the noise test: the output less the noiseless query, over all its independent coordinates, has a
@@ -671,8 +671,7 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
     ratio = float(z.square().mean().sqrt())
     p_small = float(stats.chi2.cdf(float(z.square().sum()), dof))
     largest = float(at_canary[included].max()) if included.any() else 0.0
-    each = 1 - (1 - confidence) / 2
-    bound = guess_and_bound(scores.numpy(), included.numpy(), delta=cfg.privacy.delta, confidence=each)
+    bound = guess_and_bound(scores.numpy(), included.numpy(), delta=cfg.privacy.delta, confidence=confidence)
     event = warmup.events(cfg)[list(spec).index(name)]  # the same order: the releases that are on
     accountant = cfg.privacy.accountant if get_accountant(cfg.privacy.accountant).supports(event) else "rdp"
     accounted = get_accountant(accountant).epsilon(MechanismTrace([event]), delta=cfg.privacy.delta)
@@ -682,7 +681,7 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
     v = "failed" if one_run == "failed" or not noise_ok or not bound_ok else "passed"
     return {"name": f"warmup.{name}", "verdict": v, "epsilon_lower": bound["epsilon_lower"],
             "accounted_epsilon": accounted, "accountant": accountant, "ceiling": bound["ceiling"],
-            "canaries": canaries, "guesses": bound["guesses"], "correct": bound["correct"],
+            "canaries": canaries, "guesses": bound["guesses"], "correct": bound["correct"], "confidence": confidence,
             "one_run": "conclusive" if one_run != "inconclusive" else "inconclusive (ε above its ceiling)",
             "noise_multiplier": sigma,
             "noise_test": {"passed": noise_ok, "noise_std_over_planned": ratio, "coordinates": dof,
@@ -758,13 +757,17 @@ def audit_all(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode
     overall verdict and the checks (what :func:`stage_audit` returns; ``dpsynth audit empirical`` prints it)."""
     started = time.process_time()
     shape, classes = image_shape, num_classes
-    training = run_audit(cfg, n=n, image_shape=shape, num_classes=classes, mode=mode)
+    releases = [name for name, _, _ in warmup_releases(cfg)]
+    # β = 1 − confidence split over the parts (Bonferroni): the largest of their bounds holds at `confidence`
+    each = 1 - (1 - cfg.audit.confidence) / (1 + len(releases))
+    training = run_audit(dataclasses.replace(cfg, audit=dataclasses.replace(cfg.audit, confidence=each)), n=n,
+                         image_shape=shape, num_classes=classes, mode=mode)
     training = {**training, "name": "training", "check": gate(training)}
     training["verdict"] = training["check"]["verdict"]
     parts = [training]
-    for name, _, _ in warmup_releases(cfg):
+    for name in releases:
         part = audit_warmup_release(cfg, name, image_shape=shape, num_classes=classes, canaries=cfg.audit.canaries,
-                                    confidence=cfg.audit.confidence)
+                                    confidence=each)
         parts.append({**part, "check": warmup_check(part)})
     verdicts = {p["verdict"] for p in parts}
     overall = "failed" if "failed" in verdicts else "inconclusive" if "inconclusive" in verdicts else "passed"
@@ -801,8 +804,9 @@ def markdown(result: dict | None) -> str:
             f"{p['one_run']}") + " |\n" for p in result["components"])
     out = ("\n## Empirical audit (one-run canary audits)\n\n"
            f"Verdict: **{result['verdict'].upper()}**. ε_lower = **{result['epsilon_lower']:.4g}** "
-           f"({result['confidence']:.0%} confidence), the largest over the audited parts, each against the accounted "
-           f"ε of that part ({result['cpu_seconds']:.1f} CPU-s).\n\n"
+           f"({result['confidence']:.0%} confidence: each of the {len(result['components'])} parts at "
+           f"{result['components'][0]['confidence']:.2%}), the largest over the audited parts, each against the "
+           f"accounted ε of that part ({result['cpu_seconds']:.1f} CPU-s).\n\n"
            "| part | verdict | ε_lower | accounted ε | largest provable ε | canaries m | what was measured |\n"
            "|---|---|---|---|---|---|---|\n" + parts +
            "\npassed: the test could have failed and did not; failed: the code does not implement the accounted "
