@@ -544,7 +544,7 @@ def gate(result: dict) -> dict:
     found = "; ".join(f"{a['name']}: ε_lower={a['epsilon_lower']:.4g} (m={a['canaries']}, {a['correct']}/"
                       f"{a['guesses']} guesses correct)" for a in result["attacks"])
     return {"name": "empirical", "passed": {"passed": True, "failed": False}.get(v), "verdict": v,
-            "detail": (f"ε_lower={lower:.4g} ({result['confidence']:.0%} confidence over both attacks, "
+            "detail": (f"ε_lower={lower:.4g} ({100 * result['confidence']:.4g}% confidence over both attacks, "
                        f"{result['mode']}, {result['steps']} steps; {found}) {'≤' if v != 'failed' else '>'} accounted "
                        f"ε={eps:.4g} of the audited steps"
                        + ("" if v != "failed" else ": the code does not implement the accounted mechanism")
