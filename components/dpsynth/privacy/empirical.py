@@ -649,10 +649,9 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
             seen["noisy"], seen["query"] = noisy.detach().cpu().double(), query.detach().cpu().double()
             raise _Observed
 
-    trace = MechanismTrace()
-    try:
+    try:  # trace None: the audit run records nothing (its releases are never released)
         warmup.release(cfg, torch.empty(0, c, h, w), torch.empty(0, dtype=torch.long), num_classes=num_classes,
-                       randomness=randomness, trace=trace, canaries=(name, images[included], labels[included]),
+                       randomness=randomness, trace=None, canaries=(name, images[included], labels[included]),
                        observe=observe)
     except _Observed:
         pass
