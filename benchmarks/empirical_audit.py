@@ -67,7 +67,7 @@ def one(cfg, *, n: int, mode: str, m: int, control: str | None = None) -> dict:
     attacks = [{k: a[k] for k in ("name", "epsilon_lower", "canaries", "guesses", "correct", "ceiling")}
                for a in r["attacks"]]
     return {**{k: r[k] for k in keep}, "attacks": attacks, "control": control or "real sanitizer",
-            "gate": empirical.gate(r)["passed"]}
+            "gate": empirical.gate(r)["verdict"]}  # passed | failed | inconclusive
 
 
 def reference(cfg, *, n: int, steps: int) -> float:
@@ -148,7 +148,8 @@ def markdown(out: dict) -> str:
                      f"{white['canaries']:,} / {black['canaries']:,} | {white['epsilon_lower']:.3f} | "
                      f"{black['epsilon_lower']:.3f} | {r['accounted_epsilon']:.3f} ({r['accountant']}) | "
                      f"{white['ceiling']:.2f} | {white['correct']} / {white['guesses']} | "
-                     f"{'pass' if r['gate'] else '**fail**'} | {r['cpu_seconds']:.0f} | {ratio} |")
+                     f"{ {'passed': 'pass', 'failed': '**fail**'}.get(r['gate'], r['gate'])} | "
+                     f"{r['cpu_seconds']:.0f} | {ratio} |")
     lines = [f"- {r['method']} at ε = {r['epsilon']:g}: the trainer alone, {r['steps']} steps, "
              f"{r['cpu_seconds']:.0f} CPU-s" for r in out.get("references", [])]
     methods = ", ".join(f"{m} ({c})" for m, c in out["methods"].items())

@@ -408,13 +408,17 @@ class EvaluateConfig:
 
 @dataclass(frozen=True, config=SECTION)
 class AuditConfig:
-    """``dpsynth audit``'s optional empirical step (``dpsynth.privacy.empirical``): an audit run of the
-    method with canaries on a public stand-in, ε_lower at ``confidence``; the audit fails when ε_lower
-    exceeds the accounted ε. off: skipped; quick: the first ``quick_steps`` steps; full: every step."""
+    """``dpsynth audit``'s empirical step (``dpsynth.privacy.empirical``): audit runs of the method's training
+    steps and of every warm-up release with canaries on public stand-ins, ε_lower at ``confidence``; the audit
+    fails when ε_lower exceeds the accounted ε (or a warm-up release adds less noise than planned), and says
+    "inconclusive" when no audit of that size could have failed. auto (default): quick for the methods that
+    have an empirical audit, not run for the others; off: skipped; quick: the first ``quick_steps`` training
+    steps; full: every step."""
 
-    empirical: Literal["off", "quick", "full"] = Field(
-        "off", description="off: skipped; quick: the first quick_steps steps; full: every step (methods: "
-                           f"{', '.join(empirical_audit_methods())}).")
+    empirical: Literal["auto", "off", "quick", "full"] = Field(
+        "auto", description="auto: quick for the methods that have one, none for the others; off: skipped; quick: "
+                            "the first quick_steps training steps; full: every step (methods: "
+                            f"{', '.join(empirical_audit_methods())}). The warm-up releases are audited whole.")
     canaries: Int = Field(1000, ge=2, description="m: canary gradients inserted.")
     confidence: Float = Field(0.95, gt=0, lt=1, description="Confidence of the lower bound ε_lower.")
     quick_steps: Int = Field(100, ge=1)
@@ -458,7 +462,7 @@ class RunConfig:
     def _across_sections(self) -> RunConfig:
         # refused before training spends anything, not at the audit
         audited = empirical_audit_methods()
-        _require(self.audit.empirical == "off" or self.train.method in audited, "audit.empirical",
+        _require(self.audit.empirical in ("off", "auto") or self.train.method in audited, "audit.empirical",
                  f"the empirical audit supports train.method in {list(audited)}, not "
                  f"{self.train.method!r} (yet); set audit.empirical=off")
         method = self.train.method

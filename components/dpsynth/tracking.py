@@ -32,6 +32,7 @@ TAG_ACCOUNTANT = "dpsynth.accountant"
 TAG_AUDIT = "dpsynth.audit"
 TAG_EPSILON_LOWER = "dpsynth.epsilon_lower"  # the empirical audit's ε_lower (privacy/empirical.py)
 TAG_EMPIRICAL_AUDIT = "dpsynth.empirical_audit"  # its m, confidence, mode and attack
+TAG_EMPIRICAL_VERDICT = "dpsynth.empirical_verdict"  # passed | failed | inconclusive (never passed when inconclusive)
 TAG_PIPELINE_RUN_ID = "dpsynth.pipeline_run_id"
 TAG_CODE_VERSION = "dpsynth.code_version"
 TAG_METHOD = "dpsynth.method"

@@ -109,7 +109,7 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     assert out["mapped"] == ["warmstart_shard"]
     assert out["ok"] and all(out["bad"].values()), out["bad"]
     assert out["audit_sets"] == [[], ["audit.empirical=full"]]  # empty: the config's; one --set argument
-    assert out["audit_refused"].startswith("audit_empirical (audit.empirical): must be one of off, quick, full")
+    assert out["audit_refused"].startswith("audit_empirical (audit.empirical): must be one of auto, off, quick, full")
     assert out["population_default"] is None  # no DPSYNTH_POPULATION_ID: the config's (never a made-up one)
     assert out["retrain_schedule"] == "AssetTriggeredTimetable"
     dataset = (REPO / "outputs" / "data" / "mnist.parquet").as_uri()  # DPSYNTH_DATASET_URI's default
@@ -157,8 +157,8 @@ def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(a
                 "train.steps": {"type": "integer", "minimum": 1}, "partition.num_shards": {"type": "integer", "minimum": 1},
                 "train.n_d": {"type": ["null", "string"], "pattern": "^(adaptive|[1-9][0-9]*)$"},
                 "train.seed": {"type": "integer", "minimum": 0},
-                # nullable: empty keeps the config's setting (the pods read no config file: their default is off)
-                "audit.empirical": {"type": ["null", "string"], "enum": [None, "off", "quick", "full"]}}
+                # nullable: empty keeps the config's setting (the pods read no config file: their default is auto)
+                "audit.empirical": {"type": ["null", "string"], "enum": [None, "auto", "off", "quick", "full"]}}
     assert sorted(settings.values()) == sorted(expected)
     for name, field in settings.items():
         schema = {k: v for k, v in form[name]["schema"].items() if k != "title"}

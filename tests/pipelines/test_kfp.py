@@ -75,7 +75,7 @@ def test_gpu_stages_and_fan_out(compiled):
     params = compiled["root"]["inputDefinitions"]["parameters"]
     assert set(params) == {"dataset_uri", "population_id", "method", "epsilon", "delta", "steps", "num_shards", "n_d",
                            "seed", "audit_empirical", "run_dir", "train_nodes", "train_gpus_per_node"}
-    assert params["audit_empirical"]["defaultValue"] == "off"  # the stage pods read no config file
+    assert params["audit_empirical"]["defaultValue"] == "auto"  # the config's default (#33): a quick audit where the method has one
     # no default population: a run names whose budget it is charged (the pods read no config file)
     assert "defaultValue" not in params["population_id"] and not params["population_id"].get("isOptional")
     for name, executor in executors.items():

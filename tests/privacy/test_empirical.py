@@ -80,10 +80,13 @@ def test_the_gate_says_when_it_cannot_fail():
                {"name": "discriminator", "epsilon_lower": 0.0, "canaries": 120, "correct": 60, "guesses": 120}]
     result = {"epsilon_lower": 0.5, "accounted_epsilon": 7.0, "canaries": 1000, "confidence": 0.95, "attacks": attacks,
               "mode": "quick", "steps": 100, "ceiling": 5.3}
-    check = empirical.gate(result)
-    assert check["passed"] and "inconclusive" in check["detail"] and "discriminator: ε_lower=0" in check["detail"]
-    assert "inconclusive" not in empirical.gate({**result, "accounted_epsilon": 1.0})["detail"]
-    assert not empirical.gate({**result, "accounted_epsilon": 0.4})["passed"]
+    check = empirical.gate(result)  # inconclusive is reported as such, never as passed (#33)
+    assert check["passed"] is None and check["verdict"] == "inconclusive"
+    assert "INCONCLUSIVE" in check["detail"] and "discriminator: ε_lower=0" in check["detail"]
+    conclusive = empirical.gate({**result, "accounted_epsilon": 1.0})
+    assert conclusive["passed"] is True and conclusive["verdict"] == "passed" and "INCONCLUSIVE" not in conclusive["detail"]
+    failed = empirical.gate({**result, "accounted_epsilon": 0.4})
+    assert failed["passed"] is False and failed["verdict"] == "failed"
 
 
 def test_the_audited_methods_come_from_the_registry():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dpsynth.privacy.randomness import MechanismRandomness
-from tests.stages.helpers import dpsynth, manifest, release_files, settings, stage, stages
+from tests.stages.helpers import TINY, dpsynth, manifest, release_files, settings, stage, stages
 
 # ε = 0.5 over 100 steps: low enough that a sanitizer without noise is caught with 1,000 canaries
 AUDITED = ("privacy.epsilon=0.5", "train.steps=100", "audit.empirical=full", "audit.canaries=1000")
@@ -27,12 +27,14 @@ def report(run_dir):
 def test_the_audit_reports_epsilon_lower_and_passes(trained_at_half, source):
     assert stage("audit", trained_at_half, source, *AUDITED) == 0
     r = report(trained_at_half)
-    e = r["empirical"]
-    assert r["decision"] == "passed" and e["canaries"] == 1000 and e["confidence"] == 0.95 and e["steps"] == 100
-    assert e["epsilon_lower"] <= e["accounted_epsilon"] <= r["epsilon_upper_bound"] <= 0.5
-    assert "public stand-in" in e["privacy_cost"] and [a["name"] for a in e["attacks"]] == ["gradient", "discriminator"]
+    e = r["empirical"]  # {verdict, epsilon_lower, canaries, confidence, mode, components: [{name, verdict, ...}]}
+    (t,) = e["components"]  # the training steps (no warm-up here)
+    assert r["decision"] == "passed" and e["canaries"] == 1000 and e["confidence"] == 0.95 and t["steps"] == 100
+    assert e["verdict"] == t["verdict"] and e["verdict"] in ("passed", "inconclusive") and t["name"] == "training"
+    assert e["epsilon_lower"] == t["epsilon_lower"] <= t["accounted_epsilon"] <= r["epsilon_upper_bound"] <= 0.5
+    assert "public stand-in" in t["privacy_cost"] and [a["name"] for a in t["attacks"]] == ["gradient", "discriminator"]
     (check,) = [c for c in r["checks"] if c["name"] == "empirical"]
-    assert check["passed"]
+    assert check["verdict"] == e["verdict"] and check["passed"] is {"passed": True, "inconclusive": None}[e["verdict"]]
     md = (trained_at_half / "sensitive" / "audit" / "audit.md").read_text()
     assert "## Empirical audit" in md and "ε_lower" in md and "What makes them comparable" in md
     assert "| discriminator |" in md  # the black-box attack's row beside the white-box one
@@ -46,20 +48,33 @@ def test_a_sanitizer_without_noise_fails_the_release(trained_at_half, source, mo
     assert "does not implement the accounted mechanism" in capsys.readouterr().err
     r = report(trained_at_half)
     assert r["decision"] == "failed" and {c["name"] for c in r["checks"] if not c["passed"]} == {"empirical"}
-    assert r["empirical"]["epsilon_lower"] > 2.5 * r["empirical"]["accounted_epsilon"]
+    assert r["empirical"]["verdict"] == "failed"
+    assert r["empirical"]["epsilon_lower"] > 2.5 * r["empirical"]["components"][0]["accounted_epsilon"]
     assert stage("sample", trained_at_half, source, *AUDITED) == 2
     assert release_files(trained_at_half) == []
 
 
-def test_off_by_default(trained_at_half, source):
-    assert stage("audit", trained_at_half, source, "privacy.epsilon=0.5", "train.steps=100") == 0
+def test_on_by_default_and_off_when_asked(trained_at_half, source):
+    """#33: a quick audit in every default run, its verdict in audit.json, audit.md and the manifest."""
+    items = (f"data.uri={source}", *(t for t in TINY if not t.startswith("audit.")), "privacy.epsilon=0.5",
+             "train.steps=100")  # the tiny settings without their audit.empirical=off: the default
+    assert dpsynth("audit", "--run-dir", trained_at_half, *(a for item in items for a in ("--set", item))) == 0
+    e = report(trained_at_half)["empirical"]
+    assert e["mode"] == "quick" and e["verdict"] in ("passed", "inconclusive") and e["canaries"] == 1000
+    assert manifest(trained_at_half, "sensitive", "audit")["details"]["empirical"] == e["verdict"]
+    md = (trained_at_half / "sensitive" / "audit" / "audit.md").read_text()
+    assert f"Verdict: **{e['verdict'].upper()}**" in md
+    assert stage("audit", trained_at_half, source, "privacy.epsilon=0.5", "train.steps=100", "audit.empirical=off",
+                 flags=["--force"]) == 0
     assert report(trained_at_half)["empirical"] is None
+    assert manifest(trained_at_half, "sensitive", "audit")["details"]["empirical"] == "not run"
 
 
 def test_the_command(trained_at_half, source, capsys):
     assert dpsynth("audit", "empirical", "--run-dir", trained_at_half, *settings(source, *AUDITED), "--json") == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["check"]["passed"] and out["canaries"] == 1000 and out["mode"] == "full"
+    assert out["verdict"] in ("passed", "inconclusive") and out["canaries"] == 1000 and out["mode"] == "full"
+    assert out["components"][0]["check"]["verdict"] == out["verdict"]
     # without a run directory: the shape by hand; bad input names the option
     assert dpsynth("audit", "empirical", "--records", "600", "--image-shape", "28x28", "--num-classes", "10",
                    *settings(source, *AUDITED)) == 2
@@ -95,12 +110,14 @@ def test_tracked_the_figures_reach_mlflow_the_release_and_the_ledger_page(tmp_pa
     client = MlflowClient(uri)
     audit_run = client.get_run(manifest(run_dir, "sensitive", "audit")["mlflow_run_id"])
     assert audit_run.data.metrics["epsilon_lower_empirical"] == pytest.approx(lower)
-    assert audit_run.data.metrics["epsilon_accounted_empirical"] == pytest.approx(r["empirical"]["accounted_epsilon"])
+    assert audit_run.data.metrics["epsilon_accounted_empirical"] == pytest.approx(
+        r["empirical"]["components"][0]["accounted_epsilon"])
     assert {c["name"]: c["passed"] for c in r["checks"]}["mlflow"]  # the new metrics are on the allow-list
     sample_run = client.get_run(manifest(run_dir, "release", "sample")["mlflow_run_id"])
     for run in (client.get_run(parent), audit_run, sample_run):
         assert float(run.data.tags[tracking.TAG_EPSILON_LOWER]) == pytest.approx(lower, abs=1e-3)
         assert "m=1000, 95% confidence" in run.data.tags[tracking.TAG_EMPIRICAL_AUDIT]
+        assert run.data.tags[tracking.TAG_EMPIRICAL_VERDICT] == r["empirical"]["verdict"]
     assert manifest(run_dir, "release", "sample")["details"]["release"]["epsilon_lower"] == lower
 
     ledger_view = pytest.importorskip("dpsynth_mlflow.ledger_view")  # pip install --no-deps -e mlflow_plugins

@@ -96,33 +96,51 @@ def statement(cfg) -> str:
     return out
 
 
+RELEASES = ("class_means", "styles", "variations")  # the names of the warm-up's releases, in order
+
+
 def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, randomness,
-            trace) -> tuple[torch.Tensor, torch.Tensor | None]:
+            trace, canaries=None, observe=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The warm-up's releases on the training records (``images`` in [-1, 1], ``labels``), with the
     mechanism's secret coins, each recording its event in ``trace`` (the order of :func:`events`): returns
     the images of the generator's slots (one per class, or per (class, style) with styles, class-major) and
     the variation directions (None without them) — what :func:`fit_generator` fits G to (it moves them to
-    G's device: the releases are computed on the CPU, :mod:`dpsynth.privacy.central_images`)."""
+    G's device: the releases are computed on the CPU, :mod:`dpsynth.privacy.central_images`).
+
+    For the empirical audit's run only (:mod:`dpsynth.privacy.empirical`, on a public stand-in, never
+    released): ``canaries`` = (name, images, labels), records that join the data of the release ``name``
+    (of :data:`RELEASES`) alone, and ``observe(name, noisy, query)``, which sees each release's raw output
+    and its noiseless query."""
     from dpsynth.privacy import central_images
 
     w = cfg.warmup
+
+    def data(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if canaries is None or canaries[0] != name:
+            return images, labels
+        return torch.cat([images, canaries[1].to(images)]), torch.cat([labels, canaries[2].to(labels)])
+
+    def seen(name: str):
+        return None if observe is None else (lambda noisy, query: observe(name, noisy, query))
+
     means, class_counts = central_images.central_images(
-        images, labels, num_classes=num_classes, clip=w.clip, noise_multiplier=w.noise_multiplier,
-        randomness=randomness, trace=trace, with_counts=True)
+        *data("class_means"), num_classes=num_classes, clip=w.clip, noise_multiplier=w.noise_multiplier,
+        randomness=randomness, trace=trace, with_counts=True, observe=seen("class_means"))
     means = clean(means)
     slots, slot_classes = means, torch.arange(num_classes)  # one image per slot, and its class
     if w.styles:
         templates, slot_classes = style_templates(means, w.styles)
         styles, counts = central_images.style_images(
-            images, labels, templates, slot_classes, clip=w.clip, noise_multiplier=w.styles_noise_multiplier,
-            randomness=randomness, trace=trace)
+            *data("styles"), templates, slot_classes, clip=w.clip, noise_multiplier=w.styles_noise_multiplier,
+            randomness=randomness, trace=trace, observe=seen("styles"))
         keep = keep_styles(styles, counts, sum_noise=w.styles_noise_multiplier * w.clip, max_noise=w.styles_max_noise)
         slots = fill_styles(clean(styles), keep, means)
     directions = None
     if w.variations:  # residuals around each record's nearest released image of its class (public by now)
         directions = central_images.variation_directions(
-            images, labels, slots, slot_classes, class_counts, rank=w.variations, clip=w.variations_clip,
-            noise_multiplier=w.variations_noise_multiplier, randomness=randomness, trace=trace)
+            *data("variations"), slots, slot_classes, class_counts, rank=w.variations, clip=w.variations_clip,
+            noise_multiplier=w.variations_noise_multiplier, randomness=randomness, trace=trace,
+            observe=seen("variations"))
     return slots, directions
 
 

@@ -86,16 +86,20 @@ def nearest_template(images: torch.Tensor, labels: torch.Tensor, templates: torc
 
 
 def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
-                randomness: MechanismRandomness | None) -> tuple[torch.Tensor, torch.Tensor]:
+                randomness: MechanismRandomness | None, observe=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The Gaussian mechanism on stacked sums: N(0, (σC)²) on every coordinate; returns every group's
-    mean in [0, 1] (noisy sum / noisy count, post-processing) and its noisy count."""
+    mean in [0, 1] (noisy sum / noisy count, post-processing) and its noisy count. ``observe(noisy, query)``,
+    when given, sees the mechanism's raw output and the noiseless query (the empirical audit's run only)."""
     if noise_multiplier < 0:
         raise PrivacyError(f"warmup.noise_multiplier: must be >= 0, got {noise_multiplier}")
+    query = sums
     if noise_multiplier > 0:
         if randomness is None:
             raise PrivacyError("central images: noise needs the mechanism's secret randomness")
         noise = randomness.standard_normal(tuple(sums.shape), dtype=torch.float64).cpu()
         sums = sums + noise_multiplier * clip * noise
+    if observe is not None:
+        observe(sums, query)
     counts = sums[:, -1] / (clip / math.sqrt(2))
     means = (sums[:, :-1] / counts.clamp(min=1.0).unsqueeze(1)).clamp(0, 1)
     return means, counts
@@ -103,16 +107,17 @@ def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
 
 def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
                    noise_multiplier: float, randomness: MechanismRandomness | None = None,
-                   trace: MechanismTrace | None = None, with_counts: bool = False):
+                   trace: MechanismTrace | None = None, with_counts: bool = False, observe=None):
     """The noisy class means, shaped (num_classes, C, H, W) in [-1, 1] (and, ``with_counts``, the classes'
     noisy counts); the release records ``event_for(noise_multiplier)`` in ``trace`` (a mechanism's trace;
     None: records nothing).
 
     ``images`` are N×C×H×W in [-1, 1]. ``randomness`` is the mechanism's secret coins (required when
-    ``noise_multiplier`` > 0).
+    ``noise_multiplier`` > 0). ``observe``: :func:`noisy_means`'.
     """
     sums = class_sums(images, labels, num_classes=num_classes, clip=clip)
-    means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness)
+    means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness,
+                                observe=observe)
     if trace is not None:
         trace.record(event_for(noise_multiplier))
     means = (means * 2 - 1).float().view(num_classes, *images.shape[1:])
@@ -122,13 +127,15 @@ def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: i
 def style_images(images: torch.Tensor, labels: torch.Tensor, templates: torch.Tensor, template_labels: torch.Tensor,
                  *, clip: float, noise_multiplier: float,
                  randomness: MechanismRandomness | None = None,
-                 trace: MechanismTrace | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 trace: MechanismTrace | None = None, observe=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The noisy means of the groups that the public ``templates`` (K×C×H×W in [-1, 1], class
     ``template_labels``) induce: (K×C×H×W in [-1, 1], the K noisy counts). One Gaussian event, which
-    the release records in ``trace`` (``event_for(noise_multiplier)``; None: records nothing)."""
+    the release records in ``trace`` (``event_for(noise_multiplier)``; None: records nothing). ``observe``:
+    :func:`noisy_means`'."""
     groups = nearest_template(images, labels, templates, template_labels)
     sums = group_sums(images, groups, num_groups=len(templates), clip=clip)
-    means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness)
+    means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness,
+                                observe=observe)
     if trace is not None:
         trace.record(event_for(noise_multiplier))
     return (means * 2 - 1).float().view(len(templates), *images.shape[1:]), counts.float()
@@ -168,22 +175,26 @@ def symmetric_noise(shape: tuple[int, int, int], *, randomness: MechanismRandomn
 def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: torch.Tensor,
                          centre_labels: torch.Tensor, counts: torch.Tensor, *, rank: int, clip: float,
                          noise_multiplier: float, randomness: MechanismRandomness | None = None,
-                         trace: MechanismTrace | None = None) -> torch.Tensor:
+                         trace: MechanismTrace | None = None, observe=None) -> torch.Tensor:
     """Each class's main directions of variation around its released images: the Gaussian mechanism on the
     upper triangles of the stacked residual second-moment matrices (sensitivity clip², noise
     N(0, (σ·clip²)²) per entry), then — post-processing — each divided by the class's released count and its
     top ``rank`` eigenvectors scaled by the square roots of their eigenvalues. Returns
     (num_classes, rank, C, H, W) in [-1, 1] units: class c's samples vary as Σ_j a_j·P[c, j], a ~ N(0, I).
     ``counts`` are the classes' noisy counts from an earlier release (public). One Gaussian event, recorded
-    as ``event_for(noise_multiplier)`` in ``trace`` (None: records nothing)."""
+    as ``event_for(noise_multiplier)`` in ``trace`` (None: records nothing). ``observe(noisy, query)``: the noisy
+    and the noiseless moment matrices (the empirical audit's run only)."""
     num_classes = len(counts)
     moments = residual_second_moments(images, labels, centres, centre_labels, num_classes=num_classes, clip=clip)
     if noise_multiplier < 0:
         raise PrivacyError(f"warmup.variations_noise_multiplier: must be >= 0, got {noise_multiplier}")
+    query = moments
     if noise_multiplier > 0:
         if randomness is None:
             raise PrivacyError("central images: noise needs the mechanism's secret randomness")
         moments = moments + noise_multiplier * clip ** 2 * symmetric_noise(tuple(moments.shape), randomness=randomness)
+    if observe is not None:
+        observe(moments, query)
     if trace is not None:
         trace.record(event_for(noise_multiplier))
     cov = moments / counts.double().clamp(min=1.0).view(-1, 1, 1)

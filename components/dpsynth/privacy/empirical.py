@@ -53,8 +53,17 @@ the real run's (the same privacy plan from the same n; the black-box canaries jo
 GS-WGAN's shards are the stand-in's records in turn, their discriminators start from initialisation
 (the warm start is non-private pre-training outside the mechanism). ``quick`` audits the first
 ``audit.quick_steps`` steps, ``full`` all of them; ε_lower is compared with the accounted ε of the
-steps audited, by the method's own accountant (the warm-up release, which the canaries never enter, is
-left out of both). :func:`comparison` says what makes the two comparable, per method.
+steps audited, by the method's own accountant (the warm-up releases have audit runs of their own,
+:func:`audit_warmup_release`, each compared with its own ε). :func:`comparison` says what makes the two
+comparable, per method.
+
+**The warm-up's Gaussian releases** (:func:`audit_warmup_release`): one audit run per release of the
+warm-up's own code with Dirac canary records on a stand-in that holds no other record, read by the one-run
+bound, a noise test and a bound test (the last two can fail at any ε).
+
+**Verdicts** (:func:`verdict`): failed (ε_lower above the accounted ε, or a warm-up release's noise or bound
+test fails), inconclusive (no audit of this size could have failed: never reported as passed), passed.
+``audit.empirical=auto`` (the default) runs the quick audit for every method that has one.
 """
 
 from __future__ import annotations
@@ -149,6 +158,23 @@ def guess_and_bound(scores, included, *, delta: float, confidence: float = CONFI
                   for k in {max(1, int(f * m) // 2) for f in fractions})
     return {**best, "canaries": m, "confidence": confidence, "delta": delta, "guess_grid": list(fractions),
             "ceiling": ceiling}
+
+
+def reachable_ceiling(m: int, reach: float, *, delta: float, confidence: float = CONFIDENCE,
+                      fractions: Sequence[float] = GUESS_FRACTIONS) -> float:
+    """The most an audit of m canaries can prove when an included canary leaves a trace only with probability
+    ``reach`` (the sampling reaches it in some audited step: 1 − (1 − q)^steps): the bound of a perfect attack
+    — every reached canary scored first, the rest (unreached, excluded) indistinguishable — with the expected
+    counts. Below the all-correct ceiling when reach < 1: a sanitizer without noise cannot be caught above it."""
+    per_k = 1 - (1 - confidence) / len(fractions)
+    reached, excluded = reach * m / 2, m / 2
+    rest = m - reached  # the scores a perfect attacker cannot tell apart
+    best = 0.0
+    for k in {max(1, int(f * m) // 2) for f in fractions}:
+        ins = min(k, reached) + max(0.0, k - reached) * (m / 2 - reached) / rest
+        outs = k * excluded / rest
+        best = max(best, epsilon_lower_bound(m, 2 * k, min(2 * k, int(ins + outs)), delta=delta, confidence=per_k))
+    return best
 
 
 # --- attack 1, white-box: DP-SGD's per-example gradients (DPGAN, dp-GAN) -------------------------------
@@ -396,8 +422,8 @@ def stand_in_trainer(cfg, *, n: int, image_shape: Sequence[int], num_classes: in
                      mechanism_seed: int | None = None):
     """The method's trainer on a stand-in of n records, built as the train stage builds it but for its
     warm starts, writing only under ``directory`` and tracking nothing; no canaries yet (the benchmark
-    times it alone as the reference). The private warm-up is not run either: the canaries never enter
-    its release (outside the audited steps) or the generator fit after it (post-processing)."""
+    times it alone as the reference). The private warm-up is not run: its releases have audit runs of their
+    own (:func:`audit_warmup_release`), and the generator fit after them is post-processing."""
     method = registry.get(cfg.train.method)
     cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, dir=directory),
                               tracking=dataclasses.replace(cfg.tracking, enabled=False),
@@ -485,6 +511,10 @@ def run_audit(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode
     each = 1 - (1 - cfg.audit.confidence) / 2  # two attacks: Bonferroni, so the larger bound holds at `confidence`
     attacks = [_attack(kind, white.scores.numpy(), white.included.numpy(), delta=p.delta, confidence=each),
                _attack(BLACK_BOX[kind], black_scores, black.included.numpy(), delta=p.delta, confidence=each)]
+    reach = 1 - (1 - trainer.event.sample_rate) ** steps  # an included canary (or record) is ever sampled
+    for a in attacks:  # what a perfect attack could prove at this sampling: the gate cannot fail above it
+        a["ceiling"] = min(a["ceiling"], reachable_ceiling(a["canaries"], reach, delta=p.delta, confidence=each))
+        a["reach"] = reach
     return {"epsilon_lower": max(a["epsilon_lower"] for a in attacks), "accounted_epsilon": accounted,
             "accountant": accountant, "canaries": m, "confidence": cfg.audit.confidence,
             "ceiling": max(a["ceiling"] for a in attacks), "attacks": attacks, "mode": mode,
@@ -495,40 +525,255 @@ def run_audit(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode
             "cpu_seconds": time.process_time() - started}
 
 
+VERDICTS = ("passed", "failed", "inconclusive")
+
+
+def verdict(lower: float, accounted: float, ceiling: float) -> str:
+    """failed: ε_lower > the accounted ε; inconclusive: no audit of this size could have failed (the largest
+    provable ε is ≤ the accounted ε), so it passed nothing; passed: it could have failed and did not."""
+    if lower > accounted:
+        return "failed"
+    return "passed" if ceiling > accounted else "inconclusive"
+
+
 def gate(result: dict) -> dict:
-    """The audit check: fails when an attack's ε_lower > the accounted ε of the audited steps."""
+    """The check of one audit run of the training steps: fails when an attack's ε_lower > the accounted ε of
+    the audited steps; ``verdict`` inconclusive (``passed`` None: neither) when it could not have failed."""
     lower, eps = result["epsilon_lower"], result["accounted_epsilon"]
-    ok = lower <= eps
+    v = verdict(lower, eps, result["ceiling"])
     found = "; ".join(f"{a['name']}: ε_lower={a['epsilon_lower']:.4g} (m={a['canaries']}, {a['correct']}/"
                       f"{a['guesses']} guesses correct)" for a in result["attacks"])
-    return {"name": "empirical", "passed": bool(ok),
-            "detail": (f"ε_lower={lower:.4g} ({result['confidence']:.0%} confidence over both attacks, "
-                       f"{result['mode']}, {result['steps']} steps; {found}) {'≤' if ok else '>'} accounted "
+    return {"name": "empirical", "passed": {"passed": True, "failed": False}.get(v), "verdict": v,
+            "detail": (f"ε_lower={lower:.4g} ({100 * result['confidence']:.4g}% confidence over both attacks, "
+                       f"{result['mode']}, {result['steps']} steps; {found}) {'≤' if v != 'failed' else '>'} accounted "
                        f"ε={eps:.4g} of the audited steps"
-                       + ("" if ok else ": the code does not implement the accounted mechanism")
-                       + ("" if result["ceiling"] > eps else
-                          f"; inconclusive: with m={result['canaries']} no audit can prove more than "
-                          f"ε={result['ceiling']:.3g}, below the accounted ε (more canaries, or audit a lower ε)"))}
+                       + ("" if v != "failed" else ": the code does not implement the accounted mechanism")
+                       + ("" if v != "inconclusive" else
+                          f"; INCONCLUSIVE: with m={result['canaries']} no audit can prove more than "
+                          f"ε={result['ceiling']:.3g}{_reached(result)}, below the accounted ε (more canaries, or "
+                          "audit a lower ε)"))}
+
+
+def _reached(result: dict) -> str:
+    reach = min((a.get("reach", 1.0) for a in result["attacks"]), default=1.0)
+    return "" if reach >= 1 else f" when {reach:.0%} of the included canaries are ever sampled in {result['steps']} steps"
+
+
+# --- the warm-up's Gaussian releases (methods/warmup.py, privacy/central_images.py) -----------------------
+NOISE_TEST_ALPHA = 1e-6  # the noise test fails a release whose noise is this improbably small under the plan's σ
+
+
+def warmup_releases(cfg) -> list[tuple[str, float, float]]:
+    """The warm-up's releases as (name, σ, scale): the noise std on every coordinate of the query is σ·scale
+    (scale = C for the class and style sums, C_v² for the moment matrices). :func:`pixel_bound` says how far
+    one record may move a pixel's coordinate."""
+    from dpsynth.methods import warmup
+
+    w = cfg.warmup
+    if not w.central_images:
+        return []
+    every = {"class_means": (w.noise_multiplier, w.clip), "styles": (w.styles_noise_multiplier, w.clip),
+             "variations": (w.variations_noise_multiplier, w.variations_clip ** 2)}
+    on = {"class_means": True, "styles": bool(w.styles), "variations": bool(w.variations)}
+    return [(name, *every[name]) for name in warmup.RELEASES if on[name]]
+
+
+def pixel_bound(name: str, scale: float) -> float:
+    """The most one record moves one pixel's coordinate of release ``name``: a record's [image, count] vector
+    has norm ≤ C with its count coordinate C/√2, so its image part ≤ C/√2 (class and style sums); a residual
+    r of norm ≤ C_v moves a diagonal entry by r_p² ≤ C_v² (moment matrices)."""
+    return scale if name == "variations" else scale / math.sqrt(2)
+
+
+class _Observed(Exception):
+    """Stops the warm-up once the audited release is out (the later ones are not audited by this run)."""
+
+
+def dirac_records(m: int, image_shape: Sequence[int], num_classes: int, *, value: float):
+    """m canary records (N×C×H×W in [-1, 1] units, far out of range), canary i of class i mod K (public) with
+    one pixel p_i (distinct within its class, public) at ``value`` on [0, 1] and the rest background: the
+    query's clipping must cut each to its bound. Returns (images, labels, pixels)."""
+    h, w, c = (int(d) for d in image_shape)
+    d = h * w * c
+    labels = torch.arange(m) % num_classes
+    per_class = -(-m // num_classes)
+    if per_class > d:
+        raise ConfigError(f"audit.canaries: {m} canaries over {num_classes} classes need {per_class} distinct "
+                          f"pixels per class; the images have {d}")
+    rng = torch.Generator().manual_seed(_public_seed())
+    pixels = torch.empty(m, dtype=torch.long)
+    for k in range(num_classes):
+        mine = (labels == k).nonzero().flatten()
+        pixels[mine] = torch.randperm(d, generator=rng)[:len(mine)]
+    images = torch.full((m, d), -1.0, dtype=torch.float64)
+    images[torch.arange(m), pixels] = 2 * value - 1
+    return images.view(m, c, h, w), labels, pixels
+
+
+def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_classes: int, canaries: int,
+                         confidence: float, randomness=None) -> dict:
+    """One audit run of the warm-up's release ``name``, by the warm-up's own code (:func:`warmup.release`) with
+    the mechanism's secret coins, on a public stand-in that holds no record but the canaries (a Gaussian
+    release's guarantee does not depend on the other records, and none need subtracting): m Dirac canary
+    records at ``CANARY_SCALE`` × their bound, each included by a secret ½ coin, join that release alone (the
+    releases before it see no canary, so the ones it reads — the templates — do not depend on the coins).
+    Three tests of the raw output (before post-processing) against the plan's σ and bound:
+
+    * the one-run bound (:func:`guess_and_bound`, at ``confidence``): canary i's score is the released sum at its
+      pixel in its class's rows (the largest over the class's style groups; the moment matrices' diagonal):
+      the release and the public design only;
+    * the noise test: the output less the noiseless query, over all its independent coordinates, has a
+      mean square that N(0, (σ·scale)²) noise would make smaller with probability < ``NOISE_TEST_ALPHA``
+      (χ² with that many degrees of freedom): the noise is smaller than the plan's;
+    * the bound: the noiseless query at an included canary's coordinate exceeds :func:`pixel_bound`
+      (clipping missing or looser than accounted).
+
+    The noise and bound tests can fail at any ε; the one-run bound only below its ceiling, which says so."""
+    from dpsynth.methods import warmup
+    from dpsynth.privacy import MechanismTrace, get_accountant
+    from dpsynth.privacy.randomness import MechanismRandomness
+
+    started = time.process_time()
+    spec = {n: (sigma, scale) for n, sigma, scale in warmup_releases(cfg)}
+    if name not in spec:
+        raise ConfigError(f"audit.empirical: the warm-up has no {name!r} release in this configuration")
+    sigma, scale = spec[name]
+    randomness = randomness or MechanismRandomness()
+    images, labels, pixels = dirac_records(canaries, image_shape, num_classes, value=CANARY_SCALE * scale)
+    included = randomness.poisson_mask(canaries, 0.5).cpu()
+    h, w, c = (int(d) for d in image_shape)
+    seen = {}
+
+    def observe(release: str, noisy, query):
+        if release == name:
+            seen["noisy"], seen["query"] = noisy.detach().cpu().double(), query.detach().cpu().double()
+            raise _Observed
+
+    try:  # trace None: the audit run records nothing (its releases are never released)
+        warmup.release(cfg, torch.empty(0, c, h, w), torch.empty(0, dtype=torch.long), num_classes=num_classes,
+                       randomness=randomness, trace=None, canaries=(name, images[included], labels[included]),
+                       observe=observe)
+    except _Observed:
+        pass
+    if "noisy" not in seen:
+        raise PrivacyError(f"audit run: the warm-up's {name} release was never observed")
+    noisy, query = seen["noisy"], seen["query"]
+    scores, at_canary = _warmup_scores(name, noisy, labels, pixels, num_classes), \
+        _warmup_scores(name, query, labels, pixels, num_classes)
+    if name == "variations":  # the independent coordinates: the upper triangles
+        iu = torch.triu_indices(noisy.shape[1], noisy.shape[1])
+        residual = (noisy - query)[:, iu[0], iu[1]]
+    else:
+        residual = noisy - query
+    z = residual.flatten() / (sigma * scale)
+    dof = z.numel()
+    ratio = float(z.square().mean().sqrt())
+    p_small = float(stats.chi2.cdf(float(z.square().sum()), dof))
+    largest = float(at_canary[included].max()) if included.any() else 0.0
+    bound = guess_and_bound(scores.numpy(), included.numpy(), delta=cfg.privacy.delta, confidence=confidence)
+    event = warmup.events(cfg)[list(spec).index(name)]  # the same order: the releases that are on
+    accountant = cfg.privacy.accountant if get_accountant(cfg.privacy.accountant).supports(event) else "rdp"
+    accounted = get_accountant(accountant).epsilon(MechanismTrace([event]), delta=cfg.privacy.delta)
+    bound_at = pixel_bound(name, scale)
+    noise_ok, bound_ok = p_small >= NOISE_TEST_ALPHA, largest <= bound_at * (1 + 1e-9)
+    one_run = verdict(bound["epsilon_lower"], accounted, bound["ceiling"])
+    v = "failed" if one_run == "failed" or not noise_ok or not bound_ok else "passed"
+    return {"name": f"warmup.{name}", "verdict": v, "epsilon_lower": bound["epsilon_lower"],
+            "accounted_epsilon": accounted, "accountant": accountant, "ceiling": bound["ceiling"],
+            "canaries": canaries, "guesses": bound["guesses"], "correct": bound["correct"], "confidence": confidence,
+            "one_run": "conclusive" if one_run != "inconclusive" else "inconclusive (ε above its ceiling)",
+            "noise_multiplier": sigma,
+            "noise_test": {"passed": noise_ok, "noise_std_over_planned": ratio, "coordinates": dof,
+                           "p_value_smaller": p_small, "alpha": NOISE_TEST_ALPHA},
+            "bound_test": {"passed": bound_ok, "largest_canary_coordinate": largest, "bound": bound_at},
+            "cpu_seconds": time.process_time() - started}
+
+
+def _warmup_scores(name: str, out: torch.Tensor, labels: torch.Tensor, pixels: torch.Tensor,
+                   num_classes: int) -> torch.Tensor:
+    """Canary i's coordinate of a release's output: its class's row at its pixel (styles: the largest over its
+    class's groups, which are class-major; variations: the diagonal entry)."""
+    if name == "variations":
+        return out[labels, pixels, pixels]
+    per_class = len(out) // num_classes
+    rows = out[:, :-1].reshape(num_classes, per_class, -1)  # the count coordinate is every canary's: left out
+    return rows[labels, :, pixels].amax(dim=1)
+
+
+def warmup_check(result: dict) -> dict:
+    """The check of one warm-up release's audit run."""
+    nt, bt = result["noise_test"], result["bound_test"]
+    failed = [why for ok, why in (
+        (result["epsilon_lower"] <= result["accounted_epsilon"], "ε_lower above the accounted ε"),
+        (nt["passed"], f"noise std {nt['noise_std_over_planned']:.4g} × the plan's σ·scale (p = {nt['p_value_smaller']:.3g} "
+                       f"< {nt['alpha']:g}): the release adds less noise than accounted"),
+        (bt["passed"], f"a canary moved a coordinate by {bt['largest_canary_coordinate']:.4g} > its bound "
+                       f"{bt['bound']:.4g}: the query is not clipped as accounted")) if not ok]
+    return {"name": f"empirical_{result['name']}", "passed": result["verdict"] == "passed", "verdict": result["verdict"],
+            "detail": (f"ε_lower={result['epsilon_lower']:.4g} (m={result['canaries']}, {result['correct']}/"
+                       f"{result['guesses']} correct; one-run bound {result['one_run']}, largest provable "
+                       f"{result['ceiling']:.3g}) vs accounted ε={result['accounted_epsilon']:.4g} of this release; "
+                       f"noise std {nt['noise_std_over_planned']:.4f} × planned over {nt['coordinates']} coordinates; "
+                       f"largest canary coordinate {bt['largest_canary_coordinate']:.4g} ≤ bound {bt['bound']:.4g}"
+                       if not failed else "; ".join(failed) + ": the code does not implement the accounted mechanism")}
 
 
 # --- what the audit stage adds ----------------------------------------------------------------------
 MLFLOW_METRICS = {
-    "epsilon_lower_empirical": "one-run canary audit on a public stand-in (no sensitive record enters): the larger "
-                               "of its two attacks' bounds",
-    "epsilon_lower_white_box": "the white-box canaries' bound (same audit run)",
-    "epsilon_lower_black_box": "the black-box canaries' bound (same audit run)",
-    "epsilon_accounted_empirical": "ε of the audited steps by the method's accountant (the plan)",
+    "epsilon_lower_empirical": "one-run canary audits on public stand-ins (no sensitive record enters): the largest "
+                               "of every audited part's bound",
+    "epsilon_lower_white_box": "the training steps' white-box canaries' bound (same audit run)",
+    "epsilon_lower_black_box": "the training steps' black-box canaries' bound (same audit run)",
+    "epsilon_accounted_empirical": "ε of the audited training steps by the method's accountant (the plan)",
+    "epsilon_lower_warmup": "the largest bound of the warm-up releases' canary audits (public stand-in)",
     "empirical_canaries": "audit.canaries (configuration)",
+    "empirical_cpu_seconds": "CPU time of the audit runs (public stand-ins: data-independent)",
 }
 
 
+def mode_for(cfg) -> str | None:
+    """The audit run's mode: ``auto`` (the default) is quick for the methods that have an empirical audit and
+    none for the others; None: no audit run."""
+    mode = cfg.audit.empirical
+    if mode == "auto":
+        return "quick" if registry.get(cfg.train.method).empirical_audit else None
+    return None if mode == "off" else mode
+
+
 def stage_audit(cfg, partition: dict) -> dict | None:
-    """The audit stage's empirical step (None when ``audit.empirical`` is off): the result, with its check."""
-    if cfg.audit.empirical == "off":
+    """The audit stage's empirical step (None when it does not run): one audit run of the training steps and
+    one per warm-up release, each with its check; ``verdict`` failed if any failed, else inconclusive if any
+    is, else passed."""
+    mode = mode_for(cfg)
+    if mode is None:
         return None
     n, shape, classes = stand_in_shape(partition)
-    result = run_audit(cfg, n=n, image_shape=shape, num_classes=classes)
-    return {**result, "check": gate(result)}
+    return audit_all(cfg, n=n, image_shape=shape, num_classes=classes, mode=mode)
+
+
+def audit_all(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode: str) -> dict:
+    """Every audit run of ``cfg``'s mechanism: the training steps (``mode``) and each warm-up release; the
+    overall verdict and the checks (what :func:`stage_audit` returns; ``dpsynth audit empirical`` prints it)."""
+    started = time.process_time()
+    shape, classes = image_shape, num_classes
+    releases = [name for name, _, _ in warmup_releases(cfg)]
+    # β = 1 − confidence split over the parts (Bonferroni): the largest of their bounds holds at `confidence`
+    each = 1 - (1 - cfg.audit.confidence) / (1 + len(releases))
+    training = run_audit(dataclasses.replace(cfg, audit=dataclasses.replace(cfg.audit, confidence=each)), n=n,
+                         image_shape=shape, num_classes=classes, mode=mode)
+    training = {**training, "name": "training", "check": gate(training)}
+    training["verdict"] = training["check"]["verdict"]
+    parts = [training]
+    for name in releases:
+        part = audit_warmup_release(cfg, name, image_shape=shape, num_classes=classes, canaries=cfg.audit.canaries,
+                                    confidence=each)
+        parts.append({**part, "check": warmup_check(part)})
+    verdicts = {p["verdict"] for p in parts}
+    overall = "failed" if "failed" in verdicts else "inconclusive" if "inconclusive" in verdicts else "passed"
+    return {"verdict": overall, "epsilon_lower": max(p["epsilon_lower"] for p in parts),
+            "canaries": cfg.audit.canaries, "confidence": cfg.audit.confidence, "mode": mode,
+            "components": parts, "cpu_seconds": time.process_time() - started,
+            "checks": [p["check"] for p in parts]}
 
 
 def stand_in_shape(partition: dict) -> tuple[int, list[int], int]:
@@ -543,31 +788,52 @@ def stand_in_shape(partition: dict) -> tuple[int, list[int], int]:
 
 
 def markdown(result: dict | None) -> str:
+    """The report's section: the verdict, ε_lower beside ε per audited part, and the training steps' attacks."""
     if not result:
-        return ""
-    rows = "".join(f"| {a['name']} | {a['epsilon_lower']:.4g} | {a['ceiling']:.3g} | {a['canaries']} | "
-                   f"{a['guesses']} | {a['correct']} | {a['attack']} |\n" for a in result["attacks"])
-    return ("\n## Empirical audit (one-run canary audit)\n\n"
-            f"ε_lower = **{result['epsilon_lower']:.4g}** ({result['confidence']:.0%} confidence over both attacks, "
-            f"each at {1 - (1 - result['confidence']) / 2:.1%}) against the accounted ε = "
-            f"**{result['accounted_epsilon']:.4g}** "
-            f"of the {result['steps']} steps audited ({result['mode']}; σ = {result['noise_multiplier']:.4g}, "
-            f"q = {result['sample_rate']:.4g}).\n\n"
-            "| attack | ε_lower | largest provable ε | canaries m | guesses | correct | how |\n"
-            "|---|---|---|---|---|---|---|\n" + rows +
-            f"\nWhat makes them comparable: {result['comparison']}.\n\n"
-            f"Privacy cost of the audit run: {result['privacy_cost']}.\n")
+        return ("\n## Empirical audit\n\nNot run (audit.empirical=off, or the method has no empirical audit): "
+                "no measured lower bound.\n")
+    parts = "".join(
+        f"| {p['name']} | **{p['verdict']}** | {p['epsilon_lower']:.4g} | {p['accounted_epsilon']:.4g} | "
+        f"{p['ceiling']:.3g} | {p['canaries']} | " + (
+            f"{p['mode']}, {p['steps']} steps, σ = {p['noise_multiplier']:.4g}, q = {p['sample_rate']:.4g}"
+            if p["name"] == "training" else
+            f"σ = {p['noise_multiplier']:.4g}; noise std {p['noise_test']['noise_std_over_planned']:.4f} × planned over "
+            f"{p['noise_test']['coordinates']} coordinates; largest canary coordinate "
+            f"{p['bound_test']['largest_canary_coordinate']:.4g} ≤ {p['bound_test']['bound']:.4g}; one-run bound "
+            f"{p['one_run']}") + " |\n" for p in result["components"])
+    out = ("\n## Empirical audit (one-run canary audits)\n\n"
+           f"Verdict: **{result['verdict'].upper()}**. ε_lower = **{result['epsilon_lower']:.4g}** "
+           f"({result['confidence']:.0%} confidence: each of the {len(result['components'])} parts at "
+           f"{result['components'][0]['confidence']:.2%}), the largest over the audited parts, each against the "
+           f"accounted ε of that part ({result['cpu_seconds']:.1f} CPU-s).\n\n"
+           "| part | verdict | ε_lower | accounted ε | largest provable ε | canaries m | what was measured |\n"
+           "|---|---|---|---|---|---|---|\n" + parts +
+           "\npassed: the test could have failed and did not; failed: the code does not implement the accounted "
+           "mechanism; inconclusive: with m canaries no one-run audit can prove an ε as large as the accounted "
+           "one, so nothing was shown. The warm-up releases are also tested against the plan's σ and bound "
+           "directly (noise and bound tests, which can fail at any ε).\n")
+    training = next((p for p in result["components"] if p["name"] == "training"), None)
+    if training:
+        rows = "".join(f"| {a['name']} | {a['epsilon_lower']:.4g} | {a['ceiling']:.3g} | {a['canaries']} | "
+                       f"{a['guesses']} | {a['correct']} | {a['attack']} |\n" for a in training["attacks"])
+        out += ("\n### The training steps\n\n"
+                "| attack | ε_lower | largest provable ε | canaries m | guesses | correct | how |\n"
+                "|---|---|---|---|---|---|---|\n" + rows +
+                f"\nWhat makes them comparable: {training['comparison']}.\n\n"
+                f"Privacy cost of the audit runs: {training['privacy_cost']}; the warm-up releases' canaries join a "
+                "stand-in that holds no other record.\n")
+    return out
 
 
 def tags(result: dict) -> dict[str, str]:
     """The MLflow tags of an empirical audit: on the audit run, the pipeline's parent run and the release."""
     from dpsynth import tracking
 
-    each = ", ".join(f"{a['name']} {a['epsilon_lower']:.4g}" for a in result["attacks"])
+    each = ", ".join(f"{p['name']} {p['epsilon_lower']:.4g} ({p['verdict']})" for p in result["components"])
     return {tracking.TAG_EPSILON_LOWER: f"{result['epsilon_lower']:.4g}",
+            tracking.TAG_EMPIRICAL_VERDICT: result["verdict"],
             tracking.TAG_EMPIRICAL_AUDIT: (f"m={result['canaries']}, {result['confidence']:.0%} confidence, "
-                                           f"{result['mode']} ({result['steps']} steps), {each}; "
-                                           f"accounted ε of those steps {result['accounted_epsilon']:.4g}")}
+                                           f"{result['mode']}: {result['verdict']}; {each}")}
 
 
 def log_mlflow(result: dict | None, *, tracking_uri: str | None = None, also: Sequence[str | None] = ()) -> None:
@@ -576,12 +842,18 @@ def log_mlflow(result: dict | None, *, tracking_uri: str | None = None, also: Se
         return
     import mlflow
 
-    white, black = result["attacks"]
-    mlflow.log_metrics({"epsilon_lower_empirical": result["epsilon_lower"],
-                        "epsilon_lower_white_box": white["epsilon_lower"],
+    parts = {p["name"]: p for p in result["components"]}
+    metrics = {"epsilon_lower_empirical": result["epsilon_lower"], "empirical_canaries": result["canaries"],
+               "empirical_cpu_seconds": result["cpu_seconds"]}
+    if "training" in parts:
+        white, black = parts["training"]["attacks"]
+        metrics.update({"epsilon_lower_white_box": white["epsilon_lower"],
                         "epsilon_lower_black_box": black["epsilon_lower"],
-                        "epsilon_accounted_empirical": result["accounted_epsilon"],
-                        "empirical_canaries": result["canaries"]})
+                        "epsilon_accounted_empirical": parts["training"]["accounted_epsilon"]})
+    warm = [p["epsilon_lower"] for name, p in parts.items() if name.startswith("warmup.")]
+    if warm:
+        metrics["epsilon_lower_warmup"] = max(warm)
+    mlflow.log_metrics(metrics)
     mlflow.set_tags(tags(result))
     client = mlflow.MlflowClient(tracking_uri)
     for run_id in dict.fromkeys(r for r in also if r):

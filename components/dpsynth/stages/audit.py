@@ -309,16 +309,32 @@ def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: di
         checks.append(claim_check(claimed, epsilons))
     checks += list(extra)
     bound = upper_bound(epsilons) if epsilons else None  # None: not accountable
-    return {"format": FORMAT, "decision": "passed" if all(c["passed"] for c in checks) else "failed",
+    return {"format": FORMAT, "decision": decision(checks),
             "target": {"epsilon": p.epsilon, "delta": p.delta}, "epsilon_upper_bound": bound,
             "epsilons": epsilons, "accountants_note": note, "training_records": n, "checks": checks,
             "statement": statement or {"adjacency": "not stated: the privacy plan could not be recomputed",
                                        "noise": "not stated", "assumptions": [], "accounts": [], "unprotected": None}}
 
 
+def decision(checks: list[dict]) -> str:
+    """passed when no check failed: an inconclusive check (``passed`` None, ``verdict`` inconclusive: the
+    empirical audit could not have failed) neither passes nor fails the release, and the report says so."""
+    return "passed" if all(c["passed"] or inconclusive(c) for c in checks) else "failed"
+
+
+def inconclusive(check: dict) -> bool:
+    return isinstance(check, dict) and check.get("passed", False) is None and check.get("verdict") == "inconclusive"
+
+
+def _shown(check: dict) -> str:
+    return "**inconclusive**" if inconclusive(check) else "yes" if check["passed"] else "**no**"
+
+
 def markdown(report: dict) -> str:
     claimed = report.get("claimed") or {}
-    lines = [f"# Privacy audit: {report['decision'].upper()}", "",
+    measured = report.get("empirical") or {}
+    lines = [f"# Privacy audit: {report['decision'].upper()}"
+             + (f" (empirical audit {measured['verdict']})" if measured.get("verdict") else ""), "",
              f"Target (ε, δ) = ({report['target']['epsilon']:g}, {report['target']['delta']:g}); "
              f"recomputed upper bound ε ≤ {_num(report['epsilon_upper_bound'])} "
              f"(the trainer claimed {_num(claimed.get('epsilon'))} with {claimed.get('accountant')}, "
@@ -330,7 +346,7 @@ def markdown(report: dict) -> str:
     lines += statement_markdown(report["statement"], delta=report["target"]["delta"])
     lines += [f"Generator sha256: `{report['generator']['sha256']}`", "",
               "| check | passed | detail |", "|---|---|---|"]
-    lines += [f"| {c['name']} | {'yes' if c['passed'] else '**no**'} | {c['detail']} |" for c in report["checks"]]
+    lines += [f"| {c['name']} | {_shown(c)} | {c['detail']} |" for c in report["checks"]]
     return "\n".join(lines) + "\n" + empirical.markdown(report.get("empirical"))
 
 
@@ -406,9 +422,9 @@ def run(ctx: common.StageContext) -> common.Outcome:
     train_run = trained.get("mlflow_run_id")
     extra = [mlflow_check(cfg, tracking_uri=ctx.tracking_uri if cfg.tracking.enabled else None,
                           run_ids=[train_run] if train_run else [], parent_run_id=ctx.parent_run_id)]
-    # the optional empirical audit (audit.empirical): ε_lower from canaries on a public stand-in; its gate
+    # the empirical audit (audit.empirical, on by default): ε_lower from canaries on public stand-ins; its checks
     measured = empirical.stage_audit(cfg, partition)
-    extra += [measured["check"]] if measured else []
+    extra += measured.pop("checks") if measured else []
     report = evaluate(cfg, trace_text=trace_text, n=n,
                       integrity=integrity, claimed=claimed, marks=marks, extra=extra)
     report["generator"] = {"uri": current["generator"]["uri"], "sha256": current["generator"]["sha256"]}
@@ -445,8 +461,9 @@ def run(ctx: common.StageContext) -> common.Outcome:
         outcome = common.finish(ctx, STAGE, run, status=status, fingerprint=fp, inputs=inputs, outputs=outputs,
                                 dataset_sha256=partition["dataset_sha256"], privacy=privacy,
                                 details={"decision": report["decision"], "epsilon_upper_bound": report["epsilon_upper_bound"],
-                                         "epsilon_lower": measured["epsilon_lower"] if measured else None})
+                                         "epsilon_lower": measured["epsilon_lower"] if measured else None,
+                                         "empirical": measured["verdict"] if measured else "not run"})
         if status == "failed":
-            failed = "; ".join(f"{c['name']}: {c['detail']}" for c in report["checks"] if not c["passed"])
+            failed = "; ".join(f"{c['name']}: {c['detail']}" for c in report["checks"] if c["passed"] is False)
             raise AuditFailed(f"audit failed, nothing may be released ({failed}); report: {ctx.uri(STAGE, 'audit.md')}")
         return outcome

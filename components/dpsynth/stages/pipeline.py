@@ -175,7 +175,14 @@ def summary(ctx: common.StageContext, outcomes: dict[str, common.Outcome] | None
     return {"pipeline_run_id": ctx.pipeline_run_id, "parent_run_id": ctx.parent_run_id, "run_dir": ctx.run_dir,
             "succeeded": all(r["status"] in ("succeeded", "skipped") for r in rows),
             "epsilon_total": sum(r["epsilon"] or 0.0 for r in rows), "delta": ctx.cfg.privacy.delta, "audit": audit_status,
-            "stages": rows, "ledger": _ledger_summary(ctx, _quietly(_this_runs_reservations, ctx))}
+            "empirical": _empirical_verdict(ctx, outcomes), "stages": rows, "ledger": _ledger_summary(ctx, _quietly(_this_runs_reservations, ctx))}
+
+
+def _empirical_verdict(ctx: common.StageContext, outcomes: dict | None) -> str:
+    """The empirical audit's verdict as the audit manifest records it: passed | failed | inconclusive | not run."""
+    outcome = (outcomes or {}).get("audit")
+    m = outcome.manifest if outcome else _manifest_or_none(ctx, "audit")
+    return ((m or {}).get("details") or {}).get("empirical") or "not run"
 
 
 def _quietly(fn, *args):
@@ -215,7 +222,8 @@ def table(s: dict) -> str:
         where = f"{r['outputs']} files in {r['where']}" if r["outputs"] else "-"
         eps = "?" if r["epsilon"] is None else f"{r['epsilon']:.4g}"
         lines.append(f"| {r['stage']} | {r['status']} | {eps} | {where} |")
-    lines.append(f"| **total** | audit {s['audit']} | **{s['epsilon_total']:.4g}** (δ = {s['delta']:g}) | |")
+    lines.append(f"| **total** | audit {s['audit']}, empirical audit {s.get('empirical', 'not run')} | "
+                 f"**{s['epsilon_total']:.4g}** (δ = {s['delta']:g}) | |")
     if s.get("ledger"):
         g = s["ledger"]
         lines.append(f"\nLedger: population {g['population_id']!r} charged ε={g['epsilon_charged']:.4g} for "
@@ -229,8 +237,8 @@ def finish(ctx: common.StageContext, outcomes: dict[str, common.Outcome] | None 
     there is one) and close it."""
     s = summary(ctx, outcomes)
     s["ledger"] = _ledger_summary(ctx, settle(ctx))
-    log.info("pipeline %s: %s, total ε %.4g, audit %s", ctx.pipeline_run_id,
-             "succeeded" if s["succeeded"] else "failed", s["epsilon_total"], s["audit"])
+    log.info("pipeline %s: %s, total ε %.4g, audit %s, empirical audit %s", ctx.pipeline_run_id,
+             "succeeded" if s["succeeded"] else "failed", s["epsilon_total"], s["audit"], s["empirical"])
     if ctx.parent_run_id and ctx.cfg.tracking.enabled:
         from mlflow import MlflowClient
 

@@ -68,8 +68,10 @@ def require_passed_audit(ctx: common.StageContext) -> tuple[dict, dict, list[dic
     report_item = manifest.verify(manifest.output(audit, "report"))
     report = json.loads(storage.read_bytes(report_item["uri"]))
     checks = report.get("checks")
+    from dpsynth.stages.audit import inconclusive  # an inconclusive empirical check neither passes nor fails
+
     if (audit["status"] != "succeeded" or report.get("decision") != "passed" or not isinstance(checks, list)
-            or not checks or not all(c.get("passed") is True for c in checks)):
+            or not checks or not all(c.get("passed") is True or inconclusive(c) for c in checks)):
         raise StageError(f"stage audit: the audit {report_item['uri']} did not pass; nothing is released")
     return audit, report, [ctx.entry(uri, role="audit_manifest"), report_item,
                            manifest.verify(manifest.output(audit, "report_markdown"))]
@@ -141,6 +143,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
         measured = report.get("empirical")  # the empirical audit's ε_lower, when it ran (privacy/empirical.py)
         if measured:
             release["epsilon_lower"] = measured["epsilon_lower"]
+            release["empirical"] = measured.get("verdict")  # passed | inconclusive (a failed audit releases nothing)
         if run is not None:
             import mlflow
 
