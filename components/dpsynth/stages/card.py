@@ -382,8 +382,10 @@ def _log_mlflow(ctx: common.StageContext, card: dict, where: str, *, html_sha256
         reg = (card.get("release") or {}).get("registered_model")
         if reg:
             version = client.get_model_version(reg["name"], reg["version"])
-            if getattr(version, "model_id", None):
-                client.log_model_artifacts(version.model_id, tmp, "release_card")
+            source = version.source or ""
+            model_id = getattr(version, "model_id", None) or (source[len("models:/"):] if source.startswith("models:/") else None)
+            if model_id:  # the logged model behind the version: its artifacts show on the version's page
+                client.log_model_artifacts(model_id, tmp, "release_card")
             client.set_model_version_tag(reg["name"], reg["version"], TAG_CARD, f"runs:/{ctx.parent_run_id}/{DIR}/card.html")
             client.set_model_version_tag(reg["name"], reg["version"], TAG_CARD_SHA256, html_sha256)
     client.set_tag(ctx.parent_run_id, TAG_CARD, f"runs:/{ctx.parent_run_id}/{DIR}/card.html")
