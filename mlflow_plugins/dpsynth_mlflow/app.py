@@ -15,13 +15,19 @@ PAGE = "/dpsynth/ledger"
 def _data():
     from mlflow.server.constants import BACKEND_STORE_URI_ENV_VAR
 
-    from dpsynth_mlflow.ledger_view import gather
+    from dpsynth_mlflow.ledger_view import LedgerView
 
     ledger_url = os.environ.get(LEDGER_ENV)
     if not ledger_url:
         return None, f"set {LEDGER_ENV} to the ledger's SQLAlchemy URL and restart the server"
     tracking_uri = os.environ.get(BACKEND_STORE_URI_ENV_VAR) or os.environ.get("MLFLOW_TRACKING_URI")
-    return gather(ledger_url=ledger_url, tracking_uri=tracking_uri), None
+    key = (ledger_url, tracking_uri)
+    if key not in _VIEWS:  # one incremental reader per (ledger, store), kept for the server's life
+        _VIEWS[key] = LedgerView(ledger_url=ledger_url, tracking_uri=tracking_uri)
+    return _VIEWS[key].gather(), None
+
+
+_VIEWS: dict = {}
 
 
 def ledger_page():
