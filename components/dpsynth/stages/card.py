@@ -232,11 +232,12 @@ def render(card: dict, *, grid_png: bytes | None = None, release_dir: str = "REL
     env.filters["num"] = lambda x, p=4: "—" if not isinstance(x, (int, float)) else f"{x:.{p}g}"
     env.filters["short"] = lambda s, n=12: (s or "")[:n]
     grid = base64.b64encode(grid_png).decode() if grid_png else None
-    verify = [commands.dpsynth("release", "verify", release_dir) + (" --public-key signing-key.pub.pem" if signed_by else ""),
-              f"cd {release_dir} && sha256sum -c card/SHA256SUMS"]
+    local = release_dir if not storage.is_remote(release_dir) else "RELEASE_DIR"  # sha256sum needs a local copy
+    verify = [commands.dpsynth("release", "verify", release_dir) + (" --public-key PUBLISHED_KEY.pem" if signed_by else ""),
+              f"cd {local} && sha256sum -c card/SHA256SUMS" + (f"   # RELEASE_DIR: a copy of {release_dir}" if local != release_dir else "")]
     if signed_by:
-        verify.append(f"openssl pkeyutl -verify -pubin -inkey PUBLISHED_KEY.pem -rawin -in {release_dir}/card/card.json "
-                      f"-sigfile {release_dir}/card/card.json.sig")
+        verify.append(f"openssl pkeyutl -verify -pubin -inkey PUBLISHED_KEY.pem -rawin -in {local}/card/card.json "
+                      f"-sigfile {local}/card/card.json.sig")
     return env.get_template("card.html.j2").render(card=card, grid=grid, verify=verify, signed_by=signed_by,
                                                    lineage=lineage(card))
 
