@@ -84,7 +84,8 @@ def events(trace, delta: float) -> list[dict]:
         alone = MechanismTrace([e])
         name = (accountants_for(alone) or ("rdp",))[0]
         last = i == len(trace.events) - 1
-        rows.append({"what": "training steps" if last else f"warm-up release {i + 1}", "sampling": e.sampling,
+        what = "training steps" if last else f"warm-up release{'s' if e.count > 1 else ''} (event {i + 1})"
+        rows.append({"what": what, "sampling": e.sampling,
                      "adjacency": e.sensitivity, "sample_rate": e.sample_rate, "noise_multiplier": e.noise_multiplier,
                      "count": e.count, "epsilon_alone": get_accountant(name).epsilon(alone, delta=delta),
                      "accountant": name})
