@@ -175,7 +175,8 @@ def facts(ctx: common.StageContext, *, release_files: list[dict] | None = None) 
         "epsilons": report.get("epsilons"), "accountants_note": report.get("accountants_note"),
         "statement": report.get("statement"), "training_records": report.get("training_records"),
         "public": {"n": report.get("training_records"), "sources": public_sources(ctx.cfg),
-                   "labels": LABELS_PUBLIC.format(k=(sampled or {}).get("details", {}).get("num_classes", "K"))},
+                   "labels": LABELS_PUBLIC.format(k=((_manifest_or_none(ctx, "partition") or {}).get("details") or {})
+                                                  .get("num_classes", "K"))},
         "outside_guarantee": list(OUTSIDE_GUARANTEE),
         "empirical": _empirical(report.get("empirical")),
         "checks": [{"name": c["name"], "passed": c["passed"]} for c in report["checks"]],
