@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dpsynth.privacy import cli as privacy_cli
     from dpsynth.privacy import ledger_cli
     from dpsynth.stages import cli as stages_cli
+    from dpsynth.stages import release_cli
 
     parser = argparse.ArgumentParser(
         prog="dpsynth",
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     ledger_cli.register(sub)
     train_cli.register(sub)
     stages_cli.register(sub)
+    release_cli.register(sub)
     _register_config(sub)
     return parser
 

@@ -7,13 +7,20 @@ resumption, a ``--force`` restart, a retried task: each its own), their ε summe
 audit decision from its MLflow runs, and the lineage chain dataset → shards → train run → generator →
 synthetic data from its manifests, and the Model Registry version(s) its sample stage registered (linked to
 MLflow's model version page). A standalone ``dpsynth train`` (pipeline run id ``train:<dir>``) has
-no MLflow pipeline run.
+no MLflow pipeline run. A released run links to its release card (``dpsynth.release_card``).
+
+The server keeps one :class:`LedgerView` per (ledger, store) and reads incrementally: each request asks
+MLflow only for pipeline runs that started since the newest one it has seen, and re-reads those still
+running; a finished run's stage runs, manifests and registered versions are read once and kept (the ledger's
+own rows, one SQL query per population, and the registry's aliases, one query, are read on every request:
+they change when a later run commits or is released).
 """
 
 from __future__ import annotations
 
 import html
 import json
+import threading
 import urllib.parse
 from typing import Any
 
@@ -24,38 +31,89 @@ ZONE = {"partition": "sensitive", "warmstart": "sensitive", "train": "sensitive"
         "sample": "release", "evaluate": "release"}
 TAG_STATUS = "dpsynth.stage_status"
 TAG_RUN_DIR = "dpsynth.run_dir"
+TAG_CARD = "dpsynth.release_card"  # dpsynth.stages.card.TAG_CARD: the card's runs:/ URI on the parent run
 
 
 def gather(*, ledger_url: str, tracking_uri: str) -> dict[str, Any]:
-    from mlflow import MlflowClient
-
-    from dpsynth.privacy.ledger import Ledger
-
-    ledger = Ledger(ledger_url)
-    client = MlflowClient(tracking_uri)
-    parents = _pipeline_runs(client)
-    populations = []
-    for pop in ledger.populations():
-        by_run: dict[str, list[dict]] = {}
-        for res in ledger.history(pop["population_id"]):  # oldest first
-            by_run.setdefault(res["pipeline_run_id"], []).append(res)
-        runs = [_run(client, rows, parents.get(run_id)) for run_id, rows in by_run.items()]
-        populations.append({**{k: pop[k] for k in ("population_id", "budget", "committed", "reserved", "remaining",
-                                                   "delta", "delta_used")}, "runs": runs})
-    return {"format": "dpsynth.privacy_ledger/2", "populations": populations}
+    """Everything the page shows, read afresh (the server keeps a :class:`LedgerView` instead)."""
+    return LedgerView(ledger_url=ledger_url, tracking_uri=tracking_uri).gather()
 
 
-def _pipeline_runs(client) -> dict[str, Any]:
-    """pipeline_run_id -> its parent MLflow run (the latest one, should an id repeat)."""
-    exps = [e.experiment_id for e in client.search_experiments()]
-    found = {}
-    for start in range(0, len(exps), 100):
-        runs = client.search_runs(exps[start:start + 100], f"tags.`{tracking.TAG_STAGE}` = 'pipeline'",
-                                  max_results=5000, order_by=["attributes.start_time ASC"])
-        for r in runs:
-            pid = r.data.tags.get(tracking.TAG_PIPELINE_RUN_ID)
-            if pid:
-                found[pid] = r
+TERMINAL = ("FINISHED", "FAILED", "KILLED")  # an MLflow run's statuses after which `pipeline finish` wrote nothing more
+
+
+class LedgerView:
+    """The page's data for one ledger and tracking store, read incrementally (see the module docstring)."""
+
+    def __init__(self, *, ledger_url: str, tracking_uri: str) -> None:
+        self.ledger_url, self.tracking_uri = ledger_url, tracking_uri
+        self._lock = threading.Lock()
+        self._parents: dict[str, Any] = {}  # pipeline_run_id -> its parent MLflow run (the latest, should an id repeat)
+        self._watermark = 0  # the start time (ms) of the newest parent run read
+        self._details: dict[str, tuple[tuple, dict]] = {}  # pipeline_run_id -> (the parent's state, its MLflow part)
+        self.details_read = 0  # how many times a run's MLflow part was read (stage runs, manifests, registry)
+
+    def gather(self) -> dict[str, Any]:
+        from mlflow import MlflowClient
+
+        from dpsynth.privacy.ledger import Ledger
+
+        with self._lock:
+            ledger = Ledger(self.ledger_url)
+            client = MlflowClient(self.tracking_uri)
+            self._refresh(client)
+            aliases = _aliases(client)
+            populations = []
+            for pop in ledger.populations():
+                by_run: dict[str, list[dict]] = {}
+                for res in ledger.history(pop["population_id"]):  # oldest first
+                    by_run.setdefault(res["pipeline_run_id"], []).append(res)
+                runs = [_run(rows, self._mlflow_part(client, self._parents.get(run_id)), aliases)
+                        for run_id, rows in by_run.items()]
+                populations.append({**{k: pop[k] for k in ("population_id", "budget", "committed", "reserved",
+                                                           "remaining", "delta", "delta_used")}, "runs": runs})
+            return {"format": "dpsynth.privacy_ledger/2", "populations": populations}
+
+    def _refresh(self, client) -> None:
+        """Parent runs started since the watermark (every experiment), and those not yet terminal, read again."""
+        exps = [e.experiment_id for e in client.search_experiments()]
+        query = f"tags.`{tracking.TAG_STAGE}` = 'pipeline' AND attributes.start_time >= {int(self._watermark)}"
+        for start in range(0, len(exps), 100):
+            for r in client.search_runs(exps[start:start + 100], query, max_results=5000,
+                                        order_by=["attributes.start_time ASC"]):
+                pid = r.data.tags.get(tracking.TAG_PIPELINE_RUN_ID)
+                known = self._parents.get(pid)
+                if pid and (known is None or (r.info.start_time or 0) >= (known.info.start_time or 0)):
+                    self._parents[pid] = r
+                self._watermark = max(self._watermark, r.info.start_time or 0)
+        for pid, r in list(self._parents.items()):
+            if r.info.status not in TERMINAL:
+                self._parents[pid] = client.get_run(r.info.run_id)
+
+    def _mlflow_part(self, client, parent) -> dict | None:
+        if parent is None:
+            return None
+        state = (parent.info.run_id, parent.info.status, parent.info.end_time)
+        pid = parent.data.tags.get(tracking.TAG_PIPELINE_RUN_ID)
+        cached = self._details.get(pid)
+        if cached is not None and cached[0] == state and parent.info.status in TERMINAL:
+            return cached[1]
+        part = _mlflow_part(client, parent)
+        self.details_read += 1
+        self._details[pid] = (state, part)
+        return part
+
+
+def _aliases(client) -> dict[tuple[str, str], list[str]]:
+    """(model name, version) -> its aliases, over every registered model (one query; {} without a registry)."""
+    try:
+        models = client.search_registered_models(max_results=1000)
+    except Exception:  # a store without the Model Registry
+        return {}
+    found: dict[tuple[str, str], list[str]] = {}
+    for m in models:
+        for alias, version in (m.aliases or {}).items():
+            found.setdefault((m.name, str(version)), []).append(alias)
     return found
 
 
@@ -78,8 +136,9 @@ def _attempt(res: dict) -> dict[str, Any]:
             "closed_at": res.get("closed_at"), "note": res.get("note")}
 
 
-def _run(client, rows: list[dict], parent) -> dict[str, Any]:
-    """One pipeline run: its reservations (``rows``, oldest first) and its MLflow parent run, if any."""
+def _run(rows: list[dict], part: dict | None, aliases: dict) -> dict[str, Any]:
+    """One pipeline run: its reservations (``rows``, oldest first) and its MLflow part (:func:`_mlflow_part`), if any,
+    with the registry's current aliases."""
     attempts = [_attempt(r) for r in rows]
     row = {"pipeline_run_id": rows[0]["pipeline_run_id"], "reservation_ids": [r["id"] for r in rows],
            "attempts": attempts, "status": _status(rows),
@@ -87,8 +146,17 @@ def _run(client, rows: list[dict], parent) -> dict[str, Any]:
            "delta": sum(a["delta"] for a in attempts if a["status"] != "released"),
            "dataset_sha256": sorted({r["dataset_sha256"] for r in rows}), "created_at": rows[0]["created_at"],
            "mlflow": None, "lineage": []}
-    if parent is None:
+    if part is None:
         return row
+    versions = [{**v, "aliases": sorted(aliases.get((v["name"], v["version"]), []))} for v in part["mlflow"]["registered"]]
+    row["mlflow"] = {**part["mlflow"], "registered": versions}
+    row["lineage"] = [*part["lineage"], *([{"kind": "registered model", "versions": versions}] if versions else [])]
+    return row
+
+
+def _mlflow_part(client, parent) -> dict[str, Any]:
+    """What a pipeline run's MLflow runs and manifests say: ε per stage, audit, empirical ε_lower, the release card,
+    the registered versions (without aliases: they move) and the lineage chain."""
     children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
                                   max_results=1000, order_by=["attributes.start_time ASC"])
     stages = {}
@@ -100,19 +168,28 @@ def _run(client, rows: list[dict], parent) -> dict[str, Any]:
                              "status": c.data.tags.get(TAG_STATUS) or c.info.status.lower()}
     tags = parent.data.tags
     recorded = tags.get(tracking.TAG_LEDGER_RESERVATION)  # what `pipeline finish` recorded: "3,4"
-    row["mlflow"] = {"parent_run_id": parent.info.run_id, "experiment_id": parent.info.experiment_id,
+    mlflow_part = {"parent_run_id": parent.info.run_id, "experiment_id": parent.info.experiment_id,
                      "status": parent.info.status, "audit": tags.get(tracking.TAG_AUDIT, "not run"),
                      "epsilon_total": tags.get(tracking.TAG_EPSILON_SPENT), "stages": stages,
                      "epsilon_lower": tags.get(tracking.TAG_EPSILON_LOWER),
                      "empirical_audit": tags.get(tracking.TAG_EMPIRICAL_AUDIT),
                      "run_dir": tags.get(TAG_RUN_DIR),
-                     "ledger_reservation_ids": None if recorded is None else _ids(recorded)}
-    row["mlflow"]["registered"] = registered(client, stages.get("sample", {}).get("run_id"))
-    if tags.get(TAG_RUN_DIR):
-        row["lineage"] = lineage(tags[TAG_RUN_DIR])
-    if row["mlflow"]["registered"]:
-        row["lineage"].append({"kind": "registered model", "versions": row["mlflow"]["registered"]})
-    return row
+                     "ledger_reservation_ids": None if recorded is None else _ids(recorded),
+                     "card": _card(tags, parent.info.experiment_id, parent.info.run_id)}
+    mlflow_part["registered"] = registered(client, stages.get("sample", {}).get("run_id"))
+    return {"mlflow": mlflow_part, "lineage": lineage(tags[TAG_RUN_DIR]) if tags.get(TAG_RUN_DIR) else []}
+
+
+def _card(tags: dict, exp, run_id: str) -> dict | None:
+    """The release card `pipeline finish` logged to the parent run (tag ``dpsynth.release_card``): its page in
+    MLflow's artifact view, and where it lies in the release zone."""
+    logged = tags.get(TAG_CARD)
+    if not logged or not logged.startswith(f"runs:/{run_id}/"):
+        return None
+    path = logged[len(f"runs:/{run_id}/"):]
+    run_dir = tags.get(TAG_RUN_DIR)
+    return {"href": f"/#/experiments/{exp}/runs/{run_id}/artifactPath/{path}",
+            "release_zone": storage.join(run_dir, "release", path) if run_dir else None}
 
 
 def registered(client, sample_run_id: str | None) -> list[dict[str, Any]]:
@@ -124,9 +201,8 @@ def registered(client, sample_run_id: str | None) -> list[dict[str, Any]]:
         versions = client.search_model_versions(f"run_id = '{sample_run_id}'")
     except Exception:  # a store without the Model Registry: nothing to link
         return []
-    # search results carry no aliases (MLflow 3.17's SQL store): each version read once more for them
-    versions = [client.get_model_version(v.name, v.version) for v in versions]
-    return [{"name": v.name, "version": str(v.version), "aliases": sorted(v.aliases or []),
+    # search results carry no aliases (MLflow 3.17's SQL store): LedgerView.gather overlays the current ones
+    return [{"name": v.name, "version": str(v.version), "aliases": [],
              "epsilon": v.tags.get(tracking.TAG_EPSILON_SPENT), "delta": v.tags.get(tracking.TAG_DELTA),
              "audit": v.tags.get(tracking.TAG_AUDIT)}
             for v in sorted(versions, key=lambda v: (v.name, int(v.version)))]
@@ -230,7 +306,7 @@ def render(data: dict[str, Any]) -> str:
                    f"<td>{pop['delta_used']:.3g}</td></tr></table>")
         out.append("<table class='runs'><tr><th>pipeline run</th><th>ledger (attempts)</th><th>ε charged</th>"
                    + "".join(f"<th>ε {s}</th>" for s in STAGES) + "<th>audit</th><th>ε_lower (empirical audit)</th>"
-                   "<th>dataset version</th><th>released (Model Registry)</th></tr>")
+                   "<th>dataset version</th><th>released (Model Registry)</th><th>release card</th></tr>")
         for run in pop["runs"]:
             m = run["mlflow"] or {}
             stages = m.get("stages", {})
@@ -252,7 +328,8 @@ def render(data: dict[str, Any]) -> str:
                        f"<td data-field='epsilon-lower' title='{_e(m.get('empirical_audit'))}'>"
                        f"{_e(m.get('epsilon_lower') or 'not run')}</td>"
                        f"<td><code>{_e(', '.join(s[:12] for s in run['dataset_sha256']))}</code></td>"
-                       f"<td data-field='registered'>{'<br>'.join(_version_link(v) for v in m.get('registered') or []) or '-'}</td></tr>")
+                       f"<td data-field='registered'>{'<br>'.join(_version_link(v) for v in m.get('registered') or []) or '-'}</td>"
+                       f"<td data-field='card'>{_card_link(m.get('card'))}</td></tr>")
         out.append("</table>")
         for run in pop["runs"]:
             if run["lineage"]:
@@ -263,6 +340,13 @@ def render(data: dict[str, Any]) -> str:
         out.append("</section>")
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _card_link(card: dict | None) -> str:
+    if not card:
+        return "-"
+    where = f" <code title='in the release zone'>{_e(card['release_zone'])}</code>" if card.get("release_zone") else ""
+    return f"<a href=\"{_e(card['href'])}\">card</a>{where}"
 
 
 def _version_link(v: dict) -> str:

@@ -236,7 +236,7 @@ def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch, ranks):
     assert manifest(run, "sensitive", "train")["details"]["ranks"] == ranks
 
     assert {"sample/manifest.json", "sample/synthetic.parquet", "evaluate/manifest.json",
-            "evaluate/report.json"} <= set(release_files(run))
+            "evaluate/report.json", "card/card.html", "card/card.json"} <= set(release_files(run))  # and the card
     from mlflow import MlflowClient
 
     client = MlflowClient(mlflow_uri)

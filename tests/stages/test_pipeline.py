@@ -21,7 +21,10 @@ def release_zone_holds_only_releasables(run) -> bool:
     evaluated = [o["uri"].rsplit("/", 2)[-2] + "/" + o["uri"].rsplit("/", 1)[-1]
                  for o in manifest(run, "release", "evaluate")["outputs"]]
     assert all(o["zone"] == "release" for o in manifest(run, "release", "evaluate")["outputs"])
-    return sorted(files) == sorted(SAMPLE_RELEASE + ["evaluate/manifest.json"] + evaluated)
+    card = json.loads(storage.read_bytes(storage.join(str(run), "release", "card", "card.json")))  # the release card
+    carded = [f["path"] for f in card["files"] if f["path"].startswith("card/")] + ["card/card.json", "card/SHA256SUMS"]
+    assert {"card/card.html", "card/trace.json"} <= set(carded)
+    return sorted(files) == sorted(SAMPLE_RELEASE + ["evaluate/manifest.json"] + evaluated + carded)
 
 
 @pytest.fixture(scope="module")

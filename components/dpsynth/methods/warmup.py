@@ -168,7 +168,13 @@ def invariants(cfg, trace) -> tuple[list[dict], list]:
     rest = got[k + 1:] if not ok or got[k].count == last.count else [got[k].with_count(got[k].count - last.count),
                                                                      *got[k + 1:]]
     return [{"name": "warmup", "passed": ok,
-             "detail": f"{got[:k + 1]} open the trace; expected the warm-up releases {expected}"}], rest
+             "detail": f"the trace opens with {_show(got[:k + 1])}; expected the warm-up releases {_show(expected)}"}], rest
+
+
+def _show(events) -> str:
+    """Events in words, for the audit's lines (never a Python repr)."""
+    return "; ".join(f"{e.sampling}/{e.sensitivity} q={e.sample_rate:.6g} σ={e.noise_multiplier:.6g} ×{e.count}"
+                     for e in events) or "no events"
 
 
 def style_templates(means: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:

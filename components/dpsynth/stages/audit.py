@@ -344,10 +344,46 @@ def markdown(report: dict) -> str:
         lines += [f"| {k} | {_fmt_eps(k, v)} |" for k, v in report["epsilons"].items()]
         lines += ["", report.get("accountants_note") or "", ""]
     lines += statement_markdown(report["statement"], delta=report["target"]["delta"])
-    lines += [f"Generator sha256: `{report['generator']['sha256']}`", "",
-              "| check | passed | detail |", "|---|---|---|"]
-    lines += [f"| {c['name']} | {_shown(c)} | {c['detail']} |" for c in report["checks"]]
+    lines += [f"Generator sha256: `{report['generator']['sha256']}`", "", "## Checks", ""]
+    lines += [check_line(c) for c in report["checks"]]
+    lines += ["", *trace_markdown((report.get("trace") or {}).get("events"))]
     return "\n".join(lines) + "\n" + empirical.markdown(report.get("empirical"))
+
+
+# What a passed check established, in plain words (a failed one shows its detail: why it failed).
+PLAIN = {
+    "trace_sha256": "the trace is the file the train stage recorded (its sha256 is the one in the train manifest)",
+    "generator_sha256": "the generator is the file the train stage recorded (its sha256 is the one in the train manifest)",
+    "generator_trace": "the generator file is bound to this trace (it records the trace's sha256 and step count)",
+    "sampling": "every event's sampling matches the adjacency its accountant assumes",
+    "accounting": "the accounting is sound (not a paper's own account reproduced for comparison)",
+    "plan": "the trace is exactly the privacy plan recomputed from the configuration and n (the trace is below)",
+    "warmup": "the warm-up's releases open the trace exactly as configured",
+    "steps": "no more private steps than configured",
+}
+
+
+def check_line(c: dict) -> str:
+    """One check as one line of plain words: what it established, or why it failed."""
+    name = c["name"]
+    plain = PLAIN.get(name)
+    if name.startswith("event["):
+        plain = (f"training event {name[6:-1]} (after any warm-up release) has the sampling, adjacency and rate "
+                 "the configuration sets")
+    if inconclusive(c):
+        return f"- ? **inconclusive** — {name}: {' '.join(str(c['detail']).split())}"
+    text = plain if c["passed"] and plain else " ".join(str(c["detail"]).split())
+    return f"- {'✔ passed' if c['passed'] else '✘ **FAILED**'} — {name}: {text}"
+
+
+def trace_markdown(events: list[dict] | None) -> list[str]:
+    """The audited mechanism trace as its own section: one row per event."""
+    if not events:
+        return []
+    lines = ["## The mechanism trace", "", "| # | sampling | adjacency | q | σ | count |", "|---|---|---|---|---|---|"]
+    lines += [f"| {i} | {e['sampling']} | {e['sensitivity']} | {e['sample_rate']:.6g} | {e['noise_multiplier']:.6g} "
+              f"| {e['count']} |" for i, e in enumerate(events)]
+    return lines + ["", f"{sum(e['count'] for e in events)} private steps in {len(events)} event(s).", ""]
 
 
 def statement_markdown(st: dict, *, delta: float) -> list[str]:
@@ -384,6 +420,13 @@ def _json_or_empty(uri: str | None) -> dict:
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _trace_events(trace_text: str) -> list[dict] | None:
+    try:
+        return [e.to_dict() for e in MechanismTrace.from_json(trace_text).events]
+    except DpsynthError:
+        return None
 
 
 def _tag_runs(ctx: common.StageContext, run_ids: list[str | None], decision: str, statement: dict) -> None:
@@ -428,7 +471,8 @@ def run(ctx: common.StageContext) -> common.Outcome:
     report = evaluate(cfg, trace_text=trace_text, n=n,
                       integrity=integrity, claimed=claimed, marks=marks, extra=extra)
     report["generator"] = {"uri": current["generator"]["uri"], "sha256": current["generator"]["sha256"]}
-    report["trace"] = {"uri": recorded["trace"]["uri"], "sha256": hashlib.sha256(trace_text.encode()).hexdigest()}
+    report["trace"] = {"uri": recorded["trace"]["uri"], "sha256": hashlib.sha256(trace_text.encode()).hexdigest(),
+                       "events": _trace_events(trace_text)}
     report["claimed"] = claimed
     report["empirical"] = measured
     report["runs"] = {"train": train_run, "parent": ctx.parent_run_id, "pipeline_run_id": ctx.pipeline_run_id}

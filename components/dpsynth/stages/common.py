@@ -16,6 +16,7 @@ Layout under the run directory (local path or ``s3://``)::
     sensitive/audit/       audit.json, audit.md, manifest.json
     release/sample/        generator.pt, synthetic.parquet, samples.png, audit.json, audit.md, manifest.json
     release/evaluate/      report.json, manifest.json
+    release/card/          the release card (written by ``pipeline finish``: :mod:`dpsynth.stages.card`)
 """
 
 from __future__ import annotations

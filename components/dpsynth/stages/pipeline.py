@@ -224,6 +224,8 @@ def table(s: dict) -> str:
         lines.append(f"| {r['stage']} | {r['status']} | {eps} | {where} |")
     lines.append(f"| **total** | audit {s['audit']}, empirical audit {s.get('empirical', 'not run')} | "
                  f"**{s['epsilon_total']:.4g}** (δ = {s['delta']:g}) | |")
+    if s.get("card"):
+        lines.append(f"\nRelease card: {s['card']}")
     if s.get("ledger"):
         g = s["ledger"]
         lines.append(f"\nLedger: population {g['population_id']!r} charged ε={g['epsilon_charged']:.4g} for "
@@ -232,11 +234,25 @@ def table(s: dict) -> str:
     return "\n".join(lines)
 
 
+def release_card(ctx: common.StageContext) -> str | None:
+    """The auditor's card of this run (:mod:`dpsynth.stages.card`: the release zone after a passed audit and a
+    release, the sensitive zone after a refusal); its URI, None when there is none. A card that cannot be
+    written is logged as an error, and the run's summary says so, but the release stands."""
+    from dpsynth.stages import card
+
+    try:
+        return card.write(ctx)
+    except Exception as exc:  # noqa: BLE001 — the summary and the parent run must still be written
+        log.error("release card: not written: %s", str(exc) or repr(exc))
+        return f"not written: {exc}"
+
+
 def finish(ctx: common.StageContext, outcomes: dict[str, common.Outcome] | None = None) -> dict:
     """Settle the run's ledger reservation, summarise the run into its parent MLflow run (when
     there is one) and close it."""
     s = summary(ctx, outcomes)
     s["ledger"] = _ledger_summary(ctx, settle(ctx))
+    s["card"] = release_card(ctx)
     log.info("pipeline %s: %s, total ε %.4g, audit %s, empirical audit %s", ctx.pipeline_run_id,
              "succeeded" if s["succeeded"] else "failed", s["epsilon_total"], s["audit"], s["empirical"])
     if ctx.parent_run_id and ctx.cfg.tracking.enabled:
