@@ -101,6 +101,9 @@ reservations_table = Table(
     Column("resumes_id", Integer, nullable=True),  # the reservation whose checkpoint this attempt resumed
     Column("steps", Integer, nullable=True),  # private steps its last checkpoint holds (heartbeat)
     Column("heartbeat_at", DateTime(timezone=True), nullable=True),
+    # the sound ε the attempt may reach when its trainer has no guard holding it to its reservation (an
+    # as_published run): what it is charged at least, however it ends (see Ledger.raise_bound)
+    Column("epsilon_bound", Float, nullable=True),
     CheckConstraint("status IN ('reserved', 'committed', 'released')", name="ck_reservations_status"),
     CheckConstraint("epsilon_reserved > 0", name="ck_reservations_epsilon"),
     sqlite_autoincrement=True,  # ids are never reused, even after a rolled-back insert
@@ -120,7 +123,7 @@ budget_history_table = Table(
     sqlite_autoincrement=True,
 )
 # columns added since the first ledger schema: an older database gets them (all nullable) on open
-_ADDED_COLUMNS = {"reservations": ("attempt_id", "resumes_id", "steps", "heartbeat_at")}
+_ADDED_COLUMNS = {"reservations": ("attempt_id", "resumes_id", "steps", "heartbeat_at", "epsilon_bound")}
 
 
 class Ledger:
@@ -274,13 +277,28 @@ class Ledger:
             conn.execute(update(reservations_table).where(reservations_table.c.id == row.id)
                          .values(heartbeat_at=_now(), steps=operator.index(steps)))
 
+    def raise_bound(self, reservation_id: int, *, epsilon: float, why: str) -> None:
+        """The attempt holding this reservation may spend up to the sound ``epsilon`` (> its reservation): its
+        trainer has no guard holding it to the reservation (``as_published``). Recorded before its first private
+        step, flagged OVERDRAW: the reservation then counts, and is settled when stale, at that ε."""
+        bound = as_real(epsilon, "epsilon")
+        if not 0 <= bound < math.inf:
+            raise PrivacyError(f"epsilon: must be a finite number >= 0, got {bound:g}")
+        with self._transaction() as conn:
+            row = self._lock_open_reservation(conn, reservation_id)
+            if bound <= row.epsilon_reserved + TOLERANCE:
+                return
+            note = (f"OVERDRAW: may spend the sound ε={bound:.6g} > reserved ε={row.epsilon_reserved:.6g} "
+                    f"({_check_text(why, 'why')})")
+            conn.execute(update(reservations_table).where(reservations_table.c.id == row.id)
+                         .values(epsilon_bound=bound, note=note))
+
     def settle(self, reservation_id: int, *, reason: str) -> dict[str, Any]:
         """Close a stale open reservation at its whole reservation, ``reason`` recorded (``dpsynth ledger settle``)."""
         why = _check_text(reason, "reason")
         with self._transaction() as conn:
             row = self._lock_open_reservation(conn, reservation_id)
-            self._close(conn, row.id, status="committed", epsilon_spent=row.epsilon_reserved,
-                        note=f"{STALE}{why}")
+            self._close(conn, row.id, status="committed", epsilon_spent=_whole(row), note=_stale_note(row, why))
         return self.reservation(reservation_id)
 
     def _settle_stale(self, conn: Connection, pid: str, *, stage: str, run_id: str, resumes: int | None,
@@ -304,8 +322,7 @@ class Ledger:
                 why = f"superseded by {by} of stage {stage!r} in the same pipeline run: it ended without closing"
             else:
                 why = f"expired: no heartbeat for more than {stale_after_s:g} s"
-            self._close(conn, r.id, status="committed", epsilon_spent=r.epsilon_reserved,
-                        note=f"{STALE}{why}")
+            self._close(conn, r.id, status="committed", epsilon_spent=_whole(r), note=_stale_note(r, why))
             settled.append({**_row_dict(r), "status": "committed", "note": why})
         return settled
 
@@ -462,7 +479,7 @@ def _balance(conn: Connection, population) -> dict[str, Any]:
     """The population's balance, after checking every one of its rows (a hand-edited ledger is refused)."""
     _check_rows(conn, population)
     table = reservations_table
-    charged = case((table.c.status == "committed", table.c.epsilon_spent), else_=table.c.epsilon_reserved)
+    charged = _charged(table)
     sums = {status: (eps or 0.0, dlt or 0.0) for status, eps, dlt in conn.execute(
         select(table.c.status, func.sum(charged), func.sum(table.c.delta))
         .where(table.c.population_id == population.population_id, table.c.status != "released")
@@ -478,6 +495,23 @@ def _balance(conn: Connection, population) -> dict[str, Any]:
         "delta": population.delta,
         "delta_used": delta_committed + delta_reserved,
     }
+
+
+def _charged(table):
+    """What a reservation counts for: a committed one its spent ε, an open one its whole (:func:`_whole`)."""
+    bound = func.coalesce(table.c.epsilon_bound, 0.0)
+    return case((table.c.status == "committed", table.c.epsilon_spent),
+                (bound > table.c.epsilon_reserved, bound), else_=table.c.epsilon_reserved)
+
+
+def _whole(row) -> float:
+    """An open reservation's whole amount: its ε, or the larger sound ε its attempt may reach (``epsilon_bound``)."""
+    return max(row.epsilon_reserved, row.epsilon_bound or 0.0)
+
+
+def _stale_note(row, why: str) -> str:
+    """The note of a reservation settled as stale (its raised bound's OVERDRAW note kept)."""
+    return f"{STALE}{why}" + (f"; {row.note}" if _whole(row) > row.epsilon_reserved else "")
 
 
 def _check_rows(conn: Connection, population) -> None:
@@ -506,8 +540,7 @@ def _check_rows(conn: Connection, population) -> None:
         if problem:
             raise PrivacyError(f"ledger: reservation {r.id} of population {pid!r} is corrupt ({problem}); "
                                "refusing to use the ledger until an operator repairs the row")
-    charged = conn.execute(select(func.sum(case((table.c.status == "committed", table.c.epsilon_spent),
-                                                else_=table.c.epsilon_reserved)))
+    charged = conn.execute(select(func.sum(_charged(table)))
                            .where(table.c.population_id == pid, table.c.status != "released")).scalar() or 0.0
     overdrawn = conn.execute(select(func.count()).select_from(table).where(
         table.c.population_id == pid, table.c.note.like("%OVERDRAW%"))).scalar()
