@@ -89,6 +89,19 @@ def load_latest(directory: str | Path, *, fingerprint: str) -> dict | None:
     return state
 
 
+SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
+
+
+def drop_foreign_snapshots(ckpt_dir: Path, *, resumed_step: int | None) -> None:
+    """Remove the generator snapshots this run did not write: all of them when it starts afresh, those past
+    the checkpoint it resumes otherwise (an earlier attempt's, under other settings: output.resume=false, another
+    checkpoint_every). The train stage lists what remains as this run's, and evaluate releases metrics of them."""
+    for path in sorted((Path(ckpt_dir) / SNAPSHOTS).glob("generator-*.pt")):
+        step = int(path.stem.split("-", 1)[1]) if path.stem.split("-", 1)[1].isdigit() else None
+        if resumed_step is None or step is None or step > resumed_step:
+            path.unlink()
+
+
 def begin(trainer, cfg, out: Path) -> Path:
     """What every trainer does before its loop: restore ``trainer`` from the last checkpoint in
     ``out/checkpoints`` (when ``output.resume``) and write the resolved config; returns the
@@ -96,10 +109,10 @@ def begin(trainer, cfg, out: Path) -> Path:
     from dpsynth.config import dump_config
 
     ckpt_dir = out / "checkpoints"
-    if cfg.output.resume:
-        state = load_latest(ckpt_dir, fingerprint=cfg.fingerprint())
-        if state is not None:
-            trainer.load_state_dict(state)
+    state = load_latest(ckpt_dir, fingerprint=cfg.fingerprint()) if cfg.output.resume else None
+    if state is not None:
+        trainer.load_state_dict(state)
+    drop_foreign_snapshots(ckpt_dir, resumed_step=None if state is None else state["step"])
     out.mkdir(parents=True, exist_ok=True)
     storage.write_text(out / "config.yaml", dump_config(cfg))
     return ckpt_dir

@@ -53,7 +53,7 @@ from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.privacy.plan import PrivacyPlan
 
-SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
+SNAPSHOTS = checkpoint.SNAPSHOTS  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
 CHEAP_ACCOUNTANTS = ("rdp", "wor")  # ε at every log; others (PRV: seconds) every 10th log
 _PLAN = "the privacy plan: from the configuration and n (public), before any step"
 

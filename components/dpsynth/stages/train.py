@@ -38,7 +38,7 @@ from pathlib import Path
 
 from dpsynth import storage, tracking
 from dpsynth.data import read_parquet
-from dpsynth.methods import distributed, registry
+from dpsynth.methods import checkpoint, distributed, registry
 from dpsynth.stages import charging, common, manifest
 
 STAGE = "train"
@@ -179,7 +179,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
             records=partition["details"]["records"], workdir=workdir))
         # generator snapshots a trainer left at its checkpoints (evaluate's ε-vs-metric curve)
         snapshots = sorted(p.relative_to(workdir).as_posix()
-                           for p in (Path(workdir) / "checkpoints" / "snapshots").glob("generator-*.pt"))
+                           for p in (Path(workdir) / "checkpoints" / checkpoint.SNAPSHOTS).glob("generator-*.pt"))
         if remote:
             for name in [*OUTPUTS.values(), *snapshots]:
                 storage.copy(storage.join(workdir, name), ctx.uri(STAGE, name))
