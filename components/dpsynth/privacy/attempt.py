@@ -104,7 +104,7 @@ class Attempt:
 
 def open_attempt(ledger, *, population_id: str, epsilon: float, delta: float, dataset_version: str,
                  pipeline_run_id: str, stage: str, records: int, accountant: str, checkpoint_dir,
-                 resume: bool, stale_after_s: float | None) -> Attempt:
+                 resume: bool, stale_after_s: float | None, content_sha256: str | None = None) -> Attempt:
     """Adopt the checkpoint in ``checkpoint_dir`` (when ``resume``) and open this attempt's reservation."""
     from dpsynth.methods import checkpoint
 
@@ -121,7 +121,7 @@ def open_attempt(ledger, *, population_id: str, epsilon: float, delta: float, da
     rid, settled = ledger.open_attempt(
         population_id, epsilon=epsilon, delta=delta, dataset_sha256=dataset_version, pipeline_run_id=pipeline_run_id,
         accountant=accountant, records=records, stage=stage, attempt_id=attempt_id, resumes_id=resumes,
-        stale_after_s=stale_after_s, resumed_steps=prefix.steps)
+        stale_after_s=stale_after_s, resumed_steps=prefix.steps, content_sha256=content_sha256)
     for r in settled:
         log.warning("ledger: stale reservation %s (run %s) settled at its whole ε=%.4g: %s",
                     r["id"], r["pipeline_run_id"], r["epsilon_reserved"], r["note"])

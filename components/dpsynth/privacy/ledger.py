@@ -44,9 +44,12 @@ refused with the row named.
 from __future__ import annotations
 
 import getpass
+import hashlib
+import hmac
 import math
 import operator
 import re
+import secrets
 import socket
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -77,6 +80,10 @@ populations_table = Table(
     Column("delta", Float, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    # the data it was first charged for: HMAC-SHA256(the ledger's key, the dataset's content sha256), never the raw hash
+    Column("data_id", String(64), nullable=True),
+    # an operator's reason for charging it for data already charged to another population (None: refused)
+    Column("shared_data_reason", Text, nullable=True),
     CheckConstraint("epsilon_budget > 0", name="ck_populations_epsilon"),
     CheckConstraint("delta > 0 AND delta < 1", name="ck_populations_delta"),
 )
@@ -104,6 +111,7 @@ reservations_table = Table(
     # the sound ε the attempt may reach when its trainer has no guard holding it to its reservation (an
     # as_published run): what it is charged at least, however it ends (see Ledger.raise_bound)
     Column("epsilon_bound", Float, nullable=True),
+    Column("data_id", String(64), nullable=True),  # the data charged (see populations.data_id)
     CheckConstraint("status IN ('reserved', 'committed', 'released')", name="ck_reservations_status"),
     CheckConstraint("epsilon_reserved > 0", name="ck_reservations_epsilon"),
     sqlite_autoincrement=True,  # ids are never reused, even after a rolled-back insert
@@ -122,8 +130,15 @@ budget_history_table = Table(
     Column("reason", Text, nullable=False),
     sqlite_autoincrement=True,
 )
+# the ledger's own secret key of data ids (one row; read by no method that returns rows)
+data_key_table = Table(
+    "data_key", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("key", String(64), nullable=False),
+)
 # columns added since the first ledger schema: an older database gets them (all nullable) on open
-_ADDED_COLUMNS = {"reservations": ("attempt_id", "resumes_id", "steps", "heartbeat_at", "epsilon_bound")}
+_ADDED_COLUMNS = {"reservations": ("attempt_id", "resumes_id", "steps", "heartbeat_at", "epsilon_bound", "data_id"),
+                  "populations": ("data_id", "shared_data_reason")}
 
 
 class Ledger:
@@ -155,12 +170,15 @@ class Ledger:
                                       f"{col.type.compile(dialect=conn.dialect)}"))
 
     def set_budget(self, population_id: str, *, epsilon: float, delta: float, reason: str,
-                   changed_by: str | None = None, records: int | None = None) -> dict[str, Any]:
+                   changed_by: str | None = None, records: int | None = None,
+                   allow_shared_data: str | None = None) -> dict[str, Any]:
         """Create the population or change its lifetime budget; returns its :meth:`balance`.
 
         ``reason`` (required) and ``changed_by`` (default: user@host) go into the population's
         budget history with the old and new budget. Refuses a budget below what is already charged
         (committed + reserved, in ε and in δ), and, given the dataset's ``records`` n, a δ ≥ 1/n.
+        ``allow_shared_data``: the operator's reason for letting this population be charged for data
+        already charged to another (refused otherwise, see :meth:`open_attempt`), kept with it and in its history.
         """
         pid = _check_id(population_id, "population_id")
         eps = check_epsilon(epsilon, "epsilon")
@@ -169,12 +187,16 @@ class Ledger:
         who = _check_text(changed_by or f"{getpass.getuser()}@{socket.gethostname()}", "changed_by")
         if records is not None:
             _check_lifetime_delta(pid, dlt, records)
+        shared = None if allow_shared_data is None else _check_text(allow_shared_data, "allow_shared_data")
+        if shared is not None:
+            why = f"{why} (allows data charged to another population: {shared})"
         now = _now()
         with self._transaction() as conn:
             row = self._lock_population(conn, pid)
             if row is None:
                 conn.execute(insert(populations_table).values(
-                    population_id=pid, epsilon_budget=eps, delta=dlt, created_at=now, updated_at=now))
+                    population_id=pid, epsilon_budget=eps, delta=dlt, created_at=now, updated_at=now,
+                    shared_data_reason=shared))
             else:
                 bal = _balance(conn, row)
                 charged = bal["committed"] + bal["reserved"]
@@ -188,7 +210,8 @@ class Ledger:
                         f"delta: population {pid!r} has already been charged δ={bal['delta_used']:g}; "
                         f"the budget cannot go below that, got {dlt:g}")
                 conn.execute(update(populations_table).where(populations_table.c.population_id == pid)
-                             .values(epsilon_budget=eps, delta=dlt, updated_at=now))
+                             .values(epsilon_budget=eps, delta=dlt, updated_at=now,
+                                     **({} if shared is None else {"shared_data_reason": shared})))
             conn.execute(insert(budget_history_table).values(
                 population_id=pid, changed_at=now, changed_by=who, reason=why, new_epsilon=eps, new_delta=dlt,
                 old_epsilon=None if row is None else row.epsilon_budget, old_delta=None if row is None else row.delta))
@@ -228,7 +251,8 @@ class Ledger:
     def open_attempt(self, population_id: str, *, epsilon: float, delta: float, dataset_sha256: str,
                      pipeline_run_id: str, accountant: str, records: int, stage: str, attempt_id: str | None,
                      resumes_id: int | None, stale_after_s: float | None,
-                     resumed_steps: int | None = None, settle_stale: bool = True) -> tuple[int, list[dict[str, Any]]]:
+                     resumed_steps: int | None = None, settle_stale: bool = True,
+                     content_sha256: str | None = None) -> tuple[int, list[dict[str, Any]]]:
         """Open the reservation of one attempt at a private stage: ``(reservation id, settled)``.
 
         In the same transaction, first settles (committed at its whole reservation, reason recorded)
@@ -237,6 +261,12 @@ class Ledger:
         the same ``stage`` and ``pipeline_run_id`` (an earlier attempt of this stage in this pipeline
         run: only one runs at a time), and, given ``stale_after_s``, those whose last heartbeat is
         older. ``settled`` lists them. Then reserves as :meth:`reserve` does.
+
+        ``content_sha256``: the sha256 of the records charged (the dataset's content). The ledger keeps it only
+        as a keyed data id (HMAC with its own key), ties the population to the first it is charged for, and
+        refuses (PrivacyError naming ``ledger.population_id``) data already charged to another population —
+        a new id for the same records would start a fresh budget — unless an operator allowed it
+        (:meth:`set_budget` ``allow_shared_data``).
         """
         pid = _check_id(population_id, "population_id")
         eps = check_epsilon(epsilon, "epsilon")
@@ -264,11 +294,42 @@ class Ledger:
                 settled = self._settle_stale(conn, pid, stage=stage, run_id=run_id, resumes=resumes,
                                              attempt=attempt, stale_after_s=stale_after_s, now=now)
             self._affordable(conn, row, pid, eps, dlt, records, run_id=run_id)
+            data_id = None if content_sha256 is None else self._tie_data(conn, row, _data_id(conn, content_sha256))
             result = conn.execute(insert(reservations_table).values(
                 population_id=pid, dataset_sha256=sha, pipeline_run_id=run_id, stage=stage,
                 epsilon_reserved=eps, delta=dlt, status="reserved", accountant=acct, created_at=now,
-                attempt_id=attempt, resumes_id=resumes, steps=resumed_steps, heartbeat_at=now))
+                attempt_id=attempt, resumes_id=resumes, steps=resumed_steps, heartbeat_at=now, data_id=data_id))
             return int(result.inserted_primary_key[0]), settled
+
+    def check_data(self, population_id: str, *, content_sha256: str) -> None:
+        """Refuse (PrivacyError, nothing written) what :meth:`open_attempt` would refuse for this data."""
+        pid = _check_id(population_id, "population_id")
+        with self._transaction() as conn:  # a write transaction: the ledger's key may be created
+            row = self._lock_population(conn, pid)
+            if row is not None:
+                self._tie_data(conn, row, _data_id(conn, content_sha256), write=False)
+
+    @staticmethod
+    def _tie_data(conn: Connection, row, data_id: str, *, write: bool = True) -> str:
+        """Refuse ``data_id`` if another population was charged for it (unless ``row``'s operator allowed it);
+        record it as ``row``'s first data when it has none."""
+        pid, table = row.population_id, reservations_table
+        if not row.shared_data_reason:
+            others = conn.execute(
+                select(table.c.population_id).where(table.c.data_id == data_id, table.c.population_id != pid)
+                .union(select(populations_table.c.population_id).where(
+                    populations_table.c.data_id == data_id, populations_table.c.population_id != pid))).scalars().all()
+            if others:
+                first = sorted(set(others))[0]
+                raise PrivacyError(
+                    f"ledger.population_id: these records were already charged to population {first!r}; charging "
+                    f"them to {pid!r} would start a fresh lifetime budget for the same data. Use "
+                    f"ledger.population_id={first}, or, if an operator has decided that {pid!r} may be charged for "
+                    f"them anyway, record why with `{_set_budget_command(pid)} --allow-shared-data REASON`")
+        if write and row.data_id is None:
+            conn.execute(update(populations_table).where(populations_table.c.population_id == pid)
+                         .values(data_id=data_id))
+        return data_id
 
     def heartbeat(self, reservation_id: int, *, steps: int) -> None:
         """The attempt holding this reservation is alive, and its last checkpoint holds ``steps`` private steps."""
@@ -462,6 +523,17 @@ class Ledger:
             raise PrivacyError(f"reservation_id: reservation {rid} was closed concurrently")
 
 
+def _data_id(conn: Connection, content_sha256: str) -> str:
+    """HMAC-SHA256(the ledger's key, the content sha256): comparable within this ledger, and no test of a
+    candidate dataset for whoever reads the ledger's rows. The key is made on first use."""
+    sha = _check_sha256(content_sha256, "content_sha256")
+    key = conn.execute(select(data_key_table.c.key).where(data_key_table.c.id == 1)).scalar()
+    if key is None:
+        key = secrets.token_hex(32)
+        conn.execute(insert(data_key_table).values(id=1, key=key))
+    return hmac.new(bytes.fromhex(key), sha.encode(), hashlib.sha256).hexdigest()
+
+
 def _take_sqlite_transactions(engine) -> None:
     """Let SQLAlchemy, not the sqlite3 module, issue BEGIN, so that writers can ask for IMMEDIATE."""
 
@@ -602,9 +674,9 @@ def _check_id(value: Any, field: str) -> str:
     return value.strip()
 
 
-def _check_sha256(value: Any) -> str:
+def _check_sha256(value: Any, field: str = "dataset_sha256") -> str:
     if not isinstance(value, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", value):
-        raise PrivacyError(f"dataset_sha256: must be 64 hexadecimal digits, got {value!r}")
+        raise PrivacyError(f"{field}: must be 64 hexadecimal digits, got {value!r}")
     return value.lower()
 
 

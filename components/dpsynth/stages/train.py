@@ -189,7 +189,8 @@ def run(ctx: common.StageContext) -> common.Outcome:
                                                      run_tags=ctx.run_tags(), **method_kwargs),
                 ledger=ledger, dataset_version=partition["dataset_sha256"],
                 pipeline_run_id=ctx.pipeline_run_id or f"stage-{uuid.uuid4().hex[:12]}",
-                records=partition["details"]["records"], workdir=workdir))
+                records=partition["details"]["records"], workdir=workdir,
+                content_sha256=next(i for i in partition["inputs"] if i["role"] == "source")["content_sha256"]))
         # generator snapshots a trainer left at its checkpoints (evaluate's ε-vs-metric curve)
         snapshots = sorted(p.relative_to(workdir).as_posix()
                            for p in (Path(workdir) / "checkpoints" / checkpoint.SNAPSHOTS).glob("generator-*.pt"))
