@@ -7,9 +7,9 @@
    carries the ledger reservation of the attempt that wrote it (its *lineage*). The new attempt
    *adopts* that reservation — settling it, when still open, at its whole amount, since the process
    that held it died and may have run any step its reservation allowed after its last checkpoint —
-   and opens its own reservation for the steps it will add. No checkpoint (a fresh restart, ``--force``,
-   a remote run directory) means nothing to adopt: the attempt is charged on its
-   own, again. A checkpoint written under a reservation of another population or stage is refused.
+   and opens its own reservation for the steps it will add. No checkpoint (a fresh restart, ``--force``)
+   means nothing to adopt: the attempt is charged on its own, again. (A remote run directory's train
+   stage pulls its mirrored checkpoints first: :mod:`dpsynth.stages.train`.) A checkpoint written under a reservation of another population or stage is refused.
 2. The trainer runs inside :func:`dpsynth.methods.checkpoint.charging`: each checkpoint it writes
    records the reservation and is the attempt's heartbeat; it may resume only the adopted checkpoint.
 3. The attempt commits the ε of the steps it *added* (the final trace after the resumed checkpoint's

@@ -3,7 +3,9 @@
 A *population* is a dataset identified across its versions by a declared id; it has one lifetime
 budget (ε, δ), set explicitly by an operator (:meth:`Ledger.set_budget`; an unknown population is
 refused, never given a default) and changed only with a reason, each change appended to its
-``budget_history``. The lifetime δ must stay below 1/n for the n records of the dataset.
+``budget_history``. The lifetime δ must stay below 1/n for the n records of the dataset. A population
+is tied to the records it was first charged for (a keyed data id, never the raw hash): records already
+charged to another population are refused unless an operator allowed it (``allow_shared_data``).
 
 Each *attempt* at a private stage (one process running training) opens its own reservation
 (:meth:`Ledger.open_attempt`) before its first private step and closes it when it ends:
