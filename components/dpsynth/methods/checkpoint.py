@@ -142,6 +142,8 @@ def drop_foreign_snapshots(ckpt_dir: Path, *, resumed_step: int | None) -> None:
         step = int(path.stem.split("-", 1)[1]) if path.stem.split("-", 1)[1].isdigit() else None
         if resumed_step is None or step is None or step > resumed_step:
             path.unlink()
+            if (mirror := _MIRROR.get()) is not None:
+                storage.delete(storage.join(mirror, SNAPSHOTS, path.name))
 
 
 def begin(trainer, cfg, out: Path) -> Path:
