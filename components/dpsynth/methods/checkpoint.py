@@ -8,6 +8,11 @@ killed mid-save resumes from the previous checkpoint.
 Lineage: while a ledger attempt is active (:func:`charging`, see :mod:`dpsynth.privacy.attempt`),
 every checkpoint records the reservation and attempt that wrote it, and each save is that attempt's
 heartbeat in the ledger; resuming is refused unless the checkpoint is the one the attempt adopted.
+
+Mirror: while :func:`mirroring` a URI (the train stage of a remote run directory, which trains in a
+temporary directory), every checkpoint and generator snapshot is also copied there before the
+attempt's heartbeat, so that a retry on another machine resumes it (:func:`pull`) under the killed
+attempt's reservation instead of training afresh under a new one.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from dpsynth.errors import ConfigError
 
 FORMAT = "dpsynth.checkpoint/1"
 LAST = "last.pt"
+SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
 LINEAGE = "ledger_attempt"  # the state key: {"reservation_id", "attempt_id"} of the attempt that wrote it
 _ATTEMPT: ContextVar = ContextVar("dpsynth_ledger_attempt", default=None)
+_MIRROR: ContextVar = ContextVar("dpsynth_checkpoint_mirror", default=None)
 
 
 @contextlib.contextmanager
@@ -40,14 +47,52 @@ def charging(attempt) -> Iterator[None]:
         _ATTEMPT.reset(token)
 
 
+@contextlib.contextmanager
+def mirroring(uri: str | None) -> Iterator[None]:
+    """Checkpoints and snapshots written inside are also copied under ``uri`` (None: not mirrored)."""
+    token = _MIRROR.set(uri)
+    try:
+        yield
+    finally:
+        _MIRROR.reset(token)
+
+
+def pull(uri: str, directory: str | Path) -> list[str]:
+    """Copy the checkpoint files mirrored under ``uri`` into ``directory``; returns their relative names."""
+    names = []
+    for src in storage.list_uris(uri):
+        name = src[len(str(uri).rstrip("/")) + 1:]
+        storage.copy(src, Path(directory) / name)
+        names.append(name)
+    return names
+
+
+def clear_mirror(uri: str) -> None:
+    """Delete what is mirrored under ``uri`` (the local checkpoints were discarded)."""
+    for found in storage.list_uris(uri):
+        storage.delete(found)
+
+
+def _write(directory: str | Path, name: str, data: bytes) -> Path:
+    path = Path(directory) / name
+    storage.write_bytes(path, data)
+    if (mirror := _MIRROR.get()) is not None:
+        storage.write_bytes(storage.join(mirror, *Path(name).parts), data)
+    return path
+
+
+def save_snapshot(directory: str | Path, step: int, data: bytes) -> Path:
+    """A generator snapshot at ``step`` (a ``dpsynth.generator/1`` file) under ``directory``/snapshots."""
+    return _write(directory, f"{SNAPSHOTS}/generator-{step:07d}.pt", data)
+
+
 def save(directory: str | Path, state: dict) -> Path:
     attempt = _ATTEMPT.get()
     if attempt is not None:
         state = {**state, LINEAGE: attempt.lineage}
     buf = io.BytesIO()
     torch.save({"format": FORMAT, **state}, buf)
-    path = Path(directory) / LAST
-    storage.write_bytes(path, buf.getvalue())
+    path = _write(directory, LAST, buf.getvalue())
     if attempt is not None:
         attempt.heartbeat(int((state.get("trace") or {}).get("steps", 0)))
     return path
@@ -89,6 +134,18 @@ def load_latest(directory: str | Path, *, fingerprint: str) -> dict | None:
     return state
 
 
+def drop_foreign_snapshots(ckpt_dir: Path, *, resumed_step: int | None) -> None:
+    """Remove the generator snapshots this run did not write: all of them when it starts afresh, those past
+    the checkpoint it resumes otherwise (an earlier attempt's, under other settings: output.resume=false, another
+    checkpoint_every). The train stage lists what remains as this run's, and evaluate releases metrics of them."""
+    for path in sorted((Path(ckpt_dir) / SNAPSHOTS).glob("generator-*.pt")):
+        step = int(path.stem.split("-", 1)[1]) if path.stem.split("-", 1)[1].isdigit() else None
+        if resumed_step is None or step is None or step > resumed_step:
+            path.unlink()
+            if (mirror := _MIRROR.get()) is not None:
+                storage.delete(storage.join(mirror, SNAPSHOTS, path.name))
+
+
 def begin(trainer, cfg, out: Path) -> Path:
     """What every trainer does before its loop: restore ``trainer`` from the last checkpoint in
     ``out/checkpoints`` (when ``output.resume``) and write the resolved config; returns the
@@ -96,10 +153,10 @@ def begin(trainer, cfg, out: Path) -> Path:
     from dpsynth.config import dump_config
 
     ckpt_dir = out / "checkpoints"
-    if cfg.output.resume:
-        state = load_latest(ckpt_dir, fingerprint=cfg.fingerprint())
-        if state is not None:
-            trainer.load_state_dict(state)
+    state = load_latest(ckpt_dir, fingerprint=cfg.fingerprint()) if cfg.output.resume else None
+    if state is not None:
+        trainer.load_state_dict(state)
+    drop_foreign_snapshots(ckpt_dir, resumed_step=None if state is None else state["step"])
     out.mkdir(parents=True, exist_ok=True)
     storage.write_text(out / "config.yaml", dump_config(cfg))
     return ckpt_dir

@@ -39,7 +39,10 @@ Against whom. The rate-1/K amplification needs the client choice to be secret; t
 so the audited ε holds against everyone *but* the server (who sees only the released generator).
 Against the server, which sees the choice and every sanitized release, the guarantee is the account
 without amplification (:func:`privacy_statement`, :func:`dpsynth.privacy.statement.revealed_choice_account`);
-the audit states both; only the first rests on GS-WGAN's shard-state assumption.
+the audit states both; only the first rests on GS-WGAN's shard-state assumption. Both assume the server's
+process reads none of the clients' files (:data:`SERVER_ASSUMPTION`): in the torchrun job every rank runs on
+one host as one user, so the clients' checkpoints (their secret noise coins among them) and shards are within
+its reach, and only the code it runs keeps it out.
 
 Client-level guarantee. The same ε holds when neighbouring datasets differ in one client's
 *entire* shard: whatever a client's data, each release it sends is clipped to norm ≤ C, so
@@ -401,6 +404,16 @@ def audit_plan(cfg: RunConfig, n: int) -> PrivacyPlan:
     return plan_federated_privacy(cfg, n=n, num_shards=cfg.partition.num_shards)
 
 
+# What the guarantee against the server rests on (issue #33 item 7): the ranks share one host and one account.
+SERVER_ASSUMPTION = (
+    "Against the server: it is the account of what the server receives (the client choice it makes and every "
+    "sanitized release). The server and the K clients run as ranks of one torchrun job, on one host, as one "
+    "operating-system user, and each client's shard, warm D_k and checkpoints (D_k, its optimizer and its secret "
+    "noise coins, under sensitive/train/checkpoints/clients/) are files that the server's process could read. "
+    "The guarantee assumes the server process runs dpsynth's code, which opens none of them; a server whose code "
+    "or operator reads the clients' files is not covered (clients on separate hosts or accounts are not built).")
+
+
 def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
     """Two guarantees: against everyone but the server (the released generator; rate 1/K amplification,
     under the shard-state assumption), and against the server, which picks the client each iteration and
@@ -414,7 +427,8 @@ def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
         adjacency=shard_adjacency(K, "client") + " The audited ε is the guarantee against everyone except the "
         "server (who sees only the released generator and what is sampled from it).",
         noise=noise_convention(plan.releases, plan),
-        assumptions=[SHARD_STATE_ASSUMPTION.replace("shard's discriminator", "client's discriminator")],
+        assumptions=[SHARD_STATE_ASSUMPTION.replace("shard's discriminator", "client's discriminator"),
+                     SERVER_ASSUMPTION],
         accounts=[{"against": "the server (it picks the client of every iteration, so the choice gives no "
                               "amplification; it also sees every sanitized release)", **server}])
 

@@ -53,7 +53,6 @@ from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.privacy.plan import PrivacyPlan
 
-SNAPSHOTS = "snapshots"  # under checkpoints/: generator-<step>.pt at every checkpoint (sensitive zone)
 CHEAP_ACCOUNTANTS = ("rdp", "wor")  # ε at every log; others (PRV: seconds) every 10th log
 _PLAN = "the privacy plan: from the configuration and n (public), before any step"
 
@@ -254,10 +253,10 @@ def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | N
             if o.sample_every and step % o.sample_every == 0:  # sensitive zone only, never MLflow
                 artifacts.write_grid(trainer.out / "grids" / f"step-{step:07d}.png", trainer.grid())
             if o.checkpoint_every and step % o.checkpoint_every == 0:
+                if trainer.KEEPS_SNAPSHOTS:  # the generator so far, with the ε spent so far (before the checkpoint:
+                    # a resumed run has the snapshot of every checkpoint it resumes; one past it is dropped)
+                    checkpoint.save_snapshot(ckpt_dir, step, generator_file(trainer, trainer.epsilon_spent()))
                 checkpoint.save(ckpt_dir, distributed.checkpoint_state(trainer))
-                if trainer.KEEPS_SNAPSHOTS:  # the generator so far, with the ε spent so far
-                    storage.write_bytes(ckpt_dir / SNAPSHOTS / f"generator-{step:07d}.pt",
-                                        generator_file(trainer, trainer.epsilon_spent()))
         bar.close()
         return finish(trainer, run, started)
 

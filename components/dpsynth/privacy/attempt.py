@@ -7,20 +7,23 @@
    carries the ledger reservation of the attempt that wrote it (its *lineage*). The new attempt
    *adopts* that reservation — settling it, when still open, at its whole amount, since the process
    that held it died and may have run any step its reservation allowed after its last checkpoint —
-   and opens its own reservation for the steps it will add. No checkpoint (a fresh restart, ``--force``,
-   a remote run directory) means nothing to adopt: the attempt is charged on its
-   own, again. A checkpoint written under a reservation of another population or stage is refused.
+   and opens its own reservation for the steps it will add. No checkpoint (a fresh restart, ``--force``)
+   means nothing to adopt: the attempt is charged on its own, again. (A remote run directory's train
+   stage pulls its mirrored checkpoints first: :mod:`dpsynth.stages.train`.) A checkpoint written under a reservation of another population or stage is refused.
 2. The trainer runs inside :func:`dpsynth.methods.checkpoint.charging`: each checkpoint it writes
    records the reservation and is the attempt's heartbeat; it may resume only the adopted checkpoint.
 3. The attempt commits the ε of the steps it *added* (the final trace after the resumed checkpoint's
    trace, composed alone by the accountant: a subset of the run's steps, so at most its target ε).
-   If the trainer fails in this process, it commits the ε of the steps its trace recorded (a step
-   whose record is missing left no output); if that trace cannot be read, its whole reservation.
+   If the trainer fails in this process, it commits the sound ε of the steps its trace recorded (a step
+   whose record is missing left no output), guarded or not; if that trace cannot be read, its whole reservation.
    It releases the reservation only when it failed before its first private step (building the trainer).
 
 Each attempt reserves ``privacy.epsilon``: the budget guard stops any trace at that ε, and the steps
-one attempt adds are part of such a trace. An ``as_published`` run, which has no guard, may spend more:
-the overdraw is recorded as such.
+one attempt adds are part of such a trace. An ``as_published`` run, which no guard holds to the sound ε,
+may spend more: before its first private step the attempt records in the ledger the sound ε of every
+step its plan may add (:meth:`Attempt.limit`, flagged OVERDRAW), and that — not the reservation — is
+what it is charged when it is killed (settled as stale) or its trace cannot be read; when it fails or
+finishes, the sound ε of its trace.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Attempt:
     epsilon_reserved: float
     delta: float
     settled: list[dict] = field(default_factory=list)  # stale reservations settled when this one opened
+    bound: float = 0.0  # the sound ε its steps may reach beyond the reservation (no guard: as_published)
     closed: bool = False
 
     @property
@@ -71,8 +75,21 @@ class Attempt:
                                                note=f"{why}{resumed}, ε by {accountant}"))
         return eps
 
+    def limit(self, trainer) -> None:
+        """Before the first private step: when no guard holds ``trainer`` to the reservation (an ``as_published``
+        run: no guard, or one on the paper's account), record in the ledger the sound ε of every step its
+        plan may add — what the attempt is charged at least if it dies without committing."""
+        plan = getattr(trainer, "plan", None)
+        if plan is None or (plan.guard is not None and plan.published_event is None):
+            return  # the guard stops every sound trace at the reservation's ε
+        may_add = plan.trace.after(self.prefix)
+        self.bound = trainer.accountant.epsilon(may_add, delta=self.delta) if may_add.steps else 0.0
+        self.ledger.raise_bound(self.reservation_id, epsilon=self.bound,
+                                why=f"no guard holds this {plan.steps}-step plan to its reservation")
+
     def charge_in_full(self, why: str) -> None:
-        self._close(lambda: self.ledger.commit(self.reservation_id, epsilon_spent=self.epsilon_reserved,
+        whole = max(self.epsilon_reserved, self.bound)
+        self._close(lambda: self.ledger.commit(self.reservation_id, epsilon_spent=whole,
                                                note=f"charged its whole reservation: {why}"))
 
     def release(self, why: str) -> None:
@@ -87,7 +104,7 @@ class Attempt:
 
 def open_attempt(ledger, *, population_id: str, epsilon: float, delta: float, dataset_version: str,
                  pipeline_run_id: str, stage: str, records: int, accountant: str, checkpoint_dir,
-                 resume: bool, stale_after_s: float | None) -> Attempt:
+                 resume: bool, stale_after_s: float | None, content_sha256: str | None = None) -> Attempt:
     """Adopt the checkpoint in ``checkpoint_dir`` (when ``resume``) and open this attempt's reservation."""
     from dpsynth.methods import checkpoint
 
@@ -104,7 +121,7 @@ def open_attempt(ledger, *, population_id: str, epsilon: float, delta: float, da
     rid, settled = ledger.open_attempt(
         population_id, epsilon=epsilon, delta=delta, dataset_sha256=dataset_version, pipeline_run_id=pipeline_run_id,
         accountant=accountant, records=records, stage=stage, attempt_id=attempt_id, resumes_id=resumes,
-        stale_after_s=stale_after_s, resumed_steps=prefix.steps)
+        stale_after_s=stale_after_s, resumed_steps=prefix.steps, content_sha256=content_sha256)
     for r in settled:
         log.warning("ledger: stale reservation %s (run %s) settled at its whole ε=%.4g: %s",
                     r["id"], r["pipeline_run_id"], r["epsilon_reserved"], r["note"])
@@ -123,6 +140,7 @@ def run_charged(attempt: Attempt, make_trainer: Callable[[], Any], *, read_trace
 
     try:
         trainer = make_trainer()
+        attempt.limit(trainer)
     except BaseException as exc:
         attempt.release(f"failed before its first private step: {str(exc) or repr(exc)}")
         raise
@@ -144,10 +162,10 @@ def run_charged(attempt: Attempt, make_trainer: Callable[[], Any], *, read_trace
 def _charge_failure(attempt: Attempt, trainer, exc: BaseException) -> None:
     why = f"failed: {str(exc) or repr(exc)}; "
     trace = getattr(trainer, "trace", None)
-    guard = getattr(getattr(trainer, "plan", None), "guard", None)
-    if isinstance(trace, MechanismTrace) and guard is not None:
+    accountant = getattr(trainer, "accountant", None)  # the sound accountant of its trace, guarded or not
+    if isinstance(trace, MechanismTrace) and accountant is not None:
         try:
-            attempt.commit(trace, accountant=guard.accountant.name, why=why)
+            attempt.commit(trace, accountant=accountant.name, why=why)
             return
         except Exception as inner:  # noqa: BLE001 (whatever it is, charge the whole reservation)
             why += f"its trace could not be accounted ({inner}); "

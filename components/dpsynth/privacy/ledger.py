@@ -3,7 +3,9 @@
 A *population* is a dataset identified across its versions by a declared id; it has one lifetime
 budget (ε, δ), set explicitly by an operator (:meth:`Ledger.set_budget`; an unknown population is
 refused, never given a default) and changed only with a reason, each change appended to its
-``budget_history``. The lifetime δ must stay below 1/n for the n records of the dataset.
+``budget_history``. The lifetime δ must stay below 1/n for the n records of the dataset. A population
+is tied to the records it was first charged for (a keyed data id, never the raw hash): records already
+charged to another population are refused unless an operator allowed it (``allow_shared_data``).
 
 Each *attempt* at a private stage (one process running training) opens its own reservation
 (:meth:`Ledger.open_attempt`) before its first private step and closes it when it ends:
@@ -44,9 +46,12 @@ refused with the row named.
 from __future__ import annotations
 
 import getpass
+import hashlib
+import hmac
 import math
 import operator
 import re
+import secrets
 import socket
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -77,6 +82,10 @@ populations_table = Table(
     Column("delta", Float, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    # the data it was first charged for: HMAC-SHA256(the ledger's key, the dataset's content sha256), never the raw hash
+    Column("data_id", String(64), nullable=True),
+    # an operator's reason for charging it for data already charged to another population (None: refused)
+    Column("shared_data_reason", Text, nullable=True),
     CheckConstraint("epsilon_budget > 0", name="ck_populations_epsilon"),
     CheckConstraint("delta > 0 AND delta < 1", name="ck_populations_delta"),
 )
@@ -101,6 +110,10 @@ reservations_table = Table(
     Column("resumes_id", Integer, nullable=True),  # the reservation whose checkpoint this attempt resumed
     Column("steps", Integer, nullable=True),  # private steps its last checkpoint holds (heartbeat)
     Column("heartbeat_at", DateTime(timezone=True), nullable=True),
+    # the sound ε the attempt may reach when its trainer has no guard holding it to its reservation (an
+    # as_published run): what it is charged at least, however it ends (see Ledger.raise_bound)
+    Column("epsilon_bound", Float, nullable=True),
+    Column("data_id", String(64), nullable=True),  # the data charged (see populations.data_id)
     CheckConstraint("status IN ('reserved', 'committed', 'released')", name="ck_reservations_status"),
     CheckConstraint("epsilon_reserved > 0", name="ck_reservations_epsilon"),
     sqlite_autoincrement=True,  # ids are never reused, even after a rolled-back insert
@@ -119,8 +132,15 @@ budget_history_table = Table(
     Column("reason", Text, nullable=False),
     sqlite_autoincrement=True,
 )
+# the ledger's own secret key of data ids (one row; read by no method that returns rows)
+data_key_table = Table(
+    "data_key", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("key", String(64), nullable=False),
+)
 # columns added since the first ledger schema: an older database gets them (all nullable) on open
-_ADDED_COLUMNS = {"reservations": ("attempt_id", "resumes_id", "steps", "heartbeat_at")}
+_ADDED_COLUMNS = {"reservations": ("attempt_id", "resumes_id", "steps", "heartbeat_at", "epsilon_bound", "data_id"),
+                  "populations": ("data_id", "shared_data_reason")}
 
 
 class Ledger:
@@ -152,12 +172,15 @@ class Ledger:
                                       f"{col.type.compile(dialect=conn.dialect)}"))
 
     def set_budget(self, population_id: str, *, epsilon: float, delta: float, reason: str,
-                   changed_by: str | None = None, records: int | None = None) -> dict[str, Any]:
+                   changed_by: str | None = None, records: int | None = None,
+                   allow_shared_data: str | None = None) -> dict[str, Any]:
         """Create the population or change its lifetime budget; returns its :meth:`balance`.
 
         ``reason`` (required) and ``changed_by`` (default: user@host) go into the population's
         budget history with the old and new budget. Refuses a budget below what is already charged
         (committed + reserved, in ε and in δ), and, given the dataset's ``records`` n, a δ ≥ 1/n.
+        ``allow_shared_data``: the operator's reason for letting this population be charged for data
+        already charged to another (refused otherwise, see :meth:`open_attempt`), kept with it and in its history.
         """
         pid = _check_id(population_id, "population_id")
         eps = check_epsilon(epsilon, "epsilon")
@@ -166,12 +189,16 @@ class Ledger:
         who = _check_text(changed_by or f"{getpass.getuser()}@{socket.gethostname()}", "changed_by")
         if records is not None:
             _check_lifetime_delta(pid, dlt, records)
+        shared = None if allow_shared_data is None else _check_text(allow_shared_data, "allow_shared_data")
+        if shared is not None:
+            why = f"{why} (allows data charged to another population: {shared})"
         now = _now()
         with self._transaction() as conn:
             row = self._lock_population(conn, pid)
             if row is None:
                 conn.execute(insert(populations_table).values(
-                    population_id=pid, epsilon_budget=eps, delta=dlt, created_at=now, updated_at=now))
+                    population_id=pid, epsilon_budget=eps, delta=dlt, created_at=now, updated_at=now,
+                    shared_data_reason=shared))
             else:
                 bal = _balance(conn, row)
                 charged = bal["committed"] + bal["reserved"]
@@ -185,7 +212,8 @@ class Ledger:
                         f"delta: population {pid!r} has already been charged δ={bal['delta_used']:g}; "
                         f"the budget cannot go below that, got {dlt:g}")
                 conn.execute(update(populations_table).where(populations_table.c.population_id == pid)
-                             .values(epsilon_budget=eps, delta=dlt, updated_at=now))
+                             .values(epsilon_budget=eps, delta=dlt, updated_at=now,
+                                     **({} if shared is None else {"shared_data_reason": shared})))
             conn.execute(insert(budget_history_table).values(
                 population_id=pid, changed_at=now, changed_by=who, reason=why, new_epsilon=eps, new_delta=dlt,
                 old_epsilon=None if row is None else row.epsilon_budget, old_delta=None if row is None else row.delta))
@@ -225,7 +253,8 @@ class Ledger:
     def open_attempt(self, population_id: str, *, epsilon: float, delta: float, dataset_sha256: str,
                      pipeline_run_id: str, accountant: str, records: int, stage: str, attempt_id: str | None,
                      resumes_id: int | None, stale_after_s: float | None,
-                     resumed_steps: int | None = None, settle_stale: bool = True) -> tuple[int, list[dict[str, Any]]]:
+                     resumed_steps: int | None = None, settle_stale: bool = True,
+                     content_sha256: str | None = None) -> tuple[int, list[dict[str, Any]]]:
         """Open the reservation of one attempt at a private stage: ``(reservation id, settled)``.
 
         In the same transaction, first settles (committed at its whole reservation, reason recorded)
@@ -234,6 +263,12 @@ class Ledger:
         the same ``stage`` and ``pipeline_run_id`` (an earlier attempt of this stage in this pipeline
         run: only one runs at a time), and, given ``stale_after_s``, those whose last heartbeat is
         older. ``settled`` lists them. Then reserves as :meth:`reserve` does.
+
+        ``content_sha256``: the sha256 of the records charged (the dataset's content). The ledger keeps it only
+        as a keyed data id (HMAC with its own key), ties the population to the first it is charged for, and
+        refuses (PrivacyError naming ``ledger.population_id``) data already charged to another population —
+        a new id for the same records would start a fresh budget — unless an operator allowed it
+        (:meth:`set_budget` ``allow_shared_data``).
         """
         pid = _check_id(population_id, "population_id")
         eps = check_epsilon(epsilon, "epsilon")
@@ -261,11 +296,42 @@ class Ledger:
                 settled = self._settle_stale(conn, pid, stage=stage, run_id=run_id, resumes=resumes,
                                              attempt=attempt, stale_after_s=stale_after_s, now=now)
             self._affordable(conn, row, pid, eps, dlt, records, run_id=run_id)
+            data_id = None if content_sha256 is None else self._tie_data(conn, row, _data_id(conn, content_sha256))
             result = conn.execute(insert(reservations_table).values(
                 population_id=pid, dataset_sha256=sha, pipeline_run_id=run_id, stage=stage,
                 epsilon_reserved=eps, delta=dlt, status="reserved", accountant=acct, created_at=now,
-                attempt_id=attempt, resumes_id=resumes, steps=resumed_steps, heartbeat_at=now))
+                attempt_id=attempt, resumes_id=resumes, steps=resumed_steps, heartbeat_at=now, data_id=data_id))
             return int(result.inserted_primary_key[0]), settled
+
+    def check_data(self, population_id: str, *, content_sha256: str) -> None:
+        """Refuse (PrivacyError, nothing written) what :meth:`open_attempt` would refuse for this data."""
+        pid = _check_id(population_id, "population_id")
+        with self._transaction() as conn:  # a write transaction: the ledger's key may be created
+            row = self._lock_population(conn, pid)
+            if row is not None:
+                self._tie_data(conn, row, _data_id(conn, content_sha256), write=False)
+
+    @staticmethod
+    def _tie_data(conn: Connection, row, data_id: str, *, write: bool = True) -> str:
+        """Refuse ``data_id`` if another population was charged for it (unless ``row``'s operator allowed it);
+        record it as ``row``'s first data when it has none."""
+        pid, table = row.population_id, reservations_table
+        if not row.shared_data_reason:
+            others = conn.execute(
+                select(table.c.population_id).where(table.c.data_id == data_id, table.c.population_id != pid)
+                .union(select(populations_table.c.population_id).where(
+                    populations_table.c.data_id == data_id, populations_table.c.population_id != pid))).scalars().all()
+            if others:
+                first = sorted(set(others))[0]
+                raise PrivacyError(
+                    f"ledger.population_id: these records were already charged to population {first!r}; charging "
+                    f"them to {pid!r} would start a fresh lifetime budget for the same data. Use "
+                    f"ledger.population_id={first}, or, if an operator has decided that {pid!r} may be charged for "
+                    f"them anyway, record why with `{_set_budget_command(pid)} --allow-shared-data REASON`")
+        if write and row.data_id is None:
+            conn.execute(update(populations_table).where(populations_table.c.population_id == pid)
+                         .values(data_id=data_id))
+        return data_id
 
     def heartbeat(self, reservation_id: int, *, steps: int) -> None:
         """The attempt holding this reservation is alive, and its last checkpoint holds ``steps`` private steps."""
@@ -274,13 +340,28 @@ class Ledger:
             conn.execute(update(reservations_table).where(reservations_table.c.id == row.id)
                          .values(heartbeat_at=_now(), steps=operator.index(steps)))
 
+    def raise_bound(self, reservation_id: int, *, epsilon: float, why: str) -> None:
+        """The attempt holding this reservation may spend up to the sound ``epsilon`` (> its reservation): its
+        trainer has no guard holding it to the reservation (``as_published``). Recorded before its first private
+        step, flagged OVERDRAW: the reservation then counts, and is settled when stale, at that ε."""
+        bound = as_real(epsilon, "epsilon")
+        if not 0 <= bound < math.inf:
+            raise PrivacyError(f"epsilon: must be a finite number >= 0, got {bound:g}")
+        with self._transaction() as conn:
+            row = self._lock_open_reservation(conn, reservation_id)
+            if bound <= row.epsilon_reserved + TOLERANCE:
+                return
+            note = (f"OVERDRAW: may spend the sound ε={bound:.6g} > reserved ε={row.epsilon_reserved:.6g} "
+                    f"({_check_text(why, 'why')})")
+            conn.execute(update(reservations_table).where(reservations_table.c.id == row.id)
+                         .values(epsilon_bound=bound, note=note))
+
     def settle(self, reservation_id: int, *, reason: str) -> dict[str, Any]:
         """Close a stale open reservation at its whole reservation, ``reason`` recorded (``dpsynth ledger settle``)."""
         why = _check_text(reason, "reason")
         with self._transaction() as conn:
             row = self._lock_open_reservation(conn, reservation_id)
-            self._close(conn, row.id, status="committed", epsilon_spent=row.epsilon_reserved,
-                        note=f"{STALE}{why}")
+            self._close(conn, row.id, status="committed", epsilon_spent=_whole(row), note=_stale_note(row, why))
         return self.reservation(reservation_id)
 
     def _settle_stale(self, conn: Connection, pid: str, *, stage: str, run_id: str, resumes: int | None,
@@ -304,8 +385,7 @@ class Ledger:
                 why = f"superseded by {by} of stage {stage!r} in the same pipeline run: it ended without closing"
             else:
                 why = f"expired: no heartbeat for more than {stale_after_s:g} s"
-            self._close(conn, r.id, status="committed", epsilon_spent=r.epsilon_reserved,
-                        note=f"{STALE}{why}")
+            self._close(conn, r.id, status="committed", epsilon_spent=_whole(r), note=_stale_note(r, why))
             settled.append({**_row_dict(r), "status": "committed", "note": why})
         return settled
 
@@ -445,6 +525,17 @@ class Ledger:
             raise PrivacyError(f"reservation_id: reservation {rid} was closed concurrently")
 
 
+def _data_id(conn: Connection, content_sha256: str) -> str:
+    """HMAC-SHA256(the ledger's key, the content sha256): comparable within this ledger, and no test of a
+    candidate dataset for whoever reads the ledger's rows. The key is made on first use."""
+    sha = _check_sha256(content_sha256, "content_sha256")
+    key = conn.execute(select(data_key_table.c.key).where(data_key_table.c.id == 1)).scalar()
+    if key is None:
+        key = secrets.token_hex(32)
+        conn.execute(insert(data_key_table).values(id=1, key=key))
+    return hmac.new(bytes.fromhex(key), sha.encode(), hashlib.sha256).hexdigest()
+
+
 def _take_sqlite_transactions(engine) -> None:
     """Let SQLAlchemy, not the sqlite3 module, issue BEGIN, so that writers can ask for IMMEDIATE."""
 
@@ -462,7 +553,7 @@ def _balance(conn: Connection, population) -> dict[str, Any]:
     """The population's balance, after checking every one of its rows (a hand-edited ledger is refused)."""
     _check_rows(conn, population)
     table = reservations_table
-    charged = case((table.c.status == "committed", table.c.epsilon_spent), else_=table.c.epsilon_reserved)
+    charged = _charged(table)
     sums = {status: (eps or 0.0, dlt or 0.0) for status, eps, dlt in conn.execute(
         select(table.c.status, func.sum(charged), func.sum(table.c.delta))
         .where(table.c.population_id == population.population_id, table.c.status != "released")
@@ -478,6 +569,23 @@ def _balance(conn: Connection, population) -> dict[str, Any]:
         "delta": population.delta,
         "delta_used": delta_committed + delta_reserved,
     }
+
+
+def _charged(table):
+    """What a reservation counts for: a committed one its spent ε, an open one its whole (:func:`_whole`)."""
+    bound = func.coalesce(table.c.epsilon_bound, 0.0)
+    return case((table.c.status == "committed", table.c.epsilon_spent),
+                (bound > table.c.epsilon_reserved, bound), else_=table.c.epsilon_reserved)
+
+
+def _whole(row) -> float:
+    """An open reservation's whole amount: its ε, or the larger sound ε its attempt may reach (``epsilon_bound``)."""
+    return max(row.epsilon_reserved, row.epsilon_bound or 0.0)
+
+
+def _stale_note(row, why: str) -> str:
+    """The note of a reservation settled as stale (its raised bound's OVERDRAW note kept)."""
+    return f"{STALE}{why}" + (f"; {row.note}" if _whole(row) > row.epsilon_reserved else "")
 
 
 def _check_rows(conn: Connection, population) -> None:
@@ -506,8 +614,7 @@ def _check_rows(conn: Connection, population) -> None:
         if problem:
             raise PrivacyError(f"ledger: reservation {r.id} of population {pid!r} is corrupt ({problem}); "
                                "refusing to use the ledger until an operator repairs the row")
-    charged = conn.execute(select(func.sum(case((table.c.status == "committed", table.c.epsilon_spent),
-                                                else_=table.c.epsilon_reserved)))
+    charged = conn.execute(select(func.sum(_charged(table)))
                            .where(table.c.population_id == pid, table.c.status != "released")).scalar() or 0.0
     overdrawn = conn.execute(select(func.count()).select_from(table).where(
         table.c.population_id == pid, table.c.note.like("%OVERDRAW%"))).scalar()
@@ -569,9 +676,9 @@ def _check_id(value: Any, field: str) -> str:
     return value.strip()
 
 
-def _check_sha256(value: Any) -> str:
+def _check_sha256(value: Any, field: str = "dataset_sha256") -> str:
     if not isinstance(value, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", value):
-        raise PrivacyError(f"dataset_sha256: must be 64 hexadecimal digits, got {value!r}")
+        raise PrivacyError(f"{field}: must be 64 hexadecimal digits, got {value!r}")
     return value.lower()
 
 

@@ -51,6 +51,9 @@ def register(subparsers) -> None:
     budget.add_argument("--delta", required=True, type=float, metavar="D", help="lifetime δ, in (0, 1), < 1/n")
     budget.add_argument("--reason", required=True, metavar="TEXT", help="why (kept in the budget history)")
     budget.add_argument("--records", type=int, metavar="N", help="the dataset's records: refuse δ >= 1/N now")
+    budget.add_argument("--allow-shared-data", metavar="REASON",
+                        help="let POPULATION be charged for records already charged to another population (a new "
+                        "id for the same data is refused otherwise: it would start a fresh budget); REASON is kept")
     budget.add_argument("--if-new", action="store_true",
                         help="only create the population: leave an existing one's budget as it is")
     budget.set_defaults(func=run_set_budget)
@@ -103,7 +106,7 @@ def run_set_budget(args: argparse.Namespace) -> int:
                   f"{commands.dpsynth('ledger', 'set-budget', balance['population_id'], '--epsilon E --delta D --reason TEXT')}")
     else:
         balance = ledger.set_budget(args.population, epsilon=args.epsilon, delta=args.delta, reason=args.reason,
-                                    records=args.records)
+                                    records=args.records, allow_shared_data=args.allow_shared_data)
     if args.json:
         print(json.dumps(balance))
     elif not (args.if_new and args.population.strip() in known):

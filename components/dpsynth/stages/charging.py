@@ -52,9 +52,10 @@ def open_ledger(url: str):
 
 
 def train_charged(cfg: RunConfig, make_trainer, *, ledger, dataset_version: str, pipeline_run_id: str,
-                  records: int, workdir: str):
+                  records: int, workdir: str, content_sha256: str | None = None):
     """Run ``make_trainer().train()`` as one charged attempt (:func:`dpsynth.privacy.attempt.run_charged`),
-    adopting the checkpoint in ``workdir/checkpoints``; returns the result."""
+    adopting the checkpoint in ``workdir/checkpoints``; returns the result. ``content_sha256``: the dataset's
+    content hash, which ties the population to its data in the ledger (kept there keyed only)."""
     from dpsynth.privacy.attempt import open_attempt, run_charged
     from dpsynth.privacy.events import MechanismTrace
 
@@ -62,6 +63,6 @@ def train_charged(cfg: RunConfig, make_trainer, *, ledger, dataset_version: str,
         ledger, population_id=population_id(cfg), epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
         dataset_version=dataset_version, pipeline_run_id=pipeline_run_id, stage="train", records=records,
         accountant=cfg.privacy.accountant, checkpoint_dir=Path(workdir) / "checkpoints",
-        resume=cfg.output.resume, stale_after_s=cfg.ledger.stale_after_hours * 3600)
+        resume=cfg.output.resume, stale_after_s=cfg.ledger.stale_after_hours * 3600, content_sha256=content_sha256)
     return run_charged(attempt, make_trainer,
                        read_trace=lambda result: MechanismTrace.from_json(storage.read_bytes(result.trace_path).decode()))

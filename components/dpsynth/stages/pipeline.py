@@ -110,9 +110,12 @@ def open_ledger(ctx: common.StageContext):
 def check_budget(ctx: common.StageContext) -> dict:
     """Refuse (PrivacyError, nothing written) a run whose target (ε, δ) the population cannot afford."""
     cfg = ctx.cfg
-    records = len(partition.load_source(cfg))
-    return open_ledger(ctx).check_affordable(population_id(cfg), epsilon=cfg.privacy.epsilon,
-                                             delta=cfg.privacy.delta, records=records)
+    source = partition.load_source(cfg)
+    ledger = open_ledger(ctx)
+    bal = ledger.check_affordable(population_id(cfg), epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
+                                  records=len(source))
+    ledger.check_data(population_id(cfg), content_sha256=source.content_sha256())  # not another population's
+    return bal
 
 
 def settle(ctx: common.StageContext) -> list[dict]:

@@ -8,7 +8,9 @@ the trainer's accountant reports for the trace (the audit recomputes it independ
 The trainer works in a local directory: ``sensitive/train`` itself when the run directory is
 local (so an interrupted run resumes from ``checkpoints/`` when its settings are unchanged;
 a checkpoint of other settings, or any with ``--force``, is discarded), else a temporary directory whose
-outputs are then uploaded (no resume across machines for remote run directories yet).
+outputs are then uploaded; there every checkpoint and generator snapshot is also copied to
+``sensitive/train/checkpoints/`` in the run directory as it is written, and pulled from there by the next
+attempt, so an orchestrator's retry (on any machine) resumes it under the killed attempt's reservation.
 
 Every attempt is charged to the ledger (:mod:`dpsynth.privacy.attempt`): it opens its own reservation
 before building the trainer, adopting the reservation of the checkpoint it resumes, and commits the ε
@@ -38,13 +40,14 @@ from pathlib import Path
 
 from dpsynth import storage, tracking
 from dpsynth.data import read_parquet
-from dpsynth.methods import distributed, registry
+from dpsynth.methods import checkpoint, distributed, registry
 from dpsynth.stages import charging, common, manifest
 
 STAGE = "train"
 SECTIONS = ("data", "partition", "privacy", "train", "warmup")  # plus the method's own (registry: Method.sections)
 # The train run is the trainer's: it logs the config and what its class declares (Trainer.MLFLOW_KEYS).
 MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.config_params()
+MARKER = "inputs.sha256"  # in checkpoints/: the settings and training data its checkpoint belongs to
 OUTPUTS = {"generator": "generator.pt", "trace": "trace.json", "result": "result.json",
            "grid": "samples.png", "config": "config.yaml"}
 
@@ -97,14 +100,22 @@ def method_inputs(ctx: common.StageContext, method: registry.Method, *, dataset,
     return dataset, {}
 
 
-def _discard_stale_checkpoints(workdir: str, *, stamp: str, force: bool) -> None:
-    """Keep ``checkpoints/`` only for an interrupted run of the same settings *and* training data."""
+def _discard_stale_checkpoints(workdir: str, *, stamp: str, force: bool, mirror: str | None = None) -> None:
+    """Keep ``checkpoints/`` only for an interrupted run of the same settings *and* training data. ``mirror``: where
+    a remote run directory keeps them (:func:`dpsynth.methods.checkpoint.mirroring`): pulled first, cleared with
+    the local copy."""
     ckpt = Path(workdir) / "checkpoints"
-    marker = ckpt / "inputs.sha256"
+    if mirror is not None:
+        checkpoint.pull(mirror, ckpt)
+    marker = ckpt / MARKER
     if ckpt.exists() and (force or not marker.exists() or marker.read_text() != stamp):
         shutil.rmtree(ckpt)
+        if mirror is not None:
+            checkpoint.clear_mirror(mirror)
     ckpt.mkdir(parents=True, exist_ok=True)
     marker.write_text(stamp)
+    if mirror is not None:
+        storage.write_text(storage.join(mirror, MARKER), stamp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,20 +177,23 @@ def run(ctx: common.StageContext) -> common.Outcome:
     remote = storage.is_remote(ctx.run_dir)
     with tempfile.TemporaryDirectory(prefix="dpsynth-train-") as scratch:
         workdir = scratch if remote else str(storage.local_path(ctx.stage_dir(STAGE)))
+        mirror = ctx.uri(STAGE, "checkpoints") if remote else None  # a retry elsewhere resumes from it
         stamp = hashlib.sha256(json.dumps([fp, [s["sha256"] for s in shards]]).encode()).hexdigest()
-        _discard_stale_checkpoints(workdir, stamp=stamp, force=ctx.force)
+        _discard_stale_checkpoints(workdir, stamp=stamp, force=ctx.force, mirror=mirror)
         tcfg = _trainer_config(ctx, shards, workdir)
         tracking_uri = ctx.tracking_uri if cfg.tracking.enabled else None
         ledger = charging.open_ledger(charging.ledger_url(cfg, run_dir=ctx.run_dir, tracking_uri=tracking_uri))
-        result = dataclasses.asdict(charging.train_charged(
-            tcfg, lambda: method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id,
-                                                 run_tags=ctx.run_tags(), **method_kwargs),
-            ledger=ledger, dataset_version=partition["dataset_sha256"],
-            pipeline_run_id=ctx.pipeline_run_id or f"stage-{uuid.uuid4().hex[:12]}",
-            records=partition["details"]["records"], workdir=workdir))
+        with checkpoint.mirroring(mirror):
+            result = dataclasses.asdict(charging.train_charged(
+                tcfg, lambda: method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id,
+                                                     run_tags=ctx.run_tags(), **method_kwargs),
+                ledger=ledger, dataset_version=partition["dataset_sha256"],
+                pipeline_run_id=ctx.pipeline_run_id or f"stage-{uuid.uuid4().hex[:12]}",
+                records=partition["details"]["records"], workdir=workdir,
+                content_sha256=next(i for i in partition["inputs"] if i["role"] == "source")["content_sha256"]))
         # generator snapshots a trainer left at its checkpoints (evaluate's ε-vs-metric curve)
         snapshots = sorted(p.relative_to(workdir).as_posix()
-                           for p in (Path(workdir) / "checkpoints" / "snapshots").glob("generator-*.pt"))
+                           for p in (Path(workdir) / "checkpoints" / checkpoint.SNAPSHOTS).glob("generator-*.pt"))
         if remote:
             for name in [*OUTPUTS.values(), *snapshots]:
                 storage.copy(storage.join(workdir, name), ctx.uri(STAGE, name))

@@ -111,7 +111,8 @@ def _run_train(args, cfg, ranks) -> int:
     result = charging.train_charged(
         cfg, lambda: method.trainer_class()(cfg, dataset), ledger=ledger,
         dataset_version=secrets.token_hex(32),  # a random version id: no content hash leaves the data
-        pipeline_run_id=f"train:{out}"[-200:], records=len(dataset), workdir=str(out))
+        pipeline_run_id=f"train:{out}"[-200:], records=len(dataset), workdir=str(out),
+        content_sha256=dataset.content_sha256())
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:

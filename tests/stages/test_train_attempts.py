@@ -1,0 +1,93 @@
+"""The train stage across attempts, as real processes: a killed attempt's leftovers are never released (#33 item 6)
+and a re-run of a killed run resumes its checkpoint under the killed attempt's reservation (#34 item 3)."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from dpsynth import storage
+from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
+from tests.stages.helpers import manifest, settings, stages
+
+LONG = ("train.steps=300", "output.checkpoint_every=20")
+
+
+def cli(*argv):
+    return [sys.executable, "-m", "dpsynth.cli", *map(str, argv)]
+
+
+def kill_once(args, path, *, timeout=300):
+    """Start ``args``, SIGKILL it once ``path`` (a file or an S3 object) exists."""
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while not storage.exists(path) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert storage.exists(path), f"{path} never appeared"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def killed_then_resumed(ledger, *, adopted_steps: int) -> None:
+    """The ledger after a killed attempt and the re-run that resumed its checkpoint: two reservations, the second
+    adopting the first (settled at its whole ε = 10) and charged only for the steps it added."""
+    first, second = ledger.history("mnist600")
+    assert first["status"] == "committed" and first["epsilon_spent"] == 10 and "adopted" in first["note"]
+    assert second["status"] == "committed" and second["resumes_id"] == first["id"]
+    assert f"added to the {adopted_steps} of reservation {first['id']}" in second["note"]
+    assert second["epsilon_spent"] < 9.8  # the steps it added: not the 9.89 of all 300 steps again
+
+
+def test_snapshots_of_an_earlier_attempt_are_not_listed(tmp_path, source, ledger_with_budget):
+    run = tmp_path / "run"
+    stages(run, source, "partition", "warmstart", overrides=LONG)
+    train_dir = run / "sensitive" / "train"
+    first = train_dir / "checkpoints" / "snapshots" / "generator-0000020.pt"
+    kill_once(cli("train", "--run-dir", run, *settings(source, *LONG)), first)
+    stale = sorted((train_dir / "checkpoints" / "snapshots").glob("generator-*.pt"))
+    assert stale  # the killed attempt's generator snapshots (every 20 steps)
+    # a restart that does not resume, checkpointing every 50 steps
+    again = settings(source, "train.steps=300", "output.checkpoint_every=50", "output.resume=false")
+    done = subprocess.run(cli("train", "--run-dir", run, *again), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    listed = manifest(run, "sensitive", "train")["outputs"]
+    snaps = [o["uri"] for o in listed if o["role"] == "generator_snapshot"]
+    steps = sorted(int(u.rsplit("generator-", 1)[1][:-3]) for u in snaps)
+    assert steps == list(range(50, 301, 50)), steps  # this run's only: none of the killed attempt's
+    for uri in snaps:  # each bound to this run's trace, at its own step
+        privacy = torch.load(storage.local_path(uri), weights_only=False)["privacy"]
+        assert privacy["step"] % 50 == 0
+    assert not [p for p in stale if p.exists() and int(p.stem.split("-")[1]) % 50]
+
+
+def test_a_rerun_of_a_killed_pipeline_resumes_its_checkpoint(tmp_path, source, ledger_with_budget):
+    run = tmp_path / "run"
+    args = cli("pipeline", "run", "--run-dir", run, *settings(source, *LONG, "evaluate.curve_samples=0"))
+    ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
+    kill_once(args, ckpt)  # past its first checkpoint
+    at = torch.load(ckpt, weights_only=False)["step"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)  # the same command again
+    assert done.returncode == 0, done.stderr[-3000:]
+    killed_then_resumed(ledger_with_budget, adopted_steps=at)
+    assert manifest(run, "sensitive", "train")["details"]["steps"] == 300
+
+
+def test_a_retry_of_a_killed_train_stage_on_s3_resumes_its_checkpoint(s3_bucket, tmp_path, source, ledger_with_budget):
+    run = f"s3://{s3_bucket}/runs/r1"
+    stages(run, source, "partition", "warmstart", overrides=LONG)
+    args = cli("train", "--run-dir", run, *settings(source, *LONG))
+    mirrored = f"{run}/sensitive/train/checkpoints/last.pt"
+    kill_once(args, mirrored)  # the stage trains in a temporary directory, which dies with it
+    local = tmp_path / "last.pt"
+    storage.copy(mirrored, local)
+    at = torch.load(local, weights_only=False)["step"]
+    assert 0 < at < 300
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)  # the orchestrator's retry
+    assert done.returncode == 0, done.stderr[-3000:]
+    killed_then_resumed(ledger_with_budget, adopted_steps=at)
+    trained = manifest(run, "sensitive", "train")
+    assert trained["details"]["steps"] == 300
+    snaps = sorted(o["uri"].rsplit("-", 1)[1] for o in trained["outputs"] if o["role"] == "generator_snapshot")
+    assert snaps == [f"{s:07d}.pt" for s in range(20, 301, 20)]  # the killed attempt's kept: same lineage
