@@ -396,13 +396,13 @@ def test_helm_test_pod_checks_mlflow_and_the_ledger_database():
 
 @pytest.fixture
 def mlflow_health():
-    """An HTTP server answering /health like MLflow's (``OK``); its URL."""
+    """An HTTP server answering /health like MLflow's (``OK``) and its experiments search; its URL."""
     import http.server
     import threading
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            ok = self.path == "/health"
+            ok = self.path == "/health" or self.path.startswith("/api/2.0/mlflow/experiments/search")
             self.send_response(200 if ok else 404)
             self.end_headers()
             self.wfile.write(b"OK" if ok else b"")
