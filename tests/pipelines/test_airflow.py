@@ -145,18 +145,23 @@ def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(a
         "retrain": {k: p.serialize() for k, p in bag.dags["dpsynth_retrain_on_new_data"].params.items()},
         "settings": dpsynth_pipeline.SETTINGS,
         "overrides": {o: rejected(overrides=[o]) for o in ["train.stepz=3", "bogus.x=1", "warmup.styles=3",
-                                                           "privacy.noise_multiplier=2"]},
+                                                           "privacy.noise_multiplier=2", "ledger.url=sqlite:///x.db",
+                                                           "tracking.uri=x", "privacy.accounting=x",
+                                                           "ledger.population_id=x"]},
     }))
     """, {**airflow_env, "DPSYNTH_STAGE_CONFIG": json.dumps(platform)})
     form, settings = out["form"], out["settings"]
+    # every field but the dataset nullable: empty keeps the base config's value (#34)
     expected = {"data.uri": {"type": "string", "minLength": 1},
                 "ledger.population_id": {"type": ["null", "string"], "minLength": 1, "maxLength": 200, "pattern": "\\S"},
-                "train.method": {"type": "string", "enum": list(typing.get_args(typing.get_type_hints(TrainConfig)["method"]))},
-                "privacy.epsilon": {"type": "number", "exclusiveMinimum": 0},
-                "privacy.delta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
-                "train.steps": {"type": "integer", "minimum": 1}, "partition.num_shards": {"type": "integer", "minimum": 1},
+                "train.method": {"type": ["null", "string"],
+                                 "enum": [None, *typing.get_args(typing.get_type_hints(TrainConfig)["method"])]},
+                "privacy.epsilon": {"type": ["null", "number"], "exclusiveMinimum": 0},
+                "privacy.delta": {"type": ["null", "number"], "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                "train.steps": {"type": ["null", "integer"], "minimum": 1},
+                "partition.num_shards": {"type": ["null", "integer"], "minimum": 1},
                 "train.n_d": {"type": ["null", "string"], "pattern": "^(adaptive|[1-9][0-9]*)$"},
-                "train.seed": {"type": "integer", "minimum": 0},
+                "train.seed": {"type": ["null", "integer"], "minimum": 0},
                 # nullable: empty keeps the config's setting (the pods read no config file: their default is off)
                 "audit.empirical": {"type": ["null", "string"], "enum": [None, "off", "quick", "full"]}}
     assert sorted(settings.values()) == sorted(expected)
@@ -165,10 +170,11 @@ def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(a
         assert schema == expected[field], name
         assert form[name]["description"].startswith(setting_schema(field)["description"]), name
     assert {k: form[k]["value"] for k in ("epsilon", "n_d", "delta", "steps", "method")} == {
-        "epsilon": 3, "n_d": "5", "delta": 1e-5, "steps": 2000, "method": "dpgan"}  # platform, else the models'
+        "epsilon": 3, "n_d": "5", "delta": None, "steps": None, "method": None}  # platform, else the config's
     assert form["overrides"]["value"] == ["train.lr_g=0.0001", "warmup.central_images=true"]
     assert out["overrides"] == {"train.stepz=3": True, "bogus.x=1": True, "warmup.styles=3": False,
-                                "privacy.noise_multiplier=2": False}
+                                "privacy.noise_multiplier=2": False, "ledger.url=sqlite:///x.db": True,
+                                "tracking.uri=x": True, "privacy.accounting=x": True, "ledger.population_id=x": True}
     assert out["retrain"] == form
 
 

@@ -74,21 +74,37 @@ def executor() -> str:
 
 # --- command lines ---------------------------------------------------------------------------
 
+# The trigger form's fields that are settings: form field -> setting. A field left empty (null) passes nothing:
+# the base config's value stands, so a run triggered with only the dataset filled in trains the config's recipe.
+SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", "method": "train.method",
+            "epsilon": "privacy.epsilon", "delta": "privacy.delta", "steps": "train.steps",
+            "num_shards": "partition.num_shards", "n_d": "train.n_d", "seed": "train.seed",
+            "audit_empirical": "audit.empirical"}
+# Settings only the platform sets (Variables / the chart), never whoever triggers a run: where and against
+# which lifetime budget attempts are charged, where runs are tracked, how ε is accounted. Refused in the
+# extra settings (the population has its own field, whose default is the platform's DPSYNTH_POPULATION_ID).
+GOVERNED = ("ledger.url", "ledger.population_id", "ledger.stale_after_hours", "tracking.uri", "privacy.accounting")
+
+
+def governed(item: str) -> str | None:
+    """The governance setting an extra ``section.field=value`` item names, or None."""
+    name = str(item).split("=", 1)[0].strip()
+    return name if name in GOVERNED else None
+
+
 def overrides(params: dict) -> list[str]:
-    """The trigger form's values as ``section.field=value`` settings (extra ones last, so they win)."""
-    sets = [f"data.uri={params['dataset_uri']}", f"train.method={params['method']}",
-            f"privacy.epsilon={params['epsilon']}", f"privacy.delta={params['delta']}",
-            f"train.steps={params['steps']}", f"partition.num_shards={params['num_shards']}",
-            f"train.n_d={params.get('n_d') or ''}", f"train.seed={params['seed']}"]  # n_d empty: the method's
-    if params.get("population_id"):  # else the config's (required: `dpsynth pipeline start` refuses a run without)
-        sets.append(f"ledger.population_id={params['population_id']}")
-    if audit := params.get("audit_empirical"):  # else the config's
-        if audit not in AUDIT_EMPIRICAL:
-            raise ValueError(f"audit_empirical (audit.empirical): must be one of {', '.join(AUDIT_EMPIRICAL)}, got {audit!r}")
-        sets.append(f"audit.empirical={audit}")
-    if params.get("tracking_uri"):
+    """The trigger form's values as ``section.field=value`` settings (extra ones last, so they win). An empty
+    field (None or "") is left out: the config's value."""
+    sets = [f"{field}={params[name]}" for name, field in SETTINGS.items() if params.get(name) not in (None, "")]
+    if (audit := params.get("audit_empirical")) and audit not in AUDIT_EMPIRICAL:
+        raise ValueError(f"audit_empirical (audit.empirical): must be one of {', '.join(AUDIT_EMPIRICAL)}, got {audit!r}")
+    if params.get("tracking_uri"):  # the platform's (DPSYNTH_TRACKING_URI), not on the form
         sets += ["tracking.enabled=true", f"tracking.uri={params['tracking_uri']}"]
-    return sets + list(params.get("overrides") or [])
+    extra = list(params.get("overrides") or [])
+    if refused := [name for item in extra if (name := governed(item))]:
+        raise ValueError(f"overrides (extra settings): {', '.join(refused)} is a platform setting (an Airflow "
+                         f"Variable or the chart's values), not a run's: remove it")
+    return sets + extra
 
 
 def plan(params: dict, pipeline_run_id: str) -> dict:
