@@ -202,28 +202,27 @@ CONTAINER = {c: _container(c) for c in ("pipeline start", "partition", "warmstar
 # --- shard indices: a lightweight component, in the stage image on a cluster ----------------------
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)
-def shard_indices(parent_run_id: str, config: str, extra: list, num_shards: Optional[int] = None) -> list:
+def shard_indices(parent_run_id: str, config: str, extra: list, num_shards: int = 0) -> list:
     """What the warm-start fan-out iterates over: [{"shard": i, "parent_run_id": …} for i < K], K the run's
-    partition.num_shards (``num_shards``, else the config's).
+    partition.num_shards (``num_shards``; 0, the default: the config's. Not None: kfp.local cannot take it).
 
     The parent run id rides in the loop items because kfp.local (2.17.0) replaces every task output
     that enters a ParallelFor with the loop item; pipeline parameters and item fields come through."""
     from dpsynth.config import load_config
 
-    sets = [*([] if num_shards is None else [f"partition.num_shards={num_shards}"]), *extra]
+    sets = [*([f"partition.num_shards={num_shards}"] if num_shards else []), *extra]
     k = load_config(config or None, overrides=sets).partition.num_shards
     return [{"shard": i, "parent_run_id": parent_run_id} for i in range(k)]
 
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)
-def train_distributed(config: str, extra: list, train_nodes: Optional[int] = None,
-                      train_gpus_per_node: Optional[int] = None) -> bool:
+def train_distributed(config: str, extra: list, train_nodes: int = 0, train_gpus_per_node: int = 0) -> bool:
     """Whether the train stage runs on several ranks (dpsynth.stages.launch.shape: train.nodes × train.gpus_per_node
-    > 1, each the input's, else the config's); a bad value fails the task, naming the setting."""
+    > 1, each the input's, else, when 0 (the default), the config's); a bad value fails the task, naming it."""
     from dpsynth.config import load_config
     from dpsynth.stages.launch import shape
 
-    sets = [f"train.{k}={v}" for k, v in (("nodes", train_nodes), ("gpus_per_node", train_gpus_per_node)) if v is not None]
+    sets = [f"train.{k}={v}" for k, v in (("nodes", train_nodes), ("gpus_per_node", train_gpus_per_node)) if v]
     return shape(load_config(config or None, overrides=[*sets, *extra]))["distributed"]
 
 
@@ -231,25 +230,16 @@ def train_distributed(config: str, extra: list, train_nodes: Optional[int] = Non
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)  # runs locally; image for symmetry
 def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, config: str,
-                extra: list, method: Optional[str] = None, epsilon: Optional[float] = None, delta: Optional[float] = None,
-                steps: Optional[int] = None, num_shards: Optional[int] = None, n_d: Optional[str] = None,
-                seed: Optional[int] = None, audit_empirical: Optional[str] = None, parent_run_id: str = "",
-                shard_index: int = -1, train_nodes: Optional[int] = None,
-                train_gpus_per_node: Optional[int] = None) -> NamedTuple("Outputs", [("parent_run_id", str)]):
+                extra: list, parent_run_id: str = "",
+                shard_index: int = -1) -> NamedTuple("Outputs", [("parent_run_id", str)]):
     """Runs ``python -m dpsynth.cli <command>`` like the container does ("train job": the train stage on
-    several ranks of this machine, ``--launch torchrun``); outputs the parent run id. A setting that is None is
-    not passed (the config's)."""
+    several ranks of this machine, ``--launch torchrun``); outputs the parent run id. The local flavour's settings
+    are all in ``extra`` (kfp.local cannot leave out an optional input: see ``local_pipeline``)."""
     import json
     import subprocess
     import sys
     from typing import NamedTuple
 
-    values = {"dataset_uri": dataset_uri, "population_id": population_id, "method": method, "epsilon": epsilon, "delta": delta, "steps": steps,
-              "num_shards": num_shards, "n_d": n_d, "seed": seed, "audit_empirical": audit_empirical}
-    fields = {"dataset_uri": "data.uri", "population_id": "ledger.population_id",  # = SETTINGS
-              "method": "train.method", "epsilon": "privacy.epsilon",
-              "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
-              "n_d": "train.n_d", "seed": "train.seed", "audit_empirical": "audit.empirical"}
     heads = {"warmstart shard": ["warmstart", "--shard", str(shard_index)],
              "train job": ["train", "--launch", "torchrun"]}
     head = heads.get(command) or command.split()
@@ -257,12 +247,7 @@ def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: s
     if command != "pipeline start":
         argv += ["--parent-run-id", parent_run_id]
     argv += ["--config", config] if config else []
-    if command == "train job":  # = LAUNCH
-        values.update(train_nodes=train_nodes, train_gpus_per_node=train_gpus_per_node)
-        fields.update(train_nodes="train.nodes", train_gpus_per_node="train.gpus_per_node")
-    for name, field in fields.items():
-        if values[name] is not None:
-            argv += ["--set", f"{field}={values[name]}"]
+    argv += ["--set", f"data.uri={dataset_uri}", "--set", f"ledger.population_id={population_id}"]
     for item in extra:  # on this machine the platform is yours: ledger.url, tracking.uri are allowed here
         argv += ["--set", item]
     print("dpsynth", *argv)  # the task log
@@ -280,20 +265,20 @@ def _wire(step, p: dict, *, cluster: bool) -> None:
     a cached ``start`` would hand out a closed parent run; the stages skip their own repeats by manifest.
     ``cluster``: the stage pods' GPUs, configuration, resources, retries and time limits."""
     step = _uncached(step)
-    settings = {name: p[name] for name in SETTINGS}
+    settings = {name: p[name] for name in SETTINGS if name in p}  # the local flavour has only the required ones
     common = dict(run_dir=p["run_dir"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, config=p["config"],
                   extra=p["extra"], **settings)
     start = step("pipeline start", **common)
     ids = dict(common, parent_run_id=start.outputs["parent_run_id"])
 
     partition = step("partition", **ids)
-    shards = shard_indices(num_shards=p["num_shards"], parent_run_id=ids["parent_run_id"], config=p["config"],
-                           extra=p["extra"])
+    shards = shard_indices(**{k: v for k, v in settings.items() if k == "num_shards"},
+                           parent_run_id=ids["parent_run_id"], config=p["config"], extra=p["extra"])
     shards.after(partition).set_caching_options(False)
     with dsl.ParallelFor(shards.output) as shard:
         per_shard = step("warmstart shard", shard_index=shard.shard, **dict(ids, parent_run_id=shard.parent_run_id))
     warm = step("warmstart", **ids).after(per_shard)  # fan-in: after every iteration of the loop
-    shape = {name: p[name] for name in LAUNCH}
+    shape = {name: p[name] for name in LAUNCH if name in p}
     distributed = train_distributed(**shape, config=p["config"], extra=p["extra"]).after(warm).set_caching_options(False)
     with dsl.If(distributed.output == True, "several ranks"):  # noqa: E712 (a KFP condition, not a Python test)
         job = step("train job", **shape, **ids)
@@ -305,7 +290,7 @@ def _wire(step, p: dict, *, cluster: bool) -> None:
     finish = step("pipeline finish", **ids).after(evaluate)
     if cluster:
         for task in (start, partition, per_shard, warm, train, job, audit, sample, evaluate, finish):
-            _on_cluster(task, gpu=task in (per_shard, train), retry=task is not finish)
+            _on_cluster(task, gpu=task in (per_shard, train), retry=task not in (audit, finish))  # audit: one draw
         for small in (shards, distributed):
             small.set_cpu_request("100m").set_memory_request("256Mi").set_memory_limit("512Mi")
         if kubernetes is not None:  # the TrainJob launcher finds the chart's template by the stage ConfigMap
@@ -359,15 +344,16 @@ def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, config:
     _wire(lambda command, **kw: CONTAINER[command](**kw), locals(), cluster=True)
 
 
+# kfp.local (2.17.0) cannot run a pipeline whose optional input without a default is left out ("Unknown value
+# type") nor take None for one: the local flavour has only the required inputs, and its settings come in ``extra``
+# (run_local.py puts the given ones there, before the user's).
 @dsl.pipeline(name="dpsynth-local", description="dpsynth_pipeline's shape, stages as local Python subprocesses")
 @_documented
 def local_pipeline(dataset_uri: str, run_dir: str, population_id: str, config: str = LOCAL_CONFIG,
-                   extra: list = [],  # noqa: B006 (KFP default)
-                   method: Optional[str] = None, epsilon: Optional[float] = None, delta: Optional[float] = None,
-                   steps: Optional[int] = None, num_shards: Optional[int] = None, n_d: Optional[str] = None,
-                   seed: Optional[int] = None, audit_empirical: Optional[str] = None,
-                   train_nodes: Optional[int] = None, train_gpus_per_node: Optional[int] = None):
-    _wire(lambda command, **kw: local_stage(command=command, **kw), locals(), cluster=False)
+                   extra: list = []):  # noqa: B006 (KFP default)
+    def step(command, **kw):
+        return local_stage(command=command, **{k: v for k, v in kw.items() if k not in LAUNCH})
+    _wire(step, locals(), cluster=False)
 
 
 def compile_yaml(path: str | os.PathLike = YAML) -> Path:

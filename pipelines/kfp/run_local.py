@@ -44,8 +44,10 @@ def run(*, dataset: str, run_dir: str, extra: list[str], pipeline_root: str | No
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
     original_print = builtins.print
     try:
-        return local_pipeline(dataset_uri=dataset, run_dir=run_dir, extra=list(extra), config=config,
-                              **{k: v for k, v in params.items() if v is not None})
+        # the local flavour takes the settings given as extra items (kfp.local cannot leave an optional input out)
+        given = [f"{SETTINGS[k]}={v}" for k, v in params.items() if v is not None and k != "population_id"]
+        return local_pipeline(dataset_uri=dataset, run_dir=run_dir, population_id=params["population_id"],
+                              extra=[*given, *extra], config=config)
     finally:
         # kfp.local indents task logs by swapping builtins.print; with ParallelFor iterations running in
         # threads the swaps interleave and an indenting print can be left behind (kfp 2.17.0)

@@ -115,7 +115,7 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     dataset = (REPO / "outputs" / "data" / "mnist.parquet").as_uri()  # DPSYNTH_DATASET_URI's default
     assert out["outlets"] == [dataset] and out["retrain_assets"] == [dataset]
     for task, (retries, delay, timeout) in out["settings"].items():  # default_args: stages are idempotent
-        assert retries == (0 if task.endswith(".finish") else 2) and delay == 120 and timeout == 12 * 3600, task
+        assert retries == (0 if task.endswith((".finish", ".audit")) else 2) and delay == 120 and timeout == 12 * 3600, task
     assert out["map_index_template"] == "shard {{ task.op_kwargs['shard'] }}"
 
 
@@ -186,7 +186,7 @@ def test_task_settings_come_from_airflow_variables_else_the_environment(airflow_
            "DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS": "1800", "DPSYNTH_TASK_TIMEOUT_SECONDS": "600"}
     out = in_airflow(LOAD + """
     dag = bag.dags["dpsynth_train"]
-    pods = [t for t in dag.tasks if type(t).__name__ == "KubernetesPodOperator"]
+    pods = [t for t in dag.tasks if type(t).__name__ == "StagePodOperator"]
     shard = dag.get_task("warmstart_shard")
     print(json.dumps({
         "pods": {t.task_id: [t.deferrable, t.startup_timeout_seconds, t.schedule_timeout_seconds, t.retries,
@@ -196,7 +196,7 @@ def test_task_settings_come_from_airflow_variables_else_the_environment(airflow_
     """, env)
     assert sorted(out["pods"]) == sorted(["start", *STAGES, "train_job", "finish"])
     for task_id, settings in out["pods"].items():
-        assert settings == [True, 1800, 1800, 0 if task_id == "finish" else 5, 600], task_id
+        assert settings == [True, 1800, 1800, 0 if task_id in ("finish", "audit") else 5, 600], task_id
     assert out["shard"] == [True, 1800, "shard {{ task.arguments[-1] }}"]
 
 
@@ -237,7 +237,7 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
     plan = dpsynth_pods.plan({**dag.params.dump(), "config": None}, "run-1")
     argv = {**dpsynth_pipeline.start_command.function(plan),
             **dpsynth_pipeline.stage_commands.function(plan, {"parent_run_id": "PARENT"})}
-    ops = [t for t in dag.tasks if type(t).__name__ == "KubernetesPodOperator"]
+    ops = [t for t in dag.tasks if type(t).__name__ == "StagePodOperator"]
     sources = {t.task_id: [t.arguments.operator.task_id, t.arguments.key] for t in ops}
     for t in ops:  # as the XComArg resolves at run time
         t.arguments = argv[t.task_id]
@@ -249,7 +249,7 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
                                  for t in mapped},
                       "mapped_gpu": {t.task_id: str(t.partial_kwargs["container_resources"].limits) for t in mapped}}))
     """, env)
-    assert out["mapped"] == {"warmstart_shard": ["KubernetesPodOperator", ["arguments"]]}  # one pod per shard
+    assert out["mapped"] == {"warmstart_shard": ["StagePodOperator", ["arguments"]]}  # one pod per shard
     assert "nvidia.com/gpu" in out["mapped_gpu"]["warmstart_shard"]
     pods = out["pods"]
     assert sorted(pods) == sorted(["start", *STAGES, "train_job", "finish"])

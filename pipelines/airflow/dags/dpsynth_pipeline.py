@@ -97,8 +97,8 @@ def _run_local(argv: list[str]):
         finally:
             done.set()
         reader.join()
-    if proc.returncode != 0:
-        raise RuntimeError(f"dpsynth {argv[0]} exited {proc.returncode}: " + "\n".join(tail))
+    if proc.returncode != 0:  # exit 2, a verdict: AirflowFailException, never retried
+        raise pods.verdict_error(argv[0], proc.returncode, "\n".join(tail))
     return pods.parse_json(out[0].decode())
 
 
@@ -168,7 +168,7 @@ def _local_tasks(plan_out):
         return _run_local(plan["argv"]["start"])
 
     def stage_task(stage: str):
-        @task(task_id=stage)
+        @task(task_id=stage, **pods.retries(stage))  # audit: once (its gates draw randomness)
         def run(plan: dict, ids: dict) -> dict:
             argv = pods.with_parent(plan["argv"][stage], ids["parent_run_id"])
             if stage == "train" and pods.distributed(ids):  # several ranks: torchrun on this machine

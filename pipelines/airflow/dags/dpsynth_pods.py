@@ -25,7 +25,9 @@ ConfigMap), else its default:
   The ledger is ``DPSYNTH_LEDGER_URL`` (the stage Secret on Kubernetes), else beside a SQLite MLflow store or
   the local run root; the population's budget is set there beforehand (``dpsynth ledger set-budget``).
 - every task: ``DPSYNTH_TASK_RETRIES`` (2), ``DPSYNTH_TASK_RETRY_DELAY_SECONDS`` (120),
-  ``DPSYNTH_TASK_TIMEOUT_SECONDS`` (43200). Retrying is safe: a stage skips work its manifest records.
+  ``DPSYNTH_TASK_TIMEOUT_SECONDS`` (43200). Retrying is safe: a stage skips work its manifest records. Never
+  retried: a stage that exits 2 (a verdict: bad input, a refused budget, a failed audit; ``AirflowFailException``),
+  and the ``audit`` and ``finish`` tasks (:data:`NO_RETRY`: a failing randomised gate must not get three draws).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from datetime import timedelta
 from pathlib import Path
 
 STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
+VERDICT = 2  # dpsynth's exit status for a verdict (DpsynthError: bad input, refused budget, failed audit)
+NO_RETRY = ("audit", "finish")  # tasks run once: the audit's gates draw randomness; finish's failure is the verdict
 # audit.empirical's choices, from the exported config schema beside this file (dpsynth_config.schema.json)
 AUDIT_EMPIRICAL = tuple(json.loads(Path(__file__).with_name("dpsynth_config.schema.json").read_text(encoding="utf-8"))
                         ["$defs"]["AuditConfig"]["properties"]["empirical"]["enum"])
@@ -116,6 +120,22 @@ def plan(params: dict, pipeline_run_id: str) -> dict:
     argv = {"start": ["pipeline", "start", *common], "finish": ["pipeline", "finish", *common],
             **{stage: [stage, *common] for stage in STAGES}}
     return {"pipeline_run_id": pipeline_run_id, "run_dir": run_dir, "argv": argv}
+
+
+def retries(task_id: str) -> dict:
+    """``{"retries": 0}`` for the tasks of :data:`NO_RETRY`, else ``{}`` (default_args)."""
+    return {"retries": 0} if task_id in NO_RETRY else {}
+
+
+def verdict_error(stage: str, code: int, detail: str) -> Exception:
+    """The exception a failed stage raises: ``AirflowFailException`` (no retry) for exit :data:`VERDICT`, else
+    ``RuntimeError`` (retried)."""
+    message = f"dpsynth {stage} exited {code}: {detail}"
+    if code == VERDICT:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        return AirflowFailException(message + " (a verdict: not retried)")
+    return RuntimeError(message)
 
 
 def with_parent(argv: list[str], parent_run_id: str | None) -> list[str]:
@@ -204,11 +224,43 @@ def stage_pod_operator(task_id: str, stage: str, arguments, *, mapped: bool = Fa
     """A KubernetesPodOperator running ``arguments`` (``["dpsynth", <command>, ...]``: a list, or an
     XComArg of one) in the stage image through :data:`POD_CMDS`; the command's JSON goes to the XCom
     sidecar. ``mapped``: ``arguments`` is an XComArg of argument lists, one pod each (e.g. per shard)."""
-    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-
+    KubernetesPodOperator = stage_pod_operator_class()
     settings = dict(task_id=task_id, name=f"dpsynth-{stage}", cmds=POD_CMDS, do_xcom_push=True, get_logs=True,
-                    on_finish_action="delete_succeeded_pod", **pod_settings(stage), **kwargs)
+                    on_finish_action="delete_succeeded_pod", **pod_settings(stage), **{**retries(task_id), **kwargs})
     if mapped:  # each argv ends with "--shard", K: the task instance's label in the UI
         return KubernetesPodOperator.partial(map_index_template="shard {{ task.arguments[-1] }}",
                                              **settings).expand(arguments=arguments)
     return KubernetesPodOperator(arguments=arguments, **settings)
+
+
+def exit_code(remote_pod, container: str = "base") -> int | None:
+    """The exit status of a pod's container, or None while it has none."""
+    statuses = (remote_pod.status.container_statuses if remote_pod and remote_pod.status else None) or []
+    status = next((c for c in statuses if c.name == container), None)
+    terminated = status.state.terminated if status and status.state else None
+    return terminated.exit_code if terminated else None
+
+
+_POD_OPERATOR = None
+
+
+def stage_pod_operator_class():
+    """KubernetesPodOperator whose failed pod with exit :data:`VERDICT` fails the task for good
+    (``AirflowFailException``: no retry); any other failure stays retryable."""
+    global _POD_OPERATOR
+    if _POD_OPERATOR is None:
+        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+        class StagePodOperator(KubernetesPodOperator):
+            def cleanup(self, pod, remote_pod, xcom_result=None, context=None):
+                try:
+                    return super().cleanup(pod, remote_pod, xcom_result=xcom_result, context=context)
+                except Exception as exc:
+                    code = exit_code(remote_pod, self.base_container_name)
+                    if code == VERDICT:
+                        raise verdict_error(self.task_id, code, str(exc).splitlines()[0]) from exc
+                    raise
+
+        StagePodOperator.__module__ = __name__
+        _POD_OPERATOR = StagePodOperator
+    return _POD_OPERATOR
