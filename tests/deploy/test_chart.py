@@ -24,6 +24,8 @@ CHART = REPO / "charts" / "dpsynth"
 TOOLS = REPO / ".venv" / "tools" / "bin"
 HELM, VALIDATE = TOOLS / "helm", TOOLS / "kubernetes-validate"
 K8S_VERSION = "1.33.0"  # validate against a version most clusters run; the chart needs >=1.27
+# what every install must give (#34: stage pods share no disk)
+REQUIRED = ["--set", "pipeline.runRoot=s3://dpsynth/runs", "--set", "pipeline.datasetUri=s3://dpsynth/data/mnist.parquet"]
 CREDENTIALS = ["--set", "credentials.create=true", "--set", "credentials.awsAccessKeyId=minio",
                "--set", "credentials.awsSecretAccessKey=minio-secret", "--set", "credentials.postgresPassword=p@ss/word"]
 VARIANTS = {"default": [], "gpu": ["-f", str(CHART / "values-gpu.yaml")],
@@ -36,6 +38,10 @@ tools = pytest.mark.skipif(not (HELM.exists() and VALIDATE.exists()),
 
 
 def helm(*args: str) -> str:
+    """``helm ARGS``' output (it must succeed); ``template`` and ``lint`` get the values every install must give
+    (:data:`REQUIRED`) first, so later ``--set`` arguments can replace them."""
+    if args and args[0] in ("template", "lint"):
+        args = (args[0], *REQUIRED, *args[1:])
     proc = subprocess.run([str(HELM), *args], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -80,6 +86,24 @@ def test_validation_catches_a_bad_manifest(tmp_path):
     proc = subprocess.run([str(VALIDATE), "--strict", "--quiet", "-k", K8S_VERSION, str(tmp_path / "bad.yaml")],
                           capture_output=True, text=True)
     assert proc.returncode != 0
+
+
+@tools
+def test_the_pipeline_needs_object_store_uris_and_ships_its_config():
+    """#34 item 2: no default run root or dataset on a pod's ephemeral disk; the config the image ships."""
+    for missing in (["--set", "pipeline.runRoot="], ["--set", "pipeline.datasetUri="]):
+        proc = subprocess.run([str(HELM), "template", "dpsynth", str(CHART), *REQUIRED, *missing],
+                              capture_output=True, text=True)
+        name = missing[1].split("=")[0]
+        assert proc.returncode != 0 and f"{name} is required" in proc.stderr, proc.stderr
+    proc = subprocess.run([str(HELM), "template", "dpsynth", str(CHART), *REQUIRED, "--set", "pipeline.runRoot=outputs/x"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "/pipeline/runRoot" in proc.stderr, proc.stderr
+    env = find(render("--set", "pipeline.populationId=mnist"), "ConfigMap", "-airflow-env")["data"]
+    assert env["DPSYNTH_RUN_ROOT"] == "s3://dpsynth/runs"
+    assert env["DPSYNTH_DATASET_URI"] == "s3://dpsynth/data/mnist.parquet"
+    assert env["DPSYNTH_CONFIG"] == "/opt/dpsynth/configs/dpgan-mnist-cpu.yaml" and env["DPSYNTH_POPULATION_ID"] == "mnist"
+    assert find(render("--set", "pipeline.config="), "ConfigMap", "-airflow-env")["data"]["DPSYNTH_CONFIG"] == ""
 
 
 @tools

@@ -163,3 +163,29 @@ def test_kfp_pipeline_with_only_its_required_inputs_trains_the_make_run_recipe()
     for item in ("ledger.url=sqlite:////tmp/fresh.db", "tracking.uri=x", "privacy.accounting=paper"):
         with pytest.raises(SystemExit, match=f"extra settings: {item.split('=')[0]} is a platform setting"):
             program["resolve"](["--extra-settings", json.dumps([item])])
+
+
+def test_kubernetes_plan_refuses_local_uris_and_empty_config_means_none(airflow_env, tmp_path):  # noqa: F811
+    """#34 item 2: on Kubernetes the plan task fails (no retry) on a local run root or dataset, naming the field;
+    DPSYNTH_CONFIG="" (the chart's pipeline.config emptied) means no base config, not the local recipe."""
+    kubeconfig = tmp_path / "kubeconfig"
+    from tests.pipelines.test_airflow import KUBECONFIG
+    kubeconfig.write_text(KUBECONFIG)
+    env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(kubeconfig),
+           "DPSYNTH_CONFIG": "", "DPSYNTH_RUN_ROOT": "s3://b/runs", "DPSYNTH_DATASET_URI": "s3://b/d.parquet"}
+    out = in_airflow(LOAD + """
+    import copy, dpsynth_pipeline
+    dag = bag.dags["dpsynth_train"]
+    def plan(**values):
+        params = copy.deepcopy(dag.params)
+        params.update(values)
+        try:
+            return dpsynth_pipeline.plan.function(params=params.dump(), run_id="r")["argv"]["train"]
+        except Exception as exc:
+            return [type(exc).__name__, str(exc)]
+    print(json.dumps({"config": dag.params["config"], "ok": plan(),
+                      "root": plan(run_root="outputs/airflow"), "data": plan(dataset_uri="file:///data/x.parquet")}))
+    """, env)
+    assert out["config"] is None and "--config" not in out["ok"]
+    assert out["root"][0] == "AirflowFailException" and out["root"][1].startswith("run_root (DPSYNTH_RUN_ROOT): 'outputs/airflow' is a local path")
+    assert out["data"][0] == "AirflowFailException" and out["data"][1].startswith("dataset_uri (data.uri)")

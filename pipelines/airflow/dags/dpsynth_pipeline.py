@@ -50,8 +50,9 @@ def params(dataset_uri: str = DATASET_URI) -> dict:
                                ("n_d", "n_d policy"), ("seed", "Seed"), ("audit_empirical", "Empirical audit"))},
         "run_root": Param(pods.setting("DPSYNTH_RUN_ROOT", "outputs/airflow"), type="string", minLength=1,
                           title="Storage root URI", description="each run writes under ROOT/<pipeline run id>"),
-        "config": Param(pods.setting("DPSYNTH_CONFIG", "configs/dpgan-mnist-cpu.yaml"), type=["null", "string"],
-                        title="Base YAML config", description="path in the stage environment; empty: the defaults"),
+        "config": Param(pods.config_default(), type=["null", "string"], title="Base YAML config",
+                        description="path in the stage environment (the stage image: /opt/dpsynth/configs/…); "
+                                    "empty: none, the models' defaults"),
         "overrides": Param(form.extra_settings(set(SETTINGS.values())), type="array",
                            items={"type": "string", "pattern": form.settings_pattern()}, title="Extra settings",
                            description="section.field=value, applied last (default: the platform's settings, "
@@ -142,6 +143,7 @@ def plan(**context) -> dict:
         print(f"triggered by a dataset update: {update}")
         p["dataset_uri"] = update.get("dataset_uri") or p["dataset_uri"]
     p["tracking_uri"] = pods.setting("DPSYNTH_TRACKING_URI")  # the platform's, never the trigger's
+    pods.require_remote(p)  # stage pods share no disk: a local path would point at nothing
     run_id = p.get("pipeline_run_id") or re.sub(r"[^A-Za-z0-9_.-]+", "-", context["run_id"])[:60]
     return {**pods.plan(p, run_id), "dataset_update": update}
 

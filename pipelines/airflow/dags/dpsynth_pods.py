@@ -62,6 +62,38 @@ def setting(name: str, default: str | None = None) -> str | None:
     return value or os.environ.get(name) or default
 
 
+LOCAL_CONFIG = "configs/dpgan-mnist-cpu.yaml"  # the recipe `make run` trains (relative to DPSYNTH_REPO)
+
+
+def config_default() -> str | None:
+    """The form's base config: ``DPSYNTH_CONFIG`` (a Variable, else the environment: the chart's pipeline.config),
+    where an empty value means none; unset: :data:`LOCAL_CONFIG`."""
+    try:
+        from airflow.sdk import Variable
+    except ImportError:
+        value = None
+    else:
+        value = Variable.get("DPSYNTH_CONFIG", default=None)
+    if value is None:
+        value = os.environ.get("DPSYNTH_CONFIG", LOCAL_CONFIG)
+    return value or None
+
+
+def require_remote(params: dict) -> None:
+    """With the Kubernetes executor, the run root and the dataset must be object-store URIs (``s3://``…): a pod's
+    disk is its own and goes with it. Raises ``AirflowFailException`` (no retry), naming the field."""
+    if executor() != "kubernetes":
+        return
+    for field, setting_name in (("run_root", "DPSYNTH_RUN_ROOT"), ("dataset_uri", "data.uri")):
+        value = str(params.get(field) or "")
+        if "://" not in value or value.startswith("file://"):
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(
+                f"{field} ({setting_name}): {value!r} is a local path, but stages run as Kubernetes pods that share "
+                f"no disk: give an s3:// URI (the chart's pipeline.runRoot / pipeline.datasetUri)")
+
+
 def default_args() -> dict:
     """Every task's retries, retry delay and time limit (the DAGs' ``default_args``)."""
     return {"retries": int(setting("DPSYNTH_TASK_RETRIES", "2")),
