@@ -124,7 +124,7 @@ def test_gpu_values_reach_airflow_env():
     assert env["DPSYNTH_STAGE_IMAGE"] == "dpsynth-stage:cuda"
     assert env["DPSYNTH_K8S_NAMESPACE"] == "dpsynth-stages"
     assert env["DPSYNTH_GPU_STAGES"] == "warmstart,train,evaluate"
-    assert env["DPSYNTH_GPU_LIMIT"] == "2"
+    assert env["DPSYNTH_GPU_LIMIT"] == "1"  # one process per pod; several GPUs: a TrainJob
     assert json.loads(env["DPSYNTH_GPU_NODE_SELECTOR"]) == {
         "cloud.google.com/gke-accelerator": "nvidia-h100-80gb", "dpsynth.io/pool": "gpu"}
     tolerations = json.loads(env["DPSYNTH_GPU_TOLERATIONS"])
@@ -147,12 +147,34 @@ def test_airflow_env_builds_the_gpu_pod(monkeypatch):
     spec.loader.exec_module(pods)
     kw = pods.pod_settings("train")
     assert kw["namespace"] == "dpsynth-stages" and kw["image"] == "dpsynth-stage:cuda"
-    assert kw["container_resources"].limits["nvidia.com/gpu"] == "2"
+    assert kw["container_resources"].limits["nvidia.com/gpu"] == "1"
+    assert kw["security_context"].run_as_non_root and kw["security_context"].seccomp_profile.type == "RuntimeDefault"
+    assert kw["container_security_context"].allow_privilege_escalation is False
+    assert kw["container_security_context"].capabilities.drop == ["ALL"]
+    assert kw["env_vars"][0].name == "DPSYNTH_IMAGE" and kw["env_vars"][0].value == "dpsynth-stage:cuda"
     assert kw["node_selector"]["dpsynth.io/pool"] == "gpu"
     assert {t.key for t in kw["tolerations"]} == {"nvidia.com/gpu", "dpsynth.io/pool"}
     assert kw["env_from"][0].secret_ref.name == "dpsynth-stage"
     assert kw["env_from"][1].config_map_ref.name == "dpsynth-stage-config"
     assert "nvidia.com/gpu" not in (pods.pod_settings("partition")["container_resources"].limits or {})
+    assert "service_account_name" not in kw and "kueue.x-k8s.io/queue-name" not in kw["labels"]
+
+
+@tools
+def test_stage_service_account_and_kueue_queue_reach_the_pods(monkeypatch):
+    """stage.serviceAccount (workload identity) and stage.kueueQueue, through the env, on every stage pod."""
+    pytest.importorskip("kubernetes")
+    import importlib.util
+    env = find(render("--set", "stage.serviceAccount=dpsynth-s3", "--set", "stage.kueueQueue=gpu-queue"),
+               "ConfigMap", "-airflow-env")["data"]
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    spec = importlib.util.spec_from_file_location("dpsynth_pods_sa", REPO / "pipelines" / "airflow" / "dags" / "dpsynth_pods.py")
+    pods = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pods)
+    for stage in ("partition", "train"):
+        kw = pods.pod_settings(stage)
+        assert kw["service_account_name"] == "dpsynth-s3" and kw["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
 
 
 @tools

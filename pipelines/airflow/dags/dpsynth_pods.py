@@ -224,7 +224,9 @@ def pod_settings(stage: str) -> dict:
     gpu = stage in setting("DPSYNTH_GPU_STAGES", "warmstart,train").split(",")
     kw: dict = {"image": setting("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest"),
                 "namespace": setting("DPSYNTH_K8S_NAMESPACE", "dpsynth"),
-                "labels": {"app.kubernetes.io/name": "dpsynth", "dpsynth.stage": stage},
+                "labels": {"app.kubernetes.io/name": "dpsynth", "dpsynth.stage": stage,
+                           # Kueue admits the pod through this LocalQueue (DPSYNTH_KUEUE_QUEUE; unset: no Kueue)
+                           **({"kueue.x-k8s.io/queue-name": q} if (q := setting("DPSYNTH_KUEUE_QUEUE")) else {})},
                 "deferrable": setting("DPSYNTH_K8S_DEFERRABLE", "true").lower() == "true",
                 # the provider also waits this long for the pod to be scheduled (schedule_timeout_seconds)
                 "startup_timeout_seconds": int(setting("DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS", "900"))}
@@ -238,6 +240,15 @@ def pod_settings(stage: str) -> dict:
     else:
         kw["container_resources"] = k8s.V1ResourceRequirements(requests={"cpu": "1", "memory": "4Gi"},
                                                                limits={"memory": "8Gi"})
+    # PodSecurity "restricted": non-root (the stage image's uid 10001), no privilege escalation, no capabilities,
+    # the runtime's seccomp profile
+    kw["security_context"] = k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=10001,
+                                                      seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
+    kw["container_security_context"] = k8s.V1SecurityContext(
+        allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"]))
+    kw["env_vars"] = [k8s.V1EnvVar(name="DPSYNTH_IMAGE", value=kw["image"])]  # MLflow lineage: the code that ran
+    if account := setting("DPSYNTH_STAGE_SERVICE_ACCOUNT"):  # workload identity: S3 without static keys
+        kw["service_account_name"] = account
     kw["env_from"] = []
     if secret := setting("DPSYNTH_STAGE_SECRET"):
         kw["env_from"].append(k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=secret)))
