@@ -78,6 +78,8 @@ ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL")  # optional: ab
 CPU_RESOURCES = {"cpu_request": "1", "memory_request": "4Gi", "memory_limit": "8Gi"}
 GPU_RESOURCES = {"cpu_request": "4", "memory_request": "16Gi", "memory_limit": "32Gi"}
 RETRIES = 2
+# How many per-shard warm-start pods run at once (ParallelFor parallelism; K can be 50 GPU pods otherwise).
+WARMSTART_PARALLELISM = int(os.environ.get("DPSYNTH_WARMSTART_PARALLELISM", "8"))
 RETRY_BACKOFF = "120s"
 TIMEOUT_SECONDS = 12 * 3600
 
@@ -275,7 +277,7 @@ def _wire(step, p: dict, *, cluster: bool) -> None:
     shards = shard_indices(**{k: v for k, v in settings.items() if k == "num_shards"},
                            parent_run_id=ids["parent_run_id"], config=p["config"], extra=p["extra"])
     shards.after(partition).set_caching_options(False)
-    with dsl.ParallelFor(shards.output) as shard:
+    with dsl.ParallelFor(shards.output, parallelism=WARMSTART_PARALLELISM) as shard:
         per_shard = step("warmstart shard", shard_index=shard.shard, **dict(ids, parent_run_id=shard.parent_run_id))
     warm = step("warmstart", **ids).after(per_shard)  # fan-in: after every iteration of the loop
     shape = {name: p[name] for name in LAUNCH if name in p}

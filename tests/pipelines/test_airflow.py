@@ -102,6 +102,7 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
                                                  t.execution_timeout.total_seconds()]
                      for d in bag.dags.values() for t in d.tasks},
         "map_index_template": train.get_task("warmstart_shard").map_index_template,
+        "parallelism": train.get_task("warmstart_shard").max_active_tis_per_dagrun,
     }))
     """, airflow_env)
     assert out["dags"] == ["dpsynth_import_data", "dpsynth_retrain_on_new_data", "dpsynth_train"]
@@ -117,6 +118,7 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     for task, (retries, delay, timeout) in out["settings"].items():  # default_args: stages are idempotent
         assert retries == (0 if task.endswith((".finish", ".audit")) else 2) and delay == 120 and timeout == 12 * 3600, task
     assert out["map_index_template"] == "shard {{ task.op_kwargs['shard'] }}"
+    assert out["parallelism"] == 8  # DPSYNTH_WARMSTART_PARALLELISM: at most 8 shards of a run at once
 
 
 def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(airflow_env):
@@ -192,12 +194,12 @@ def test_task_settings_come_from_airflow_variables_else_the_environment(airflow_
         "pods": {t.task_id: [t.deferrable, t.startup_timeout_seconds, t.schedule_timeout_seconds, t.retries,
                              t.execution_timeout.total_seconds()] for t in pods},
         "shard": [shard.partial_kwargs["deferrable"], shard.partial_kwargs["startup_timeout_seconds"],
-                  shard.map_index_template]}))
-    """, env)
+                  shard.map_index_template, shard.max_active_tis_per_dagrun]}))
+    """, {**env, "DPSYNTH_WARMSTART_PARALLELISM": "3"})
     assert sorted(out["pods"]) == sorted(["start", *STAGES, "train_job", "finish"])
     for task_id, settings in out["pods"].items():
         assert settings == [True, 1800, 1800, 0 if task_id in ("finish", "audit") else 5, 600], task_id
-    assert out["shard"] == [True, 1800, "shard {{ task.arguments[-1] }}"]
+    assert out["shard"] == [True, 1800, "shard {{ task.arguments[-1] }}", 3]  # the chart's stage.warmstartParallelism
 
 
 def hostile_values(tmp: Path) -> list[str]:

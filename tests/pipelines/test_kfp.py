@@ -58,7 +58,7 @@ def test_gpu_stages_and_fan_out(compiled):
     dag = compiled["root"]["dag"]["tasks"]
     loop = dag["for-loop-1"]
     assert loop["parameterIterator"]["items"]["inputParameter"].endswith("shard-indices-Output")
-    assert "parallelismLimit" not in loop.get("iteratorPolicy", {})  # the shards run in parallel
+    assert loop["iteratorPolicy"]["parallelismLimit"] == kp.WARMSTART_PARALLELISM == 8  # at most 8 shard pods at once
     (inner,) = compiled["components"]["comp-for-loop-1"]["dag"]["tasks"].values()
     assert inner["componentRef"]["name"] == "comp-dpsynth-warmstart-shard"
     assert inner["inputs"]["parameters"]["shard_index"]["componentInputParameter"] == "pipelinechannel--shard-indices-Output-loop-item"

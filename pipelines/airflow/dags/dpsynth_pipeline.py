@@ -157,7 +157,7 @@ def shards(partition: dict) -> list[int]:
     return list(range(len(names)))
 
 
-@task(map_index_template="shard {{ task.op_kwargs['shard'] }}")
+@task(map_index_template="shard {{ task.op_kwargs['shard'] }}", max_active_tis_per_dagrun=pods.warmstart_parallelism())
 def warmstart_shard(plan: dict, shard: int) -> dict:
     """``dpsynth warmstart --shard K``: one shard's non-private warm start (GS-WGAN, DPAC); a no-op
     record for methods without one. The ``warmstart`` task after them is the fan-in."""

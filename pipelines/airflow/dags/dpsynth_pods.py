@@ -154,6 +154,12 @@ def plan(params: dict, pipeline_run_id: str) -> dict:
     return {"pipeline_run_id": pipeline_run_id, "run_dir": run_dir, "argv": argv}
 
 
+def warmstart_parallelism() -> int:
+    """How many per-shard warm-start tasks of one DAG run run at once (``DPSYNTH_WARMSTART_PARALLELISM``, 8):
+    ``max_active_tis_per_dagrun`` of the mapped task (K can be 50 GPU pods otherwise)."""
+    return int(setting("DPSYNTH_WARMSTART_PARALLELISM", "8"))
+
+
 def retries(task_id: str) -> dict:
     """``{"retries": 0}`` for the tasks of :data:`NO_RETRY`, else ``{}`` (default_args)."""
     return {"retries": 0} if task_id in NO_RETRY else {}
@@ -272,6 +278,7 @@ def stage_pod_operator(task_id: str, stage: str, arguments, *, mapped: bool = Fa
                     on_finish_action="delete_succeeded_pod", **pod_settings(stage), **{**retries(task_id), **kwargs})
     if mapped:  # each argv ends with "--shard", K: the task instance's label in the UI
         return KubernetesPodOperator.partial(map_index_template="shard {{ task.arguments[-1] }}",
+                                             max_active_tis_per_dagrun=warmstart_parallelism(),
                                              **settings).expand(arguments=arguments)
     return KubernetesPodOperator(arguments=arguments, **settings)
 
