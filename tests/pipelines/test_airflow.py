@@ -461,11 +461,12 @@ def test_train_dag_end_to_end(airflow_db, tmp_path, ranks):
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")  # as `make run`: an explicit budget, beforehand
     ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, records=600, reason="test_train_dag_end_to_end")
     conf = {"dataset_uri": str(source), "method": "dpgan", "epsilon": 10, "delta": 1e-4, "steps": 10, "num_shards": 2,
-            "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None, "tracking_uri": mlflow_uri,
+            "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None,
             "pipeline_run_id": "af-e2e", "population_id": "mnist600", "overrides": [*TINY, f"train.gpus_per_node={ranks}"]}
     airflow = str(AIRFLOW_BIN / "airflow")
     # timeout: a hang guard (over 300 s were seen on 2 shared, busy cores)
-    proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=airflow_db,
+    env = {**airflow_db, "DPSYNTH_TRACKING_URI": mlflow_uri}  # a platform setting, not on the form (#34)
+    proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "DagRun Finished: dag_id=dpsynth_train" in log and "state=success" in log, log[-6000:]
