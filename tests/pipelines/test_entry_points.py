@@ -189,3 +189,23 @@ def test_kubernetes_plan_refuses_local_uris_and_empty_config_means_none(airflow_
     assert out["config"] is None and "--config" not in out["ok"]
     assert out["root"][0] == "AirflowFailException" and out["root"][1].startswith("run_root (DPSYNTH_RUN_ROOT): 'outputs/airflow' is a local path")
     assert out["data"][0] == "AirflowFailException" and out["data"][1].startswith("dataset_uri (data.uri)")
+
+
+def test_a_platform_population_cannot_be_changed_by_a_trigger(airflow_env):  # noqa: F811
+    """#34 item 5: with DPSYNTH_POPULATION_ID set (the chart's pipeline.populationId) the form's population is
+    that value only: a UI or REST trigger naming another population (another budget) is refused."""
+    out = in_airflow(LOAD + """
+    import copy
+    from airflow.sdk.exceptions import ParamValidationError
+    def refused(**values):
+        params = copy.deepcopy(bag.dags["dpsynth_train"].params)
+        try:
+            params.update(values)
+            params.validate()
+        except ParamValidationError:
+            return True
+        return False
+    print(json.dumps({"same": refused(population_id="mnist"), "other": refused(population_id="fresh-budget"),
+                      "default": bag.dags["dpsynth_train"].params["population_id"]}))
+    """, {**airflow_env, "DPSYNTH_POPULATION_ID": "mnist"})
+    assert out == {"same": False, "other": True, "default": "mnist"}

@@ -39,10 +39,15 @@ def params(dataset_uri: str = DATASET_URI) -> dict:
     (``dpsynth_pods.GOVERNED``: ledger URL, tracking URI, accounting) have no field and are refused in the
     extra settings; the tracking URI is the platform's ``DPSYNTH_TRACKING_URI``, read when a run starts."""
     population = form.setting("ledger.population_id")["description"]
+    platform_population = pods.setting("DPSYNTH_POPULATION_ID")
     return {
         "dataset_uri": form.param("data.uri", dataset_uri, title="Dataset URI", type="string"),  # required
-        "population_id": form.param("ledger.population_id", pods.setting("DPSYNTH_POPULATION_ID"),
-                                    title="Population id", description=f"{population} Empty: the config's."),
+        # a governance setting: where the platform names the population (DPSYNTH_POPULATION_ID, the chart's
+        # pipeline.populationId), a trigger cannot change it (const); else the config's, or the trigger's
+        "population_id": form.param("ledger.population_id", platform_population, title="Population id",
+                                    **({"const": platform_population, "description": f"{population} Set by the "
+                                        "platform (DPSYNTH_POPULATION_ID): a run cannot change it."}
+                                       if platform_population else {"description": f"{population} Empty: the config's."})),
         **{name: form.param(SETTINGS[name], title=title, description=(
             f"{form.setting(SETTINGS[name]).get('description', '')} Empty: the config's."))
            for name, title in (("method", "Method"), ("epsilon", "ε (target)"), ("delta", "δ"),

@@ -51,15 +51,25 @@ XCOM_FILE = "/airflow/xcom/return.json"  # what KubernetesPodOperator's sidecar 
 POD_CMDS = ["sh", "-c", f'exec "$@" > {XCOM_FILE}', "dpsynth-stage"]
 
 
+_VARIABLES: dict[str, str | None] = {}  # one lookup per Variable per process (a DAG file's parse, a task's run)
+
+
+def variable(name: str) -> str | None:
+    """The Airflow Variable NAME (None when unset or outside Airflow), looked up once per process: a parse of the
+    DAG files asked the metadata database 274 times for 24 names in Kubernetes mode before."""
+    if name not in _VARIABLES:
+        try:
+            from airflow.sdk import Variable
+        except ImportError:  # outside Airflow, e.g. a test of the pod specs in the stage venv
+            _VARIABLES[name] = None
+        else:
+            _VARIABLES[name] = Variable.get(name, default=None)
+    return _VARIABLES[name]
+
+
 def setting(name: str, default: str | None = None) -> str | None:
     """The Airflow Variable NAME, else the environment variable NAME, else ``default``."""
-    try:
-        from airflow.sdk import Variable
-    except ImportError:  # outside Airflow, e.g. a test of the pod specs in the stage venv
-        value = None
-    else:
-        value = Variable.get(name, default=None)
-    return value or os.environ.get(name) or default
+    return variable(name) or os.environ.get(name) or default
 
 
 LOCAL_CONFIG = "configs/dpgan-mnist-cpu.yaml"  # the recipe `make run` trains (relative to DPSYNTH_REPO)
@@ -68,12 +78,7 @@ LOCAL_CONFIG = "configs/dpgan-mnist-cpu.yaml"  # the recipe `make run` trains (r
 def config_default() -> str | None:
     """The form's base config: ``DPSYNTH_CONFIG`` (a Variable, else the environment: the chart's pipeline.config),
     where an empty value means none; unset: :data:`LOCAL_CONFIG`."""
-    try:
-        from airflow.sdk import Variable
-    except ImportError:
-        value = None
-    else:
-        value = Variable.get("DPSYNTH_CONFIG", default=None)
+    value = variable("DPSYNTH_CONFIG")
     if value is None:
         value = os.environ.get("DPSYNTH_CONFIG", LOCAL_CONFIG)
     return value or None
