@@ -29,6 +29,16 @@ COPY mlflow_plugins /src/mlflow_plugins
 ARG PG_DRIVER=psycopg2-binary==2.9.13
 RUN pip install "${PG_DRIVER}" && pip install --no-deps /src /src/mlflow_plugins && rm -rf /src /tmp/stage.lock
 
+# The recipes (configs/), where the pipelines' default base config points: the trigger form's `config`
+# (the chart's pipeline.config) and the KFP pipeline's `config` input, /opt/dpsynth/configs/dpgan-mnist-cpu.yaml.
+COPY configs /opt/dpsynth/configs
+
+# The commit the image was built from (scripts/build_image.sh passes `git rev-parse HEAD`): an OCI label, and the
+# environment, so a stage can name its code even where the pod spec sets no DPSYNTH_IMAGE.
+ARG GIT_SHA=unknown
+LABEL org.opencontainers.image.revision="${GIT_SHA}" org.opencontainers.image.source="dpsynth"
+ENV DPSYNTH_GIT_SHA=${GIT_SHA}
+
 RUN useradd --create-home --uid 10001 dpsynth
 USER 10001
 WORKDIR /home/dpsynth

@@ -35,7 +35,7 @@ if ! buildah "${ST[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
   buildah "${ST[@]}" bud --isolation chroot -f "$ROOT/Containerfile.base" -t "$BASE" "$ROOT"
 fi
 
-args=(--build-arg "BASE_IMAGE=$BASE")
+args=(--build-arg "BASE_IMAGE=$BASE" --build-arg "GIT_SHA=$(git rev-parse HEAD 2>/dev/null || echo unknown)")
 CA=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}  # the host's trust store (TLS-intercepting proxies)
 if [ -f "$CA" ]; then
   args+=(-v "$CA:/host-ca.crt:ro" --build-arg PIP_CERT=/host-ca.crt)

@@ -18,6 +18,7 @@ export AIRFLOW__CORE__DAGS_FOLDER="$PWD/pipelines/airflow/dags"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$AIRFLOW_HOME/airflow.db"
 export DPSYNTH_STAGE_BIN="$PWD/.venv/stage/bin/dpsynth"
+export DPSYNTH_TRACKING_URI="$TRACKING"  # a platform setting (not on the trigger form)
 export PYTHONUNBUFFERED=1
 mkdir -p "$AIRFLOW_HOME"
 
@@ -46,10 +47,9 @@ try:
     c = load_config(config)
 except DpsynthError as exc:
     sys.exit(f"dpsynth: error: {exc}")
-print(json.dumps({"dataset_uri": dataset, "config": config, "run_root": run_root, "tracking_uri": tracking,
-                  "pipeline_run_id": run_id, "population_id": population, "method": c.train.method, "epsilon": c.privacy.epsilon,
-                  "delta": c.privacy.delta, "steps": c.train.steps, "num_shards": c.partition.num_shards,
-                  "n_d": None if c.train.n_d is None else str(c.train.n_d), "seed": c.train.seed}))
+# only what a UI trigger fills in: every other field empty, the config's (the config is validated above)
+print(json.dumps({"dataset_uri": dataset, "config": config, "run_root": run_root, "pipeline_run_id": run_id,
+                  "population_id": population}))
 PY
 )
 LOG="$AIRFLOW_HOME/$RUN_ID.log"

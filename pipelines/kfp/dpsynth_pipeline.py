@@ -13,7 +13,12 @@ Two flavours of one wiring (``_wire``), so they cannot drift apart:
   interpreter (``sys.executable -m dpsynth.cli``), for ``kfp.local.SubprocessRunner`` (``run_local.py``).
 
 Tasks pass only plain values: the run directory URI, the MLflow parent run id (an output of
-``start``), the pipeline run id (KFP's job id) and the settings, as ``--set section.field=value``.
+``start``), the pipeline run id (KFP's job id), the base ``config`` file and the settings, as
+``--set section.field=value``. A settings input left empty (None) keeps the config's value: no ``--set`` at
+all (``dsl.IfPresentPlaceholder``), so a run with only the dataset filled in trains the recipe ``make run``
+trains (``config``'s default: the image's copy of ``configs/dpgan-mnist-cpu.yaml``, ``CONFIG``). ``extra``
+(``section.field=value`` items) is applied last; the governance settings (:data:`GOVERNED`) are refused
+there: they are the platform's (the stage Secret and ConfigMap), not the trigger's.
 
 The train stage on several ranks: with ``train_nodes`` × ``train_gpus_per_node`` > 1 (``train-distributed``
 decides, :func:`dpsynth.stages.launch.shape`) the ``train-job`` task runs instead of ``train``:
@@ -43,7 +48,7 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from kfp import compiler, dsl
 
@@ -55,6 +60,13 @@ GPU_STAGES = ("warmstart shard", "train")  # the per-shard warm starts and the p
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
 YAML = Path(__file__).with_name("dpsynth_pipeline.yaml")
+# The base config of a run: the recipe `make run` trains, as the stage images ship it (images/*.Dockerfile copy
+# configs/ to /opt/dpsynth/configs). "" : none (the models' defaults).
+CONFIG = os.environ.get("DPSYNTH_CONFIG", "/opt/dpsynth/configs/dpgan-mnist-cpu.yaml")
+LOCAL_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "dpgan-mnist-cpu.yaml")
+# Settings only the platform sets (who triggers a run must not choose where, or against which budget, it is
+# charged and tracked): refused in ``extra``. ledger.population_id is the required input ``population_id``.
+GOVERNED = ("ledger.url", "ledger.population_id", "ledger.stale_after_hours", "tracking.uri", "privacy.accounting")
 
 # Cluster settings of the stage pods (dpsynth_pipeline only). Names: the dpsynth chart's defaults for a
 # release called "dpsynth" (env at compile time to change them).
@@ -66,6 +78,8 @@ ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL")  # optional: ab
 CPU_RESOURCES = {"cpu_request": "1", "memory_request": "4Gi", "memory_limit": "8Gi"}
 GPU_RESOURCES = {"cpu_request": "4", "memory_request": "16Gi", "memory_limit": "32Gi"}
 RETRIES = 2
+# How many per-shard warm-start pods run at once (ParallelFor parallelism; K can be 50 GPU pods otherwise).
+WARMSTART_PARALLELISM = int(os.environ.get("DPSYNTH_WARMSTART_PARALLELISM", "8"))
 RETRY_BACKOFF = "120s"
 TIMEOUT_SECONDS = 12 * 3600
 
@@ -77,10 +91,13 @@ SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", 
 # The train stage's shape (pipeline parameter -> config field): given to the train-job task only.
 LAUNCH = {"train_nodes": "train.nodes", "train_gpus_per_node": "train.gpus_per_node"}
 TEMPLATE_ENV = "DPSYNTH_TRAINJOB_TEMPLATE"  # in the stage ConfigMap: the chart's TrainJob template (train-job)
-DEFAULT = {name: setting_schema(field).get("default") for name, field in {**SETTINGS, **LAUNCH}.items()}
 INPUTS = {"run_dir": "Root URI of the pipeline run (s3:// on a cluster): run_dir/sensitive, run_dir/release.",
-          "extra": "More settings, section.field=value, applied last.",
+          "config": "Base YAML config of the run, a path in the stage image (default: the recipe make run trains, "
+                    f"{CONFIG}); empty: none, the models' defaults.",
+          "extra": "More settings, section.field=value, applied last (not the platform's: "
+                   f"{', '.join(GOVERNED)}).",
           **{name: f"{field}: {setting_schema(field).get('description', '')}"
+                   + ("" if name in ("dataset_uri", "population_id") else " Empty: the config's.")
              for name, field in {**SETTINGS, **LAUNCH}.items()}}
 
 try:  # kfp-kubernetes: tolerations and node selectors of the GPU pods
@@ -92,53 +109,88 @@ except ImportError:  # pragma: no cover - depends on the environment
 # --- container flavour: `dpsynth <command>` in the stage image --------------------------------------
 
 def _cli_args(command: str, p: dict) -> list:
-    """``dpsynth`` argv (after the program) for one command; ``p`` holds the task's inputs (placeholders).
-    "warmstart shard" is ``dpsynth warmstart --shard K``, one iteration of the fan-out; "train job" is the train
-    stage launched as a TrainJob (``dpsynth train --launch trainjob``, with the stage's shape)."""
+    """The arguments of :data:`_RUN` for one command: ``dpsynth`` argv (after the program), with the pseudo-options
+    ``--config-file PATH`` (dropped when empty) and ``--extra-settings JSON`` (``extra``, a list) that ``_RUN``
+    resolves. ``p`` holds the task's inputs (placeholders); a setting that is None is left out
+    (``dsl.IfPresentPlaceholder``: the config's value). "warmstart shard" is ``dpsynth warmstart --shard K``, one
+    iteration of the fan-out; "train job" is the train stage launched as a TrainJob (``dpsynth train --launch
+    trainjob``, with the stage's shape)."""
     heads = {"warmstart shard": ["warmstart", "--shard", p.get("shard_index")],
              "train job": ["train", "--launch", "trainjob"]}
     head = heads.get(command) or command.split()
     args = [*head, "--json", "--run-dir", p["run_dir"], "--pipeline-run-id", p["pipeline_run_id"]]
     if command != "pipeline start":
         args += ["--parent-run-id", p["parent_run_id"]]
+    args += ["--config-file", p["config"]]
     for name, field in {**SETTINGS, **(LAUNCH if command == "train job" else {})}.items():
-        args += ["--set", f"{field}={p[name]}"]
-    return args
+        args.append(dsl.IfPresentPlaceholder(input_name=name, then=["--set", f"{field}={p[name]}"]))
+    return [*args, "--extra-settings", p["extra"]]
 
 
-# `pipeline start` prints {"parent_run_id", ...}: keep the id as the task's output parameter.
-_START = """\
-import json, pathlib, subprocess, sys
-out = pathlib.Path(sys.argv[1])
-ids = json.loads(subprocess.run(sys.argv[2:], check=True, stdout=subprocess.PIPE, text=True).stdout)
-out.parent.mkdir(parents=True, exist_ok=True)
-out.write_text(ids["parent_run_id"] or "")  # "" when MLflow tracking is off
+# The container's program: resolves the pseudo-options of _cli_args, refuses a governance setting in the extra
+# settings (exit 2, naming it), runs dpsynth; for `pipeline start` (first argument a file path) it keeps the
+# printed parent run id as the task's output parameter.
+_RUN = f"""\
+import json, os, pathlib, subprocess, sys
+GOVERNED = {GOVERNED!r}
+def resolve(argv):
+    out, it = [], iter(argv)
+    for a in it:
+        if a == "--config-file":
+            path = next(it)
+            out += ["--config", path] if path else []
+        elif a == "--extra-settings":
+            for item in json.loads(next(it) or "[]"):
+                name = str(item).split("=", 1)[0].strip()
+                if name in GOVERNED:
+                    sys.exit(f"dpsynth: error: extra settings: {{name}} is a platform setting (the stage Secret and "
+                             f"ConfigMap set it), not a run's: remove it")
+                out += ["--set", str(item)]
+        else:
+            out.append(a)
+    return out
+if __name__ == "__main__":
+    out, argv = sys.argv[1], resolve(sys.argv[2:])
+    if not out:
+        os.execvp(argv[0], argv)
+    ids = json.loads(subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True).stdout)
+    pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(out).write_text(ids["parent_run_id"] or "")  # "" when MLflow tracking is off
 """
 
 
 def _container(command: str):
     """The container component of one ``dpsynth`` command (its name: dpsynth-<command>)."""
 
+    def spec(p: dict, out=""):
+        return dsl.ContainerSpec(image=STAGE_IMAGE, command=["python", "-c", _RUN, out, "dpsynth"],
+                                 args=_cli_args(command, p))
+
     def stage(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
-              method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, audit_empirical: str):
-        return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
+              config: str, extra: list, method: Optional[str] = None, epsilon: Optional[float] = None,
+              delta: Optional[float] = None, steps: Optional[int] = None, num_shards: Optional[int] = None,
+              n_d: Optional[str] = None, seed: Optional[int] = None, audit_empirical: Optional[str] = None):
+        return spec(locals())
 
     def warmstart_shard(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
-                        method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int,
-                        audit_empirical: str, shard_index: int):
-        return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
+                        config: str, extra: list, shard_index: int, method: Optional[str] = None,
+                        epsilon: Optional[float] = None, delta: Optional[float] = None, steps: Optional[int] = None,
+                        num_shards: Optional[int] = None, n_d: Optional[str] = None, seed: Optional[int] = None,
+                        audit_empirical: Optional[str] = None):
+        return spec(locals())
 
     def train_job(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
-                  method: str, epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int,
-                  audit_empirical: str, train_nodes: int, train_gpus_per_node: int):
-        return dsl.ContainerSpec(image=STAGE_IMAGE, command=["dpsynth"], args=_cli_args(command, locals()))
+                  config: str, extra: list, method: Optional[str] = None, epsilon: Optional[float] = None,
+                  delta: Optional[float] = None, steps: Optional[int] = None, num_shards: Optional[int] = None,
+                  n_d: Optional[str] = None, seed: Optional[int] = None, audit_empirical: Optional[str] = None,
+                  train_nodes: Optional[int] = None, train_gpus_per_node: Optional[int] = None):
+        return spec(locals())
 
-    def start(run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, method: str, epsilon: float,
-              delta: float, steps: int, num_shards: int, n_d: str, seed: int, audit_empirical: str,
-              parent_run_id: dsl.OutputPath(str)):
-        args = _cli_args(command, {**locals(), "parent_run_id": None})
-        return dsl.ContainerSpec(image=STAGE_IMAGE, command=["python", "-c", _START, parent_run_id, "dpsynth"],
-                                 args=args)
+    def start(run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, config: str, extra: list,
+              parent_run_id: dsl.OutputPath(str), method: Optional[str] = None, epsilon: Optional[float] = None,
+              delta: Optional[float] = None, steps: Optional[int] = None, num_shards: Optional[int] = None,
+              n_d: Optional[str] = None, seed: Optional[int] = None, audit_empirical: Optional[str] = None):
+        return spec({**locals(), "parent_run_id": None}, out=parent_run_id)
 
     fn = {"pipeline start": start, "warmstart shard": warmstart_shard, "train job": train_job}.get(command, stage)
     fn.__name__ = "dpsynth_" + command.replace("pipeline ", "").replace(" ", "_")
@@ -152,57 +204,53 @@ CONTAINER = {c: _container(c) for c in ("pipeline start", "partition", "warmstar
 # --- shard indices: a lightweight component, in the stage image on a cluster ----------------------
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)
-def shard_indices(num_shards: int, parent_run_id: str) -> list:
-    """What the warm-start fan-out iterates over: [{"shard": i, "parent_run_id": …} for i < K].
+def shard_indices(parent_run_id: str, config: str, extra: list, num_shards: int = 0) -> list:
+    """What the warm-start fan-out iterates over: [{"shard": i, "parent_run_id": …} for i < K], K the run's
+    partition.num_shards (``num_shards``; 0, the default: the config's. Not None: kfp.local cannot take it).
 
     The parent run id rides in the loop items because kfp.local (2.17.0) replaces every task output
     that enters a ParallelFor with the loop item; pipeline parameters and item fields come through."""
-    return [{"shard": i, "parent_run_id": parent_run_id} for i in range(num_shards)]
+    from dpsynth.config import load_config
+
+    sets = [*([f"partition.num_shards={num_shards}"] if num_shards else []), *extra]
+    k = load_config(config or None, overrides=sets).partition.num_shards
+    return [{"shard": i, "parent_run_id": parent_run_id} for i in range(k)]
 
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)
-def train_distributed(train_nodes: int, train_gpus_per_node: int) -> bool:
+def train_distributed(config: str, extra: list, train_nodes: int = 0, train_gpus_per_node: int = 0) -> bool:
     """Whether the train stage runs on several ranks (dpsynth.stages.launch.shape: train.nodes × train.gpus_per_node
-    > 1); a bad value fails the task, naming the setting."""
+    > 1, each the input's, else, when 0 (the default), the config's); a bad value fails the task, naming it."""
     from dpsynth.config import load_config
     from dpsynth.stages.launch import shape
 
-    cfg = load_config(overrides=[f"train.nodes={train_nodes}", f"train.gpus_per_node={train_gpus_per_node}"])
-    return shape(cfg)["distributed"]
+    sets = [f"train.{k}={v}" for k, v in (("nodes", train_nodes), ("gpus_per_node", train_gpus_per_node)) if v]
+    return shape(load_config(config or None, overrides=[*sets, *extra]))["distributed"]
 
 
 # --- local flavour: the same CLI with the current interpreter ---------------------------------------
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)  # runs locally; image for symmetry
-def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, method: str,
-                epsilon: float, delta: float, steps: int, num_shards: int, n_d: str, seed: int, audit_empirical: str,
-                extra: list, parent_run_id: str = "", shard_index: int = -1, train_nodes: int = 1,
-                train_gpus_per_node: int = 1) -> NamedTuple("Outputs", [("parent_run_id", str)]):
+def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, config: str,
+                extra: list, parent_run_id: str = "",
+                shard_index: int = -1) -> NamedTuple("Outputs", [("parent_run_id", str)]):
     """Runs ``python -m dpsynth.cli <command>`` like the container does ("train job": the train stage on
-    several ranks of this machine, ``--launch torchrun``); outputs the parent run id."""
+    several ranks of this machine, ``--launch torchrun``); outputs the parent run id. The local flavour's settings
+    are all in ``extra`` (kfp.local cannot leave out an optional input: see ``local_pipeline``)."""
     import json
     import subprocess
     import sys
     from typing import NamedTuple
 
-    values = {"dataset_uri": dataset_uri, "population_id": population_id, "method": method, "epsilon": epsilon, "delta": delta, "steps": steps,
-              "num_shards": num_shards, "n_d": n_d, "seed": seed, "audit_empirical": audit_empirical}
-    fields = {"dataset_uri": "data.uri", "population_id": "ledger.population_id",  # = SETTINGS
-              "method": "train.method", "epsilon": "privacy.epsilon",
-              "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
-              "n_d": "train.n_d", "seed": "train.seed", "audit_empirical": "audit.empirical"}
     heads = {"warmstart shard": ["warmstart", "--shard", str(shard_index)],
              "train job": ["train", "--launch", "torchrun"]}
     head = heads.get(command) or command.split()
     argv = [*head, "--json", "--run-dir", run_dir, "--pipeline-run-id", pipeline_run_id]
     if command != "pipeline start":
         argv += ["--parent-run-id", parent_run_id]
-    if command == "train job":  # = LAUNCH
-        values.update(train_nodes=train_nodes, train_gpus_per_node=train_gpus_per_node)
-        fields.update(train_nodes="train.nodes", train_gpus_per_node="train.gpus_per_node")
-    for name, field in fields.items():
-        argv += ["--set", f"{field}={values[name]}"]
-    for item in extra:
+    argv += ["--config", config] if config else []
+    argv += ["--set", f"data.uri={dataset_uri}", "--set", f"ledger.population_id={population_id}"]
+    for item in extra:  # on this machine the platform is yours: ledger.url, tracking.uri are allowed here
         argv += ["--set", item]
     print("dpsynth", *argv)  # the task log
     done = subprocess.run([sys.executable, "-m", "dpsynth.cli", *map(str, argv)], check=True,
@@ -219,19 +267,21 @@ def _wire(step, p: dict, *, cluster: bool) -> None:
     a cached ``start`` would hand out a closed parent run; the stages skip their own repeats by manifest.
     ``cluster``: the stage pods' GPUs, configuration, resources, retries and time limits."""
     step = _uncached(step)
-    settings = {name: p[name] for name in SETTINGS}
-    common = dict(run_dir=p["run_dir"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **settings)
+    settings = {name: p[name] for name in SETTINGS if name in p}  # the local flavour has only the required ones
+    common = dict(run_dir=p["run_dir"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, config=p["config"],
+                  extra=p["extra"], **settings)
     start = step("pipeline start", **common)
     ids = dict(common, parent_run_id=start.outputs["parent_run_id"])
 
     partition = step("partition", **ids)
-    shards = shard_indices(num_shards=p["num_shards"], parent_run_id=ids["parent_run_id"])
+    shards = shard_indices(**{k: v for k, v in settings.items() if k == "num_shards"},
+                           parent_run_id=ids["parent_run_id"], config=p["config"], extra=p["extra"])
     shards.after(partition).set_caching_options(False)
-    with dsl.ParallelFor(shards.output) as shard:
+    with dsl.ParallelFor(shards.output, parallelism=WARMSTART_PARALLELISM) as shard:
         per_shard = step("warmstart shard", shard_index=shard.shard, **dict(ids, parent_run_id=shard.parent_run_id))
     warm = step("warmstart", **ids).after(per_shard)  # fan-in: after every iteration of the loop
-    shape = {name: p[name] for name in LAUNCH}
-    distributed = train_distributed(**shape).after(warm).set_caching_options(False)
+    shape = {name: p[name] for name in LAUNCH if name in p}
+    distributed = train_distributed(**shape, config=p["config"], extra=p["extra"]).after(warm).set_caching_options(False)
     with dsl.If(distributed.output == True, "several ranks"):  # noqa: E712 (a KFP condition, not a Python test)
         job = step("train job", **shape, **ids)
     with dsl.Else():
@@ -242,7 +292,7 @@ def _wire(step, p: dict, *, cluster: bool) -> None:
     finish = step("pipeline finish", **ids).after(evaluate)
     if cluster:
         for task in (start, partition, per_shard, warm, train, job, audit, sample, evaluate, finish):
-            _on_cluster(task, gpu=task in (per_shard, train), retry=task is not finish)
+            _on_cluster(task, gpu=task in (per_shard, train), retry=task not in (audit, finish))  # audit: one draw
         for small in (shards, distributed):
             small.set_cpu_request("100m").set_memory_request("256Mi").set_memory_limit("512Mi")
         if kubernetes is not None:  # the TrainJob launcher finds the chart's template by the stage ConfigMap
@@ -284,24 +334,28 @@ def _documented(pipeline):
     return pipeline
 
 
+# Every settings input is optional: None (left empty) keeps the config's value.
 @dsl.pipeline(name="dpsynth", description="dpsynth: partition, warmstart ×K, train (GPU), audit, sample, evaluate")
 @_documented
-def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = DEFAULT["method"],
-                     epsilon: float = DEFAULT["epsilon"], delta: float = DEFAULT["delta"], steps: int = DEFAULT["steps"],
-                     num_shards: int = DEFAULT["num_shards"], n_d: str = str(DEFAULT["n_d"] or ""), seed: int = DEFAULT["seed"],
-                     audit_empirical: str = DEFAULT["audit_empirical"], train_nodes: int = DEFAULT["train_nodes"],
-                     train_gpus_per_node: int = DEFAULT["train_gpus_per_node"]):
+def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, config: str = CONFIG,
+                     extra: list = [],  # noqa: B006 (KFP default)
+                     method: Optional[str] = None, epsilon: Optional[float] = None, delta: Optional[float] = None,
+                     steps: Optional[int] = None, num_shards: Optional[int] = None, n_d: Optional[str] = None,
+                     seed: Optional[int] = None, audit_empirical: Optional[str] = None,
+                     train_nodes: Optional[int] = None, train_gpus_per_node: Optional[int] = None):
     _wire(lambda command, **kw: CONTAINER[command](**kw), locals(), cluster=True)
 
 
+# kfp.local (2.17.0) cannot run a pipeline whose optional input without a default is left out ("Unknown value
+# type") nor take None for one: the local flavour has only the required inputs, and its settings come in ``extra``
+# (run_local.py puts the given ones there, before the user's).
 @dsl.pipeline(name="dpsynth-local", description="dpsynth_pipeline's shape, stages as local Python subprocesses")
 @_documented
-def local_pipeline(dataset_uri: str, run_dir: str, population_id: str, method: str = DEFAULT["method"],
-                   epsilon: float = DEFAULT["epsilon"], delta: float = DEFAULT["delta"], steps: int = DEFAULT["steps"],
-                   num_shards: int = DEFAULT["num_shards"], n_d: str = str(DEFAULT["n_d"] or ""), seed: int = DEFAULT["seed"],
-                   audit_empirical: str = DEFAULT["audit_empirical"], extra: list = [],  # noqa: B006 (KFP default)
-                   train_nodes: int = DEFAULT["train_nodes"], train_gpus_per_node: int = DEFAULT["train_gpus_per_node"]):
-    _wire(lambda command, **kw: local_stage(command=command, extra=extra, **kw), locals(), cluster=False)
+def local_pipeline(dataset_uri: str, run_dir: str, population_id: str, config: str = LOCAL_CONFIG,
+                   extra: list = []):  # noqa: B006 (KFP default)
+    def step(command, **kw):
+        return local_stage(command=command, **{k: v for k, v in kw.items() if k not in LAUNCH})
+    _wire(step, locals(), cluster=False)
 
 
 def compile_yaml(path: str | os.PathLike = YAML) -> Path:

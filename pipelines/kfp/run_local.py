@@ -3,9 +3,9 @@
     python pipelines/kfp/run_local.py --dataset outputs/data/mnist.parquet --run-dir outputs/kfp \\
         --config configs/dpgan-mnist-cpu.yaml --steps 200
 
-Settings from ``--config`` (a YAML file) and ``--set section.field=value`` reach every stage as
-overrides; the pipeline parameters (dataset, population id, method, ε, δ, steps, K, n_D, seed, the
-empirical audit) default to the config's values and, when given, win. The population id (``ledger.population_id``) is required:
+``--config`` (a YAML file) is the pipeline's ``config`` input and ``--set section.field=value`` its ``extra``;
+the pipeline parameters (dataset, population id, method, ε, δ, steps, K, n_D, seed, the empirical audit) are
+passed only when given (else the config's). The population id (``ledger.population_id``) is required:
 its lifetime budget, set beforehand with ``dpsynth ledger set-budget`` (``make run-kfp`` does it for the
 bundled MNIST), is charged for every training attempt, in the ledger beside the SQLite MLflow store or
 the local run directory (or ``ledger.url``, ``$DPSYNTH_LEDGER_URL``).
@@ -34,30 +34,20 @@ kp = _sibling("dpsynth_pipeline", "dpsynth_kfp_pipeline")
 SETTINGS, local_pipeline = {**kp.SETTINGS, **kp.LAUNCH}, kp.local_pipeline  # LAUNCH: the train stage's shape
 
 
-def flatten(config: str | None, overrides: list[str]) -> tuple[list[str], dict]:
-    """(``section.field=value`` items for the stages, values of the pipeline parameters) of a config
-    file plus overrides: the pipeline passes settings, never files."""
-    import yaml
-
-    from dpsynth.config import load_config
-
-    cfg = load_config(config, overrides=overrides).to_dict()  # validates, names a bad field
-    sections = yaml.safe_load(Path(config).read_text()) if config else {}
-    items = [f"{s}.{k}={v}" for s, fields in (sections or {}).items() for k, v in (fields or {}).items()]
-    taken = set(SETTINGS.values())
-    extra = [i for i in [*items, *overrides] if i.split("=", 1)[0].strip() not in taken]
-    params = {name: cfg[field.split(".")[0]][field.split(".")[1]] for name, field in SETTINGS.items()}
-    return extra, params
-
-
-def run(*, dataset: str, run_dir: str, extra: list[str], pipeline_root: str | None = None, **params):
-    """Run the local pipeline to the end; raises when a task fails. Returns kfp.local's outputs."""
+def run(*, dataset: str, run_dir: str, extra: list[str], pipeline_root: str | None = None, config: str = "",
+        **params):
+    """Run the local pipeline to the end; raises when a task fails. Returns kfp.local's outputs. ``config``: the
+    base config file ("": none); ``params``: the pipeline's settings inputs, each left out (None) for the
+    config's."""
     run_dir = str(Path(run_dir).resolve()) if "://" not in run_dir else run_dir
     root = pipeline_root or os.path.join(run_dir if "://" not in run_dir else ".", "kfp-local")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
     original_print = builtins.print
     try:
-        return local_pipeline(dataset_uri=dataset, run_dir=run_dir, extra=list(extra), **params)
+        # the local flavour takes the settings given as extra items (kfp.local cannot leave an optional input out)
+        given = [f"{SETTINGS[k]}={v}" for k, v in params.items() if v is not None and k != "population_id"]
+        return local_pipeline(dataset_uri=dataset, run_dir=run_dir, population_id=params["population_id"],
+                              extra=[*given, *extra], config=config)
     finally:
         # kfp.local indents task logs by swapping builtins.print; with ParallelFor iterations running in
         # threads the swaps interleave and an indenting print can be left behind (kfp 2.17.0)
@@ -68,7 +58,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", required=True, help="canonical Parquet dataset URI")
     ap.add_argument("--run-dir", required=True, help="root of the pipeline run, local or s3://")
-    ap.add_argument("--config", help="YAML config file; its settings become overrides")
+    ap.add_argument("--config", help="YAML config file, the run's base (as the pipeline's config input)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     ap.add_argument("--population-id", help="ledger.population_id (default: the config's; required)")
     ap.add_argument("--method")
@@ -80,13 +70,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int)
     ap.add_argument("--audit-empirical", choices=["off", "quick", "full"], help="audit.empirical (default: the config's)")
     a = ap.parse_args(argv)
-    extra, params = flatten(a.config, [f"data.uri={a.dataset}", *a.overrides])
-    params.update({k: v for k, v in vars(a).items() if k in params and v is not None})
-    params["n_d"] = str(params["n_d"])
-    if not params["population_id"]:
+    from dpsynth.config import load_config
+
+    given = {k: v for k, v in vars(a).items() if k in SETTINGS and v is not None}
+    sets = [f"{SETTINGS[k]}={v}" for k, v in given.items()]
+    cfg = load_config(a.config, overrides=[f"data.uri={a.dataset}", *sets, *a.overrides])  # validates, names a field
+    given["population_id"] = cfg.ledger.population_id
+    if not given["population_id"]:
         ap.error("ledger.population_id: required (--population-id, or in --config): the population whose "
                  "lifetime privacy budget the run is charged")
-    run(dataset=params.pop("dataset_uri"), run_dir=a.run_dir, extra=extra, **params)
+    config = str(Path(a.config).resolve()) if a.config else ""
+    run(dataset=a.dataset, run_dir=a.run_dir, extra=a.overrides, config=config, **given)
     print(f"run directory: {a.run_dir} (release/sample, release/evaluate); MLflow: see the finish task's table")
     return 0
 

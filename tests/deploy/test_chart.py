@@ -24,6 +24,8 @@ CHART = REPO / "charts" / "dpsynth"
 TOOLS = REPO / ".venv" / "tools" / "bin"
 HELM, VALIDATE = TOOLS / "helm", TOOLS / "kubernetes-validate"
 K8S_VERSION = "1.33.0"  # validate against a version most clusters run; the chart needs >=1.27
+# what every install must give (#34: stage pods share no disk)
+REQUIRED = ["--set", "pipeline.runRoot=s3://dpsynth/runs", "--set", "pipeline.datasetUri=s3://dpsynth/data/mnist.parquet"]
 CREDENTIALS = ["--set", "credentials.create=true", "--set", "credentials.awsAccessKeyId=minio",
                "--set", "credentials.awsSecretAccessKey=minio-secret", "--set", "credentials.postgresPassword=p@ss/word"]
 VARIANTS = {"default": [], "gpu": ["-f", str(CHART / "values-gpu.yaml")],
@@ -36,6 +38,10 @@ tools = pytest.mark.skipif(not (HELM.exists() and VALIDATE.exists()),
 
 
 def helm(*args: str) -> str:
+    """``helm ARGS``' output (it must succeed); ``template`` and ``lint`` get the values every install must give
+    (:data:`REQUIRED`) first, so later ``--set`` arguments can replace them."""
+    if args and args[0] in ("template", "lint"):
+        args = (args[0], *REQUIRED, *args[1:])
     proc = subprocess.run([str(HELM), *args], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -83,6 +89,24 @@ def test_validation_catches_a_bad_manifest(tmp_path):
 
 
 @tools
+def test_the_pipeline_needs_object_store_uris_and_ships_its_config():
+    """#34 item 2: no default run root or dataset on a pod's ephemeral disk; the config the image ships."""
+    for missing in (["--set", "pipeline.runRoot="], ["--set", "pipeline.datasetUri="]):
+        proc = subprocess.run([str(HELM), "template", "dpsynth", str(CHART), *REQUIRED, *missing],
+                              capture_output=True, text=True)
+        name = missing[1].split("=")[0]
+        assert proc.returncode != 0 and f"{name} is required" in proc.stderr, proc.stderr
+    proc = subprocess.run([str(HELM), "template", "dpsynth", str(CHART), *REQUIRED, "--set", "pipeline.runRoot=outputs/x"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "/pipeline/runRoot" in proc.stderr, proc.stderr
+    env = find(render("--set", "pipeline.populationId=mnist"), "ConfigMap", "-airflow-env")["data"]
+    assert env["DPSYNTH_RUN_ROOT"] == "s3://dpsynth/runs"
+    assert env["DPSYNTH_DATASET_URI"] == "s3://dpsynth/data/mnist.parquet"
+    assert env["DPSYNTH_CONFIG"] == "/opt/dpsynth/configs/dpgan-mnist-cpu.yaml" and env["DPSYNTH_POPULATION_ID"] == "mnist"
+    assert find(render("--set", "pipeline.config="), "ConfigMap", "-airflow-env")["data"]["DPSYNTH_CONFIG"] == ""
+
+
+@tools
 def test_default_values_render_no_secret_and_cpu_settings():
     docs = render()
     assert not [d for d in docs if d["kind"] == "Secret"]  # existingSecret pattern: only when asked
@@ -100,7 +124,7 @@ def test_gpu_values_reach_airflow_env():
     assert env["DPSYNTH_STAGE_IMAGE"] == "dpsynth-stage:cuda"
     assert env["DPSYNTH_K8S_NAMESPACE"] == "dpsynth-stages"
     assert env["DPSYNTH_GPU_STAGES"] == "warmstart,train,evaluate"
-    assert env["DPSYNTH_GPU_LIMIT"] == "2"
+    assert env["DPSYNTH_GPU_LIMIT"] == "1"  # one process per pod; several GPUs: a TrainJob
     assert json.loads(env["DPSYNTH_GPU_NODE_SELECTOR"]) == {
         "cloud.google.com/gke-accelerator": "nvidia-h100-80gb", "dpsynth.io/pool": "gpu"}
     tolerations = json.loads(env["DPSYNTH_GPU_TOLERATIONS"])
@@ -123,12 +147,34 @@ def test_airflow_env_builds_the_gpu_pod(monkeypatch):
     spec.loader.exec_module(pods)
     kw = pods.pod_settings("train")
     assert kw["namespace"] == "dpsynth-stages" and kw["image"] == "dpsynth-stage:cuda"
-    assert kw["container_resources"].limits["nvidia.com/gpu"] == "2"
+    assert kw["container_resources"].limits["nvidia.com/gpu"] == "1"
+    assert kw["security_context"].run_as_non_root and kw["security_context"].seccomp_profile.type == "RuntimeDefault"
+    assert kw["container_security_context"].allow_privilege_escalation is False
+    assert kw["container_security_context"].capabilities.drop == ["ALL"]
+    assert kw["env_vars"][0].name == "DPSYNTH_IMAGE" and kw["env_vars"][0].value == "dpsynth-stage:cuda"
     assert kw["node_selector"]["dpsynth.io/pool"] == "gpu"
     assert {t.key for t in kw["tolerations"]} == {"nvidia.com/gpu", "dpsynth.io/pool"}
     assert kw["env_from"][0].secret_ref.name == "dpsynth-stage"
     assert kw["env_from"][1].config_map_ref.name == "dpsynth-stage-config"
     assert "nvidia.com/gpu" not in (pods.pod_settings("partition")["container_resources"].limits or {})
+    assert "service_account_name" not in kw and "kueue.x-k8s.io/queue-name" not in kw["labels"]
+
+
+@tools
+def test_stage_service_account_and_kueue_queue_reach_the_pods(monkeypatch):
+    """stage.serviceAccount (workload identity) and stage.kueueQueue, through the env, on every stage pod."""
+    pytest.importorskip("kubernetes")
+    import importlib.util
+    env = find(render("--set", "stage.serviceAccount=dpsynth-s3", "--set", "stage.kueueQueue=gpu-queue"),
+               "ConfigMap", "-airflow-env")["data"]
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    spec = importlib.util.spec_from_file_location("dpsynth_pods_sa", REPO / "pipelines" / "airflow" / "dags" / "dpsynth_pods.py")
+    pods = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pods)
+    for stage in ("partition", "train"):
+        kw = pods.pod_settings(stage)
+        assert kw["service_account_name"] == "dpsynth-s3" and kw["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
 
 
 @tools
@@ -396,13 +442,13 @@ def test_helm_test_pod_checks_mlflow_and_the_ledger_database():
 
 @pytest.fixture
 def mlflow_health():
-    """An HTTP server answering /health like MLflow's (``OK``); its URL."""
+    """An HTTP server answering /health like MLflow's (``OK``) and its experiments search; its URL."""
     import http.server
     import threading
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            ok = self.path == "/health"
+            ok = self.path == "/health" or self.path.startswith("/api/2.0/mlflow/experiments/search")
             self.send_response(200 if ok else 404)
             self.end_headers()
             self.wfile.write(b"OK" if ok else b"")

@@ -103,6 +103,7 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
                                                  t.execution_timeout.total_seconds()]
                      for d in bag.dags.values() for t in d.tasks},
         "map_index_template": train.get_task("warmstart_shard").map_index_template,
+        "parallelism": train.get_task("warmstart_shard").max_active_tis_per_dagrun,
     }))
     """, airflow_env)
     assert out["dags"] == ["dpsynth_import_data", "dpsynth_retrain_on_new_data", "dpsynth_train"]
@@ -116,8 +117,9 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     dataset = (REPO / "outputs" / "data" / "mnist.parquet").as_uri()  # DPSYNTH_DATASET_URI's default
     assert out["outlets"] == [dataset] and out["retrain_assets"] == [dataset]
     for task, (retries, delay, timeout) in out["settings"].items():  # default_args: stages are idempotent
-        assert retries == (0 if task.endswith(".finish") else 2) and delay == 120 and timeout == 12 * 3600, task
+        assert retries == (0 if task.endswith((".finish", ".audit")) else 2) and delay == 120 and timeout == 12 * 3600, task
     assert out["map_index_template"] == "shard {{ task.op_kwargs['shard'] }}"
+    assert out["parallelism"] == 8  # DPSYNTH_WARMSTART_PARALLELISM: at most 8 shards of a run at once
 
 
 def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(airflow_env):
@@ -146,19 +148,24 @@ def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(a
         "retrain": {k: p.serialize() for k, p in bag.dags["dpsynth_retrain_on_new_data"].params.items()},
         "settings": dpsynth_pipeline.SETTINGS,
         "overrides": {o: rejected(overrides=[o]) for o in ["train.stepz=3", "bogus.x=1", "warmup.styles=3",
-                                                           "privacy.noise_multiplier=2"]},
+                                                           "privacy.noise_multiplier=2", "ledger.url=sqlite:///x.db",
+                                                           "tracking.uri=x", "privacy.accounting=x",
+                                                           "ledger.population_id=x"]},
     }))
     """, {**airflow_env, "DPSYNTH_STAGE_CONFIG": json.dumps(platform)})
     form, settings = out["form"], out["settings"]
+    # every field but the dataset nullable: empty keeps the base config's value (#34)
     expected = {"data.uri": {"type": "string", "minLength": 1},
                 "ledger.population_id": {"type": ["null", "string"], "minLength": 1, "maxLength": 200, "pattern": "\\S"},
-                "train.method": {"type": "string", "enum": list(typing.get_args(typing.get_type_hints(TrainConfig)["method"]))},
-                "privacy.epsilon": {"type": "number", "exclusiveMinimum": 0},
-                "privacy.delta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
-                "train.steps": {"type": "integer", "minimum": 1}, "partition.num_shards": {"type": "integer", "minimum": 1},
+                "train.method": {"type": ["null", "string"],
+                                 "enum": [None, *typing.get_args(typing.get_type_hints(TrainConfig)["method"])]},
+                "privacy.epsilon": {"type": ["null", "number"], "exclusiveMinimum": 0},
+                "privacy.delta": {"type": ["null", "number"], "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                "train.steps": {"type": ["null", "integer"], "minimum": 1},
+                "partition.num_shards": {"type": ["null", "integer"], "minimum": 1},
                 "train.n_d": {"type": ["null", "string"], "pattern": "^(adaptive|[1-9][0-9]*)$"},
-                "train.seed": {"type": "integer", "minimum": 0},
-                # nullable: empty keeps the config's setting (the pods read no config file: their default is auto)
+                "train.seed": {"type": ["null", "integer"], "minimum": 0},
+                # nullable: empty keeps the config's setting (the config's default is auto, #33)
                 "audit.empirical": {"type": ["null", "string"], "enum": [None, "auto", "off", "quick", "full"]}}
     assert sorted(settings.values()) == sorted(expected)
     for name, field in settings.items():
@@ -166,10 +173,11 @@ def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(a
         assert schema == expected[field], name
         assert form[name]["description"].startswith(setting_schema(field)["description"]), name
     assert {k: form[k]["value"] for k in ("epsilon", "n_d", "delta", "steps", "method")} == {
-        "epsilon": 3, "n_d": "5", "delta": 1e-5, "steps": 2000, "method": "dpgan"}  # platform, else the models'
+        "epsilon": 3, "n_d": "5", "delta": None, "steps": None, "method": None}  # platform, else the config's
     assert form["overrides"]["value"] == ["train.lr_g=0.0001", "warmup.central_images=true"]
     assert out["overrides"] == {"train.stepz=3": True, "bogus.x=1": True, "warmup.styles=3": False,
-                                "privacy.noise_multiplier=2": False}
+                                "privacy.noise_multiplier=2": False, "ledger.url=sqlite:///x.db": True,
+                                "tracking.uri=x": True, "privacy.accounting=x": True, "ledger.population_id=x": True}
     assert out["retrain"] == form
 
 
@@ -181,18 +189,18 @@ def test_task_settings_come_from_airflow_variables_else_the_environment(airflow_
            "DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS": "1800", "DPSYNTH_TASK_TIMEOUT_SECONDS": "600"}
     out = in_airflow(LOAD + """
     dag = bag.dags["dpsynth_train"]
-    pods = [t for t in dag.tasks if type(t).__name__ == "KubernetesPodOperator"]
+    pods = [t for t in dag.tasks if type(t).__name__ == "StagePodOperator"]
     shard = dag.get_task("warmstart_shard")
     print(json.dumps({
         "pods": {t.task_id: [t.deferrable, t.startup_timeout_seconds, t.schedule_timeout_seconds, t.retries,
                              t.execution_timeout.total_seconds()] for t in pods},
         "shard": [shard.partial_kwargs["deferrable"], shard.partial_kwargs["startup_timeout_seconds"],
-                  shard.map_index_template]}))
-    """, env)
+                  shard.map_index_template, shard.max_active_tis_per_dagrun]}))
+    """, {**env, "DPSYNTH_WARMSTART_PARALLELISM": "3"})
     assert sorted(out["pods"]) == sorted(["start", *STAGES, "train_job", "finish"])
     for task_id, settings in out["pods"].items():
-        assert settings == [True, 1800, 1800, 0 if task_id == "finish" else 5, 600], task_id
-    assert out["shard"] == [True, 1800, "shard {{ task.arguments[-1] }}"]
+        assert settings == [True, 1800, 1800, 0 if task_id in ("finish", "audit") else 5, 600], task_id
+    assert out["shard"] == [True, 1800, "shard {{ task.arguments[-1] }}", 3]  # the chart's stage.warmstartParallelism
 
 
 def hostile_values(tmp: Path) -> list[str]:
@@ -232,7 +240,7 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
     plan = dpsynth_pods.plan({**dag.params.dump(), "config": None}, "run-1")
     argv = {**dpsynth_pipeline.start_command.function(plan),
             **dpsynth_pipeline.stage_commands.function(plan, {"parent_run_id": "PARENT"})}
-    ops = [t for t in dag.tasks if type(t).__name__ == "KubernetesPodOperator"]
+    ops = [t for t in dag.tasks if type(t).__name__ == "StagePodOperator"]
     sources = {t.task_id: [t.arguments.operator.task_id, t.arguments.key] for t in ops}
     for t in ops:  # as the XComArg resolves at run time
         t.arguments = argv[t.task_id]
@@ -244,7 +252,7 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
                                  for t in mapped},
                       "mapped_gpu": {t.task_id: str(t.partial_kwargs["container_resources"].limits) for t in mapped}}))
     """, env)
-    assert out["mapped"] == {"warmstart_shard": ["KubernetesPodOperator", ["arguments"]]}  # one pod per shard
+    assert out["mapped"] == {"warmstart_shard": ["StagePodOperator", ["arguments"]]}  # one pod per shard
     assert "nvidia.com/gpu" in out["mapped_gpu"]["warmstart_shard"]
     pods = out["pods"]
     assert sorted(pods) == sorted(["start", *STAGES, "train_job", "finish"])
@@ -454,11 +462,12 @@ def test_train_dag_end_to_end(airflow_db, tmp_path, ranks):
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")  # as `make run`: an explicit budget, beforehand
     ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, records=600, reason="test_train_dag_end_to_end")
     conf = {"dataset_uri": str(source), "method": "dpgan", "epsilon": 10, "delta": 1e-4, "steps": 10, "num_shards": 2,
-            "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None, "tracking_uri": mlflow_uri,
+            "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None,
             "pipeline_run_id": "af-e2e", "population_id": "mnist600", "overrides": [*TINY, f"train.gpus_per_node={ranks}"]}
     airflow = str(AIRFLOW_BIN / "airflow")
     # timeout: a hang guard (over 300 s were seen on 2 shared, busy cores)
-    proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=airflow_db,
+    env = {**airflow_db, "DPSYNTH_TRACKING_URI": mlflow_uri}  # a platform setting, not on the form (#34)
+    proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "DagRun Finished: dag_id=dpsynth_train" in log and "state=success" in log, log[-6000:]

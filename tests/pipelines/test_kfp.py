@@ -58,7 +58,7 @@ def test_gpu_stages_and_fan_out(compiled):
     dag = compiled["root"]["dag"]["tasks"]
     loop = dag["for-loop-1"]
     assert loop["parameterIterator"]["items"]["inputParameter"].endswith("shard-indices-Output")
-    assert "parallelismLimit" not in loop.get("iteratorPolicy", {})  # the shards run in parallel
+    assert loop["iteratorPolicy"]["parallelismLimit"] == kp.WARMSTART_PARALLELISM == 8  # at most 8 shard pods at once
     (inner,) = compiled["components"]["comp-for-loop-1"]["dag"]["tasks"].values()
     assert inner["componentRef"]["name"] == "comp-dpsynth-warmstart-shard"
     assert inner["inputs"]["parameters"]["shard_index"]["componentInputParameter"] == "pipelinechannel--shard-indices-Output-loop-item"
@@ -74,32 +74,31 @@ def test_gpu_stages_and_fan_out(compiled):
     assert all(not t.get("cachingOptions", {}).get("enableCache") for t in dag.values())
     params = compiled["root"]["inputDefinitions"]["parameters"]
     assert set(params) == {"dataset_uri", "population_id", "method", "epsilon", "delta", "steps", "num_shards", "n_d",
-                           "seed", "audit_empirical", "run_dir", "train_nodes", "train_gpus_per_node"}
-    assert params["audit_empirical"]["defaultValue"] == "auto"  # the config's default (#33): a quick audit where the method has one
-    # no default population: a run names whose budget it is charged (the pods read no config file)
+                           "seed", "audit_empirical", "run_dir", "train_nodes", "train_gpus_per_node", "config", "extra"}
+    # no default population: a run names whose budget it is charged
     assert "defaultValue" not in params["population_id"] and not params["population_id"].get("isOptional")
     for name, executor in executors.items():
         if name.startswith("exec-dpsynth-"):
-            assert "ledger.population_id={{$.inputs.parameters['population_id']}}" in executor["container"]["args"], name
+            assert ('{"IfPresent": {"InputName": "population_id", "Then": ["--set", '
+                    '"ledger.population_id={{$.inputs.parameters[\'population_id\']}}"]}}') in executor["container"]["args"], name
 
 
-def test_inputs_take_type_default_and_description_from_the_config_schema(compiled):
-    """Each input that is a setting: KFP's type for the setting's, the models' default, their description."""
-    from dpsynth.config import load_config, setting_schema
+def test_inputs_take_type_and_description_from_the_config_schema(compiled):
+    """Each input that is a setting: KFP's type for the setting's, their description; optional with no default
+    (empty: the config's, #34) but for the dataset and population, which a run must name."""
+    from dpsynth.config import setting_schema
 
     params = compiled["root"]["inputDefinitions"]["parameters"]
-    defaults = load_config().to_dict()
     kinds = {"number": "NUMBER_DOUBLE", "integer": "NUMBER_INTEGER", "string": "STRING"}
-    for name, field in kp.SETTINGS.items():
+    for name, field in {**kp.SETTINGS, **kp.LAUNCH}.items():
         schema = setting_schema(field)
         types = {o.get("type") for o in schema.get("anyOf", [schema])} - {"null"}
         assert params[name]["parameterType"] == (kinds[types.pop()] if len(types) == 1 else "STRING"), name
-        assert params[name]["description"] == f"{field}: {schema['description']}", name
-        section, key = field.split(".")
-        if name not in ("dataset_uri", "population_id"):  # required inputs: a run names its data and population
-            value = defaults[section][key]  # KFP parameters have no null: a null setting is the empty string
-            assert params[name]["defaultValue"] == ("" if value is None else value), name
-    assert params["n_d"]["defaultValue"] == "" and params["epsilon"]["defaultValue"] == 10.0  # n_d: the method's
+        assert params[name]["description"].startswith(f"{field}: {schema['description']}"), name
+        assert "defaultValue" not in params[name], name
+        assert bool(params[name].get("isOptional")) == (name not in ("dataset_uri", "population_id")), name
+    assert params["config"]["defaultValue"] == "/opt/dpsynth/configs/dpgan-mnist-cpu.yaml"
+    assert params["extra"]["defaultValue"] == [] and params["extra"]["parameterType"] == "LIST"
 
 
 def test_gpu_toleration_and_node_selector(documents):
@@ -136,15 +135,19 @@ def test_stage_pods_get_configuration_retries_and_time_limits(compiled, document
              **compiled["components"]["comp-condition-4"]["dag"]["tasks"]}
     for stage in stages:
         policy = tasks[f"dpsynth-{stage}"].get("retryPolicy")
-        if stage == "finish":
-            assert policy is None
+        if stage in ("finish", "audit"):  # the verdict; the audit's randomised gates get one draw
+            assert policy is None, stage
         else:
             assert policy["maxRetryCount"] == 2 and policy["backoffDuration"] == "120s", stage
             assert policy["backoffMaxDuration"] == f"{3 * 12 * 3600}s"
 
 
-def test_local_component_runs_the_containers_command(compiled, monkeypatch):
-    """The two flavours cannot drift: same argv (after ``dpsynth``) for every command."""
+@pytest.mark.parametrize("given", ["all", "required"])
+def test_local_component_runs_the_containers_command(compiled, monkeypatch, given):
+    """The two flavours cannot drift: same argv (after ``dpsynth``) for every command, with every input given and
+    with only the required ones (the others absent: the config's)."""
+    from tests.pipelines.test_entry_points import render_args
+
     seen = []
 
     def fake_run(argv, **kw):
@@ -152,17 +155,26 @@ def test_local_component_runs_the_containers_command(compiled, monkeypatch):
         return subprocess.CompletedProcess(argv, 0, stdout='{"parent_run_id": "P"}')
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    values = dict(run_dir="R", pipeline_run_id="J", parent_run_id="P", dataset_uri="D", population_id="POP", method="dpgan",
-                  epsilon=1.5, delta=1e-5, steps=7, num_shards=2, n_d="adaptive", seed=3, audit_empirical="quick",
-                  shard_index=1, train_nodes=2, train_gpus_per_node=4)
-    for command in kp.CONTAINER:
-        kp.local_stage.python_func(command=command, extra=[], **values)
+    values = dict(run_dir="R", pipeline_run_id="J", parent_run_id="P", dataset_uri="D", population_id="POP", config="C.yaml",
+                  extra=["train.lr_g=0.001"], method="dpgan", epsilon=1.5, delta=1e-5, steps=7, num_shards=2, n_d="adaptive",
+                  seed=3, audit_empirical="quick", shard_index=1, train_nodes=2, train_gpus_per_node=4)
+    if given == "required":
+        values = {k: v for k, v in values.items() if k in ("run_dir", "pipeline_run_id", "parent_run_id", "dataset_uri",
+                                                           "population_id", "config", "extra", "shard_index")}
+    program = {"__name__": "dpsynth_run"}
+    exec(kp._RUN, program)
+    local = {k: v for k, v in values.items() if k in ("run_dir", "pipeline_run_id", "parent_run_id", "dataset_uri",
+                                                       "population_id", "config", "shard_index")}
+    for command in kp.CONTAINER:  # the local flavour gets the settings given as extra items (run_local.py)
+        fields = {**kp.SETTINGS, **(kp.LAUNCH if command == "train job" else {})}
+        sets = [f"{f}={values[n]}" for n, f in fields.items() if n in values and n not in ("dataset_uri", "population_id")]
+        kp.local_stage.python_func(command=command, extra=[*sets, *values["extra"]], **local)
         name = "exec-dpsynth-" + command.replace("pipeline ", "").replace(" ", "-")
         container = compiled["deploymentSpec"]["executors"][name]["container"]
-        args = [re.sub(r"\{\{\$\.inputs\.parameters\['(\w+)'\]\}\}", lambda m: str(values[m[1]]), a)
-                for a in container["args"]]
+        args = program["resolve"](render_args(container["args"], {k: v if k == "extra" else str(v) for k, v in values.items()}))
         if command == "train job":  # the stage on several ranks: a TrainJob in a pod, torchrun locally
-            assert args[:3] == ["train", "--launch", "trainjob"] and "train.gpus_per_node=4" in args
+            assert args[:3] == ["train", "--launch", "trainjob"]
+            assert ("train.gpus_per_node=4" in args) == (given == "all")
             args[2] = "torchrun"
         assert seen[-1] == args, command
 
@@ -170,13 +182,16 @@ def test_local_component_runs_the_containers_command(compiled, monkeypatch):
 def test_the_train_stage_on_several_ranks_is_a_trainjob_launcher(compiled, documents):
     """train_nodes × train_gpus_per_node > 1: the train-job task (a CPU pod running `dpsynth train --launch
     trainjob`, with the chart's template name from the stage ConfigMap, retried) runs in place of the GPU pod."""
-    decide = kp.train_distributed.python_func
+    def decide(**kw):
+        return kp.train_distributed.python_func(config="", extra=[], **kw)
+
     assert [decide(train_nodes=n, train_gpus_per_node=g) for n, g in ((1, 1), (2, 1), (1, 2), (2, 8))] == [
         False, True, True, True]
+    assert not decide() and kp.train_distributed.python_func(config="", extra=["train.nodes=2"])  # 0: the config's
     from dpsynth.errors import ConfigError
 
     with pytest.raises(ConfigError, match="^train.gpus_per_node: must be an integer >= 1"):
-        decide(train_nodes=1, train_gpus_per_node=0)
+        decide(train_nodes=1, train_gpus_per_node=-1)
     branches = compiled["components"]["comp-condition-branches-2"]["dag"]["tasks"]
     job, pod = branches["condition-3"], branches["condition-4"]
     assert job["triggerPolicy"]["condition"] == "inputs.parameter_values['pipelinechannel--train-distributed-Output'] == true"
@@ -184,7 +199,8 @@ def test_the_train_stage_on_several_ranks_is_a_trainjob_launcher(compiled, docum
     assert list(compiled["components"]["comp-condition-3"]["dag"]["tasks"]) == ["dpsynth-train-job"]
     container = compiled["deploymentSpec"]["executors"]["exec-dpsynth-train-job"]["container"]
     assert container["args"][:3] == ["train", "--launch", "trainjob"] and "accelerator" not in container["resources"]
-    assert "train.nodes={{$.inputs.parameters['train_nodes']}}" in container["args"]
+    assert ('{"IfPresent": {"InputName": "train_nodes", "Then": ["--set", '
+            '"train.nodes={{$.inputs.parameters[\'train_nodes\']}}"]}}') in container["args"]
     if kp.kubernetes is None:
         pytest.skip("kfp-kubernetes is not installed")
     config = documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-dpsynth-train-job"]

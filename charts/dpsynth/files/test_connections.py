@@ -1,7 +1,11 @@
-# `helm test`: MLflow's /health answers OK (when MLFLOW_URL is set), and the ledger database accepts
-# PGUSER/PGPASSWORD (a SELECT 1 through SQLAlchemy and psycopg2, as the stages connect). Exit 1 otherwise.
+# `helm test`: MLflow's /health answers OK and its REST API answers a call carrying the Service's Host header, as
+# the stage pods' calls do (when MLFLOW_URL is set; MLflow 3 refuses a Host it does not allow with 403 on every
+# path but /health), and the ledger database accepts PGUSER/PGPASSWORD (a SELECT 1 through SQLAlchemy and
+# psycopg2, as the stages connect). Exit 1 otherwise.
 import os
 import sys
+import urllib.error
+import urllib.parse
 import urllib.request
 
 import sqlalchemy as sa
@@ -17,6 +21,17 @@ if os.environ.get("MLFLOW_URL"):
     except OSError as exc:
         print(f"MLflow /health: {exc}")
         failed.append("mlflow")
+    host = urllib.parse.urlsplit(os.environ["MLFLOW_URL"]).netloc  # urllib sends it as the Host header
+    try:
+        api = os.environ["MLFLOW_URL"].rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
+        with urllib.request.urlopen(api, timeout=10) as r:
+            print(f"MLflow API (Host: {host}): {r.status}")
+    except urllib.error.HTTPError as exc:
+        print(f"MLflow API (Host: {host}): {exc.code} {exc.read()[:200].decode(errors='replace')}")
+        failed.append("mlflow-api")
+    except OSError as exc:
+        print(f"MLflow API (Host: {host}): {exc}")
+        failed.append("mlflow-api")
 url = sa.engine.URL.create("postgresql+psycopg2", username=os.environ["PGUSER"], password=os.environ["PGPASSWORD"],
                            host=os.environ["PGHOST"], port=int(os.environ["PGPORT"]), database=os.environ["PGDATABASE"])
 try:

@@ -70,3 +70,19 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "dpsynth.mlflowUrl" -}}
 {{- printf "http://%s-mlflow.%s.svc:%v" (include "dpsynth.fullname" .) .Release.Namespace .Values.mlflow.port -}}
 {{- end -}}
+
+{{/* The Host headers MLflow's server accepts (MLflow 3 refuses any other with 403 "Invalid Host header",
+     answering only /health): its Service under every name a pod resolves (with and without the port),
+     localhost for `kubectl port-forward`, mlflow.ingressHost and mlflow.allowedHosts. Comma-separated. */}}
+{{- define "dpsynth.mlflowAllowedHosts" -}}
+{{- $name := printf "%s-mlflow" (include "dpsynth.fullname" .) -}}
+{{- $ns := .Release.Namespace -}}
+{{- $hosts := list -}}
+{{- range (list $name (printf "%s.%s" $name $ns) (printf "%s.%s.svc" $name $ns) (printf "%s.%s.svc.%s" $name $ns .Values.clusterDomain) "localhost" "127.0.0.1") -}}
+{{- $hosts = concat $hosts (list . (printf "%s:%v" . $.Values.mlflow.port)) -}}
+{{- end -}}
+{{- $hosts = concat $hosts (list "localhost:*" "127.0.0.1:*") -}}
+{{- with .Values.mlflow.ingressHost }}{{ $hosts = append $hosts . }}{{ end -}}
+{{- $hosts = concat $hosts .Values.mlflow.allowedHosts -}}
+{{- join "," (uniq $hosts) -}}
+{{- end -}}

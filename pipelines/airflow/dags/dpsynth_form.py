@@ -38,31 +38,32 @@ def setting(name: str) -> dict:
 
 
 def field_schema(name: str) -> dict:
-    """The form field's JSON Schema keywords for a setting. A nullable setting is ``type: [null, T]``; a setting
-    that is an integer or a word (``train.n_d``: 5 or "adaptive", or null) is a text field with a pattern."""
+    """The form field's JSON Schema keywords for a setting. Every field is nullable, ``type: [null, T]`` (choices
+    include null): empty means the base config's value. A setting that is an integer or a word (``train.n_d``: 5
+    or "adaptive") is a text field with a pattern."""
     options = setting(name).get("anyOf", [setting(name)])
     values = [o for o in options if o.get("type") != "null"]
     if len(values) == 1:
         out = {k: values[0][k] for k in KEYWORDS if k in values[0]}
-        if len(values) < len(options):
-            out["type"] = ["null", out["type"]]
-        return out
-    words = [o["const"] for o in values if "const" in o]
-    numbers = [o for o in values if o.get("type") == "integer"]
-    if len(numbers) == 1 and len(words) == len(values) - 1 and numbers[0].get("minimum", 0) in (0, 1):
+    else:
+        words = [o["const"] for o in values if "const" in o]
+        numbers = [o for o in values if o.get("type") == "integer"]
+        if not (len(numbers) == 1 and len(words) == len(values) - 1 and numbers[0].get("minimum", 0) in (0, 1)):
+            raise ValueError(f"{name}: no form field for the schema {setting(name)}")
         digits = "[1-9][0-9]*" if numbers[0].get("minimum") == 1 else "[0-9]+"
-        text = {"type": "string", "pattern": f"^({'|'.join(map(re.escape, words))}|{digits})$"}
-        return {**text, "type": ["null", "string"]} if len(values) < len(options) else text
-    raise ValueError(f"{name}: no form field for the schema {setting(name)}")
+        out = {"type": "string", "pattern": f"^({'|'.join(map(re.escape, words))}|{digits})$"}
+    out["type"] = ["null", out["type"]]
+    if "enum" in out:
+        out["enum"] = [None, *out["enum"]]
+    return out
 
 
 def default(name: str):
-    """The platform's value of a setting, else the schema's default."""
+    """The platform's value of a setting (``DPSYNTH_STAGE_CONFIG``), else None: the base config's. Never the
+    schema's default, which would replace the config's recipe."""
     section, field = name.split(".")
-    value = platform().get(section, {}).get(field, setting(name).get("default"))
-    kind = field_schema(name)["type"]
-    text = "string" in kind if isinstance(kind, list) else kind == "string"
-    return str(value) if value is not None and text else value
+    value = platform().get(section, {}).get(field)
+    return str(value) if value is not None and "string" in field_schema(name)["type"] else value
 
 
 def param(name: str, value=None, **keywords):
@@ -75,13 +76,17 @@ def param(name: str, value=None, **keywords):
 
 
 def extra_settings(shown: set[str]) -> list[str]:
-    """The platform's settings the form shows no field for, as ``section.field=value`` (JSON is YAML)."""
+    """The platform's settings the form shows no field for, as ``section.field=value`` (JSON is YAML); not the
+    governance settings (``dpsynth_pods.GOVERNED``), which reach the stages from the platform itself."""
     return [f"{section}.{field}={json.dumps(value)}" for section, fields in platform().items()
-            for field, value in fields.items() if f"{section}.{field}" not in shown]
+            for field, value in fields.items() if f"{section}.{field}" not in shown
+            and f"{section}.{field}" not in pods.GOVERNED]
 
 
 def settings_pattern() -> str:
-    """A pattern for ``section.field=value`` that names a setting the schema knows."""
+    """A pattern for ``section.field=value`` that names a setting the schema knows and is not a governance
+    setting (``dpsynth_pods.GOVERNED``: the platform's, refused on the form)."""
     sections = [f"{section}\\.({'|'.join(SCHEMA['$defs'][ref['$ref'].rsplit('/', 1)[1]]['properties'])})"
                 for section, ref in SCHEMA["properties"].items()]
-    return f"^({'|'.join(sections)})=.*$"
+    refused = "|".join(re.escape(name) + r"\s*=" for name in pods.GOVERNED)
+    return f"^(?!({refused}))({'|'.join(sections)})=.*$"

@@ -29,35 +29,35 @@ DATASET_URI = pods.setting("DPSYNTH_DATASET_URI", "outputs/data/mnist.parquet")
 
 
 # The form fields that are settings: form field -> setting (dpsynth_pods.overrides passes them on).
-SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", "method": "train.method",
-            "epsilon": "privacy.epsilon", "delta": "privacy.delta", "steps": "train.steps",
-            "num_shards": "partition.num_shards", "n_d": "train.n_d", "seed": "train.seed",
-            "audit_empirical": "audit.empirical"}
+SETTINGS = pods.SETTINGS
 
 
 def params(dataset_uri: str = DATASET_URI) -> dict:
     """The trigger form (JSON schema validated when a run is triggered). A setting's field takes its type,
-    bounds, choices, default and description from dpsynth's config schema (``dpsynth_form``)."""
+    bounds, choices and description from dpsynth's config schema (``dpsynth_form``); its default is the
+    platform's value (``DPSYNTH_STAGE_CONFIG``), else empty: the base config's. The governance settings
+    (``dpsynth_pods.GOVERNED``: ledger URL, tracking URI, accounting) have no field and are refused in the
+    extra settings; the tracking URI is the platform's ``DPSYNTH_TRACKING_URI``, read when a run starts."""
     population = form.setting("ledger.population_id")["description"]
+    platform_population = pods.setting("DPSYNTH_POPULATION_ID")
     return {
-        "dataset_uri": form.param("data.uri", dataset_uri, title="Dataset URI"),
-        "population_id": form.param("ledger.population_id", pods.setting("DPSYNTH_POPULATION_ID"),
-                                    title="Population id", description=f"{population} Empty: the config's."),
-        "method": form.param("train.method", title="Method"),
-        "epsilon": form.param("privacy.epsilon", title="ε (target)"),
-        "delta": form.param("privacy.delta", title="δ"),
-        "steps": form.param("train.steps", title="Step budget (private steps)"),
-        "num_shards": form.param("partition.num_shards", title="Shards K"),
-        "n_d": form.param("train.n_d", title="n_d policy"),
-        "seed": form.param("train.seed", title="Seed"),
-        "audit_empirical": Param(None, type=["null", "string"], enum=[None, *pods.AUDIT_EMPIRICAL],
-                                 title="Empirical audit",
-                                 description=f"{form.setting('audit.empirical')['description']} Empty: the config's."),
+        "dataset_uri": form.param("data.uri", dataset_uri, title="Dataset URI", type="string"),  # required
+        # a governance setting: where the platform names the population (DPSYNTH_POPULATION_ID, the chart's
+        # pipeline.populationId), a trigger cannot change it (const); else the config's, or the trigger's
+        "population_id": form.param("ledger.population_id", platform_population, title="Population id",
+                                    **({"const": platform_population, "description": f"{population} Set by the "
+                                        "platform (DPSYNTH_POPULATION_ID): a run cannot change it."}
+                                       if platform_population else {"description": f"{population} Empty: the config's."})),
+        **{name: form.param(SETTINGS[name], title=title, description=(
+            f"{form.setting(SETTINGS[name]).get('description', '')} Empty: the config's."))
+           for name, title in (("method", "Method"), ("epsilon", "ε (target)"), ("delta", "δ"),
+                               ("steps", "Step budget (private steps)"), ("num_shards", "Shards K"),
+                               ("n_d", "n_d policy"), ("seed", "Seed"), ("audit_empirical", "Empirical audit"))},
         "run_root": Param(pods.setting("DPSYNTH_RUN_ROOT", "outputs/airflow"), type="string", minLength=1,
                           title="Storage root URI", description="each run writes under ROOT/<pipeline run id>"),
-        "config": Param(pods.setting("DPSYNTH_CONFIG", "configs/dpgan-mnist-cpu.yaml"), type=["null", "string"],
-                        title="Base YAML config", description="path in the stage environment; empty: the defaults"),
-        "tracking_uri": Param(pods.setting("DPSYNTH_TRACKING_URI"), type=["null", "string"], title="MLflow tracking URI"),
+        "config": Param(pods.config_default(), type=["null", "string"], title="Base YAML config",
+                        description="path in the stage environment (the stage image: /opt/dpsynth/configs/…); "
+                                    "empty: none, the models' defaults"),
         "overrides": Param(form.extra_settings(set(SETTINGS.values())), type="array",
                            items={"type": "string", "pattern": form.settings_pattern()}, title="Extra settings",
                            description="section.field=value, applied last (default: the platform's settings, "
@@ -103,8 +103,8 @@ def _run_local(argv: list[str]):
         finally:
             done.set()
         reader.join()
-    if proc.returncode != 0:
-        raise RuntimeError(f"dpsynth {argv[0]} exited {proc.returncode}: " + "\n".join(tail))
+    if proc.returncode != 0:  # exit 2, a verdict: AirflowFailException, never retried
+        raise pods.verdict_error(argv[0], proc.returncode, "\n".join(tail))
     return pods.parse_json(out[0].decode())
 
 
@@ -147,6 +147,8 @@ def plan(**context) -> dict:
     if update := dataset_update(context):  # retrain on the imported version
         print(f"triggered by a dataset update: {update}")
         p["dataset_uri"] = update.get("dataset_uri") or p["dataset_uri"]
+    p["tracking_uri"] = pods.setting("DPSYNTH_TRACKING_URI")  # the platform's, never the trigger's
+    pods.require_remote(p)  # stage pods share no disk: a local path would point at nothing
     run_id = p.get("pipeline_run_id") or re.sub(r"[^A-Za-z0-9_.-]+", "-", context["run_id"])[:60]
     return {**pods.plan(p, run_id), "dataset_update": update}
 
@@ -160,7 +162,7 @@ def shards(partition: dict) -> list[int]:
     return list(range(len(names)))
 
 
-@task(map_index_template="shard {{ task.op_kwargs['shard'] }}")
+@task(map_index_template="shard {{ task.op_kwargs['shard'] }}", max_active_tis_per_dagrun=pods.warmstart_parallelism())
 def warmstart_shard(plan: dict, shard: int) -> dict:
     """``dpsynth warmstart --shard K``: one shard's non-private warm start (GS-WGAN, DPAC); a no-op
     record for methods without one. The ``warmstart`` task after them is the fan-in."""
@@ -173,7 +175,7 @@ def _local_tasks(plan_out):
         return _run_local(plan["argv"]["start"])
 
     def stage_task(stage: str):
-        @task(task_id=stage)
+        @task(task_id=stage, **pods.retries(stage))  # audit: once (its gates draw randomness)
         def run(plan: dict, ids: dict) -> dict:
             argv = pods.with_parent(plan["argv"][stage], ids["parent_run_id"])
             if stage == "train" and pods.distributed(ids):  # several ranks: torchrun on this machine

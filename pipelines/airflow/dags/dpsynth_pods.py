@@ -25,7 +25,9 @@ ConfigMap), else its default:
   The ledger is ``DPSYNTH_LEDGER_URL`` (the stage Secret on Kubernetes), else beside a SQLite MLflow store or
   the local run root; the population's budget is set there beforehand (``dpsynth ledger set-budget``).
 - every task: ``DPSYNTH_TASK_RETRIES`` (2), ``DPSYNTH_TASK_RETRY_DELAY_SECONDS`` (120),
-  ``DPSYNTH_TASK_TIMEOUT_SECONDS`` (43200). Retrying is safe: a stage skips work its manifest records.
+  ``DPSYNTH_TASK_TIMEOUT_SECONDS`` (43200). Retrying is safe: a stage skips work its manifest records. Never
+  retried: a stage that exits 2 (a verdict: bad input, a refused budget, a failed audit; ``AirflowFailException``),
+  and the ``audit`` and ``finish`` tasks (:data:`NO_RETRY`: a failing randomised gate must not get three draws).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from datetime import timedelta
 from pathlib import Path
 
 STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
+VERDICT = 2  # dpsynth's exit status for a verdict (DpsynthError: bad input, refused budget, failed audit)
+NO_RETRY = ("audit", "finish")  # tasks run once: the audit's gates draw randomness; finish's failure is the verdict
 # audit.empirical's choices, from the exported config schema beside this file (dpsynth_config.schema.json)
 AUDIT_EMPIRICAL = tuple(json.loads(Path(__file__).with_name("dpsynth_config.schema.json").read_text(encoding="utf-8"))
                         ["$defs"]["AuditConfig"]["properties"]["empirical"]["enum"])
@@ -47,15 +51,52 @@ XCOM_FILE = "/airflow/xcom/return.json"  # what KubernetesPodOperator's sidecar 
 POD_CMDS = ["sh", "-c", f'exec "$@" > {XCOM_FILE}', "dpsynth-stage"]
 
 
+_VARIABLES: dict[str, str | None] = {}  # one lookup per Variable per process (a DAG file's parse, a task's run)
+
+
+def variable(name: str) -> str | None:
+    """The Airflow Variable NAME (None when unset or outside Airflow), looked up once per process: a parse of the
+    DAG files asked the metadata database 274 times for 24 names in Kubernetes mode before."""
+    if name not in _VARIABLES:
+        try:
+            from airflow.sdk import Variable
+        except ImportError:  # outside Airflow, e.g. a test of the pod specs in the stage venv
+            _VARIABLES[name] = None
+        else:
+            _VARIABLES[name] = Variable.get(name, default=None)
+    return _VARIABLES[name]
+
+
 def setting(name: str, default: str | None = None) -> str | None:
     """The Airflow Variable NAME, else the environment variable NAME, else ``default``."""
-    try:
-        from airflow.sdk import Variable
-    except ImportError:  # outside Airflow, e.g. a test of the pod specs in the stage venv
-        value = None
-    else:
-        value = Variable.get(name, default=None)
-    return value or os.environ.get(name) or default
+    return variable(name) or os.environ.get(name) or default
+
+
+LOCAL_CONFIG = "configs/dpgan-mnist-cpu.yaml"  # the recipe `make run` trains (relative to DPSYNTH_REPO)
+
+
+def config_default() -> str | None:
+    """The form's base config: ``DPSYNTH_CONFIG`` (a Variable, else the environment: the chart's pipeline.config),
+    where an empty value means none; unset: :data:`LOCAL_CONFIG`."""
+    value = variable("DPSYNTH_CONFIG")
+    if value is None:
+        value = os.environ.get("DPSYNTH_CONFIG", LOCAL_CONFIG)
+    return value or None
+
+
+def require_remote(params: dict) -> None:
+    """With the Kubernetes executor, the run root and the dataset must be object-store URIs (``s3://``…): a pod's
+    disk is its own and goes with it. Raises ``AirflowFailException`` (no retry), naming the field."""
+    if executor() != "kubernetes":
+        return
+    for field, setting_name in (("run_root", "DPSYNTH_RUN_ROOT"), ("dataset_uri", "data.uri")):
+        value = str(params.get(field) or "")
+        if "://" not in value or value.startswith("file://"):
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(
+                f"{field} ({setting_name}): {value!r} is a local path, but stages run as Kubernetes pods that share "
+                f"no disk: give an s3:// URI (the chart's pipeline.runRoot / pipeline.datasetUri)")
 
 
 def default_args() -> dict:
@@ -74,21 +115,37 @@ def executor() -> str:
 
 # --- command lines ---------------------------------------------------------------------------
 
+# The trigger form's fields that are settings: form field -> setting. A field left empty (null) passes nothing:
+# the base config's value stands, so a run triggered with only the dataset filled in trains the config's recipe.
+SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", "method": "train.method",
+            "epsilon": "privacy.epsilon", "delta": "privacy.delta", "steps": "train.steps",
+            "num_shards": "partition.num_shards", "n_d": "train.n_d", "seed": "train.seed",
+            "audit_empirical": "audit.empirical"}
+# Settings only the platform sets (Variables / the chart), never whoever triggers a run: where and against
+# which lifetime budget attempts are charged, where runs are tracked, how ε is accounted. Refused in the
+# extra settings (the population has its own field, whose default is the platform's DPSYNTH_POPULATION_ID).
+GOVERNED = ("ledger.url", "ledger.population_id", "ledger.stale_after_hours", "tracking.uri", "privacy.accounting")
+
+
+def governed(item: str) -> str | None:
+    """The governance setting an extra ``section.field=value`` item names, or None."""
+    name = str(item).split("=", 1)[0].strip()
+    return name if name in GOVERNED else None
+
+
 def overrides(params: dict) -> list[str]:
-    """The trigger form's values as ``section.field=value`` settings (extra ones last, so they win)."""
-    sets = [f"data.uri={params['dataset_uri']}", f"train.method={params['method']}",
-            f"privacy.epsilon={params['epsilon']}", f"privacy.delta={params['delta']}",
-            f"train.steps={params['steps']}", f"partition.num_shards={params['num_shards']}",
-            f"train.n_d={params.get('n_d') or ''}", f"train.seed={params['seed']}"]  # n_d empty: the method's
-    if params.get("population_id"):  # else the config's (required: `dpsynth pipeline start` refuses a run without)
-        sets.append(f"ledger.population_id={params['population_id']}")
-    if audit := params.get("audit_empirical"):  # else the config's
-        if audit not in AUDIT_EMPIRICAL:
-            raise ValueError(f"audit_empirical (audit.empirical): must be one of {', '.join(AUDIT_EMPIRICAL)}, got {audit!r}")
-        sets.append(f"audit.empirical={audit}")
-    if params.get("tracking_uri"):
+    """The trigger form's values as ``section.field=value`` settings (extra ones last, so they win). An empty
+    field (None or "") is left out: the config's value."""
+    sets = [f"{field}={params[name]}" for name, field in SETTINGS.items() if params.get(name) not in (None, "")]
+    if (audit := params.get("audit_empirical")) and audit not in AUDIT_EMPIRICAL:
+        raise ValueError(f"audit_empirical (audit.empirical): must be one of {', '.join(AUDIT_EMPIRICAL)}, got {audit!r}")
+    if params.get("tracking_uri"):  # the platform's (DPSYNTH_TRACKING_URI), not on the form
         sets += ["tracking.enabled=true", f"tracking.uri={params['tracking_uri']}"]
-    return sets + list(params.get("overrides") or [])
+    extra = list(params.get("overrides") or [])
+    if refused := [name for item in extra if (name := governed(item))]:
+        raise ValueError(f"overrides (extra settings): {', '.join(refused)} is a platform setting (an Airflow "
+                         f"Variable or the chart's values), not a run's: remove it")
+    return sets + extra
 
 
 def plan(params: dict, pipeline_run_id: str) -> dict:
@@ -100,6 +157,28 @@ def plan(params: dict, pipeline_run_id: str) -> dict:
     argv = {"start": ["pipeline", "start", *common], "finish": ["pipeline", "finish", *common],
             **{stage: [stage, *common] for stage in STAGES}}
     return {"pipeline_run_id": pipeline_run_id, "run_dir": run_dir, "argv": argv}
+
+
+def warmstart_parallelism() -> int:
+    """How many per-shard warm-start tasks of one DAG run run at once (``DPSYNTH_WARMSTART_PARALLELISM``, 8):
+    ``max_active_tis_per_dagrun`` of the mapped task (K can be 50 GPU pods otherwise)."""
+    return int(setting("DPSYNTH_WARMSTART_PARALLELISM", "8"))
+
+
+def retries(task_id: str) -> dict:
+    """``{"retries": 0}`` for the tasks of :data:`NO_RETRY`, else ``{}`` (default_args)."""
+    return {"retries": 0} if task_id in NO_RETRY else {}
+
+
+def verdict_error(stage: str, code: int, detail: str) -> Exception:
+    """The exception a failed stage raises: ``AirflowFailException`` (no retry) for exit :data:`VERDICT`, else
+    ``RuntimeError`` (retried)."""
+    message = f"dpsynth {stage} exited {code}: {detail}"
+    if code == VERDICT:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        return AirflowFailException(message + " (a verdict: not retried)")
+    return RuntimeError(message)
 
 
 def with_parent(argv: list[str], parent_run_id: str | None) -> list[str]:
@@ -156,7 +235,9 @@ def pod_settings(stage: str) -> dict:
     gpu = stage in setting("DPSYNTH_GPU_STAGES", "warmstart,train").split(",")
     kw: dict = {"image": setting("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest"),
                 "namespace": setting("DPSYNTH_K8S_NAMESPACE", "dpsynth"),
-                "labels": {"app.kubernetes.io/name": "dpsynth", "dpsynth.stage": stage},
+                "labels": {"app.kubernetes.io/name": "dpsynth", "dpsynth.stage": stage,
+                           # Kueue admits the pod through this LocalQueue (DPSYNTH_KUEUE_QUEUE; unset: no Kueue)
+                           **({"kueue.x-k8s.io/queue-name": q} if (q := setting("DPSYNTH_KUEUE_QUEUE")) else {})},
                 "deferrable": setting("DPSYNTH_K8S_DEFERRABLE", "true").lower() == "true",
                 # the provider also waits this long for the pod to be scheduled (schedule_timeout_seconds)
                 "startup_timeout_seconds": int(setting("DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS", "900"))}
@@ -170,6 +251,15 @@ def pod_settings(stage: str) -> dict:
     else:
         kw["container_resources"] = k8s.V1ResourceRequirements(requests={"cpu": "1", "memory": "4Gi"},
                                                                limits={"memory": "8Gi"})
+    # PodSecurity "restricted": non-root (the stage image's uid 10001), no privilege escalation, no capabilities,
+    # the runtime's seccomp profile
+    kw["security_context"] = k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=10001,
+                                                      seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
+    kw["container_security_context"] = k8s.V1SecurityContext(
+        allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"]))
+    kw["env_vars"] = [k8s.V1EnvVar(name="DPSYNTH_IMAGE", value=kw["image"])]  # MLflow lineage: the code that ran
+    if account := setting("DPSYNTH_STAGE_SERVICE_ACCOUNT"):  # workload identity: S3 without static keys
+        kw["service_account_name"] = account
     kw["env_from"] = []
     if secret := setting("DPSYNTH_STAGE_SECRET"):
         kw["env_from"].append(k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=secret)))
@@ -188,11 +278,44 @@ def stage_pod_operator(task_id: str, stage: str, arguments, *, mapped: bool = Fa
     """A KubernetesPodOperator running ``arguments`` (``["dpsynth", <command>, ...]``: a list, or an
     XComArg of one) in the stage image through :data:`POD_CMDS`; the command's JSON goes to the XCom
     sidecar. ``mapped``: ``arguments`` is an XComArg of argument lists, one pod each (e.g. per shard)."""
-    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-
+    KubernetesPodOperator = stage_pod_operator_class()
     settings = dict(task_id=task_id, name=f"dpsynth-{stage}", cmds=POD_CMDS, do_xcom_push=True, get_logs=True,
-                    on_finish_action="delete_succeeded_pod", **pod_settings(stage), **kwargs)
+                    on_finish_action="delete_succeeded_pod", **pod_settings(stage), **{**retries(task_id), **kwargs})
     if mapped:  # each argv ends with "--shard", K: the task instance's label in the UI
         return KubernetesPodOperator.partial(map_index_template="shard {{ task.arguments[-1] }}",
+                                             max_active_tis_per_dagrun=warmstart_parallelism(),
                                              **settings).expand(arguments=arguments)
     return KubernetesPodOperator(arguments=arguments, **settings)
+
+
+def exit_code(remote_pod, container: str = "base") -> int | None:
+    """The exit status of a pod's container, or None while it has none."""
+    statuses = (remote_pod.status.container_statuses if remote_pod and remote_pod.status else None) or []
+    status = next((c for c in statuses if c.name == container), None)
+    terminated = status.state.terminated if status and status.state else None
+    return terminated.exit_code if terminated else None
+
+
+_POD_OPERATOR = None
+
+
+def stage_pod_operator_class():
+    """KubernetesPodOperator whose failed pod with exit :data:`VERDICT` fails the task for good
+    (``AirflowFailException``: no retry); any other failure stays retryable."""
+    global _POD_OPERATOR
+    if _POD_OPERATOR is None:
+        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+        class StagePodOperator(KubernetesPodOperator):
+            def cleanup(self, pod, remote_pod, xcom_result=None, context=None):
+                try:
+                    return super().cleanup(pod, remote_pod, xcom_result=xcom_result, context=context)
+                except Exception as exc:
+                    code = exit_code(remote_pod, self.base_container_name)
+                    if code == VERDICT:
+                        raise verdict_error(self.task_id, code, str(exc).splitlines()[0]) from exc
+                    raise
+
+        StagePodOperator.__module__ = __name__
+        _POD_OPERATOR = StagePodOperator
+    return _POD_OPERATOR

@@ -1,0 +1,211 @@
+"""Every entry point trains the recipe `make run` trains (issue #34, item 4).
+
+A UI trigger of ``dpsynth_train`` with only the dataset filled in, a REST trigger (``conf`` with only the dataset),
+``make run``'s own trigger (``run_embedded.sh``'s conf), an Asset-scheduled retrain and the KFP cluster pipeline
+with only its required inputs each build the stage command lines; the settings those resolve to (``--config`` plus
+the ``--set`` list, through ``load_config``, as the stages do) must equal ``dpsynth config show`` of the make-run
+config with the same dataset and population. Before, every form field was sent as ``--set`` with the schema's
+default (train.steps 2000, train.n_d adaptive, ...), and the KFP pipeline had no config input at all.
+
+Also: the governance settings are refused in the extra settings, in Airflow and in the KFP container program.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.pipelines.test_airflow import AIRFLOW_BIN, LOAD, in_airflow, airflow_env  # noqa: F401 (fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = "configs/dpgan-mnist-cpu.yaml"
+DATASET, POPULATION, TRACKING = "s3://bucket/data/mnist.parquet", "mnist", "http://mlflow.example:5000"
+
+
+def show(*args: str) -> dict:
+    """``dpsynth config show --json`` of the stage venv: the settings a stage given these arguments runs with."""
+    out = subprocess.run([sys.executable, "-m", "dpsynth.cli", "config", "show", "--json", *args], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def make_run_settings() -> dict:
+    """What `make run` trains: its config, its dataset and population, tracked at the platform's URI."""
+    return show("--config", CONFIG, "--set", f"data.uri={DATASET}", "--set", f"ledger.population_id={POPULATION}",
+                "--set", "tracking.enabled=true", "--set", f"tracking.uri={TRACKING}")
+
+
+def resolved(argv: list[str]) -> dict:
+    """The settings of a stage argv (``dpsynth <stage> ...``): its --config and --set, as the stage reads them."""
+    args = []
+    it = iter(argv)
+    for a in it:
+        if a in ("--config", "--set"):
+            args += [a, next(it)]
+    return show(*args)
+
+
+@pytest.fixture(scope="module")
+def airflow_argvs(airflow_env):  # noqa: F811
+    if not (AIRFLOW_BIN / "airflow").exists():
+        pytest.skip(".venv/airflow is missing")
+    env = {**airflow_env, "DPSYNTH_CONFIG": CONFIG, "DPSYNTH_POPULATION_ID": POPULATION,
+           "DPSYNTH_TRACKING_URI": TRACKING}
+    return in_airflow(LOAD + f"""
+    import copy, types
+    import dpsynth_pipeline
+    DATASET = {DATASET!r}
+    def plan_of(dag, values, events=None):
+        params = copy.deepcopy(bag.dags[dag].params)
+        params.update(values)   # what the form's submit and a REST trigger's conf do
+        params.validate()
+        context = {{"params": params.dump(), "run_id": "manual__2026-11-27", "triggering_asset_events": events}}
+        return dpsynth_pipeline.plan.function(**context)["argv"]["train"]
+    event = types.SimpleNamespace(timestamp=1, extra={{"dataset_uri": DATASET, "sha256": "x", "rows": 1}})
+    refused = []
+    for item in ("ledger.url=sqlite:////tmp/fresh.db", "tracking.uri=file:/tmp/x", "privacy.accounting=paper",
+                 "ledger.population_id=other", "train.steps=5"):
+        try:
+            plan_of("dpsynth_train", {{"dataset_uri": DATASET, "overrides": [item]}})
+            refused.append(None)
+        except Exception as exc:
+            refused.append(type(exc).__name__ + ": " + str(exc))
+    print(json.dumps({{
+        "ui": plan_of("dpsynth_train", {{"dataset_uri": DATASET}}),
+        "rest": plan_of("dpsynth_train", {{"dataset_uri": DATASET}}),
+        "make_run": plan_of("dpsynth_train", {{"dataset_uri": DATASET, "config": {CONFIG!r}, "run_root": "/tmp/runs",
+                                               "pipeline_run_id": "make-run-x", "population_id": {POPULATION!r}}}),
+        "retrain": plan_of("dpsynth_retrain_on_new_data", {{}}, {{"asset": [event]}}),
+        "refused": refused,
+    }}))
+    """, env)
+
+
+@pytest.mark.parametrize("entry", ["ui", "rest", "make_run", "retrain"])
+def test_airflow_triggers_train_the_make_run_recipe(airflow_argvs, entry):
+    assert resolved(airflow_argvs[entry]) == make_run_settings()
+
+
+def test_make_run_triggers_like_the_ui():
+    """make run's conf fills in only what a UI trigger does (dataset, config, run root, run id, population)."""
+    script = (REPO / "pipelines" / "airflow" / "run_embedded.sh").read_text()
+    block = script[script.index("print(json.dumps("):script.index("PY\n)")]
+    assert set(re.findall(r'"(\w+)":', block)) == {"dataset_uri", "config", "run_root", "pipeline_run_id",
+                                                   "population_id"}
+
+
+def test_airflow_refuses_governance_settings_in_the_extra_settings(airflow_argvs):
+    *governed, allowed = airflow_argvs["refused"]
+    assert allowed is None
+    for item, message in zip(("ledger.url", "tracking.uri", "privacy.accounting", "ledger.population_id"), governed):
+        assert message and "ParamValidationError" in message or f"{item} is a platform setting" in message, message
+
+
+# --- KFP -----------------------------------------------------------------------------------------
+
+def kfp_module():
+    sys.path.insert(0, str(REPO / "pipelines" / "kfp"))
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("dpsynth_kfp_entry", REPO / "pipelines" / "kfp" / "dpsynth_pipeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def render_args(args: list, inputs: dict) -> list[str]:
+    """What KFP's launcher makes of a container's args: placeholders filled, IfPresent items kept only for
+    inputs the task has (an optional pipeline input left empty is absent)."""
+    def fill(text: str) -> str:
+        return re.sub(r"\{\{\$\.inputs\.parameters\['(\w+)'\]\}\}",
+                      lambda m: inputs[m[1]] if isinstance(inputs[m[1]], str) else json.dumps(inputs[m[1]]), text)
+    out = []
+    for a in args:
+        if a.startswith('{"IfPresent"'):
+            cond = json.loads(a)["IfPresent"]
+            if cond["InputName"] in inputs:
+                out += [fill(x) for x in cond["Then"]]
+        else:
+            out.append(fill(a))
+    return out
+
+
+def test_kfp_pipeline_with_only_its_required_inputs_trains_the_make_run_recipe():
+    kp = kfp_module()
+    compiled = next(yaml.safe_load_all(kp.YAML.read_text()))
+    params = compiled["root"]["inputDefinitions"]["parameters"]
+    required = {n for n, p in params.items() if not p.get("isOptional") and "defaultValue" not in p}
+    assert required == {"dataset_uri", "run_dir", "population_id"}
+    inputs = {"dataset_uri": DATASET, "run_dir": "s3://bucket/runs/x", "population_id": POPULATION,
+              "pipeline_run_id": "job", "parent_run_id": "P",
+              **{n: p["defaultValue"] for n, p in params.items() if "defaultValue" in p}}
+    assert inputs["config"] == "/opt/dpsynth/configs/dpgan-mnist-cpu.yaml" and inputs["extra"] == []
+    for dockerfile in ("stage-cpu", "stage-cuda"):  # the image ships the recipe where the default points
+        assert "COPY configs /opt/dpsynth/configs" in (REPO / "images" / f"{dockerfile}.Dockerfile").read_text()
+    container = compiled["deploymentSpec"]["executors"]["exec-dpsynth-train"]["container"]
+    assert container["command"][:2] == ["python", "-c"]
+    program = {"__name__": "dpsynth_run"}
+    exec(container["command"][2], program)  # the container's own program, not run as __main__
+    argv = program["resolve"](render_args(container["args"], inputs))
+    argv = [str(REPO / CONFIG) if a == inputs["config"] else a for a in argv]  # the image's copy of configs/
+    got = resolved(argv)
+    expected = make_run_settings()
+    # KFP stage pods track through MLFLOW_TRACKING_URI (the stage ConfigMap), not a setting
+    expected["tracking"]["uri"] = None
+    assert got == expected
+    # the extra settings: applied, except the governance settings, refused naming the setting
+    assert "train.steps=5" in program["resolve"](["--extra-settings", json.dumps(["train.steps=5"])])
+    for item in ("ledger.url=sqlite:////tmp/fresh.db", "tracking.uri=x", "privacy.accounting=paper"):
+        with pytest.raises(SystemExit, match=f"extra settings: {item.split('=')[0]} is a platform setting"):
+            program["resolve"](["--extra-settings", json.dumps([item])])
+
+
+def test_kubernetes_plan_refuses_local_uris_and_empty_config_means_none(airflow_env, tmp_path):  # noqa: F811
+    """#34 item 2: on Kubernetes the plan task fails (no retry) on a local run root or dataset, naming the field;
+    DPSYNTH_CONFIG="" (the chart's pipeline.config emptied) means no base config, not the local recipe."""
+    kubeconfig = tmp_path / "kubeconfig"
+    from tests.pipelines.test_airflow import KUBECONFIG
+    kubeconfig.write_text(KUBECONFIG)
+    env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(kubeconfig),
+           "DPSYNTH_CONFIG": "", "DPSYNTH_RUN_ROOT": "s3://b/runs", "DPSYNTH_DATASET_URI": "s3://b/d.parquet"}
+    out = in_airflow(LOAD + """
+    import copy, dpsynth_pipeline
+    dag = bag.dags["dpsynth_train"]
+    def plan(**values):
+        params = copy.deepcopy(dag.params)
+        params.update(values)
+        try:
+            return dpsynth_pipeline.plan.function(params=params.dump(), run_id="r")["argv"]["train"]
+        except Exception as exc:
+            return [type(exc).__name__, str(exc)]
+    print(json.dumps({"config": dag.params["config"], "ok": plan(),
+                      "root": plan(run_root="outputs/airflow"), "data": plan(dataset_uri="file:///data/x.parquet")}))
+    """, env)
+    assert out["config"] is None and "--config" not in out["ok"]
+    assert out["root"][0] == "AirflowFailException" and out["root"][1].startswith("run_root (DPSYNTH_RUN_ROOT): 'outputs/airflow' is a local path")
+    assert out["data"][0] == "AirflowFailException" and out["data"][1].startswith("dataset_uri (data.uri)")
+
+
+def test_a_platform_population_cannot_be_changed_by_a_trigger(airflow_env):  # noqa: F811
+    """#34 item 5: with DPSYNTH_POPULATION_ID set (the chart's pipeline.populationId) the form's population is
+    that value only: a UI or REST trigger naming another population (another budget) is refused."""
+    out = in_airflow(LOAD + """
+    import copy
+    from airflow.sdk.exceptions import ParamValidationError
+    def refused(**values):
+        params = copy.deepcopy(bag.dags["dpsynth_train"].params)
+        try:
+            params.update(values)
+            params.validate()
+        except ParamValidationError:
+            return True
+        return False
+    print(json.dumps({"same": refused(population_id="mnist"), "other": refused(population_id="fresh-budget"),
+                      "default": bag.dags["dpsynth_train"].params["population_id"]}))
+    """, {**airflow_env, "DPSYNTH_POPULATION_ID": "mnist"})
+    assert out == {"same": False, "other": True, "default": "mnist"}
