@@ -147,16 +147,23 @@ def write_version_key(ctx: StageContext, key: bytes) -> None:
 
 
 def outside_view(ctx: StageContext, items: list[dict]) -> list[dict]:
-    """Manifest entries as they may appear outside the sensitive zone (MLflow, release-zone manifests):
-    every data file not in the release zone (an entry with ``rows``: the source, shards, held-out and
-    public records) is named by keyed version ids instead of its raw hashes (deterministic, so a re-run
-    still matches)."""
+    """Manifest entries as they may appear outside the sensitive zone (MLflow, release-zone manifests).
+
+    No raw hash of a file outside the release zone leaves the sensitive zone: every such entry (the source, the
+    shards, the held-out and public records, the warm-started discriminators — deterministic given train.seed and
+    their shard, so a raw hash would let anyone who knows the other records test a record's membership by
+    retraining —, the generator and trace before the audit, every manifest) is named by keyed version ids
+    (:func:`dataset_version`; deterministic, so a re-run still matches) instead of its raw hashes. Nor does its
+    row count: a per-shard count tells D from D ∪ {x} once the partition key is known; the counts that are
+    public (n, the held-out count: docs/privacy.md) are in the partition manifest's details. Release-zone entries
+    are shown as they are."""
     out = []
     for item in items:
-        if "rows" in item and ctx.zones.zone_of(item["uri"]) != "release":
-            item = {**item, "sha256": dataset_version(ctx, item["sha256"]),
-                    **({"content_sha256": dataset_version(ctx, item["content_sha256"])}
-                       if "content_sha256" in item else {})}
+        if ctx.zones.zone_of(item["uri"]) != "release":
+            item = {k: v for k, v in item.items() if k != "rows"}
+            for field in ("sha256", "content_sha256"):
+                if item.get(field):
+                    item[field] = dataset_version(ctx, item[field])
         out.append(item)
     return out
 
@@ -232,9 +239,9 @@ def _log_manifest(ctx: StageContext, m: dict, *, epsilon: float, status: str) ->
     import mlflow
 
     view = {**m, "inputs": outside_view(ctx, m["inputs"]), "outputs": outside_view(ctx, m["outputs"])}
-    for item in view["inputs"]:
+    for item, shown in zip(m["inputs"], view["inputs"]):
         if "rows" in item:  # datasets: lineage by URI and keyed version id (never the raw file hash)
-            tracking.log_dataset_input(uri=item["uri"], digest=item["sha256"], name=item["role"], context=m["stage"])
+            tracking.log_dataset_input(uri=item["uri"], digest=shown["sha256"], name=item["role"], context=m["stage"])
     mlflow.log_metric("epsilon_spent", epsilon)
     mlflow.set_tags({
         tracking.TAG_DATASET_VERSION: m["dataset_sha256"],  # the dataset version id (keyed), on every stage
