@@ -9,13 +9,13 @@ from dpsynth import storage
 from dpsynth.cli import main
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
-KEY = "dpsynth-partition-v1"  # the default partition key
+KEY = "dpsynth-partition-v1"  # the shipped configs' partition key (the demo's, public; partition.key has no default)
 # DPGAN at CPU-test size: 12 private steps at (ε, δ) = (10, 1e-4) on ~550 records.
 TINY = (
     "train.d_width=4", "train.g_width=4", "train.latent_dim=12", "train.batch_size=32", "train.steps=12",
     "train.n_d=2", "privacy.epsilon=10", "privacy.delta=1e-4", "sample.num_samples=200",
     "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.enabled=false",
-    "ledger.population_id=mnist600",
+    "ledger.population_id=mnist600", f"partition.key={KEY}", "data.num_classes=10",
 )
 
 

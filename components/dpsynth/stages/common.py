@@ -179,6 +179,8 @@ def dataset_name(uri: str) -> str:
 
 def redacted(cfg: RunConfig) -> RunConfig:
     """``cfg`` with the partition key replaced by a digest: what stages log and write."""
+    if cfg.partition.key is None:
+        return cfg
     digest = hashlib.sha256(cfg.partition.key.encode()).hexdigest()[:16]
     return dataclasses.replace(cfg, partition=dataclasses.replace(cfg.partition, key=f"redacted:sha256:{digest}"))
 
