@@ -93,6 +93,16 @@ def test_a_release_publishes_no_raw_hash_but_its_own(runs):
     assert hits(outside, private) == []
 
 
+def test_the_release_states_what_is_public_and_what_the_settings_were_tuned_on(runs):
+    from dpsynth.privacy.statement import PUBLIC_FACTS, TUNING
+
+    release = runs["run"] / "release" / "sample"
+    for text in ((release / "audit.md").read_text(), json.dumps(manifest(runs["run"], "release", "sample"))):
+        assert "n and the label set are public" in text and "hyperparameter search" in text
+    statement = json.loads((release / "audit.json").read_text())["statement"]
+    assert statement["assumptions"][-2:] == [PUBLIC_FACTS, TUNING]
+
+
 def test_no_per_shard_count_outside_the_sensitive_zone(runs):
     run, base = runs["run"], runs["base"]
     views = [json.loads(p.read_text()) for p in (base / "artifacts").rglob("manifest.json")]

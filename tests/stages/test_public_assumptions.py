@@ -65,3 +65,10 @@ def test_a_label_outside_the_public_set_is_refused(tmp_path, source, capsys):
     assert stage("partition", tmp_path / "run", source, "data.num_classes=5") == 2
     err = capsys.readouterr().err
     assert "data.num_classes: 5 classes, but record_id" in err and nothing_written(tmp_path / "run")
+
+
+def test_the_docs_say_what_is_public_and_what_the_settings_were_tuned_on():
+    text = " ".join((REPO / "docs" / "privacy.md").read_text().split())
+    assert "n and the label set are public" in text
+    assert "A hyperparameter search on the sensitive records is outside the guarantee" in text
+    assert "tuned on the bundled MNIST" in text
