@@ -154,13 +154,13 @@ def outside_view(ctx: StageContext, items: list[dict]) -> list[dict]:
     their shard, so a raw hash would let anyone who knows the other records test a record's membership by
     retraining —, the generator and trace before the audit, every manifest) is named by keyed version ids
     (:func:`dataset_version`; deterministic, so a re-run still matches) instead of its raw hashes. Nor does its
-    row count: a per-shard count tells D from D ∪ {x} once the partition key is known; the counts that are
+    row count (``rows`` is null): a per-shard count tells D from D ∪ {x} once the partition key is known; the counts that are
     public (n, the held-out count: docs/privacy.md) are in the partition manifest's details. Release-zone entries
     are shown as they are."""
     out = []
     for item in items:
         if ctx.zones.zone_of(item["uri"]) != "release":
-            item = {k: v for k, v in item.items() if k != "rows"}
+            item = {**item, **({"rows": None} if "rows" in item else {})}  # a data file, its count withheld
             for field in ("sha256", "content_sha256"):
                 if item.get(field):
                     item[field] = dataset_version(ctx, item[field])
@@ -240,10 +240,11 @@ def child_run(ctx: StageContext, stage: str, *, run_id: str | None = None) -> It
 def _log_manifest(ctx: StageContext, m: dict, *, epsilon: float, status: str) -> None:
     import mlflow
 
-    view = {**m, "inputs": outside_view(ctx, m["inputs"]), "outputs": outside_view(ctx, m["outputs"])}
-    for item, shown in zip(m["inputs"], view["inputs"]):
+    view = m if ZONE[m["stage"]] == "release" else {  # a release-zone manifest is the outside view already
+        **m, "inputs": outside_view(ctx, m["inputs"]), "outputs": outside_view(ctx, m["outputs"])}
+    for item in view["inputs"]:
         if "rows" in item:  # datasets: lineage by URI and keyed version id (never the raw file hash)
-            tracking.log_dataset_input(uri=item["uri"], digest=shown["sha256"], name=item["role"], context=m["stage"])
+            tracking.log_dataset_input(uri=item["uri"], digest=item["sha256"], name=item["role"], context=m["stage"])
     mlflow.log_metric("epsilon_spent", epsilon)
     mlflow.set_tags({
         tracking.TAG_DATASET_VERSION: m["dataset_sha256"],  # the dataset version id (keyed), on every stage
