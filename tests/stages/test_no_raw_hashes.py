@@ -140,3 +140,18 @@ def test_the_audit_reads_mlflow_values_tags_and_artifacts(runs, tmp_path):
     client.log_artifact(train_run, str(tmp_path / "shards.txt"))
     failed = audit.mlflow_values_check(ctx, run_ids=[train_run], parent_run_id=None)
     assert not failed["passed"] and "artifact shards.txt" in failed["detail"]
+
+
+def test_the_json_outcomes_an_orchestrator_logs_hold_no_raw_hash_or_shard_count(tmp_path, source, capsys):
+    """``dpsynth <stage> --json`` and ``warmstart --shard K --json`` print what Airflow and KFP log and pass on."""
+    from tests.stages.helpers import stage
+
+    run = tmp_path / "run"
+    assert stage("partition", run, source, *GSWGAN, flags=("--json",)) == 0
+    partition = json.loads(capsys.readouterr().out)
+    assert stage("warmstart", run, source, *GSWGAN, flags=("--shard", "0", "--json")) == 0
+    shard = json.loads(capsys.readouterr().out)
+    assert shard["status"] == "succeeded"
+    printed = {"partition": json.dumps(partition).encode(), "warmstart --shard 0": json.dumps(shard).encode()}
+    assert hits(printed, sensitive_hashes(run)) == []
+    assert all(o.get("rows") is None for o in partition["manifest"]["outputs"])

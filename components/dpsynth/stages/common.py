@@ -168,6 +168,14 @@ def outside_view(ctx: StageContext, items: list[dict]) -> list[dict]:
     return out
 
 
+def outside_manifest(ctx: StageContext, m: dict) -> dict:
+    """A stage's manifest as it may leave the sensitive zone (MLflow, the ``--json`` outcome an orchestrator logs):
+    its entries through :func:`outside_view`; a release-zone manifest is that view already."""
+    if ZONE[m["stage"]] == "release":
+        return m
+    return {**m, "inputs": outside_view(ctx, m["inputs"]), "outputs": outside_view(ctx, m["outputs"])}
+
+
 def release_inputs(ctx: StageContext, stage: str, inputs: list[dict]) -> list[dict]:
     """``inputs`` as the manifest of ``stage`` records them: keyed (:func:`outside_view`) in the release zone."""
     return outside_view(ctx, inputs) if ZONE[stage] == "release" else inputs
@@ -240,8 +248,7 @@ def child_run(ctx: StageContext, stage: str, *, run_id: str | None = None) -> It
 def _log_manifest(ctx: StageContext, m: dict, *, epsilon: float, status: str) -> None:
     import mlflow
 
-    view = m if ZONE[m["stage"]] == "release" else {  # a release-zone manifest is the outside view already
-        **m, "inputs": outside_view(ctx, m["inputs"]), "outputs": outside_view(ctx, m["outputs"])}
+    view = outside_manifest(ctx, m)
     for item in view["inputs"]:
         if "rows" in item:  # datasets: lineage by URI and keyed version id (never the raw file hash)
             tracking.log_dataset_input(uri=item["uri"], digest=item["sha256"], name=item["role"], context=m["stage"])
