@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> dict:
         write_parquet(import_source(REPO / "data" / "mnist"), source)
         base = [f"data.uri={source}", "train.method=gswgan", f"partition.num_shards={args.shards}",
                 f"gswgan.warmstart_iterations={args.iterations}", f"gswgan.d_width={args.width}",
-                f"gswgan.g_width={args.width}", "tracking.enabled=false", "train.device=cpu"]
+                f"gswgan.g_width={args.width}", "tracking.enabled=false", "train.device=cpu",
+                "data.num_classes=10", "partition.key=dpsynth-partition-v1"]  # MNIST's classes, the demo's public key
         first = Path(tmp) / "run-partitioned"
         partition.run(StageContext.create(load_config(overrides=base), run_dir=str(first)))
         results = {}

@@ -74,7 +74,12 @@ class DataConfig:
     uri: str = Field(DEFAULT_DATASET, min_length=1, json_schema_extra=_no_default,
                      description="The sensitive dataset: canonical Parquet (local path or s3://), or any source "
                                  "`dpsynth data import` reads. Default: the bundled MNIST test set.")
-    num_classes: Int | None = Field(None, ge=2, description="Number of classes; null: taken from the dataset.")
+    num_classes: Int | None = Field(
+        None, ge=2,
+        description="Number of classes: public, set from what is known of the population (10 for MNIST), never "
+                    "from the data. Required to train: the label set shapes every release (the generator's class "
+                    "embedding, the warm-up's per-class releases), and max(label) + 1 of the data would change "
+                    "with the only record of the top class. Every label must lie in [0, num_classes - 1].")
     train_split: str | None = Field(None, description="Train on the records of this split only; null: every record "
                                                       "is sensitive training data.")
     heldout_fraction: Float = Field(
@@ -236,11 +241,13 @@ class PartitionConfig:
 
     num_shards: Int = Field(1, ge=1, description="K training shards (DPGAN trains on their union; GS-WGAN one D "
                                                  "per shard).")
-    key: str = Field(
-        "dpsynth-partition-v1", min_length=1,
-        description="Fixed per population: changing it reassigns every record, so records held out under one key "
-                    "would be trained on under another. Not needed for the DP guarantee, but keep it private so "
-                    "that outsiders cannot tell which records were held out.")
+    key: str | None = Field(
+        None, min_length=1,
+        description="A secret the operator sets, fixed per population (required by `dpsynth partition`; no "
+                    "default). Whoever knows it knows which shard each record joins and whether it is held out, so "
+                    "for a real population keep it secret (it is logged only as a digest). Changing it reassigns "
+                    "every record, so records held out under one key would be trained on under another. The "
+                    "shipped configs set dpsynth-partition-v1: the bundled MNIST demo's key, which is public.")
 
 
 @dataclass(frozen=True, config=SECTION)

@@ -223,6 +223,16 @@ def _manifest(run_dir: str, stage: str) -> dict | None:
         return None
 
 
+def _outside(run_dir: str):
+    """sha256 → its keyed version id under the run's key (dpsynth.stages.common.dataset_version): how the page,
+    which is outside the sensitive zone, names a sensitive-zone file ("unavailable" without the key)."""
+    from dpsynth.stages.common import VERSION_KEY, keyed_version
+
+    uri = storage.join(run_dir, "sensitive", VERSION_KEY)
+    key = storage.read_bytes(uri) if storage.exists(uri) else None
+    return lambda sha: keyed_version(key, sha) if key else "unavailable"
+
+
 def lineage(run_dir: str) -> list[dict[str, Any]]:
     """The chain dataset → shards → train run → generator → synthetic data, from the manifests in ``run_dir``."""
     chain = []
@@ -231,9 +241,10 @@ def lineage(run_dir: str) -> list[dict[str, Any]]:
         return chain
     chain.append({"kind": "dataset", "sha256": part["dataset_sha256"],
                   "detail": f"{sum(o.get('rows', 0) for o in part['outputs'])} records"})
+    keyed = _outside(run_dir)  # sensitive-zone files by keyed version id, never by raw hash; no per-shard counts
     shards = [o for o in part["outputs"] if o["role"] == "shard"]
-    chain.append({"kind": "shards", "items": [{"name": o["uri"].rsplit("/", 1)[-1], "sha256": o["sha256"],
-                                               "rows": o.get("rows")} for o in shards]})
+    chain.append({"kind": "shards", "items": [{"name": o["uri"].rsplit("/", 1)[-1], "sha256": keyed(o["sha256"])}
+                                              for o in shards]})
     train = _manifest(run_dir, "train")
     if not train or train["status"] != "succeeded":
         return chain
@@ -244,7 +255,7 @@ def lineage(run_dir: str) -> list[dict[str, Any]]:
     audit = _manifest(run_dir, "audit")
     decision = (audit or {}).get("details", {}).get("decision", "not audited")
     if generator:
-        chain.append({"kind": "generator", "sha256": generator["sha256"], "detail": f"audit {decision}"})
+        chain.append({"kind": "generator", "sha256": keyed(generator["sha256"]), "detail": f"audit {decision}"})
     sample = _manifest(run_dir, "sample")
     if sample and sample["status"] == "succeeded":
         synthetic = next((o for o in sample["outputs"] if o["role"] == "synthetic"), None)

@@ -329,7 +329,7 @@ def test_torchrun_job_is_one_ledger_attempt(tmp_path, small_mnist, monkeypatch):
             "--set", f"data.uri={data}", "--set", f"output.dir={out}", "--set", "tracking.enabled=false",
             "--set", "train.steps=10", "--set", "train.d_width=4", "--set", "train.g_width=4",
             "--set", "train.batch_size=32", "--set", "output.checkpoint_every=5", "--set", "privacy.delta=1e-4",
-            "--set", "ledger.population_id=mnist600", "--json"]
+            "--set", "ledger.population_id=mnist600", "--set", "data.num_classes=10", "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -354,7 +354,7 @@ def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnis
     train = ["train", "--set", f"data.uri={data}", "--set", f"output.dir={out}", "--set", "tracking.enabled=false",
              "--set", "train.steps=300", "--set", "train.d_width=4", "--set", "train.g_width=4",
              "--set", "train.batch_size=32", "--set", "output.checkpoint_every=20", "--set", "privacy.delta=1e-4",
-             "--set", "ledger.population_id=mnist600"]
+             "--set", "ledger.population_id=mnist600", "--set", "data.num_classes=10"]
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ckpt = out / "checkpoints" / "last.pt"

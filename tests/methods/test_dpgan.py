@@ -109,7 +109,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path, small_mnist, monk
     args = [sys.executable, "-m", "dpsynth.cli", "train", "--set", f"data.uri={data}", "--set", f"output.dir={out}",
             "--set", "tracking.enabled=false", "--set", "train.steps=400", "--set", "train.d_width=4",
             "--set", "train.g_width=4", "--set", "train.batch_size=32", "--set", "output.checkpoint_every=20",
-            "--set", "privacy.delta=1e-4", "--set", "ledger.population_id=mnist600"]
+            "--set", "privacy.delta=1e-4", "--set", "ledger.population_id=mnist600", "--set", "data.num_classes=10"]
     ckpt = kill_after_first_checkpoint(args, out)
     assert not (out / "result.json").exists()
     step_at_kill = torch.load(ckpt, weights_only=False)["step"]

@@ -136,6 +136,10 @@ def expected(runs):
     early = client.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = 'p-early'")
     eps = {r.data.tags[tracking.TAG_STAGE]: float(r.data.tags[tracking.TAG_EPSILON_SPENT]) for r in found
            if r.data.tags[tracking.TAG_STAGE] != "pipeline"}
+    from dpsynth.stages.common import VERSION_KEY, keyed_version
+
+    key = (Path(runs["run_dir"]) / "sensitive" / VERSION_KEY).read_bytes()
+    keyed = lambda sha: keyed_version(key, sha)  # noqa: E731
     part = manifest(runs["run_dir"], "sensitive", "partition")
     train = manifest(runs["run_dir"], "sensitive", "train")
     sample = manifest(runs["run_dir"], "release", "sample")
@@ -143,9 +147,10 @@ def expected(runs):
         "balance": balance, "history": history, "eps": eps, "parent_tags": parent.data.tags,
         "early_parents": [r for r in early if r.data.tags[tracking.TAG_STAGE] == "pipeline"],
         "dataset": part["dataset_sha256"],
-        "shards": [o["sha256"] for o in part["outputs"] if o["role"] == "shard"],
+        # sensitive-zone files by keyed version id (issue #33): never their raw sha256 outside the zone
+        "shards": [keyed(o["sha256"]) for o in part["outputs"] if o["role"] == "shard"],
         "train_run": train["mlflow_run_id"],
-        "generator": next(o["sha256"] for o in train["outputs"] if o["role"] == "generator"),
+        "generator": keyed(next(o["sha256"] for o in train["outputs"] if o["role"] == "generator")),
         "synthetic": next(o["sha256"] for o in sample["outputs"] if o["role"] == "synthetic"),
         "released": client.get_model_version_by_alias("dpsynth-mnist600-dpgan", "released"),
     }

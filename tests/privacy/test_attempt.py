@@ -32,7 +32,7 @@ def train_args(data, out, url, *extra):
     settings = [f"data.uri={data}", f"output.dir={out}", "tracking.enabled=false", f"train.steps={STEPS}",
                 "train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch_size=32",
                 "output.checkpoint_every=20", "output.sample_every=0", f"privacy.epsilon={EPSILON}",
-                f"privacy.delta={DELTA}", f"ledger.url={url}", "ledger.population_id=mnist600", *extra]
+                f"privacy.delta={DELTA}", f"ledger.url={url}", "ledger.population_id=mnist600", "data.num_classes=10", *extra]
     return [sys.executable, "-m", "dpsynth.cli", "train", "--json", *[a for s in settings for a in ("--set", s)]]
 
 

@@ -9,7 +9,7 @@ from dpsynth import storage
 from dpsynth.cli import main
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
-KEY = "dpsynth-partition-v1"  # the default partition key
+KEY = "dpsynth-partition-v1"  # the shipped configs' partition key (the demo's, public; partition.key has no default)
 # DPGAN at CPU-test size: 12 private steps at (ε, δ) = (10, 1e-4) on ~550 records.
 TINY = (
     "train.d_width=4", "train.g_width=4", "train.latent_dim=12", "train.batch_size=32", "train.steps=12",
@@ -18,7 +18,8 @@ TINY = (
     # the empirical audit is on by default (audit.empirical=auto); its own tests (test_audit_empirical.py) run
     # it, and the other stage tests, which name the checks that fail, keep their runs short without it
     "audit.empirical=off",
-    "ledger.population_id=mnist600",  # last: a test drops it
+    f"partition.key={KEY}", "data.num_classes=10",  # no defaults: the demo's public key, MNIST's classes
+    "ledger.population_id=mnist600",  # last (a test drops it)
 )
 
 

@@ -131,7 +131,7 @@ def tracked(tmp_path, source):
     cfg = load_config(overrides=[f"data.uri={source}", "train.d_width=4", "train.g_width=4", "train.latent_dim=8",
                                  "train.batch_size=32", "train.steps=12", "train.n_d=2", "privacy.epsilon=10",
                                  "privacy.delta=1e-4", "output.sample_every=0", "output.checkpoint_every=0",
-                                 "ledger.population_id=mnist600", *overrides])
+                                 "ledger.population_id=mnist600", "data.num_classes=10", *overrides])
     ctx = start(cfg, run_dir=str(run_dir), pipeline_run_id="audit-mlflow")
     flags = ["--parent-run-id", ctx.parent_run_id, "--pipeline-run-id", "audit-mlflow"]
     for name in ("partition", "warmstart", "train"):

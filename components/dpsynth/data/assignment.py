@@ -14,6 +14,7 @@ import hmac
 import numpy as np
 
 from dpsynth.data.dataset import ImageDataset
+from dpsynth.errors import ConfigError
 
 HELDOUT = -1
 PUBLIC = -2
@@ -52,5 +53,18 @@ def public_mask(ds: ImageDataset, cfg) -> np.ndarray:
         return np.array([s == cfg.data.public_split for s in (ds.splits or [None] * len(ds))], dtype=bool)
     if cfg.data.public_fraction == 0:
         return np.zeros(len(ds), dtype=bool)
-    return assign(ds.record_ids, key=cfg.partition.key, heldout_fraction=cfg.data.heldout_fraction,
+    return assign(ds.record_ids, key=partition_key(cfg), heldout_fraction=cfg.data.heldout_fraction,
                   num_shards=cfg.partition.num_shards, public_fraction=cfg.data.public_fraction) == PUBLIC
+
+
+DEMO_KEY = "dpsynth-partition-v1"  # the key the shipped configs set: the bundled MNIST demo's, public
+
+
+def partition_key(cfg) -> str:
+    """``partition.key``, which the operator must set: there is no default (the shipped demo configs set
+    :data:`DEMO_KEY`, public). ConfigError naming the field when it is unset."""
+    if not cfg.partition.key:
+        raise ConfigError("partition.key: not set. It decides which shard each record joins and which records are "
+                          "held out; set a secret key of your own for a real population, fixed for that population "
+                          f"(the shipped configs set {DEMO_KEY!r}, the bundled MNIST demo's key, which is public)")
+    return cfg.partition.key

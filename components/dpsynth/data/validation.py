@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dpsynth.errors import DatasetError
+from dpsynth.errors import ConfigError, DatasetError
 
 if TYPE_CHECKING:
     from dpsynth.data.dataset import ImageDataset
@@ -109,3 +109,23 @@ def validate_table(table: pa.Table, *, where: str) -> tuple[int, int, int]:
             f"at record_id {ids[i].as_py()!r} in {where}"
         )
     return shape[0], shape[1], shape[2]
+
+
+def with_public_classes(ds: ImageDataset, num_classes: int | None, *, field: str = "data.num_classes") -> ImageDataset:
+    """``ds`` declaring the public label set ``num_classes`` (``field`` of the config), never the one its labels
+    suggest: an importer's max(label) + 1 changes when the only record of the top class is removed, and with it
+    the generator's class embedding and the warm-up's per-class releases. ConfigError naming ``field`` when it is
+    unset or a label lies outside [0, num_classes - 1]."""
+    import dataclasses
+
+    if num_classes is None:
+        raise ConfigError(f"{field}: not set. The label set shapes the release (the generator's class embedding, the "
+                          "warm-up's per-class releases) and is public: set it from what is known of the population "
+                          f"(10 for MNIST), not from the data (this dataset declares {ds.num_classes})")
+    labels = np.asarray(ds.labels)
+    bad = np.flatnonzero((labels < 0) | (labels >= num_classes)) if labels.dtype.kind in "iu" else []
+    if len(bad):
+        i = int(bad[0])
+        raise ConfigError(f"{field}: {num_classes} classes, but record_id {ds.record_ids[i]!r} has label {labels[i]} "
+                          f"(labels must lie in [0, {num_classes - 1}])")
+    return dataclasses.replace(ds, num_classes=num_classes)

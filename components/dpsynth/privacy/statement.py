@@ -6,7 +6,9 @@ Every method states, for the audit (``audit.md``), the release record and the ML
   with the sampling rate that matches it;
 * ``noise`` — the σ convention: the noise standard deviation in units of the clip norm C (σ·C) and
   the sensitivity the accountant charges (C, or 2C for a replaced release);
-* ``assumptions`` — what the account assumes beyond the trace (GS-WGAN: the shard-state assumption);
+* ``assumptions`` — what the account assumes beyond the trace (GS-WGAN: the shard-state assumption), and for
+  every method that n and the label set are public and that the settings were not tuned on the sensitive
+  records (:data:`PUBLIC_FACTS`, :data:`TUNING`);
 * ``accounts`` — other guarantees stated beside the main one (the account with the shard choice
   revealed; federated: the guarantee against the server);
 * ``unprotected`` — records used without privacy, when the operator acknowledged it (``None``
@@ -26,9 +28,20 @@ REPLACE_BY_GROUP_PRIVACY = ("replacing one record (remove one, add another) is c
                             "at (2ε, (1 + e^ε)·δ)")
 
 
+# What every statement assumes, whatever the method (docs/privacy.md, "What is public")
+PUBLIC_FACTS = ("n and the label set are public: the number of training records n (and the counts of all and of "
+                "held-out records) is published — the trace's sampling rate q = B/n and σ calibrated from n, the audit "
+                "report's training_records — and the label set is the configuration's data.num_classes, not read off "
+                "the data; per-shard counts and the partition key are not published")
+TUNING = ("the settings (noise, steps, networks, warm-up) were chosen outside this guarantee: a hyperparameter search "
+          "on the sensitive records is not covered by it (the shipped defaults were tuned on the bundled MNIST, the "
+          "records the demo trains on)")
+
+
 def statement(*, adjacency: str, noise: str, assumptions=(), accounts=(), unprotected: str | None = None) -> dict:
-    return {"adjacency": adjacency, "noise": noise, "assumptions": list(assumptions), "accounts": list(accounts),
-            "unprotected": unprotected}
+    """A method's statement; every one also states :data:`PUBLIC_FACTS` and :data:`TUNING`, last."""
+    return {"adjacency": adjacency, "noise": noise, "assumptions": [*assumptions, PUBLIC_FACTS, TUNING],
+            "accounts": list(accounts), "unprotected": unprotected}
 
 
 def revealed_choice_account(event: MechanismEvent, steps: int, *, num_shards: int, delta: float,

@@ -33,7 +33,10 @@ only when every check holds:
 * ``mlflow``: the pipeline's MLflow runs (parent and children) hold only the metrics and
   parameters their stage declares (each stage's ``MLFLOW_KEYS``, a trainer's for the train run:
   an allow-list with the reason each key is data-independent or accounted), so no actual batch
-  size, shard index, per-example norm or loss on real data can slip through under a new name.
+  size, shard index, per-example norm or loss on real data can slip through under a new name;
+* ``mlflow_values``: nor does any of those runs hold, in a param or metric value, a tag or an artifact, the raw
+  sha256 of a sensitive-zone file the stages recorded (a warm-started discriminator's hash, say, is a membership
+  test for anyone who can retrain it): outside the sensitive zone they are named by keyed version ids.
 
 Every report also *states* what its ε means (the method's ``statement`` in the registry,
 :mod:`dpsynth.privacy.statement`): the adjacency and the rate that matches it, the σ convention,
@@ -42,7 +45,9 @@ the assumptions the account makes (GS-WGAN's shard-state assumption), other acco
 ``audit.md``, the release record and the MLflow tags (``dpsynth.privacy.*``) carry the statement.
 
 Outputs (sensitive zone, because a failed audit must release nothing): ``audit.json`` and
-``audit.md``, also logged to the audit's MLflow run; the decision is tagged ``dpsynth.audit`` on
+``audit.md``, also logged to the audit's MLflow run (there with the raw hashes of sensitive-zone files, the
+generator's and the trace's among them, replaced by keyed version ids: the MLflow copy is written before the gate);
+the decision is tagged ``dpsynth.audit`` on
 the audit, train and parent runs. ``sample`` copies the report into the release zone once the
 audit passed. A failed audit writes its report and manifest (status "failed") and exits
 non-zero. ε consumed: 0.
@@ -228,6 +233,19 @@ def generator_trace_check(generator_record: dict | None, trace_text: str) -> dic
                   f"steps; the audited trace has {sha} and {steps}")
 
 
+def pipeline_runs(tracking_uri: str, *, run_ids: list[str], parent_run_id: str | None):
+    """(client, {run id: run}): ``run_ids``, the parent and every child of ``parent_run_id``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    runs = {rid: client.get_run(rid) for rid in dict.fromkeys(r for r in (*run_ids, parent_run_id) if r)}
+    if parent_run_id:
+        exp = runs[parent_run_id].info.experiment_id
+        for r in client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent_run_id}'", max_results=1000):
+            runs.setdefault(r.info.run_id, r)
+    return client, runs
+
+
 def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str], parent_run_id: str | None) -> dict:
     """Every run of the pipeline (``run_ids``, and every child of ``parent_run_id``) holds only the
     metrics and parameters its stage declares (``MLFLOW_KEYS``: an allow-list, each key with why it is
@@ -235,14 +253,7 @@ def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str]
     if not cfg.tracking.enabled or not (run_ids or parent_run_id):
         return _check("mlflow", True, "MLflow tracking is off for this pipeline run: no runs to inspect")
     try:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri)
-        runs = {rid: client.get_run(rid) for rid in dict.fromkeys(r for r in (*run_ids, parent_run_id) if r)}
-        if parent_run_id:
-            exp = runs[parent_run_id].info.experiment_id
-            for r in client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent_run_id}'", max_results=1000):
-                runs.setdefault(r.info.run_id, r)
+        _, runs = pipeline_runs(tracking_uri, run_ids=run_ids, parent_run_id=parent_run_id)
     except Exception as exc:  # cannot verify: fail closed
         return _check("mlflow", False, f"cannot read the pipeline's MLflow runs at {tracking_uri} ({exc})")
     from dpsynth.stages.pipeline import logged_keys  # the pipeline module knows every stage's module
@@ -258,6 +269,79 @@ def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str]
     return _check("mlflow", not found,
                   f"{len(runs)} MLflow runs hold only the metrics and parameters their stages declare" if not found else
                   "undeclared MLflow keys (not on their stage's allow-list): " + "; ".join(found))
+
+
+# --- no raw hash of a sensitive-zone file in MLflow (issue #33) -------------------------------------------
+
+
+def sensitive_hashes(ctx: common.StageContext, stages=("partition", "warmstart", "train")) -> dict[str, str]:
+    """Raw sha256 → what it names, for every sensitive-zone file the stages before the audit recorded: each entry
+    of their manifests outside the release zone (its ``sha256`` and ``content_sha256``: the source, shards,
+    held-out records, warm-started discriminators, generator, trace …) and the manifest files themselves."""
+    found: dict[str, str] = {}
+    for stage in stages:
+        uri = ctx.manifest_uri(stage)
+        if not storage.exists(uri):
+            continue
+        found[storage.sha256(uri)] = f"the {stage} manifest"
+        m = manifest.read(uri)
+        for item in (*m.get("inputs", []), *m.get("outputs", [])):
+            if ctx.zones.zone_of(item["uri"]) != "release":
+                for field in ("sha256", "content_sha256"):
+                    if item.get(field):
+                        found.setdefault(item[field], f"{stage}'s {item['role']} ({field})")
+    return found
+
+
+def leaked_hashes(texts: dict[str, str], hashes: dict[str, str]) -> list[str]:
+    """``where: what`` for every raw hash of ``hashes`` found in ``texts`` ({where: text})."""
+    return [f"{where}: {what}" for where, text in texts.items() for h, what in hashes.items() if h in text]
+
+
+def run_texts(client, run, scratch: str) -> dict[str, str]:
+    """What one MLflow run holds, as text by place: its param and metric values, its tags, and every artifact."""
+    import pathlib
+
+    rid = run.info.run_id
+    texts = {f"run {rid} param {k}": str(v) for k, v in run.data.params.items()}
+    texts.update({f"run {rid} metric {k}": repr(v) for k, v in run.data.metrics.items()})
+    texts.update({f"run {rid} tag {k}": str(v) for k, v in run.data.tags.items()})
+    if client.list_artifacts(rid):
+        local = pathlib.Path(client.download_artifacts(rid, "", scratch))
+        for f in sorted(p for p in local.rglob("*") if p.is_file()):
+            texts[f"run {rid} artifact {f.relative_to(local)}"] = f.read_bytes().decode("latin-1")
+    return texts
+
+
+def mlflow_values_check(ctx: common.StageContext, *, run_ids: list[str], parent_run_id: str | None) -> dict:
+    """``mlflow_values``: no MLflow run of the pipeline holds, in a param or metric value, a tag or an artifact, the
+    raw sha256 of a sensitive-zone file (:func:`sensitive_hashes`): the keys are on allow-lists
+    (:func:`mlflow_check`), this reads what they hold. Outside the sensitive zone such files are named by keyed
+    version ids only (:func:`~dpsynth.stages.common.outside_view`)."""
+    import tempfile
+
+    if not ctx.cfg.tracking.enabled or not (run_ids or parent_run_id):
+        return _check("mlflow_values", True, "MLflow tracking is off for this pipeline run: no runs to inspect")
+    hashes = sensitive_hashes(ctx)
+    try:
+        client, runs = pipeline_runs(ctx.tracking_uri, run_ids=run_ids, parent_run_id=parent_run_id)
+        with tempfile.TemporaryDirectory(prefix="dpsynth-audit-") as scratch:
+            found = [hit for i, r in enumerate(runs.values())
+                     for hit in leaked_hashes(run_texts(client, r, f"{scratch}/{i}"), hashes)]
+    except Exception as exc:  # cannot verify: fail closed
+        return _check("mlflow_values", False, f"cannot read the pipeline's MLflow runs at {ctx.tracking_uri} ({exc})")
+    return _check("mlflow_values", not found,
+                  f"{len(runs)} MLflow runs: no param, metric, tag or artifact holds the raw sha256 of any of "
+                  f"{len(hashes)} sensitive-zone files" if not found else
+                  "raw sha256 of sensitive-zone files in MLflow: " + "; ".join(found))
+
+
+def outside_text(ctx: common.StageContext, text: str, hashes) -> str:
+    """``text`` with every raw hash of ``hashes`` replaced by its keyed version id: what the audit logs to MLflow
+    (before the gate: a failed audit's generator and trace are not released, so neither are their hashes)."""
+    for h in hashes:
+        text = text.replace(h, common.dataset_version(ctx, h))
+    return text
 
 
 def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: dict | None = None,
@@ -464,7 +548,8 @@ def run(ctx: common.StageContext) -> common.Outcome:
              _json_or_empty(result_items[0]["uri"] if result_items else None))
     train_run = trained.get("mlflow_run_id")
     extra = [mlflow_check(cfg, tracking_uri=ctx.tracking_uri if cfg.tracking.enabled else None,
-                          run_ids=[train_run] if train_run else [], parent_run_id=ctx.parent_run_id)]
+                          run_ids=[train_run] if train_run else [], parent_run_id=ctx.parent_run_id),
+             mlflow_values_check(ctx, run_ids=[train_run] if train_run else [], parent_run_id=ctx.parent_run_id)]
     # the empirical audit (audit.empirical, on by default): ε_lower from canaries on public stand-ins; its checks
     measured = empirical.stage_audit(cfg, partition)
     extra += measured.pop("checks") if measured else []
@@ -495,8 +580,9 @@ def run(ctx: common.StageContext) -> common.Outcome:
                         metrics["epsilon_prv_lower"] = e["prv"]["lower"]
                 mlflow.log_metrics(metrics)
             empirical.log_mlflow(measured, tracking_uri=ctx.tracking_uri, also=[ctx.parent_run_id])
-            mlflow.log_text(markdown(report), "audit.md")
-            tracking.log_json(report, "audit.json")
+            hidden = {*sensitive_hashes(ctx), current["generator"]["sha256"], report["trace"]["sha256"]}
+            mlflow.log_text(outside_text(ctx, markdown(report), hidden), "audit.md")
+            mlflow.log_text(outside_text(ctx, json.dumps(report, indent=2, sort_keys=True), hidden), "audit.json")
             _tag_runs(ctx, [train_run, ctx.parent_run_id], report["decision"], report["statement"])
         outputs = [ctx.entry(ctx.uri(STAGE, "audit.json"), role="report"),
                    ctx.entry(ctx.uri(STAGE, "audit.md"), role="report_markdown")]

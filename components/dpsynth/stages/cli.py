@@ -108,6 +108,19 @@ def _context(args, cfg: RunConfig | None = None):
                                pipeline_run_id=getattr(args, "pipeline_run_id", None), force=getattr(args, "force", False))
 
 
+def _outside_record(ctx, record: dict) -> dict:
+    """A warm-start shard's record as ``--json`` prints it: its shard and D_k by keyed version ids (a raw hash of
+    D_k, deterministic given train.seed and the shard, is a membership test)."""
+    from dpsynth.stages.common import dataset_version, outside_view
+
+    out = dict(record)
+    if out.get("input_sha256"):
+        out["input_sha256"] = dataset_version(ctx, out["input_sha256"])
+    if isinstance(out.get("output"), dict):
+        out["output"] = outside_view(ctx, [out["output"]])[0]
+    return out
+
+
 def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
     from dpsynth.stages.pipeline import run_stage
 
@@ -119,17 +132,21 @@ def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
 
         log = logging.getLogger(__name__)
         log.info("warmstart shard %d: started", args.shard)
-        record = warmstart.run_shard(_context(args, cfg), args.shard)
+        ctx = _context(args, cfg)
+        record = warmstart.run_shard(ctx, args.shard)
         log.info("warmstart shard %d: %s", args.shard, record.get("status") or record.get("reason") or "done")
-        print(json.dumps(record, indent=2) if args.json else
+        print(json.dumps(_outside_record(ctx, record), indent=2) if args.json else
               f"warmstart shard {args.shard}: {record.get('status', 'not performed')}"
               + (f", {record['output']['uri']}" if "output" in record else f" ({record.get('reason')})"))
         return 0
-    outcome = run_stage(_context(args, cfg), stage)
+    ctx = _context(args, cfg)
+    outcome = run_stage(ctx, stage)
     m = outcome.manifest
-    if args.json:
+    if args.json:  # what an orchestrator logs: no raw hash or per-shard count of the sensitive zone (#33)
+        from dpsynth.stages.common import outside_manifest
+
         print(json.dumps({"stage": stage, "status": outcome.status, "manifest_uri": outcome.manifest_uri,
-                          "mlflow_run_id": outcome.mlflow_run_id, "manifest": m}, indent=2))
+                          "mlflow_run_id": outcome.mlflow_run_id, "manifest": outside_manifest(ctx, m)}, indent=2))
     else:
         print(f"{stage}: {outcome.status}, ε consumed {m['privacy']['epsilon']:.4g}, {len(m['outputs'])} outputs; "
               f"manifest {outcome.manifest_uri}")

@@ -148,18 +148,33 @@ def write_version_key(ctx: StageContext, key: bytes) -> None:
 
 
 def outside_view(ctx: StageContext, items: list[dict]) -> list[dict]:
-    """Manifest entries as they may appear outside the sensitive zone (MLflow, release-zone manifests):
-    every data file not in the release zone (an entry with ``rows``: the source, shards, held-out and
-    public records) is named by keyed version ids instead of its raw hashes (deterministic, so a re-run
-    still matches)."""
+    """Manifest entries as they may appear outside the sensitive zone (MLflow, release-zone manifests).
+
+    No raw hash of a file outside the release zone leaves the sensitive zone: every such entry (the source, the
+    shards, the held-out and public records, the warm-started discriminators — deterministic given train.seed and
+    their shard, so a raw hash would let anyone who knows the other records test a record's membership by
+    retraining —, the generator and trace before the audit, every manifest) is named by keyed version ids
+    (:func:`dataset_version`; deterministic, so a re-run still matches) instead of its raw hashes. Nor does its
+    row count (``rows`` is null): a per-shard count tells D from D ∪ {x} once the partition key is known; the counts that are
+    public (n, the held-out count: docs/privacy.md) are in the partition manifest's details. Release-zone entries
+    are shown as they are."""
     out = []
     for item in items:
-        if "rows" in item and ctx.zones.zone_of(item["uri"]) != "release":
-            item = {**item, "sha256": dataset_version(ctx, item["sha256"]),
-                    **({"content_sha256": dataset_version(ctx, item["content_sha256"])}
-                       if "content_sha256" in item else {})}
+        if ctx.zones.zone_of(item["uri"]) != "release":
+            item = {**item, **({"rows": None} if "rows" in item else {})}  # a data file, its count withheld
+            for field in ("sha256", "content_sha256"):
+                if item.get(field):
+                    item[field] = dataset_version(ctx, item[field])
         out.append(item)
     return out
+
+
+def outside_manifest(ctx: StageContext, m: dict) -> dict:
+    """A stage's manifest as it may leave the sensitive zone (MLflow, the ``--json`` outcome an orchestrator logs):
+    its entries through :func:`outside_view`; a release-zone manifest is that view already."""
+    if ZONE[m["stage"]] == "release":
+        return m
+    return {**m, "inputs": outside_view(ctx, m["inputs"]), "outputs": outside_view(ctx, m["outputs"])}
 
 
 def release_inputs(ctx: StageContext, stage: str, inputs: list[dict]) -> list[dict]:
@@ -173,6 +188,8 @@ def dataset_name(uri: str) -> str:
 
 def redacted(cfg: RunConfig) -> RunConfig:
     """``cfg`` with the partition key replaced by a digest: what stages log and write."""
+    if cfg.partition.key is None:
+        return cfg
     digest = hashlib.sha256(cfg.partition.key.encode()).hexdigest()[:16]
     return dataclasses.replace(cfg, partition=dataclasses.replace(cfg.partition, key=f"redacted:sha256:{digest}"))
 
@@ -232,7 +249,7 @@ def child_run(ctx: StageContext, stage: str, *, run_id: str | None = None) -> It
 def _log_manifest(ctx: StageContext, m: dict, *, epsilon: float, status: str) -> None:
     import mlflow
 
-    view = {**m, "inputs": outside_view(ctx, m["inputs"]), "outputs": outside_view(ctx, m["outputs"])}
+    view = outside_manifest(ctx, m)
     for item in view["inputs"]:
         if "rows" in item:  # datasets: lineage by URI and keyed version id (never the raw file hash)
             tracking.log_dataset_input(uri=item["uri"], digest=item["sha256"], name=item["role"], context=m["stage"])

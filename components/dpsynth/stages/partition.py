@@ -26,7 +26,8 @@ import numpy as np
 
 from dpsynth import storage, tracking
 from dpsynth.data import ImageDataset, import_source, read_parquet, validate, write_parquet
-from dpsynth.data.assignment import HELDOUT, PUBLIC, assign, public_mask  # noqa: F401 (re-exported)
+from dpsynth.data.assignment import HELDOUT, PUBLIC, assign, partition_key, public_mask  # noqa: F401 (re-exported)
+from dpsynth.data.validation import with_public_classes
 from dpsynth.errors import DatasetError
 from dpsynth.stages import common, manifest
 
@@ -51,6 +52,7 @@ def load_sources(cfg) -> tuple[ImageDataset, ImageDataset | None]:
     """The source as :func:`load_source` reads it, and the ``data.public_split`` records (None when unset)."""
     uri = cfg.data.uri
     full = read_parquet(uri) if storage.is_remote(uri) else import_source(uri)
+    full = with_public_classes(full, cfg.data.num_classes)  # the public label set, never max(label) + 1
     ds, public = full, None
     if cfg.data.train_split is not None:
         if full.splits is None:
@@ -73,7 +75,7 @@ def split(ds: ImageDataset, cfg) -> dict[str, ImageDataset]:
     """``{"shard-…": …, "heldout": …, "public": …}``, each sorted by record_id (so files are reproducible)."""
     k = cfg.partition.num_shards
     public_fraction = cfg.data.public_fraction if cfg.data.public_split is None else 0.0
-    where = assign(ds.record_ids, key=cfg.partition.key, heldout_fraction=cfg.data.heldout_fraction, num_shards=k,
+    where = assign(ds.record_ids, key=partition_key(cfg), heldout_fraction=cfg.data.heldout_fraction, num_shards=k,
                    public_fraction=public_fraction)
     order = np.argsort(np.array(ds.record_ids, dtype=object), kind="stable")
     parts = {}
