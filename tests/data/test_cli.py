@@ -43,6 +43,16 @@ def test_import_json_summary(run, mnist, tmp_path):
     assert summary["sha256"] != mnist.content_sha256()  # the split is part of the content
 
 
+def test_import_outside_prints_no_digest_or_count(run, mnist, tmp_path):
+    """What an orchestrator logs (#33): no content sha256 and no record count, in text or JSON."""
+    for extra in ((), ("--json",)):
+        code, out = run("import", MNIST_DIR, tmp_path / "o.parquet", "--outside", *extra)
+        assert code == 0 and (tmp_path / "o.parquet").is_file()
+        assert mnist.content_sha256() not in out and "10000" not in out and "10,000" not in out
+        assert str(tmp_path / "o.parquet") in out and "28" in out
+    assert json.loads(out) == {"uri": str(tmp_path / "o.parquet"), "shape": [28, 28, 1]}
+
+
 def test_info_reports_counts_splits_and_sha(run, mnist, tmp_path):
     run("import", MNIST_DIR, tmp_path / "m.parquet", "--split", "test", "--num-classes", "10")
     code, out = run("info", tmp_path / "m.parquet", "--json")

@@ -41,6 +41,12 @@ def register(subparsers) -> None:
         help="set every record's split (e.g. train, test, public), replacing any the source implies",
     )
     imp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    imp.add_argument(
+        "--outside", action="store_true",
+        help="print only what may leave the sensitive zone (destination and image shape): no content sha256, "
+        "no counts; for orchestrators whose logs and messages others read (a raw digest of the records is a "
+        "membership test for anyone who knows the other records)",
+    )
     imp.set_defaults(func=run_import)
 
     info = actions.add_parser(
@@ -61,6 +67,10 @@ def run_import(args: argparse.Namespace) -> int:
     ds = import_source(args.src, num_classes=args.num_classes, split=args.split)
     write_parquet(ds, args.dst)
     summary = {**_basics(ds), "uri": str(args.dst)}
+    if args.outside:
+        summary = {"uri": str(args.dst), "shape": summary["shape"]}
+        print(json.dumps(summary) if args.json else f"wrote a dataset of shape {_shape_text(ds)} to {args.dst}")
+        return 0
     if args.json:
         print(json.dumps(summary))
     else:
