@@ -21,7 +21,7 @@ from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_env  # noqa:
 from tests.stages.helpers import manifest, release_files
 
 COMMON = ["sample.num_samples=200", "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0",
-          "evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=20",
+          "evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=5", "evaluate.epochs=1",
           "evaluate.curve_samples=0"]
 GSWGAN = ["gswgan.warmstart_iterations=2", "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4",
           "gswgan.latent_dim=4", "train.n_d=1"]
