@@ -3,9 +3,10 @@ records at toy size: the Airflow DAG (`airflow dags test dpsynth_train`, the war
 K = 2 shards) and the KFP pipeline (`kfp.local`, the warm start in a ParallelFor). Each run must
 pass the audit and release a generator and synthetic data.
 
-DPGAN's runs are the fast tests in test_airflow.py / test_kfp.py. Here GS-WGAN runs through
-Airflow in `make test` (it exercises the real per-shard warm starts); the rest are marked slow
-(`make test-slow`).
+DPGAN's runs are the fast tests in test_airflow.py / test_kfp.py (the warm start mapped over K = 2 shards
+there too). Every run here is marked slow (`make test-slow`, which CI runs after `make test`): a whole DAG
+run costs a minute or more on 2 cores; GS-WGAN's real per-shard warm starts are also run, without an
+orchestrator, by tests/stages/test_logged_keys.py in `make test`.
 """
 
 from __future__ import annotations
@@ -75,9 +76,8 @@ def check_release(run_dir, method: str) -> None:
         assert all(e["sampling"] == "without_replacement" for e in train["privacy"]["events"])
 
 
-@pytest.mark.parametrize("method", [
-    "gswgan", pytest.param("gswgan_federated", marks=SLOW), pytest.param("dpac", marks=SLOW),
-    pytest.param("zhang", marks=SLOW)])
+@SLOW
+@pytest.mark.parametrize("method", ["gswgan", "gswgan_federated", "dpac", "zhang"])
 def test_airflow(method, source, airflow_env, tmp_path):
     airflow = str(AIRFLOW_BIN / "airflow")
     ledger, ledger_url = budgeted(tmp_path)
