@@ -88,10 +88,10 @@ kfp-yaml: $(STAMP)  ## regenerate pipelines/kfp/dpsynth_pipeline.yaml (a test ke
 schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema beside the DAGs and in the chart, and the KFP YAML
 	$(PY) scripts/config_schema.py
 
-test: $(STAMP) $(AIRFLOW_STAMP) $(TOOLS_STAMP)  ## the test suite (under ~20 minutes on 2 cores)
+test: $(STAMP) $(AIRFLOW_STAMP) $(TOOLS_STAMP)  ## the test suite, its quick tier (the rest: make test-slow; CI runs both)
 	$(PY) -m pytest -m "not slow" -q
 
-test-slow: $(STAMP)  ## the slower checks kept out of `make test`
+test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them)
 	$(PY) -m pytest -m slow -q
 
 bench: $(STAMP)  ## speed ratios of the DP discriminator step (see benchmarks/README.md)

@@ -19,6 +19,21 @@ def run_ranks(world: int, tmp: Path, fn, *args) -> None:
     mp.spawn(_entry, args=(world, str(store), fn, args), nprocs=world, join=True)
 
 
+def run_ranks_many(world: int, tmp: Path, jobs: list) -> None:
+    """``run_ranks`` for several ``(fn, *args)`` in one spawn, one after the other in the same process group:
+    each spawn starts ``world`` interpreters that import torch and dpsynth, most of a small job's time."""
+    import torch.multiprocessing as mp
+
+    store = Path(tmp) / f"pg-many-{os.getpid()}-{len(list(Path(tmp).glob('pg-*')))}"
+    mp.spawn(_entry, args=(world, str(store), _in_turn, (jobs,)), nprocs=world, join=True)
+
+
+def _in_turn(rank: int, jobs: list) -> None:
+    for fn, *args in jobs:
+        fn(rank, *args)
+        dist.barrier()
+
+
 def _entry(rank: int, world: int, store: str, fn, args) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)

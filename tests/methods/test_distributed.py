@@ -43,6 +43,35 @@ def assert_same_models(a: dict, b: dict, **tol) -> None:
 
 
 # --- the ranks' shares, without a process group -------------------------------------------------------
+# The 2-rank jobs of (a)–(c) below, in one spawn: each spawn starts two interpreters that import torch and
+# dpsynth, most of a small job's time. Each job writes under a folder of its own; the tests only read them.
+DPGAN_STEPS = 3
+NOISE = dict(sigma=2.0, bound=0.5, draws=60, seed=123)
+ZHANG_STEPS = 4  # n_critic = 2: two generator steps between them
+ZHANG_NOISE = dict(draws=12, seed=321)
+GSWGAN_STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def ranks_ran(tmp_path_factory) -> dict[str, Path]:
+    home = tmp_path_factory.mktemp("ranks")
+    jobs = {
+        "dpgan": (workers.steps_without_noise, DPGAN_STEPS),
+        "noise": (workers.noise_draws, *NOISE.values()),
+        "zhang-ghost": (workers.zhang_steps_without_noise, ZHANG_STEPS, "ghost"),
+        "zhang-ew": (workers.zhang_steps_without_noise, ZHANG_STEPS, "ew"),
+        "zhang-noise": (workers.zhang_noise, *ZHANG_NOISE.values()),
+        "gswgan": (workers.gswgan_steps, "gswgan", GSWGAN_STEPS),
+        "dpac": (workers.gswgan_steps, "dpac", GSWGAN_STEPS),
+        "own-dirs": (workers.train_in_own_dirs,),  # last: a whole run, with MLflow
+    }
+    dirs = {name: home / name for name in jobs}
+    for d in dirs.values():
+        d.mkdir()
+    workers.run_ranks_many(2, home, [(fn, str(dirs[name]), *args) for name, (fn, *args) in jobs.items()])
+    return dirs
+
+
 def test_parts_partition_the_index_space_and_one_process_is_unchanged():
     for n, world in [(600, 2), (601, 3), (5, 4), (0, 2)]:
         parts = [distributed.Ranks(rank=r, world_size=world).part(n) for r in range(world)]
@@ -81,10 +110,9 @@ def test_env_and_launch_refusals(monkeypatch, tmp_path):
 
 
 # --- (a) clipped sums, reduced: the 2-rank step is the 1-process step ---------------------------------
-def test_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp_path, small_mnist):
-    steps = 3
-    workers.run_ranks(2, tmp_path, workers.steps_without_noise, str(tmp_path), steps)
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+def test_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp_path, small_mnist, ranks_ran):
+    steps = DPGAN_STEPS
+    r0, r1 = (torch.load(ranks_ran["dpgan"] / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     assert_same_models(r0, r1, rtol=0, atol=0)  # every rank applied the same update, bit for bit
     assert all(t for t in r0["takes"]) and all(t for t in r1["takes"])  # both ranks sampled records
     assert all(max(a) < 300 <= min(b) for a, b in zip(r0["takes"], r1["takes"]))  # each from its own part
@@ -119,10 +147,9 @@ def test_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp_path,
 
 
 # --- (b) the noise: once per logical step, full σC, from rank 0's stream -------------------------------
-def test_the_noise_of_a_logical_step_is_added_once(tmp_path):
-    sigma, bound, draws, seed = 2.0, 0.5, 60, 123
-    workers.run_ranks(2, tmp_path, workers.noise_draws, str(tmp_path), sigma, bound, draws, seed)
-    n0, n1 = (torch.load(tmp_path / f"noise{r}.pt", weights_only=False) for r in (0, 1))
+def test_the_noise_of_a_logical_step_is_added_once(ranks_ran):
+    sigma, bound, draws, seed = NOISE.values()
+    n0, n1 = (torch.load(ranks_ran["noise"] / f"noise{r}.pt", weights_only=False) for r in (0, 1))
     assert torch.equal(n0["noise"], n1["noise"])  # every rank holds the same noisy sum
     noise = n0["noise"]
     assert noise.numel() == draws * (40 * 25 + 25)
@@ -139,8 +166,8 @@ def test_the_noise_of_a_logical_step_is_added_once(tmp_path):
 
 
 # --- (c) one writer: rank 0 ----------------------------------------------------------------------------
-def test_only_rank_zero_writes_and_the_trace_has_one_event_per_logical_step(tmp_path):
-    workers.run_ranks(2, tmp_path, workers.train_in_own_dirs, str(tmp_path))
+def test_only_rank_zero_writes_and_the_trace_has_one_event_per_logical_step(ranks_ran):
+    tmp_path = ranks_ran["own-dirs"]
     r0, r1 = (torch.load(tmp_path / f"final{r}.pt", weights_only=False) for r in (0, 1))
     assert r1["result"] is None and not (tmp_path / "out1").exists() and not (tmp_path / "mlflow1.db").exists()
     result = r0["result"]
@@ -219,10 +246,9 @@ def replay(trainer, masks, latents, rhos) -> None:
 
 
 @pytest.mark.parametrize("mode", ["ghost", "ew"])
-def test_zhang_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp_path, mode):
-    steps = 4  # n_critic = 2: two generator steps between them
-    workers.run_ranks(2, tmp_path, workers.zhang_steps_without_noise, str(tmp_path), steps, mode)
-    r0, r1 = (torch.load(tmp_path / f"zrank{r}.pt", weights_only=False) for r in (0, 1))
+def test_zhang_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp_path, mode, ranks_ran):
+    steps = ZHANG_STEPS
+    r0, r1 = (torch.load(ranks_ran[f"zhang-{mode}"] / f"zrank{r}.pt", weights_only=False) for r in (0, 1))
     assert_same_models(r0, r1, rtol=0, atol=0)  # every rank applied the same update, bit for bit
     assert r0["groups"] == r1["groups"] and r0["bounds"] == r1["bounds"] and len(r0["groups"]) == 3
     assert r0["g_steps"] == r1["g_steps"] == 2
@@ -255,10 +281,9 @@ def test_zhang_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp
     assert any(not torch.allclose(p, q, atol=1e-6) for p, q in zip(half_run.D.parameters(), whole.D.parameters()))
 
 
-def test_zhang_noise_is_added_once_per_group_with_the_full_variance(tmp_path):
-    draws, seed = 12, 321
-    workers.run_ranks(2, tmp_path, workers.zhang_noise, str(tmp_path), draws, seed)
-    n0, n1 = (torch.load(tmp_path / f"znoise{r}.pt", weights_only=False) for r in (0, 1))
+def test_zhang_noise_is_added_once_per_group_with_the_full_variance(ranks_ran):
+    draws, seed = ZHANG_NOISE.values()
+    n0, n1 = (torch.load(ranks_ran["zhang-noise"] / f"znoise{r}.pt", weights_only=False) for r in (0, 1))
     assert len(n0["captured"]) == draws
     for a, b in zip(n0["captured"], n1["captured"]):  # every rank holds the same noisy sum and the same bounds
         assert a["bounds"] == b["bounds"] and all(torch.equal(x, y) for x, y in zip(a["grads"], b["grads"]))
@@ -387,13 +412,12 @@ def assert_same_states(a: dict, b: dict, **tol) -> None:
 
 
 @pytest.mark.parametrize("method", ["gswgan", "dpac"])
-def test_gswgan_two_ranks_take_the_one_process_iterations(tmp_path, method):
+def test_gswgan_two_ranks_take_the_one_process_iterations(tmp_path, method, ranks_ran):
     """Rank 0 holds shard 0, rank 1 shards 1 and 2 (K = 3). With the noise off and on (rank 0's stream seeded as
     the one process's), 6 iterations on 2 ranks give the generator the one process's gradients: the owner of the
     drawn shard ran the critic steps (DPAC: and the classifier) and clipped, rank 0 added the noise once."""
-    steps = 6
-    workers.run_ranks(2, tmp_path, workers.gswgan_steps, str(tmp_path), method, steps)
-    r0, r1 = (torch.load(tmp_path / f"gsteps{r}.pt", weights_only=False) for r in (0, 1))
+    steps = GSWGAN_STEPS
+    r0, r1 = (torch.load(ranks_ran[method] / f"gsteps{r}.pt", weights_only=False) for r in (0, 1))
     one_dir = tmp_path / "one"
     one_dir.mkdir()
     workers.gswgan_steps(0, str(one_dir), method, steps)  # this process, no process group: one process

@@ -24,7 +24,8 @@ STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
 RELEASE = sorted([f"sample/{n}" for n in ("audit.json", "audit.md", "generator.pt", "manifest.json", "samples.png",
                                           "synthetic.parquet")] + ["evaluate/manifest.json", "evaluate/report.html", "evaluate/report.json"])
 TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=12", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
-        "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.experiment=airflow-test"]
+        "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.experiment=airflow-test",
+        "evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200"]
 
 pytestmark = pytest.mark.skipif(not (AIRFLOW_BIN / "airflow").exists(),
                                 reason=".venv/airflow is missing: `make test` creates it from requirements/airflow.lock")

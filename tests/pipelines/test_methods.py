@@ -3,9 +3,10 @@ records at toy size: the Airflow DAG (`airflow dags test dpsynth_train`, the war
 K = 2 shards) and the KFP pipeline (`kfp.local`, the warm start in a ParallelFor). Each run must
 pass the audit and release a generator and synthetic data.
 
-DPGAN's runs are the fast tests in test_airflow.py / test_kfp.py. Here GS-WGAN runs through
-Airflow in `make test` (it exercises the real per-shard warm starts); the rest are marked slow
-(`make test-slow`).
+DPGAN's runs are the fast tests in test_airflow.py / test_kfp.py (the warm start mapped over K = 2 shards
+there too). Every run here is marked slow (`make test-slow`, which CI runs after `make test`): a whole DAG
+run costs a minute or more on 2 cores; GS-WGAN's real per-shard warm starts are also run, without an
+orchestrator, by tests/stages/test_logged_keys.py in `make test`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_env  # noqa:
 from tests.stages.helpers import manifest, release_files
 
 COMMON = ["sample.num_samples=200", "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0",
-          "evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=20",
+          "evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=5", "evaluate.epochs=1",
           "evaluate.curve_samples=0"]
 GSWGAN = ["gswgan.warmstart_iterations=2", "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4",
           "gswgan.latent_dim=4", "train.n_d=1"]
@@ -75,9 +76,8 @@ def check_release(run_dir, method: str) -> None:
         assert all(e["sampling"] == "without_replacement" for e in train["privacy"]["events"])
 
 
-@pytest.mark.parametrize("method", [
-    "gswgan", pytest.param("gswgan_federated", marks=SLOW), pytest.param("dpac", marks=SLOW),
-    pytest.param("zhang", marks=SLOW)])
+@SLOW
+@pytest.mark.parametrize("method", ["gswgan", "gswgan_federated", "dpac", "zhang"])
 def test_airflow(method, source, airflow_env, tmp_path):
     airflow = str(AIRFLOW_BIN / "airflow")
     ledger, ledger_url = budgeted(tmp_path)

@@ -1,4 +1,5 @@
-"""Every training attempt is charged: a killed attempt, its resumption and a fresh restart, as real processes.
+"""Every training attempt is charged: a killed attempt, its resumption and a fresh restart, as real processes
+(the refusals before training, in this process).
 
 The reference is Opacus' RDP accountant on the steps that may have run, computed here independently of
 dpsynth's accountants.
@@ -34,6 +35,16 @@ def train_args(data, out, url, *extra):
                 "output.checkpoint_every=20", "output.sample_every=0", f"privacy.epsilon={EPSILON}",
                 f"privacy.delta={DELTA}", f"ledger.url={url}", "ledger.population_id=mnist600", "data.num_classes=10", *extra]
     return [sys.executable, "-m", "dpsynth.cli", "train", "--json", *[a for s in settings for a in ("--set", s)]]
+
+
+def refused(args: list[str], capsys) -> tuple[int, str]:
+    """A refusal that comes before training, in this process (``dpsynth.cli.main`` on the same argv): the
+    exit code and stderr. Starting a Python process that imports torch costs more than the rest of the check."""
+    from dpsynth.cli import main
+
+    capsys.readouterr()
+    code = main(args[3:])  # [python, -m, dpsynth.cli, train, ...]
+    return code, capsys.readouterr().err
 
 
 def opacus_epsilon(steps: int, sigma: float, q: float) -> float:
@@ -77,7 +88,7 @@ def test_a_killed_attempt_then_its_resumption_are_charged_at_least_what_ran(tmp_
     assert second["epsilon_spent"] < EPSILON
 
 
-def test_a_fresh_restart_is_charged_again(tmp_path, data):
+def test_a_fresh_restart_is_charged_again(tmp_path, data, capsys):
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     ledger = Ledger(url)
     ledger.set_budget("mnist600", epsilon=25.0, delta=1e-3, reason="test")
@@ -95,21 +106,19 @@ def test_a_fresh_restart_is_charged_again(tmp_path, data):
     assert second["epsilon_spent"] == pytest.approx(reference, rel=0.01)
     assert ledger.balance("mnist600")["committed"] == pytest.approx(2 * reference, rel=0.01)
     # a third would exceed the 25: refused before it trains, with the command that raises the budget
-    refused = subprocess.run(train_args(data, tmp_path / "run3", url, *short), capture_output=True, text=True,
-                             timeout=300)
-    assert refused.returncode == 2 and "cannot afford ε=10" in refused.stderr and "set-budget" in refused.stderr
+    code, err = refused(train_args(data, tmp_path / "run3", url, *short), capsys)
+    assert code == 2 and "cannot afford ε=10" in err and "set-budget" in err
     assert not (tmp_path / "run3" / "checkpoints").exists() and len(ledger.history("mnist600")) == 2
 
 
-def test_training_needs_an_explicit_population_and_a_budget(tmp_path, data):
+def test_training_needs_an_explicit_population_and_a_budget(tmp_path, data, capsys):
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     args = train_args(data, tmp_path / "run", url)
     no_population = [a for a in args if a != "ledger.population_id=mnist600"]
     no_population = [a for i, a in enumerate(no_population) if not (a == "--set" and i + 1 < len(no_population)
                                                                      and no_population[i + 1] == "--set")]
-    done = subprocess.run(no_population[:-1] if no_population[-1] == "--set" else no_population,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "ledger.population_id: required" in done.stderr
-    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "no budget for population 'mnist600'" in done.stderr
-    assert "dpsynth ledger set-budget mnist600" in done.stderr and not (tmp_path / "run").exists()
+    code, err = refused(no_population[:-1] if no_population[-1] == "--set" else no_population, capsys)
+    assert code == 2 and "ledger.population_id: required" in err
+    code, err = refused(args, capsys)
+    assert code == 2 and "no budget for population 'mnist600'" in err
+    assert "dpsynth ledger set-budget mnist600" in err and not (tmp_path / "run").exists()

@@ -65,6 +65,7 @@ def test_prv_calibration_round_trip(target, q, steps):
     assert_tight(sigma, target, q, steps, accountant="prv")
 
 
+@pytest.mark.slow  # a PRV search at 450K steps (the anchors at 450K, and calibration round trips at smaller T, are quick)
 def test_seed_000_calibration_at_450k_steps():
     # The paper: σ = 1 at q = 128/60000 allows 450K steps at (10, 1e-5) by Opacus' RDP.
     q, steps = 128 / 60000, 450_000

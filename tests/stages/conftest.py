@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dpsynth.data import import_source, write_parquet
-from tests.stages.helpers import MNIST, stages
+from tests.stages.helpers import MNIST, pristine_run
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 
@@ -20,12 +20,17 @@ def source(tmp_path_factory, mnist600) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="session")
+def trained_once(tmp_path_factory, source):
+    """``restore()`` of one run in which partition, warmstart and train have run (MLflow off)."""
+    return pristine_run(tmp_path_factory, source, "partition", "warmstart", "train")
+
+
 @pytest.fixture
-def trained(tmp_path, source):
-    """A fresh run directory in which partition, warmstart and train have run (MLflow off)."""
-    run_dir = tmp_path / "run"
-    stages(run_dir, source, "partition", "warmstart", "train")
-    return run_dir
+def trained(trained_once):
+    """A run directory in which partition, warmstart and train have run (MLflow off), the test's to change:
+    a fresh copy of one session-wide run (training it per test cost most of this folder's time)."""
+    return trained_once()
 
 
 

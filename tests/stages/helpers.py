@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import shutil
 
 from dpsynth import storage
 from dpsynth.cli import main
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
 KEY = "dpsynth-partition-v1"  # the shipped configs' partition key (the demo's, public; partition.key has no default)
-# DPGAN at CPU-test size: 12 private steps at (ε, δ) = (10, 1e-4) on ~550 records.
+# DPGAN at CPU-test size: 12 private steps at (ε, δ) = (10, 1e-4) on ~550 records; evaluate at its smallest
+# (its defaults, a reference CNN of 150 batches and 5 epochs per classifier, made it most of a pipeline's time).
 TINY = (
     "train.d_width=4", "train.g_width=4", "train.latent_dim=12", "train.batch_size=32", "train.steps=12",
     "train.n_d=2", "privacy.epsilon=10", "privacy.delta=1e-4", "sample.num_samples=200",
+    "evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200",
     "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.enabled=false",
     # the empirical audit is on by default (audit.empirical=auto); its own tests (test_audit_empirical.py) run
     # it, and the other stage tests, which name the checks that fail, keep their runs short without it
@@ -51,3 +54,32 @@ def release_files(run_dir) -> list[str]:
     if not storage.is_remote(root) and not Path(root).exists():
         return []
     return [u[len(root) + 1:] for u in storage.list_uris(root)]
+
+
+def pristine_run(tmp_path_factory, source: str, *names: str, overrides=()):
+    """Run the stages ``names`` once, in a run directory of their own with a ledger of their own, and keep a
+    copy; returns ``restore()``, which puts that copy back in place and returns the run directory.
+
+    A test gets a run directory byte for byte as the stages left it, at the path the stages wrote into its
+    manifests (manifests hold absolute URIs and each other's sha256, so a copy elsewhere would be another
+    run), without training again; what one test changes in it, the next one does not see (tests run one at
+    a time in a session)."""
+    import pytest
+
+    from dpsynth.privacy.ledger import Ledger
+
+    home = tmp_path_factory.mktemp("pristine-" + "-".join(names))
+    run, kept = home / "run", home / "kept"
+    url = f"sqlite:///{home / 'ledger.db'}"  # set up before conftest's per-test ledger
+    Ledger(url).set_budget("mnist600", epsilon=1000.0, delta=1e-3, reason="tests/stages/helpers.py")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DPSYNTH_LEDGER_URL", url)
+        stages(run, source, *names, overrides=overrides)
+    shutil.copytree(run, kept, symlinks=True)
+
+    def restore():
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(kept, run, symlinks=True)
+        return run
+
+    return restore

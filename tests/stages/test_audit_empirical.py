@@ -7,17 +7,21 @@ import pytest
 import torch
 
 from dpsynth.privacy.randomness import MechanismRandomness
-from tests.stages.helpers import TINY, dpsynth, manifest, release_files, settings, stage, stages
+from tests.stages.helpers import TINY, dpsynth, manifest, pristine_run, release_files, settings, stage, stages
 
 # ε = 0.5 over 100 steps: low enough that a sanitizer without noise is caught with 1,000 canaries
 AUDITED = ("privacy.epsilon=0.5", "train.steps=100", "audit.empirical=full", "audit.canaries=1000")
 
 
+@pytest.fixture(scope="module")
+def trained_at_half_once(tmp_path_factory, source):
+    return pristine_run(tmp_path_factory, source, "partition", "warmstart", "train", overrides=AUDITED)
+
+
 @pytest.fixture
-def trained_at_half(tmp_path, source):
-    run_dir = tmp_path / "run"
-    stages(run_dir, source, "partition", "warmstart", "train", overrides=AUDITED)
-    return run_dir
+def trained_at_half(trained_at_half_once):
+    """A run trained at ε = 0.5 over 100 steps, the test's to change (a fresh copy of one module-wide run)."""
+    return trained_at_half_once()
 
 
 def report(run_dir):

@@ -385,7 +385,8 @@ def test_trainjob_launch_end_to_end_on_a_local_stand_in(tmp_path, monkeypatch, c
     assert charged["status"] == "committed"
 
 
-@pytest.mark.parametrize("kind, reason", [("TrainJob", "TrainerFailed"), ("PyTorchJob", "PyTorchJobFailed")])
+@pytest.mark.parametrize("kind, reason", [("TrainJob", "TrainerFailed"),
+                                          pytest.param("PyTorchJob", "PyTorchJobFailed", marks=pytest.mark.slow)])
 def test_a_failed_trainjob_fails_the_launch_with_its_reason(tmp_path, monkeypatch, capsys, source, kind, reason):
     """No partition yet: the ranks fail, the job's Failed condition ends the launch with exit 2 and its reason. (One
     node of 2 ranks for both kinds: with 2 nodes a Worker may fail first, and the job's failure stops the first node

@@ -15,7 +15,7 @@ from dpsynth.methods.gswgan import GSWGANTrainer
 from dpsynth.stages.pipeline import logged_keys
 from tests.stages.helpers import dpsynth, release_files, settings
 
-EVALUATE = ("evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=20",
+EVALUATE = ("evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=5",
             "evaluate.curve_samples=0", "sample.num_samples=200")
 GSWGAN = ("train.method=gswgan", "partition.num_shards=2", "train.steps=4", "gswgan.warmstart_iterations=2",
           "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=4", "train.n_d=1")

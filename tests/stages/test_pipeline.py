@@ -196,27 +196,6 @@ def _provider_installed() -> bool:
     return any(e.name == "dpsynth" for e in entry_points(group="mlflow.run_context_provider"))
 
 
-def test_ledger_refuses_a_run_beyond_the_budget_before_anything_runs(tmp_path, source, capsys, ledger_with_budget):
-    ledger = ledger_with_budget
-    ledger.set_budget("mnist600", epsilon=15.0, delta=1e-3, reason="test")
-    run = tmp_path / "run"
-    assert dpsynth("pipeline", "run", "--run-dir", run, "--pipeline-run-id", "a", *settings(source)) == 0
-    assert ledger.balance("mnist600")["committed"] > 9  # the first run spent most of its 10
-    capsys.readouterr()
-    assert dpsynth("pipeline", "run", "--run-dir", tmp_path / "run2", "--pipeline-run-id", "b", *settings(source)) == 2
-    err = capsys.readouterr().err
-    assert "cannot afford ε=10" in err and "mnist600" in err and "set-budget mnist600" in err
-    assert not (tmp_path / "run2").exists()  # refused before any stage ran
-    assert [r["pipeline_run_id"] for r in ledger.history("mnist600")] == ["a"]
-    # no budget: refused, pointing at `dpsynth ledger set-budget`; no population: refused, naming the field
-    assert dpsynth("pipeline", "run", "--run-dir", tmp_path / "run3", *settings(
-        source, "ledger.population_id=fresh")) == 2
-    assert "dpsynth ledger set-budget fresh" in capsys.readouterr().err
-    no_population = [a for a in settings(source) if a != "ledger.population_id=mnist600"][:-1]
-    assert dpsynth("pipeline", "run", "--run-dir", tmp_path / "run4", *no_population) == 2
-    assert "ledger.population_id: required" in capsys.readouterr().err
-
-
 def test_a_run_that_fails_before_the_private_stage_is_charged_nothing(tmp_path, source, ledger_with_budget):
     # 600 records in 50 000 shards: partition refuses (empty shards) before training could start
     assert dpsynth("pipeline", "run", "--run-dir", tmp_path / "run", "--pipeline-run-id", "early",
@@ -224,14 +203,34 @@ def test_a_run_that_fails_before_the_private_stage_is_charged_nothing(tmp_path, 
     assert ledger_with_budget.history("mnist600") == []
 
 
-def test_a_fresh_restart_of_the_train_stage_is_charged_again(tmp_path, source, ledger_with_budget):
+def test_a_fresh_restart_is_charged_again_and_the_ledger_refuses_a_run_beyond_the_budget(tmp_path, source, capsys,
+                                                                                          ledger_with_budget):
+    """A forced rerun of the same pipeline is a fresh attempt, charged again; once what is committed leaves
+    less than the target ε, the next run is refused before anything runs. (One test: each full run is one of
+    the slowest things in this folder.)"""
+    ledger = ledger_with_budget
+    ledger.set_budget("mnist600", epsilon=25.0, delta=1e-3, reason="test")  # two runs of ε ≤ 10, not three
     run = tmp_path / "run"
     for flags in ((), ("--force",)):
         assert dpsynth("pipeline", "run", "--run-dir", run, "--pipeline-run-id", "same", *settings(source),
                        *flags) == 0
-    first, second = ledger_with_budget.reservations(pipeline_run_id="same")
+    first, second = ledger.reservations(pipeline_run_id="same")
     assert first["status"] == second["status"] == "committed" and second["resumes_id"] is None
     assert second["epsilon_spent"] == pytest.approx(first["epsilon_spent"]) and first["epsilon_spent"] > 9
+    assert ledger.balance("mnist600")["committed"] > 18  # both runs spent most of their 10
+    capsys.readouterr()
+    assert dpsynth("pipeline", "run", "--run-dir", tmp_path / "run2", "--pipeline-run-id", "b", *settings(source)) == 2
+    err = capsys.readouterr().err
+    assert "cannot afford ε=10" in err and "mnist600" in err and "set-budget mnist600" in err
+    assert not (tmp_path / "run2").exists()  # refused before any stage ran
+    assert [r["pipeline_run_id"] for r in ledger.history("mnist600")] == ["same", "same"]
+    # no budget: refused, pointing at `dpsynth ledger set-budget`; no population: refused, naming the field
+    assert dpsynth("pipeline", "run", "--run-dir", tmp_path / "run3", *settings(
+        source, "ledger.population_id=fresh")) == 2
+    assert "dpsynth ledger set-budget fresh" in capsys.readouterr().err
+    no_population = [a for a in settings(source) if a != "ledger.population_id=mnist600"][:-1]
+    assert dpsynth("pipeline", "run", "--run-dir", tmp_path / "run4", *no_population) == 2
+    assert "ledger.population_id: required" in capsys.readouterr().err
 
 
 # Concurrent reservations racing past a budget: tests/privacy/test_ledger.py (OS processes).
