@@ -273,6 +273,9 @@ def generality(a) -> None:
     dataset, info = import_dataset(name, out, n=a.n, seed=a.seed)
     extra = ([] if name == "mnist" else GENERATED_EXTRA) + a.extra
     rows_wanted = a.rows.split(",")
+    if rows_wanted == ["none"]:  # only draw and import the set
+        print(json.dumps(info))
+        return
     unknown = sorted(set(rows_wanted) - set(ROWS))
     if unknown:
         raise SystemExit(f"--rows: unknown {unknown}; choose from {', '.join(ROWS)}")
@@ -331,7 +334,7 @@ def main() -> None:
                          "benchmarks/datasets.py (letters, shapes, shapes-rgb, symbols-rgb, greek)")
     ap.add_argument("--recipe", default="dpgan", choices=list(ALL_RECIPES),
                     help="generality: the recipe of the default/warmup/gan rows (dpgan: the default config)")
-    ap.add_argument("--rows", default=",".join(ROWS), help=f"generality rows, of {', '.join(ROWS)}")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"generality rows, of {', '.join(ROWS)} (none: only import the set)")
     ap.add_argument("--images", default=str(ROOT / "docs/images"), help="where generality sample grids go")
     ap.add_argument("--n", type=int, default=6000, help="records drawn for a generated dataset")
     ap.add_argument("--seed", type=int, default=0, help="its seed")
