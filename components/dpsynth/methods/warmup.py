@@ -6,6 +6,13 @@ image, released once by a Gaussian mechanism (:mod:`dpsynth.privacy.central_imag
 the mechanism trace, composed with training by the same accountant) — then spend the private
 training steps on the hard part.
 
+With ``warmup.intensity_noise_multiplier`` = σ_h a release comes first that knows nothing of the images'
+content: the dataset's histogram of pixel intensities (:func:`dpsynth.privacy.central_images.intensity_histogram`,
+one more Gaussian event). From it, post-processing: whether the images are ink on a dark background
+(:func:`two_tone`; only then are the released images cleaned by :func:`clean`), and their mean intensity, around
+which the class and style sums are taken (the clip then no longer pulls light or colour images towards black).
+Without it (the digit recipe) the images are always cleaned and the sums taken around black.
+
 With ``warmup.styles`` = s > 0 a second release follows: s × s public templates per class (the
 released class mean sheared and thickened or thinned on an s × s grid) split every class into groups
 by each record's nearest template, and the groups' means are released the same way (one more
