@@ -20,7 +20,7 @@ CONFIG ?= configs/dpgan-mnist-cpu.yaml
 LEDGER_URL := sqlite:///$(abspath $(OUT))/ledger.db
 POPULATION := mnist
 
-.PHONY: image help venv airflow-venv tools-venv up down budget run run-train run-pipeline run-kfp kfp-yaml schema test test-slow bench bench-utility lock airflow-lock clean mlflow-ui
+.PHONY: image help venv airflow-venv tools-venv up down budget run run-train run-pipeline run-kfp kfp-yaml schema test test-slow bench bench-utility bench-generality lock airflow-lock clean mlflow-ui
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -100,6 +100,11 @@ bench: $(STAMP)  ## speed ratios of the DP discriminator step (see benchmarks/RE
 bench-utility: $(STAMP)  ## CNN-on-synthetic accuracy of every recipe at ε ∈ {1, 10} (slow: hours on 2 cores)
 	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
 	$(PY) benchmarks/utility.py --dataset $(OUT)/data/mnist.parquet --out $(OUT)/bench-utility --baselines
+
+bench-generality: $(STAMP)  ## the generality benchmark (#32): five non-digit sets × every row, default and generic recipe (slow: hours on 2 cores)
+	for d in letters shapes shapes-rgb symbols-rgb greek; do \
+	  $(PY) benchmarks/utility.py --dataset $$d --out $(OUT)/bench-generality || exit 1; \
+	  $(PY) benchmarks/utility.py --dataset $$d --recipe generic --rows default --out $(OUT)/bench-generality || exit 1; done
 
 lock: $(STAMP)  ## re-freeze requirements/stage.lock from requirements/stage.in
 	$(PY) -m pip install --quiet -r requirements/stage.in

@@ -15,6 +15,15 @@ audited ε, CPU-minutes and wall time. Beside them, on the same held-out test re
 Results go to ``benchmarks/results/utility.json`` and ``.md``. Not a test: it takes tens of CPU-minutes
 per recipe. Run ``make bench-utility`` (all recipes, ε ∈ {1, 10}) or pick with ``--recipes``/``--epsilons``.
 
+Generality (``--dataset NAME``, a name of ``benchmarks/datasets.py``: letters, shapes, shapes-rgb — development —
+and symbols-rgb, greek — confirmation — or ``mnist``): the dataset is drawn by the benchmark (deterministic from
+``--seed``), written as an image folder and imported with ``dpsynth data import`` as a user would, then the
+rows of ``--rows``: ``default`` (the default recipe at each ε), ``ceiling`` (the same CNN on the real training
+records), ``warmup`` (the warm-up alone: one private D step, fewer than n_D, so G is never stepped after its
+fit), ``gan`` (the GAN phase alone: ``warmup.central_images=false``). Results go to
+``benchmarks/results/generality-NAME.json`` and ``.md`` (naming the set's role), sample grids to
+``docs/images/generality-NAME-ROW.png``.
+
 Every training attempt is charged to a privacy ledger, which gives no budget by default. The benchmark
 keeps its own (``OUT/ledger.db``) and population (``mnist-bench``), and sets that population's budget
 explicitly, with a reason, to what the planned runs need on top of what it has already charged
@@ -53,7 +62,9 @@ RECIPES = {
 }
 # Paper-scale recipes for one GPU (not in the default --recipes): `--recipes dpgan-gpu --set train.steps=N`
 GPU_RECIPES = {f"{m}-gpu": f"configs/{m}-mnist-gpu.yaml" for m in ("dpgan", "gswgan", "dpac", "zhang")}
-ALL_RECIPES = {**RECIPES, **GPU_RECIPES}
+# The recipe with no digit-specific settings (#32), chosen on the generality benchmark's development sets
+OTHER_RECIPES = {"generic": "configs/dpgan-generic-cpu.yaml"}
+ALL_RECIPES = {**RECIPES, **GPU_RECIPES, **OTHER_RECIPES}
 # Published CNN accuracy on MNIST (%), read from the papers (seeds) and DPImageBench; full-size
 # networks, 60k training images, hours of GPU.
 PUBLISHED = {
@@ -70,7 +81,8 @@ PUBLISHED = {
 # dp-GAN's warm-up recipe: ε ≈ 7.2 and 4.8 (σ_s = σ_v = 1).
 DPGAN_RELEASES = [(9.8, ["warmup.variations=0"]), (7.0, ["warmup.styles=0"])]
 THREE_RELEASES = [(8.0, ["warmup.variations=0"]), (6.0, ["warmup.styles=0"])]
-BELOW_EPSILON = {"dpgan": DPGAN_RELEASES, "zhang-warmup": THREE_RELEASES}
+BELOW_EPSILON = {"dpgan": DPGAN_RELEASES, "zhang-warmup": THREE_RELEASES,
+                 "generic": [(8.7, ["warmup.variations=0"])]}  # its releases: ε ≈ 8.68, without variations 0.82
 
 
 def cpu_children() -> float:
@@ -78,6 +90,7 @@ def cpu_children() -> float:
     return r.ru_utime + r.ru_stime
 
 
+DPSYNTH = [sys.executable, "-m", "dpsynth"]  # the command a user runs, with this interpreter
 POPULATION = "mnist-bench"  # the benchmark's own population, in its own ledger
 
 
@@ -104,10 +117,10 @@ def budget_for(out: Path, dataset: Path, plan: list[tuple[str, float]], extra: l
                + ", ".join(f"{Path(r).stem} ε={e:g}" for r, e in plan))
 
 
-def run_pipeline(name: str, eps: float, out: Path, dataset: Path, extra: list[str]) -> dict:
+def run_pipeline(name: str, eps: float, out: Path, dataset: Path, extra: list[str], tag: str = "") -> dict:
     recipe = ALL_RECIPES[name]
-    run_dir = out / f"{Path(recipe).stem}-eps{eps:g}"
-    cmd = [str(ROOT / ".venv/stage/bin/dpsynth"), "pipeline", "run", "--config", str(ROOT / recipe),
+    run_dir = out / f"{Path(recipe).stem}-eps{eps:g}{tag}"
+    cmd = [*DPSYNTH, "pipeline", "run", "--config", str(ROOT / recipe),
            "--run-dir", str(run_dir), "--set", f"data.uri={dataset}", "--set", f"privacy.epsilon={eps}",
            "--set", "tracking.enabled=false", "--set", f"ledger.url={ledger_url(out)}",
            "--set", f"ledger.population_id={POPULATION}"]
@@ -163,13 +176,24 @@ def baselines(run_dir: Path, recipe: str, steps: int) -> list[dict]:
     rows = {r["classifier"]: r for r in u["classifiers"]}
     out.append({"recipe": f"nonprivate DPGAN models, {steps} steps", "cnn_gen2real": rows["cnn"]["gen2real"],
                 "logreg_gen2real": rows["logreg"]["gen2real"], "cpu_min": (time.process_time() - cpu0) / 60})
+    out.append(ceiling(run_dir, recipe))
+    return out
+
+
+def ceiling(run_dir: Path, recipe: str, extra: list[str] = ()) -> dict:
+    """The same CNN (and logistic regression) trained on the run's real training records, tested on its
+    held-out test records: what a release could reach at best."""
+    cfg = load_config(ROOT / recipe, overrides=list(extra))
+    fit_real, test_real = heldout_split(run_dir, cfg)
+    shard = read_parquet(str(next((run_dir / "sensitive/partition").glob("shard-*.parquet"))))
+    cpu0 = time.process_time()
     val, tr = _split(len(shard), fraction=cfg.evaluate.validation_fraction, seed=cfg.evaluate.seed)
     u = accuracy.utility(cfg, synthetic=shard.subset(tr), validation=shard.subset(val), fit_real=fit_real,
                          test_real=test_real, names=("cnn", "logreg"))
     rows = {r["classifier"]: r for r in u["classifiers"]}
-    out.append({"recipe": f"real training records ({len(shard)}), the ceiling", "cnn_gen2real": rows["cnn"]["gen2real"],
-                "logreg_gen2real": rows["logreg"]["gen2real"]})
-    return out
+    return {"recipe": f"real training records ({len(shard)}), the ceiling", "cnn_gen2real": rows["cnn"]["gen2real"],
+            "logreg_gen2real": rows["logreg"]["gen2real"], "cpu_min": (time.process_time() - cpu0) / 60,
+            "test_records": len(test_real)}
 
 
 def markdown(rows: list[dict]) -> str:
@@ -189,17 +213,144 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def generality_markdown(rows: list[dict]) -> str:
+    """One line per generality row, with CNN accuracy as a share of the set's ceiling."""
+    top = next((r["cnn_gen2real"] for r in rows if r.get("row") == "ceiling"), None)
+    lines = ["| row | ε target | ε audited | CNN gen2real | % of ceiling | logreg gen2real | fid_classifier (real-vs-real) "
+             "| IS | CPU-min | wall-min | sample grid |", "|" + "---|" * 11]
+    f = lambda v, p=3: "—" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))  # noqa: E731
+    for r in rows:
+        what = r.get("what", r["recipe"])
+        if "error" in r:
+            lines.append(f"| {what} | {r['epsilon_target']:g} | failed: {r['error'][-160:]!r} |" + " |" * 8)
+            continue
+        fid = r.get("fid_classifier")
+        fid_s = "—" if fid is None else f"{fid:.1f} ({r['frechet_real_vs_real']:.1f})"
+        share = "—" if top is None or r.get("cnn_gen2real") is None else f"{100 * r['cnn_gen2real'] / top:.0f}%"
+        grid = f"[png](../../{r['grid']})" if r.get("grid") else ""
+        lines.append(f"| {what} | {f(r.get('epsilon_target'), 0)} | {f(r.get('epsilon_audited'))} | {f(r.get('cnn_gen2real'))} | "
+                     f"{share} | {f(r.get('logreg_gen2real'))} | {fid_s} | {f(r.get('inception_score'), 2)} | "
+                     f"{f(r.get('cpu_min'), 1)} | {f(r.get('wall_min'), 1)} | {grid} |")
+    return "\n".join(lines) + "\n"
+
+
+GENERATED_EXTRA = ["data.heldout_fraction=0.2"]  # generated sets are small: 20% held out, half of it the test set
+ROWS = ("default", "ceiling", "warmup", "gan")
+ROW_SETTINGS = {"default": [], "warmup": ["train.steps=1"], "gan": ["warmup.central_images=false"]}
+ROW_TEXT = {"default": "default release", "warmup": "warm-up alone (1 D step < n_D: G as fitted)",
+            "gan": "GAN phase alone (no warm-up)"}
+
+
+def import_dataset(name: str, out: Path, *, n: int, seed: int) -> tuple[Path, dict]:
+    """The benchmark's dataset ``name`` as a user brings it: drawn into an image folder (mnist: the bundled
+    IDX files), then ``dpsynth data import`` to Parquet. Returns the Parquet path and the set's description."""
+    import datasets
+
+    parquet = out / f"data/{name}.parquet"
+    if name == "mnist":
+        src, info = ROOT / "data/mnist", {"dataset": "mnist", "role": "development (the recipe was tuned on it)"}
+    else:
+        src = out / f"folders/{name}-n{n}-seed{seed}"
+        marker = src / ".complete.json"
+        if not marker.exists():
+            info = datasets.write_folder(name, src, n=n, seed=seed)
+            marker.write_text(json.dumps(info))
+        info = json.loads(marker.read_text())
+    if not parquet.exists():
+        parquet.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([*DPSYNTH, "data", "import", str(src), str(parquet)],
+                       cwd=ROOT, check=True)
+    return parquet, info
+
+
+def generality(a) -> None:
+    """The rows of ``--rows`` on the benchmark's dataset ``a.dataset`` (see the module's docstring)."""
+    import shutil
+
+    name = a.dataset
+    out = Path(a.out) / name
+    out.mkdir(parents=True, exist_ok=True)
+    dataset, info = import_dataset(name, out, n=a.n, seed=a.seed)
+    # the label set is public and declared, never read off the records (data.num_classes, #33): the benchmark
+    # drew the set, so it knows its classes
+    classes = [f"data.num_classes={read_parquet(str(dataset)).num_classes}"]
+    extra = ([] if name == "mnist" else GENERATED_EXTRA) + classes + a.extra
+    rows_wanted = a.rows.split(",")
+    if rows_wanted == ["none"]:  # only draw and import the set
+        print(json.dumps(info))
+        return
+    unknown = sorted(set(rows_wanted) - set(ROWS))
+    if unknown:
+        raise SystemExit(f"--rows: unknown {unknown}; choose from {', '.join(ROWS)}")
+    epsilons = [float(e) for e in a.epsilons.split(",")]
+    runs = [("default", eps) for eps in epsilons if "default" in rows_wanted]
+    runs += [(r, 10.0) for r in ("warmup", "gan") if r in rows_wanted]
+    if "ceiling" in rows_wanted and not runs:
+        runs = [("default", 10.0)]  # the ceiling needs a run's partition
+    recipe = a.recipe
+    budget_for(out, dataset, [(ALL_RECIPES[recipe], eps) for _, eps in runs], extra)
+    suffix = "" if recipe == "dpgan" else f"-{recipe}"
+    results = (Path(a.results) if a.results != DEFAULT_RESULTS
+               else ROOT / f"benchmarks/results/generality-{name}{suffix}")
+    images = Path(a.images)
+    images.mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def save():
+        results.with_suffix(".json").write_text(json.dumps({**info, "rows": rows}, indent=2) + "\n")
+        results.with_suffix(".md").write_text(f"Dataset `{name}`, {info['role']} set: {json.dumps(info)}\n\n"
+                                              + generality_markdown(rows))
+
+    for row, eps in runs:
+        tag = "" if row == "default" else f"-{row}"
+        r = run_pipeline(recipe, eps, out, dataset, [*extra, *ROW_SETTINGS[row]], tag=tag)
+        r = {"dataset": name, "role": info["role"], "row": row, "what": ROW_TEXT[row], **r}
+        if "error" not in r:
+            grid = images / f"generality-{name}{suffix}-{row}-eps{eps:g}.png"
+            shutil.copyfile(Path(r["run_dir"]) / "release/sample/samples.png", grid)
+            r["grid"] = str(grid.relative_to(ROOT)) if grid.is_relative_to(ROOT) else str(grid)
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+        save()
+        if "ceiling" in rows_wanted and not any(x.get("row") == "ceiling" for x in rows) and "error" not in r:
+            c = {"dataset": name, "role": info["role"], "row": "ceiling",
+                 **ceiling(Path(r["run_dir"]), ALL_RECIPES[recipe], extra)}
+            print(json.dumps(c), flush=True)
+            rows.append(c)
+            save()
+        if row == "default" and eps == 10.0 and "default" not in rows_wanted:
+            rows.remove(r)  # run only for the ceiling's partition
+            save()
+    print(generality_markdown(rows))
+
+
+DEFAULT_RESULTS = str(ROOT / "benchmarks/results/utility")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--recipes", default=",".join(RECIPES),
                     help=f"comma-separated, of {', '.join(ALL_RECIPES)} (default: all but the -gpu ones)")
     ap.add_argument("--epsilons", default="10,1")
-    ap.add_argument("--dataset", default=str(ROOT / "outputs/data/mnist.parquet"))
+    ap.add_argument("--dataset", default=str(ROOT / "outputs/data/mnist.parquet"),
+                    help="a Parquet file (the recipe rows), or a generality dataset: mnist, or a name of "
+                         "benchmarks/datasets.py (letters, shapes, shapes-rgb, symbols-rgb, greek)")
+    ap.add_argument("--recipe", default="dpgan", choices=list(ALL_RECIPES),
+                    help="generality: the recipe of the default/warmup/gan rows (dpgan: the default config)")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"generality rows, of {', '.join(ROWS)} (none: only import the set)")
+    ap.add_argument("--images", default=str(ROOT / "docs/images"), help="where generality sample grids go")
+    ap.add_argument("--n", type=int, default=6000, help="records drawn for a generated dataset")
+    ap.add_argument("--seed", type=int, default=0, help="its seed")
     ap.add_argument("--out", default=str(ROOT / "outputs/bench-utility"))
     ap.add_argument("--baselines", action="store_true", help="also the non-private and real-data rows")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="extra --set for every run")
-    ap.add_argument("--results", default=str(ROOT / "benchmarks/results/utility"))
+    ap.add_argument("--results", default=DEFAULT_RESULTS,
+                    help="results path without suffix (generality: benchmarks/results/generality-NAME)")
     a = ap.parse_args()
+    import datasets
+
+    if a.dataset == "mnist" or a.dataset in datasets.DATASETS:
+        return generality(a)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -265,6 +265,11 @@ class WarmupConfig:
     generator fitted to deformations of those central images (post-processing, free)."""
 
     central_images: Bool = False
+    intensity_noise_multiplier: Float | None = Field(
+        None, gt=0, description="σ_h > 0: a first release, the histogram of pixel intensities (each record's "
+                                "normalised 16-bin histogram, L2 ≤ 1, noise std σ_h per bin); the warm-up's images are "
+                                "cleaned (dark background, brightest pixel white) only when it is two-tone ink on a "
+                                "dark background. null: no such release, always cleaned (the digit recipe).")
     noise_multiplier: Float = Field(8.0, gt=0, description="σ of the release: noise std σ·clip on every class sum.")
     clip: Float = Field(10.0, gt=0, description="C: L2 bound of a record's [image in [0, 1], count] contribution.")
     styles: Int = Field(0, ge=0, le=6, description="s > 0: a second release, the means of s × s style groups per "

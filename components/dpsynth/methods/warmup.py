@@ -6,6 +6,13 @@ image, released once by a Gaussian mechanism (:mod:`dpsynth.privacy.central_imag
 the mechanism trace, composed with training by the same accountant) — then spend the private
 training steps on the hard part.
 
+With ``warmup.intensity_noise_multiplier`` = σ_h a release comes first that knows nothing of the images'
+content: the dataset's histogram of pixel intensities (:func:`dpsynth.privacy.central_images.intensity_histogram`,
+one more Gaussian event). From it, post-processing: whether the images are ink on a dark background
+(:func:`two_tone`; only then are the released images cleaned by :func:`clean`), and their mean intensity, around
+which the class and style sums are taken (the clip then no longer pulls light or colour images towards black).
+Without it (the digit recipe) the images are always cleaned and the sums taken around black.
+
 With ``warmup.styles`` = s > 0 a second release follows: s × s public templates per class (the
 released class mean sheared and thickened or thinned on an s × s grid) split every class into groups
 by each record's nearest template, and the groups' means are released the same way (one more
@@ -49,14 +56,16 @@ FLOOR = 0.15  # on [0, 1]: what :func:`clean` makes background
 
 
 def events(cfg) -> list:
-    """The warm-up's mechanism events, in order: the class-mean release, then the style release, then the
-    variation release: each a full-batch Gaussian of add/remove sensitivity (its clip)."""
+    """The warm-up's mechanism events, in order: the intensity histogram (with
+    ``warmup.intensity_noise_multiplier``), the class-mean release, then the style release, then the variation
+    release: each a full-batch Gaussian of add/remove sensitivity (its clip)."""
     from dpsynth.privacy import central_images
 
     w = cfg.warmup
     if not w.central_images:
         return []
-    sigmas = [w.noise_multiplier] + [w.styles_noise_multiplier] * bool(w.styles)
+    sigmas = [w.intensity_noise_multiplier] * (w.intensity_noise_multiplier is not None) + [w.noise_multiplier]
+    sigmas += [w.styles_noise_multiplier] * bool(w.styles)
     sigmas += [w.variations_noise_multiplier] * bool(w.variations)
     return [central_images.event_for(sigma) for sigma in sigmas]
 
@@ -84,8 +93,12 @@ def statement(cfg) -> str:
     w = cfg.warmup
     if not w.central_images:
         return ""
-    out = (" The private warm-up's class-mean release is one full-batch Gaussian (q = 1): each record moves the "
-           "stacked class sums by ≤ C, noise σ_w·C.")
+    out = ""
+    if w.intensity_noise_multiplier is not None:
+        out += (" The private warm-up's intensity histogram is one full-batch Gaussian (q = 1): each record's "
+                "normalised 16-bin histogram of its pixel intensities moves the sum by ≤ 1 in L2, noise σ_h per bin.")
+    out += (" The private warm-up's class-mean release is one full-batch Gaussian (q = 1): each record moves the "
+            "stacked class sums by ≤ C, noise σ_w·C.")
     if w.styles:
         out += (" Its style release is one more: each record, assigned to the nearest public template of its "
                 "class, moves the stacked group sums by ≤ C, noise σ_s·C.")
@@ -123,18 +136,24 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
     def seen(name: str):
         return None if observe is None else (lambda noisy, query: observe(name, noisy, query))
 
+    tidy, centre = clean, 0.0
+    if w.intensity_noise_multiplier is not None:  # clean only two-tone images: ink on a dark background
+        hist = central_images.intensity_histogram(images, noise_multiplier=w.intensity_noise_multiplier,
+                                                  randomness=randomness, trace=trace)
+        tidy = clean if two_tone(hist) else (lambda x: x)
+        centre = mean_intensity(hist)  # the releases' sums are taken around it (post-processing: public)
     means, class_counts = central_images.central_images(
         *data("class_means"), num_classes=num_classes, clip=w.clip, noise_multiplier=w.noise_multiplier,
-        randomness=randomness, trace=trace, with_counts=True, observe=seen("class_means"))
-    means = clean(means)
+        randomness=randomness, trace=trace, with_counts=True, observe=seen("class_means"), centre=centre)
+    means = tidy(means)
     slots, slot_classes = means, torch.arange(num_classes)  # one image per slot, and its class
     if w.styles:
         templates, slot_classes = style_templates(means, w.styles)
         styles, counts = central_images.style_images(
             *data("styles"), templates, slot_classes, clip=w.clip, noise_multiplier=w.styles_noise_multiplier,
-            randomness=randomness, trace=trace, observe=seen("styles"))
+            randomness=randomness, trace=trace, observe=seen("styles"), centre=centre)
         keep = keep_styles(styles, counts, sum_noise=w.styles_noise_multiplier * w.clip, max_noise=w.styles_max_noise)
-        slots = fill_styles(clean(styles), keep, means)
+        slots = fill_styles(tidy(styles), keep, means)
     directions = None
     if w.variations:  # residuals around each record's nearest released image of its class (public by now)
         directions = central_images.variation_directions(
@@ -208,6 +227,30 @@ def fill_styles(styles: torch.Tensor, keep: torch.Tensor, means: torch.Tensor) -
     per_class = len(styles) // len(means)
     fallback = means.repeat_interleave(per_class, 0)
     return torch.where(keep.view(-1, *[1] * (styles.dim() - 1)), styles, fallback)
+
+
+DARK_SHARE, MID_SHARE = 0.5, 0.2  # two-tone: ≥ half the pixels in the darkest bins, ≤ 1/5 in the middle half
+
+
+def two_tone(hist: torch.Tensor) -> bool:
+    """Whether a released intensity histogram (shares of ``len(hist)`` equal bins on [0, 1]) is ink on a dark
+    background, what :func:`clean` assumes: at least DARK_SHARE of the pixels below FLOOR and at most MID_SHARE
+    in [1/4, 3/4). Post-processing of the release.
+
+    >>> h = torch.zeros(16); h[0], h[15] = 0.8, 0.2; two_tone(h), two_tone(torch.full((16,), 1 / 16))
+    (True, False)
+    """
+    b = len(hist)
+    edges = torch.arange(b, dtype=torch.float32) / b  # each bin's lower edge
+    dark = hist[edges + 1 / b <= FLOOR + 1e-9].sum()
+    mid = hist[(edges >= 0.25) & (edges < 0.75)].sum()
+    return bool(dark >= DARK_SHARE and mid <= MID_SHARE)
+
+
+def mean_intensity(hist: torch.Tensor) -> float:
+    """The mean pixel intensity (on [0, 1]) of a released histogram: bin shares times bin centres."""
+    b = len(hist)
+    return float((hist * (torch.arange(b, dtype=hist.dtype) + 0.5) / b).sum())
 
 
 def clean(means: torch.Tensor, *, floor: float = FLOOR) -> torch.Tensor:

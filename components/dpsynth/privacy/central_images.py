@@ -48,28 +48,31 @@ def event_for(noise_multiplier: float) -> MechanismEvent:
                           sensitivity="add_remove")
 
 
-def _contributions(images: torch.Tensor, clip: float) -> torch.Tensor:
-    """Every record's [x̃_i, c]: the image in [0, 1] clipped to C/√2, and the count coordinate C/√2."""
+def _contributions(images: torch.Tensor, clip: float, centre: float = 0.0) -> torch.Tensor:
+    """Every record's [x̃_i, c]: the image in [0, 1] less the public ``centre``, clipped to C/√2, and the count
+    coordinate C/√2."""
     if clip <= 0:
         raise PrivacyError(f"warmup.clip: must be > 0, got {clip}")
-    x = ((images.double() + 1) / 2).flatten(1).cpu()  # [0, 1], on the CPU as every query here
+    x = ((images.double() + 1) / 2).flatten(1).cpu() - centre  # [0, 1], on the CPU as every query here
     part = clip / math.sqrt(2)
     x = x * (part / x.norm(dim=1).clamp(min=part)).unsqueeze(1)
     return torch.cat([x, torch.full((len(x), 1), part, dtype=x.dtype)], dim=1)
 
 
-def group_sums(images: torch.Tensor, groups: torch.Tensor, *, num_groups: int, clip: float) -> torch.Tensor:
+def group_sums(images: torch.Tensor, groups: torch.Tensor, *, num_groups: int, clip: float,
+               centre: float = 0.0) -> torch.Tensor:
     """The noiseless query: a (num_groups, D + 1) matrix, row k = Σ over the records of group k of [x̃_i, c].
     Each record's group must be a function of that record and public values only."""
-    v = _contributions(images, clip)
+    v = _contributions(images, clip, centre)
     sums = torch.zeros(num_groups, v.shape[1], dtype=v.dtype)
     sums.index_add_(0, groups.long().cpu(), v)
     return sums
 
 
-def class_sums(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float) -> torch.Tensor:
+def class_sums(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
+               centre: float = 0.0) -> torch.Tensor:
     """The class-mean query: one group per class."""
-    return group_sums(images, labels, num_groups=num_classes, clip=clip)
+    return group_sums(images, labels, num_groups=num_classes, clip=clip, centre=centre)
 
 
 def nearest_template(images: torch.Tensor, labels: torch.Tensor, templates: torch.Tensor,
@@ -86,7 +89,7 @@ def nearest_template(images: torch.Tensor, labels: torch.Tensor, templates: torc
 
 
 def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
-                randomness: MechanismRandomness | None, observe=None) -> tuple[torch.Tensor, torch.Tensor]:
+                randomness: MechanismRandomness | None, observe=None, centre: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The Gaussian mechanism on stacked sums: N(0, (σC)²) on every coordinate; returns every group's
     mean in [0, 1] (noisy sum / noisy count, post-processing) and its noisy count. ``observe(noisy, query)``,
     when given, sees the mechanism's raw output and the noiseless query (the empirical audit's run only)."""
@@ -101,23 +104,25 @@ def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
     if observe is not None:
         observe(sums, query)
     counts = sums[:, -1] / (clip / math.sqrt(2))
-    means = (sums[:, :-1] / counts.clamp(min=1.0).unsqueeze(1)).clamp(0, 1)
+    means = (sums[:, :-1] / counts.clamp(min=1.0).unsqueeze(1) + centre).clamp(0, 1)
     return means, counts
 
 
 def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
                    noise_multiplier: float, randomness: MechanismRandomness | None = None,
-                   trace: MechanismTrace | None = None, with_counts: bool = False, observe=None):
+                   trace: MechanismTrace | None = None, with_counts: bool = False, observe=None, centre: float = 0.0):
     """The noisy class means, shaped (num_classes, C, H, W) in [-1, 1] (and, ``with_counts``, the classes'
     noisy counts); the release records ``event_for(noise_multiplier)`` in ``trace`` (a mechanism's trace;
     None: records nothing).
 
     ``images`` are N×C×H×W in [-1, 1]. ``randomness`` is the mechanism's secret coins (required when
-    ``noise_multiplier`` > 0). ``observe``: :func:`noisy_means`'.
+    ``noise_multiplier`` > 0). ``observe``: :func:`noisy_means`'. ``centre`` (public, on [0, 1]) is taken off every
+    pixel before the clip and added back to the means: images far from black (light paper, colour) then lose less
+    to the clip.
     """
-    sums = class_sums(images, labels, num_classes=num_classes, clip=clip)
+    sums = class_sums(images, labels, num_classes=num_classes, clip=clip, centre=centre)
     means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness,
-                                observe=observe)
+                                observe=observe, centre=centre)
     if trace is not None:
         trace.record(event_for(noise_multiplier))
     means = (means * 2 - 1).float().view(num_classes, *images.shape[1:])
@@ -127,18 +132,51 @@ def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: i
 def style_images(images: torch.Tensor, labels: torch.Tensor, templates: torch.Tensor, template_labels: torch.Tensor,
                  *, clip: float, noise_multiplier: float,
                  randomness: MechanismRandomness | None = None,
-                 trace: MechanismTrace | None = None, observe=None) -> tuple[torch.Tensor, torch.Tensor]:
+                 trace: MechanismTrace | None = None, observe=None, centre: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The noisy means of the groups that the public ``templates`` (K×C×H×W in [-1, 1], class
     ``template_labels``) induce: (K×C×H×W in [-1, 1], the K noisy counts). One Gaussian event, which
     the release records in ``trace`` (``event_for(noise_multiplier)``; None: records nothing). ``observe``:
     :func:`noisy_means`'."""
     groups = nearest_template(images, labels, templates, template_labels)
-    sums = group_sums(images, groups, num_groups=len(templates), clip=clip)
+    sums = group_sums(images, groups, num_groups=len(templates), clip=clip, centre=centre)
     means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness,
-                                observe=observe)
+                                observe=observe, centre=centre)
     if trace is not None:
         trace.record(event_for(noise_multiplier))
     return (means * 2 - 1).float().view(len(templates), *images.shape[1:]), counts.float()
+
+
+# --- intensity histogram: a release before the class means ---------------------------------------------
+
+
+INTENSITY_BINS = 16
+
+
+def intensity_sums(images: torch.Tensor, *, bins: int = INTENSITY_BINS) -> torch.Tensor:
+    """The noiseless query: Σ over records of each record's histogram of pixel intensities (every channel, on
+    [0, 1], ``bins`` equal bins), normalised to sum 1. One record's vector has L1 norm 1, so L2 ≤ 1: adding or
+    removing a record moves the sum by at most 1."""
+    x = ((images.double() + 1) / 2).flatten(1).cpu().clamp(0, 1)
+    idx = (x * bins).long().clamp(max=bins - 1)
+    per_record = torch.zeros(len(x), bins, dtype=torch.float64).scatter_add_(1, idx, torch.ones_like(x))
+    return (per_record / x.shape[1]).sum(0)
+
+
+def intensity_histogram(images: torch.Tensor, *, noise_multiplier: float, randomness: MechanismRandomness | None,
+                        trace: MechanismTrace | None = None, bins: int = INTENSITY_BINS) -> torch.Tensor:
+    """The share of pixels in each intensity bin over the whole dataset: the Gaussian mechanism on
+    :func:`intensity_sums` (sensitivity 1, noise N(0, σ²) per bin), then — post-processing — clamped at 0 and
+    normalised. One event, ``event_for(noise_multiplier)``, recorded in ``trace`` (None: records nothing)."""
+    if noise_multiplier <= 0:
+        raise PrivacyError(f"warmup.intensity_noise_multiplier: must be > 0, got {noise_multiplier}")
+    if randomness is None:
+        raise PrivacyError("central images: noise needs the mechanism's secret randomness")
+    sums = intensity_sums(images, bins=bins)
+    sums = sums + noise_multiplier * randomness.standard_normal((bins,), dtype=torch.float64).cpu()
+    if trace is not None:
+        trace.record(event_for(noise_multiplier))
+    sums = sums.clamp(min=0)
+    return (sums / sums.sum().clamp(min=1e-12)).float()
 
 
 # --- variation directions: a third release ------------------------------------------------------------

@@ -1,0 +1,248 @@
+"""Procedural image datasets for the generality benchmark (`utility.py --dataset NAME`): not digits, made here.
+
+Each dataset is drawn deterministically from a seed (numpy's PCG64 and PIL's drawing; glyphs from the DejaVu
+fonts that matplotlib ships, so no download) and written as an image folder (``DIR/CLASS/NNNNN.png``), the
+input a user brings to ``dpsynth data import``. Their roles are fixed here, before any result: recipes may be
+chosen on the DEVELOPMENT sets; no setting is ever chosen on a CONFIRMATION set (it is scored last).
+
+| name | role | mode, size | classes | what varies |
+|---|---|---|---|---|
+| letters | development | grey 28×28 | 10 capital letters | 8 fonts, size, rotation, shift; dark ink on light paper, noise |
+| shapes | development | grey 32×32 | 10 outline/filled shapes | size, rotation, position, fill texture, stroke, noisy background |
+| shapes-rgb | development | RGB 32×32 | 10 shapes | the same, in random colours on coloured gradient backgrounds |
+| symbols-rgb | confirmation | RGB 32×32 | 12 font symbols (♠ ★ ☂ ♪ ✈ …) | font, size, rotation, shift, colours, background texture |
+| greek | confirmation | grey 28×28 | 10 Greek letters | font, size, rotation, shift, stroke brightness, light noise |
+
+    python benchmarks/datasets.py letters /tmp/letters --n 6000
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+DEVELOPMENT, CONFIRMATION = "development", "confirmation"
+
+
+def _font_dir() -> Path:
+    import matplotlib
+
+    return Path(matplotlib.get_data_path()) / "fonts/ttf"
+
+
+FONTS = ["DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSerif.ttf",
+         "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf", "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf"]
+_font_cache: dict = {}
+
+
+def _font(name: str, size: int):
+    key = (name, size)
+    if key not in _font_cache:
+        _font_cache[key] = ImageFont.truetype(str(_font_dir() / name), size)
+    return _font_cache[key]
+
+
+def _glyph_mask(text: str, rng, *, size: int, fonts: list[str], scale=(0.55, 0.8), rotate=15.0, shift=0.1) -> Image.Image:
+    """An L-mode mask (255 = ink) of ``text`` in a random font, size, rotation and position, ``size`` pixels square."""
+    big = size * 4
+    font = _font(fonts[rng.integers(len(fonts))], int(big * rng.uniform(*scale)))
+    canvas = Image.new("L", (big, big), 0)
+    draw = ImageDraw.Draw(canvas)
+    l, t, r, b = draw.textbbox((0, 0), text, font=font)
+    draw.text(((big - (r - l)) / 2 - l, (big - (b - t)) / 2 - t), text, fill=255, font=font)
+    canvas = canvas.rotate(rng.uniform(-rotate, rotate), resample=Image.BILINEAR,
+                           translate=tuple(rng.uniform(-shift, shift, 2) * big))
+    return canvas.resize((size, size), Image.LANCZOS)
+
+
+def _shape_mask(kind: int, rng, *, size: int) -> Image.Image:
+    """An L-mode mask of shape ``kind`` (0..9), random scale, rotation, position, filled or outlined."""
+    big = size * 4
+    canvas = Image.new("L", (big, big), 0)
+    d = ImageDraw.Draw(canvas)
+    cx, cy = big / 2 + rng.uniform(-0.12, 0.12, 2) * big
+    r = big * rng.uniform(0.22, 0.38)
+    rot = rng.uniform(0, 2 * math.pi)
+    width = max(2, int(r * rng.uniform(0.12, 0.3)))
+    filled = rng.random() < 0.5
+
+    def poly(k, radii):
+        pts = [(cx + radii[i % len(radii)] * math.cos(rot + 2 * math.pi * i / k),
+                cy + radii[i % len(radii)] * math.sin(rot + 2 * math.pi * i / k)) for i in range(k)]
+        if filled:
+            d.polygon(pts, fill=255)
+        else:
+            d.line(pts + pts[:1], fill=255, width=width, joint="curve")
+
+    if kind == 0:  # circle (ellipse)
+        a = r * rng.uniform(0.8, 1.0)
+        box = [cx - r, cy - a, cx + r, cy + a]
+        d.ellipse(box, fill=255) if filled else d.ellipse(box, outline=255, width=width)
+    elif kind == 1:  # square
+        poly(4, [r])
+    elif kind == 2:  # triangle
+        poly(3, [r])
+    elif kind == 3:  # five-pointed star
+        poly(10, [r, r * 0.45])
+    elif kind == 4:  # plus / cross
+        w = r * rng.uniform(0.25, 0.4)
+        for ang in (rot, rot + math.pi / 2):
+            dx, dy = math.cos(ang), math.sin(ang)
+            d.line([(cx - r * dx, cy - r * dy), (cx + r * dx, cy + r * dy)], fill=255, width=int(w))
+    elif kind == 5:  # ring (always hollow, thick)
+        d.ellipse([cx - r, cy - r, cx + r, cy + r], outline=255, width=max(width, int(r * 0.3)))
+    elif kind == 6:  # hexagon
+        poly(6, [r])
+    elif kind == 7:  # crescent
+        d.ellipse([cx - r, cy - r, cx + r, cy + r], fill=255)
+        o = r * 0.55
+        d.ellipse([cx - r + o * math.cos(rot), cy - r + o * math.sin(rot), cx + r + o * math.cos(rot),
+                   cy + r + o * math.sin(rot)], fill=0)
+    elif kind == 8:  # arrow
+        dx, dy = math.cos(rot), math.sin(rot)
+        tip = (cx + r * dx, cy + r * dy)
+        d.line([(cx - r * dx, cy - r * dy), tip], fill=255, width=width + 2)
+        for s in (-1, 1):
+            a = rot + math.pi + s * 0.5
+            d.line([tip, (tip[0] + 0.6 * r * math.cos(a), tip[1] + 0.6 * r * math.sin(a))], fill=255, width=width + 2)
+    else:  # 9: two parallel bars (equals sign)
+        for s in (-1, 1):
+            ox, oy = -math.sin(rot) * r * 0.35 * s, math.cos(rot) * r * 0.35 * s
+            d.line([(cx - r * math.cos(rot) + ox, cy - r * math.sin(rot) + oy),
+                    (cx + r * math.cos(rot) + ox, cy + r * math.sin(rot) + oy)], fill=255, width=int(r * 0.28))
+    return canvas.resize((size, size), Image.LANCZOS)
+
+
+def _texture(rng, size: int) -> np.ndarray:
+    """A fill texture in [0, 1], size × size: flat, stripes, checks or smooth noise."""
+    kind = rng.integers(4)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float64)
+    if kind == 0:
+        return np.ones((size, size))
+    if kind == 1:
+        a, f = rng.uniform(0, math.pi), rng.uniform(0.5, 1.2)
+        return 0.6 + 0.4 * (np.sin(f * (xx * math.cos(a) + yy * math.sin(a))) > 0)
+    if kind == 2:
+        p = rng.integers(3, 6)
+        return 0.6 + 0.4 * (((xx // p) + (yy // p)) % 2)
+    noise = Image.fromarray((rng.random((size // 4, size // 4)) * 255).astype(np.uint8)).resize((size, size), Image.BICUBIC)
+    return 0.5 + 0.5 * np.asarray(noise) / 255.0
+
+
+def _background(rng, size: int, colour: bool) -> np.ndarray:
+    """Backgrounds for the RGB sets: a colour gradient plus smooth and pixel noise, size × size × 3 in [0, 1]."""
+    c0, c1 = rng.random(3), rng.random(3)
+    a = rng.uniform(0, 2 * math.pi)
+    yy, xx = np.mgrid[0:size, 0:size] / (size - 1)
+    t = np.clip(0.5 + (xx - 0.5) * math.cos(a) + (yy - 0.5) * math.sin(a), 0, 1)[..., None]
+    bg = c0 * (1 - t) + c1 * t
+    blob = np.asarray(Image.fromarray((rng.random((size // 8, size // 8)) * 255).astype(np.uint8))
+                      .resize((size, size), Image.BICUBIC)) / 255.0
+    bg = bg + 0.15 * (blob[..., None] - 0.5) + rng.normal(0, 0.04, (size, size, 3))
+    return np.clip(bg, 0, 1) if colour else bg.mean(-1)
+
+
+def _distinct_colour(rng, bg: np.ndarray) -> np.ndarray:
+    """A random colour at least 0.45 (Euclidean, RGB in [0, 1]) from the background's mean colour."""
+    mean = bg.reshape(-1, 3).mean(0)
+    for _ in range(50):
+        c = rng.random(3)
+        if np.linalg.norm(c - mean) >= 0.45:
+            return c
+    return 1 - mean
+
+
+def letters(rng, label: int) -> np.ndarray:
+    chars = "ABCDEFGHKR"
+    m = np.asarray(_glyph_mask(chars[label], rng, size=28, fonts=FONTS)) / 255.0
+    paper, ink = rng.uniform(0.65, 0.95), rng.uniform(0.0, 0.3)
+    img = paper * (1 - m) + ink * m + rng.normal(0, 0.03, m.shape)
+    return np.clip(img * 255, 0, 255).astype(np.uint8)
+
+
+def shapes(rng, label: int) -> np.ndarray:
+    m = np.asarray(_shape_mask(label, rng, size=32)) / 255.0
+    fg = rng.uniform(0.55, 1.0) * _texture(rng, 32)
+    bg = np.clip(rng.uniform(0.0, 0.35) + _background(rng, 32, False) * 0.3 - 0.15, 0, 1)
+    img = bg * (1 - m) + fg * m
+    return np.clip(img * 255, 0, 255).astype(np.uint8)
+
+
+def shapes_rgb(rng, label: int) -> np.ndarray:
+    m = (np.asarray(_shape_mask(label, rng, size=32)) / 255.0)[..., None]
+    bg = _background(rng, 32, True)
+    fg = _distinct_colour(rng, bg) * _texture(rng, 32)[..., None]
+    return np.clip((bg * (1 - m) + fg * m) * 255, 0, 255).astype(np.uint8)
+
+
+SYMBOLS = "♠♣♥♦★☂♪✈☎⚓☯☀"
+
+
+def symbols_rgb(rng, label: int) -> np.ndarray:
+    fonts = ["DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf"]
+    m = (np.asarray(_glyph_mask(SYMBOLS[label], rng, size=32, fonts=fonts, scale=(0.7, 1.0), rotate=25)) / 255.0)[..., None]
+    bg = _background(rng, 32, True)
+    fg = _distinct_colour(rng, bg) * _texture(rng, 32)[..., None]
+    return np.clip((bg * (1 - m) + fg * m) * 255, 0, 255).astype(np.uint8)
+
+
+GREEK = "αβγδεζηθλπ"
+
+
+def greek(rng, label: int) -> np.ndarray:
+    m = np.asarray(_glyph_mask(GREEK[label], rng, size=28, fonts=FONTS, scale=(0.6, 0.9))) / 255.0
+    img = rng.uniform(0.0, 0.15) + m * rng.uniform(0.6, 1.0) + rng.normal(0, 0.05, m.shape)
+    return np.clip(img * 255, 0, 255).astype(np.uint8)
+
+
+# name: (role, draw(rng, label) -> uint8 H×W[×3], class names)
+DATASETS = {
+    "letters": (DEVELOPMENT, letters, list("ABCDEFGHKR")),
+    "shapes": (DEVELOPMENT, shapes, ["circle", "square", "triangle", "star", "cross", "ring", "hexagon", "crescent",
+                                     "arrow", "bars"]),
+    "shapes-rgb": (DEVELOPMENT, shapes_rgb, ["circle", "square", "triangle", "star", "cross", "ring", "hexagon",
+                                             "crescent", "arrow", "bars"]),
+    "symbols-rgb": (CONFIRMATION, symbols_rgb, ["spade", "club", "heart", "diamond", "star", "umbrella", "note",
+                                                "plane", "phone", "anchor", "yinyang", "sun"]),
+    "greek": (CONFIRMATION, greek, ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "lambda",
+                                    "pi"]),
+}
+
+
+def write_folder(name: str, root: str | Path, *, n: int, seed: int = 0) -> dict:
+    """Draw ``n`` images of dataset ``name`` (classes balanced, in a seeded random order) into the image
+    folder ``root/CLASS/NNNNN.png``; returns its description (role, shape, classes, sha256 of the pixels)."""
+    role, draw, classes = DATASETS[name]
+    root = Path(root)
+    rng = np.random.default_rng([seed, int.from_bytes(name.encode(), "little") % 2**32])
+    labels = rng.permutation(np.arange(n) % len(classes))
+    digest = hashlib.sha256()
+    for c in classes:
+        (root / f"{classes.index(c):02d}-{c}").mkdir(parents=True, exist_ok=True)
+    shape = None
+    for i, y in enumerate(labels):
+        img = draw(rng, int(y))
+        shape = img.shape
+        digest.update(img.tobytes())
+        Image.fromarray(img).save(root / f"{int(y):02d}-{classes[y]}" / f"{i:05d}.png")
+    return {"dataset": name, "role": role, "records": n, "seed": seed, "shape": list(shape),
+            "classes": classes, "pixels_sha256": digest.hexdigest()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("name", choices=list(DATASETS))
+    ap.add_argument("root")
+    ap.add_argument("--n", type=int, default=6000)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    print(write_folder(a.name, a.root, n=a.n, seed=a.seed))
+
+
+if __name__ == "__main__":
+    main()
