@@ -134,3 +134,23 @@ def test_the_pipeline_summary_shows_the_verdict():
 
     s = {"stages": [], "audit": "passed", "empirical": "inconclusive", "epsilon_total": 9.99, "delta": 1e-5}
     assert "| **total** | audit passed, empirical audit inconclusive |" in pipeline.table(s)
+
+
+GENERIC = "configs/dpgan-generic-cpu.yaml"  # opens with the intensity histogram, a release with no canary audit
+
+
+@pytest.mark.parametrize("name", ("class_means", "variations"))
+def test_each_release_is_compared_with_its_own_epsilon_when_the_warmup_opens_with_the_histogram(name):
+    """The accounted ε of a release's audit is its own Gaussian's (its σ, full batch), whatever releases come
+    before it: with the intensity histogram first, a position in the trace named the previous release's event
+    (the variation release was compared with the class means' ε ≈ 0.8, and its audit failed). Reference: Opacus'
+    RDP accountant on one full-batch Gaussian of that σ."""
+    from opacus.accountants import RDPAccountant
+
+    cfg = load_config(GENERIC)
+    sigma = {"class_means": cfg.warmup.noise_multiplier, "variations": cfg.warmup.variations_noise_multiplier}[name]
+    acc = RDPAccountant()
+    acc.history = [(sigma, 1.0, 1)]
+    r = release_audit(cfg, name)
+    assert r["accounted_epsilon"] == pytest.approx(acc.get_epsilon(delta=cfg.privacy.delta), rel=1e-3)
+    assert r["verdict"] == "passed" and empirical.warmup_check(r)["passed"]

@@ -630,7 +630,7 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
 
     The noise and bound tests can fail at any ε; the one-run bound only below its ceiling, which says so."""
     from dpsynth.methods import warmup
-    from dpsynth.privacy import MechanismTrace, get_accountant
+    from dpsynth.privacy import MechanismTrace, central_images, get_accountant
     from dpsynth.privacy.randomness import MechanismRandomness
 
     started = time.process_time()
@@ -671,7 +671,9 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
     p_small = float(stats.chi2.cdf(float(z.square().sum()), dof))
     largest = float(at_canary[included].max()) if included.any() else 0.0
     bound = guess_and_bound(scores.numpy(), included.numpy(), delta=cfg.privacy.delta, confidence=confidence)
-    event = warmup.events(cfg)[list(spec).index(name)]  # the same order: the releases that are on
+    # this release's own event (its σ, full batch): not a position in warmup.events, which may open with releases
+    # that have no canary audit (the intensity histogram of warmup.intensity_noise_multiplier)
+    event = central_images.event_for(sigma)
     accountant = cfg.privacy.accountant if get_accountant(cfg.privacy.accountant).supports(event) else "rdp"
     accounted = get_accountant(accountant).epsilon(MechanismTrace([event]), delta=cfg.privacy.delta)
     bound_at = pixel_bound(name, scale)
