@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import logging
 import sys
 import time
 from dataclasses import asdict
@@ -56,6 +57,8 @@ from dpsynth.privacy.plan import PrivacyPlan
 CHEAP_ACCOUNTANTS = ("rdp", "wor")  # ε at every log; others (PRV: seconds) every 10th log
 _PLAN = "the privacy plan: from the configuration and n (public), before any step"
 
+
+_log = logging.getLogger("dpsynth.train")
 
 class Trainer:
     """What the loop needs of a method. A subclass sets ``plan`` (and ``num_classes``) in its
@@ -119,10 +122,15 @@ class Trainer:
         if not w.central_images:
             return False
         images, labels = self.warmup_records()
+        started = time.monotonic()
+        _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps",
+                  len(warmup.events(self.cfg)), ", ".join(warmup.release_names(self.cfg)), w.steps)
         slots, directions = warmup.release(self.cfg, images, labels, num_classes=self.num_classes,
                                            randomness=self.mechanism, trace=self.trace)
+        _log.info("warm-up: released in %.0f s; fitting the generator to them (post-processing)",
+                  time.monotonic() - started)
         warmup.fit_generator(self.G, slots, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=self.rng,
-                             directions=directions)
+                             directions=directions, progress=True)
         self.warmed_up()
         return True
 

@@ -45,6 +45,7 @@ digit-shaped images for every class, from which private training starts.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -110,6 +111,13 @@ def statement(cfg) -> str:
 
 
 RELEASES = ("class_means", "styles", "variations")  # the names of the warm-up's releases, in order
+
+
+def release_names(cfg) -> list[str]:
+    """The names of the releases this configuration makes, in the order of :func:`events` (for messages)."""
+    w = cfg.warmup
+    names = ["intensity_histogram"] * (w.intensity_noise_multiplier is not None) + ["class_means"]
+    return names + ["styles"] * bool(w.styles) + ["variations"] * bool(w.variations)
 
 
 def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, randomness,
@@ -273,10 +281,11 @@ def vary(images: torch.Tensor, y: torch.Tensor, z: torch.Tensor, directions: tor
 
 
 def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: float,
-                  generator: torch.Generator, directions: torch.Tensor | None = None) -> float:
+                  generator: torch.Generator, directions: torch.Tensor | None = None, progress: bool = False) -> float:
     """Regress G(z, y) onto ``deform(vary(image), Φ(z[:, :6]))`` for ``steps`` Adam steps, the image the one
     of class y's slot that z picks (``images``: G.num_classes × G.styles, class-major), moved along class
-    y's variation ``directions`` (num_classes × r × C×H×W) when given; returns the last loss."""
+    y's variation ``directions`` (num_classes × r × C×H×W) when given; returns the last loss. ``progress``: a
+    progress bar on stderr (steps, rate, time left), as the private steps have."""
     needed = LATENT_CONTROLS if directions is None else VARIATION_LATENT + directions.shape[1]
     if G.latent_dim < needed:
         raise ValueError(f"warmup: the generator's latent_dim must be >= {needed}")
@@ -290,7 +299,11 @@ def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: f
     fitted = G.canonical if warps or getattr(G, "contrast", 0) else G  # the image before G's fixed layers
     opt = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.5, 0.999))
     loss = torch.tensor(float("nan"))
-    for _ in range(steps):
+    from tqdm import tqdm
+
+    quiet = {} if progress else {"disable": True}  # shown: TQDM_DISABLE (dpsynth -q) still hides it
+    for _ in tqdm(range(steps), desc="warm-up generator fit", unit="step", file=sys.stderr, mininterval=1.0,
+                  dynamic_ncols=True, **quiet):
         y = torch.randint(0, G.num_classes, (batch_size,), device=device, generator=generator)
         z = torch.randn(batch_size, G.latent_dim, device=device, generator=generator)
         with torch.no_grad():
