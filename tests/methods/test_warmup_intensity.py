@@ -8,22 +8,13 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-from dpsynth.config import load_config
 from dpsynth.methods import warmup
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
 from dpsynth.privacy import central_images as ci
 from dpsynth.privacy.randomness import MechanismRandomness
 from dpsynth.stages.audit import invariants
-
-
-def tiny(tmp_path, *extra):
-    return load_config(overrides=[
-        f"output.dir={tmp_path}", "tracking.enabled=false", "train.d_width=4", "train.g_width=4",
-        "train.latent_dim=8", "train.batch_size=32", "train.steps=6", "train.n_d=2",
-        "output.checkpoint_every=3", "output.sample_every=0", "output.log_every=0", "privacy.epsilon=8",
-        "privacy.delta=1e-4", "warmup.central_images=true", "warmup.steps=4", "warmup.noise_multiplier=5", *extra,
-    ])
+from tests.methods.test_warmup import tiny  # the same tiny warm-up config
 
 
 def test_one_record_moves_the_histogram_query_by_at_most_one():

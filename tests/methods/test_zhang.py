@@ -28,7 +28,9 @@ def tiny(tmp_path, *extra):
         "train.latent_dim=8", "train.batch_size=32", "train.steps=8", "data.heldout_fraction=0",
         "data.public_fraction=0.1", "data.public_fraction_unprotected=true", "zhang.public_batch_size=16", "zhang.warm_start_iterations=2",
         "zhang.num_groups=3", "train.n_d=2", "output.checkpoint_every=4", "output.sample_every=0",
-        "output.log_every=0", "privacy.epsilon=10", "privacy.delta=1e-4", *extra,
+        "output.log_every=0", "privacy.epsilon=10", "privacy.delta=1e-4",
+        "partition.key=dpsynth-partition-v1", "data.num_classes=10",  # no defaults: the demo's public key, MNIST's
+        *extra,
     ])
 
 
