@@ -60,7 +60,7 @@ def tiny(out, *extra):
         f"output.dir={out}", "tracking.enabled=false", "train.d_width=4", "train.g_width=4",
         "train.latent_dim=8", "train.batch_size=32", "train.steps=8", "train.n_d=2",
         "output.checkpoint_every=2", "output.sample_every=0", "output.log_every=0", "privacy.epsilon=50",
-        "privacy.delta=1e-4", *extra])
+        "privacy.delta=1e-4", "partition.key=dpsynth-partition-v1", "data.num_classes=10", *extra])
 
 
 def record_takes(trainer) -> list[list[int]]:
@@ -154,7 +154,8 @@ def zhang_tiny(out, *extra):
         "train.latent_dim=8", "train.batch_size=32", "train.steps=8", "data.heldout_fraction=0",
         "data.public_fraction=0.1", "data.public_fraction_unprotected=true", "zhang.public_batch_size=16",
         "zhang.num_groups=3", "train.n_d=2", "output.checkpoint_every=4", "output.sample_every=0",
-        "output.log_every=0", "privacy.epsilon=50", "privacy.delta=1e-4", *extra])
+        "output.log_every=0", "privacy.epsilon=50", "privacy.delta=1e-4",
+        "partition.key=dpsynth-partition-v1", "data.num_classes=10", *extra])
 
 
 def zhang_data(cfg):

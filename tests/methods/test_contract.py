@@ -51,6 +51,7 @@ TINY = (
     "dpac.c_width=4", "dpac.n_f=2", "dpac.n_r=2", "dpac.start_iteration=2",
     "data.heldout_fraction=0", "data.public_fraction=0.1", "data.public_fraction_unprotected=true",
     "zhang.public_batch_size=16", "zhang.warm_start_iterations=2", "zhang.num_groups=3",
+    "partition.key=dpsynth-partition-v1", "data.num_classes=10",  # no defaults: the demo's public key, MNIST's
 )
 
 
