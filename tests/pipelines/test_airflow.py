@@ -25,7 +25,8 @@ RELEASE = sorted([f"sample/{n}" for n in ("audit.json", "audit.md", "generator.p
                                           "synthetic.parquet")] + ["evaluate/manifest.json", "evaluate/report.html", "evaluate/report.json"])
 TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=12", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
         "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.experiment=airflow-test",
-        "evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200"]
+        "evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200",
+        "partition.key=dpsynth-partition-v1", "data.num_classes=10"]
 
 pytestmark = pytest.mark.skipif(not (AIRFLOW_BIN / "airflow").exists(),
                                 reason=".venv/airflow is missing: `make test` creates it from requirements/airflow.lock")
@@ -356,7 +357,7 @@ def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env
     """, k8s)
     dataset = "outputs/data/mnist.parquet"  # DPSYNTH_DATASET_URI's default
     for h, run in zip(hostile, out["runs"]):
-        assert run["import"] == ["dpsynth", "data", "import", "--json", "--", h, dataset]
+        assert run["import"] == ["dpsynth", "data", "import", "--json", "--outside", "--", h, dataset]
         for name, argv in run["argv"].items():
             assert h in argv and f"data.uri={h}" in argv and f"train.seed={h}" in argv, (name, argv)
             assert f"ledger.population_id={h}" in argv, (name, argv)

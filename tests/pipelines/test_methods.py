@@ -23,7 +23,7 @@ from tests.stages.helpers import manifest, release_files
 
 COMMON = ["sample.num_samples=200", "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0",
           "evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=5", "evaluate.epochs=1",
-          "evaluate.curve_samples=0"]
+          "evaluate.curve_samples=0", "partition.key=dpsynth-partition-v1", "data.num_classes=10"]
 GSWGAN = ["gswgan.warmstart_iterations=2", "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4",
           "gswgan.latent_dim=4", "train.n_d=1"]
 TINY = {

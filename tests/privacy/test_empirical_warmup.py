@@ -22,7 +22,7 @@ def no_noise(monkeypatch):
 def no_clip(monkeypatch):
     """The warm-up's queries without their clipping (class and style sums, and the residuals' moments)."""
     contributions, moments = central_images._contributions, central_images.residual_second_moments
-    monkeypatch.setattr(central_images, "_contributions", lambda images, clip: contributions(images, 1e12))
+    monkeypatch.setattr(central_images, "_contributions", lambda images, clip, centre=0.0: contributions(images, 1e12, centre))
     monkeypatch.setattr(central_images, "residual_second_moments",
                         lambda *a, clip, **k: moments(*a, clip=1e12, **k))
 
@@ -122,7 +122,7 @@ def test_the_largest_provable_epsilon_counts_only_the_canaries_the_sampling_reac
 def test_a_looser_clip_of_the_image_part_fails_the_bound_test(monkeypatch):
     """The image part clipped to C instead of C/√2 (a record's [image, count] vector then exceeds C): caught."""
     contributions = central_images._contributions
-    monkeypatch.setattr(central_images, "_contributions", lambda images, clip: contributions(images, clip * 2 ** 0.5))
+    monkeypatch.setattr(central_images, "_contributions", lambda images, clip, centre=0.0: contributions(images, clip * 2 ** 0.5, centre))
     cfg = load_config(DEFAULT)
     r = release_audit(cfg, "class_means")
     assert r["verdict"] == "failed" and not r["bound_test"]["passed"]

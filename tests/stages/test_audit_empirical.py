@@ -125,7 +125,8 @@ def test_tracked_the_figures_reach_mlflow_the_release_and_the_ledger_page(tmp_pa
     assert manifest(run_dir, "release", "sample")["details"]["release"]["epsilon_lower"] == lower
 
     ledger_view = pytest.importorskip("dpsynth_mlflow.ledger_view")  # pip install --no-deps -e mlflow_plugins
-    row = ledger_view._run(client, ledger_with_budget.reservations(pipeline_run_id="emp"), client.get_run(parent))
+    row = ledger_view._run(ledger_with_budget.reservations(pipeline_run_id="emp"),
+                           ledger_view._mlflow_part(client, client.get_run(parent)), {})
     assert float(row["mlflow"]["epsilon_lower"]) == pytest.approx(lower, abs=1e-3)
     page = ledger_view.render({"populations": [{"population_id": "p", "budget": 10, "committed": 1, "reserved": 0,
                                                 "remaining": 9, "delta": 1e-3, "delta_used": 1e-4, "runs": [row]}]})
