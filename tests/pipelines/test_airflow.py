@@ -379,7 +379,7 @@ def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env
     print(json.dumps({{}}))
     """, local)
     assert [json.loads(line) for line in log.read_text().splitlines()] == [
-        ["data", "import", "--json", "--", h, dataset] for h in hostile]
+        ["data", "import", "--json", "--outside", "--", h, dataset] for h in hostile]
     assert not list(marks.iterdir()), "a hostile value ran a command"
 
 
