@@ -62,13 +62,9 @@ def events(cfg) -> list:
     release: each a full-batch Gaussian of add/remove sensitivity (its clip)."""
     from dpsynth.privacy import central_images
 
-    w = cfg.warmup
-    if not w.central_images:
+    if not cfg.warmup.central_images:
         return []
-    sigmas = [w.intensity_noise_multiplier] * (w.intensity_noise_multiplier is not None) + [w.noise_multiplier]
-    sigmas += [w.styles_noise_multiplier] * bool(w.styles)
-    sigmas += [w.variations_noise_multiplier] * bool(w.variations)
-    return [central_images.event_for(sigma) for sigma in sigmas]
+    return [central_images.event_for(sigma) for _, sigma in _releases(cfg)]
 
 
 def prefix(cfg, *, accountant):
@@ -113,11 +109,18 @@ def statement(cfg) -> str:
 RELEASES = ("class_means", "styles", "variations")  # the names of the warm-up's releases, in order
 
 
+def _releases(cfg) -> list[tuple[str, float]]:
+    """(name, σ) of every release this configuration makes, in the order of the trace."""
+    w = cfg.warmup
+    named = [("intensity_histogram", w.intensity_noise_multiplier)] * (w.intensity_noise_multiplier is not None)
+    named += [("class_means", w.noise_multiplier)]
+    named += [("styles", w.styles_noise_multiplier)] * bool(w.styles)
+    return named + [("variations", w.variations_noise_multiplier)] * bool(w.variations)
+
+
 def release_names(cfg) -> list[str]:
     """The names of the releases this configuration makes, in the order of :func:`events` (for messages)."""
-    w = cfg.warmup
-    names = ["intensity_histogram"] * (w.intensity_noise_multiplier is not None) + ["class_means"]
-    return names + ["styles"] * bool(w.styles) + ["variations"] * bool(w.variations)
+    return [name for name, _ in _releases(cfg)]
 
 
 def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, randomness,
