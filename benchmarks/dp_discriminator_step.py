@@ -49,9 +49,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dpsynth.methods.zhang import per_unit_gradients, unit_losses, wgan_gp_loss
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
-from dpsynth.privacy import grouping
-from dpsynth.privacy.dpsgd import GradientSanitizer, private_module
-from dpsynth.privacy.ghost import GhostClipping
+from dpsynth.mechanisms import grouping
+from dpsynth.mechanisms.dpsgd import GradientSanitizer, private_module
+from dpsynth.mechanisms.ghost import GhostClipping
 
 MNIST = Path(__file__).resolve().parents[1] / "data" / "mnist"
 C, SIGMA, LR, BETAS = 1.0, 1.0, 2e-4, (0.5, 0.999)  # values do not affect speed
@@ -199,14 +199,14 @@ DEFAULT_REF = "non-private (autograd + Adam)"
 
 
 def add_baseline(rev: str) -> None:
-    """Add the ghost variants with ``dpsynth/privacy/ghost.py`` as it was at git revision ``rev`` (before/after in
+    """Add the ghost variants with ``dpsynth/mechanisms/ghost.py`` as it was at git revision ``rev`` (before/after in
     one process). That engine's sums go to the sanitizer's running sums directly (its class is not the one
     ``GradientSanitizer.accumulate`` recognises); noise, division and Adam are as in the other variants."""
     import importlib.util
     import tempfile
 
     root = Path(__file__).resolve().parents[1]
-    text = subprocess.run(["git", "show", f"{rev}:components/dpsynth/privacy/ghost.py"], cwd=root, check=True,
+    text = subprocess.run(["git", "show", f"{rev}:components/dpsynth/mechanisms/ghost.py"], cwd=root, check=True,
                           capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "ghost_at_rev.py"
     path.write_text(text)
@@ -328,7 +328,7 @@ def main() -> None:
                     help="also measure each variant's allocation peak and peak RSS in its own process")
     ap.add_argument("--profile", action="store_true", help="print each variant's top operators (one step)")
     ap.add_argument("--baseline", metavar="REV",
-                    help="also run the ghost variants with privacy/ghost.py from this git revision (before/after)")
+                    help="also run the ghost variants with mechanisms/ghost.py from this git revision (before/after)")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()

@@ -28,7 +28,7 @@ from dpsynth.data.importers import import_source
 from dpsynth.evaluation import classifiers
 from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.privacy import calibrate_noise
-from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.mechanisms.dpsgd import GradientSanitizer
 
 
 def gen2real(G, test_x, test_y, *, n=5000, epochs=5, seed=0):

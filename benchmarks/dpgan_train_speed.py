@@ -7,7 +7,7 @@ warm-up is skipped (it does not depend on the mode). Reported: discriminator ste
 (median over rounds, by wall time and by the process's CPU time) and the median over rounds of the
 time ratios.
 
-A mode ``ghost@REV`` is ``ghost`` with ``privacy/ghost.py`` as it was at git revision REV (before/after
+A mode ``ghost@REV`` is ``ghost`` with ``mechanisms/ghost.py`` as it was at git revision REV (before/after
 in one process: ``--modes ghost@736ab55 ghost``).
 
     python benchmarks/dpgan_train_speed.py [--modes ew ghost] [--rounds 12] [--threads 1]
@@ -29,14 +29,14 @@ import torch
 from dpsynth.config import load_config
 from dpsynth.data import import_source
 from dpsynth.methods.dpgan import DPGANTrainer
-from dpsynth.privacy import dpsgd
+from dpsynth.mechanisms import dpsgd
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def ghost_at(rev: str, tmp: str):
-    """``privacy/ghost.py`` from git revision ``rev``, imported as its own module."""
-    text = subprocess.run(["git", "show", f"{rev}:components/dpsynth/privacy/ghost.py"], cwd=ROOT, check=True,
+    """``mechanisms/ghost.py`` from git revision ``rev``, imported as its own module."""
+    text = subprocess.run(["git", "show", f"{rev}:components/dpsynth/mechanisms/ghost.py"], cwd=ROOT, check=True,
                           capture_output=True, text=True).stdout
     path = Path(tmp) / f"ghost_{rev}.py"
     path.write_text(text)

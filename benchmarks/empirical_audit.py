@@ -2,7 +2,7 @@
 
 For each recipe of --methods (``dpgan``: the default recipe, configs/dpgan-mnist-cpu.yaml; ``gswgan`` and
 ``dpac``: configs/gswgan-mnist-cpu.yaml, configs/dpac-mnist-cpu.yaml), at each ε of --eps and each m of
---canaries, one audit run per mode of --modes (``dpsynth.privacy.empirical.run_audit``) on a public
+--canaries, one audit run per mode of --modes (``dpsynth.audit.empirical.run_audit``) on a public
 stand-in of the bundled MNIST's training split (n = --records, 28×28×1, 10 classes), at the recipe's
 own step count (``full`` audits all of it; --steps overrides it). Each run reports both attacks (white-box
 canaries in the sanitizer, black-box input canaries). ``--full-canaries`` restricts the ``full`` runs to
@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 from dpsynth.config import load_config
-from dpsynth.privacy import empirical
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.audit import empirical
+from dpsynth.mechanisms.randomness import MechanismRandomness
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"dpgan": "configs/dpgan-mnist-cpu.yaml", "gswgan": "configs/gswgan-mnist-cpu.yaml",

@@ -2,13 +2,13 @@
 
 For every weight of a discriminator step (DPGAN's D on B real + B fake, or dp-GAN's critic with its
 gradient penalty on B units), the per-example weight-gradient norms can be had three ways
-(``dpsynth.privacy.ghost``):
+(``dpsynth.mechanisms.ghost``):
 
 * ``ghost``: the Gram matrices ⟨A Aᵀ, G Gᵀ⟩, then, for the clipped sum, the layer's weight-gradient
   kernel on the rescaled output gradients (``wgrad``);
 * ``instantiate``: each example's d × p gradient, built and dropped chunk by chunk, then ``wgrad``;
 * ``keep``: the per-example gradients built once and kept, the clipped sum a matrix-vector product
-  (``mv``) — allowed by :func:`~dpsynth.privacy.ghost.keep_instantiated` only when they take no more memory
+  (``mv``) — allowed by :func:`~dpsynth.mechanisms.ghost.keep_instantiated` only when they take no more memory
   than the layer's stored inputs and output gradients.
 
 The script records one step's layer calls (forward, then the engine's one backward pass for the output
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from dpsynth.methods.zhang import unit_losses
 from dpsynth.models.dcgan import Discriminator
-from dpsynth.privacy import ghost
+from dpsynth.mechanisms import ghost
 
 WAYS = ("ghost", "instantiate", "keep")
 

@@ -5,8 +5,8 @@
 
 Runs the same configuration twice on real MNIST records: once as the K + 1 ranks of a torchrun job
 over torch.distributed/gloo (``python -m torch.distributed.run --standalone --nproc-per-node K+1`` running
-this script's ``--rank`` mode: rank 0 :class:`dpsynth.federation.FederatedProcesses`, the server, given n only;
-rank k + 1 :func:`dpsynth.federation.client_main` with shard k — what ``train.method=gswgan_federated`` runs)
+this script's ``--rank`` mode: rank 0 :class:`dpsynth.methods.federated_processes.FederatedProcesses`, the server, given n only;
+rank k + 1 :func:`dpsynth.methods.federated_processes.client_main` with shard k — what ``train.method=gswgan_federated`` runs)
 and once in one process (:class:`FederatedGSWGANTrainer`, the reference). Reported per
 transport: the bytes per generator iteration server → clients and back as counted by the transport
 (element_size × numel of every tensor sent, control messages included; the in-process reference
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "components"))
 
 from dpsynth.config import load_config  # noqa: E402
 from dpsynth.data import import_source  # noqa: E402
-from dpsynth import federation  # noqa: E402
+from dpsynth.methods import federated_processes as federation  # noqa: E402
 from dpsynth.methods.gswgan_federated import FederatedGSWGANTrainer, message_bytes  # noqa: E402
 from dpsynth.models.gswgan import Discriminator, Generator, count_parameters  # noqa: E402
 from dpsynth.stages.partition import assign  # noqa: E402

@@ -32,7 +32,7 @@ from dpsynth.config import load_config
 from dpsynth.data.dataset import read_parquet
 from dpsynth.evaluation import accuracy, fid
 from dpsynth.evaluation.classifiers import ReferenceClassifier
-from dpsynth.methods.artifacts import load_generator
+from dpsynth.training.artifacts import load_generator
 from dpsynth.stages.evaluate import _split, quality
 from dpsynth.stages.sample import synthesize
 

@@ -1,4 +1,4 @@
-"""Cost of ``privacy.secure_mode`` (dpsynth.privacy.randomness) against the default mechanism coins.
+"""Cost of ``privacy.secure_mode`` (dpsynth.mechanisms.randomness) against the default mechanism coins.
 
 Two measurements, each default vs secure, interleaved round-robin in one process (the order
 alternates every round, so background load hits both alike); reported are the median seconds
@@ -28,8 +28,8 @@ from dpsynth.config import load_config
 from dpsynth.data import import_source
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.models.dcgan import Discriminator, count_parameters
-from dpsynth.privacy.dpsgd import GradientSanitizer
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms.dpsgd import GradientSanitizer
+from dpsynth.mechanisms.randomness import MechanismRandomness
 
 MNIST = Path(__file__).resolve().parents[1] / "data" / "mnist"
 

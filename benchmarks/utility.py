@@ -55,7 +55,7 @@ RECIPES = {
     "zhang": "configs/zhang-mnist-cpu.yaml",
     "gswgan": "configs/gswgan-mnist-cpu.yaml",
     "dpac": "configs/dpac-mnist-cpu.yaml",
-    # the same methods after the private warm-up of the default recipe (dpsynth.methods.warmup)
+    # the same methods after the private warm-up of the default recipe (dpsynth.training.warmup)
     "zhang-warmup": "configs/zhang-warmup-mnist-cpu.yaml",
     "gswgan-warmup": "configs/gswgan-warmup-mnist-cpu.yaml",
     "dpac-warmup": "configs/dpac-warmup-mnist-cpu.yaml",
@@ -104,7 +104,7 @@ def budget_for(out: Path, dataset: Path, plan: list[tuple[str, float]], extra: l
     that its target is affordable); returns the balance."""
     import pyarrow.parquet as pq
 
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger.store import Ledger
 
     ledger = Ledger(ledger_url(out))
     cfgs = [load_config(ROOT / recipe, overrides=[f"privacy.epsilon={eps}", *extra]) for recipe, eps in plan]

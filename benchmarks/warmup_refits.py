@@ -1,6 +1,6 @@
 """How much of a run's utility is the generator's fit, not the release? (CPU, one thread; not a test)
 
-Makes the default recipe's warm-up releases once (``dpsynth.methods.warmup.release``, fresh secret noise:
+Makes the default recipe's warm-up releases once (``dpsynth.training.warmup.release``, fresh secret noise:
 a measurement, nothing is released or logged) on the training shard of a finished ``utility.py`` run
 directory, then fits ``--fits`` generators to that same release (``warmup.fit_generator``, post-processing;
 generator seeds 0 … K − 1) and scores each, and the mixture that draws record i from generator
@@ -29,10 +29,10 @@ import torch
 from dpsynth.config import load_config
 from dpsynth.data.dataset import ImageDataset, read_parquet
 from dpsynth.evaluation import accuracy
-from dpsynth.methods import warmup
+from dpsynth.training import warmup
 from dpsynth.models.dcgan import Generator
 from dpsynth.privacy import MechanismTrace
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms.randomness import MechanismRandomness
 from dpsynth.stages.evaluate import _split
 from dpsynth.stages.sample import synthesize
 from utility import ROOT, heldout_split  # the evaluate stage's halves of a run's hold-out

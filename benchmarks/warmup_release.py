@@ -2,7 +2,7 @@
 
 Releases the class means (σ₀), then, per round, assigns every training record to the nearest centre of
 its class and releases the groups' noisy means (σ of that round; Gaussian, sensitivity C, the stacked
-query of dpsynth.privacy.central_images). Centres start from the released class means, deformed at
+query of dpsynth.mechanisms.central_images). Centres start from the released class means, deformed at
 random (`--init random`, k per class) or on a shear × stroke-width grid (`--init grid`, the shipped
 `warmup.styles`), or are the k-means centres (k per class) of a public set's digits (`--init public`:
 scikit-learn's 1,797 digits resized as `data.public_source=sklearn:digits` resizes them; `public-sharp`:
@@ -19,10 +19,10 @@ import sys, math, torch, json, argparse
 import torch.nn.functional as F
 from dpsynth.data import read_parquet
 from dpsynth.evaluation import classifiers
-from dpsynth.methods import warmup
+from dpsynth.training import warmup
 from dpsynth.privacy import MechanismTrace
-from dpsynth.privacy import central_images as ci
-from dpsynth.privacy.accountants import get_accountant
+from dpsynth.mechanisms import central_images as ci
+from dpsynth.privacy.registry import get_accountant
 ap = argparse.ArgumentParser()
 ap.add_argument("--k", type=int, default=8)
 ap.add_argument("--data", default="outputs/data/mnist.parquet")

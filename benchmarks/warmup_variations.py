@@ -17,11 +17,11 @@ not a release. Seeds pair the releases and the CNNs across configs.
 import sys, math, time, json, argparse, torch
 from dpsynth.data import read_parquet
 from dpsynth.evaluation import classifiers
-from dpsynth.methods import warmup
+from dpsynth.training import warmup
 from dpsynth.models.dcgan import Generator
 from dpsynth.config import load_config
 from dpsynth.privacy import MechanismTrace, get_accountant
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms.randomness import MechanismRandomness
 ap = argparse.ArgumentParser()
 ap.add_argument("--seeds", default="0,1")
 ap.add_argument("--configs", default="r=5:sv=2")

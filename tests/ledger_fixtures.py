@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger.store import Ledger
 
 LEDGER_ENV = "DPSYNTH_LEDGER_URL"
 

@@ -19,11 +19,11 @@ from dpsynth.errors import DpsynthError
 
 def build_parser() -> argparse.ArgumentParser:
     from dpsynth.data import cli as data_cli
-    from dpsynth.stages import train_cli
+    from dpsynth.pipeline import train_cli
     from dpsynth.privacy import cli as privacy_cli
-    from dpsynth.privacy import ledger_cli
-    from dpsynth.stages import cli as stages_cli
-    from dpsynth.stages import release_cli
+    from dpsynth.ledger import cli as ledger_cli
+    from dpsynth.pipeline import cli as stages_cli
+    from dpsynth.release import cli as release_cli
 
     parser = argparse.ArgumentParser(
         prog="dpsynth",
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_config(subparsers) -> None:
-    from dpsynth.stages.cli import add_config_options
+    from dpsynth.pipeline.cli import add_config_options
 
     config = subparsers.add_parser("config", help="print the resolved configuration",
                                    description="Show the settings a command given the same --config and --set "
@@ -94,7 +94,7 @@ def refuse_ranks(command: str) -> None:
 
     if command == "train" or "WORLD_SIZE" not in os.environ:  # torch is imported only under a launcher
         return
-    from dpsynth.privacy.distributed import env_ranks
+    from dpsynth.mechanisms.distributed import env_ranks
 
     ranks = env_ranks()
     if ranks.distributed:

@@ -134,7 +134,7 @@ class PrivacyConfig:
                              "(unsound) account; such a run is marked unsound and the audit never passes it.")
     secure_mode: Bool = Field(
         False, description="The mechanism's noise, masks and shard/client choice are always seeded from OS "
-                           "entropy (dpsynth.privacy.randomness). secure_mode also reseeds from os.urandom before "
+                           "entropy (dpsynth.mechanisms.randomness). secure_mode also reseeds from os.urandom before "
                            "every draw and sums 4 Gaussian draws / 2 against floating-point attacks (as Opacus' "
                            "secure_mode).")
 
@@ -150,7 +150,7 @@ class TrainConfig:
                              "shard a client process; zhang: dp-GAN of Zhang, Ji & Wang (section zhang; needs "
                              "public data, data.public_*).")
     steps: Int = Field(2000, ge=1, description="Private steps T, one event each (what a step is per method: "
-                                               "methods/loop.py); fewer at the ε budget.")
+                                               "training/loop.py); fewer at the ε budget.")
     batch_size: Int = Field(128, ge=1, description="Expected Poisson batch size B; q = B / n.")
     physical_batch_size: Int | None = Field(None, ge=1, description="Memory cap per forward/backward; null: no cap.")
     n_d: Annotated[Int, Field(ge=1)] | Literal["adaptive"] | None = Field(
@@ -216,7 +216,7 @@ class TrackingConfig:
 
 @dataclass(frozen=True, config=SECTION)
 class LedgerConfig:
-    """The lifetime privacy-budget ledger (``dpsynth.privacy.ledger``): every private training attempt is charged."""
+    """The lifetime privacy-budget ledger (``dpsynth.ledger.store``): every private training attempt is charged."""
 
     url: str | None = Field(
         None, min_length=1,
@@ -260,7 +260,7 @@ class WarmstartConfig:
 
 @dataclass(frozen=True, config=SECTION)
 class WarmupConfig:
-    """The private warm-up before training (``dpsynth.methods.warmup``; Li et al. 2025): one Gaussian
+    """The private warm-up before training (``dpsynth.training.warmup``; Li et al. 2025): one Gaussian
     release of every class's mean image (ε composed with training in the same trace), then the
     generator fitted to deformations of those central images (post-processing, free)."""
 
@@ -420,7 +420,7 @@ class EvaluateConfig:
 
 @dataclass(frozen=True, config=SECTION)
 class AuditConfig:
-    """``dpsynth audit``'s empirical step (``dpsynth.privacy.empirical``): audit runs of the method's training
+    """``dpsynth audit``'s empirical step (``dpsynth.audit.empirical``): audit runs of the method's training
     steps and of every warm-up release with canaries on public stand-ins, ε_lower at ``confidence``; the audit
     fails when ε_lower exceeds the accounted ε (or a warm-up release adds less noise than planned), and says
     "inconclusive" when no audit of that size could have failed. auto (default): quick for the methods that

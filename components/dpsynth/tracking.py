@@ -30,7 +30,7 @@ TAG_EPSILON_SPENT = "dpsynth.epsilon_spent"
 TAG_DELTA = "dpsynth.delta"
 TAG_ACCOUNTANT = "dpsynth.accountant"
 TAG_AUDIT = "dpsynth.audit"
-TAG_EPSILON_LOWER = "dpsynth.epsilon_lower"  # the empirical audit's ε_lower (privacy/empirical.py)
+TAG_EPSILON_LOWER = "dpsynth.epsilon_lower"  # the empirical audit's ε_lower (audit/empirical.py)
 TAG_EMPIRICAL_AUDIT = "dpsynth.empirical_audit"  # its m, confidence, mode and attack
 TAG_EMPIRICAL_VERDICT = "dpsynth.empirical_verdict"  # passed | failed | inconclusive (never passed when inconclusive)
 TAG_PIPELINE_RUN_ID = "dpsynth.pipeline_run_id"
@@ -310,3 +310,13 @@ def _temp_file(data: bytes, filename: str) -> Iterator[Path]:
         path = Path(tmp) / filename
         path.write_bytes(data)
         yield path
+
+
+def empirical_tags(result: dict) -> dict[str, str]:
+    """The MLflow tags of an empirical audit's result (:mod:`dpsynth.audit.empirical`): on the audit run, the
+    pipeline's parent run and the release."""
+    each = ", ".join(f"{p['name']} {p['epsilon_lower']:.4g} ({p['verdict']})" for p in result["components"])
+    return {TAG_EPSILON_LOWER: f"{result['epsilon_lower']:.4g}",
+            TAG_EMPIRICAL_VERDICT: result["verdict"],
+            TAG_EMPIRICAL_AUDIT: (f"m={result['canaries']}, {result['confidence']:.0%} confidence, "
+                                  f"{result['mode']}: {result['verdict']}; {each}")}

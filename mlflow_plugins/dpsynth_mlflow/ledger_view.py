@@ -31,7 +31,7 @@ ZONE = {"partition": "sensitive", "warmstart": "sensitive", "train": "sensitive"
         "sample": "release", "evaluate": "release"}
 TAG_STATUS = "dpsynth.stage_status"
 TAG_RUN_DIR = "dpsynth.run_dir"
-TAG_CARD = "dpsynth.release_card"  # dpsynth.stages.card.TAG_CARD: the card's runs:/ URI on the parent run
+TAG_CARD = "dpsynth.release_card"  # dpsynth.release.card.TAG_CARD: the card's runs:/ URI on the parent run
 
 
 def gather(*, ledger_url: str, tracking_uri: str) -> dict[str, Any]:
@@ -56,7 +56,7 @@ class LedgerView:
     def gather(self) -> dict[str, Any]:
         from mlflow import MlflowClient
 
-        from dpsynth.privacy.ledger import Ledger
+        from dpsynth.ledger.store import Ledger
 
         with self._lock:
             ledger = Ledger(self.ledger_url)

@@ -101,9 +101,9 @@ def steps_without_noise(rank: int, tmp: str, steps: int) -> None:
 
 def noise_draws(rank: int, tmp: str, sigma: float, bound: float, draws: int, seed: int) -> None:
     """(b) ``draws`` logical steps of an empty batch: every rank's privatized gradient is the job's noise."""
-    from dpsynth.privacy.distributed import current
-    from dpsynth.privacy.dpsgd import GradientSanitizer
-    from dpsynth.privacy.randomness import MechanismRandomness
+    from dpsynth.mechanisms.distributed import current
+    from dpsynth.mechanisms.dpsgd import GradientSanitizer
+    from dpsynth.mechanisms.randomness import MechanismRandomness
 
     torch.manual_seed(0)
     layer = torch.nn.Linear(40, 25)
@@ -243,7 +243,8 @@ def train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list[str]) 
     follows it from ``run_dirs[1]``, a copy of the same upstream outputs, with an MLflow store and a ledger of
     its own, so anything rank 1 wrote (files, runs, ledger rows) would show."""
     from dpsynth.config import load_config
-    from dpsynth.stages import pipeline, train
+    from dpsynth.pipeline import run as pipeline
+    from dpsynth.stages import train
     from dpsynth.stages.common import StageContext
 
     cfg = load_config(overrides=[*overrides, "tracking.enabled=true", f"tracking.uri=sqlite:///{tmp}/mlflow{rank}.db",

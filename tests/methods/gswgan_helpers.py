@@ -54,8 +54,8 @@ def watch_inputs(module_types):
 def run_federated(cfg, shards, *, warm: dict[int, bytes] | None = None, stop_after: int | None = None,
                   mechanism_seed: int | None = None, **server_kwargs):
     """The federated GS-WGAN's K + 1 ranks, spawned here as one gloo job (a file store; what torchrun does for
-    ``dpsynth train --run-dir``): rank 0 the server, :class:`dpsynth.federation.FederatedProcesses` given n only,
-    rank k + 1 client k (:func:`dpsynth.federation.client_main` with shard k and D_k). Returns the server's
+    ``dpsynth train --run-dir``): rank 0 the server, :class:`dpsynth.methods.federated_processes.FederatedProcesses` given n only,
+    rank k + 1 client k (:func:`dpsynth.methods.federated_processes.client_main` with shard k and D_k). Returns the server's
     result (None when stopped part-way). ``mechanism_seed``: the master seed of
     :func:`~dpsynth.methods.gswgan_federated.mechanism_seeds` (None: every rank draws its own from OS entropy).
     (The harness hands every rank the same arguments; what the stage gives each rank is checked in
@@ -75,7 +75,7 @@ def run_federated(cfg, shards, *, warm: dict[int, bytes] | None = None, stop_aft
 def _federated_rank(rank, cfg, shards, warm, stop_after, mechanism_seed, server_kwargs, out):
     import pickle
 
-    from dpsynth.federation import CLIENT_CHECKPOINTS, FederatedProcesses, client_main
+    from dpsynth.methods.federated_processes import CLIENT_CHECKPOINTS, FederatedProcesses, client_main
     from dpsynth.methods.gswgan_federated import mechanism_seeds
 
     choice, noise = mechanism_seeds(mechanism_seed, len(shards)) if mechanism_seed is not None else (None, None)

@@ -10,7 +10,7 @@ ranks, spawned by ``tests.methods.gswgan_helpers.run_federated``) on a tiny conf
 * an interrupted run resumed from its checkpoint is the uninterrupted run (same trace, same generator) —
   or, for a method whose ``train()`` takes no ``stop_after``, it refuses to start over a checkpoint,
   naming ``output.resume``;
-* its generator file round-trips through :func:`dpsynth.methods.artifacts.load_generator`: the loaded
+* its generator file round-trips through :func:`dpsynth.training.artifacts.load_generator`: the loaded
   model gives the trained generator's outputs for the same z and y;
 * its MLflow run holds only the keys it declares (``Trainer.MLFLOW_KEYS``), and no dataset hash, image or
   model; the run's artifacts live under ``tracking.artifact_location``.
@@ -32,7 +32,7 @@ import torch
 from dpsynth import tracking
 from dpsynth.config import load_config
 from dpsynth.methods import registry
-from dpsynth.methods.artifacts import load_generator
+from dpsynth.training.artifacts import load_generator
 from dpsynth.privacy import MechanismTrace
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 

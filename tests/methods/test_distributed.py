@@ -22,8 +22,8 @@ from opacus.accountants import RDPAccountant
 from dpsynth.errors import ConfigError
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.zhang import ZhangTrainer
-from dpsynth.privacy import distributed
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms import distributed
+from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.jobs import kill_at_checkpoint
 from tests.methods import distributed_workers as workers
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse: the in-process reference runs as a rank does)
@@ -101,7 +101,7 @@ def test_env_and_launch_refusals(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="^RANK: WORLD_SIZE=2 is set but RANK is not"):
         distributed.env_ranks({"WORLD_SIZE": "2"})
     assert distributed.env_ranks({"WORLD_SIZE": "1"}) == distributed.Ranks(0, 1, 0)
-    from dpsynth.methods.distributed import launch
+    from dpsynth.training.distributed import launch
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
@@ -502,13 +502,13 @@ def test_gswgan_checkpoints_resume_across_world_sizes(tmp_path, method):
 
 def test_gswgan_refusals_under_torchrun(monkeypatch):
     """More ranks than shards, and GS-WGAN's private warm-up (it reads every shard), are refused by name."""
-    from dpsynth.methods import distributed as methods_distributed
+    from dpsynth.training import distributed as methods_distributed
     from tests.methods.gswgan_helpers import tiny as gswgan_config
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="warmup.central_images"):
-        methods_distributed.launch(gswgan_config("/tmp/unused", "warmup.central_images=true"))
+        methods_distributed.launch(gswgan_config("/tmp/unused", "warmup.central_images=true"), sharded=True)
     monkeypatch.setattr(methods_distributed, "current", lambda: distributed.Ranks(rank=0, world_size=4))
     with pytest.raises(ConfigError, match="partition.num_shards"):
         from dpsynth.methods.gswgan import GSWGANTrainer

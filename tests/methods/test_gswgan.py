@@ -23,7 +23,7 @@ from dpsynth.methods.gswgan import (
 )
 from dpsynth.models.gswgan import Classifier, Discriminator, Generator
 from dpsynth.privacy import MechanismEvent, MechanismTrace
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.methods.gswgan_helpers import K, record_owner, tiny, warm_files, watch_inputs
 from tests.privacy.test_wor import autodp_acct, autodp_mechanism_epsilon
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)

@@ -45,7 +45,7 @@ def test_an_unknown_method_is_a_config_error():
 
 def test_methods_know_nothing_of_the_stages():
     """Nothing under methods/, privacy/, models/, data/ imports dpsynth.stages (the import graph, by source,
-    imports inside functions included). ``dpsynth train`` is a stage command (``stages/train_cli.py``)."""
+    imports inside functions included). ``dpsynth train`` is a stage command (``pipeline/train_cli.py``)."""
     import ast
 
     offenders = []
@@ -93,7 +93,7 @@ def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path,
         # the shipped recipe opens with its private warm-up releases (full batch: class means, then style
         # groups and variation directions when configured; the trace merges equal consecutive ones), and
         # nothing else
-        from dpsynth.methods import warmup
+        from dpsynth.training import warmup
         from dpsynth.privacy import MechanismTrace
 
         planned = MechanismTrace(warmup.events(load_config(config))).events

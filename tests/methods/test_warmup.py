@@ -8,10 +8,11 @@ import torch
 from opacus.accountants import RDPAccountant
 
 from dpsynth.config import load_config
-from dpsynth.methods import artifacts, warmup
+from dpsynth.training import artifacts
+from dpsynth.training import warmup
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
-from dpsynth.stages.audit import invariants
+from dpsynth.audit.stage import invariants
 
 
 def tiny(tmp_path, *extra):
@@ -134,7 +135,7 @@ def test_a_faint_style_group_whose_noise_would_be_stretched_to_white_gets_its_cl
 def test_the_release_applies_styles_max_noise_from_the_config(tmp_path, small_mnist):
     """The wiring: a τ no group can meet gives every slot of a class the class mean; without τ the groups keep
     their own images."""
-    from dpsynth.privacy.randomness import MechanismRandomness
+    from dpsynth.mechanisms.randomness import MechanismRandomness
 
     x, y = small_mnist.to_tensors()
     for extra, all_means in (("warmup.styles_max_noise=1e-9", True), (None, False)):
@@ -201,7 +202,7 @@ def test_the_generator_follows_the_variation_directions_its_latent_weighs():
 def test_releases_at_the_same_sigma_merge_in_the_trace_and_still_pass_the_audit(tmp_path, small_mnist):
     """The trace merges consecutive equal releases (count = 2): the audit must read them as the two planned
     releases (it refused such a run before), and still refuse a third, unplanned one."""
-    from dpsynth.privacy.central_images import event_for
+    from dpsynth.mechanisms.central_images import event_for
 
     cfg = tiny(tmp_path, "warmup.styles=2", "warmup.styles_noise_multiplier=5")  # = warmup.noise_multiplier
     result = DPGANTrainer(cfg, small_mnist).train()

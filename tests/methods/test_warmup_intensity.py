@@ -8,12 +8,12 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-from dpsynth.methods import warmup
+from dpsynth.training import warmup
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
-from dpsynth.privacy import central_images as ci
-from dpsynth.privacy.randomness import MechanismRandomness
-from dpsynth.stages.audit import invariants
+from dpsynth.mechanisms import central_images as ci
+from dpsynth.mechanisms.randomness import MechanismRandomness
+from dpsynth.audit.stage import invariants
 from tests.methods.test_warmup import tiny  # the same tiny warm-up config
 
 

@@ -4,7 +4,7 @@ generator fit as a progress bar with its step count and time left (stderr: the t
 import torch
 
 from dpsynth.models.dcgan import Generator
-from dpsynth.methods import warmup
+from dpsynth.training import warmup
 
 
 def fit(progress: bool, steps: int = 7) -> None:

@@ -16,8 +16,9 @@ from dpsynth.errors import ConfigError, DatasetError
 from dpsynth.methods.zhang import (ZhangTrainer, audit_invariants, load_warm_start, per_unit_gradients, plan_privacy,
                                    warm_start)
 from dpsynth.models.dcgan import Discriminator
-from dpsynth.privacy import MechanismTrace, grouping
-from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.privacy import MechanismTrace
+from dpsynth.mechanisms import grouping
+from dpsynth.mechanisms.dpsgd import GradientSanitizer
 from dpsynth.stages.partition import public_mask
 from tests.ledger_fixtures import assert_charged_once
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dpsynth import tracking
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger.store import Ledger
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from dpsynth import tracking
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger.store import Ledger
 from tests.stages.helpers import dpsynth, manifest, settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -458,7 +458,7 @@ def test_train_dag_end_to_end(airflow_db, tmp_path, ranks):
 
     from dpsynth import tracking
     from dpsynth.data import import_source, write_parquet
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger.store import Ledger
 
     source = tmp_path / "mnist600.parquet"
     write_parquet(import_source(REPO / "data" / "mnist").subset(np.arange(600)), source)

@@ -239,7 +239,7 @@ def test_run_local_needs_a_population(tmp_path, capsys):
 
 @pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: the train-job branch, torchrun
 def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch, ranks):
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger.store import Ledger
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models; other processes share the CPU
     monkeypatch.delenv("DPSYNTH_LEDGER_URL", raising=False)

@@ -49,7 +49,7 @@ def source(tmp_path_factory) -> str:
 
 def budgeted(tmp_path) -> tuple:
     """A ledger of the test's own (``ledger.url``), with the budget an operator sets beforehand."""
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger.store import Ledger
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     ledger = Ledger(url)

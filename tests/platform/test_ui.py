@@ -115,7 +115,7 @@ def test_trigger_from_the_ui_and_see_epsilon_per_stage_in_mlflow(platform, brows
 
     from dpsynth import tracking
     from dpsynth.data import import_source, write_parquet
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger.store import Ledger
 
     source = tmp_path / "mnist600.parquet"
     write_parquet(import_source(REPO / "data" / "mnist").subset(np.arange(600)), source)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dpsynth.data import import_source, write_parquet
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger.store import Ledger
 from tests.ledger_fixtures import kill_after_first_checkpoint
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"

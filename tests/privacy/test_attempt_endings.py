@@ -5,8 +5,9 @@ import pytest
 
 from dpsynth.methods.gswgan import GSWGANTrainer
 from dpsynth.privacy import MechanismTrace, get_accountant
-from dpsynth.privacy.attempt import open_attempt, run_charged
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger.attempt import open_attempt
+from dpsynth.stages.charging import run_charged
+from dpsynth.ledger.store import Ledger
 from tests.methods.conftest import shards  # noqa: F401 (fixture)
 from tests.methods.gswgan_helpers import tiny
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
@@ -28,7 +29,7 @@ class RaisesAfter(GSWGANTrainer):
 def attempt(ledger, cfg, run="run-1"):
     return open_attempt(ledger, population_id="pop", epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
                         dataset_version="ab" * 32, pipeline_run_id=run, stage="train", records=600,
-                        accountant="wor", checkpoint_dir=cfg.output.dir + "/checkpoints", resume=False,
+                        accountant="wor", lineage=None,
                         stale_after_s=None)
 
 

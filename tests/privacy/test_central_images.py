@@ -1,4 +1,4 @@
-"""The central-image release (dpsynth.privacy.central_images) against first principles."""
+"""The central-image release (dpsynth.mechanisms.central_images) against first principles."""
 
 import math
 
@@ -8,10 +8,10 @@ import torch
 
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy import MechanismTrace, get_accountant
-from dpsynth.privacy.central_images import (central_images, class_sums, event_for, group_sums, nearest_template,
+from dpsynth.mechanisms.central_images import (central_images, class_sums, event_for, group_sums, nearest_template,
                                            residual_second_moments, style_images, symmetric_noise,
                                            variation_directions)
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms.randomness import MechanismRandomness
 
 
 def _data(n=40, k=3, seed=0):

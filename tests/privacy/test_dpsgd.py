@@ -7,7 +7,7 @@ import torch
 from opacus.grad_sample.utils import prepare_module
 from torch import nn
 
-from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.mechanisms.dpsgd import GradientSanitizer
 
 
 class Tiny(nn.Module):

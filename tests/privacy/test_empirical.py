@@ -11,9 +11,9 @@ import torch
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
 from dpsynth.methods import gswgan, registry
-from dpsynth.privacy import empirical
-from dpsynth.privacy.dpsgd import GradientSanitizer
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.audit import empirical
+from dpsynth.mechanisms.dpsgd import GradientSanitizer
+from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.torch_threads import one_torch_thread  # noqa: F401
 
 

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from dpsynth.config import load_config
-from dpsynth.privacy import central_images, empirical
-from dpsynth.privacy.randomness import MechanismRandomness
-from dpsynth.stages import audit
+from dpsynth.mechanisms import central_images
+from dpsynth.audit import empirical
+from dpsynth.mechanisms.randomness import MechanismRandomness
+from dpsynth.audit import stage as audit
 
 DEFAULT = "configs/dpgan-mnist-cpu.yaml"  # `make run`'s recipe: σ = 5, 0.75, 0.8 for the three releases
 RELEASES = ("class_means", "styles", "variations")
@@ -92,7 +93,7 @@ def test_without_noise_the_one_run_bound_alone_fails_a_low_epsilon_release(name,
 
 def test_warmup_canaries_join_the_audited_release_alone():
     """The releases before the audited one see no canary, so the templates they give do not depend on the coins."""
-    from dpsynth.methods import warmup
+    from dpsynth.training import warmup
 
     cfg = load_config(DEFAULT)
     images, labels, _ = empirical.dirac_records(20, SHAPE, 10, value=1.0)
@@ -130,7 +131,7 @@ def test_a_looser_clip_of_the_image_part_fails_the_bound_test(monkeypatch):
 
 
 def test_the_pipeline_summary_shows_the_verdict():
-    from dpsynth.stages import pipeline
+    from dpsynth.pipeline import run as pipeline
 
     s = {"stages": [], "audit": "passed", "empirical": "inconclusive", "epsilon_total": 9.99, "delta": 1e-5}
     assert "| **total** | audit passed, empirical audit inconclusive |" in pipeline.table(s)

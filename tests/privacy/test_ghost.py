@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpsynth.models import dcgan, gswgan
-from dpsynth.privacy import ghost
-from dpsynth.privacy.dpsgd import GradientSanitizer, private_module
+from dpsynth.mechanisms import ghost
+from dpsynth.mechanisms.dpsgd import GradientSanitizer, private_module
 
 RTOL = 1e-5
 

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from dpsynth.models.dcgan import Discriminator
-from dpsynth.privacy import grouping
-from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.mechanisms import grouping
+from dpsynth.mechanisms.dpsgd import GradientSanitizer
 
 
 def bounds_of(groups):

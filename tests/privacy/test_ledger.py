@@ -13,8 +13,8 @@ import time
 import pytest
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy import ledger_cli
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger import cli as ledger_cli
+from dpsynth.ledger.store import Ledger
 from tests.pg_fixtures import pg_server  # noqa: F401 (fixture: a real PostgreSQL server)
 
 SHA = "0123456789abcdef" * 4
@@ -230,7 +230,7 @@ privacy.__path__ = [os.path.join(os.path.dirname(dpsynth.__file__), "privacy")]
 sys.modules["dpsynth.privacy"] = privacy
 from sqlalchemy import event
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger.store import Ledger
 
 url, sync, name, eps, attempts, then, sha = sys.argv[1:8]
 ledger = Ledger(url)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from dpsynth.config import load_config
-from dpsynth.privacy import randomness
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms import randomness
+from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 def tiny(out, *extra):

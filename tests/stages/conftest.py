@@ -37,7 +37,7 @@ def trained(trained_once):
 @pytest.fixture(autouse=True)
 def ledger_with_budget(tmp_path, monkeypatch):
     """Every stage test's own ledger ($DPSYNTH_LEDGER_URL), with a budget for the TINY population."""
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger.store import Ledger
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     monkeypatch.setenv("DPSYNTH_LEDGER_URL", url)

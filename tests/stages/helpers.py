@@ -66,7 +66,7 @@ def pristine_run(tmp_path_factory, source: str, *names: str, overrides=()):
     a time in a session)."""
     import pytest
 
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger.store import Ledger
 
     home = tmp_path_factory.mktemp("pristine-" + "-".join(names))
     run, kept = home / "run", home / "kept"

@@ -13,7 +13,7 @@ from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dataclasses import replace
 
 from dpsynth.methods import registry
-from dpsynth.stages import audit
+from dpsynth.audit import stage as audit
 from tests.privacy.test_wor import autodp_mechanism_epsilon
 from tests.stages.helpers import manifest, release_files, stage, stages
 
@@ -122,7 +122,7 @@ def test_noise_and_sampling_must_match_the_accountant(trained, source):
 @pytest.fixture
 def tracked(tmp_path, source):
     """partition, warmstart and train with MLflow on (metrics every 2 steps), under a pipeline parent run."""
-    from dpsynth.stages.pipeline import start
+    from dpsynth.pipeline.run import start
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     overrides = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=audit-test",

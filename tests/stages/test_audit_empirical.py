@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.stages.helpers import TINY, dpsynth, manifest, pristine_run, release_files, settings, stage, stages
 
 # ε = 0.5 over 100 steps: low enough that a sanitizer without noise is caught with 1,000 canaries

@@ -10,10 +10,11 @@ from opacus.accountants import RDPAccountant as OpacusRDP
 from scipy.stats import binom
 
 from dpsynth.config import load_config
-from dpsynth.methods import artifacts, registry
+from dpsynth.training import artifacts
+from dpsynth.methods import registry
 from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dpsynth.privacy.accountants import prv_bounds_or_rdp
-from dpsynth.stages import audit
+from dpsynth.audit import stage as audit
 from tests.stages.helpers import manifest, release_files, stage
 
 N = 60_000

@@ -18,7 +18,7 @@ FAST = ("evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory, source):
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger.store import Ledger
 
     home = tmp_path_factory.mktemp("evaluate")
     run = home / "run"

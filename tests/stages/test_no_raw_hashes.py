@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.privacy.ledger import Ledger
-from dpsynth.stages import audit, common
+from dpsynth.ledger.store import Ledger
+from dpsynth.audit import stage as audit
+from dpsynth.stages import common
 from tests.stages.helpers import TINY, dpsynth, manifest, settings
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")

@@ -6,7 +6,7 @@ import pytest
 
 from dpsynth import storage, tracking
 from dpsynth.data import read_parquet
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger.store import Ledger
 from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
 from tests.stages.helpers import dpsynth, manifest, release_files, settings
 

@@ -6,7 +6,7 @@ import hashlib
 import pytest
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger.store import Ledger
 from tests.pg_fixtures import pg_server  # noqa: F401 (fixture: a real PostgreSQL server)
 from tests.stages.helpers import dpsynth, settings
 

@@ -1,4 +1,4 @@
-"""The auditor's release card (dpsynth.stages.card): written by `pipeline finish` after a passed audit, checked here
+"""The auditor's release card (dpsynth.release.card): written by `pipeline finish` after a passed audit, checked here
 against the files it summarises, each read independently (the trace by Opacus' own accountant, the ledger by SQL,
 the evaluation report as JSON); `dpsynth release verify`; the signature; a refused card; the page in Chromium."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dpsynth.privacy import MechanismEvent, MechanismTrace
-from dpsynth.stages import audit
+from dpsynth.audit import stage as audit
 from tests.stages.helpers import dpsynth, manifest, release_files, settings, stage
 
 DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
@@ -25,7 +25,7 @@ def released(tmp_path_factory, source):
     """One tiny pipeline run with MLflow on and a signing key: (run_dir, mlflow_uri, ledger_db, public key path)."""
     root = tmp_path_factory.mktemp("card")
     run, ledger_db, mlflow_uri = root / "run", root / "ledger.db", f"sqlite:///{root / 'mlflow.db'}"
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger.store import Ledger
 
     ledger = Ledger(f"sqlite:///{ledger_db}")
     ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="card tests")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth.privacy.ledger import Ledger
+from dpsynth.ledger.store import Ledger
 from tests.methods import distributed_workers as workers
 from tests.stages.helpers import TINY, manifest, settings, stages
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from dpsynth.errors import ConfigError, DatasetError
 
-if TYPE_CHECKING:
-    from dpsynth.data.dataset import ImageDataset
+# ``ImageDataset`` in the annotations is dpsynth.data.dataset's, which imports this module (so this one does not).
 
 
 def validate(ds: ImageDataset, *, num_classes: int | None = None) -> None:

@@ -22,14 +22,16 @@ from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import PrivacyError
-from dpsynth.methods import distributed, registry, warmup
+from dpsynth.training import distributed
+from dpsynth.methods import registry
+from dpsynth.training import warmup
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
-from dpsynth.methods.loop import Trainer
+from dpsynth.training.loop import Trainer
 from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
-from dpsynth.privacy.dpsgd import GradientSanitizer, private_module
+from dpsynth.mechanisms.dpsgd import GradientSanitizer, private_module
 from dpsynth.privacy.plan import PrivacyPlan
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms.randomness import MechanismRandomness
 
 # Opacus' hooks fire on module outputs because image inputs need no gradient; that is expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -67,12 +69,12 @@ _POST = "post-processing of the DP discriminator on fresh fakes (no real record 
 
 
 class DPGANTrainer(Trainer):
-    """Trains a label-conditioned DCGAN with a DP-SGD discriminator; ``train()`` (:mod:`dpsynth.methods.loop`)
+    """Trains a label-conditioned DCGAN with a DP-SGD discriminator; ``train()`` (:mod:`dpsynth.training.loop`)
     runs it to the end. One step is one discriminator step (Algorithm 1's n_D counts them per generator step)."""
 
     STEP = "DP discriminator steps"
     KEEPS_SNAPSHOTS = True
-    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.methods.distributed)
+    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.distributed)
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(metrics={
         "noise_multiplier": _PLAN, "sample_rate": _PLAN,
         "n_d": "the adaptive n_D schedule, driven by d_accuracy_fake_ema (post-processing)",

@@ -7,7 +7,7 @@ stage). Each private iteration then
 
 1. draws k uniformly from the mechanism's secret randomness (seeded from OS entropy, never from
    train.seed; only checkpoints, which stay in the sensitive zone, hold its state;
-   :mod:`dpsynth.privacy.randomness`), which also draws the noise,
+   :mod:`dpsynth.mechanisms.randomness`), which also draws the noise,
 2. takes n_dis (``train.n_d``) non-private WGAN-GP steps of D_k on shard k,
 3. takes one generator step in which only the per-sample gradient g_i = ∂ℓ_i/∂x_i of the
    generator loss w.r.t. the generated image x_i = G(z_i, y_i) is sanitized:
@@ -47,10 +47,12 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import distributed, registry, warmup
-from dpsynth.methods.core import TrainResult, resolve_device
-from dpsynth.methods.loop import Trainer
-from dpsynth.methods.artifacts import build_generator
+from dpsynth.training import distributed
+from dpsynth.methods import registry
+from dpsynth.training import warmup
+from dpsynth.training.core import TrainResult, resolve_device
+from dpsynth.training.loop import Trainer
+from dpsynth.training.artifacts import build_generator
 from dpsynth.models.gswgan import Discriminator
 from dpsynth.privacy import (
     BudgetGuard,
@@ -63,7 +65,7 @@ from dpsynth.privacy import (
     gswgan_event,
 )
 from dpsynth.privacy.plan import PrivacyPlan
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms.randomness import MechanismRandomness
 
 DISCRIMINATOR_FORMAT = "dpsynth.gswgan.discriminator/1"
 ACCOUNTANT = "wor"  # whatever privacy.accountant says: shard sampling needs the without-replacement bound
@@ -175,7 +177,7 @@ class Sanitizer:
     not that fold, or a call with another number of rows, is refused, so the noise added and the event
     recorded cannot come apart.
 
-    Across torchrun ranks (:mod:`dpsynth.methods.distributed`) ``reducer`` forms the one release of the job:
+    Across torchrun ranks (:mod:`dpsynth.training.distributed`) ``reducer`` forms the one release of the job:
     only the rank holding D_k passes the B gradients (the others pass zeros), rank 0 alone adds the noise
     (σC per coordinate, from its secret coins: the one-process stream), and one SUM all-reduce gives every
     rank clip(g_i, C) + N(0, σ²C²)."""
@@ -191,7 +193,7 @@ class Sanitizer:
                                f"but the event it records has σ = {event.noise_multiplier:.6g}; refusing to release")
         self.clip_norm, self.noise_multiplier, self.randomness = clip_norm, noise_multiplier, randomness
         self.trace, self.event, self.releases = trace, event, releases
-        self.reducer = None  # torchrun: dpsynth.privacy.distributed.NoiseOnRankZero (set by distributed.join)
+        self.reducer = None  # torchrun: dpsynth.mechanisms.distributed.NoiseOnRankZero (set by distributed.join)
 
     def __call__(self, grads: torch.Tensor) -> torch.Tensor:
         if self.trace is not None and len(grads) != self.releases:
@@ -361,10 +363,10 @@ _PLAN = "the privacy plan: from the configuration, n and K, before any iteration
 
 
 class GSWGANTrainer(Trainer):
-    """Private phase of GS-WGAN on K shards; ``train()`` (:mod:`dpsynth.methods.loop`) runs it to the end (or
+    """Private phase of GS-WGAN on K shards; ``train()`` (:mod:`dpsynth.training.loop`) runs it to the end (or
     resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases).
 
-    Under torchrun (:mod:`dpsynth.methods.distributed`) rank r holds the contiguous block ``dist.part(K)`` of
+    Under torchrun (:mod:`dpsynth.training.distributed`) rank r holds the contiguous block ``dist.part(K)`` of
     the shards, their discriminators and Adam states (``own``); rank 0 draws k, the rank owning shard k runs
     the critic steps and computes the B gradients, the sanitizer's one all-reduce hands every rank the
     release, and every rank takes the same generator step."""
@@ -426,9 +428,9 @@ class GSWGANTrainer(Trainer):
         if self.dist.distributed:
             distributed.join(self)
 
-    # --- the private warm-up (dpsynth.methods.warmup), when configured: on the union of the shards ---------
+    # --- the private warm-up (dpsynth.training.warmup), when configured: on the union of the shards ---------
     def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if len(self.own) != self.K:  # refused before the job starts (dpsynth.methods.distributed.launch)
+        if len(self.own) != self.K:  # refused before the job starts (dpsynth.training.distributed.launch)
             raise ConfigError("warmup.central_images: the private warm-up reads every shard; this rank holds "
                               f"{len(self.own)} of {self.K}")
         return torch.cat([x for x, _ in self.shards]), torch.cat([y for _, y in self.shards])

@@ -9,7 +9,7 @@ updates G with the last round's gradients (Algorithm 2, line 11).
 
 Two transports run the same server (:class:`FederatedServer`) and the same :class:`Client`:
 
-* :mod:`dpsynth.federation` — what ``train.method=gswgan_federated`` runs: the server (rank 0)
+* :mod:`dpsynth.methods.federated_processes` — what ``train.method=gswgan_federated`` runs: the server (rank 0)
   and each client k (rank k+1) as the ranks of one ``torchrun`` job, talking over
   torch.distributed/gloo. The server is given metadata only (n, K, image shape), never a shard;
   each client checkpoints its own state. The ranks and the messages are there; this module is the
@@ -19,7 +19,7 @@ Two transports run the same server (:class:`FederatedServer`) and the same :clas
   mechanism seed).
 
 Secret coins: the server's client choice and each client's noise come from
-:class:`~dpsynth.privacy.randomness.MechanismRandomness` seeded from OS entropy, never logged: in the
+:class:`~dpsynth.mechanisms.randomness.MechanismRandomness` seeded from OS entropy, never logged: in the
 torchrun job each rank draws its own (none is sent to another rank); the in-process reference derives
 them from one master seed drawn per run (:func:`mechanism_seeds`).
 
@@ -68,8 +68,8 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyError
 from dpsynth.methods import registry
-from dpsynth.methods.core import resolve_device
-from dpsynth.methods.loop import Trainer
+from dpsynth.training.core import resolve_device
+from dpsynth.training.loop import Trainer
 from dpsynth.methods.gswgan import (
     GSWGANTrainer,
     PrivacyPlan,
@@ -89,8 +89,9 @@ from dpsynth.methods.gswgan import (
     real_batch,
     sanitize,
 )
-from dpsynth.privacy import MechanismTrace, distributed, fold_releases, gswgan_event
-from dpsynth.privacy.randomness import MechanismRandomness, secret_seed
+from dpsynth.privacy import MechanismTrace, fold_releases, gswgan_event
+from dpsynth.mechanisms import distributed
+from dpsynth.mechanisms.randomness import MechanismRandomness, secret_seed
 
 PRIVACY_UNIT = ("client: neighbouring datasets differ in one client's entire shard "
                 "(and hence also at record level: in one record)")
@@ -146,7 +147,7 @@ class Client:
 
 def mechanism_seeds(master: int | None, num_clients: int) -> tuple[int, list[int]]:
     """The secret seeds of the server's client choice and of each client's noise, from one master seed
-    (None: a fresh :func:`~dpsynth.privacy.randomness.secret_seed`): the in-process reference's, and the tests'
+    (None: a fresh :func:`~dpsynth.mechanisms.randomness.secret_seed`): the in-process reference's, and the tests'
     replay of the torchrun job's ranks (whose every rank otherwise draws its own); nothing logs or stores it."""
     master = secret_seed() if master is None else master
     return derived_seed(master, "client-choice"), [derived_seed(master, "client-noise", k) for k in range(num_clients)]
@@ -266,7 +267,7 @@ class FederatedServer(GSWGANTrainer):
     """The server of Algorithm 2: G, G_ema, opt_g, the plan, the trace and the shard choice. No data."""
 
     method = "gswgan_federated"
-    DATA_PARALLEL = False  # its ranks have roles (server, clients) in a process group of its own: dpsynth.federation
+    DATA_PARALLEL = False  # its ranks have roles (server, clients) in a process group of its own: dpsynth.methods.federated_processes
     SPREAD_STATE = ()
     MLFLOW_KEYS = GSWGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={k: _PROTOCOL for k in ("bytes_per_iteration_to_clients", "bytes_per_iteration_from_clients",

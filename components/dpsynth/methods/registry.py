@@ -45,7 +45,7 @@ class Method:
     # (dpsynth.privacy.statement.Statement: adjacency, noise convention, assumptions, other accounts).
     plan: str = ""
     statement: str = ""
-    # The white-box canaries of the empirical audit (dpsynth.privacy.empirical): "gradient" (per-example gradients
+    # The white-box canaries of the empirical audit (dpsynth.audit.empirical): "gradient" (per-example gradients
     # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's Sanitizer of ∂ℓ/∂G(z)); "" not audited yet.
     empirical_audit: str = ""
     # train.n_d's default for the method, its paper's: discriminator (critic) steps per generator step
@@ -97,7 +97,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "dpsynth.methods.zhang:warm_start", plan="dpsynth.methods.zhang:audit_plan",
            statement="dpsynth.methods.zhang:privacy_statement", empirical_audit="gradient", n_d=4),
     Method("gswgan_federated", "federated GS-WGAN: server and K clients, the ranks of one torchrun job (gloo)",
-           "dpsynth.federation:FederatedProcesses", "shard", ("gswgan",),
+           "dpsynth.methods.federated_processes:FederatedProcesses", "shard", ("gswgan",),
            "dpsynth.methods.gswgan_federated:audit_invariants", _SHARD_WARM_START,
            plan="dpsynth.methods.gswgan_federated:audit_plan",
            statement="dpsynth.methods.gswgan_federated:privacy_statement", n_d=5),

@@ -20,7 +20,7 @@ only through D, so releasing it is post-processing.
   Per-unit gradients (torch.func: the penalty needs a double backward) are clipped
   group by group to c_j, summed, noised with σ·c_j per group (once per step, not per example
   as Alg. 3 line 12 reads), and divided by the expected batch size B.
-* Groups and bounds (§4.1–4.2, :mod:`dpsynth.privacy.grouping`): from a public batch every
+* Groups and bounds (§4.1–4.2, :mod:`dpsynth.mechanisms.grouping`): from a public batch every
   ``zhang.update_every`` critic steps (adaptive), or fixed at ``privacy.max_grad_norm``.
 * Generator step (line 20): after n_critic (``train.n_d``) critic steps, one non-private step on
   −D(G(z)). (The authors' released DP loop never updates G; this one does.)
@@ -48,17 +48,19 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.data.public import declared as public_declared, describe as public_source_statement, unprotected_statement
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
-from dpsynth.methods import distributed, registry, warmup
-from dpsynth.methods.core import resolve_device
+from dpsynth.training import distributed
+from dpsynth.methods import registry
+from dpsynth.training import warmup
+from dpsynth.training.core import resolve_device
 from dpsynth.methods.dpgan import DPGANTrainer
-from dpsynth.methods.loop import Trainer
+from dpsynth.training.loop import Trainer
 from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
-from dpsynth.privacy import grouping
-from dpsynth.privacy.dpsgd import GradientSanitizer
-from dpsynth.privacy.ghost import GhostClipping
+from dpsynth.mechanisms import grouping
+from dpsynth.mechanisms.dpsgd import GradientSanitizer
+from dpsynth.mechanisms.ghost import GhostClipping
 from dpsynth.privacy.plan import PrivacyPlan
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms.randomness import MechanismRandomness
 
 WARM_START_FORMAT = "dpsynth.zhang_warm_start/1"
 
@@ -241,11 +243,11 @@ def _generator_step(G, D, opt_g, m: int, rng) -> float:
 
 
 class ZhangTrainer(Trainer):
-    """Algorithm 3 on ``dataset`` (the private records); ``train()`` (:mod:`dpsynth.methods.loop`) runs it to
+    """Algorithm 3 on ``dataset`` (the private records); ``train()`` (:mod:`dpsynth.training.loop`) runs it to
     the end. One step is one critic step (the paper's n_critic counts them per generator step)."""
 
     STEP = "DP critic steps"
-    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.methods.distributed)
+    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.distributed)
 
     # what its MLflow run holds (the train stage's allow-list, checked by the audit)
     MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(

@@ -87,7 +87,7 @@ class Generator(ConditionalGenerator):
 
     ``styles`` > 1 gives every class that many learned 4×4 maps instead of one, and z[:, 6] picks which
     (a discrete choice, uniform over the slots): the private warm-up fits one released style image per
-    slot (``dpsynth.methods.warmup``). The interface is unchanged: G(z, y) with y the class.
+    slot (``dpsynth.training.warmup``). The interface is unchanged: G(z, y) with y the class.
     """
 
     def __init__(self, *, num_classes: int, channels: int = 1, image_size: int = 28, width: int = 128,
@@ -120,7 +120,7 @@ class Generator(ConditionalGenerator):
         )
 
     def describe(self) -> dict:
-        """Its class and keywords, as the generator file records them (``dpsynth.methods.artifacts``)."""
+        """Its class and keywords, as the generator file records them (``dpsynth.training.artifacts``)."""
         return {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes, "channels": self.channels,
                 "image_size": self.image_size, "width": self.width, "latent_dim": self.latent_dim,
                 "styles": self.styles, "warp": self.warp, "contrast": self.contrast}

@@ -10,8 +10,8 @@ from dpsynth.lazy import attributes
 # Imported on first use (PEP 562), so the CLI can register `dpsynth privacy` and `dpsynth ledger`
 # without loading Opacus and torch.
 _WHERE = {
-    **dict.fromkeys(["ACCOUNTANTS", "Accountant", "PRVAccountant", "RDPAccountant", "epsilon", "get_accountant",
-                     "register_accountant"], "accountants"),
+    **dict.fromkeys(["Accountant", "PRVAccountant", "RDPAccountant"], "accountants"),
+    **dict.fromkeys(["ACCOUNTANTS", "epsilon", "get_accountant", "register_accountant"], "registry"),
     **dict.fromkeys(["BudgetGuard", "check_delta"], "budget"),
     **dict.fromkeys(["calibrate_noise", "max_additional_steps", "max_steps"], "calibration"),
     **dict.fromkeys(["TRACE_FORMAT", "MechanismEvent", "MechanismTrace", "fold_releases"], "events"),

@@ -95,28 +95,6 @@ class Accountant(abc.ABC):
         return f"{type(self).__name__}()"
 
 
-ACCOUNTANTS: dict[str, type[Accountant]] = {}
-
-
-def register_accountant(cls: type[Accountant]) -> type[Accountant]:
-    """Class decorator: make ``cls`` available as ``get_accountant(cls.name)``."""
-    ACCOUNTANTS[cls.name] = cls
-    return cls
-
-
-def get_accountant(name: str | Accountant, **options) -> Accountant:
-    """The accountant called ``name`` (an Accountant instance is returned as is)."""
-    if isinstance(name, Accountant):
-        if options:
-            raise PrivacyError("accountant: options given together with an accountant instance")
-        return name
-    try:
-        cls = ACCOUNTANTS[name]
-    except (KeyError, TypeError):
-        raise PrivacyError(f"accountant: must be one of {', '.join(sorted(ACCOUNTANTS))}; got {name!r}") from None
-    return cls(**options)
-
-
 class PoissonGaussianAccountant(Accountant):
     """Base of accountants for the Poisson-subsampled Gaussian under add/remove adjacency."""
 
@@ -187,7 +165,6 @@ class RDPCurveAccountant(Accountant):
         return math.inf if math.isnan(eps) else max(eps, 0.0)
 
 
-@register_accountant
 class RDPAccountant(PoissonGaussianAccountant, RDPCurveAccountant):
     """Rényi-DP accountant of the Poisson-subsampled Gaussian (see the module docstring)."""
 
@@ -201,7 +178,6 @@ class RDPAccountant(PoissonGaussianAccountant, RDPCurveAccountant):
         return "RDPAccountant()" if default else f"RDPAccountant(orders={list(self.orders)})"
 
 
-@register_accountant
 class PRVAccountant(PoissonGaussianAccountant):
     """PRV accountant (Gopi et al. 2021) on Opacus' vendored implementation; returns ``eps_upper``."""
 
@@ -329,17 +305,5 @@ def prv_bounds_or_rdp(trace: MechanismTrace, *, delta: float, time_limit_s: floa
         low, est, up = value
         return {"lower": low, "estimate": est, "upper": up, "eps_error": eps_error}
     reason = f"PRV did not finish within {time_limit_s:g} s" if status == "timeout" else f"PRV failed ({value})"
-    return {"upper": get_accountant("rdp").epsilon(trace, delta=delta), "eps_error": 0.0, "fallback": "rdp",
+    return {"upper": RDPAccountant().epsilon(trace, delta=delta), "eps_error": 0.0, "fallback": "rdp",
             "reason": reason + "; the RDP bound, a valid upper bound on the same trace, stands in"}
-
-
-def epsilon(
-    trace: MechanismTrace | Iterable[MechanismEvent], *, delta: float, accountant: str | Accountant = "rdp"
-) -> float:
-    """Upper bound on ε of ``trace`` at ``delta`` by the named accountant."""
-    return get_accountant(accountant).epsilon(trace, delta=delta)
-
-
-
-# The without-replacement accountant registers itself as "wor" (it builds on the classes above).
-from dpsynth.privacy import wor as _wor  # noqa: E402,F401

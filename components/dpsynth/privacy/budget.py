@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.accountants import Accountant, get_accountant
+from dpsynth.privacy.accountants import Accountant
+from dpsynth.privacy.registry import get_accountant
 from dpsynth.privacy.calibration import max_additional_steps
 from dpsynth.privacy.events import MechanismEvent, MechanismTrace
 from dpsynth.privacy.validation import as_count, check_delta_range, check_epsilon

@@ -21,7 +21,8 @@ import math
 from typing import Callable, NamedTuple
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.accountants import Accountant, get_accountant
+from dpsynth.privacy.accountants import Accountant
+from dpsynth.privacy.registry import get_accountant
 from dpsynth.privacy.events import MechanismEvent, MechanismTrace
 from dpsynth.privacy.validation import as_count, as_real, check_delta_range, check_epsilon
 

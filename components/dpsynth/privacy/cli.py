@@ -69,7 +69,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _accountant(name: str) -> str:
     """An accountant's name, checked against the registry (imported only when the option is given)."""
-    from dpsynth.privacy.accountants import ACCOUNTANTS
+    from dpsynth.privacy.registry import ACCOUNTANTS
 
     if name not in ACCOUNTANTS:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(sorted(ACCOUNTANTS))}, got {name!r}")
@@ -100,7 +100,7 @@ def _report(args: argparse.Namespace, result: dict, line: str) -> int:
 
 
 def run_epsilon(args: argparse.Namespace) -> int:
-    from dpsynth.privacy.accountants import epsilon
+    from dpsynth.privacy.registry import epsilon
 
     event = _event(args, args.noise_multiplier)
     eps = epsilon([event], delta=args.delta, accountant=args.accountant)
@@ -115,7 +115,7 @@ def run_epsilon(args: argparse.Namespace) -> int:
 
 
 def run_noise(args: argparse.Namespace) -> int:
-    from dpsynth.privacy.accountants import epsilon
+    from dpsynth.privacy.registry import epsilon
     from dpsynth.privacy.calibration import calibrate_noise
 
     sensitivity = _resolve(args)

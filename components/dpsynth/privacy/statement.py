@@ -57,7 +57,7 @@ def revealed_choice_account(event: MechanismEvent, steps: int, *, num_shards: in
     """
     from scipy.stats import binom
 
-    from dpsynth.privacy.accountants import get_accountant
+    from dpsynth.privacy.registry import get_accountant
 
     m = int(binom.isf(delta / 2, steps, 1 / num_shards))
     while binom.sf(m, steps, 1 / num_shards) > delta / 2:  # isf is a float search: make the tail hold

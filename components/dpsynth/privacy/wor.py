@@ -32,7 +32,7 @@ As in autodp:
   where autodp keeps ε'(2).
 
 A ``full_batch`` event (every record, q = 1; e.g. a central-image warm-up release, see
-:mod:`dpsynth.privacy.central_images`) is the Gaussian mechanism itself: ε(α) = αΔ²/(2σ²) with Δ = 1 for
+:mod:`dpsynth.mechanisms.central_images`) is the Gaussian mechanism itself: ε(α) = αΔ²/(2σ²) with Δ = 1 for
 ``add_remove`` (a record added or removed moves the query by ≤ C) and 2 for ``replace_one``. GS-WGAN's
 neighbours differ by one added or removed record whose shard's releases move by ≤ 2C (the trace's
 ``replace_one`` events, see :mod:`dpsynth.methods.gswgan`), so its warm-up releases compose with them
@@ -88,7 +88,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.accountants import RDPCurveAccountant, register_accountant
+from dpsynth.privacy.accountants import RDPCurveAccountant
 from dpsynth.privacy.events import MechanismEvent, fold_releases
 from dpsynth.privacy.validation import as_count, as_real, check_delta_range, check_noise, check_sample_rate
 
@@ -180,7 +180,6 @@ def _rdp_per_step(q: float, sigma: float, orders: tuple[float, ...]) -> np.ndarr
     return values
 
 
-@register_accountant
 class WORAccountant(RDPCurveAccountant):
     """RDP accountant of the Gaussian mechanism subsampled without replacement, replace-one adjacency.
 

@@ -1,6 +1,6 @@
 """Where a run's ledger is, which population it charges, and the charged training attempt of ``train``.
 
-See :mod:`dpsynth.privacy.attempt` for what an attempt is charged and :mod:`dpsynth.privacy.ledger`
+See :mod:`dpsynth.ledger.attempt` for what an attempt is charged and :mod:`dpsynth.ledger.store`
 for the ledger itself.
 """
 
@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Callable
 
 from dpsynth import storage
 from dpsynth.config import RunConfig
 from dpsynth.errors import ConfigError
+from dpsynth.privacy.events import MechanismTrace
 
 LEDGER_ENV = "DPSYNTH_LEDGER_URL"
 STANDALONE_URL = "sqlite:///outputs/ledger.db"  # standalone `dpsynth train` (and the `dpsynth ledger` default)
@@ -46,23 +48,86 @@ def ledger_url(cfg: RunConfig, *, run_dir: str | None, tracking_uri: str | None)
 
 
 def open_ledger(url: str):
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger.store import Ledger
 
     return Ledger(url)
 
 
+def run_ledger_url(ctx) -> str:
+    """The ledger of the pipeline run ``ctx`` (a :class:`dpsynth.stages.common.StageContext`): :func:`ledger_url`
+    of its settings, its run directory and its tracking store (None when that cannot be read)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from dpsynth.errors import DpsynthError
+
+    tracking_uri = None
+    if ctx.cfg.tracking.enabled:
+        try:
+            tracking_uri = ctx.tracking_uri
+        except (DpsynthError, SQLAlchemyError):
+            tracking_uri = None
+    return ledger_url(ctx.cfg, run_dir=ctx.run_dir, tracking_uri=tracking_uri)
+
+
+def run_ledger(ctx):
+    """The opened ledger of the pipeline run ``ctx`` (:func:`run_ledger_url`)."""
+    return open_ledger(run_ledger_url(ctx))
+
+
 def train_charged(cfg: RunConfig, make_trainer, *, ledger, dataset_version: str, pipeline_run_id: str,
                   records: int, workdir: str, content_sha256: str | None = None):
-    """Run ``make_trainer().train()`` as one charged attempt (:func:`dpsynth.privacy.attempt.run_charged`),
+    """Run ``make_trainer().train()`` as one charged attempt (:func:`run_charged`),
     adopting the checkpoint in ``workdir/checkpoints``; returns the result. ``content_sha256``: the dataset's
     content hash, which ties the population to its data in the ledger (kept there keyed only)."""
-    from dpsynth.privacy.attempt import open_attempt, run_charged
-    from dpsynth.privacy.events import MechanismTrace
+    from dpsynth.ledger.attempt import open_attempt
+    from dpsynth.training import checkpoint
 
     attempt = open_attempt(
         ledger, population_id=population_id(cfg), epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
         dataset_version=dataset_version, pipeline_run_id=pipeline_run_id, stage="train", records=records,
-        accountant=cfg.privacy.accountant, checkpoint_dir=Path(workdir) / "checkpoints",
-        resume=cfg.output.resume, stale_after_s=cfg.ledger.stale_after_hours * 3600, content_sha256=content_sha256)
+        accountant=cfg.privacy.accountant,
+        lineage=checkpoint.lineage(Path(workdir) / "checkpoints") if cfg.output.resume else None, stale_after_s=cfg.ledger.stale_after_hours * 3600, content_sha256=content_sha256)
     return run_charged(attempt, make_trainer,
                        read_trace=lambda result: MechanismTrace.from_json(storage.read_bytes(result.trace_path).decode()))
+
+
+def run_charged(attempt: Attempt, make_trainer: Callable[[], Any], *, read_trace: Callable[[Any], MechanismTrace]):
+    """Build the trainer, train it under ``attempt``, close the attempt; returns the trainer's result.
+
+    ``read_trace(result)``: the final trace of a finished run.
+    """
+    from dpsynth.training import checkpoint
+
+    try:
+        trainer = make_trainer()
+        attempt.limit(trainer)
+    except BaseException as exc:
+        attempt.release(f"failed before its first private step: {str(exc) or repr(exc)}")
+        raise
+    try:
+        with checkpoint.charging(attempt):
+            result = trainer.train()
+    except BaseException as exc:
+        _charge_failure(attempt, trainer, exc)
+        raise
+    try:
+        attempt.commit(read_trace(result), accountant=result.accountant)
+    except BaseException as exc:
+        if not attempt.closed:
+            attempt.charge_in_full(f"its trace could not be accounted ({str(exc) or repr(exc)})")
+        raise
+    return result
+
+
+def _charge_failure(attempt: Attempt, trainer, exc: BaseException) -> None:
+    why = f"failed: {str(exc) or repr(exc)}; "
+    trace = getattr(trainer, "trace", None)
+    accountant = getattr(trainer, "accountant", None)  # the sound accountant of its trace, guarded or not
+    if isinstance(trace, MechanismTrace) and accountant is not None:
+        try:
+            attempt.commit(trace, accountant=accountant.name, why=why)
+            return
+        except Exception as inner:  # noqa: BLE001 (whatever it is, charge the whole reservation)
+            why += f"its trace could not be accounted ({inner}); "
+    if not attempt.closed:
+        attempt.charge_in_full(f"{why}the steps it ran are unknown")

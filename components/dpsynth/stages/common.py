@@ -16,7 +16,7 @@ Layout under the run directory (local path or ``s3://``)::
     sensitive/audit/       audit.json, audit.md, manifest.json
     release/sample/        generator.pt, synthetic.parquet, samples.png, audit.json, audit.md, manifest.json
     release/evaluate/      report.json, manifest.json
-    release/card/          the release card (written by ``pipeline finish``: :mod:`dpsynth.stages.card`)
+    release/card/          the release card (written by ``pipeline finish``: :mod:`dpsynth.release.card`)
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ TAG_REUSED_RUN = "dpsynth.reused_run_id"  # a skipped stage: the run that made t
 # What every stage run logs (finish / reuse); each stage's MLFLOW_KEYS adds its own.
 STAGE_RUN_KEYS = tracking.LoggedKeys(metrics={
     "epsilon_spent": "the stage's ε from its manifest: the accountant's bound of the recorded trace, or 0"})
+# The pipeline's parent run (dpsynth.stage = "pipeline"): what ``dpsynth pipeline finish`` logs.
+PARENT_RUN_KEYS = tracking.LoggedKeys(metrics={
+    "epsilon_total": "the sum of the stages' recorded ε (accounted)",
+    "ledger_epsilon_charged": "the ε the ledger charged this run (accounted)"})
 
 
 @dataclass(frozen=True)
@@ -297,3 +301,8 @@ def reuse(ctx: StageContext, stage: str, *, fingerprint: str, inputs: list[dict]
             _log_manifest(ctx, old, epsilon=0.0, status="skipped")
     return Outcome(stage=stage, status="skipped", manifest=old, manifest_uri=uri,
                    mlflow_run_id=run.info.run_id if run is not None else None)
+
+
+def inconclusive(check: dict) -> bool:
+    """Whether an audit check is inconclusive: it neither passes nor fails (no audit of its size could have failed)."""
+    return isinstance(check, dict) and check.get("passed", False) is None and check.get("verdict") == "inconclusive"

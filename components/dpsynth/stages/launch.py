@@ -75,8 +75,8 @@ def stage_argv(args) -> list[str]:
 
 def run(how: str, cfg, args) -> int:
     """``dpsynth train --launch HOW``: refuse what cannot run before anything starts, then launch."""
-    from dpsynth.methods.distributed import METHODS
-    from dpsynth.privacy.distributed import env_ranks
+    from dpsynth.training.distributed import METHODS
+    from dpsynth.mechanisms.distributed import env_ranks
 
     if not (args.run_dir or cfg.pipeline.run_dir):
         raise ConfigError("pipeline.run_dir: --launch starts the pipeline's train stage; give --run-dir")

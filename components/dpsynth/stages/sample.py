@@ -22,7 +22,7 @@ from dpsynth import storage, tracking
 from dpsynth.data import ImageDataset, write_parquet
 from dpsynth.errors import StageError
 from dpsynth.grids import class_grid
-from dpsynth.methods.artifacts import load_generator  # noqa: F401 (the stages' reader of generator files)
+from dpsynth.training.artifacts import load_generator  # noqa: F401 (the stages' reader of generator files)
 from dpsynth.stages import common, manifest
 
 STAGE = "sample"
@@ -68,10 +68,9 @@ def require_passed_audit(ctx: common.StageContext) -> tuple[dict, dict, list[dic
     report_item = manifest.verify(manifest.output(audit, "report"))
     report = json.loads(storage.read_bytes(report_item["uri"]))
     checks = report.get("checks")
-    from dpsynth.stages.audit import inconclusive  # an inconclusive empirical check neither passes nor fails
 
     if (audit["status"] != "succeeded" or report.get("decision") != "passed" or not isinstance(checks, list)
-            or not checks or not all(c.get("passed") is True or inconclusive(c) for c in checks)):
+            or not checks or not all(c.get("passed") is True or common.inconclusive(c) for c in checks)):
         raise StageError(f"stage audit: the audit {report_item['uri']} did not pass; nothing is released")
     return audit, report, [ctx.entry(uri, role="audit_manifest"), report_item,
                            manifest.verify(manifest.output(audit, "report_markdown"))]
@@ -140,7 +139,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
                    ctx.entry(ctx.uri(STAGE, "audit.md"), role="audit_report_markdown")]
         release = {"epsilon": report["epsilon_upper_bound"], "delta": report["target"]["delta"], "audit": "passed",
                    "statement": report.get("statement")}  # adjacency, σ convention, assumptions, other accounts
-        measured = report.get("empirical")  # the empirical audit's ε_lower, when it ran (privacy/empirical.py)
+        measured = report.get("empirical")  # the empirical audit's ε_lower, when it ran (audit/empirical.py)
         if measured:
             release["epsilon_lower"] = measured["epsilon_lower"]
             release["empirical"] = measured.get("verdict")  # passed | inconclusive (a failed audit releases nothing)
@@ -149,9 +148,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
 
             mlflow.set_tag(tracking.TAG_AUDIT, "passed")
             if measured:
-                from dpsynth.privacy import empirical
-
-                mlflow.set_tags(empirical.tags(measured))
+                mlflow.set_tags(tracking.empirical_tags(measured))
             mlflow.log_metric("release_epsilon", release["epsilon"])
             tracking.log_png(grid, "grids/samples.png")
             model = tracking.log_generator(exportable(generator))  # the audited generator, as an MLflow model (pt2)

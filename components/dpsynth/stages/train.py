@@ -12,17 +12,17 @@ outputs are then uploaded; there every checkpoint and generator snapshot is also
 ``sensitive/train/checkpoints/`` in the run directory as it is written, and pulled from there by the next
 attempt, so an orchestrator's retry (on any machine) resumes it under the killed attempt's reservation.
 
-Every attempt is charged to the ledger (:mod:`dpsynth.privacy.attempt`): it opens its own reservation
+Every attempt is charged to the ledger (:mod:`dpsynth.ledger.attempt`): it opens its own reservation
 before building the trainer, adopting the reservation of the checkpoint it resumes, and commits the ε
 of the steps it added. A reused stage opens none (it spends nothing).
 
-Under ``torchrun`` (a data-parallel method, :mod:`dpsynth.methods.distributed`) every rank runs
+Under ``torchrun`` (a data-parallel method, :mod:`dpsynth.training.distributed`) every rank runs
 ``dpsynth train --run-dir RUN_DIR``: rank 0 is the stage — :func:`run`: the reuse decision, the
 ledger attempt, the trainer's MLflow child run, the outputs and the manifest — and tells the other
 ranks whether it trains; they (:func:`follow`) read the same shards and warm start, train in step
 with it, and write nothing.
 
-``gswgan_federated`` always runs so, on K + 1 ranks (:mod:`dpsynth.federation`): in one process
+``gswgan_federated`` always runs so, on K + 1 ranks (:mod:`dpsynth.methods.federated_processes`): in one process
 :func:`run` starts that torchrun job and returns its rank 0's outcome; in the job rank 0 is the stage
 and the server, given the number of records only (it opens no shard), and rank k + 1 is client k,
 which reads its own shard and warm D_k only and writes only its own checkpoints.
@@ -33,15 +33,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
+import types
 import uuid
 from pathlib import Path
 
 from dpsynth import storage, tracking
+from dpsynth.config import dump_config
 from dpsynth.data import read_parquet
-from dpsynth.methods import checkpoint, distributed, registry
-from dpsynth.stages import charging, common, manifest
+from dpsynth.errors import ConfigError, DpsynthError
+from dpsynth.training import checkpoint, distributed
+from dpsynth.methods import registry
+from dpsynth.stages import charging
+from dpsynth.stages import common, manifest
 
 STAGE = "train"
 SECTIONS = ("data", "partition", "privacy", "train", "warmup")  # plus the method's own (registry: Method.sections)
@@ -102,7 +112,7 @@ def method_inputs(ctx: common.StageContext, method: registry.Method, *, dataset,
 
 def _discard_stale_checkpoints(workdir: str, *, stamp: str, force: bool, mirror: str | None = None) -> None:
     """Keep ``checkpoints/`` only for an interrupted run of the same settings *and* training data. ``mirror``: where
-    a remote run directory keeps them (:func:`dpsynth.methods.checkpoint.mirroring`): pulled first, cleared with
+    a remote run directory keeps them (:func:`dpsynth.training.checkpoint.mirroring`): pulled first, cleared with
     the local copy."""
     ckpt = Path(workdir) / "checkpoints"
     if mirror is not None:
@@ -155,11 +165,9 @@ def _trainer_config(ctx: common.StageContext, shards: list[dict], workdir: str):
 def run(ctx: common.StageContext) -> common.Outcome:
     cfg = ctx.cfg
     ranks = distributed.current()  # under torchrun this is rank 0; the other ranks run follow()
-    federated = cfg.train.method == "gswgan_federated"  # rank 0 is its server (dpsynth.federation)
+    federated = cfg.train.method == "gswgan_federated"  # rank 0 is its server (methods.federated_processes)
     if federated and not ranks.distributed:  # in one process: start the job of the server and K clients
-        from dpsynth import federation
-
-        return federation.launch_stage(ctx)
+        return _federated_job(ctx)
     read = _inputs(ctx, verify_shards=not federated)  # each client verifies its own shard; the server reads none
     method, partition, shards, inputs, fp = read.method, read.partition, read.shards, read.inputs, read.fingerprint
     reused = common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)
@@ -218,9 +226,7 @@ def follow(ctx: common.StageContext) -> None:
     if ranks.is_main:
         raise RuntimeError("train.follow: rank 0 runs the stage itself (train.run)")
     if ctx.cfg.train.method == "gswgan_federated":  # client k = rank k + 1: its own shard and D_k only
-        from dpsynth import federation
-
-        return federation.client_stage(ctx)
+        return _federated_client(ctx)
     read = _inputs(ctx)
     if not ranks.from_main(None):  # rank 0 reused the stage's outputs: nothing to train
         return
@@ -230,3 +236,82 @@ def follow(ctx: common.StageContext) -> None:
     data, method_kwargs = method_inputs(ctx, read.method, dataset=dataset, shards=shard_data,
                                         warmstart=read.warmstart)
     read.method.trainer_class()(tcfg, data, **method_kwargs).train()
+
+
+# --- the federated GS-WGAN: the job of its server and K clients (dpsynth.methods.federated_processes) ---
+
+
+def _federated_client(ctx) -> None:
+    """Rank k + 1 of the job running the train stage (:func:`follow`): client k. It reads
+    and verifies its own shard and its own warm D_k, nothing of another shard; it writes only its checkpoints
+    (local run directories: the stage's ``checkpoints/clients/``; none for a remote one, which does not resume)."""
+    from dpsynth.methods import federated_processes as fed
+
+    k = distributed.current().rank - 1
+    partition, _ = common.upstream(ctx, "partition")
+    warmstart, _ = common.upstream(ctx, "warmstart")
+    entries = manifest.outputs(partition, "shard")
+    if len(entries) != ctx.cfg.partition.num_shards:
+        raise ConfigError(f"partition.num_shards: {ctx.cfg.partition.num_shards}, but the partition wrote "
+                          f"{len(entries)} shards")
+    if not distributed.current().from_main(None):  # rank 0 reused the stage's outputs: nothing to train
+        return
+    shard = read_parquet(manifest.verify(entries[k])["uri"])
+    warm = [storage.read_bytes(manifest.verify(item)["uri"]) for item in warmstart.get("outputs", [])
+            if item.get("role") == "discriminator" and int(item["shard"]) == k]
+    stage_dir = ctx.stage_dir("train")
+    checkpoints = None if storage.is_remote(stage_dir) else (
+        Path(storage.local_path(stage_dir)) / "checkpoints" / fed.CLIENT_CHECKPOINTS)
+    fed.client_main(ctx.cfg, shard, warm=warm[0] if warm else None, checkpoints=checkpoints)
+
+
+def _run_job(command: list[str]) -> tuple[str, int]:
+    """Run torchrun (stdout captured; stderr, every rank's log, passed through as it comes); stopped by SIGTERM
+    (a task's time limit), this process stops torchrun first, which stops the ranks."""
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        stdout, _ = job.communicate()
+        return stdout, job.returncode
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if job.poll() is None:
+            job.terminate()
+            try:
+                job.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.wait()
+
+
+def _federated_job(ctx) -> common.Outcome:
+    """The train stage of a one-process ``dpsynth train --run-dir`` / ``dpsynth pipeline run``: run it as a
+    torchrun job of K + 1 ranks on this machine (``python -m torch.distributed.run --standalone``, an argv list,
+    no shell) and return rank 0's outcome. The job reads this run's settings from a private copy of the
+    configuration (it holds the partition key), removed afterwards."""
+    from dpsynth.methods import federated_processes as fed
+
+    from dpsynth.stages.launch import stage_argv
+
+    with tempfile.TemporaryDirectory(prefix="dpsynth-federated-") as private:  # mode 0700
+        config = Path(private) / "config.yaml"
+        config.touch(mode=0o600)
+        config.write_text(dump_config(ctx.cfg))
+        args = types.SimpleNamespace(config=str(config), overrides=[], run_dir=ctx.run_dir,
+                                     parent_run_id=ctx.parent_run_id, pipeline_run_id=ctx.pipeline_run_id,
+                                     force=ctx.force, json=True)
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                   str(fed.world_size(ctx.cfg)), "-m", "dpsynth", *stage_argv(args)]
+        stdout, returncode = _run_job(command)
+    if returncode != 0:
+        raise DpsynthError(f"train: the federated job (server and {ctx.cfg.partition.num_shards} clients under "
+                           f"torchrun) failed with exit status {returncode}; the failing rank's error is above")
+    start = re.search(r"^\{", stdout, re.MULTILINE)
+    if start is None:
+        raise DpsynthError("train: the federated job succeeded but its rank 0 printed no outcome")
+    out, _ = json.JSONDecoder().raw_decode(stdout, start.start())  # rank 0's `--json` outcome
+    return common.Outcome(stage=out["stage"], status=out["status"], manifest=out["manifest"],
+                          manifest_uri=out["manifest_uri"], mlflow_run_id=out["mlflow_run_id"])

@@ -1,4 +1,4 @@
-"""The federated GS-WGAN's processes: the server (rank 0) and K clients (client k is rank k + 1) of one
+"""The federated GS-WGAN's processes and their transport: the server (rank 0) and K clients (client k is rank k + 1) of one
 ``torchrun`` job, talking over torch.distributed/gloo.
 
     torchrun --standalone --nproc-per-node K+1 -m dpsynth train --run-dir RUN_DIR ...
@@ -6,12 +6,12 @@
 torch's elastic launcher starts the K + 1 processes, gives them the rendezvous, and supervises them: a rank
 that fails (an exception, a signal) makes torchrun stop the others and exit non-zero with that rank's error.
 A plain ``dpsynth train --run-dir`` (or ``dpsynth pipeline run``) in one process starts that job itself
-(:func:`launch_stage`): the train stage is then rank 0 of the job, as for the data-parallel methods.
+(:func:`dpsynth.stages.train.run`): the train stage is then rank 0 of the job, as for the data-parallel methods.
 
 * Rank 0 is the stage (:func:`dpsynth.stages.train.run`: the reuse decision, the ledger attempt, the MLflow
   run, ``sensitive/train/``, the manifest) and the server (:class:`FederatedProcesses`): it is given
   metadata only — n from the partition manifest, the image shape from client 0 — never a shard or a D_k.
-* Rank k + 1 is client k (:func:`client_stage`): it reads and verifies its own shard and its own warm D_k
+* Rank k + 1 is client k (:func:`dpsynth.stages.train.follow`): it reads and verifies its own shard and its own warm D_k
   only, answers the server's requests (:func:`serve`) and writes nothing but its own checkpoint.
 
 The algorithm (:class:`~dpsynth.methods.gswgan_federated.FederatedServer`,
@@ -46,7 +46,7 @@ from dpsynth import storage
 from dpsynth.config import RunConfig, dump_config
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError
-from dpsynth.methods.core import TrainResult
+from dpsynth.training.core import TrainResult
 from dpsynth.methods.gswgan import _image_spec
 from dpsynth.methods.gswgan_federated import (
     Client,
@@ -54,7 +54,7 @@ from dpsynth.methods.gswgan_federated import (
     FederationMeta,
     make_client,
 )
-from dpsynth.privacy import distributed
+from dpsynth.mechanisms import distributed
 
 METHOD = "gswgan_federated"
 CONTINUE, STOP, CHECKPOINT, RESUME = 1, 0, 2, 3
@@ -255,84 +255,4 @@ def client_main(cfg: RunConfig, shard: ImageDataset, *, warm: bytes | None,
                  checkpoints=checkpoints, shard_index=k)
 
 
-# --- the train stage -------------------------------------------------------------------------------
-
-
-def client_stage(ctx) -> None:
-    """Rank k + 1 of the job running the train stage (:func:`dpsynth.stages.train.follow`): client k. It reads
-    and verifies its own shard and its own warm D_k, nothing of another shard; it writes only its checkpoints
-    (local run directories: the stage's ``checkpoints/clients/``; none for a remote one, which does not resume)."""
-    from dpsynth.data import read_parquet
-    from dpsynth.stages import common, manifest
-
-    k = distributed.current().rank - 1
-    partition, _ = common.upstream(ctx, "partition")
-    warmstart, _ = common.upstream(ctx, "warmstart")
-    entries = manifest.outputs(partition, "shard")
-    if len(entries) != ctx.cfg.partition.num_shards:
-        raise ConfigError(f"partition.num_shards: {ctx.cfg.partition.num_shards}, but the partition wrote "
-                          f"{len(entries)} shards")
-    if not distributed.current().from_main(None):  # rank 0 reused the stage's outputs: nothing to train
-        return
-    shard = read_parquet(manifest.verify(entries[k])["uri"])
-    warm = [storage.read_bytes(manifest.verify(item)["uri"]) for item in warmstart.get("outputs", [])
-            if item.get("role") == "discriminator" and int(item["shard"]) == k]
-    stage_dir = ctx.stage_dir("train")
-    checkpoints = None if storage.is_remote(stage_dir) else (
-        Path(storage.local_path(stage_dir)) / "checkpoints" / CLIENT_CHECKPOINTS)
-    client_main(ctx.cfg, shard, warm=warm[0] if warm else None, checkpoints=checkpoints)
-
-
-def _run_job(command: list[str]) -> tuple[str, int]:
-    """Run torchrun (stdout captured; stderr, every rank's log, passed through as it comes); stopped by SIGTERM
-    (a task's time limit), this process stops torchrun first, which stops the ranks."""
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    try:
-        stdout, _ = job.communicate()
-        return stdout, job.returncode
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        if job.poll() is None:
-            job.terminate()
-            try:
-                job.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                job.kill()
-                job.wait()
-
-
-def launch_stage(ctx):
-    """The train stage of a one-process ``dpsynth train --run-dir`` / ``dpsynth pipeline run``: run it as a
-    torchrun job of K + 1 ranks on this machine (``python -m torch.distributed.run --standalone``, an argv list,
-    no shell) and return rank 0's outcome. The job reads this run's settings from a private copy of the
-    configuration (it holds the partition key), removed afterwards."""
-    from dpsynth.stages import common
-    from dpsynth.stages.launch import stage_argv
-
-    with tempfile.TemporaryDirectory(prefix="dpsynth-federated-") as private:  # mode 0700
-        config = Path(private) / "config.yaml"
-        config.touch(mode=0o600)
-        config.write_text(dump_config(ctx.cfg))
-        args = types.SimpleNamespace(config=str(config), overrides=[], run_dir=ctx.run_dir,
-                                     parent_run_id=ctx.parent_run_id, pipeline_run_id=ctx.pipeline_run_id,
-                                     force=ctx.force, json=True)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                   str(world_size(ctx.cfg)), "-m", "dpsynth", *stage_argv(args)]
-        stdout, returncode = _run_job(command)
-    if returncode != 0:
-        raise DpsynthError(f"train: the federated job (server and {ctx.cfg.partition.num_shards} clients under "
-                           f"torchrun) failed with exit status {returncode}; the failing rank's error is above")
-    start = re.search(r"^\{", stdout, re.MULTILINE)
-    if start is None:
-        raise DpsynthError("train: the federated job succeeded but its rank 0 printed no outcome")
-    out, _ = json.JSONDecoder().raw_decode(stdout, start.start())  # rank 0's `--json` outcome
-    return common.Outcome(stage=out["stage"], status=out["status"], manifest=out["manifest"],
-                          manifest_uri=out["manifest_uri"], mlflow_run_id=out["mlflow_run_id"])
-
-
-__all__ = ["FederatedProcesses", "GlooClients", "client_main", "client_stage", "launch",
-           "launch_stage", "serve", "world_size"]
+__all__ = ["FederatedProcesses", "GlooClients", "client_main", "launch", "serve", "world_size"]

@@ -27,7 +27,7 @@ gswgan, dpac       one generator iteration (n_dis critic steps, B releases)     
 gswgan_federated   one generator iteration (n_dis rounds, n_dis·B releases)      generator iterations
 =================  ============================================================  ==================
 
-Checkpoints (:mod:`dpsynth.methods.checkpoint`) hold ``Trainer.state_dict()``: the loop's own fields
+Checkpoints (:mod:`dpsynth.training.checkpoint`) hold ``Trainer.state_dict()``: the loop's own fields
 (fingerprint, step, generator steps, σ, the trace) and the method's (``method_state``).
 """
 
@@ -48,8 +48,9 @@ from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.methods import artifacts, checkpoint, core, distributed, warmup
-from dpsynth.methods.core import TrainResult, resolve_device
+from dpsynth.training import artifacts, checkpoint, core, distributed
+from dpsynth.training import warmup
+from dpsynth.training.core import TrainResult, resolve_device
 from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.privacy.plan import PrivacyPlan
@@ -66,8 +67,8 @@ class Trainer:
 
     STEP = "private steps"  # the progress bar's name for one step (see the table above)
     KEEPS_SNAPSHOTS = False  # keep a generator snapshot at every checkpoint (evaluate's ε-vs-metric curve)
-    DATA_PARALLEL = False  # trains across torchrun ranks (dpsynth.methods.distributed): DPGAN, dp-GAN, GS-WGAN, DPAC
-    # state spread over the ranks (dpsynth.methods.distributed): names of the trainer's dicts {shard index: state},
+    DATA_PARALLEL = False  # trains across torchrun ranks (dpsynth.training.distributed): DPGAN, dp-GAN, GS-WGAN, DPAC
+    # state spread over the ranks (dpsynth.training.distributed): names of the trainer's dicts {shard index: state},
     # attributes and state keys alike, each rank holding its own indices' (GS-WGAN: the discriminators)
     SPREAD_STATE: tuple[str, ...] = ()
     ACCOUNTANT: str | None = None  # None: privacy.accountant; a method may fix its own (GS-WGAN: "wor")
@@ -88,7 +89,7 @@ class Trainer:
         # MLflow: nest the run under a pipeline's parent run, add tags. Nothing before the gate: the
         # run gets no image, no model and no dataset hash (the sample stage logs them after the audit).
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
-        # rank r of W when this method trains data-parallel under torchrun (dpsynth.methods.distributed); else
+        # rank r of W when this method trains data-parallel under torchrun (dpsynth.training.distributed); else
         # 0 of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)
         self.dist = distributed.current() if self.DATA_PARALLEL else distributed.SINGLE
         self.device = self.dist.place(resolve_device(cfg.train.device))
@@ -115,7 +116,7 @@ class Trainer:
 
     def warm_up(self) -> bool:
         """The private warm-up before the first step, when ``warmup.central_images`` is on
-        (:mod:`dpsynth.methods.warmup`): the central-image releases on :meth:`warmup_records`, with the
+        (:mod:`dpsynth.training.warmup`): the central-image releases on :meth:`warmup_records`, with the
         mechanism's secret coins, each recording its event in the trace; then G is
         fitted to them (post-processing). True if it ran."""
         w = self.cfg.warmup

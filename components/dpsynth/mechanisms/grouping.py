@@ -2,7 +2,7 @@
 
 The critic's parameter tensors are split into k groups; each example's gradient is clipped
 group by group to the group's bound c_j and each group gets noise σ·c_j
-(:class:`~dpsynth.privacy.dpsgd.GradientSanitizer`). Strategies:
+(:class:`~dpsynth.mechanisms.dpsgd.GradientSanitizer`). Strategies:
 
 * ``global``: one group (plain DP-SGD);
 * ``weight_bias``: all weights in one group, all biases in another;

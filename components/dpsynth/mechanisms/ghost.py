@@ -136,7 +136,7 @@ class GhostClipping(nn.Module):
 
     ``clipped_sums(losses, groups, bounds)`` then returns, per group and parameter, the sum over
     examples of each example's gradient clipped group by group to the group's bound (the factor
-    ``min(1, c / (‖g‖ + 1e-6))`` of :class:`~dpsynth.privacy.dpsgd.GradientSanitizer`).
+    ``min(1, c / (‖g‖ + 1e-6))`` of :class:`~dpsynth.mechanisms.dpsgd.GradientSanitizer`).
     ``losses`` are the per-example losses (batch,) of that forward pass. The sums are new tensors, one per
     parameter, that the caller may modify in place.
     """

@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from dpsynth.config import load_config
 from dpsynth.methods import registry
-from dpsynth.stages import cli as stage_cli
+from dpsynth.pipeline import cli as stage_cli
 
 # train.method -> one line for `dpsynth --help` and `dpsynth train --help`: the registry's
 METHODS = {name: m.description for name, m in registry.METHODS.items()}
@@ -67,14 +67,17 @@ def run_train(args) -> int:
         from dpsynth.stages import launch
 
         return launch.run(args.launch, cfg, args)
-    from dpsynth.methods import distributed
+    from dpsynth.training import distributed
 
-    if cfg.train.method == "gswgan_federated":  # its server and K clients are the job's ranks (dpsynth.federation)
-        from dpsynth import federation
+    if cfg.train.method == "gswgan_federated":  # its server and K clients are the job's ranks (dpsynth.methods.federated_processes)
+        from dpsynth.methods import federated_processes as federation
 
         ranks = federation.launch(cfg)
     else:
-        ranks = distributed.launch(cfg)  # under torchrun: join the job
+        from dpsynth.methods import registry
+
+        sharded = registry.get(cfg.train.method).warm_start == "shard"
+        ranks = distributed.launch(cfg, sharded=sharded)  # under torchrun: join the job
     code = None
     try:
         code = _run_train(args, cfg, ranks)

@@ -1,4 +1,4 @@
-"""DP trainers over the ranks of one ``torchrun`` job (the mechanism: :mod:`dpsynth.privacy.distributed`):
+"""DP trainers over the ranks of one ``torchrun`` job (the mechanism: :mod:`dpsynth.mechanisms.distributed`):
 DPGAN and dp-GAN (Zhang) data-parallel, GS-WGAN and DPAC with their shards spread over the ranks — the trainers
 with ``DATA_PARALLEL = True``.
 
@@ -7,7 +7,7 @@ with ``DATA_PARALLEL = True``.
 Every rank builds the same trainer (same settings, same data, same ``train.seed``, so the same
 initial G and D; :func:`join` refuses a job whose ranks disagree, and hands the trainer's sanitizer
 the reducer that forms the job's one noisy sum). Per private step each rank Poisson-samples its part
-of the records (:meth:`~dpsynth.privacy.distributed.Ranks.poisson_take`) and clips per example into
+of the records (:meth:`~dpsynth.mechanisms.distributed.Ranks.poisson_take`) and clips per example into
 its sums — DPGAN adds its contiguous share of the B fakes (every rank draws all B from the shared
 latent stream and keeps its share, so the logical batch is exactly one process's); dp-GAN's units
 bring their own fakes, drawn from each rank's secret coins, and its k clip groups (the same on every
@@ -34,29 +34,28 @@ file is one process's, and a resume scatters them to the ranks now holding them 
 from __future__ import annotations
 
 from dpsynth.errors import ConfigError
-from dpsynth.privacy import distributed
-from dpsynth.privacy.distributed import SINGLE, current  # noqa: F401  (the trainer's ranks)
+from dpsynth.mechanisms import distributed
+from dpsynth.mechanisms.distributed import SINGLE, current  # noqa: F401  (the trainer's ranks)
 
 MECHANISM = "mechanism"  # the state key of the trainer's secret coins: never sent to another rank
 METHODS = ("dpgan", "zhang", "gswgan", "dpac")  # the methods that train on several ranks (Trainer.DATA_PARALLEL)
 
 
-def launch(cfg) -> distributed.Ranks:
+def launch(cfg, *, sharded: bool = False) -> distributed.Ranks:
     """Join the torchrun job (when there is one) for ``dpsynth train`` (with or without ``--run-dir``: the
-    stage, :mod:`dpsynth.stages.train`); refuse a method that does not train data-parallel."""
+    stage, :mod:`dpsynth.stages.train`); refuse a method that does not train data-parallel. ``sharded``: the
+    method trains on the partition's shards (its registry entry's warm start is "shard")."""
     ranks = distributed.env_ranks()
     if not ranks.distributed:
         return distributed.SINGLE
     if cfg.train.method not in METHODS:
         raise ConfigError(f"train.method: {cfg.train.method!r} trains in one process only; under torchrun "
                           f"(WORLD_SIZE={ranks.world_size}) only {', '.join(METHODS)} runs data-parallel")
-    from dpsynth.methods import registry
-
-    if registry.get(cfg.train.method).warm_start == "shard" and cfg.warmup.central_images:
+    if sharded and cfg.warmup.central_images:
         raise ConfigError(f"warmup.central_images: {cfg.train.method}'s private warm-up reads every shard, and under "
                           f"torchrun (WORLD_SIZE={ranks.world_size}) each rank holds only its own; turn it off or "
                           "train in one process")
-    from dpsynth.methods.core import resolve_device
+    from dpsynth.training.core import resolve_device
 
     return distributed.init_process_group(ranks.place(resolve_device(cfg.train.device)))
 
@@ -129,7 +128,7 @@ def follow(trainer, *, stop_after: int | None = None) -> None:
         sync_state(trainer)  # rank 0 ran the private warm-up: its G, latent RNG and trace
         if o.checkpoint_every:
             checkpoint_state(trainer)  # rank 0 checkpoints the warm-up (spread state: gathered)
-    while trainer.step < trainer.total_steps:  # dpsynth.methods.loop.train's loop, without its writes
+    while trainer.step < trainer.total_steps:  # dpsynth.training.loop.train's loop, without its writes
         if stop_after is not None and trainer.step >= stop_after:
             return None
         if not trainer.can_step():

@@ -5,7 +5,7 @@ mechanism trace (the accountant's whole state), plus the fingerprint of the sett
 produced it; resuming under different settings is refused. Writes are atomic, so a run
 killed mid-save resumes from the previous checkpoint.
 
-Lineage: while a ledger attempt is active (:func:`charging`, see :mod:`dpsynth.privacy.attempt`),
+Lineage: while a ledger attempt is active (:func:`charging`, see :mod:`dpsynth.ledger.attempt`),
 every checkpoint records the reservation and attempt that wrote it, and each save is that attempt's
 heartbeat in the ledger; resuming is refused unless the checkpoint is the one the attempt adopted.
 

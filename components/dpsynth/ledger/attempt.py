@@ -1,7 +1,7 @@
 """One attempt at a private stage, charged to the ledger: open before the first private step, closed after.
 
 ``dpsynth train`` (the pipeline's train stage, and the standalone command) runs every trainer through
-:func:`run_charged`:
+:func:`dpsynth.stages.charging.run_charged`:
 
 1. :func:`open_attempt` looks at the checkpoint the trainer would resume (``checkpoints/last.pt``). It
    carries the ledger reservation of the attempt that wrote it (its *lineage*). The new attempt
@@ -10,7 +10,7 @@
    and opens its own reservation for the steps it will add. No checkpoint (a fresh restart, ``--force``)
    means nothing to adopt: the attempt is charged on its own, again. (A remote run directory's train
    stage pulls its mirrored checkpoints first: :mod:`dpsynth.stages.train`.) A checkpoint written under a reservation of another population or stage is refused.
-2. The trainer runs inside :func:`dpsynth.methods.checkpoint.charging`: each checkpoint it writes
+2. The trainer runs inside :func:`dpsynth.training.checkpoint.charging`: each checkpoint it writes
    records the reservation and is the attempt's heartbeat; it may resume only the adopted checkpoint.
 3. The attempt commits the ε of the steps it *added* (the final trace after the resumed checkpoint's
    trace, composed alone by the accountant: a subset of the run's steps, so at most its target ε).
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.accountants import get_accountant
+from dpsynth.privacy.registry import get_accountant
 from dpsynth.privacy.events import MechanismTrace
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 class Attempt:
     """An open reservation held by this process."""
 
-    ledger: Any  # dpsynth.privacy.ledger.Ledger
+    ledger: Any  # dpsynth.ledger.store.Ledger
     reservation_id: int
     attempt_id: str
     resumes_id: int | None  # the reservation whose checkpoint this attempt resumes
@@ -103,18 +103,17 @@ class Attempt:
 
 
 def open_attempt(ledger, *, population_id: str, epsilon: float, delta: float, dataset_version: str,
-                 pipeline_run_id: str, stage: str, records: int, accountant: str, checkpoint_dir,
-                 resume: bool, stale_after_s: float | None, content_sha256: str | None = None) -> Attempt:
-    """Adopt the checkpoint in ``checkpoint_dir`` (when ``resume``) and open this attempt's reservation."""
-    from dpsynth.methods import checkpoint
-
-    found = checkpoint.lineage(checkpoint_dir) if resume else None
+                 pipeline_run_id: str, stage: str, records: int, accountant: str, lineage: dict | None,
+                 stale_after_s: float | None, content_sha256: str | None = None) -> Attempt:
+    """Adopt the checkpoint whose ``lineage`` (its reservation and trace, None: none to resume) is given, and
+    open this attempt's reservation."""
+    found = lineage
     resumes, prefix = None, MechanismTrace()
     if found is not None:
         resumes = found["reservation_id"]
         if resumes is None:
             raise PrivacyError(
-                f"checkpoint: {checkpoint_dir} holds a checkpoint written outside any ledger attempt, so no "
+                "checkpoint: the run's checkpoint was written outside any ledger attempt, so no "
                 "reservation accounts for its steps; remove it (or run with --force) to start afresh")
         prefix = MechanismTrace.from_dict(found["trace"]) if found["trace"] else MechanismTrace()
     attempt_id = uuid.uuid4().hex
@@ -129,45 +128,3 @@ def open_attempt(ledger, *, population_id: str, epsilon: float, delta: float, da
              epsilon, delta, population_id, f", resuming reservation {resumes}'s checkpoint" if resumes else "")
     return Attempt(ledger=ledger, reservation_id=rid, attempt_id=attempt_id, resumes_id=resumes, prefix=prefix,
                    epsilon_reserved=epsilon, delta=delta, settled=settled)
-
-
-def run_charged(attempt: Attempt, make_trainer: Callable[[], Any], *, read_trace: Callable[[Any], MechanismTrace]):
-    """Build the trainer, train it under ``attempt``, close the attempt; returns the trainer's result.
-
-    ``read_trace(result)``: the final trace of a finished run.
-    """
-    from dpsynth.methods import checkpoint
-
-    try:
-        trainer = make_trainer()
-        attempt.limit(trainer)
-    except BaseException as exc:
-        attempt.release(f"failed before its first private step: {str(exc) or repr(exc)}")
-        raise
-    try:
-        with checkpoint.charging(attempt):
-            result = trainer.train()
-    except BaseException as exc:
-        _charge_failure(attempt, trainer, exc)
-        raise
-    try:
-        attempt.commit(read_trace(result), accountant=result.accountant)
-    except BaseException as exc:
-        if not attempt.closed:
-            attempt.charge_in_full(f"its trace could not be accounted ({str(exc) or repr(exc)})")
-        raise
-    return result
-
-
-def _charge_failure(attempt: Attempt, trainer, exc: BaseException) -> None:
-    why = f"failed: {str(exc) or repr(exc)}; "
-    trace = getattr(trainer, "trace", None)
-    accountant = getattr(trainer, "accountant", None)  # the sound accountant of its trace, guarded or not
-    if isinstance(trace, MechanismTrace) and accountant is not None:
-        try:
-            attempt.commit(trace, accountant=accountant.name, why=why)
-            return
-        except Exception as inner:  # noqa: BLE001 (whatever it is, charge the whole reservation)
-            why += f"its trace could not be accounted ({inner}); "
-    if not attempt.closed:
-        attempt.charge_in_full(f"{why}the steps it ran are unknown")

@@ -63,8 +63,9 @@ from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.errors import AuditFailed, DpsynthError
 from dpsynth.methods import registry
-from dpsynth.methods.artifacts import generator_privacy
-from dpsynth.privacy import MechanismTrace, check_delta, empirical, get_accountant
+from dpsynth.training.artifacts import generator_privacy
+from dpsynth.privacy import MechanismTrace, check_delta, get_accountant
+from dpsynth.audit import empirical
 from dpsynth.privacy.accountants import PRV_TIME_LIMIT_S, prv_bounds_or_rdp
 from dpsynth.stages import common, manifest
 
@@ -103,7 +104,7 @@ def invariants(method: str):
 
 def accountants_for(trace: MechanismTrace) -> tuple[str, ...]:
     """The registered accountants that support every event of ``trace`` (each says so itself); () if none."""
-    from dpsynth.privacy.accountants import ACCOUNTANTS
+    from dpsynth.privacy.registry import ACCOUNTANTS
 
     return tuple(name for name, cls in ACCOUNTANTS.items() if all(cls().supports(e) for e in trace.events))
 
@@ -246,6 +247,20 @@ def pipeline_runs(tracking_uri: str, *, run_ids: list[str], parent_run_id: str |
     return client, runs
 
 
+def logged_keys(stage: str, method: str) -> tracking.LoggedKeys | None:
+    """The allow-list of an MLflow run of ``stage`` (``"pipeline"``: the parent run); None: unknown stage."""
+    from dpsynth.stages import evaluate, partition, sample, train, warmstart
+
+    if stage == "pipeline":
+        return common.PARENT_RUN_KEYS
+    if stage == "train":
+        return train.logged_keys(method)
+    if stage == STAGE:
+        return MLFLOW_KEYS
+    module = {m.STAGE: m for m in (partition, warmstart, sample, evaluate)}.get(stage)
+    return module.MLFLOW_KEYS if module is not None else None
+
+
 def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str], parent_run_id: str | None) -> dict:
     """Every run of the pipeline (``run_ids``, and every child of ``parent_run_id``) holds only the
     metrics and parameters its stage declares (``MLFLOW_KEYS``: an allow-list, each key with why it is
@@ -256,8 +271,6 @@ def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str]
         _, runs = pipeline_runs(tracking_uri, run_ids=run_ids, parent_run_id=parent_run_id)
     except Exception as exc:  # cannot verify: fail closed
         return _check("mlflow", False, f"cannot read the pipeline's MLflow runs at {tracking_uri} ({exc})")
-    from dpsynth.stages.pipeline import logged_keys  # the pipeline module knows every stage's module
-
     found = []
     for rid, r in runs.items():
         stage = r.data.tags.get(tracking.TAG_STAGE, "?")
@@ -403,15 +416,11 @@ def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: di
 def decision(checks: list[dict]) -> str:
     """passed when no check failed: an inconclusive check (``passed`` None, ``verdict`` inconclusive: the
     empirical audit could not have failed) neither passes nor fails the release, and the report says so."""
-    return "passed" if all(c["passed"] or inconclusive(c) for c in checks) else "failed"
-
-
-def inconclusive(check: dict) -> bool:
-    return isinstance(check, dict) and check.get("passed", False) is None and check.get("verdict") == "inconclusive"
+    return "passed" if all(c["passed"] or common.inconclusive(c) for c in checks) else "failed"
 
 
 def _shown(check: dict) -> str:
-    return "**inconclusive**" if inconclusive(check) else "yes" if check["passed"] else "**no**"
+    return "**inconclusive**" if common.inconclusive(check) else "yes" if check["passed"] else "**no**"
 
 
 def markdown(report: dict) -> str:
@@ -454,7 +463,7 @@ def check_line(c: dict) -> str:
     if name.startswith("event["):
         plain = (f"training event {name[6:-1]} (after any warm-up release) has the sampling, adjacency and rate "
                  "the configuration sets")
-    if inconclusive(c):
+    if common.inconclusive(c):
         return f"- ? **inconclusive** — {name}: {' '.join(str(c['detail']).split())}"
     text = plain if c["passed"] and plain else " ".join(str(c["detail"]).split())
     return f"- {'✔ passed' if c['passed'] else '✘ **FAILED**'} — {name}: {text}"

@@ -1,6 +1,6 @@
 """``dpsynth partition | warmstart | audit | sample | evaluate`` and ``dpsynth pipeline run | start | finish``.
 
-``dpsynth train`` (registered by ``dpsynth.stages.train_cli``) becomes the train stage when given
+``dpsynth train`` (registered by ``dpsynth.pipeline.train_cli``) becomes the train stage when given
 ``--run-dir`` (or ``pipeline.run_dir``); without, it is the plain trainer it always was.
 """
 
@@ -122,7 +122,7 @@ def _outside_record(ctx, record: dict) -> dict:
 
 
 def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
-    from dpsynth.stages.pipeline import run_stage
+    from dpsynth.pipeline.run import run_stage
 
     if getattr(args, "action", None) == "empirical":
         return empirical_command(args)
@@ -156,7 +156,7 @@ def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
 def empirical_command(args) -> int:
     """``dpsynth audit empirical``: one audit run with canaries; exit 2 when ε_lower > the accounted ε."""
     from dpsynth.errors import AuditFailed, ConfigError
-    from dpsynth.privacy import empirical
+    from dpsynth.audit import empirical
     from dpsynth.stages import common
 
     cfg = load_config(args.config, overrides=args.overrides)
@@ -200,7 +200,7 @@ def empirical_command(args) -> int:
 
 def run_pipeline_command(args) -> int:
     from dpsynth.errors import StageError
-    from dpsynth.stages.pipeline import run_pipeline, table
+    from dpsynth.pipeline.run import run_pipeline, table
 
     cfg = load_config(args.config, overrides=args.overrides)
     ctx, s = run_pipeline(cfg, run_dir=args.run_dir, pipeline_run_id=args.pipeline_run_id, force=args.force)
@@ -216,7 +216,7 @@ def run_pipeline_command(args) -> int:
 
 
 def start_command(args) -> int:
-    from dpsynth.stages.pipeline import start
+    from dpsynth.pipeline.run import start
 
     from dpsynth.stages.launch import shape
 
@@ -229,7 +229,7 @@ def start_command(args) -> int:
 
 
 def finish_command(args) -> int:
-    from dpsynth.stages.pipeline import finish, table
+    from dpsynth.pipeline.run import finish, table
 
     ctx = _context(args)
     s = finish(ctx)
@@ -238,7 +238,7 @@ def finish_command(args) -> int:
 
 
 def show_command(args) -> int:
-    from dpsynth.stages.pipeline import summary, table
+    from dpsynth.pipeline.run import summary, table
 
     ctx = _context(args)
     s = summary(ctx)

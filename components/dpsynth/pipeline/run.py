@@ -10,10 +10,10 @@ The ε column is the ε the stage's outputs consumed (a skipped stage reuses out
 their ε, no new spending; a failed stage shows "?", since a private one may have spent some
 before failing); the total is their sum, the ε of what this pipeline run releases.
 
-The lifetime ledger (``dpsynth.privacy.ledger``, section ``ledger``): ``start`` checks, before
+The lifetime ledger (``dpsynth.ledger.store``, section ``ledger``): ``start`` checks, before
 anything is written or tracked, that the population's budget can afford the run's target (ε, δ),
 refusing the run otherwise. The charge itself is made by each *attempt* of the train stage
-(:mod:`dpsynth.privacy.attempt`): every attempt — a retry, a re-run, a resume — holds its own
+(:mod:`dpsynth.ledger.attempt`): every attempt — a retry, a re-run, a resume — holds its own
 reservation and commits what it spent. ``finish`` settles any reservation of this pipeline run that
 an attempt left open (it was killed) at its whole amount, and reports what the run was charged: the
 sum over its attempts. Their ids are tagged on the parent run.
@@ -30,24 +30,14 @@ import uuid
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig, dump_config
 from dpsynth.errors import DpsynthError
-from dpsynth.stages import audit, charging, common, evaluate, manifest, partition, sample, train, warmstart
+from dpsynth.audit import stage as audit
+from dpsynth.stages import common, evaluate, manifest, partition, sample, train, warmstart
+from dpsynth.stages import charging
 
 MODULES = {m.STAGE: m for m in (partition, warmstart, train, audit, sample, evaluate)}
 assert tuple(MODULES) == common.STAGES
 # The parent run (dpsynth.stage = "pipeline"): what finish() logs.
-MLFLOW_KEYS = tracking.LoggedKeys(metrics={
-    "epsilon_total": "the sum of the stages' recorded ε (accounted)",
-    "ledger_epsilon_charged": "the ε the ledger charged this run (accounted)"})
-
-
-def logged_keys(stage: str, method: str) -> tracking.LoggedKeys | None:
-    """The allow-list of an MLflow run of ``stage`` (``"pipeline"``: the parent run); None: unknown stage."""
-    if stage == "pipeline":
-        return MLFLOW_KEYS
-    if stage == "train":
-        return train.logged_keys(method)
-    module = MODULES.get(stage)
-    return module.MLFLOW_KEYS if module is not None else None
+MLFLOW_KEYS = common.PARENT_RUN_KEYS
 
 
 LEDGER_ENV = charging.LEDGER_ENV
@@ -98,20 +88,11 @@ def population_id(cfg: RunConfig) -> str:
     return charging.population_id(cfg)
 
 
-def ledger_url(ctx: common.StageContext) -> str:
-    tracking_uri = _quietly(lambda: ctx.tracking_uri) if ctx.cfg.tracking.enabled else None
-    return charging.ledger_url(ctx.cfg, run_dir=ctx.run_dir, tracking_uri=tracking_uri)
-
-
-def open_ledger(ctx: common.StageContext):
-    return charging.open_ledger(ledger_url(ctx))
-
-
 def check_budget(ctx: common.StageContext) -> dict:
     """Refuse (PrivacyError, nothing written) a run whose target (ε, δ) the population cannot afford."""
     cfg = ctx.cfg
     source = partition.load_source(cfg)
-    ledger = open_ledger(ctx)
+    ledger = charging.run_ledger(ctx)
     bal = ledger.check_affordable(population_id(cfg), epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
                                   records=len(source))
     ledger.check_data(population_id(cfg), content_sha256=source.content_sha256())  # not another population's
@@ -121,7 +102,7 @@ def check_budget(ctx: common.StageContext) -> dict:
 def settle(ctx: common.StageContext) -> list[dict]:
     """Settle this run's reservations still open (their attempt ended without closing them: killed) at their
     whole amount; returns all of this run's reservations."""
-    ledger = open_ledger(ctx)
+    ledger = charging.run_ledger(ctx)
     for res in ledger.reservations(pipeline_run_id=ctx.pipeline_run_id, status="reserved"):
         ledger.settle(res["id"], reason=f"pipeline run {ctx.pipeline_run_id!r} finished while the attempt's "
                                         "reservation was open: the attempt ended without closing it")
@@ -202,7 +183,7 @@ def _quietly(fn, *args):
 def _this_runs_reservations(ctx: common.StageContext) -> list[dict] | None:
     if not ctx.pipeline_run_id:
         return None
-    return [r for r in open_ledger(ctx).reservations(pipeline_run_id=ctx.pipeline_run_id)
+    return [r for r in charging.run_ledger(ctx).reservations(pipeline_run_id=ctx.pipeline_run_id)
             if r["population_id"] == population_id(ctx.cfg)]
 
 
@@ -238,10 +219,10 @@ def table(s: dict) -> str:
 
 
 def release_card(ctx: common.StageContext) -> str | None:
-    """The auditor's card of this run (:mod:`dpsynth.stages.card`: the release zone after a passed audit and a
+    """The auditor's card of this run (:mod:`dpsynth.release.card`: the release zone after a passed audit and a
     release, the sensitive zone after a refusal); its URI, None when there is none. A card that cannot be
     written is logged as an error, and the run's summary says so, but the release stands."""
-    from dpsynth.stages import card
+    from dpsynth.release import card
 
     try:
         return card.write(ctx)

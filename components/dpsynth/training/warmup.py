@@ -2,12 +2,12 @@
 
 After Li et al., "From Easy to Hard: Building a Shortcut for Differentially Private Image
 Synthesis" (2025): first learn the easy, low-sensitivity part of the data — each class's mean
-image, released once by a Gaussian mechanism (:mod:`dpsynth.privacy.central_images`, one event in
+image, released once by a Gaussian mechanism (:mod:`dpsynth.mechanisms.central_images`, one event in
 the mechanism trace, composed with training by the same accountant) — then spend the private
 training steps on the hard part.
 
 With ``warmup.intensity_noise_multiplier`` = σ_h a release comes first that knows nothing of the images'
-content: the dataset's histogram of pixel intensities (:func:`dpsynth.privacy.central_images.intensity_histogram`,
+content: the dataset's histogram of pixel intensities (:func:`dpsynth.mechanisms.central_images.intensity_histogram`,
 one more Gaussian event). From it, post-processing: whether the images are ink on a dark background
 (:func:`two_tone`; only then are the released images cleaned by :func:`clean`), and their mean intensity, around
 which the class and style sums are taken (the clip then no longer pulls light or colour images towards black).
@@ -16,14 +16,14 @@ Without it (the digit recipe) the images are always cleaned and the sums taken a
 With ``warmup.styles`` = s > 0 a second release follows: s × s public templates per class (the
 released class mean sheared and thickened or thinned on an s × s grid) split every class into groups
 by each record's nearest template, and the groups' means are released the same way (one more
-Gaussian event; :func:`dpsynth.privacy.central_images.style_images`). A group whose noisy count is
+Gaussian event; :func:`dpsynth.mechanisms.central_images.style_images`). A group whose noisy count is
 below ``MIN_COUNT`` is mostly noise: its slot gets the class mean instead (post-processing). With
 ``warmup.styles_max_noise`` = τ so does a group whose mean's noise std (σ_s·C over its noisy count) exceeds
 τ times its image's peak above the background floor: a faint group mean (thin strokes) is stretched to
 white by :func:`clean`, and its noise with it.
 
 With ``warmup.variations`` = r > 0 a third release follows: every class's r main directions of variation
-around its released images (:func:`dpsynth.privacy.central_images.variation_directions`: the Gaussian
+around its released images (:func:`dpsynth.mechanisms.central_images.variation_directions`: the Gaussian
 mechanism on each class's residual second-moment matrix, sensitivity clip², then its top eigenvectors —
 post-processing). They carry what a handful of images per class cannot: the many small ways a digit is
 written. Coordinates 8 … 7 + r of z weigh them (``VARIATION_LATENT``).
@@ -60,7 +60,7 @@ def events(cfg) -> list:
     """The warm-up's mechanism events, in order: the intensity histogram (with
     ``warmup.intensity_noise_multiplier``), the class-mean release, then the style release, then the variation
     release: each a full-batch Gaussian of add/remove sensitivity (its clip)."""
-    from dpsynth.privacy import central_images
+    from dpsynth.mechanisms import central_images
 
     if not cfg.warmup.central_images:
         return []
@@ -129,13 +129,13 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
     mechanism's secret coins, each recording its event in ``trace`` (the order of :func:`events`): returns
     the images of the generator's slots (one per class, or per (class, style) with styles, class-major) and
     the variation directions (None without them) — what :func:`fit_generator` fits G to (it moves them to
-    G's device: the releases are computed on the CPU, :mod:`dpsynth.privacy.central_images`).
+    G's device: the releases are computed on the CPU, :mod:`dpsynth.mechanisms.central_images`).
 
-    For the empirical audit's run only (:mod:`dpsynth.privacy.empirical`, on a public stand-in, never
+    For the empirical audit's run only (:mod:`dpsynth.audit.empirical`, on a public stand-in, never
     released): ``canaries`` = (name, images, labels), records that join the data of the release ``name``
     (of :data:`RELEASES`) alone, and ``observe(name, noisy, query)``, which sees each release's raw output
     and its noiseless query."""
-    from dpsynth.privacy import central_images
+    from dpsynth.mechanisms import central_images
 
     w = cfg.warmup
 

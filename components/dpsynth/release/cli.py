@@ -28,7 +28,7 @@ def register(subparsers) -> None:
 
 def verify_command(args) -> int:
     from dpsynth.errors import AuditFailed
-    from dpsynth.stages.card import verify
+    from dpsynth.release.card import verify
 
     checks = verify(args.release_dir, public_key=args.public_key)
     if args.json:
@@ -45,7 +45,7 @@ def verify_command(args) -> int:
 
 
 def keygen_command(args) -> int:
-    from dpsynth.stages.card import keygen
+    from dpsynth.release.card import keygen
 
     print(keygen(args.out).decode(), end="")
     return 0

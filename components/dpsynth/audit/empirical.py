@@ -6,7 +6,7 @@ This module measures the other side, after Steinke, Nasr & Jagielski, "Privacy A
 Training Run" (NeurIPS 2023, arXiv:2305.08846):
 
 * an **audit run** of the method's own trainer and sanitizer, with m *canaries*, each included with
-  probability ½ by a secret coin (:class:`~dpsynth.privacy.randomness.MechanismRandomness`);
+  probability ½ by a secret coin (:class:`~dpsynth.mechanisms.randomness.MechanismRandomness`);
 * a score per canary, and guesses: the k highest scores "in", the k lowest "out", the rest abstain;
 * :func:`epsilon_lower_bound`: the largest ε for which v correct guesses out of r would have
   probability < β = 1 − confidence under (ε, δ)-DP (their Theorem 3 with the δ term of their
@@ -26,7 +26,7 @@ their two bounds (what the gate compares) holds at the configured confidence.
   coordinates distinct and random). In every step each included canary joins the batch by its own
   Poisson coin at the trainer's rate q, exactly as a record does, and its gradient joins the step's
   per-example gradients in the trainer's own sanitizer
-  (:class:`~dpsynth.privacy.dpsgd.GradientSanitizer`), which clips, sums and noises it with the records'
+  (:class:`~dpsynth.mechanisms.dpsgd.GradientSanitizer`), which clips, sums and noises it with the records'
   (:class:`_SanitizerWithCanaries`). Canary i's score is the sum over steps of coordinate c_i of the
   privatized gradient (the mechanism's output), less the stand-in records' clipped part of it.
 * ``"input_gradient"`` (GS-WGAN, DPAC: the sanitized quantity is ∂ℓ_i/∂G(z_i), B per iteration). Canary
@@ -559,7 +559,7 @@ def _reached(result: dict) -> str:
     return "" if reach >= 1 else f" when {reach:.0%} of the included canaries are ever sampled in {result['steps']} steps"
 
 
-# --- the warm-up's Gaussian releases (methods/warmup.py, privacy/central_images.py) -----------------------
+# --- the warm-up's Gaussian releases (training/warmup.py, mechanisms/central_images.py) -----------------------
 NOISE_TEST_ALPHA = 1e-6  # the noise test fails a release whose noise is this improbably small under the plan's σ
 
 
@@ -567,7 +567,7 @@ def warmup_releases(cfg) -> list[tuple[str, float, float]]:
     """The warm-up's releases as (name, σ, scale): the noise std on every coordinate of the query is σ·scale
     (scale = C for the class and style sums, C_v² for the moment matrices). :func:`pixel_bound` says how far
     one record may move a pixel's coordinate."""
-    from dpsynth.methods import warmup
+    from dpsynth.training import warmup
 
     w = cfg.warmup
     if not w.central_images:
@@ -629,9 +629,10 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
       (clipping missing or looser than accounted).
 
     The noise and bound tests can fail at any ε; the one-run bound only below its ceiling, which says so."""
-    from dpsynth.methods import warmup
-    from dpsynth.privacy import MechanismTrace, central_images, get_accountant
-    from dpsynth.privacy.randomness import MechanismRandomness
+    from dpsynth.training import warmup
+    from dpsynth.privacy import MechanismTrace, get_accountant
+    from dpsynth.mechanisms import central_images
+    from dpsynth.mechanisms.randomness import MechanismRandomness
 
     started = time.process_time()
     spec = {n: (sigma, scale) for n, sigma, scale in warmup_releases(cfg)}
@@ -827,22 +828,13 @@ def markdown(result: dict | None) -> str:
     return out
 
 
-def tags(result: dict) -> dict[str, str]:
-    """The MLflow tags of an empirical audit: on the audit run, the pipeline's parent run and the release."""
-    from dpsynth import tracking
-
-    each = ", ".join(f"{p['name']} {p['epsilon_lower']:.4g} ({p['verdict']})" for p in result["components"])
-    return {tracking.TAG_EPSILON_LOWER: f"{result['epsilon_lower']:.4g}",
-            tracking.TAG_EMPIRICAL_VERDICT: result["verdict"],
-            tracking.TAG_EMPIRICAL_AUDIT: (f"m={result['canaries']}, {result['confidence']:.0%} confidence, "
-                                           f"{result['mode']}: {result['verdict']}; {each}")}
-
-
 def log_mlflow(result: dict | None, *, tracking_uri: str | None = None, also: Sequence[str | None] = ()) -> None:
     """The empirical figures on the active (audit) MLflow run; its tags also on the runs ``also`` names."""
     if not result:
         return
     import mlflow
+
+    from dpsynth import tracking
 
     parts = {p["name"]: p for p in result["components"]}
     metrics = {"epsilon_lower_empirical": result["epsilon_lower"], "empirical_canaries": result["canaries"],
@@ -856,8 +848,8 @@ def log_mlflow(result: dict | None, *, tracking_uri: str | None = None, also: Se
     if warm:
         metrics["epsilon_lower_warmup"] = max(warm)
     mlflow.log_metrics(metrics)
-    mlflow.set_tags(tags(result))
+    mlflow.set_tags(tracking.empirical_tags(result))
     client = mlflow.MlflowClient(tracking_uri)
     for run_id in dict.fromkeys(r for r in also if r):
-        for k, v in tags(result).items():
+        for k, v in tracking.empirical_tags(result).items():
             client.set_tag(run_id, k, v)

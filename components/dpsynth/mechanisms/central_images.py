@@ -39,7 +39,7 @@ import torch
 
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy.events import MechanismEvent, MechanismTrace
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms.randomness import MechanismRandomness
 
 
 def event_for(noise_multiplier: float) -> MechanismEvent:

@@ -21,7 +21,7 @@ added, so an observer holding one rank's coins faces only (W-1)/W of the varianc
 only as secret as rank 0's generator, and Opacus falls back to torch's *global* RNG when no
 generator is passed (``DistributedPerLayerOptimizer._add_noise_parameter`` passes ``generator=None``
 unconditionally), which training scripts seed with their public seed. Here every rank's coins are a
-:class:`~dpsynth.privacy.randomness.MechanismRandomness` seeded from OS entropy, distinct per rank,
+:class:`~dpsynth.mechanisms.randomness.MechanismRandomness` seeded from OS entropy, distinct per rank,
 and rank 0's stream is never sent to another rank.
 
 Nothing here records privacy events: the trainer records one event per logical step, exactly as

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from dpsynth import commands
 
 if TYPE_CHECKING:  # SQLAlchemy: only when a command runs
-    from dpsynth.privacy.ledger import Ledger
+    from dpsynth.ledger.store import Ledger
 
 ENV_URL = "DPSYNTH_LEDGER_URL"
 
@@ -78,7 +78,7 @@ def register(subparsers) -> None:
 
 
 def open_ledger(args: argparse.Namespace) -> Ledger:
-    from dpsynth.privacy.ledger import DEFAULT_URL, Ledger
+    from dpsynth.ledger.store import DEFAULT_URL, Ledger
 
     return Ledger(args.db or os.environ.get(ENV_URL) or DEFAULT_URL)
 

@@ -1,7 +1,7 @@
 """The DP-SGD gradient sanitizer: per-example clipping, summed, plus Gaussian noise.
 
 Per-example gradients come from Opacus (``GradSampleModule``: hooks, or expanded weights), or
-are never built: the ghost-clipping engine (:mod:`dpsynth.privacy.ghost`) gets each example's
+are never built: the ghost-clipping engine (:mod:`dpsynth.mechanisms.ghost`) gets each example's
 gradient norm from the layers' inputs and output gradients and forms the clipped sum directly.
 :func:`private_module` wraps a model for one of these modes (``MODES``); this module turns the
 result into one privatized gradient:
@@ -19,7 +19,7 @@ refuses an event whose σ is not the σ/√k it adds, and records the event itse
 once per noisy release — so noise and accounting cannot come apart. A sanitizer built without
 them (tests, benchmarks, the empirical audit's noiseless reference) records nothing.
 
-The noise comes from the sanitizer's :class:`~dpsynth.privacy.randomness.MechanismRandomness`,
+The noise comes from the sanitizer's :class:`~dpsynth.mechanisms.randomness.MechanismRandomness`,
 seeded from OS entropy (never from ``train.seed``); a trainer that also Poisson-samples passes its
 own, so that the masks and the noise are the one secret stream of the mechanism.
 
@@ -27,7 +27,7 @@ Physical batches larger than memory allows are handled by calling ``accumulate(l
 each chunk's per-example losses and ``finalize`` once per logical step: the step semantics
 (one clip per example, one noise draw, division by the *expected* batch size) are exact.
 
-Under ``torchrun`` the sanitizer's ``reducer`` (:class:`dpsynth.privacy.distributed.NoiseOnRankZero`) makes
+Under ``torchrun`` the sanitizer's ``reducer`` (:class:`dpsynth.mechanisms.distributed.NoiseOnRankZero`) makes
 one logical step of the job's ranks: rank 0 alone adds the noise, then one SUM all-reduce of the sums.
 """
 
@@ -41,8 +41,8 @@ from torch import nn
 
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy.events import MechanismEvent, MechanismTrace
-from dpsynth.privacy.ghost import GhostClipping
-from dpsynth.privacy.randomness import MechanismRandomness
+from dpsynth.mechanisms.ghost import GhostClipping
+from dpsynth.mechanisms.randomness import MechanismRandomness
 
 # grad_sample_mode: Opacus' hooks or expanded weights (per-example gradients instantiated), or ghost
 # clipping (norms without per-example gradients) by book-keeping or by a second backward pass
@@ -101,7 +101,7 @@ class GradientSanitizer:
         self.randomness = randomness
         self.module = module
         self._sums: list[list[torch.Tensor]] | None = None
-        # one job on several ranks (dpsynth.privacy.distributed.NoiseOnRankZero): noise on rank 0 only, then
+        # one job on several ranks (dpsynth.mechanisms.distributed.NoiseOnRankZero): noise on rank 0 only, then
         # the sums all-reduced; None in one process
         self.reducer = None
         if (trace is None) != (event is None):

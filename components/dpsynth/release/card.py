@@ -77,7 +77,7 @@ def events(trace, delta: float) -> list[dict]:
     """Each event of the trace with what it is and its own ε (alone, at δ): the events before the last are the
     warm-up's releases, the last the training steps (a passed audit's trace is its plan: prefix, then steps)."""
     from dpsynth.privacy import MechanismTrace, get_accountant
-    from dpsynth.stages.audit import accountants_for
+    from dpsynth.audit.stage import accountants_for
 
     rows = []
     for i, e in enumerate(trace.events):
@@ -95,9 +95,9 @@ def events(trace, delta: float) -> list[dict]:
 def ledger_facts(ctx: common.StageContext, *, population_id: str, train_run_id: str | None) -> dict:
     """The population's lifetime ledger around the training run that made this release (``train_run_id``: the
     pipeline run whose train attempts are charged for it)."""
-    from dpsynth.stages.pipeline import open_ledger
+    from dpsynth.stages import charging
 
-    ledger = open_ledger(ctx)
+    ledger = charging.run_ledger(ctx)
     history = ledger.history(population_id)
     mine = [r for r in history if r["pipeline_run_id"] == train_run_id]
     first = min((r["id"] for r in mine), default=None)
@@ -231,7 +231,7 @@ def render(card: dict, *, grid_png: bytes | None = None, release_dir: str = "REL
     """The card as one HTML page (Jinja2, autoescaped), the grid embedded."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("dpsynth.stages", "templates"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("dpsynth.release", "templates"),
                              autoescape=jinja2.select_autoescape(("html", "j2")), undefined=jinja2.StrictUndefined)
     env.filters["num"] = lambda x, p=4: "—" if not isinstance(x, (int, float)) else f"{x:.{p}g}"
     env.filters["short"] = lambda s, n=12: (s or "")[:n]
@@ -409,9 +409,9 @@ def verify(release_dir: str, *, public_key: str | None = None) -> list[dict]:
     generator file is bound to; ε recomputed from the trace by every applicable accountant equals the card's and
     the audit report's and stays within the target; the signature of ``card.json`` verifies with ``public_key``
     (a PEM file) when given. Returns ``[{"name", "passed", "detail"}]``."""
-    from dpsynth.methods.artifacts import generator_privacy
+    from dpsynth.training.artifacts import generator_privacy
     from dpsynth.privacy import MechanismTrace
-    from dpsynth.stages.audit import recompute
+    from dpsynth.audit.stage import recompute
 
     root = str(release_dir).rstrip("/")
     checks: list[dict] = []
