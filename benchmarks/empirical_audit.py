@@ -18,7 +18,7 @@ release (README): those ε run it with ``warmup.variations=0`` (and ``warmup.sty
     OMP_NUM_THREADS=1 .venv/stage/bin/python benchmarks/empirical_audit.py --methods gswgan --controls --reference \\
         --full-eps 10 --full-canaries 1000 --json benchmarks/results/empirical-audit-gswgan-mnist-cpu.json
     .venv/stage/bin/python benchmarks/empirical_audit.py --render benchmarks/results/empirical-audit-*-mnist-cpu.json \\
-        --markdown benchmarks/results/empirical-audit-mnist-cpu.md
+        --markdown benchmarks/results/empirical-audit-dpgan-gswgan-mnist-cpu.md
 """
 
 from __future__ import annotations

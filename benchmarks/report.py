@@ -12,6 +12,8 @@ The page's prose is ``benchmarks/report.md.in``; each ``<!-- table: NAME -->`` l
 * ``generality``: every ``generality-*.json`` (benchmarks/utility.py --dataset), one row per run, with the
   set's role (development or confirmation), the device and the share of the set's non-private ceiling.
 * ``wall-time-*.json``: measured wall times, one row each.
+* ``files``: every file in benchmarks/results/, by what it measures and on which device, read from its name
+  (``<measure>-<subject>-<device>``); a file not named so fails the build.
 
 Edit the template or the result files, never docs/results.md: the docs tests compare it with this build.
 """
@@ -125,7 +127,49 @@ def wall_time_table(name: str) -> str:
     return "\n".join(lines)
 
 
+MEASURES = {  # a result file's name: <measure>-<subject>-<device>[-<replicate>].<ext>
+    "utility": "CNN/logreg accuracy on real held-out records of a classifier trained on released synthetic "
+               "images, fid_classifier, IS, audited ε, CPU-minutes (benchmarks/utility.py)",
+    "generality": "the same, on image sets other than MNIST (benchmarks/utility.py --dataset)",
+    "empirical-audit": "the empirical audit's lower bound ε_lower against the accounted ε (benchmarks/empirical_audit.py)",
+    "speed": "time of one private discriminator step against the non-private step (benchmarks/dp_discriminator_step.py)",
+    "scaling": "steps/s and bytes exchanged by 1 and 2 ranks, data-parallel or federated "
+               "(benchmarks/distributed_scaling.py, benchmarks/gswgan_federated.py)",
+    "wall-time": "wall time of a recipe's steps or slices, measured when its config was written",
+}
+DEVICES = {"h100-cpu": "NVIDIA H100, CPU", "cpu": "CPU", "h100": "NVIDIA H100", "gpu": "GPU (see the file)"}  # longest first
+
+
+def files_table() -> str:
+    """Every file in benchmarks/results/, by what it measures, its subject and device (read from its name)."""
+    stems: dict[str, list[str]] = {}
+    for path in sorted(RESULTS.iterdir()):
+        stems.setdefault(re.sub(r"\.[a-z]+$", "", path.name), []).append(path.name)
+    lines = ["| measure | subject | device | files |", "|---|---|---|---|"]
+    for stem, names in stems.items():
+        measure = next((m for m in sorted(MEASURES, key=len, reverse=True) if stem.startswith(m + "-")), None)
+        if measure is None:
+            raise ValueError(f"{names[0]}: not named <measure>-<subject>-<device> with a measure of {sorted(MEASURES)}")
+        subject = stem[len(measure) + 1:]
+        key = next((k for k in DEVICES if re.search(rf"-{k}(-\d+)?$", subject)), None)
+        if key is None and measure != "generality":  # generality-* files are named by benchmarks/utility.py
+            raise ValueError(f"{names[0]}: no device at the end of its name (one of {list(DEVICES)})")
+        device = DEVICES[key] if key else "CPU"
+        if key:
+            subject = re.sub(rf"-{key}(-\d+)?$", lambda m: m.group(1) or "", subject)
+        files = ", ".join(_link(n, n.rpartition(".")[2]) for n in names)
+        lines.append(f"| {measure} | {subject} | {device} | {files} |")
+    return "\n".join(lines)
+
+
+def measures_table() -> str:
+    return "\n".join(["| measure | what it measures |", "|---|---|",
+                      *(f"| {m} | {what} |" for m, what in MEASURES.items())])
+
+
 def table(name: str) -> str:
+    if name == "files":
+        return measures_table() + "\n\n" + files_table()
     if name == "generality":
         return generality_table()
     if not (RESULTS / name).is_file():

@@ -64,3 +64,16 @@ def test_every_result_file_on_the_page_exists_and_every_generality_file_is_shown
     page = (REPO / "docs" / "results.md").read_text()
     for path in sorted(report.RESULTS.glob("generality-*.json")):
         assert f"({report.LINK}{path.name})" in page, path.name
+
+
+def test_a_result_file_named_after_an_episode_fails_the_build(tmp_path, monkeypatch):
+    (tmp_path / "utility-default-mnist-cpu.json").write_text("[]")
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert "| utility | default-mnist | CPU |" in report.files_table()
+    (tmp_path / "utility-default-rerun.json").write_text("[]")
+    with pytest.raises(ValueError, match="utility-default-rerun.json: no device at the end of its name"):
+        report.files_table()
+    (tmp_path / "utility-default-rerun.json").unlink()
+    (tmp_path / "default-after-gpu-fix.json").write_text("[]")
+    with pytest.raises(ValueError, match="default-after-gpu-fix.json: not named <measure>-<subject>-<device>"):
+        report.files_table()
