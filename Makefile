@@ -107,7 +107,7 @@ bench-generality: $(STAMP)  ## the generality benchmark (#32): five non-digit se
 	  $(PY) benchmarks/utility.py --dataset $$d --recipe generic --rows default --out $(OUT)/bench-generality || exit 1; done
 
 results:  ## rebuild docs/results.md from benchmarks/results/ (benchmarks/report.py; the docs tests check it)
-	$(PY) benchmarks/report.py
+	$(PYTHON) benchmarks/report.py
 
 lock: $(STAMP)  ## re-freeze requirements/stage.lock from requirements/stage.in
 	$(PY) -m pip install --quiet -r requirements/stage.in
