@@ -64,7 +64,8 @@ def _link(name: str, text: str | None = None) -> str:
 def summary_table(name: str) -> str:
     """A ``*-summary-*.json``'s table, each sourced figure checked against its result entry."""
     spec = json.loads((RESULTS / name).read_text())
-    lines = ["| " + " | ".join([*spec["columns"], "held-out set", "result file"]) + " |",
+    lines = [f"*Measures:* {spec['what']}. *Dataset:* {spec['dataset']}. *Device:* {spec['device']}.", "",
+             "| " + " | ".join([*spec["columns"], "held-out set", "result file"]) + " |",
              "|" + "---|" * (len(spec["columns"]) + 2)]
     for row in spec["rows"]:
         if "heading" in row:
@@ -180,7 +181,7 @@ def table(name: str) -> str:
 def render() -> str:
     """The page: the template with each placeholder replaced by its table (indented as the placeholder)."""
     def fill(m: re.Match) -> str:
-        return "\n".join(m.group(1) + line for line in table(m.group(2)).split("\n"))
+        return "\n".join(m.group(1) + line if line else "" for line in table(m.group(2)).split("\n"))
     return NOTICE + PLACEHOLDER.sub(fill, TEMPLATE.read_text())
 
 
