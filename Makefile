@@ -20,7 +20,7 @@ CONFIG ?= configs/dpgan-mnist-cpu.yaml
 LEDGER_URL := sqlite:///$(abspath $(OUT))/ledger.db
 POPULATION := mnist
 
-.PHONY: image help venv airflow-venv tools-venv up down budget run run-train run-pipeline run-kfp kfp-yaml schema test test-slow bench bench-utility bench-generality lock airflow-lock clean mlflow-ui
+.PHONY: image help venv airflow-venv tools-venv up down budget run run-train run-pipeline run-kfp kfp-yaml schema test test-slow bench bench-utility bench-generality results lock airflow-lock clean mlflow-ui
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -105,6 +105,9 @@ bench-generality: $(STAMP)  ## the generality benchmark (#32): five non-digit se
 	for d in letters shapes shapes-rgb symbols-rgb greek; do \
 	  $(PY) benchmarks/utility.py --dataset $$d --out $(OUT)/bench-generality || exit 1; \
 	  $(PY) benchmarks/utility.py --dataset $$d --recipe generic --rows default --out $(OUT)/bench-generality || exit 1; done
+
+results:  ## rebuild docs/results.md from benchmarks/results/ (benchmarks/report.py; the docs tests check it)
+	$(PYTHON) benchmarks/report.py
 
 lock: $(STAMP)  ## re-freeze requirements/stage.lock from requirements/stage.in
 	$(PY) -m pip install --quiet -r requirements/stage.in

@@ -14,11 +14,11 @@ Below ε = 8 the default recipe's variation release does not fit, below ε = 6 n
 release (README): those ε run it with ``warmup.variations=0`` (and ``warmup.styles=0``), as the README says.
 
     OMP_NUM_THREADS=1 .venv/stage/bin/python benchmarks/empirical_audit.py --methods dpgan --controls --reference \\
-        --json benchmarks/results/empirical_audit-dpgan.json
+        --json benchmarks/results/empirical-audit-dpgan-mnist-cpu.json
     OMP_NUM_THREADS=1 .venv/stage/bin/python benchmarks/empirical_audit.py --methods gswgan --controls --reference \\
-        --full-eps 10 --full-canaries 1000 --json benchmarks/results/empirical_audit-gswgan.json
-    .venv/stage/bin/python benchmarks/empirical_audit.py --render benchmarks/results/empirical_audit-*.json \\
-        --markdown benchmarks/results/empirical_audit.md
+        --full-eps 10 --full-canaries 1000 --json benchmarks/results/empirical-audit-gswgan-mnist-cpu.json
+    .venv/stage/bin/python benchmarks/empirical_audit.py --render benchmarks/results/empirical-audit-*-mnist-cpu.json \\
+        --markdown benchmarks/results/empirical-audit-dpgan-gswgan-mnist-cpu.md
 """
 
 from __future__ import annotations

@@ -24,14 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "components"))
+from dpsynth.config import load_config
+from dpsynth.data import import_source
+from dpsynth.methods.dpac import DPACTrainer
+from dpsynth.methods.gswgan import GSWGANTrainer, warm_start_shard
+from dpsynth.stages.partition import assign
 
-from dpsynth.config import load_config  # noqa: E402
-from dpsynth.data import import_source  # noqa: E402
-from dpsynth.methods.dpac import DPACTrainer  # noqa: E402
-from dpsynth.methods.gswgan import GSWGANTrainer, warm_start_shard  # noqa: E402
-from dpsynth.stages.partition import assign  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:

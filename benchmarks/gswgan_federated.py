@@ -30,15 +30,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "components"))
+from dpsynth.config import load_config
+from dpsynth.data import import_source
+from dpsynth.methods import federated_processes as federation
+from dpsynth.methods.gswgan_federated import FederatedGSWGANTrainer, message_bytes
+from dpsynth.models.gswgan import Discriminator, Generator, count_parameters
+from dpsynth.stages.partition import assign
 
-from dpsynth.config import load_config  # noqa: E402
-from dpsynth.data import import_source  # noqa: E402
-from dpsynth.methods import federated_processes as federation  # noqa: E402
-from dpsynth.methods.gswgan_federated import FederatedGSWGANTrainer, message_bytes  # noqa: E402
-from dpsynth.models.gswgan import Discriminator, Generator, count_parameters  # noqa: E402
-from dpsynth.stages.partition import assign  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:

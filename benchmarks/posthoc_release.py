@@ -13,7 +13,7 @@ post-processing of the audited generator. Variants, as ``key=value`` lists:
     seed=K          the sample seed (default 0)
 
     .venv/stage/bin/python benchmarks/posthoc_release.py RUN_DIR contrast=0 contrast=4 n=20000 \\
-        --json benchmarks/results/posthoc-NAME.json
+        --json benchmarks/results/utility-posthoc-NAME-mnist-cpu.jsonl
 
 Results (2026-11-25) are in ``benchmarks/README.md`` (the contrast layer).
 """

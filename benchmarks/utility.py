@@ -12,7 +12,7 @@ audited ε, CPU-minutes and wall time. Beside them, on the same held-out test re
 * ``real``: the same CNN trained on the real training records (the ceiling);
 * the published figures of each method's paper (CNN accuracy on MNIST at ε = 10 unless noted).
 
-Results go to ``benchmarks/results/utility.json`` and ``.md``. Not a test: it takes tens of CPU-minutes
+Results go to ``benchmarks/results/utility-every-method-mnist-cpu.json`` and ``.md``. Not a test: it takes tens of CPU-minutes
 per recipe. Run ``make bench-utility`` (all recipes, ε ∈ {1, 10}) or pick with ``--recipes``/``--epsilons``.
 
 Generality (``--dataset NAME``, a name of ``benchmarks/datasets.py``: letters, shapes, shapes-rgb — development —
@@ -42,13 +42,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from dpsynth.config import load_config
+from dpsynth.data import read_parquet
+from dpsynth.evaluation import accuracy
+from dpsynth.stages.evaluate import _split
 
-from dpsynth.config import load_config  # noqa: E402
-from dpsynth.data import read_parquet  # noqa: E402
-from dpsynth.evaluation import accuracy  # noqa: E402
-from dpsynth.stages.evaluate import _split  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RECIPES = {
     "dpgan": "configs/dpgan-mnist-cpu.yaml",
@@ -324,7 +323,7 @@ def generality(a) -> None:
     print(generality_markdown(rows))
 
 
-DEFAULT_RESULTS = str(ROOT / "benchmarks/results/utility")
+DEFAULT_RESULTS = str(ROOT / "benchmarks/results/utility-every-method-mnist-cpu")
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ partition's hold-out. No private GAN step is taken: these are warm-up generators
 
 RUN_DIR is a ``utility.py --out`` run directory (…/dpgan-mnist-cpu-eps10): its
 ``sensitive/partition/{shard-*,heldout}.parquet`` are read. Results (2026-11-26) are in
-``benchmarks/README.md`` and ``benchmarks/results/utility-refits.md``.
+``benchmarks/README.md`` and ``benchmarks/results/utility-refits-mnist-cpu.md``.
 """
 
 from __future__ import annotations

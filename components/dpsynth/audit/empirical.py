@@ -1,69 +1,10 @@
 """Empirical privacy audit: a measured *lower* bound on ε, beside the accountant's upper bound.
 
-The accountant proves ε for the mechanism it was told about; nothing in the trace shows that the code
-implements that mechanism (a sanitizer that clips after summing, noise added to the wrong buffer).
-This module measures the other side, after Steinke, Nasr & Jagielski, "Privacy Auditing with One (1)
-Training Run" (NeurIPS 2023, arXiv:2305.08846):
-
-* an **audit run** of the method's own trainer and sanitizer, with m *canaries*, each included with
-  probability ½ by a secret coin (:class:`~dpsynth.mechanisms.randomness.MechanismRandomness`);
-* a score per canary, and guesses: the k highest scores "in", the k lowest "out", the rest abstain;
-* :func:`epsilon_lower_bound`: the largest ε for which v correct guesses out of r would have
-  probability < β = 1 − confidence under (ε, δ)-DP (their Theorem 3 with the δ term of their
-  Appendix D, implemented here from the statement: P[≥ v correct] ≤ P[Binomial(r, q) ≥ v] +
-  2mδ · max_{1≤i≤v} P[v − i ≤ Binomial(r, q) < v] / i, q = e^ε / (1 + e^ε)).
-
-The number of guesses k is chosen from a fixed grid (:data:`GUESS_FRACTIONS`); an attack's bound is
-the best over the grid at confidence 1 − β/|grid| each (Bonferroni), so choosing k after seeing the
-scores keeps the guarantee. Each audit run carries two attacks, each at 1 − β/2, so the larger of
-their two bounds (what the gate compares) holds at the configured confidence.
-
-**Attack 1, white-box, on the sanitizer's input** (the method registry's ``Method.empirical_audit``):
-
-* ``"gradient"`` (DP-SGD discriminators: DPGAN, and dp-GAN of Zhang et al.'s critic). Canary i is a
-  record whose per-example gradient is ``CANARY_SCALE`` times the largest clip bound in use (C; dp-GAN's
-  per-group bounds c_j) on one coordinate c_i of the discriminator's parameters (a Dirac canary,
-  coordinates distinct and random). In every step each included canary joins the batch by its own
-  Poisson coin at the trainer's rate q, exactly as a record does, and its gradient joins the step's
-  per-example gradients in the trainer's own sanitizer
-  (:class:`~dpsynth.mechanisms.dpsgd.GradientSanitizer`), which clips, sums and noises it with the records'
-  (:class:`_SanitizerWithCanaries`). Canary i's score is the sum over steps of coordinate c_i of the
-  privatized gradient (the mechanism's output), less the stand-in records' clipped part of it.
-* ``"input_gradient"`` (GS-WGAN, DPAC: the sanitized quantity is ∂ℓ_i/∂G(z_i), B per iteration). Canary
-  i is a record of shard s_i; when an iteration draws s_i, each included canary of that shard adds
-  ``CANARY_SCALE``·C·s_ij on its pixel p_i to every per-sample gradient j (signs s_ij = ±1, half of each,
-  public), before the trainer's own :class:`~dpsynth.methods.gswgan.Sanitizer` clips each row and adds
-  N(0, σ²C²) (:class:`_InputSanitizerWithCanaries`). The score is Σ_iterations Σ_j s_ij · release[j, p_i]:
-  it reads the releases and the public canary design only, never the secret shard choice (the balanced
-  signs cancel what the rows share at p_i, so no data part need be subtracted).
-
-**Attack 2, black-box, on the training records.** m' = min(m, n/5) out-of-distribution records (blocky
-binary images with random labels) join the stand-in, each with probability ½. After the run a canary
-is scored by the final private discriminator's output on it (DPGAN, dp-GAN: its discriminator is
-DP-SGD's output), or — GS-WGAN and DPAC, whose discriminators are trained without privacy and never
-released — by minus its distance to the nearest sample of its label from the released generator
-(GAN-Leaks' full black-box score, :func:`dpsynth.evaluation.mia.nearest_distances`). It is the weaker
-attack (expect ε_lower ≈ 0), but it sees every path from the records to the model, not only the
-sanitizer's.
-
-**What the audit run costs.** It trains on a *public stand-in of the same shape* (n uniform-noise
-images of the training data's size and channels, uniform labels), never on the sensitive records, so
-it spends no privacy of the population and needs no ledger reservation; its σ, q, batch and steps are
-the real run's (the same privacy plan from the same n; the black-box canaries join after the plan).
-GS-WGAN's shards are the stand-in's records in turn, their discriminators start from initialisation
-(the warm start is non-private pre-training outside the mechanism). ``quick`` audits the first
-``audit.quick_steps`` steps, ``full`` all of them; ε_lower is compared with the accounted ε of the
-steps audited, by the method's own accountant (the warm-up releases have audit runs of their own,
-:func:`audit_warmup_release`, each compared with its own ε). :func:`comparison` says what makes the two
-comparable, per method.
-
-**The warm-up's Gaussian releases** (:func:`audit_warmup_release`): one audit run per release of the
-warm-up's own code with Dirac canary records on a stand-in that holds no other record, read by the one-run
-bound, a noise test and a bound test (the last two can fail at any ε).
-
-**Verdicts** (:func:`verdict`): failed (ε_lower above the accounted ε, or a warm-up release's noise or bound
-test fails), inconclusive (no audit of this size could have failed: never reported as passed), passed.
-``audit.empirical=auto`` (the default) runs the quick audit for every method that has one.
+It holds the audit run of a method's own trainer and sanitizer with canaries on a public stand-in, its two
+attacks (white-box on the sanitizer's input, black-box on the records), :func:`epsilon_lower_bound` (Steinke,
+Nasr & Jagielski 2023), :func:`audit_warmup_release`, :func:`comparison` and :func:`verdict`. What each attack
+scores, why the bound holds at the stated confidence, and what the audit run costs: docs/privacy.md,
+"The empirical audit's run, attacks and bound".
 """
 
 from __future__ import annotations

@@ -1,29 +1,8 @@
 """One attempt at a private stage, charged to the ledger: open before the first private step, closed after.
 
-``dpsynth train`` (the pipeline's train stage, and the standalone command) runs every trainer through
-:func:`dpsynth.stages.charging.run_charged`:
-
-1. :func:`open_attempt` looks at the checkpoint the trainer would resume (``checkpoints/last.pt``). It
-   carries the ledger reservation of the attempt that wrote it (its *lineage*). The new attempt
-   *adopts* that reservation — settling it, when still open, at its whole amount, since the process
-   that held it died and may have run any step its reservation allowed after its last checkpoint —
-   and opens its own reservation for the steps it will add. No checkpoint (a fresh restart, ``--force``)
-   means nothing to adopt: the attempt is charged on its own, again. (A remote run directory's train
-   stage pulls its mirrored checkpoints first: :mod:`dpsynth.stages.train`.) A checkpoint written under a reservation of another population or stage is refused.
-2. The trainer runs inside :func:`dpsynth.training.checkpoint.charging`: each checkpoint it writes
-   records the reservation and is the attempt's heartbeat; it may resume only the adopted checkpoint.
-3. The attempt commits the ε of the steps it *added* (the final trace after the resumed checkpoint's
-   trace, composed alone by the accountant: a subset of the run's steps, so at most its target ε).
-   If the trainer fails in this process, it commits the sound ε of the steps its trace recorded (a step
-   whose record is missing left no output), guarded or not; if that trace cannot be read, its whole reservation.
-   It releases the reservation only when it failed before its first private step (building the trainer).
-
-Each attempt reserves ``privacy.epsilon``: the budget guard stops any trace at that ε, and the steps
-one attempt adds are part of such a trace. An ``as_published`` run, which no guard holds to the sound ε,
-may spend more: before its first private step the attempt records in the ledger the sound ε of every
-step its plan may add (:meth:`Attempt.limit`, flagged OVERDRAW), and that — not the reservation — is
-what it is charged when it is killed (settled as stale) or its trace cannot be read; when it fails or
-finishes, the sound ε of its trace.
+It holds :func:`open_attempt` and :class:`Attempt` (adopting a resumed checkpoint's reservation, committing
+the ε of the steps it added, :meth:`Attempt.limit` for ``as_published`` runs). What an attempt is charged in
+every ending, and why: docs/privacy.md, "Charging an attempt".
 """
 
 from __future__ import annotations

@@ -1,37 +1,8 @@
 """The lifetime privacy-budget ledger: every attempt at a private stage is charged to its population.
 
-A *population* is a dataset identified across its versions by a declared id; it has one lifetime
-budget (ε, δ), set explicitly by an operator (:meth:`Ledger.set_budget`; an unknown population is
-refused, never given a default) and changed only with a reason, each change appended to its
-``budget_history``. The lifetime δ must stay below 1/n for the n records of the dataset. A population
-is tied to the records it was first charged for (a keyed data id, never the raw hash): records already
-charged to another population are refused unless an operator allowed it (``allow_shared_data``).
-
-Each *attempt* at a private stage (one process running training) opens its own reservation
-(:meth:`Ledger.open_attempt`) before its first private step and closes it when it ends:
-
-* **committed** with the ε its private steps cost. A resumed attempt is charged only for the steps it
-  adds to the checkpoint it resumed; an attempt that spent more than it reserved (an ``as_published``
-  run, say) is charged what it spent — the overdraw is recorded, never capped.
-* **released** only when it provably ran no private step.
-* **settled as stale** (committed at its whole reservation, with the reason) when it ended without
-  closing its reservation — killed, say: by the next attempt that resumes its checkpoint (which
-  *adopts* it: the lineage goes on, see ``resumes_id``), by the next attempt of the same stage in
-  the same pipeline run, by the pipeline's ``finish``, by any attempt once its heartbeat is older
-  than ``stale_after_s``, or by an operator (``dpsynth ledger settle``). A stale attempt may have run
-  any of the steps its reservation allows after its last checkpoint, so it is never charged less.
-
-Attempts compose by the *basic composition theorem*: mechanisms that are (ε_i, δ_i)-DP on the same
-data are together (Σ ε_i, Σ δ_i)-DP. It is a conservative upper bound, so a reservation is refused
-unless committed ε + outstanding reserved ε + requested ε ≤ the budget's ε, and likewise for δ.
-
-The ledger lives in a real database so that concurrent attempts cannot overspend: SQLite by default,
-PostgreSQL on the cluster, through the same SQLAlchemy code. Every change is one transaction that
-first takes a lock — ``BEGIN IMMEDIATE`` (the database write lock) on SQLite, ``SELECT … FOR UPDATE``
-on the population row elsewhere — and only then reads the balance; a process that dies
-mid-transaction leaves nothing behind. Rows a person may have edited by hand are checked on every
-read: a negative, NaN or infinite amount, an unknown status or a budget below what is charged is
-refused with the row named.
+It holds :class:`Ledger` (populations and their budgets, reservations, commits, releases, stale
+settlements) on SQLite or PostgreSQL. How attempts compose, when a reservation is refused, and why
+concurrent attempts cannot overspend: docs/privacy.md, "The ledger's composition and transactions".
 
 >>> import tempfile, os
 >>> ledger = Ledger(f"sqlite:///{tempfile.mkdtemp()}/ledger.db")

@@ -1,25 +1,9 @@
 """Central images: one Gaussian release of every class's mean image (a DP warm-up).
 
-Li et al., "From Easy to Hard: Building a Shortcut for Differentially Private Image Synthesis"
-(2025), warm a generator up on *central images* — noisy averages of the sensitive images — before
-DP-SGD: the mean is a low-sensitivity statistic, so it is learnt almost for free, and the generator
-then spends its DP-SGD steps on the harder part (the variation around it).
-
-The query. Each record i of class y_i contributes the vector v_i = [x̃_i, c] to the block of its
-class, where x̃_i is its image scaled to [0, 1] and clipped to L2 norm C/√2, and c = C/√2 is a
-constant count coordinate. So ‖v_i‖ ≤ C, and adding or removing one record moves the stacked vector
-of all class blocks by at most C (one block changes). The release adds N(0, (σC)²) to every
-coordinate of that stacked vector: one Gaussian mechanism with noise multiplier σ on the full
-dataset, i.e. the mechanism event ``full_batch`` (q = 1), σ, ``add_remove``. Each class's mean
-is its noisy pixel sum divided by its noisy count (post-processing). The generator is then fitted to
-these means and their augmentations without touching the data again (post-processing, free).
-
-Style images, a second release. Each class is split into groups by a rule that reads only the
-record itself and public values: record i goes to the nearest of its class's *templates* (public
-images, e.g. deformations of the released class means). The query is the same stacked sum, now with
-one block per (class, template) group, so adding or removing a record still changes one block by at
-most C: one more Gaussian event ``full_batch``, q = 1, σ_s, ``add_remove``. The noisy group means
-keep the styles the class mean averages away (slant, stroke width, the variants of a digit).
+It holds :func:`central_images` (the class means), :func:`style_images` (the means of style groups),
+:func:`variation_directions`, :func:`intensity_histogram` and :func:`event_for` (the event of one release),
+after Li et al. (2025). What each release sums, why one record moves it by at most C, and the event it is:
+docs/privacy.md, "Central images: the query and its sensitivity".
 
 >>> import torch
 >>> x = torch.full((4, 1, 2, 2), -1.0); x[2:] = 1.0          # two black, two white images

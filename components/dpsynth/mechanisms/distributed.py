@@ -1,31 +1,8 @@
 """One DP-SGD mechanism spread over the ranks of a ``torch.distributed`` job (``torchrun``).
 
-The privacy semantics are exactly those of one process:
-
-* **Poisson sampling over the whole dataset.** Rank r holds the contiguous part
-  ``[r·n/W, (r+1)·n/W)`` of the index space and draws its own Bernoulli(q) mask over that part
-  with its own secret coins; the logical batch is the union of the W local batches, so every
-  record is still included independently with probability q (:meth:`Ranks.poisson_take`).
-* **Per-example clipping on each rank**, into local clipped sums (the sanitizer, unchanged).
-* **Gaussian noise drawn once per logical step, with the full σC, on rank 0 only**, added to
-  rank 0's local sum before one SUM all-reduce of all the sums (:class:`NoiseOnRankZero`); every
-  rank then holds the same noisy sum Σ_r S_r + N(0, σ²C²) and applies the same update.
-
-Why rank 0 with the full σC rather than N(0, σ²C²/W) on every rank (equally exact in total
-variance): (1) the step then draws the same noise, from the same stream, as a one-process run
-(tests compare them bit for bit, and a checkpoint's noise stream resumes on any number of ranks);
-(2) under ``privacy.secure_mode`` the one draw gets the whole defence against floating-point
-attacks, not W smaller draws each with it; (3) with split noise any rank knows 1/W of the noise it
-added, so an observer holding one rank's coins faces only (W-1)/W of the variance. Opacus'
-``DistributedDPOptimizer`` makes the same choice. Its pitfall, to avoid here: the noise is then
-only as secret as rank 0's generator, and Opacus falls back to torch's *global* RNG when no
-generator is passed (``DistributedPerLayerOptimizer._add_noise_parameter`` passes ``generator=None``
-unconditionally), which training scripts seed with their public seed. Here every rank's coins are a
-:class:`~dpsynth.mechanisms.randomness.MechanismRandomness` seeded from OS entropy, distinct per rank,
-and rank 0's stream is never sent to another rank.
-
-Nothing here records privacy events: the trainer records one event per logical step, exactly as
-in one process, and only rank 0 writes its trace.
+It holds :class:`Ranks` (each rank's part of the records and its Poisson mask) and :class:`NoiseOnRankZero`
+(the noise drawn once, on rank 0, before one SUM all-reduce). Why the privacy semantics are exactly one
+process's, and why the noise is rank 0's alone: docs/privacy.md, "One DP-SGD mechanism over many ranks".
 """
 
 from __future__ import annotations

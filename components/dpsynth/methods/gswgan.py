@@ -1,33 +1,9 @@
 """GS-WGAN, centralized (Chen, Orekondy & Fritz 2020, supplement Algorithm 1).
 
-The training data are the K shards of ``dpsynth partition`` (a keyed hash of each record id, so
-neighbouring datasets differ in one shard). Each shard k has its own WGAN-GP critic D_k, warm-
-started non-privately on shard k alone (:func:`warm_start_shard`, fanned out by the warmstart
-stage). Each private iteration then
-
-1. draws k uniformly from the mechanism's secret randomness (seeded from OS entropy, never from
-   train.seed; only checkpoints, which stay in the sensitive zone, hold its state;
-   :mod:`dpsynth.mechanisms.randomness`), which also draws the noise,
-2. takes n_dis (``train.n_d``) non-private WGAN-GP steps of D_k on shard k,
-3. takes one generator step in which only the per-sample gradient g_i = ∂ℓ_i/∂x_i of the
-   generator loss w.r.t. the generated image x_i = G(z_i, y_i) is sanitized:
-   g̃_i = clip(g_i, C) + N(0, σ²C² I), and the update is (1/B) Σ_i g̃_i · ∂x_i/∂θ_G. The
-   Jacobian ∂x_i/∂θ_G does not touch the data, and neither do z_i or y_i (labels are drawn
-   uniformly, never taken from the shard), so the update is post-processing of the g̃_i.
-
-Noise and accounting. The mechanism is the paper's M_{σ,C} (Definition 3.3): noise std σ·C per
-release. Replacing one record moves a clipped release by up to 2C, so each release is
-(α, 2α/σ²)-RDP (supplement, proof of Theorem 4.1) — which is exactly what the ``"wor"``
-accountant charges for an event of noise multiplier σ in units of C with
-``sensitivity="replace_one"`` (Δ = 2C is applied by the accountant, not by doubling the noise).
-The B releases of one iteration all use shard k, so they are folded into ONE without-
-replacement event at rate 1/K with multiplier σ/√B (:func:`dpsynth.privacy.gswgan_event`).
-``privacy.noise_multiplier`` is the per-release σ; calibration returns the event's σ/√B and
-multiplies by √B. (The authors' code adds noise σ·2C and accounts each of the T·B releases as
-separately subsampled; ``privacy.accounting=as_published`` reproduces their ε only to compare,
-and such a run is marked unsound.)
-
-The released generator is an exponential moving average of G's weights (post-processing).
+Per-shard WGAN-GP critics warm-started non-privately (:func:`warm_start_shard`), then private iterations
+in which only the per-sample gradients ∂ℓ_i/∂G(z_i) are sanitized; the released generator is an
+exponential moving average of G's weights. The iteration step by step, and why one iteration is one
+without-replacement event of multiplier σ/√B: docs/privacy.md, "GS-WGAN: the iteration and its account".
 """
 
 from __future__ import annotations

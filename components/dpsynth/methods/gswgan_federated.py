@@ -1,59 +1,11 @@
 """GS-WGAN, federated (Chen, Orekondy & Fritz 2020, supplement Algorithm 2).
 
-Clients keep their data and their discriminator D_k; the server holds the generator. Each
-iteration the server picks a client k uniformly and runs n_dis (``train.n_d``) rounds: it sends B generated
-images G(z_i, y_i) (and their labels), the client takes one WGAN-GP step of D_k on a real batch
-of its own data and those fakes, and returns the B *sanitized* gradients clip(∂ℓ_i/∂x_i, C) +
-N(0, σ²C²) — computed on the client, so the server never sees anything unsanitized. The server
-updates G with the last round's gradients (Algorithm 2, line 11).
-
-Two transports run the same server (:class:`FederatedServer`) and the same :class:`Client`:
-
-* :mod:`dpsynth.methods.federated_processes` — what ``train.method=gswgan_federated`` runs: the server (rank 0)
-  and each client k (rank k+1) as the ranks of one ``torchrun`` job, talking over
-  torch.distributed/gloo. The server is given metadata only (n, K, image shape), never a shard;
-  each client checkpoints its own state. The ranks and the messages are there; this module is the
-  algorithm.
-* :class:`FederatedGSWGANTrainer` — the same protocol in one process (the reference the
-  multi-process run must match bit for bit, given the same train.seed and, in tests, the same
-  mechanism seed).
-
-Secret coins: the server's client choice and each client's noise come from
-:class:`~dpsynth.mechanisms.randomness.MechanismRandomness` seeded from OS entropy, never logged: in the
-torchrun job each rank draws its own (none is sent to another rank); the in-process reference derives
-them from one master seed drawn per run (:func:`mechanism_seeds`).
-
-Protocol, per round (server → client k, then client k → server); every message is counted:
-
-    control  int64[1]            CONTINUE (or STOP, once per client at the end)
-    fakes    float32[B, C, H, W]
-    labels   int64[B]
-    reply    float32[B, C, H, W]  the sanitized gradients
-
-Accounting: every round's B releases reach the (untrusted) server, all computed on client k's
-data, so one iteration is ONE without-replacement event at rate 1/K whose noise multiplier
-folds all n_dis·B releases: σ/√(n_dis·B). (Counting only the B releases the server uses would
-be unsound: the other rounds' releases are also observed.)
-
-Against whom. The rate-1/K amplification needs the client choice to be secret; the server makes it,
-so the audited ε holds against everyone *but* the server (who sees only the released generator).
-Against the server, which sees the choice and every sanitized release, the guarantee is the account
-without amplification (:func:`privacy_statement`, :func:`dpsynth.privacy.statement.revealed_choice_account`);
-the audit states both; only the first rests on GS-WGAN's shard-state assumption. Both assume the server's
-process reads none of the clients' files (:data:`SERVER_ASSUMPTION`): in the torchrun job every rank runs on
-one host as one user, so the clients' checkpoints (their secret noise coins among them) and shards are within
-its reach, and only the code it runs keeps it out.
-
-Client-level guarantee. The same ε holds when neighbouring datasets differ in one client's
-*entire* shard: whatever a client's data, each release it sends is clipped to norm ≤ C, so
-replacing all of its records moves each release by ≤ 2C — the very sensitivity the
-``replace_one`` event already charges for one record — and each iteration draws 1 of K clients
-uniformly (without replacement within the iteration), the rate 1/K the event already carries.
-The warm start and D_k's state depend only on client k's own data and stay on the client. What
-changes is the unit δ is read against: one client of K, so δ should be < 1/K; that is recorded
-(``delta_below_one_over_clients``), while the audit checks the record-level δ < 1/n. Clients
-here are the shards of ``dpsynth partition`` (a keyed hash of record ids); one client per
-*user* needs a partition by user, which the partition stage does not build yet.
+The server (:class:`FederatedServer`) holds the generator; each :class:`Client` keeps its data and its
+discriminator and returns only sanitized gradients. :class:`FederatedGSWGANTrainer` runs the protocol in one
+process (the reference); :mod:`dpsynth.methods.federated_processes` runs it as the ranks of one ``torchrun``
+job. The protocol and its messages, the secret coins, the account (one event per iteration folding n_dis·B
+releases), against whom it holds, and the client-level guarantee: docs/privacy.md,
+"Federated GS-WGAN: protocol, account, against whom".
 """
 
 from __future__ import annotations

@@ -1,37 +1,10 @@
 """dp-GAN, as in Zhang, Ji & Wang, "Differentially Private Releasing via Deep Generative Model" (Algorithm 3).
 
-A conditional WGAN-GP whose critic D is trained with DP-SGD; the generator G touches the data
-only through D, so releasing it is post-processing.
-
-* Warm start (§4.3): :func:`warm_start` trains G and D without privacy on *public* records
-  only (``data.public_source``, a separate source such as ``sklearn:digits``; or
-  ``data.public_split`` / ``data.public_fraction``, as the partition stage assigned them —
-  a fraction of the sensitive data only when acknowledged unprotected, :mod:`dpsynth.data.public`);
-  it refuses any record that is not public under the config.
-* Critic step (Alg. 3 lines 4–17): Poisson-sample real records at q = B/n. Each sampled
-  record (x_i, y_i) is one unit with its own fake G(z_i, y_i) and interpolate
-  x̂_i = ρx_i + (1−ρ)G(z_i, y_i): ℓ_i = D(G(z_i, y_i)) − D(x_i) + λ(‖∇_x̂ D(x̂_i)‖ − 1)², D conditioned
-  on y_i throughout. Adding or removing a record adds or removes one unit, fake and interpolate
-  included — because each unit's z_i and ρ_i are fresh coins of the mechanism (secret, like the mask),
-  not draws of ``train.seed``'s public latent stream: with public latents handed to the sampled records
-  in order, one more record would shift the latent of every later unit (the step's sum would change in
-  more than one unit, beyond the sensitivity the account assumes), and the stream's position — so the
-  latents of every later generator step, and the released G — would depend on the batch size.
-  Per-unit gradients (torch.func: the penalty needs a double backward) are clipped
-  group by group to c_j, summed, noised with σ·c_j per group (once per step, not per example
-  as Alg. 3 line 12 reads), and divided by the expected batch size B.
-* Groups and bounds (§4.1–4.2, :mod:`dpsynth.mechanisms.grouping`): from a public batch every
-  ``zhang.update_every`` critic steps (adaptive), or fixed at ``privacy.max_grad_norm``.
-* Generator step (line 20): after n_critic (``train.n_d``) critic steps, one non-private step on
-  −D(G(z)). (The authors' released DP loop never updates G; this one does.)
-
-Accounting: the k group releases of one step share one sample, so they fold into one Poisson
-subsampled Gaussian event with multiplier σ/√k (add/remove adjacency). ``privacy.noise_multiplier``
-is σ, the per-group multiplier; left unset, σ is calibrated so that ``train.steps`` events
-spend ε. ``privacy.accounting: as_published`` reproduces the paper's account instead, which
-counts each step's k groups by parallel composition as one release of multiplier σ: σ is
-calibrated and training stopped on that account, the sound trace is recorded anyway, and the
-result reports both; such a run is unsound and the audit never passes it.
+A conditional WGAN-GP whose critic D is trained with DP-SGD (per-unit gradients clipped group by group); the
+generator touches the data only through D. Its warm start (:func:`warm_start`) uses public records only.
+What one unit is and why its latents are the mechanism's coins, the groups and bounds, and the account
+(one Poisson event of multiplier σ/√k per step; ``as_published``): docs/privacy.md,
+"dp-GAN (Zhang et al.): the critic step and its account".
 """
 
 from __future__ import annotations

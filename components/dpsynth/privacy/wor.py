@@ -1,72 +1,9 @@
 """The without-replacement accountant: RDP of the Gaussian mechanism on a subsample drawn without replacement.
 
-Mechanism
----------
-One step draws a subsample *without replacement* at rate γ (a fixed-size batch of m out of
-n records, γ = m/n, or one of K fixed shards, γ = 1/K), clips each record's contribution to
-norm C, and adds N(0, (σC)²) noise. Neighbouring datasets differ by *replacing* one record
-(``sensitivity="replace_one"``): the clipped query moves by at most 2C, so the Gaussian
-mechanism before subsampling is (α, ε(α))-RDP with
-
-    ε(α) = α · 2² / (2σ²) = 2α / σ²        (σ = the event's noise_multiplier, units of C).
-
-Bound
------
-Wang, Balle, Kasiviswanathan, "Subsampled Rényi Differential Privacy and Analytical Moments
-Accountant", AISTATS 2019 (arXiv:1808.00087), Theorem 9 (the general upper bound, the one
-autodp's ``anaRDPacct.compose_subsampled_mechanism`` uses by default). For integer α ≥ 2
-
-    ε'(α) ≤ 1/(α−1) · log( 1 + γ² C(α,2) min{4(e^{ε(2)} − 1), e^{ε(2)} min{2, (e^{ε(∞)} − 1)²}}
-                             + Σ_{j=3..α} γ^j C(α,j) e^{(j−1)ε(j)} min{2, (e^{ε(∞)} − 1)^j} ),
-
-and for the Gaussian ε(∞) = ∞, so both inner minima over (e^{ε(∞)} − 1) are 2. Everything is
-evaluated in log-space (log-binomials by ``gammaln``, a max-shifted logsumexp, log(e^x − 1)
-without cancellation), so σ from 10⁻⁶ to 10⁶ and orders of several hundred are safe.
-As in autodp:
-
-* at every order the bound is replaced by the non-subsampled ε(α) when that is smaller
-  (subsampling never hurts: the subsampled pair is a mixture of identical or neighbouring pairs);
-* a fractional order α > 2 uses the linear interpolation of the log-moment (α−1)·ε'(α)
-  between ⌊α⌋ and ⌈α⌉, an upper bound because the log-moment is convex in α;
-  an order in (1, 2) uses ε'(2) (Rényi divergence grows with α) — or ε(α) when smaller,
-  where autodp keeps ε'(2).
-
-A ``full_batch`` event (every record, q = 1; e.g. a central-image warm-up release, see
-:mod:`dpsynth.mechanisms.central_images`) is the Gaussian mechanism itself: ε(α) = αΔ²/(2σ²) with Δ = 1 for
-``add_remove`` (a record added or removed moves the query by ≤ C) and 2 for ``replace_one``. GS-WGAN's
-neighbours differ by one added or removed record whose shard's releases move by ≤ 2C (the trace's
-``replace_one`` events, see :mod:`dpsynth.methods.gswgan`), so its warm-up releases compose with them
-under the same relation at Δ = 1.
-
-Heterogeneous events compose by adding their RDP curves (count × per-step curve). ε at δ is
-min over orders of the conversion of Balle et al. 2020 (arXiv:1905.09982, Thm 21), through
-Opacus' ``get_privacy_spent`` — the same conversion the ``"rdp"`` accountant uses. (autodp's
-``get_eps`` uses Mironov's ε(α) + log(1/δ)/(α−1) instead, always a little larger.)
-
-Shards
-------
-Theorem 9's proof bounds divergences between the components of the two mixtures (the output
-on a subsample with the differing record, and on one without it). With fixed-size uniform
-batches those components are neighbours. With K fixed shards, "without it" is *another
-shard*: the bound still holds because each release is clipped to norm C whatever its input,
-so the 2C sensitivity (and hence ε(α)) holds between *any* two inputs, not only neighbours.
-
-GS-WGAN
--------
-One generator iteration of GS-WGAN (Chen, Orekondy, Fritz 2020, Algorithm 1) draws one of K
-shards (rate 1/K) and releases the B sanitized per-sample gradients ∂L_G/∂G(z_i), each
-clipped to C and noised with σC, all computed with the discriminator of *that same shard*.
-The B releases share one subsample, so the sound account is ONE without-replacement event
-per iteration with noise multiplier σ/√B (:func:`~dpsynth.privacy.events.fold_releases`;
-the supplement's own Theorem 4.1, (λ, 2Bλ/σ²)-RDP per iteration, says the same), which
-:func:`gswgan_event` builds. The authors' released code instead amplifies each of the T·B
-releases separately and, unlike their Theorem 4.1, gives each release the RDP α/(2σ²) of
-sensitivity C; :func:`as_published_epsilon` reproduces that (unsound) number only to
-compare with the paper.
-
-Assumption, as in the paper: each iteration is accounted as a fresh subsampled mechanism given
-the released history. Discriminators that train only when their shard is drawn carry hidden
-state that depends on which shards were drawn; this accounting does not model that.
+It holds :class:`WORAccountant` (Wang, Balle & Kasiviswanathan 2019, Theorem 9, in log-space, for fixed-size
+batches and shards), :func:`gswgan_event` (one GS-WGAN iteration as one event) and :func:`as_published_epsilon`
+(GS-WGAN's own, unsound number, to compare only). The mechanism, the bound, why it holds for shards, and
+GS-WGAN's account: docs/privacy.md, "The without-replacement bound".
 
 >>> event = gswgan_event(noise_multiplier=1.07, batch_size=32, num_shards=1000)
 >>> (event.sampling, event.sample_rate, round(event.noise_multiplier, 4), event.sensitivity)
