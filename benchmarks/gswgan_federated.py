@@ -34,7 +34,7 @@ from dpsynth.config import load_config
 from dpsynth.data import import_source
 from dpsynth.methods import federated_processes as federation
 from dpsynth.methods.gswgan_federated import FederatedGSWGANTrainer, message_bytes
-from dpsynth.models.gswgan import Discriminator, Generator, count_parameters
+from dpsynth.models.gswgan_networks import Discriminator, Generator, count_parameters
 from dpsynth.stages.partition import assign
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> dict:
     from dpsynth.config import load_config
     from dpsynth.data import import_source, write_parquet
     from dpsynth.stages import partition, warmstart
-    from dpsynth.stages.common import StageContext
+    from dpsynth.stages.protocol import StageContext
 
     with tempfile.TemporaryDirectory(prefix="dpsynth-bench-") as tmp:
         source = Path(tmp) / "mnist.parquet"

@@ -70,7 +70,7 @@ def _register_config(subparsers) -> None:
 
 def run_config_show(args: argparse.Namespace) -> int:
     from dpsynth.config import dump_config, load_config
-    from dpsynth.stages.common import redacted
+    from dpsynth.stages.protocol import redacted
 
     cfg = redacted(load_config(args.config, overrides=args.overrides))
     if args.json:

@@ -197,7 +197,7 @@ def dataset_source(uri: str):
 
 def log_dataset_input(*, uri: str, digest: str, name: str, context: str = "training") -> None:
     """Record a dataset a run read, by URI and ``digest``: a keyed version id
-    (``dpsynth.stages.common.dataset_version``), never a raw content hash (lineage for auditors)."""
+    (``dpsynth.stages.protocol.dataset_version``), never a raw content hash (lineage for auditors)."""
     import mlflow
     from mlflow.data.meta_dataset import MetaDataset
 

@@ -224,9 +224,9 @@ def _manifest(run_dir: str, stage: str) -> dict | None:
 
 
 def _outside(run_dir: str):
-    """sha256 → its keyed version id under the run's key (dpsynth.stages.common.dataset_version): how the page,
+    """sha256 → its keyed version id under the run's key (dpsynth.stages.protocol.dataset_version): how the page,
     which is outside the sensitive zone, names a sensitive-zone file ("unavailable" without the key)."""
-    from dpsynth.stages.common import VERSION_KEY, keyed_version
+    from dpsynth.stages.protocol import VERSION_KEY, keyed_version
 
     uri = storage.join(run_dir, "sensitive", VERSION_KEY)
     key = storage.read_bytes(uri) if storage.exists(uri) else None

@@ -245,7 +245,7 @@ def train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list[str]) 
     from dpsynth.config import load_config
     from dpsynth.pipeline import run as pipeline
     from dpsynth.stages import train
-    from dpsynth.stages.common import StageContext
+    from dpsynth.stages.protocol import StageContext
 
     cfg = load_config(overrides=[*overrides, "tracking.enabled=true", f"tracking.uri=sqlite:///{tmp}/mlflow{rank}.db",
                                  f"ledger.url=sqlite:///{tmp}/ledger{rank}.db"])

@@ -100,7 +100,7 @@ def stage_rank_reads(rank, run_dir, overrides, out):
     import dpsynth.data
     import dpsynth.data.dataset
     from dpsynth.stages import train as train_stage
-    from dpsynth.stages.common import StageContext
+    from dpsynth.stages.protocol import StageContext
 
     opened = []
 

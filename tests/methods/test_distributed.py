@@ -101,7 +101,7 @@ def test_env_and_launch_refusals(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="^RANK: WORLD_SIZE=2 is set but RANK is not"):
         distributed.env_ranks({"WORLD_SIZE": "2"})
     assert distributed.env_ranks({"WORLD_SIZE": "1"}) == distributed.Ranks(0, 1, 0)
-    from dpsynth.training.distributed import launch
+    from dpsynth.training.data_parallel import launch
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
@@ -502,7 +502,7 @@ def test_gswgan_checkpoints_resume_across_world_sizes(tmp_path, method):
 
 def test_gswgan_refusals_under_torchrun(monkeypatch):
     """More ranks than shards, and GS-WGAN's private warm-up (it reads every shard), are refused by name."""
-    from dpsynth.training import distributed as methods_distributed
+    from dpsynth.training import data_parallel as methods_distributed
     from tests.methods.gswgan_helpers import tiny as gswgan_config
 
     monkeypatch.setenv("WORLD_SIZE", "2")

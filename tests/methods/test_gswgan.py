@@ -21,7 +21,7 @@ from dpsynth.methods.gswgan import (
     sanitized_generator_step,
     warm_start_shard,
 )
-from dpsynth.models.gswgan import Classifier, Discriminator, Generator
+from dpsynth.models.gswgan_networks import Classifier, Discriminator, Generator
 from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.methods.gswgan_helpers import K, record_owner, tiny, warm_files, watch_inputs

@@ -22,7 +22,7 @@ from dpsynth.methods.gswgan_federated import (
     FederatedServer,
     audit_invariants,
 )
-from dpsynth.models.gswgan import Discriminator
+from dpsynth.models.gswgan_networks import Discriminator
 from dpsynth.privacy import MechanismTrace, gswgan_event
 from dpsynth.stages.partition import assign
 from tests.jobs import descendants, kill_at_checkpoint

@@ -136,7 +136,7 @@ def expected(runs):
     early = client.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = 'p-early'")
     eps = {r.data.tags[tracking.TAG_STAGE]: float(r.data.tags[tracking.TAG_EPSILON_SPENT]) for r in found
            if r.data.tags[tracking.TAG_STAGE] != "pipeline"}
-    from dpsynth.stages.common import VERSION_KEY, keyed_version
+    from dpsynth.stages.protocol import VERSION_KEY, keyed_version
 
     key = (Path(runs["run_dir"]) / "sensitive" / VERSION_KEY).read_bytes()
     keyed = lambda sha: keyed_version(key, sha)  # noqa: E731

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dpsynth.errors import ConfigError
-from dpsynth.models.gswgan import Classifier, Discriminator, Generator, without_spectral_norm
+from dpsynth.models.gswgan_networks import Classifier, Discriminator, Generator, without_spectral_norm
 
 
 @pytest.mark.parametrize("size, channels", [(28, 1), (32, 3)])

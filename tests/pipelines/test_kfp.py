@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from dpsynth import tracking
-from dpsynth.stages.common import TAG_STATUS as STATUS
+from dpsynth.stages.protocol import TAG_STATUS as STATUS
 from tests.stages.helpers import manifest, release_files
 
 KFP = Path(__file__).resolve().parents[2] / "pipelines" / "kfp"

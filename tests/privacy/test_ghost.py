@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpsynth.models import dcgan, gswgan
+from dpsynth.models import dcgan, gswgan_networks
 from dpsynth.mechanisms import ghost
 from dpsynth.mechanisms.dpsgd import GradientSanitizer, private_module
 
@@ -79,7 +79,7 @@ def cases():
                                                                    torch.tensor([0, 2, 1, 1, 0]))),
         "dcgan_d32": (dcgan.Discriminator(num_classes=3, channels=3, image_size=32, width=4),
                       (torch.randn(5, 3, 32, 32, generator=g), torch.tensor([0, 2, 1, 1, 0]))),
-        "dpac_classifier": (gswgan.Classifier(num_classes=3, width=4), (torch.randn(5, 1, 28, 28, generator=g),)),
+        "dpac_classifier": (gswgan_networks.Classifier(num_classes=3, width=4), (torch.randn(5, 1, 28, 28, generator=g),)),
     }
 
 
@@ -205,7 +205,7 @@ def test_layer_outputs_are_not_held():
 
 def test_gswgan_spectral_norm_is_refused_by_name():
     with pytest.raises(ValueError, match="conv1.*spectral-norm"):
-        ghost.GhostClipping(gswgan.Discriminator(num_classes=3, width=4))
+        ghost.GhostClipping(gswgan_networks.Discriminator(num_classes=3, width=4))
 
 
 def test_unsupported_layer_is_refused_by_name():

@@ -27,8 +27,8 @@ from dpsynth.privacy import (
     gswgan_event,
     max_steps,
 )
-from dpsynth.privacy import wor as wor_module
-from dpsynth.privacy.wor import DEFAULT_ORDERS, wor_gaussian_rdp
+from dpsynth.privacy import without_replacement as wor_module
+from dpsynth.privacy.without_replacement import DEFAULT_ORDERS, wor_gaussian_rdp
 from tests.privacy.test_cli import run as run_cli
 
 from autodp import rdp_acct, rdp_bank  # noqa: E402  (test-only dependency, see requirements)

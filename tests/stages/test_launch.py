@@ -45,7 +45,7 @@ TEMPLATES = {"TrainJob": TEMPLATE, "PyTorchJob": PYTORCHJOB}
 
 
 def test_shape_fields_are_validated_and_in_no_fingerprint():
-    from dpsynth.stages.common import fingerprint
+    from dpsynth.stages.protocol import fingerprint
 
     for field in ("train.nodes", "train.gpus_per_node"):
         with pytest.raises(ConfigError, match=f"^{field}: must be an integer >= 1, got 0"):

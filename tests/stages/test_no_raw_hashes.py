@@ -18,7 +18,7 @@ import pytest
 
 from dpsynth.ledger.store import Ledger
 from dpsynth.audit import stage as audit
-from dpsynth.stages import common
+from dpsynth.stages import protocol
 from tests.stages.helpers import TINY, dpsynth, manifest, settings
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
@@ -128,7 +128,7 @@ def test_the_audit_reads_mlflow_values_tags_and_artifacts(runs, tmp_path):
     (check,) = [c for c in report["checks"] if c["name"] == "mlflow_values"]
     assert check["passed"], check
     cfg = load_config(overrides=[*TINY, "tracking.enabled=true", f"tracking.uri={runs['mlflow_uri']}", *GSWGAN])
-    ctx = common.StageContext.create(cfg, run_dir=str(run))
+    ctx = protocol.StageContext.create(cfg, run_dir=str(run))
     train_run = manifest(run, "sensitive", "train")["mlflow_run_id"]
     d0 = next(o for o in manifest(run, "sensitive", "warmstart")["outputs"] if o["role"] == "discriminator")
     assert audit.mlflow_values_check(ctx, run_ids=[train_run], parent_run_id=None)["passed"]

@@ -67,14 +67,14 @@ from dpsynth.training.artifacts import generator_privacy
 from dpsynth.privacy import MechanismTrace, check_delta, get_accountant
 from dpsynth.audit import empirical
 from dpsynth.privacy.accountants import PRV_TIME_LIMIT_S, prv_bounds_or_rdp
-from dpsynth.stages import common, manifest
+from dpsynth.stages import protocol, manifest
 
 STAGE = "audit"
 SECTIONS = ("data", "partition", "privacy", "train", "warmup", "audit")
 FORMAT = "dpsynth.audit/2"
 RDP_RELATIVE_TOLERANCE = 1e-9  # floating-point rounding only
 _BOUND = "ε recomputed from the mechanism trace (data-independent: the trace records the mechanism only)"
-MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+MLFLOW_KEYS = protocol.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     "target_epsilon": "privacy.epsilon (configuration)", "epsilon_upper_bound": _BOUND, "epsilon_rdp": _BOUND,
     "epsilon_wor": _BOUND, "epsilon_prv_upper": _BOUND, "epsilon_prv_lower": _BOUND,
     **empirical.MLFLOW_METRICS})
@@ -252,7 +252,7 @@ def logged_keys(stage: str, method: str) -> tracking.LoggedKeys | None:
     from dpsynth.stages import evaluate, partition, sample, train, warmstart
 
     if stage == "pipeline":
-        return common.PARENT_RUN_KEYS
+        return protocol.PARENT_RUN_KEYS
     if stage == "train":
         return train.logged_keys(method)
     if stage == STAGE:
@@ -287,7 +287,7 @@ def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str]
 # --- no raw hash of a sensitive-zone file in MLflow (issue #33) -------------------------------------------
 
 
-def sensitive_hashes(ctx: common.StageContext, stages=("partition", "warmstart", "train")) -> dict[str, str]:
+def sensitive_hashes(ctx: protocol.StageContext, stages=("partition", "warmstart", "train")) -> dict[str, str]:
     """Raw sha256 → what it names, for every sensitive-zone file the stages before the audit recorded: each entry
     of their manifests outside the release zone (its ``sha256`` and ``content_sha256``: the source, shards,
     held-out records, warm-started discriminators, generator, trace …) and the manifest files themselves."""
@@ -326,11 +326,11 @@ def run_texts(client, run, scratch: str) -> dict[str, str]:
     return texts
 
 
-def mlflow_values_check(ctx: common.StageContext, *, run_ids: list[str], parent_run_id: str | None) -> dict:
+def mlflow_values_check(ctx: protocol.StageContext, *, run_ids: list[str], parent_run_id: str | None) -> dict:
     """``mlflow_values``: no MLflow run of the pipeline holds, in a param or metric value, a tag or an artifact, the
     raw sha256 of a sensitive-zone file (:func:`sensitive_hashes`): the keys are on allow-lists
     (:func:`mlflow_check`), this reads what they hold. Outside the sensitive zone such files are named by keyed
-    version ids only (:func:`~dpsynth.stages.common.outside_view`)."""
+    version ids only (:func:`~dpsynth.stages.protocol.outside_view`)."""
     import tempfile
 
     if not ctx.cfg.tracking.enabled or not (run_ids or parent_run_id):
@@ -349,11 +349,11 @@ def mlflow_values_check(ctx: common.StageContext, *, run_ids: list[str], parent_
                   "raw sha256 of sensitive-zone files in MLflow: " + "; ".join(found))
 
 
-def outside_text(ctx: common.StageContext, text: str, hashes) -> str:
+def outside_text(ctx: protocol.StageContext, text: str, hashes) -> str:
     """``text`` with every raw hash of ``hashes`` replaced by its keyed version id: what the audit logs to MLflow
     (before the gate: a failed audit's generator and trace are not released, so neither are their hashes)."""
     for h in hashes:
-        text = text.replace(h, common.dataset_version(ctx, h))
+        text = text.replace(h, protocol.dataset_version(ctx, h))
     return text
 
 
@@ -416,11 +416,11 @@ def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: di
 def decision(checks: list[dict]) -> str:
     """passed when no check failed: an inconclusive check (``passed`` None, ``verdict`` inconclusive: the
     empirical audit could not have failed) neither passes nor fails the release, and the report says so."""
-    return "passed" if all(c["passed"] or common.inconclusive(c) for c in checks) else "failed"
+    return "passed" if all(c["passed"] or protocol.inconclusive(c) for c in checks) else "failed"
 
 
 def _shown(check: dict) -> str:
-    return "**inconclusive**" if common.inconclusive(check) else "yes" if check["passed"] else "**no**"
+    return "**inconclusive**" if protocol.inconclusive(check) else "yes" if check["passed"] else "**no**"
 
 
 def markdown(report: dict) -> str:
@@ -463,7 +463,7 @@ def check_line(c: dict) -> str:
     if name.startswith("event["):
         plain = (f"training event {name[6:-1]} (after any warm-up release) has the sampling, adjacency and rate "
                  "the configuration sets")
-    if common.inconclusive(c):
+    if protocol.inconclusive(c):
         return f"- ? **inconclusive** — {name}: {' '.join(str(c['detail']).split())}"
     text = plain if c["passed"] and plain else " ".join(str(c["detail"]).split())
     return f"- {'✔ passed' if c['passed'] else '✘ **FAILED**'} — {name}: {text}"
@@ -522,7 +522,7 @@ def _trace_events(trace_text: str) -> list[dict] | None:
         return None
 
 
-def _tag_runs(ctx: common.StageContext, run_ids: list[str | None], decision: str, statement: dict) -> None:
+def _tag_runs(ctx: protocol.StageContext, run_ids: list[str | None], decision: str, statement: dict) -> None:
     """``dpsynth.audit`` = the decision, and the statement's tags, on the runs the audit judged (train, parent)."""
     from mlflow import MlflowClient
 
@@ -532,15 +532,15 @@ def _tag_runs(ctx: common.StageContext, run_ids: list[str | None], decision: str
             client.set_tag(rid, key, value)
 
 
-def run(ctx: common.StageContext) -> common.Outcome:
+def run(ctx: protocol.StageContext) -> protocol.Outcome:
     cfg = ctx.cfg
-    partition, partition_entry = common.upstream(ctx, "partition")
-    trained, train_entry = common.upstream(ctx, "train")
+    partition, partition_entry = protocol.upstream(ctx, "partition")
+    trained, train_entry = protocol.upstream(ctx, "train")
     recorded = {role: manifest.output(trained, role) for role in ("trace", "generator")}
     current = {role: ctx.entry(item["uri"], role=role) for role, item in recorded.items()}
     inputs = [partition_entry, train_entry, *current.values()]
-    fp = common.fingerprint(cfg, SECTIONS)
-    if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
+    fp = protocol.fingerprint(cfg, SECTIONS)
+    if (reused := protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
     integrity = [_check(f"{role}_sha256", current[role]["sha256"] == recorded[role]["sha256"],
                         f"{current[role]['sha256']} (train manifest: {recorded[role]['sha256']})") for role in recorded]
@@ -571,7 +571,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
     report["empirical"] = measured
     report["runs"] = {"train": train_run, "parent": ctx.parent_run_id, "pipeline_run_id": ctx.pipeline_run_id}
     status = "succeeded" if report["decision"] == "passed" else "failed"
-    with common.child_run(ctx, STAGE) as run:
+    with protocol.child_run(ctx, STAGE) as run:
         storage.write_text(ctx.uri(STAGE, "audit.json"), json.dumps(report, indent=2) + "\n")
         storage.write_text(ctx.uri(STAGE, "audit.md"), markdown(report))
         if run is not None:
@@ -597,7 +597,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
                    ctx.entry(ctx.uri(STAGE, "audit.md"), role="report_markdown")]
         privacy = {**manifest.no_privacy(delta=cfg.privacy.delta, note="recomputes ε; touches no data"),
                    "accountant": "+".join(report["epsilons"]) if report["epsilons"] else "none"}
-        outcome = common.finish(ctx, STAGE, run, status=status, fingerprint=fp, inputs=inputs, outputs=outputs,
+        outcome = protocol.finish(ctx, STAGE, run, status=status, fingerprint=fp, inputs=inputs, outputs=outputs,
                                 dataset_sha256=partition["dataset_sha256"], privacy=privacy,
                                 details={"decision": report["decision"], "epsilon_upper_bound": report["epsilon_upper_bound"],
                                          "epsilon_lower": measured["epsilon_lower"] if measured else None,

@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection, make_url
 
 from dpsynth import commands
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.validation import as_real, check_delta_range, check_epsilon
+from dpsynth.privacy.checks import as_real, check_delta_range, check_epsilon
 
 DEFAULT_URL = "sqlite:///outputs/ledger.db"
 STATUSES = ("reserved", "committed", "released")

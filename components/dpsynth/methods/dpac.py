@@ -35,7 +35,7 @@ from dpsynth.methods.gswgan import (
     real_batch,
     warm_start_shard,
 )
-from dpsynth.models.gswgan import Classifier
+from dpsynth.models.gswgan_networks import Classifier
 
 
 def balanced_labels(n: int, num_classes: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import PrivacyError
-from dpsynth.training import distributed
+from dpsynth.training import data_parallel
 from dpsynth.methods import registry
 from dpsynth.training import warmup
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
@@ -74,7 +74,7 @@ class DPGANTrainer(Trainer):
 
     STEP = "DP discriminator steps"
     KEEPS_SNAPSHOTS = True
-    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.distributed)
+    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.data_parallel)
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(metrics={
         "noise_multiplier": _PLAN, "sample_rate": _PLAN,
         "n_d": "the adaptive n_D schedule, driven by d_accuracy_fake_ema (post-processing)",
@@ -114,7 +114,7 @@ class DPGANTrainer(Trainer):
             noise_multiplier=self.plan.noise_multiplier, expected_batch_size=2 * t.batch_size,
             randomness=self.mechanism, module=self.D_private, trace=self.trace, event=self.plan.event,
         )
-        distributed.join(self)  # under torchrun: noise on rank 0, the clipped sums all-reduced
+        data_parallel.join(self)  # under torchrun: noise on rank 0, the clipped sums all-reduced
         n_d = registry.n_d(cfg)  # n_D of Bie et al.
         self.n_d = AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta) if n_d == "adaptive" else FixedSteps(n_d)
         self.since_g = 0  # discriminator steps since the last generator step

@@ -46,7 +46,7 @@ from dpsynth import storage
 from dpsynth.config import RunConfig, dump_config
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError
-from dpsynth.training.core import TrainResult
+from dpsynth.training.result import TrainResult
 from dpsynth.methods.gswgan import _image_spec
 from dpsynth.methods.gswgan_federated import (
     Client,

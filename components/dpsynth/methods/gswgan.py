@@ -23,13 +23,13 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.training import distributed
+from dpsynth.training import data_parallel
 from dpsynth.methods import registry
 from dpsynth.training import warmup
-from dpsynth.training.core import TrainResult, resolve_device
+from dpsynth.training.result import TrainResult, resolve_device
 from dpsynth.training.loop import Trainer
 from dpsynth.training.artifacts import build_generator
-from dpsynth.models.gswgan import Discriminator
+from dpsynth.models.gswgan_networks import Discriminator
 from dpsynth.privacy import (
     BudgetGuard,
     MechanismEvent,
@@ -82,7 +82,7 @@ def generator_record(cfg: RunConfig, spec: dict) -> dict:
     if g.generator == "dcgan":
         return {"class": "dpsynth.models.dcgan.Generator", **kwargs, "styles": warmup.style_slots(cfg),
                 "warp": cfg.train.g_warp, "contrast": cfg.train.g_contrast}
-    return {"class": "dpsynth.models.gswgan.Generator", **kwargs}
+    return {"class": "dpsynth.models.gswgan_networks.Generator", **kwargs}
 
 
 def make_generator(cfg: RunConfig, spec: dict) -> torch.nn.Module:
@@ -153,7 +153,7 @@ class Sanitizer:
     not that fold, or a call with another number of rows, is refused, so the noise added and the event
     recorded cannot come apart.
 
-    Across torchrun ranks (:mod:`dpsynth.training.distributed`) ``reducer`` forms the one release of the job:
+    Across torchrun ranks (:mod:`dpsynth.training.data_parallel`) ``reducer`` forms the one release of the job:
     only the rank holding D_k passes the B gradients (the others pass zeros), rank 0 alone adds the noise
     (σC per coordinate, from its secret coins: the one-process stream), and one SUM all-reduce gives every
     rank clip(g_i, C) + N(0, σ²C²)."""
@@ -169,7 +169,7 @@ class Sanitizer:
                                f"but the event it records has σ = {event.noise_multiplier:.6g}; refusing to release")
         self.clip_norm, self.noise_multiplier, self.randomness = clip_norm, noise_multiplier, randomness
         self.trace, self.event, self.releases = trace, event, releases
-        self.reducer = None  # torchrun: dpsynth.mechanisms.distributed.NoiseOnRankZero (set by distributed.join)
+        self.reducer = None  # torchrun: dpsynth.mechanisms.distributed.NoiseOnRankZero (set by data_parallel.join)
 
     def __call__(self, grads: torch.Tensor) -> torch.Tensor:
         if self.trace is not None and len(grads) != self.releases:
@@ -342,7 +342,7 @@ class GSWGANTrainer(Trainer):
     """Private phase of GS-WGAN on K shards; ``train()`` (:mod:`dpsynth.training.loop`) runs it to the end (or
     resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases).
 
-    Under torchrun (:mod:`dpsynth.training.distributed`) rank r holds the contiguous block ``dist.part(K)`` of
+    Under torchrun (:mod:`dpsynth.training.data_parallel`) rank r holds the contiguous block ``dist.part(K)`` of
     the shards, their discriminators and Adam states (``own``); rank 0 draws k, the rank owning shard k runs
     the critic steps and computes the B gradients, the sanitizer's one all-reduce hands every rank the
     release, and every rank takes the same generator step."""
@@ -402,11 +402,11 @@ class GSWGANTrainer(Trainer):
         self.data_rng = _cpu_rng(seed, "real-batches")
         self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
         if self.dist.distributed:
-            distributed.join(self)
+            data_parallel.join(self)
 
     # --- the private warm-up (dpsynth.training.warmup), when configured: on the union of the shards ---------
     def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if len(self.own) != self.K:  # refused before the job starts (dpsynth.training.distributed.launch)
+        if len(self.own) != self.K:  # refused before the job starts (dpsynth.training.data_parallel.launch)
             raise ConfigError("warmup.central_images: the private warm-up reads every shard; this rank holds "
                               f"{len(self.own)} of {self.K}")
         return torch.cat([x for x, _ in self.shards]), torch.cat([y for _, y in self.shards])

@@ -20,7 +20,7 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyError
 from dpsynth.methods import registry
-from dpsynth.training.core import resolve_device
+from dpsynth.training.result import resolve_device
 from dpsynth.training.loop import Trainer
 from dpsynth.methods.gswgan import (
     GSWGANTrainer,

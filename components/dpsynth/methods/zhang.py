@@ -21,10 +21,10 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.data.public import declared as public_declared, describe as public_source_statement, unprotected_statement
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
-from dpsynth.training import distributed
+from dpsynth.training import data_parallel
 from dpsynth.methods import registry
 from dpsynth.training import warmup
-from dpsynth.training.core import resolve_device
+from dpsynth.training.result import resolve_device
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.training.loop import Trainer
 from dpsynth.models.dcgan import Discriminator, Generator
@@ -220,7 +220,7 @@ class ZhangTrainer(Trainer):
     the end. One step is one critic step (the paper's n_critic counts them per generator step)."""
 
     STEP = "DP critic steps"
-    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.distributed)
+    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.data_parallel)
 
     # what its MLflow run holds (the train stage's allow-list, checked by the audit)
     MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
@@ -301,7 +301,7 @@ class ZhangTrainer(Trainer):
             module=self.D_private, trace=self.trace, event=self.plan.event,
         )
         self.group_names = groups
-        distributed.join(self)  # under torchrun: the groups' noise on rank 0, their clipped sums all-reduced
+        data_parallel.join(self)  # under torchrun: the groups' noise on rank 0, their clipped sums all-reduced
         self.since_g = 0
         self.last_g_loss = float("nan")
 

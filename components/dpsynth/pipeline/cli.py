@@ -101,7 +101,7 @@ def register(subparsers) -> None:
 
 
 def _context(args, cfg: RunConfig | None = None):
-    from dpsynth.stages.common import StageContext
+    from dpsynth.stages.protocol import StageContext
 
     cfg = cfg or load_config(args.config, overrides=args.overrides)
     return StageContext.create(cfg, run_dir=args.run_dir, parent_run_id=getattr(args, "parent_run_id", None) or None,
@@ -111,7 +111,7 @@ def _context(args, cfg: RunConfig | None = None):
 def _outside_record(ctx, record: dict) -> dict:
     """A warm-start shard's record as ``--json`` prints it: its shard and D_k by keyed version ids (a raw hash of
     D_k, deterministic given train.seed and the shard, is a membership test)."""
-    from dpsynth.stages.common import dataset_version, outside_view
+    from dpsynth.stages.protocol import dataset_version, outside_view
 
     out = dict(record)
     if out.get("input_sha256"):
@@ -143,7 +143,7 @@ def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
     outcome = run_stage(ctx, stage)
     m = outcome.manifest
     if args.json:  # what an orchestrator logs: no raw hash or per-shard count of the sensitive zone (#33)
-        from dpsynth.stages.common import outside_manifest
+        from dpsynth.stages.protocol import outside_manifest
 
         print(json.dumps({"stage": stage, "status": outcome.status, "manifest_uri": outcome.manifest_uri,
                           "mlflow_run_id": outcome.mlflow_run_id, "manifest": outside_manifest(ctx, m)}, indent=2))
@@ -157,7 +157,7 @@ def empirical_command(args) -> int:
     """``dpsynth audit empirical``: one audit run with canaries; exit 2 when ε_lower > the accounted ε."""
     from dpsynth.errors import AuditFailed, ConfigError
     from dpsynth.audit import empirical
-    from dpsynth.stages import common
+    from dpsynth.stages import protocol
 
     cfg = load_config(args.config, overrides=args.overrides)
     mode = cfg.audit.empirical if cfg.audit.empirical in ("quick", "full") else "quick"
@@ -177,7 +177,7 @@ def empirical_command(args) -> int:
         if not (args.run_dir or cfg.pipeline.run_dir):
             raise ConfigError("--run-dir: needed to read the partition manifest (or give --records, --image-shape "
                               "and --num-classes)")
-        partition, _ = common.upstream(_context(args, cfg), "partition")
+        partition, _ = protocol.upstream(_context(args, cfg), "partition")
         n, shape, classes = empirical.stand_in_shape(partition)
     result = empirical.audit_all(cfg, n=n, image_shape=shape, num_classes=classes, mode=mode)
     if args.json:

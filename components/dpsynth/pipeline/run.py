@@ -31,20 +31,20 @@ from dpsynth import storage, tracking
 from dpsynth.config import RunConfig, dump_config
 from dpsynth.errors import DpsynthError
 from dpsynth.audit import stage as audit
-from dpsynth.stages import common, evaluate, manifest, partition, sample, train, warmstart
+from dpsynth.stages import protocol, evaluate, manifest, partition, sample, train, warmstart
 from dpsynth.stages import charging
 
 MODULES = {m.STAGE: m for m in (partition, warmstart, train, audit, sample, evaluate)}
-assert tuple(MODULES) == common.STAGES
+assert tuple(MODULES) == protocol.STAGES
 # The parent run (dpsynth.stage = "pipeline"): what finish() logs.
-MLFLOW_KEYS = common.PARENT_RUN_KEYS
+MLFLOW_KEYS = protocol.PARENT_RUN_KEYS
 
 
 LEDGER_ENV = charging.LEDGER_ENV
 log = logging.getLogger(__name__)
 
 
-def run_stage(ctx: common.StageContext, stage: str) -> common.Outcome:
+def run_stage(ctx: protocol.StageContext, stage: str) -> protocol.Outcome:
     log.info("%s: started, pipeline run %s, writing under %s", stage, ctx.pipeline_run_id, ctx.stage_dir(stage))
     started = time.monotonic()
     try:
@@ -60,7 +60,7 @@ def run_stage(ctx: common.StageContext, stage: str) -> common.Outcome:
 
 
 @contextlib.contextmanager
-def lineage_env(ctx: common.StageContext, stage: str):
+def lineage_env(ctx: protocol.StageContext, stage: str):
     """Expose the stage's lineage to the MLflow run-context provider of ``mlflow_plugins``
     (``tracking.ENV_CONTEXT``) while the stage runs; restores the environment after."""
     values = {tracking.TAG_STAGE: stage, tracking.TAG_PIPELINE_RUN_ID: ctx.pipeline_run_id,
@@ -88,7 +88,7 @@ def population_id(cfg: RunConfig) -> str:
     return charging.population_id(cfg)
 
 
-def check_budget(ctx: common.StageContext) -> dict:
+def check_budget(ctx: protocol.StageContext) -> dict:
     """Refuse (PrivacyError, nothing written) a run whose target (ε, δ) the population cannot afford."""
     cfg = ctx.cfg
     source = partition.load_source(cfg)
@@ -99,7 +99,7 @@ def check_budget(ctx: common.StageContext) -> dict:
     return bal
 
 
-def settle(ctx: common.StageContext) -> list[dict]:
+def settle(ctx: protocol.StageContext) -> list[dict]:
     """Settle this run's reservations still open (their attempt ended without closing them: killed) at their
     whole amount; returns all of this run's reservations."""
     ledger = charging.run_ledger(ctx)
@@ -109,7 +109,7 @@ def settle(ctx: common.StageContext) -> list[dict]:
     return _this_runs_reservations(ctx)
 
 
-def _ledger_summary(ctx: common.StageContext, rows: list[dict] | None) -> dict | None:
+def _ledger_summary(ctx: protocol.StageContext, rows: list[dict] | None) -> dict | None:
     if rows is None:
         return None
     charged = {"reserved": "epsilon_reserved", "committed": "epsilon_spent"}
@@ -120,10 +120,10 @@ def _ledger_summary(ctx: common.StageContext, rows: list[dict] | None) -> dict |
 
 
 def start(cfg: RunConfig, *, run_dir: str | None = None, pipeline_run_id: str | None = None,
-          force: bool = False) -> common.StageContext:
+          force: bool = False) -> protocol.StageContext:
     """A context for the stages of a new pipeline run, with its parent run open when tracking is on."""
     pipeline_run_id = pipeline_run_id or uuid.uuid4().hex[:12]
-    ctx = common.StageContext.create(cfg, run_dir=run_dir, pipeline_run_id=pipeline_run_id, force=force)
+    ctx = protocol.StageContext.create(cfg, run_dir=run_dir, pipeline_run_id=pipeline_run_id, force=force)
     bal = check_budget(ctx)  # before anything is written or tracked: a run the budget cannot afford stops here
     log.info("pipeline %s: population %r can afford ε=%.4g, δ=%g (remaining ε=%.4g); each train attempt "
              "reserves its own", pipeline_run_id, bal["population_id"], cfg.privacy.epsilon, cfg.privacy.delta,
@@ -137,15 +137,15 @@ def start(cfg: RunConfig, *, run_dir: str | None = None, pipeline_run_id: str | 
     parent = tracking.create_parent_run(tracking_uri=ctx.tracking_uri, experiment=ctx.experiment,
                                         run_name=f"pipeline-{pipeline_run_id}", tags=tags,
                                         artifact_location=cfg.tracking.artifact_location)
-    MlflowClient(ctx.tracking_uri).log_text(parent, dump_config(common.redacted(ctx.cfg)), "config.yaml")
-    return common.StageContext.create(ctx.cfg, run_dir=ctx.run_dir, parent_run_id=parent,
+    MlflowClient(ctx.tracking_uri).log_text(parent, dump_config(protocol.redacted(ctx.cfg)), "config.yaml")
+    return protocol.StageContext.create(ctx.cfg, run_dir=ctx.run_dir, parent_run_id=parent,
                                       pipeline_run_id=pipeline_run_id, force=force)
 
 
-def summary(ctx: common.StageContext, outcomes: dict[str, common.Outcome] | None = None) -> dict:
+def summary(ctx: protocol.StageContext, outcomes: dict[str, protocol.Outcome] | None = None) -> dict:
     """One row per stage — status, ε, outputs — from ``outcomes`` where given, else from the manifests."""
     rows = []
-    for stage in common.STAGES:
+    for stage in protocol.STAGES:
         outcome = (outcomes or {}).get(stage)
         m = outcome.manifest if outcome else _manifest_or_none(ctx, stage)
         status = outcome.status if outcome else (m["status"] if m else "not run")
@@ -154,7 +154,7 @@ def summary(ctx: common.StageContext, outcomes: dict[str, common.Outcome] | None
                      "outputs": len(m["outputs"]) if m else 0, "where": ctx.stage_dir(stage),
                      "mlflow_run_id": outcome.mlflow_run_id if outcome else (m or {}).get("mlflow_run_id"),
                      "error": outcome.error if outcome else None})
-    audit_row = rows[common.STAGES.index("audit")]
+    audit_row = rows[protocol.STAGES.index("audit")]
     audit_status = {"succeeded": "passed", "skipped": "passed", "failed": "failed"}.get(audit_row["status"], "not run")
     return {"pipeline_run_id": ctx.pipeline_run_id, "parent_run_id": ctx.parent_run_id, "run_dir": ctx.run_dir,
             "succeeded": all(r["status"] in ("succeeded", "skipped") for r in rows),
@@ -162,7 +162,7 @@ def summary(ctx: common.StageContext, outcomes: dict[str, common.Outcome] | None
             "empirical": _empirical_verdict(ctx, outcomes), "stages": rows, "ledger": _ledger_summary(ctx, _quietly(_this_runs_reservations, ctx))}
 
 
-def _empirical_verdict(ctx: common.StageContext, outcomes: dict | None) -> str:
+def _empirical_verdict(ctx: protocol.StageContext, outcomes: dict | None) -> str:
     """The empirical audit's verdict as the audit manifest records it: passed | failed | inconclusive | not run."""
     outcome = (outcomes or {}).get("audit")
     m = outcome.manifest if outcome else _manifest_or_none(ctx, "audit")
@@ -180,7 +180,7 @@ def _quietly(fn, *args):
         return None
 
 
-def _this_runs_reservations(ctx: common.StageContext) -> list[dict] | None:
+def _this_runs_reservations(ctx: protocol.StageContext) -> list[dict] | None:
     if not ctx.pipeline_run_id:
         return None
     return [r for r in charging.run_ledger(ctx).reservations(pipeline_run_id=ctx.pipeline_run_id)
@@ -218,7 +218,7 @@ def table(s: dict) -> str:
     return "\n".join(lines)
 
 
-def release_card(ctx: common.StageContext) -> str | None:
+def release_card(ctx: protocol.StageContext) -> str | None:
     """The auditor's card of this run (:mod:`dpsynth.release.card`: the release zone after a passed audit and a
     release, the sensitive zone after a refusal); its URI, None when there is none. A card that cannot be
     written is logged as an error, and the run's summary says so, but the release stands."""
@@ -231,7 +231,7 @@ def release_card(ctx: common.StageContext) -> str | None:
         return f"not written: {exc}"
 
 
-def finish(ctx: common.StageContext, outcomes: dict[str, common.Outcome] | None = None) -> dict:
+def finish(ctx: protocol.StageContext, outcomes: dict[str, protocol.Outcome] | None = None) -> dict:
     """Settle the run's ledger reservation, summarise the run into its parent MLflow run (when
     there is one) and close it."""
     s = summary(ctx, outcomes)
@@ -261,25 +261,25 @@ def finish(ctx: common.StageContext, outcomes: dict[str, common.Outcome] | None 
 
 
 def run_pipeline(cfg: RunConfig, *, run_dir: str | None = None, pipeline_run_id: str | None = None,
-                 force: bool = False) -> tuple[common.StageContext, dict]:
+                 force: bool = False) -> tuple[protocol.StageContext, dict]:
     """Start, run the six stages in order (stopping at the first failure), finish. Returns the summary."""
     ctx = start(cfg, run_dir=run_dir, pipeline_run_id=pipeline_run_id, force=force)
-    outcomes: dict[str, common.Outcome] = {}
+    outcomes: dict[str, protocol.Outcome] = {}
     try:
-        for stage in common.STAGES:
+        for stage in protocol.STAGES:
             try:
                 outcomes[stage] = run_stage(ctx, stage)
             except BaseException as exc:  # an unexpected error or an interrupt fails the stage too
                 m = _manifest_or_none(ctx, stage)
                 failed = m if m and m["status"] == "failed" and m["pipeline_run_id"] == ctx.pipeline_run_id else None
-                outcomes[stage] = common.Outcome(stage=stage, status="failed", manifest=failed,
+                outcomes[stage] = protocol.Outcome(stage=stage, status="failed", manifest=failed,
                                                  manifest_uri=ctx.manifest_uri(stage), error=str(exc) or repr(exc))
                 if not isinstance(exc, DpsynthError):
                     raise
                 break
     finally:
-        for stage in common.STAGES:
-            outcomes.setdefault(stage, common.Outcome(stage=stage, status="not run", manifest=None,
+        for stage in protocol.STAGES:
+            outcomes.setdefault(stage, protocol.Outcome(stage=stage, status="not run", manifest=None,
                                                       manifest_uri=ctx.manifest_uri(stage)))
         s = finish(ctx, outcomes)
     return ctx, s

@@ -36,7 +36,7 @@ def register(subparsers) -> None:
             "RUN_DIR/sensitive/train (output.dir is not used) with a manifest and an MLflow child run. Under "
             "torchrun (`torchrun --nproc-per-node N -m dpsynth train ...`) dpgan and zhang train data-parallel "
             "and gswgan and dpac spread their shards over the ranks, with or without --run-dir: rank 0 alone is "
-            "charged and writes (docs/distributed.md). gswgan_federated always runs as a torchrun job of K + 1 ranks "
+            "charged and writes (docs/data_parallel.md). gswgan_federated always runs as a torchrun job of K + 1 ranks "
             "(server, K clients): --run-dir in one process starts it."
         ),
         epilog=methods_text(),
@@ -67,7 +67,7 @@ def run_train(args) -> int:
         from dpsynth.stages import launch
 
         return launch.run(args.launch, cfg, args)
-    from dpsynth.training import distributed
+    from dpsynth.training import data_parallel
 
     if cfg.train.method == "gswgan_federated":  # its server and K clients are the job's ranks (dpsynth.methods.federated_processes)
         from dpsynth.methods import federated_processes as federation
@@ -77,20 +77,20 @@ def run_train(args) -> int:
         from dpsynth.methods import registry
 
         sharded = registry.get(cfg.train.method).warm_start == "shard"
-        ranks = distributed.launch(cfg, sharded=sharded)  # under torchrun: join the job
+        ranks = data_parallel.launch(cfg, sharded=sharded)  # under torchrun: join the job
     code = None
     try:
         code = _run_train(args, cfg, ranks)
         return code
     finally:
-        distributed.shutdown(barrier=code == 0)  # every rank leaves together when all succeeded
+        data_parallel.shutdown(barrier=code == 0)  # every rank leaves together when all succeeded
 
 
 def _run_train(args, cfg, ranks) -> int:
     if args.run_dir or cfg.pipeline.run_dir:
         if not ranks.is_main:  # torchrun's other ranks: rank 0 is the stage (ledger, MLflow, outputs, manifest)
             from dpsynth.stages import train as train_stage
-            from dpsynth.stages.common import StageContext
+            from dpsynth.stages.protocol import StageContext
 
             train_stage.follow(StageContext.create(cfg, run_dir=args.run_dir, parent_run_id=args.parent_run_id,
                                                    pipeline_run_id=args.pipeline_run_id, force=args.force))

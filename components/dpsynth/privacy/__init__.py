@@ -15,7 +15,7 @@ _WHERE = {
     **dict.fromkeys(["BudgetGuard", "check_delta"], "budget"),
     **dict.fromkeys(["calibrate_noise", "max_additional_steps", "max_steps"], "calibration"),
     **dict.fromkeys(["TRACE_FORMAT", "MechanismEvent", "MechanismTrace", "fold_releases"], "events"),
-    **dict.fromkeys(["WORAccountant", "as_published_epsilon", "gswgan_event"], "wor"),
+    **dict.fromkeys(["WORAccountant", "as_published_epsilon", "gswgan_event"], "without_replacement"),
 }
 
 

@@ -30,7 +30,7 @@ the ε for which the whole trace is (ε, δ)-DP. Each says which events it can a
 Both handle ``sampling="poisson"`` (any q in (0, 1]) and ``"full_batch"`` with
 ``sensitivity="add_remove"``. Fixed-size batches and shard choice (``without_replacement``,
 ``replace_one``) need the Wang–Balle–Kasiviswanathan bound: the ``"wor"`` accountant in
-:mod:`dpsynth.privacy.wor`, registered with :func:`register_accountant` when
+:mod:`dpsynth.privacy.without_replacement`, registered with :func:`register_accountant` when
 :mod:`dpsynth.privacy` is imported.
 """
 
@@ -50,7 +50,7 @@ from scipy import fft
 
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy.events import MechanismEvent, MechanismTrace
-from dpsynth.privacy.validation import as_real, check_delta_range
+from dpsynth.privacy.checks import as_real, check_delta_range
 
 DEFAULT_ORDERS: tuple[float, ...] = tuple(float(a) for a in _OpacusRDP.DEFAULT_ALPHAS)
 

@@ -19,7 +19,7 @@ from dpsynth.privacy.accountants import Accountant
 from dpsynth.privacy.registry import get_accountant
 from dpsynth.privacy.calibration import max_additional_steps
 from dpsynth.privacy.events import MechanismEvent, MechanismTrace
-from dpsynth.privacy.validation import as_count, check_delta_range, check_epsilon
+from dpsynth.privacy.checks import as_count, check_delta_range, check_epsilon
 
 
 def check_delta(delta: float, n: int) -> float:

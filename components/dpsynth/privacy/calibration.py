@@ -24,7 +24,7 @@ from dpsynth.errors import PrivacyError
 from dpsynth.privacy.accountants import Accountant
 from dpsynth.privacy.registry import get_accountant
 from dpsynth.privacy.events import MechanismEvent, MechanismTrace
-from dpsynth.privacy.validation import as_count, as_real, check_delta_range, check_epsilon
+from dpsynth.privacy.checks import as_count, as_real, check_delta_range, check_epsilon
 
 MAX_NOISE = 1e6  # as Opacus' get_noise_multiplier
 MIN_NOISE = 1e-6

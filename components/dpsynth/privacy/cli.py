@@ -86,7 +86,7 @@ def _resolve(args: argparse.Namespace) -> str:
 
 def _event(args: argparse.Namespace, noise_multiplier: float) -> MechanismEvent:
     from dpsynth.privacy.events import MechanismEvent
-    from dpsynth.privacy.validation import as_count
+    from dpsynth.privacy.checks import as_count
 
     return MechanismEvent(
         sampling=args.sampling, sample_rate=args.sample_rate, noise_multiplier=noise_multiplier,

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Iterator
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.validation import as_count, check_noise, check_sample_rate
+from dpsynth.privacy.checks import as_count, check_noise, check_sample_rate
 
 SAMPLINGS = ("poisson", "without_replacement", "full_batch")
 SENSITIVITIES = ("add_remove", "replace_one")

@@ -10,7 +10,7 @@ from typing import Iterable
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy.accountants import Accountant, PRVAccountant, RDPAccountant
 from dpsynth.privacy.events import MechanismEvent, MechanismTrace
-from dpsynth.privacy.wor import WORAccountant
+from dpsynth.privacy.without_replacement import WORAccountant
 
 ACCOUNTANTS: dict[str, type[Accountant]] = {cls.name: cls for cls in (RDPAccountant, PRVAccountant, WORAccountant)}
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from dpsynth import commands, storage, tracking
 from dpsynth.errors import DpsynthError
-from dpsynth.stages import common, manifest
+from dpsynth.stages import protocol, manifest
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _size(uri: str) -> int:
     return len(storage.read_bytes(uri))
 
 
-def _manifest_or_none(ctx: common.StageContext, stage: str) -> dict | None:
+def _manifest_or_none(ctx: protocol.StageContext, stage: str) -> dict | None:
     uri = ctx.manifest_uri(stage)
     return manifest.read(uri) if storage.exists(uri) else None
 
@@ -92,7 +92,7 @@ def events(trace, delta: float) -> list[dict]:
     return rows
 
 
-def ledger_facts(ctx: common.StageContext, *, population_id: str, train_run_id: str | None) -> dict:
+def ledger_facts(ctx: protocol.StageContext, *, population_id: str, train_run_id: str | None) -> dict:
     """The population's lifetime ledger around the training run that made this release (``train_run_id``: the
     pipeline run whose train attempts are charged for it)."""
     from dpsynth.stages import charging
@@ -142,7 +142,7 @@ def public_sources(cfg) -> list[str]:
     return found
 
 
-def facts(ctx: common.StageContext, *, release_files: list[dict] | None = None) -> dict | None:
+def facts(ctx: protocol.StageContext, *, release_files: list[dict] | None = None) -> dict | None:
     """Everything the card states, read from the run's files and the ledger; None when there is nothing to state
     (no audit ran, or it passed and nothing was released)."""
     from dpsynth.stages import charging
@@ -157,9 +157,9 @@ def facts(ctx: common.StageContext, *, release_files: list[dict] | None = None) 
         return None
     trained = _manifest_or_none(ctx, "train") or {}
     stages = []
-    for stage in common.STAGES:
+    for stage in protocol.STAGES:
         m = _manifest_or_none(ctx, stage)
-        stages.append({"stage": stage, "zone": common.ZONE[stage], "status": m["status"] if m else "not run",
+        stages.append({"stage": stage, "zone": protocol.ZONE[stage], "status": m["status"] if m else "not run",
                        "epsilon": m["privacy"]["epsilon"] if m else None,
                        "mlflow_run_id": (m or {}).get("mlflow_run_id"),
                        "code_version": (m or {}).get("code_version")})
@@ -307,7 +307,7 @@ def pdf(html: str) -> bytes | None:
         return out.read_bytes()
 
 
-def _release_files(ctx: common.StageContext) -> list[dict]:
+def _release_files(ctx: protocol.StageContext) -> list[dict]:
     """Every file the sample and evaluate manifests list in the release zone, manifests included, checked."""
     root = ctx.zones.release
     found = []
@@ -322,7 +322,7 @@ def _release_files(ctx: common.StageContext) -> list[dict]:
     return found
 
 
-def write(ctx: common.StageContext) -> str | None:
+def write(ctx: protocol.StageContext) -> str | None:
     """Write the run's card (see the module's docstring); returns its URI, or None when there is nothing to state."""
     card = facts(ctx)
     if card is None:
@@ -374,7 +374,7 @@ def write(ctx: common.StageContext) -> str | None:
     return storage.join(where, "card.html")
 
 
-def _log_mlflow(ctx: common.StageContext, card: dict, where: str, *, html_sha256: str) -> None:
+def _log_mlflow(ctx: protocol.StageContext, card: dict, where: str, *, html_sha256: str) -> None:
     """The card's files under ``card/`` of the parent run, and under ``release_card/`` of the registered model
     version's logged model, with the card's URI and sha256 as version tags."""
     from mlflow import MlflowClient

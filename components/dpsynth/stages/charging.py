@@ -54,7 +54,7 @@ def open_ledger(url: str):
 
 
 def run_ledger_url(ctx) -> str:
-    """The ledger of the pipeline run ``ctx`` (a :class:`dpsynth.stages.common.StageContext`): :func:`ledger_url`
+    """The ledger of the pipeline run ``ctx`` (a :class:`dpsynth.stages.protocol.StageContext`): :func:`ledger_url`
     of its settings, its run directory and its tracking store (None when that cannot be read)."""
     from sqlalchemy.exc import SQLAlchemyError
 

@@ -35,7 +35,7 @@ from dpsynth.errors import StageError
 from dpsynth.evaluation import accuracy, fid, mia, report as html_report, scores
 from dpsynth.evaluation.classifiers import ReferenceClassifier
 from dpsynth.grids import tile
-from dpsynth.stages import common, manifest
+from dpsynth.stages import protocol, manifest
 from dpsynth.stages.sample import load_generator, synthesize
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ def evaluate(cfg, *, synthetic: ImageDataset, reference: ImageDataset, reference
 
 _SYNTHETIC = ("computed from the audited, released generator (post-processing) against the held-out or "
               "public reference records, after the gate")
-MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+MLFLOW_KEYS = protocol.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     **{k: _SYNTHETIC for k in ("accuracy", "accuracy_class_*", "gen2real.*", "real.*", "calibrated.*", "real2gen.*",
                                "fid", "fid_real_vs_real", "fid_classifier", "fid_classifier_real_vs_real",
                                "inception_score", "inception_score_std", "js_score", "curve.*")},
@@ -253,12 +253,12 @@ def _privacy(audit_report: dict, sampled: dict) -> dict:
             "released": release}
 
 
-def run(ctx: common.StageContext) -> common.Outcome:
+def run(ctx: protocol.StageContext) -> protocol.Outcome:
     cfg = ctx.cfg
-    sampled, sample_entry = common.upstream(ctx, "sample")
-    partition, partition_entry = common.upstream(ctx, "partition")
-    audited, audit_entry = common.upstream(ctx, "audit")
-    trained, train_entry = common.upstream(ctx, "train")
+    sampled, sample_entry = protocol.upstream(ctx, "sample")
+    partition, partition_entry = protocol.upstream(ctx, "partition")
+    audited, audit_entry = protocol.upstream(ctx, "audit")
+    trained, train_entry = protocol.upstream(ctx, "train")
     heldout = manifest.outputs(partition, "heldout")
     synthetic_item = manifest.verify(manifest.output(sampled, "synthetic"))
     reference_item, reference_info = _reference_item(ctx, heldout)
@@ -274,14 +274,14 @@ def run(ctx: common.StageContext) -> common.Outcome:
                       if cfg.evaluate.curve_samples else [])
     inputs = [sample_entry, partition_entry, audit_entry, train_entry, synthetic_item, reference_item, generator_item,
               audit_item, *mia_items, *snapshot_items]
-    fp = common.fingerprint(cfg, SECTIONS)
-    if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
+    fp = protocol.fingerprint(cfg, SECTIONS)
+    if (reused := protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
     synthetic, reference = read_parquet(synthetic_item["uri"]), read_parquet(reference_item["uri"])
     generator, _ = load_generator(generator_item["uri"])
     members = nonmembers = None
     if mia_items:
-        members = common.concat([read_parquet(s["uri"]) for s in manifest.outputs(partition, "shard")])
+        members = protocol.concat([read_parquet(s["uri"]) for s in manifest.outputs(partition, "shard")])
         nonmembers = read_parquet(heldout[0]["uri"])
     snapshots = []
     for item in snapshot_items:
@@ -308,7 +308,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
         grids["ε vs metrics (generator snapshots of the training run)"] = curve_figure(report["epsilon_curve"])
     page = html_report.html(report, grids=grids)
     metrics = mlflow_metrics(report)
-    with common.child_run(ctx, STAGE) as run:
+    with protocol.child_run(ctx, STAGE) as run:
         storage.write_text(ctx.uri(STAGE, "report.json"), json.dumps(report, indent=2) + "\n")
         storage.write_text(ctx.uri(STAGE, "report.html"), page)
         if run is not None:
@@ -330,7 +330,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
                    "accuracy": report["classifier_accuracy"]["accuracy"], "suite": cfg.evaluate.suite}
         note = (f"0 for the training records. {REFERENCE_NOTES[reference_info['kind']]}"
                 + (f" {MIA_NOTE}{MIA_KEPT}" if "kept_in" in report["membership_inference"] else ""))
-        return common.finish(
+        return protocol.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"], inputs=inputs,
             outputs=[ctx.entry(ctx.uri(STAGE, "report.json"), role="report"),
                      ctx.entry(ctx.uri(STAGE, "report.html"), role="report_html")], details=details,

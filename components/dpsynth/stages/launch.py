@@ -75,7 +75,7 @@ def stage_argv(args) -> list[str]:
 
 def run(how: str, cfg, args) -> int:
     """``dpsynth train --launch HOW``: refuse what cannot run before anything starts, then launch."""
-    from dpsynth.training.distributed import METHODS
+    from dpsynth.training.data_parallel import METHODS
     from dpsynth.mechanisms.distributed import env_ranks
 
     if not (args.run_dir or cfg.pipeline.run_dir):
@@ -315,13 +315,13 @@ def run_trainjob(cfg, args, *, cluster=None, poll_s: float = 10.0, grace_s: floa
 
 
 def _run_trainjob(cfg, args, *, cluster, poll_s: float, grace_s: float) -> int:
-    from dpsynth.stages import common, manifest
+    from dpsynth.stages import protocol, manifest
 
     config_map = os.environ.get(TEMPLATE_ENV)
     if not config_map:
         raise ConfigError(f"{TEMPLATE_ENV}: the name of the chart's job template ConfigMap (the stage ConfigMap "
                           "sets it) is needed to start the train stage as a TrainJob or PyTorchJob")
-    ctx = common.StageContext.create(cfg, run_dir=args.run_dir, parent_run_id=args.parent_run_id,
+    ctx = protocol.StageContext.create(cfg, run_dir=args.run_dir, parent_run_id=args.parent_run_id,
                                      pipeline_run_id=args.pipeline_run_id, force=args.force)
     run_id = ctx.pipeline_run_id or ctx.run_dir
     cluster = cluster or Cluster()

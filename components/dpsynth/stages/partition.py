@@ -29,12 +29,12 @@ from dpsynth.data import ImageDataset, import_source, read_parquet, validate, wr
 from dpsynth.data.assignment import HELDOUT, PUBLIC, assign, partition_key, public_mask  # noqa: F401 (re-exported)
 from dpsynth.data.validation import with_public_classes
 from dpsynth.errors import DatasetError
-from dpsynth.stages import common, manifest
+from dpsynth.stages import protocol, manifest
 
 STAGE = "partition"
 SECTIONS = ("data", "partition")
 _COUNT = "a record count; n is public in this design (the audit checks δ < 1/n against it)"
-MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+MLFLOW_KEYS = protocol.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     "records": _COUNT, "training_records": _COUNT, "heldout_records": _COUNT, "public_records": _COUNT})
 
 
@@ -91,15 +91,15 @@ def split(ds: ImageDataset, cfg) -> dict[str, ImageDataset]:
     return parts
 
 
-def run(ctx: common.StageContext) -> common.Outcome:
+def run(ctx: protocol.StageContext) -> protocol.Outcome:
     cfg = ctx.cfg
     ds, public_split = load_sources(cfg)
     content = ds.content_sha256()
     is_file = storage.is_remote(cfg.data.uri) or storage.local_path(cfg.data.uri).is_file()
     source = ctx.entry(cfg.data.uri, role="source", rows=len(ds), sha256=None if is_file else content,
                        content_sha256=content)
-    fp = common.fingerprint(cfg, SECTIONS)
-    if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=[source])) is not None:
+    fp = protocol.fingerprint(cfg, SECTIONS)
+    if (reused := protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=[source])) is not None:
         return reused
     parts = split(ds, cfg)  # every check before the first write
     if cfg.data.public_source is not None:  # a separate source: never a record of the sensitive dataset
@@ -111,7 +111,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
             raise DatasetError(f"data.public_source: {len(shared)} record ids are also in data.uri")
     if public_split is not None:
         parts["public"] = public_split.subset(np.argsort(np.array(public_split.record_ids, dtype=object), kind="stable"))
-    with common.child_run(ctx, STAGE) as run:
+    with protocol.child_run(ctx, STAGE) as run:
         outputs = []
         for name, part in parts.items():
             uri = ctx.uri(STAGE, f"{name}.parquet")
@@ -126,14 +126,14 @@ def run(ctx: common.StageContext) -> common.Outcome:
                    "public_records": rows.get("public", 0), "public_fraction": cfg.data.public_fraction,
                    "public_split": cfg.data.public_split, "public_source": cfg.data.public_source,
                    "num_classes": ds.num_classes, "image_shape": list(ds.shape),
-                   "key": common.redacted(cfg).partition.key, "assignment": "HMAC-SHA256(key, record_id)"}
+                   "key": protocol.redacted(cfg).partition.key, "assignment": "HMAC-SHA256(key, record_id)"}
         if run is not None:
             import mlflow
 
             mlflow.log_metrics({"records": len(ds), "training_records": rows["shard"],
                                 "heldout_records": rows.get("heldout", 0), "public_records": rows.get("public", 0)})
-        return common.finish(
-            ctx, STAGE, run, fingerprint=fp, dataset_sha256=common.dataset_version(ctx, content), inputs=[source], outputs=outputs, details=details,
+        return protocol.finish(
+            ctx, STAGE, run, fingerprint=fp, dataset_sha256=protocol.dataset_version(ctx, content), inputs=[source], outputs=outputs, details=details,
             privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="no release: the assignment is a keyed hash "
                                         "of record ids and never looks at the data"),
         )

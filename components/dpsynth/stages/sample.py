@@ -23,7 +23,7 @@ from dpsynth.data import ImageDataset, write_parquet
 from dpsynth.errors import StageError
 from dpsynth.grids import class_grid
 from dpsynth.training.artifacts import load_generator  # noqa: F401 (the stages' reader of generator files)
-from dpsynth.stages import common, manifest
+from dpsynth.stages import protocol, manifest
 
 STAGE = "sample"
 SECTIONS = ("sample",)
@@ -42,7 +42,7 @@ def synthesize(generator: torch.nn.Module, *, num_samples: int, seed: int, chunk
     )
 
 
-MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+MLFLOW_KEYS = protocol.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     "release_epsilon": "the audit's recomputed upper bound on ε (after the gate)"})
 
 
@@ -51,13 +51,13 @@ def exportable(generator):
     from torch.nn.utils import parametrize
 
     if any(parametrize.is_parametrized(m) for m in generator.modules()):
-        from dpsynth.models.gswgan import without_spectral_norm
+        from dpsynth.models.gswgan_networks import without_spectral_norm
 
         return without_spectral_norm(generator)
     return generator
 
 
-def require_passed_audit(ctx: common.StageContext) -> tuple[dict, dict, list[dict]]:
+def require_passed_audit(ctx: protocol.StageContext) -> tuple[dict, dict, list[dict]]:
     """The release gate, for this stage and any other step that publishes: the audit manifest,
     its report (which must record a pass, every check passed, files intact) and their input
     entries; StageError otherwise."""
@@ -70,13 +70,13 @@ def require_passed_audit(ctx: common.StageContext) -> tuple[dict, dict, list[dic
     checks = report.get("checks")
 
     if (audit["status"] != "succeeded" or report.get("decision") != "passed" or not isinstance(checks, list)
-            or not checks or not all(c.get("passed") is True or common.inconclusive(c) for c in checks)):
+            or not checks or not all(c.get("passed") is True or protocol.inconclusive(c) for c in checks)):
         raise StageError(f"stage audit: the audit {report_item['uri']} did not pass; nothing is released")
     return audit, report, [ctx.entry(uri, role="audit_manifest"), report_item,
                            manifest.verify(manifest.output(audit, "report_markdown"))]
 
 
-def register(ctx: common.StageContext, model_id: str, *, report: dict, audit: dict, generator_sha256: str,
+def register(ctx: protocol.StageContext, model_id: str, *, report: dict, audit: dict, generator_sha256: str,
              release: dict):
     """The audited generator as a new version of its population/method's registered model, ``@released``
     moved to it; called only past :func:`require_passed_audit` and the generator and trace checks. Its tags
@@ -107,7 +107,7 @@ def register(ctx: common.StageContext, model_id: str, *, report: dict, audit: di
                                      tags=tags)
 
 
-def run(ctx: common.StageContext) -> common.Outcome:
+def run(ctx: protocol.StageContext) -> protocol.Outcome:
     cfg = ctx.cfg
     audit, report, audit_inputs = require_passed_audit(ctx)
     generator_item = ctx.entry(report["generator"]["uri"], role="generator")
@@ -115,8 +115,8 @@ def run(ctx: common.StageContext) -> common.Outcome:
         raise StageError(f"{generator_item['uri']}: sha256 {generator_item['sha256']} is not the audited "
                          f"generator's {report['generator']['sha256']}; run the audit again")
     inputs = [*audit_inputs, generator_item]
-    fp = common.fingerprint(cfg, SECTIONS)
-    if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
+    fp = protocol.fingerprint(cfg, SECTIONS)
+    if (reused := protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
     generator, claimed = load_generator(generator_item["uri"])
     audited_trace = (report.get("trace") or {}).get("sha256")
@@ -125,7 +125,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
                          f"trace {audited_trace}; nothing is released")
     synthetic = synthesize(generator, num_samples=cfg.sample.num_samples, seed=cfg.sample.seed)
     grid = class_grid(generator, num_classes=generator.num_classes, per_class=cfg.sample.per_class, seed=cfg.sample.seed)
-    with common.child_run(ctx, STAGE) as run:
+    with protocol.child_run(ctx, STAGE) as run:
         storage.copy(generator_item["uri"], ctx.uri(STAGE, "generator.pt"))
         for item, name in zip(audit_inputs[1:], ("audit.json", "audit.md")):
             storage.copy(item["uri"], ctx.uri(STAGE, name))
@@ -156,7 +156,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
                                release=release)
             release["registered_model"] = {"name": version.name, "version": str(version.version),
                                            "alias": tracking.RELEASED_ALIAS}
-        return common.finish(
+        return protocol.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=audit["dataset_sha256"], inputs=inputs, outputs=outputs,
             details={"num_samples": len(synthetic), "num_classes": synthetic.num_classes, "release": release,
                      "trainer_claim": claimed},

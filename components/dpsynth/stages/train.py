@@ -16,7 +16,7 @@ Every attempt is charged to the ledger (:mod:`dpsynth.ledger.attempt`): it opens
 before building the trainer, adopting the reservation of the checkpoint it resumes, and commits the ε
 of the steps it added. A reused stage opens none (it spends nothing).
 
-Under ``torchrun`` (a data-parallel method, :mod:`dpsynth.training.distributed`) every rank runs
+Under ``torchrun`` (a data-parallel method, :mod:`dpsynth.training.data_parallel`) every rank runs
 ``dpsynth train --run-dir RUN_DIR``: rank 0 is the stage — :func:`run`: the reuse decision, the
 ledger attempt, the trainer's MLflow child run, the outputs and the manifest — and tells the other
 ranks whether it trains; they (:func:`follow`) read the same shards and warm start, train in step
@@ -48,15 +48,15 @@ from dpsynth import storage, tracking
 from dpsynth.config import dump_config
 from dpsynth.data import read_parquet
 from dpsynth.errors import ConfigError, DpsynthError
-from dpsynth.training import checkpoint, distributed
+from dpsynth.training import checkpoint, data_parallel
 from dpsynth.methods import registry
 from dpsynth.stages import charging
-from dpsynth.stages import common, manifest
+from dpsynth.stages import protocol, manifest
 
 STAGE = "train"
 SECTIONS = ("data", "partition", "privacy", "train", "warmup")  # plus the method's own (registry: Method.sections)
 # The train run is the trainer's: it logs the config and what its class declares (Trainer.MLFLOW_KEYS).
-MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.config_params()
+MLFLOW_KEYS = protocol.STAGE_RUN_KEYS | tracking.config_params()
 MARKER = "inputs.sha256"  # in checkpoints/: the settings and training data its checkpoint belongs to
 OUTPUTS = {"generator": "generator.pt", "trace": "trace.json", "result": "result.json",
            "grid": "samples.png", "config": "config.yaml"}
@@ -80,8 +80,8 @@ def warm_discriminators(warmstart_manifest: dict | None, *, own: range | None = 
 def own_shards(method: registry.Method, count: int) -> range:
     """The shards this rank reads: all of them, but under torchrun a method training on the K shards (GS-WGAN,
     DPAC) spreads them over the ranks, and a rank reads only its own block (its trainer holds only those)."""
-    spread = method.warm_start == "shard" and method.name in distributed.METHODS
-    return range(*distributed.current().part(count)) if spread else range(count)
+    spread = method.warm_start == "shard" and method.name in data_parallel.METHODS
+    return range(*data_parallel.current().part(count)) if spread else range(count)
 
 
 def read_shards(method: registry.Method, shards: list[dict]) -> list:
@@ -90,18 +90,18 @@ def read_shards(method: registry.Method, shards: list[dict]) -> list:
     return [read_parquet(s["uri"]) if i in own else None for i, s in enumerate(shards)]
 
 
-def method_inputs(ctx: common.StageContext, method: registry.Method, *, dataset, shards, warmstart) -> tuple:
+def method_inputs(ctx: protocol.StageContext, method: registry.Method, *, dataset, shards, warmstart) -> tuple:
     """``(data, inputs)`` for the method's trainer (see :mod:`dpsynth.methods.registry`), from the
     partition's and the warmstart stage's manifests."""
     if method.warm_start == "shard":
         inputs = {"warm": warm_discriminators(warmstart, own=own_shards(method, len(shards)))}
         if None in shards:  # a rank holding its own shards only: n from the partition's manifest
-            inputs["records"] = common.upstream(ctx, "partition")[0]["details"]["training_records"]
+            inputs["records"] = protocol.upstream(ctx, "partition")[0]["details"]["training_records"]
         return shards, inputs
     if method.warm_start == "public":
         from dpsynth.methods.zhang import load_warm_start
 
-        partition, _ = common.upstream(ctx, "partition")
+        partition, _ = protocol.upstream(ctx, "partition")
         found = manifest.outputs(partition, "public")
         warm = manifest.outputs(warmstart, "warm_start")
         return dataset, {
@@ -140,21 +140,21 @@ class _Inputs:
     fingerprint: str
 
 
-def _inputs(ctx: common.StageContext, *, verify_shards: bool = True) -> _Inputs:
+def _inputs(ctx: protocol.StageContext, *, verify_shards: bool = True) -> _Inputs:
     cfg = ctx.cfg
     method = registry.get(cfg.train.method)
-    partition, partition_entry = common.upstream(ctx, "partition")
-    warmstart_manifest, warmstart_entry = common.upstream(ctx, "warmstart")
+    partition, partition_entry = protocol.upstream(ctx, "partition")
+    warmstart_manifest, warmstart_entry = protocol.upstream(ctx, "warmstart")
     shards = [manifest.verify(s) if verify_shards else s for s in manifest.outputs(partition, "shard")]
     return _Inputs(method=method, partition=partition, warmstart=warmstart_manifest, shards=shards,
                    inputs=[partition_entry, warmstart_entry, *shards],
-                   fingerprint=common.fingerprint(cfg, SECTIONS + method.sections))
+                   fingerprint=protocol.fingerprint(cfg, SECTIONS + method.sections))
 
 
-def _trainer_config(ctx: common.StageContext, shards: list[dict], workdir: str):
+def _trainer_config(ctx: protocol.StageContext, shards: list[dict], workdir: str):
     cfg = ctx.cfg
     return dataclasses.replace(
-        common.redacted(cfg),
+        protocol.redacted(cfg),
         data=dataclasses.replace(cfg.data, uri=shards[0]["uri"] if len(shards) == 1 else ctx.stage_dir("partition")),
         output=dataclasses.replace(cfg.output, dir=workdir),
         tracking=dataclasses.replace(cfg.tracking, uri=ctx.tracking_uri if cfg.tracking.enabled else None,
@@ -162,15 +162,15 @@ def _trainer_config(ctx: common.StageContext, shards: list[dict], workdir: str):
     )
 
 
-def run(ctx: common.StageContext) -> common.Outcome:
+def run(ctx: protocol.StageContext) -> protocol.Outcome:
     cfg = ctx.cfg
-    ranks = distributed.current()  # under torchrun this is rank 0; the other ranks run follow()
+    ranks = data_parallel.current()  # under torchrun this is rank 0; the other ranks run follow()
     federated = cfg.train.method == "gswgan_federated"  # rank 0 is its server (methods.federated_processes)
     if federated and not ranks.distributed:  # in one process: start the job of the server and K clients
         return _federated_job(ctx)
     read = _inputs(ctx, verify_shards=not federated)  # each client verifies its own shard; the server reads none
     method, partition, shards, inputs, fp = read.method, read.partition, read.shards, read.inputs, read.fingerprint
-    reused = common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)
+    reused = protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)
     ranks.from_main(reused is None)  # the other ranks train only when rank 0 does
     if reused is not None:
         return reused
@@ -180,7 +180,7 @@ def run(ctx: common.StageContext) -> common.Outcome:
         data, method_kwargs = records, {}
     else:  # a rank of a shard method holds its own shards only (None for the others')
         shard_data = read_shards(method, shards)
-        dataset = common.concat(shard_data) if None not in shard_data else None
+        dataset = protocol.concat(shard_data) if None not in shard_data else None
         data, method_kwargs = method_inputs(ctx, method, dataset=dataset, shards=shard_data, warmstart=read.warmstart)
     remote = storage.is_remote(ctx.run_dir)
     with tempfile.TemporaryDirectory(prefix="dpsynth-train-") as scratch:
@@ -213,16 +213,16 @@ def run(ctx: common.StageContext) -> common.Outcome:
     details = {"method": cfg.train.method, "training_records": records, "ranks": ranks.world_size,
                **{k: result[k] for k in ("steps", "generator_steps", "noise_multiplier", "sample_rate", "stopped_by")
                   if k in result}}
-    with common.child_run(ctx, STAGE, run_id=result.get("mlflow_run_id")) as run:
-        return common.finish(ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"],
+    with protocol.child_run(ctx, STAGE, run_id=result.get("mlflow_run_id")) as run:
+        return protocol.finish(ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"],
                              inputs=inputs, outputs=outputs, privacy=privacy, details=details)
 
 
-def follow(ctx: common.StageContext) -> None:
+def follow(ctx: protocol.StageContext) -> None:
     """A rank other than 0 of a ``torchrun`` job: when rank 0 trains (:func:`run`), the same trainer on the same
     shards and warm start, step for step with it; it opens no ledger attempt, no MLflow run, and writes nothing
     (its trainer's ``output.dir`` is rank 0's work directory, which only rank 0 writes)."""
-    ranks = distributed.current()
+    ranks = data_parallel.current()
     if ranks.is_main:
         raise RuntimeError("train.follow: rank 0 runs the stage itself (train.run)")
     if ctx.cfg.train.method == "gswgan_federated":  # client k = rank k + 1: its own shard and D_k only
@@ -232,7 +232,7 @@ def follow(ctx: common.StageContext) -> None:
         return
     shard_data = read_shards(read.method, read.shards)
     tcfg = _trainer_config(ctx, read.shards, str(ctx.stage_dir(STAGE)))  # never written here
-    dataset = common.concat(shard_data) if None not in shard_data else None
+    dataset = protocol.concat(shard_data) if None not in shard_data else None
     data, method_kwargs = method_inputs(ctx, read.method, dataset=dataset, shards=shard_data,
                                         warmstart=read.warmstart)
     read.method.trainer_class()(tcfg, data, **method_kwargs).train()
@@ -247,14 +247,14 @@ def _federated_client(ctx) -> None:
     (local run directories: the stage's ``checkpoints/clients/``; none for a remote one, which does not resume)."""
     from dpsynth.methods import federated_processes as fed
 
-    k = distributed.current().rank - 1
-    partition, _ = common.upstream(ctx, "partition")
-    warmstart, _ = common.upstream(ctx, "warmstart")
+    k = data_parallel.current().rank - 1
+    partition, _ = protocol.upstream(ctx, "partition")
+    warmstart, _ = protocol.upstream(ctx, "warmstart")
     entries = manifest.outputs(partition, "shard")
     if len(entries) != ctx.cfg.partition.num_shards:
         raise ConfigError(f"partition.num_shards: {ctx.cfg.partition.num_shards}, but the partition wrote "
                           f"{len(entries)} shards")
-    if not distributed.current().from_main(None):  # rank 0 reused the stage's outputs: nothing to train
+    if not data_parallel.current().from_main(None):  # rank 0 reused the stage's outputs: nothing to train
         return
     shard = read_parquet(manifest.verify(entries[k])["uri"])
     warm = [storage.read_bytes(manifest.verify(item)["uri"]) for item in warmstart.get("outputs", [])
@@ -287,7 +287,7 @@ def _run_job(command: list[str]) -> tuple[str, int]:
                 job.wait()
 
 
-def _federated_job(ctx) -> common.Outcome:
+def _federated_job(ctx) -> protocol.Outcome:
     """The train stage of a one-process ``dpsynth train --run-dir`` / ``dpsynth pipeline run``: run it as a
     torchrun job of K + 1 ranks on this machine (``python -m torch.distributed.run --standalone``, an argv list,
     no shell) and return rank 0's outcome. The job reads this run's settings from a private copy of the
@@ -313,5 +313,5 @@ def _federated_job(ctx) -> common.Outcome:
     if start is None:
         raise DpsynthError("train: the federated job succeeded but its rank 0 printed no outcome")
     out, _ = json.JSONDecoder().raw_decode(stdout, start.start())  # rank 0's `--json` outcome
-    return common.Outcome(stage=out["stage"], status=out["status"], manifest=out["manifest"],
+    return protocol.Outcome(stage=out["stage"], status=out["status"], manifest=out["manifest"],
                           manifest_uri=out["manifest_uri"], mlflow_run_id=out["mlflow_run_id"])

@@ -27,14 +27,14 @@ from dpsynth import storage, tracking
 from dpsynth.data import read_parquet
 from dpsynth.errors import StageError
 from dpsynth.methods import registry
-from dpsynth.stages import common, manifest
+from dpsynth.stages import protocol, manifest
 
 STAGE = "warmstart"
 SECTIONS = ("data", "partition", "train")
 SHARD_FORMAT = "dpsynth.warmstart-shard/1"
 _TIME = ("wall-clock of a fixed number of iterations at fixed batch sizes: depends on the machine and the "
          "shard sizes (record counts), not on record contents")
-MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
+MLFLOW_KEYS = protocol.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     "shards": "K = partition.num_shards (configuration)",
     "ran_here": "how many shard warm starts this invocation ran (the rest were current): orchestration, not data",
     "workers": "warmstart.workers (configuration)",
@@ -51,18 +51,18 @@ MLFLOW_KEYS = common.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
 
 
 def _fingerprint(cfg) -> str:
-    return common.fingerprint(cfg, SECTIONS + registry.get(cfg.train.method).sections)
+    return protocol.fingerprint(cfg, SECTIONS + registry.get(cfg.train.method).sections)
 
 
 def _shards(partition: dict) -> list[dict]:
     return manifest.outputs(partition, "shard")
 
 
-def _shard_dir(ctx: common.StageContext, index: int) -> str:
+def _shard_dir(ctx: protocol.StageContext, index: int) -> str:
     return storage.join(ctx.stage_dir(STAGE), f"shard-{index:05d}")
 
 
-def _shard_record(ctx: common.StageContext, index: int) -> dict | None:
+def _shard_record(ctx: protocol.StageContext, index: int) -> dict | None:
     """The record of shard ``index``'s warm start, when it was done with this config on this shard."""
     uri = storage.join(_shard_dir(ctx, index), "shard.json")
     if not storage.exists(uri):
@@ -87,11 +87,11 @@ def _is_current(record: dict | None, *, fingerprint: str, shard: dict) -> bool:
     return True
 
 
-def run_shard(ctx: common.StageContext, index: int) -> dict:
+def run_shard(ctx: protocol.StageContext, index: int) -> dict:
     """Warm-start shard ``index`` (one fan-out task); returns its record. Skipped when already done."""
     cfg = ctx.cfg
     method = registry.get(cfg.train.method)
-    partition, _ = common.upstream(ctx, "partition")
+    partition, _ = protocol.upstream(ctx, "partition")
     shards = _shards(partition)
     if method.warm_start != "shard":
         return {"format": SHARD_FORMAT, "shard": index, "performed": False,
@@ -116,14 +116,14 @@ def run_shard(ctx: common.StageContext, index: int) -> dict:
     return {**record, "status": "succeeded"}
 
 
-def _run_shard_in_worker(ctx: common.StageContext, index: int, threads: int) -> dict:
+def _run_shard_in_worker(ctx: protocol.StageContext, index: int, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
     return run_shard(ctx, index)
 
 
-def _run_missing(ctx: common.StageContext, indices: list[int]) -> None:
+def _run_missing(ctx: protocol.StageContext, indices: list[int]) -> None:
     workers = min(ctx.cfg.warmstart.workers, len(indices))
     if workers <= 1:
         for i in indices:
@@ -137,7 +137,7 @@ def _run_missing(ctx: common.StageContext, indices: list[int]) -> None:
             future.result()
 
 
-def _per_shard(ctx: common.StageContext, partition: dict) -> tuple[list[dict], dict]:
+def _per_shard(ctx: protocol.StageContext, partition: dict) -> tuple[list[dict], dict]:
     fp = _fingerprint(ctx.cfg)
     shards = [manifest.verify(s) for s in _shards(partition)]
     missing = [i for i, s in enumerate(shards)
@@ -156,7 +156,7 @@ def _per_shard(ctx: common.StageContext, partition: dict) -> tuple[list[dict], d
     return outputs, details
 
 
-def _public(ctx: common.StageContext, partition: dict) -> tuple[list[dict], dict]:
+def _public(ctx: protocol.StageContext, partition: dict) -> tuple[list[dict], dict]:
     found = manifest.outputs(partition, "public")
     if not found:
         raise StageError(f"train.method={ctx.cfg.train.method!r} warm-starts on public data, but the partition "
@@ -171,15 +171,15 @@ def _public(ctx: common.StageContext, partition: dict) -> tuple[list[dict], dict
     return [ctx.entry(out_uri, role="warm_start")], {"public_records": public.get("rows"), **details}
 
 
-def run(ctx: common.StageContext, *, shard: int | None = None) -> common.Outcome | dict:
+def run(ctx: protocol.StageContext, *, shard: int | None = None) -> protocol.Outcome | dict:
     """The fan-in (``shard=None``): the stage. With ``shard``: one fan-out task, returning its record."""
     if shard is not None:
         return run_shard(ctx, shard)
     cfg = ctx.cfg
-    partition, partition_entry = common.upstream(ctx, "partition")
+    partition, partition_entry = protocol.upstream(ctx, "partition")
     inputs = [partition_entry]
     fp = _fingerprint(cfg)
-    if (reused := common.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
+    if (reused := protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
     method = registry.get(cfg.train.method)
     if method.warm_start == "shard":
@@ -188,12 +188,12 @@ def run(ctx: common.StageContext, *, shard: int | None = None) -> common.Outcome
         outputs, details = _public(ctx, partition)
     else:
         outputs, details = [], {"performed": False, "reason": f"method {method.name!r} does not warm-start"}
-    with common.child_run(ctx, STAGE) as run:
+    with protocol.child_run(ctx, STAGE) as run:
         if run is not None and outputs:
             import mlflow
 
             mlflow.log_metrics({k: v for k, v in details.items() if isinstance(v, (int, float))})
-        return common.finish(
+        return protocol.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"], inputs=inputs,
             outputs=outputs, details={"performed": bool(outputs), **details},
             privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="non-private, so its outputs never "

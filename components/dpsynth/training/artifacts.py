@@ -25,7 +25,7 @@ GENERATOR_FORMAT = "dpsynth.generator/1"
 # The generator classes a generator file may name (an allow-list: the file is data, not code).
 # Each is built with the file's "model" keywords and is a dpsynth.models.dcgan.ConditionalGenerator: a
 # ``num_classes`` attribute and ``sample(n, labels=, generator=) -> (images in [-1, 1] NCHW, labels)``.
-GENERATOR_CLASSES = ("dpsynth.models.dcgan.Generator", "dpsynth.models.gswgan.Generator")
+GENERATOR_CLASSES = ("dpsynth.models.dcgan.Generator", "dpsynth.models.gswgan_networks.Generator")
 
 
 def trace_bytes(trace) -> bytes:

@@ -48,9 +48,9 @@ from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.training import artifacts, checkpoint, core, distributed
+from dpsynth.training import artifacts, checkpoint, result, data_parallel
 from dpsynth.training import warmup
-from dpsynth.training.core import TrainResult, resolve_device
+from dpsynth.training.result import TrainResult, resolve_device
 from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.privacy.plan import PrivacyPlan
@@ -67,8 +67,8 @@ class Trainer:
 
     STEP = "private steps"  # the progress bar's name for one step (see the table above)
     KEEPS_SNAPSHOTS = False  # keep a generator snapshot at every checkpoint (evaluate's ε-vs-metric curve)
-    DATA_PARALLEL = False  # trains across torchrun ranks (dpsynth.training.distributed): DPGAN, dp-GAN, GS-WGAN, DPAC
-    # state spread over the ranks (dpsynth.training.distributed): names of the trainer's dicts {shard index: state},
+    DATA_PARALLEL = False  # trains across torchrun ranks (dpsynth.training.data_parallel): DPGAN, dp-GAN, GS-WGAN, DPAC
+    # state spread over the ranks (dpsynth.training.data_parallel): names of the trainer's dicts {shard index: state},
     # attributes and state keys alike, each rank holding its own indices' (GS-WGAN: the discriminators)
     SPREAD_STATE: tuple[str, ...] = ()
     ACCOUNTANT: str | None = None  # None: privacy.accountant; a method may fix its own (GS-WGAN: "wor")
@@ -89,9 +89,9 @@ class Trainer:
         # MLflow: nest the run under a pipeline's parent run, add tags. Nothing before the gate: the
         # run gets no image, no model and no dataset hash (the sample stage logs them after the audit).
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
-        # rank r of W when this method trains data-parallel under torchrun (dpsynth.training.distributed); else
+        # rank r of W when this method trains data-parallel under torchrun (dpsynth.training.data_parallel); else
         # 0 of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)
-        self.dist = distributed.current() if self.DATA_PARALLEL else distributed.SINGLE
+        self.dist = data_parallel.current() if self.DATA_PARALLEL else data_parallel.SINGLE
         self.device = self.dist.place(resolve_device(cfg.train.device))
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         self.accountant = get_accountant(self.ACCOUNTANT or cfg.privacy.accountant)
@@ -235,17 +235,17 @@ class Trainer:
 
 def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | None:
     if not trainer.dist.is_main:  # ranks other than 0 under torchrun: the same steps, nothing written
-        return distributed.follow(trainer, stop_after=stop_after)
+        return data_parallel.follow(trainer, stop_after=stop_after)
     cfg, o = trainer.cfg, trainer.cfg.output
     started = time.monotonic()
     ckpt_dir = checkpoint.begin(trainer, cfg, trainer.out)  # resume, and write config.yaml
-    distributed.sync_state(trainer)  # other ranks take rank 0's (resumed) state; a no-op in one process
+    data_parallel.sync_state(trainer)  # other ranks take rank 0's (resumed) state; a no-op in one process
 
-    with core.mlflow_run(trainer, derived=trainer.derived_params()) as run:
+    with result.mlflow_run(trainer, derived=trainer.derived_params()) as run:
         if trainer.trace.steps == 0 and trainer.warm_up():
-            distributed.sync_state(trainer)  # the warm G, its latent RNG and the trace
+            data_parallel.sync_state(trainer)  # the warm G, its latent RNG and the trace
             if o.checkpoint_every:
-                checkpoint.save(ckpt_dir, distributed.checkpoint_state(trainer))
+                checkpoint.save(ckpt_dir, data_parallel.checkpoint_state(trainer))
         bar = tqdm(total=trainer.total_steps, initial=trainer.step, desc=trainer.STEP, unit="step",
                    file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
         while trainer.step < trainer.total_steps:
@@ -265,7 +265,7 @@ def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | N
                 if trainer.KEEPS_SNAPSHOTS:  # the generator so far, with the ε spent so far (before the checkpoint:
                     # a resumed run has the snapshot of every checkpoint it resumes; one past it is dropped)
                     checkpoint.save_snapshot(ckpt_dir, step, generator_file(trainer, trainer.epsilon_spent()))
-                checkpoint.save(ckpt_dir, distributed.checkpoint_state(trainer))
+                checkpoint.save(ckpt_dir, data_parallel.checkpoint_state(trainer))
         bar.close()
         return finish(trainer, run, started)
 

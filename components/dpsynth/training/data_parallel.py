@@ -55,7 +55,7 @@ def launch(cfg, *, sharded: bool = False) -> distributed.Ranks:
         raise ConfigError(f"warmup.central_images: {cfg.train.method}'s private warm-up reads every shard, and under "
                           f"torchrun (WORLD_SIZE={ranks.world_size}) each rank holds only its own; turn it off or "
                           "train in one process")
-    from dpsynth.training.core import resolve_device
+    from dpsynth.training.result import resolve_device
 
     return distributed.init_process_group(ranks.place(resolve_device(cfg.train.device)))
 

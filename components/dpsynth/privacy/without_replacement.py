@@ -27,7 +27,7 @@ from scipy.special import gammaln
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy.accountants import RDPCurveAccountant
 from dpsynth.privacy.events import MechanismEvent, fold_releases
-from dpsynth.privacy.validation import as_count, as_real, check_delta_range, check_noise, check_sample_rate
+from dpsynth.privacy.checks import as_count, as_real, check_delta_range, check_noise, check_sample_rate
 
 #: Integer orders 2..256 (where ε at useful budgets is minimised), then a sparse tail to 1024.
 DEFAULT_ORDERS: tuple[float, ...] = tuple(float(a) for a in [*range(2, 257), *range(288, 1025, 32)])
