@@ -84,7 +84,8 @@ def artifacts(outcome):
                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
         else:
             entry = next((e for e in m.get(where[0], []) if e.get("role") == where[1]), {})
-            fields = {"uri": entry.get("uri"), "sha256": entry.get("sha256") or entry.get("content_sha256"),
+            fields = {"uri": entry.get("uri"), "sha256": entry.get("sha256"),
+                      "content_sha256": entry.get("content_sha256"),
                       "role": where[1], "stage": outcome.get("stage"), "status": outcome.get("status"),
                       "manifest_uri": outcome.get("manifest_uri"), "mlflow_run_id": outcome.get("mlflow_run_id"),
                       "epsilon": (m.get("privacy") or {}).get("epsilon")}
