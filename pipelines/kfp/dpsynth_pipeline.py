@@ -37,7 +37,7 @@ On a cluster (``dpsynth_pipeline``; kfp-kubernetes) every stage pod gets its con
 dpsynth chart's objects in the run's namespace: the Secret ``STAGE_SECRET`` (AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, DPSYNTH_LEDGER_URL) and the ConfigMap ``STAGE_CONFIG_MAP`` (MLFLOW_TRACKING_URI;
 AWS_ENDPOINT_URL_S3 and MLFLOW_S3_ENDPOINT_URL where an S3-compatible endpoint is used), as environment;
-CPU/memory requests and limits (``CPU_RESOURCES``, ``GPU_RESOURCES``), ``RETRIES`` retries with backoff
+CPU/memory requests and limits (``RESOURCES``, per stage), ``RETRIES`` retries with backoff
 (the stages skip work their manifests record; not ``finish``, whose failure is the verdict) and a
 per-pod time limit (``TIMEOUT_SECONDS``, activeDeadlineSeconds). Without MLFLOW_TRACKING_URI a pod
 would track into SQLite under the run dir.
@@ -45,6 +45,7 @@ would track into SQLite under the run dir.
 
 import argparse
 import inspect
+import json
 import os
 import sys
 from pathlib import Path
@@ -83,8 +84,11 @@ STAGE_CONFIG_MAP = os.environ.get("DPSYNTH_STAGE_CONFIG_MAP", "dpsynth-stage-con
 SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL")
 CONFIG_ENV = ("MLFLOW_TRACKING_URI",)
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL")  # optional: absent for AWS S3 itself
-CPU_RESOURCES = {"cpu_request": "1", "memory_request": "4Gi", "memory_limit": "8Gi"}
-GPU_RESOURCES = {"cpu_request": "4", "memory_request": "16Gi", "memory_limit": "32Gi"}
+# CPU/memory of the stage pods, as the chart's stage.resources ({"cpu", "gpu", "stages": {stage: …}}, JSON in
+# DPSYNTH_STAGE_RESOURCES at compile time; a stage listed replaces its default whole).
+RESOURCES = {"cpu": {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+             "gpu": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "32Gi"}}, "stages": {},
+             **json.loads(os.environ.get("DPSYNTH_STAGE_RESOURCES") or "{}")}
 RETRIES = 2
 # How many per-shard warm-start pods run at once (ParallelFor parallelism; K can be 50 GPU pods otherwise).
 WARMSTART_PARALLELISM = int(os.environ.get("DPSYNTH_WARMSTART_PARALLELISM", "8"))
@@ -277,8 +281,10 @@ def _stages(step, p: dict, common: dict, settings: dict, finish, *, cluster: boo
     sample = step("sample", **ids).after(audit)
     evaluate = step("evaluate", **ids).after(sample)
     if cluster:
-        for task in (start, partition, per_shard, warm, train, job, audit, sample, evaluate, finish):
-            _on_cluster(task, gpu=task in (per_shard, train), retry=task not in (audit, finish))  # audit: one draw
+        named = {"start": start, "partition": partition, "warmstart": per_shard, "warmstart ": warm, "train": train,
+                 "train-job": job, "audit": audit, "sample": sample, "evaluate": evaluate, "finish": finish}
+        for stage, task in named.items():  # audit: one draw; finish: the verdict
+            _on_cluster(task, stage.strip(), gpu=task in (per_shard, train), retry=task not in (audit, finish))
         for small in (shards, distributed):
             small.set_cpu_request("100m").set_memory_request("256Mi").set_memory_limit("512Mi")
         if kubernetes is not None:  # the TrainJob launcher finds the chart's template by the stage ConfigMap
@@ -289,10 +295,14 @@ def _uncached(step):
     return lambda command, **kw: step(command, **kw).set_caching_options(False)
 
 
-def _on_cluster(task, *, gpu: bool, retry: bool) -> None:
+def _on_cluster(task, stage: str, *, gpu: bool, retry: bool) -> None:
     """One stage pod's cluster settings (see the module docstring)."""
-    r = GPU_RESOURCES if gpu else CPU_RESOURCES
-    task.set_cpu_request(r["cpu_request"]).set_memory_request(r["memory_request"]).set_memory_limit(r["memory_limit"])
+    r = (RESOURCES.get("stages") or {}).get(stage) or RESOURCES["gpu" if gpu else "cpu"]
+    setters = {("requests", "cpu"): task.set_cpu_request, ("requests", "memory"): task.set_memory_request,
+               ("limits", "cpu"): task.set_cpu_limit, ("limits", "memory"): task.set_memory_limit}
+    for (kind, resource), set_it in setters.items():
+        if resource in r.get(kind, {}):
+            set_it(str(r[kind][resource]))
     if gpu:
         task.set_accelerator_type(ACCELERATOR).set_accelerator_limit(1)
     if retry:

@@ -227,6 +227,19 @@ def summarise(out: dict) -> dict:
 
 # --- pods --------------------------------------------------------------------------------------
 
+# The stage pods' CPU/memory (the chart's stage.resources, as JSON in DPSYNTH_STAGE_RESOURCES): "cpu" and "gpu" for
+# the CPU and GPU stages, "stages" per stage (replacing its default whole).
+RESOURCES = {"cpu": {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+             "gpu": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "32Gi"}}, "stages": {}}
+
+
+def stage_resources(stage: str, gpu: bool) -> dict:
+    """``{"requests": …, "limits": …}`` of one stage's pod (without the GPU limit)."""
+    given = json.loads(setting("DPSYNTH_STAGE_RESOURCES") or "{}")
+    r = {**RESOURCES, **given}
+    return (r.get("stages") or {}).get(stage) or r["gpu" if gpu else "cpu"]
+
+
 def pod_settings(stage: str) -> dict:
     """KubernetesPodOperator keyword arguments for one stage: GPU stages get ``nvidia.com/gpu``,
     a node selector and tolerations; the others are CPU-only."""
@@ -241,16 +254,13 @@ def pod_settings(stage: str) -> dict:
                 "deferrable": setting("DPSYNTH_K8S_DEFERRABLE", "true").lower() == "true",
                 # the provider also waits this long for the pod to be scheduled (schedule_timeout_seconds)
                 "startup_timeout_seconds": int(setting("DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS", "900"))}
+    r = stage_resources(stage, gpu)
+    limits = {**r.get("limits", {}), **({"nvidia.com/gpu": setting("DPSYNTH_GPU_LIMIT", "1")} if gpu else {})}
+    kw["container_resources"] = k8s.V1ResourceRequirements(requests=r.get("requests") or None, limits=limits or None)
     if gpu:
-        n = setting("DPSYNTH_GPU_LIMIT", "1")
-        kw["container_resources"] = k8s.V1ResourceRequirements(
-            requests={"cpu": "4", "memory": "16Gi"}, limits={"memory": "32Gi", "nvidia.com/gpu": n})
         kw["node_selector"] = json.loads(setting("DPSYNTH_GPU_NODE_SELECTOR", '{"nvidia.com/gpu.present": "true"}'))
         kw["tolerations"] = [k8s.V1Toleration(**t) for t in json.loads(setting(
             "DPSYNTH_GPU_TOLERATIONS", '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]'))]
-    else:
-        kw["container_resources"] = k8s.V1ResourceRequirements(requests={"cpu": "1", "memory": "4Gi"},
-                                                               limits={"memory": "8Gi"})
     # PodSecurity "restricted": non-root (the stage image's uid 10001), no privilege escalation, no capabilities,
     # the runtime's seccomp profile
     kw["security_context"] = k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=10001,
