@@ -72,6 +72,52 @@ def setting(name: str, default: str | None = None) -> str | None:
     return variable(name) or os.environ.get(name) or default
 
 
+# Airflow Connections the tasks read at run time (never at parse time), each with a Variable as its fallback.
+MLFLOW_CONNECTION = "dpsynth_mlflow"  # MLflow's tracking server: host (a URL, or a name with port and schema)
+S3_CONNECTION = "dpsynth_s3"  # type aws: login/password the access key, extra endpoint_url and region_name
+
+
+def connection(conn_id: str):
+    """The Airflow Connection ``conn_id`` (any secrets backend, ``AIRFLOW_CONN_*`` included), None when it is not
+    defined or outside Airflow."""
+    try:
+        from airflow.sdk import Connection
+        from airflow.sdk.exceptions import AirflowNotFoundException
+    except ImportError:
+        return None
+    try:
+        return Connection.get(conn_id)
+    except AirflowNotFoundException:
+        return None
+
+
+def tracking_uri() -> str | None:
+    """MLflow's tracking URI, the platform's: the Connection :data:`MLFLOW_CONNECTION` (its host when that is a URL,
+    else ``<scheme>://host[:port]``, the scheme its schema, else its type when http or https, else http), else the
+    Variable or environment ``DPSYNTH_TRACKING_URI``."""
+    conn = connection(MLFLOW_CONNECTION)
+    if conn is None or not conn.host:
+        return setting("DPSYNTH_TRACKING_URI")
+    if "://" in conn.host:
+        return conn.host
+    scheme = conn.schema or (conn.conn_type if conn.conn_type in ("http", "https") else "http")
+    return f"{scheme}://{conn.host}" + (f":{conn.port}" if conn.port else "")
+
+
+def s3_env() -> dict[str, str]:
+    """The S3 environment of a local stage process from the Connection :data:`S3_CONNECTION` (access key, endpoint,
+    region); {} without it: the worker's own (AWS_* variables, an instance role). Stage pods take theirs from the
+    stage Secret or their ServiceAccount, never from a Connection (a pod spec would show the key)."""
+    conn = connection(S3_CONNECTION)
+    if conn is None:
+        return {}
+    extra = conn.extra_dejson
+    env = {"AWS_ACCESS_KEY_ID": conn.login, "AWS_SECRET_ACCESS_KEY": conn.password,
+           "AWS_ENDPOINT_URL_S3": extra.get("endpoint_url"), "MLFLOW_S3_ENDPOINT_URL": extra.get("endpoint_url"),
+           "AWS_DEFAULT_REGION": extra.get("region_name")}
+    return {k: v for k, v in env.items() if v}
+
+
 LOCAL_CONFIG = "configs/dpgan-mnist-cpu.yaml"  # the recipe `make run` trains (relative to DPSYNTH_REPO)
 
 
