@@ -106,9 +106,10 @@ bench-generality: $(STAMP)  ## the generality benchmark (#32): five non-digit se
 	  $(PY) benchmarks/utility.py --dataset $$d --out $(OUT)/bench-generality || exit 1; \
 	  $(PY) benchmarks/utility.py --dataset $$d --recipe generic --rows default --out $(OUT)/bench-generality || exit 1; done
 
-lock: $(STAMP)  ## re-freeze requirements/stage.lock from requirements/stage.in
+lock: $(STAMP)  ## re-freeze requirements/stage.lock (and stage-prod.lock) from requirements/stage.in
 	$(PY) -m pip install --quiet -r requirements/stage.in
 	$(PY) -m pip freeze --exclude-editable | grep -v '^dpsynth' > requirements/stage.lock
+	$(PY) scripts/prod_lock.py   # requirements/stage-prod.lock: the images' lock, without the test-only packages
 
 airflow-lock: $(AIRFLOW_STAMP)  ## re-freeze requirements/airflow.lock from requirements/airflow.in
 	$(AIRFLOW_VENV)/bin/python -m pip install --quiet -r requirements/airflow.in
