@@ -1,8 +1,17 @@
 """Kubeflow Pipelines v2: the six dpsynth stages, one task each, under one MLflow parent run.
 
-    start → partition → warmstart --shard k (ParallelFor over k < K, GPU) → warmstart (fan-in)
-          → train (one GPU pod), or train-job when train_nodes × train_gpus_per_node > 1
-          → audit → sample → evaluate → finish
+    ExitHandler(finish):
+        start → partition → warmstart --shard k (ParallelFor over k < K, GPU) → warmstart (fan-in)
+              → train (one GPU pod), or train-job when train_nodes × train_gpus_per_node > 1
+              → audit → sample → evaluate
+    finish (the exit task: runs however the group ended, and closes the MLflow parent run with the verdict the
+            manifests give; it takes pipeline parameters only, KFP refusing an exit task that depends on a task,
+            and finds the parent run by the pipeline run id: ``dpsynth pipeline finish`` without --parent-run-id)
+
+Each container runs ``stage_program.py``: a stage that exits 2 (a verdict) is recorded under the run's sensitive
+zone, so a KFP retry of that task exits 2 without running it again (KFP's retry policy cannot filter by exit
+status); partition, train, sample and evaluate write KFP output artifacts (Dataset, Model, Metrics) from their
+manifests' outside view (keyed ids, never a raw hash of a sensitive-zone file) for the lineage view.
 
 Two flavours of one wiring (``_wire``), so they cannot drift apart:
 
