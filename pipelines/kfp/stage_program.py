@@ -127,7 +127,11 @@ def main(args):
             return VERDICT
     code, stdout = run(argv, capture=bool(out or OPTIONS.get("artifacts")))
     if code == VERDICT and record is not None:
-        storage.write_bytes(record, b"2\n")
+        try:
+            storage.write_bytes(record, b"2\n")
+        except Exception as exc:  # noqa: BLE001 — the verdict stands even when it cannot be recorded
+            print(f"dpsynth: the verdict could not be recorded at {record} ({exc}): a retry would run the stage "
+                  "again", file=sys.stderr)
     if code:
         return code if code > 0 else 128 - code
     if out:
