@@ -87,3 +87,23 @@ def test_import_dag_emits_no_event_when_the_data_did_not_change(airflow_db, tmp_
     assert "the data did not change" in log
     _, events = import_run(b)
     assert len(events) == 2 and events[1]["version"] != version
+
+
+def test_partition_refuses_a_versioned_file_replaced_after_its_import(tmp_path, capsys, monkeypatch):
+    """The event names a version; partition (in the sensitive zone) checks that the file at that versioned URI still
+    holds that version's records, and refuses (exit 2, naming data.uri) one replaced since, writing nothing."""
+    from dpsynth.privacy.ledger import Ledger
+    from tests.stages.helpers import settings
+
+    a, b, _, _ = sources(tmp_path)
+    monkeypatch.setenv("DPSYNTH_LEDGER_URL", f"sqlite:///{tmp_path / 'ledger.db'}")
+    Ledger(f"sqlite:///{tmp_path / 'ledger.db'}").set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="test")
+    dst = tmp_path / "data" / "mnist.parquet"
+    assert dpsynth("data", "import", "--json", "--outside", "--versioned", "--", a, dst) == 0
+    versioned = json.loads(capsys.readouterr().out)["versioned_uri"]
+    assert dpsynth("partition", "--run-dir", tmp_path / "ok", *settings(versioned)) == 0  # the version it names
+    capsys.readouterr()
+    write_parquet(import_source(b), versioned)  # replaced after the import
+    assert dpsynth("partition", "--run-dir", tmp_path / "run", *settings(versioned)) == 2
+    assert f"data.uri: {versioned} is version" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "sensitive" / "partition" / "manifest.json").exists()

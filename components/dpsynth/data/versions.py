@@ -50,3 +50,24 @@ def latest(dst: str) -> str | None:
 
 def record(dst: str, version: str) -> None:
     storage.write_text(storage.join(root(dst), LATEST), version + "\n")
+
+
+def check(uri: str, content_sha256: str) -> None:
+    """Refuse (DatasetError, naming data.uri) records at a versioned URI whose content is not that version: the file
+    was replaced after its import, so it is not what the asset event that named it announced. A URI that is not a
+    version of an import (no ``.version-key`` beside it) is not checked."""
+    from dpsynth.errors import DatasetError
+
+    uri = str(uri).rstrip("/")
+    name = uri.rsplit("/", 1)[-1]
+    if not name.endswith(".parquet"):
+        return
+    folder, version = uri[: -len(name) - 1], name[: -len(".parquet")]
+    key_uri = storage.join(folder, KEY)
+    if len(version) != ID_CHARS or not storage.exists(key_uri):
+        return
+    from dpsynth.stages.common import keyed_version
+
+    if keyed_version(storage.read_bytes(key_uri), content_sha256)[:ID_CHARS] != version:
+        raise DatasetError(f"data.uri: {uri} is version {version} of an import, but its records are not that "
+                           "version (the file was replaced after the import); import the data again")
