@@ -109,9 +109,10 @@ bench-generality: $(STAMP)  ## the generality benchmark (#32): five non-digit se
 results:  ## rebuild docs/results.md from benchmarks/results/ (benchmarks/report.py; the docs tests check it)
 	$(PYTHON) benchmarks/report.py
 
-lock: $(STAMP)  ## re-freeze requirements/stage.lock from requirements/stage.in
+lock: $(STAMP)  ## re-freeze requirements/stage.lock (and stage-prod.lock) from requirements/stage.in
 	$(PY) -m pip install --quiet -r requirements/stage.in
 	$(PY) -m pip freeze --exclude-editable | grep -v '^dpsynth' > requirements/stage.lock
+	$(PY) scripts/prod_lock.py   # requirements/stage-prod.lock: the images' lock, without the test-only packages
 
 airflow-lock: $(AIRFLOW_STAMP)  ## re-freeze requirements/airflow.lock from requirements/airflow.in
 	$(AIRFLOW_VENV)/bin/python -m pip install --quiet -r requirements/airflow.in

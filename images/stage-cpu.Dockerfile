@@ -16,7 +16,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
     MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true
 
 RUN python3 -m venv /opt/dpsynth
-COPY requirements/stage.lock /tmp/stage.lock
+# The production lock: stage.lock without the test-only packages (scripts/prod_lock.py)
+COPY requirements/stage-prod.lock /tmp/stage.lock
 RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -r /tmp/stage.lock
 
 COPY pyproject.toml README.md /src/

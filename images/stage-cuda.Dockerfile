@@ -23,7 +23,8 @@ RUN if ! command -v "${PYTHON}" >/dev/null; then \
 # torch first, the CUDA build; then the rest of stage.lock without its CPU torch line.
 COPY images/stage-cuda.constraints /tmp/stage-cuda.constraints
 RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -r /tmp/stage-cuda.constraints
-COPY requirements/stage.lock /tmp/stage.lock
+# The production lock: stage.lock without the test-only packages (scripts/prod_lock.py)
+COPY requirements/stage-prod.lock /tmp/stage.lock
 RUN grep -v '^torch==' /tmp/stage.lock > /tmp/stage-notorch.lock && \
     pip install --extra-index-url "${TORCH_INDEX_URL}" -c /tmp/stage-cuda.constraints -r /tmp/stage-notorch.lock
 

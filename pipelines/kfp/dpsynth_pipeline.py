@@ -1,8 +1,17 @@
 """Kubeflow Pipelines v2: the six dpsynth stages, one task each, under one MLflow parent run.
 
-    start → partition → warmstart --shard k (ParallelFor over k < K, GPU) → warmstart (fan-in)
-          → train (one GPU pod), or train-job when train_nodes × train_gpus_per_node > 1
-          → audit → sample → evaluate → finish
+    ExitHandler(finish):
+        start → partition → warmstart --shard k (ParallelFor over k < K, GPU) → warmstart (fan-in)
+              → train (one GPU pod), or train-job when train_nodes × train_gpus_per_node > 1
+              → audit → sample → evaluate
+    finish (the exit task: runs however the group ended, and closes the MLflow parent run with the verdict the
+            manifests give; it takes pipeline parameters only, KFP refusing an exit task that depends on a task,
+            and finds the parent run by the pipeline run id: ``dpsynth pipeline finish`` without --parent-run-id)
+
+Each container runs ``stage_program.py``: a stage that exits 2 (a verdict) is recorded under the run's sensitive
+zone, so a KFP retry of that task exits 2 without running it again (KFP's retry policy cannot filter by exit
+status); partition, train, sample and evaluate write KFP output artifacts (Dataset, Model, Metrics) from their
+manifests' outside view (keyed ids, never a raw hash of a sensitive-zone file) for the lineage view.
 
 Two flavours of one wiring (``_wire``), so they cannot drift apart:
 
@@ -37,7 +46,7 @@ On a cluster (``dpsynth_pipeline``; kfp-kubernetes) every stage pod gets its con
 dpsynth chart's objects in the run's namespace: the Secret ``STAGE_SECRET`` (AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, DPSYNTH_LEDGER_URL) and the ConfigMap ``STAGE_CONFIG_MAP`` (MLFLOW_TRACKING_URI;
 AWS_ENDPOINT_URL_S3 and MLFLOW_S3_ENDPOINT_URL where an S3-compatible endpoint is used), as environment;
-CPU/memory requests and limits (``CPU_RESOURCES``, ``GPU_RESOURCES``), ``RETRIES`` retries with backoff
+CPU/memory requests and limits (``RESOURCES``, per stage), ``RETRIES`` retries with backoff
 (the stages skip work their manifests record; not ``finish``, whose failure is the verdict) and a
 per-pod time limit (``TIMEOUT_SECONDS``, activeDeadlineSeconds). Without MLFLOW_TRACKING_URI a pod
 would track into SQLite under the run dir.
@@ -45,6 +54,7 @@ would track into SQLite under the run dir.
 
 import argparse
 import inspect
+import json
 import os
 import sys
 from pathlib import Path
@@ -65,8 +75,16 @@ YAML = Path(__file__).with_name("dpsynth_pipeline.yaml")
 CONFIG = os.environ.get("DPSYNTH_CONFIG", "/opt/dpsynth/configs/dpgan-mnist-cpu.yaml")
 LOCAL_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "dpgan-mnist-cpu.yaml")
 # Settings only the platform sets (who triggers a run must not choose where, or against which budget, it is
-# charged and tracked): refused in ``extra``. ledger.population_id is the required input ``population_id``.
-GOVERNED = ("ledger.url", "ledger.population_id", "ledger.stale_after_hours", "tracking.uri", "privacy.accounting")
+# charged and tracked): refused in ``extra`` (stage_program.GOVERNED). ledger.population_id is the required input
+# ``population_id``.
+#
+# The container's program (stage_program.py, its text run as `python -c`): resolves the pseudo-options of _cli_args,
+# refuses a governance setting in the extra settings, runs dpsynth, records a verdict (exit 2) so that a retry does not
+# run the command again, writes the task's output parameter (`pipeline start`) and output artifacts.
+_RUN = Path(__file__).with_name("stage_program.py").read_text()
+_PROGRAM: dict = {"__name__": "dpsynth_stage_program"}
+exec(_RUN, _PROGRAM)  # noqa: S102 (our own file: its constants, here and in the container alike)
+GOVERNED = _PROGRAM["GOVERNED"]
 
 # Cluster settings of the stage pods (dpsynth_pipeline only). Names: the dpsynth chart's defaults for a
 # release called "dpsynth" (env at compile time to change them).
@@ -75,8 +93,11 @@ STAGE_CONFIG_MAP = os.environ.get("DPSYNTH_STAGE_CONFIG_MAP", "dpsynth-stage-con
 SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL")
 CONFIG_ENV = ("MLFLOW_TRACKING_URI",)
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL")  # optional: absent for AWS S3 itself
-CPU_RESOURCES = {"cpu_request": "1", "memory_request": "4Gi", "memory_limit": "8Gi"}
-GPU_RESOURCES = {"cpu_request": "4", "memory_request": "16Gi", "memory_limit": "32Gi"}
+# CPU/memory of the stage pods, as the chart's stage.resources ({"cpu", "gpu", "stages": {stage: …}}, JSON in
+# DPSYNTH_STAGE_RESOURCES at compile time; a stage listed replaces its default whole).
+RESOURCES = {"cpu": {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+             "gpu": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "32Gi"}}, "stages": {},
+             **json.loads(os.environ.get("DPSYNTH_STAGE_RESOURCES") or "{}")}
 RETRIES = 2
 # How many per-shard warm-start pods run at once (ParallelFor parallelism; K can be 50 GPU pods otherwise).
 WARMSTART_PARALLELISM = int(os.environ.get("DPSYNTH_WARMSTART_PARALLELISM", "8"))
@@ -90,6 +111,8 @@ SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", 
             "n_d": "train.n_d", "seed": "train.seed", "audit_empirical": "audit.empirical"}
 # The train stage's shape (pipeline parameter -> config field): given to the train-job task only.
 LAUNCH = {"train_nodes": "train.nodes", "train_gpus_per_node": "train.gpus_per_node"}
+_SETTING_TYPES = {"epsilon": float, "delta": float, "steps": int, "num_shards": int, "seed": int, "train_nodes": int,
+                  "train_gpus_per_node": int}  # the others: str
 TEMPLATE_ENV = "DPSYNTH_TRAINJOB_TEMPLATE"  # in the stage ConfigMap: the chart's TrainJob template (train-job)
 INPUTS = {"run_dir": "Root URI of the pipeline run (s3:// on a cluster): run_dir/sensitive, run_dir/release.",
           "config": "Base YAML config of the run, a path in the stage image (default: the recipe make run trains, "
@@ -108,7 +131,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 # --- container flavour: `dpsynth <command>` in the stage image --------------------------------------
 
-def _cli_args(command: str, p: dict) -> list:
+def _cli_args(command: str, p: dict, outputs: dict | None = None) -> list:
     """The arguments of :data:`_RUN` for one command: ``dpsynth`` argv (after the program), with the pseudo-options
     ``--config-file PATH`` (dropped when empty) and ``--extra-settings JSON`` (``extra``, a list) that ``_RUN``
     resolves. ``p`` holds the task's inputs (placeholders); a setting that is None is left out
@@ -119,80 +142,49 @@ def _cli_args(command: str, p: dict) -> list:
              "train job": ["train", "--launch", "trainjob"]}
     head = heads.get(command) or command.split()
     args = [*head, "--json", "--run-dir", p["run_dir"], "--pipeline-run-id", p["pipeline_run_id"]]
-    if command != "pipeline start":
+    if command not in ("pipeline start", "pipeline finish"):  # finish: the exit task finds it
         args += ["--parent-run-id", p["parent_run_id"]]
     args += ["--config-file", p["config"]]
     for name, field in {**SETTINGS, **(LAUNCH if command == "train job" else {})}.items():
         args.append(dsl.IfPresentPlaceholder(input_name=name, then=["--set", f"{field}={p[name]}"]))
-    return [*args, "--extra-settings", p["extra"]]
+    args += ["--extra-settings", p["extra"]]
+    for name, artifact in (outputs or {}).items():
+        args += ["--kfp-artifact", name, artifact.path]
+    return [*args, "--kfp-executor-output", dsl.PIPELINE_TASK_EXECUTOR_OUTPUT_PATH_PLACEHOLDER] if outputs else args
 
 
-# The container's program: resolves the pseudo-options of _cli_args, refuses a governance setting in the extra
-# settings (exit 2, naming it), runs dpsynth; for `pipeline start` (first argument a file path) it keeps the
-# printed parent run id as the task's output parameter.
-_RUN = f"""\
-import json, os, pathlib, subprocess, sys
-GOVERNED = {GOVERNED!r}
-def resolve(argv):
-    out, it = [], iter(argv)
-    for a in it:
-        if a == "--config-file":
-            path = next(it)
-            out += ["--config", path] if path else []
-        elif a == "--extra-settings":
-            for item in json.loads(next(it) or "[]"):
-                name = str(item).split("=", 1)[0].strip()
-                if name in GOVERNED:
-                    sys.exit(f"dpsynth: error: extra settings: {{name}} is a platform setting (the stage Secret and "
-                             f"ConfigMap set it), not a run's: remove it")
-                out += ["--set", str(item)]
-        else:
-            out.append(a)
-    return out
-if __name__ == "__main__":
-    out, argv = sys.argv[1], resolve(sys.argv[2:])
-    if not out:
-        os.execvp(argv[0], argv)
-    ids = json.loads(subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True).stdout)
-    pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(out).write_text(ids["parent_run_id"] or "")  # "" when MLflow tracking is off
-"""
+# KFP output artifacts per command (names: stage_program.ARTIFACTS): what the lineage view shows of a run.
+OUTPUTS = {"partition": {"dataset": dsl.Dataset}, "train": {"model": dsl.Model}, "train job": {"model": dsl.Model},
+           "sample": {"synthetic": dsl.Dataset, "model": dsl.Model}, "evaluate": {"metrics": dsl.Metrics}}
 
 
 def _container(command: str):
-    """The container component of one ``dpsynth`` command (its name: dpsynth-<command>)."""
+    """The container component of one ``dpsynth`` command (its name: dpsynth-<command>): inputs the run's ids, the
+    base config and the settings (optional: None is the config's), ``shard_index`` for a warm-start shard, the
+    train stage's shape for the train job; outputs ``start``'s parent run id and the artifacts of :data:`OUTPUTS`.
+    ``pipeline finish`` takes no parent run id: it is the pipeline's exit task, which may depend on no task (it
+    finds the parent run by the pipeline run id)."""
+    P = inspect.Parameter
+    names = ["run_dir", "pipeline_run_id"]
+    names += [] if command in ("pipeline start", "pipeline finish") else ["parent_run_id"]
+    names += ["dataset_uri", "population_id", "config", "extra"] + (["shard_index"] if command == "warmstart shard" else [])
+    types = {"extra": list, "shard_index": int}
+    params = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=types.get(n, str)) for n in names]
+    settings = {**SETTINGS, **(LAUNCH if command == "train job" else {})}
+    params += [P(n, P.POSITIONAL_OR_KEYWORD, default=None, annotation=Optional[_SETTING_TYPES.get(n, str)])
+               for n in settings if n not in names]
+    outputs = OUTPUTS.get(command, {})
+    if command == "pipeline start":
+        params.insert(len(names), P("parent_run_id", P.POSITIONAL_OR_KEYWORD, annotation=dsl.OutputPath(str)))
+    params[len(names):len(names)] = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=dsl.Output[t]) for n, t in outputs.items()]
 
-    def spec(p: dict, out=""):
+    def fn(*args):
+        p = dict(zip([q.name for q in params], args))
+        out = p.pop("parent_run_id") if command == "pipeline start" else ""
         return dsl.ContainerSpec(image=STAGE_IMAGE, command=["python", "-c", _RUN, out, "dpsynth"],
-                                 args=_cli_args(command, p))
+                                 args=_cli_args(command, p, {n: p[n] for n in outputs}))
 
-    def stage(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
-              config: str, extra: list, method: Optional[str] = None, epsilon: Optional[float] = None,
-              delta: Optional[float] = None, steps: Optional[int] = None, num_shards: Optional[int] = None,
-              n_d: Optional[str] = None, seed: Optional[int] = None, audit_empirical: Optional[str] = None):
-        return spec(locals())
-
-    def warmstart_shard(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
-                        config: str, extra: list, shard_index: int, method: Optional[str] = None,
-                        epsilon: Optional[float] = None, delta: Optional[float] = None, steps: Optional[int] = None,
-                        num_shards: Optional[int] = None, n_d: Optional[str] = None, seed: Optional[int] = None,
-                        audit_empirical: Optional[str] = None):
-        return spec(locals())
-
-    def train_job(run_dir: str, pipeline_run_id: str, parent_run_id: str, dataset_uri: str, population_id: str,
-                  config: str, extra: list, method: Optional[str] = None, epsilon: Optional[float] = None,
-                  delta: Optional[float] = None, steps: Optional[int] = None, num_shards: Optional[int] = None,
-                  n_d: Optional[str] = None, seed: Optional[int] = None, audit_empirical: Optional[str] = None,
-                  train_nodes: Optional[int] = None, train_gpus_per_node: Optional[int] = None):
-        return spec(locals())
-
-    def start(run_dir: str, pipeline_run_id: str, dataset_uri: str, population_id: str, config: str, extra: list,
-              parent_run_id: dsl.OutputPath(str), method: Optional[str] = None, epsilon: Optional[float] = None,
-              delta: Optional[float] = None, steps: Optional[int] = None, num_shards: Optional[int] = None,
-              n_d: Optional[str] = None, seed: Optional[int] = None, audit_empirical: Optional[str] = None):
-        return spec({**locals(), "parent_run_id": None}, out=parent_run_id)
-
-    fn = {"pipeline start": start, "warmstart shard": warmstart_shard, "train job": train_job}.get(command, stage)
+    fn.__signature__ = inspect.Signature(params)
     fn.__name__ = "dpsynth_" + command.replace("pipeline ", "").replace(" ", "_")
     return dsl.container_component(fn)
 
@@ -246,7 +238,7 @@ def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: s
              "train job": ["train", "--launch", "torchrun"]}
     head = heads.get(command) or command.split()
     argv = [*head, "--json", "--run-dir", run_dir, "--pipeline-run-id", pipeline_run_id]
-    if command != "pipeline start":
+    if command != "pipeline start" and parent_run_id:  # finish, the exit task, finds it by the pipeline run id
         argv += ["--parent-run-id", parent_run_id]
     argv += ["--config", config] if config else []
     argv += ["--set", f"data.uri={dataset_uri}", "--set", f"ledger.population_id={population_id}"]
@@ -270,6 +262,14 @@ def _wire(step, p: dict, *, cluster: bool) -> None:
     settings = {name: p[name] for name in SETTINGS if name in p}  # the local flavour has only the required ones
     common = dict(run_dir=p["run_dir"], pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, config=p["config"],
                   extra=p["extra"], **settings)
+    # The exit task: runs when the rest ends, succeeded, failed or refused, and closes the parent run with the
+    # verdict the manifests give. It may depend on no task, so it takes pipeline parameters only.
+    finish = step("pipeline finish", **common)
+    with dsl.ExitHandler(finish, name="dpsynth-run"):
+        _stages(step, p, common, settings, finish, cluster=cluster)
+
+
+def _stages(step, p: dict, common: dict, settings: dict, finish, *, cluster: bool) -> None:
     start = step("pipeline start", **common)
     ids = dict(common, parent_run_id=start.outputs["parent_run_id"])
 
@@ -289,10 +289,11 @@ def _wire(step, p: dict, *, cluster: bool) -> None:
     audit = step("audit", **ids).after(job, train)
     sample = step("sample", **ids).after(audit)
     evaluate = step("evaluate", **ids).after(sample)
-    finish = step("pipeline finish", **ids).after(evaluate)
     if cluster:
-        for task in (start, partition, per_shard, warm, train, job, audit, sample, evaluate, finish):
-            _on_cluster(task, gpu=task in (per_shard, train), retry=task not in (audit, finish))  # audit: one draw
+        named = {"start": start, "partition": partition, "warmstart": per_shard, "warmstart ": warm, "train": train,
+                 "train-job": job, "audit": audit, "sample": sample, "evaluate": evaluate, "finish": finish}
+        for stage, task in named.items():  # audit: one draw; finish: the verdict
+            _on_cluster(task, stage.strip(), gpu=task in (per_shard, train), retry=task not in (audit, finish))
         for small in (shards, distributed):
             small.set_cpu_request("100m").set_memory_request("256Mi").set_memory_limit("512Mi")
         if kubernetes is not None:  # the TrainJob launcher finds the chart's template by the stage ConfigMap
@@ -303,10 +304,14 @@ def _uncached(step):
     return lambda command, **kw: step(command, **kw).set_caching_options(False)
 
 
-def _on_cluster(task, *, gpu: bool, retry: bool) -> None:
+def _on_cluster(task, stage: str, *, gpu: bool, retry: bool) -> None:
     """One stage pod's cluster settings (see the module docstring)."""
-    r = GPU_RESOURCES if gpu else CPU_RESOURCES
-    task.set_cpu_request(r["cpu_request"]).set_memory_request(r["memory_request"]).set_memory_limit(r["memory_limit"])
+    r = (RESOURCES.get("stages") or {}).get(stage) or RESOURCES["gpu" if gpu else "cpu"]
+    setters = {("requests", "cpu"): task.set_cpu_request, ("requests", "memory"): task.set_memory_request,
+               ("limits", "cpu"): task.set_cpu_limit, ("limits", "memory"): task.set_memory_limit}
+    for (kind, resource), set_it in setters.items():
+        if resource in r.get(kind, {}):
+            set_it(str(r[kind][resource]))
     if gpu:
         task.set_accelerator_type(ACCELERATOR).set_accelerator_limit(1)
     if retry:

@@ -216,7 +216,8 @@ FAKE_DPSYNTH = """\
 import json, os, sys
 with open(os.environ["FAKE_ARGV_LOG"], "a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
-print(json.dumps({"parent_run_id": "PARENT", "uri": "x", "sha256": "0" * 64, "rows": 1}))
+print(json.dumps({"parent_run_id": "PARENT", "uri": "x", "sha256": "0" * 64, "rows": 1, "changed": True,
+                  "version": "v1", "versioned_uri": "outputs/data/mnist/v1.parquet"}))
 """
 
 
@@ -357,7 +358,7 @@ def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env
     """, k8s)
     dataset = "outputs/data/mnist.parquet"  # DPSYNTH_DATASET_URI's default
     for h, run in zip(hostile, out["runs"]):
-        assert run["import"] == ["dpsynth", "data", "import", "--json", "--outside", "--", h, dataset]
+        assert run["import"] == ["dpsynth", "data", "import", "--json", "--outside", "--versioned", "--", h, dataset]
         for name, argv in run["argv"].items():
             assert h in argv and f"data.uri={h}" in argv and f"train.seed={h}" in argv, (name, argv)
             assert f"ledger.population_id={h}" in argv, (name, argv)
@@ -379,7 +380,7 @@ def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env
     print(json.dumps({{}}))
     """, local)
     assert [json.loads(line) for line in log.read_text().splitlines()] == [
-        ["data", "import", "--json", "--outside", "--", h, dataset] for h in hostile]
+        ["data", "import", "--json", "--outside", "--versioned", "--", h, dataset] for h in hostile]
     assert not list(marks.iterdir()), "a hostile value ran a command"
 
 
@@ -428,7 +429,7 @@ def test_import_emits_the_dataset_version_and_retrain_reads_it(airflow_db, tmp_p
     [(extra, uri)] = db.execute("SELECT e.extra, a.uri FROM asset_event e JOIN asset a ON a.id = e.asset_id "
                                 "WHERE e.source_dag_id = 'dpsynth_import_data'").fetchall()
     assert uri == (REPO / "outputs" / "data" / "mnist.parquet").as_uri()
-    assert json.loads(extra) == {"dataset_uri": "outputs/data/mnist.parquet"}
+    assert json.loads(extra) == {"dataset_uri": "outputs/data/mnist/v1.parquet", "version": "v1"}  # the fake's
     assert "--outside" in log.read_text()  # the import prints no digest or count into the task's log and XCom
 
     out = in_airflow(LOAD + """

@@ -35,6 +35,25 @@ def compiled(documents):
     return documents[0]
 
 
+def run_group(compiled) -> dict:
+    """The tasks of the exit handler's group: every stage but the exit task, finish."""
+    [(name, task)] = [(n, t) for n, t in compiled["root"]["dag"]["tasks"].items() if n.startswith("exit-handler-")]
+    return compiled["components"][task["componentRef"]["name"]]["dag"]["tasks"]
+
+
+def group(tasks: dict, prefix: str) -> str:
+    [name] = [n for n in tasks if n.startswith(prefix)]
+    return name
+
+
+def all_tasks(compiled) -> dict:
+    """Every task of the pipeline, by name, whichever group (exit handler, loop, condition) holds it."""
+    out = dict(compiled["root"]["dag"]["tasks"])
+    for component in compiled["components"].values():
+        out.update(component.get("dag", {}).get("tasks", {}))
+    return out
+
+
 def test_committed_yaml_is_in_sync(tmp_path):
     out = tmp_path / "dpsynth_pipeline.yaml"
     subprocess.run([sys.executable, str(KFP / "dpsynth_pipeline.py"), "--compile", str(out)], check=True,
@@ -55,23 +74,24 @@ def test_gpu_stages_and_fan_out(compiled):
     assert executors["exec-dpsynth-train"]["container"]["resources"]["resourceMemoryLimit"] == "32Gi"
     assert all(e["container"]["image"] == kp.STAGE_IMAGE for e in executors.values())
 
-    dag = compiled["root"]["dag"]["tasks"]
-    loop = dag["for-loop-1"]
+    dag = run_group(compiled)
+    loop_name, branches_name = group(dag, "for-loop-"), group(dag, "condition-branches-")
+    loop = dag[loop_name]
     assert loop["parameterIterator"]["items"]["inputParameter"].endswith("shard-indices-Output")
     assert loop["iteratorPolicy"]["parallelismLimit"] == kp.WARMSTART_PARALLELISM == 8  # at most 8 shard pods at once
-    (inner,) = compiled["components"]["comp-for-loop-1"]["dag"]["tasks"].values()
+    (inner,) = compiled["components"][f"comp-{loop_name}"]["dag"]["tasks"].values()
     assert inner["componentRef"]["name"] == "comp-dpsynth-warmstart-shard"
     assert inner["inputs"]["parameters"]["shard_index"]["componentInputParameter"] == "pipelinechannel--shard-indices-Output-loop-item"
     executors = compiled["deploymentSpec"]["executors"]
     assert executors["exec-dpsynth-warmstart-shard"]["container"]["args"][:3] == [
         "warmstart", "--shard", "{{$.inputs.parameters['shard_index']}}"]
     # train: one GPU pod, or (train_nodes × train_gpus_per_node > 1) the TrainJob launcher, in a condition group
-    order = ["dpsynth-start", "dpsynth-partition", "shard-indices", "for-loop-1", "dpsynth-warmstart",
-             "train-distributed", "condition-branches-2", "dpsynth-audit", "dpsynth-sample", "dpsynth-evaluate",
-             "dpsynth-finish"]
+    order = ["dpsynth-start", "dpsynth-partition", "shard-indices", loop_name, "dpsynth-warmstart",
+             "train-distributed", branches_name, "dpsynth-audit", "dpsynth-sample", "dpsynth-evaluate"]
     for before, after in zip(order, order[1:]):
         assert before in dag[after]["dependentTasks"], (before, after)
     assert all(not t.get("cachingOptions", {}).get("enableCache") for t in dag.values())
+    assert "dpsynth-finish" not in dag  # the exit task (test_finish_is_the_exit_task)
     params = compiled["root"]["inputDefinitions"]["parameters"]
     assert set(params) == {"dataset_uri", "population_id", "method", "epsilon", "delta", "steps", "num_shards", "n_d",
                            "seed", "audit_empirical", "run_dir", "train_nodes", "train_gpus_per_node", "config", "extra"}
@@ -131,8 +151,7 @@ def test_stage_pods_get_configuration_retries_and_time_limits(compiled, document
         assert [e["envVar"] for e in endpoints["keyToEnv"]] == ["AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL"]
         assert endpoints["optional"]
         assert config["activeDeadlineSeconds"] == str(12 * 3600)
-    tasks = {**compiled["root"]["dag"]["tasks"], **compiled["components"]["comp-for-loop-1"]["dag"]["tasks"],
-             **compiled["components"]["comp-condition-4"]["dag"]["tasks"]}
+    tasks = all_tasks(compiled)
     for stage in stages:
         policy = tasks[f"dpsynth-{stage}"].get("retryPolicy")
         if stage in ("finish", "audit"):  # the verdict; the audit's randomised gates get one draw
@@ -168,7 +187,8 @@ def test_local_component_runs_the_containers_command(compiled, monkeypatch, give
     for command in kp.CONTAINER:  # the local flavour gets the settings given as extra items (run_local.py)
         fields = {**kp.SETTINGS, **(kp.LAUNCH if command == "train job" else {})}
         sets = [f"{f}={values[n]}" for n, f in fields.items() if n in values and n not in ("dataset_uri", "population_id")]
-        kp.local_stage.python_func(command=command, extra=[*sets, *values["extra"]], **local)
+        exit_task = {"parent_run_id": ""} if command == "pipeline finish" else {}  # finds it (the exit handler's)
+        kp.local_stage.python_func(command=command, extra=[*sets, *values["extra"]], **{**local, **exit_task})
         name = "exec-dpsynth-" + command.replace("pipeline ", "").replace(" ", "-")
         container = compiled["deploymentSpec"]["executors"][name]["container"]
         args = program["resolve"](render_args(container["args"], {k: v if k == "extra" else str(v) for k, v in values.items()}))
@@ -192,11 +212,12 @@ def test_the_train_stage_on_several_ranks_is_a_trainjob_launcher(compiled, docum
 
     with pytest.raises(ConfigError, match="^train.gpus_per_node: must be an integer >= 1"):
         decide(train_nodes=1, train_gpus_per_node=-1)
-    branches = compiled["components"]["comp-condition-branches-2"]["dag"]["tasks"]
-    job, pod = branches["condition-3"], branches["condition-4"]
+    name = group(run_group(compiled), "condition-branches-")
+    branches = compiled["components"][f"comp-{name}"]["dag"]["tasks"]
+    (job_name, job), (_, pod) = sorted(branches.items())
     assert job["triggerPolicy"]["condition"] == "inputs.parameter_values['pipelinechannel--train-distributed-Output'] == true"
     assert pod["triggerPolicy"]["condition"].startswith("!(")
-    assert list(compiled["components"]["comp-condition-3"]["dag"]["tasks"]) == ["dpsynth-train-job"]
+    assert list(compiled["components"][f"comp-{job_name}"]["dag"]["tasks"]) == ["dpsynth-train-job"]
     container = compiled["deploymentSpec"]["executors"]["exec-dpsynth-train-job"]["container"]
     assert container["args"][:3] == ["train", "--launch", "trainjob"] and "accelerator" not in container["resources"]
     assert ('{"IfPresent": {"InputName": "train_nodes", "Then": ["--set", '
@@ -206,7 +227,7 @@ def test_the_train_stage_on_several_ranks_is_a_trainjob_launcher(compiled, docum
     config = documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-dpsynth-train-job"]
     template = [c for c in config["configMapAsEnv"] if c["keyToEnv"][0]["envVar"] == kp.TEMPLATE_ENV]
     assert template and template[0]["configMapName"] == "dpsynth-stage-config" and not config.get("tolerations")
-    assert compiled["components"]["comp-condition-3"]["dag"]["tasks"]["dpsynth-train-job"]["retryPolicy"][
+    assert compiled["components"][f"comp-{job_name}"]["dag"]["tasks"]["dpsynth-train-job"]["retryPolicy"][
         "maxRetryCount"] == 2
 
 

@@ -1,7 +1,8 @@
 """Retries never repeat a verdict (issue #34): a stage that exits 2 (dpsynth's status for a DpsynthError: bad input,
 a refused budget, a failed audit) fails its Airflow task with AirflowFailException, locally and in a pod, and the
-audit task is never retried (a failing randomised gate must not get three draws); KFP's retry policy has no
-exit-status filter, so there the audit (and finish) carry no retry policy at all (test_kfp.py)."""
+audit task is never retried (a failing randomised gate must not get three draws). In KFP, whose retry policy has no
+exit-status filter, the audit and finish carry no retry policy (test_kfp.py) and the containers' program records a
+verdict so that a retry does not run the stage again (test_kfp_exit.py)."""
 
 from __future__ import annotations
 

@@ -47,6 +47,12 @@ def register(subparsers) -> None:
         "no counts; for orchestrators whose logs and messages others read (a raw digest of the records is a "
         "membership test for anyone who knows the other records)",
     )
+    imp.add_argument(
+        "--versioned", action="store_true",
+        help="also keep this version, immutable, at DST-without-.parquet/VERSION.parquet (VERSION: a keyed id of the "
+        "records' content, never their raw hash) and print it with \"changed\" (false when VERSION is the newest "
+        "import to DST already: nothing is written)",
+    )
     imp.set_defaults(func=run_import)
 
     info = actions.add_parser(
@@ -65,11 +71,19 @@ def run_import(args: argparse.Namespace) -> int:
     from dpsynth.data.importers import import_source
 
     ds = import_source(args.src, num_classes=args.num_classes, split=args.split)
-    write_parquet(ds, args.dst)
-    summary = {**_basics(ds), "uri": str(args.dst)}
+    version = _import_version(ds, args.dst) if args.versioned else {}
+    if version.get("changed", True):
+        write_parquet(ds, args.dst)
+        if version:
+            from dpsynth.data import versions
+
+            versions.record(args.dst, version["version"])
+    summary = {**_basics(ds), "uri": str(args.dst), **version}
     if args.outside:
-        summary = {"uri": str(args.dst), "shape": summary["shape"]}
-        print(json.dumps(summary) if args.json else f"wrote a dataset of shape {_shape_text(ds)} to {args.dst}")
+        summary = {"uri": str(args.dst), "shape": summary["shape"], **version}
+        done = "wrote" if version.get("changed", True) else "unchanged (the newest version already):"
+        print(json.dumps(summary) if args.json else f"{done} a dataset of shape {_shape_text(ds)} to {args.dst}"
+              + (f", version {version['version']}" if version else ""))
         return 0
     if args.json:
         print(json.dumps(summary))
@@ -79,6 +93,21 @@ def run_import(args: argparse.Namespace) -> int:
             f"shape {_shape_text(ds)}, sha256 {summary['sha256']} to {args.dst}"
         )
     return 0
+
+
+def _import_version(ds: ImageDataset, dst: str) -> dict:
+    """``{"version", "versioned_uri", "changed"}`` of an import of ``ds`` to ``dst`` (:mod:`dpsynth.data.versions`);
+    writes the versioned copy when it is new."""
+    from dpsynth import storage
+    from dpsynth.data import versions
+    from dpsynth.data.dataset import write_parquet
+
+    vid = versions.version_id(dst, ds.content_sha256())
+    at = versions.uri(dst, vid)
+    changed = versions.latest(dst) != vid
+    if changed and not storage.exists(at):
+        write_parquet(ds, at)
+    return {"version": vid, "versioned_uri": at, "changed": changed}
 
 
 def run_info(args: argparse.Namespace) -> int:

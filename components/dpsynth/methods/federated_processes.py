@@ -29,23 +29,14 @@ of the same round are too. On resume the server tells every client the round to 
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
-import types
 from pathlib import Path
 
 import torch
 
-from dpsynth import storage
-from dpsynth.config import RunConfig, dump_config
+from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.errors import ConfigError, DpsynthError
+from dpsynth.errors import ConfigError
 from dpsynth.training.result import TrainResult
 from dpsynth.methods.gswgan import _image_spec
 from dpsynth.methods.gswgan_federated import (

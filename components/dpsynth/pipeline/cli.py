@@ -87,7 +87,10 @@ def register(subparsers) -> None:
     begin.add_argument("--pipeline-run-id", metavar="ID")
     begin.set_defaults(func=start_command)
     end = actions.add_parser("finish", help="summarise the stage manifests into the parent run and close it",
-                             description="For orchestrators: log total ε and the per-stage table to the parent run.")
+                             description="For orchestrators: log total ε and the per-stage table to the parent run "
+                             "and close it (FINISHED, or FAILED unless every stage succeeded). Without "
+                             "--parent-run-id: the parent run `start` opened for --pipeline-run-id (an exit task's "
+                             "way; none found: the summary only).")
     add_config_options(end)
     add_stage_options(end)
     end.set_defaults(func=finish_command)
@@ -231,7 +234,13 @@ def start_command(args) -> int:
 def finish_command(args) -> int:
     from dpsynth.pipeline.run import finish, table
 
+    import dataclasses
+
+    from dpsynth.pipeline.run import find_parent_run
+
     ctx = _context(args)
+    if not ctx.parent_run_id:  # an exit task (KFP ExitHandler) has no upstream output: find start's parent run
+        ctx = dataclasses.replace(ctx, parent_run_id=find_parent_run(ctx))
     s = finish(ctx)
     print(json.dumps(s, indent=2) if args.json else table(s) + "\n" + _where(ctx))
     return 0

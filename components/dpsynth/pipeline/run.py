@@ -142,6 +142,28 @@ def start(cfg: RunConfig, *, run_dir: str | None = None, pipeline_run_id: str | 
                                       pipeline_run_id=pipeline_run_id, force=force)
 
 
+def find_parent_run(ctx: protocol.StageContext) -> str | None:
+    """The id of the parent run ``start`` opened for ``ctx.pipeline_run_id`` (found by its tags: stage "pipeline",
+    the pipeline run id), None when there is none (tracking off, or ``start`` refused the run before opening it).
+    For an orchestrator's exit task, which cannot take ``start``'s output (a KFP ``dsl.ExitHandler`` exit task
+    depends on no task)."""
+    if not (ctx.cfg.tracking.enabled and ctx.pipeline_run_id):
+        return None
+    from mlflow import MlflowClient
+
+    client = MlflowClient(ctx.tracking_uri)
+    exp = client.get_experiment_by_name(ctx.experiment)
+    if exp is None:
+        return None
+    quoted = ctx.pipeline_run_id.replace("'", "\\'")
+    runs = client.search_runs([exp.experiment_id], max_results=2, order_by=["attributes.start_time DESC"],
+                              filter_string=f"tags.`{tracking.TAG_STAGE}` = 'pipeline' and "
+                                            f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = '{quoted}'")
+    if len(runs) > 1:
+        log.warning("pipeline %s: %d parent runs carry its id; closing the newest", ctx.pipeline_run_id, len(runs))
+    return runs[0].info.run_id if runs else None
+
+
 def summary(ctx: protocol.StageContext, outcomes: dict[str, protocol.Outcome] | None = None) -> dict:
     """One row per stage — status, ε, outputs — from ``outcomes`` where given, else from the manifests."""
     rows = []

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from dpsynth import storage
 from dpsynth.config import RunConfig
 from dpsynth.errors import ConfigError
+from dpsynth.ledger.attempt import Attempt
 from dpsynth.privacy.events import MechanismTrace
 
 LEDGER_ENV = "DPSYNTH_LEDGER_URL"

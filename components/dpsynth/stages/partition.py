@@ -25,7 +25,7 @@ import dataclasses
 import numpy as np
 
 from dpsynth import storage, tracking
-from dpsynth.data import ImageDataset, import_source, read_parquet, validate, write_parquet
+from dpsynth.data import ImageDataset, import_source, read_parquet, validate, versions, write_parquet
 from dpsynth.data.assignment import HELDOUT, PUBLIC, assign, partition_key, public_mask  # noqa: F401 (re-exported)
 from dpsynth.data.validation import with_public_classes
 from dpsynth.errors import DatasetError
@@ -95,6 +95,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
     cfg = ctx.cfg
     ds, public_split = load_sources(cfg)
     content = ds.content_sha256()
+    versions.check(cfg.data.uri, content)  # a versioned import's file: still the version its name says
     is_file = storage.is_remote(cfg.data.uri) or storage.local_path(cfg.data.uri).is_file()
     source = ctx.entry(cfg.data.uri, role="source", rows=len(ds), sha256=None if is_file else content,
                        content_sha256=content)

@@ -93,7 +93,7 @@ def _run_local(argv: list[str]):
     write(f"dpsynth {argv[0]}: running {shlex.join(command)}")
     done = threading.Event()
     with subprocess.Popen(command, cwd=pods.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
+                          env={**os.environ, **pods.s3_env(), "PYTHONUNBUFFERED": "1"}) as proc:
         out: list[bytes] = []
         reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
         reader.start()
@@ -147,7 +147,7 @@ def plan(**context) -> dict:
     if update := dataset_update(context):  # retrain on the imported version
         print(f"triggered by a dataset update: {update}")
         p["dataset_uri"] = update.get("dataset_uri") or p["dataset_uri"]
-    p["tracking_uri"] = pods.setting("DPSYNTH_TRACKING_URI")  # the platform's, never the trigger's
+    p["tracking_uri"] = pods.tracking_uri()  # the platform's (Connection dpsynth_mlflow, or a Variable), never the trigger's
     pods.require_remote(p)  # stage pods share no disk: a local path would point at nothing
     run_id = p.get("pipeline_run_id") or re.sub(r"[^A-Za-z0-9_.-]+", "-", context["run_id"])[:60]
     return {**pods.plan(p, run_id), "dataset_update": update}

@@ -72,6 +72,52 @@ def setting(name: str, default: str | None = None) -> str | None:
     return variable(name) or os.environ.get(name) or default
 
 
+# Airflow Connections the tasks read at run time (never at parse time), each with a Variable as its fallback.
+MLFLOW_CONNECTION = "dpsynth_mlflow"  # MLflow's tracking server: host (a URL, or a name with port and schema)
+S3_CONNECTION = "dpsynth_s3"  # type aws: login/password the access key, extra endpoint_url and region_name
+
+
+def connection(conn_id: str):
+    """The Airflow Connection ``conn_id`` (any secrets backend, ``AIRFLOW_CONN_*`` included), None when it is not
+    defined or outside Airflow."""
+    try:
+        from airflow.sdk import Connection
+        from airflow.sdk.exceptions import AirflowNotFoundException
+    except ImportError:
+        return None
+    try:
+        return Connection.get(conn_id)
+    except AirflowNotFoundException:
+        return None
+
+
+def tracking_uri() -> str | None:
+    """MLflow's tracking URI, the platform's: the Connection :data:`MLFLOW_CONNECTION` (its host when that is a URL,
+    else ``<scheme>://host[:port]``, the scheme its schema, else its type when http or https, else http), else the
+    Variable or environment ``DPSYNTH_TRACKING_URI``."""
+    conn = connection(MLFLOW_CONNECTION)
+    if conn is None or not conn.host:
+        return setting("DPSYNTH_TRACKING_URI")
+    if "://" in conn.host:
+        return conn.host
+    scheme = conn.schema or (conn.conn_type if conn.conn_type in ("http", "https") else "http")
+    return f"{scheme}://{conn.host}" + (f":{conn.port}" if conn.port else "")
+
+
+def s3_env() -> dict[str, str]:
+    """The S3 environment of a local stage process from the Connection :data:`S3_CONNECTION` (access key, endpoint,
+    region); {} without it: the worker's own (AWS_* variables, an instance role). Stage pods take theirs from the
+    stage Secret or their ServiceAccount, never from a Connection (a pod spec would show the key)."""
+    conn = connection(S3_CONNECTION)
+    if conn is None:
+        return {}
+    extra = conn.extra_dejson
+    env = {"AWS_ACCESS_KEY_ID": conn.login, "AWS_SECRET_ACCESS_KEY": conn.password,
+           "AWS_ENDPOINT_URL_S3": extra.get("endpoint_url"), "MLFLOW_S3_ENDPOINT_URL": extra.get("endpoint_url"),
+           "AWS_DEFAULT_REGION": extra.get("region_name")}
+    return {k: v for k, v in env.items() if v}
+
+
 LOCAL_CONFIG = "configs/dpgan-mnist-cpu.yaml"  # the recipe `make run` trains (relative to DPSYNTH_REPO)
 
 
@@ -227,6 +273,19 @@ def summarise(out: dict) -> dict:
 
 # --- pods --------------------------------------------------------------------------------------
 
+# The stage pods' CPU/memory (the chart's stage.resources, as JSON in DPSYNTH_STAGE_RESOURCES): "cpu" and "gpu" for
+# the CPU and GPU stages, "stages" per stage (replacing its default whole).
+RESOURCES = {"cpu": {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+             "gpu": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "32Gi"}}, "stages": {}}
+
+
+def stage_resources(stage: str, gpu: bool) -> dict:
+    """``{"requests": …, "limits": …}`` of one stage's pod (without the GPU limit)."""
+    given = json.loads(setting("DPSYNTH_STAGE_RESOURCES") or "{}")
+    r = {**RESOURCES, **given}
+    return (r.get("stages") or {}).get(stage) or r["gpu" if gpu else "cpu"]
+
+
 def pod_settings(stage: str) -> dict:
     """KubernetesPodOperator keyword arguments for one stage: GPU stages get ``nvidia.com/gpu``,
     a node selector and tolerations; the others are CPU-only."""
@@ -241,16 +300,13 @@ def pod_settings(stage: str) -> dict:
                 "deferrable": setting("DPSYNTH_K8S_DEFERRABLE", "true").lower() == "true",
                 # the provider also waits this long for the pod to be scheduled (schedule_timeout_seconds)
                 "startup_timeout_seconds": int(setting("DPSYNTH_K8S_STARTUP_TIMEOUT_SECONDS", "900"))}
+    r = stage_resources(stage, gpu)
+    limits = {**r.get("limits", {}), **({"nvidia.com/gpu": setting("DPSYNTH_GPU_LIMIT", "1")} if gpu else {})}
+    kw["container_resources"] = k8s.V1ResourceRequirements(requests=r.get("requests") or None, limits=limits or None)
     if gpu:
-        n = setting("DPSYNTH_GPU_LIMIT", "1")
-        kw["container_resources"] = k8s.V1ResourceRequirements(
-            requests={"cpu": "4", "memory": "16Gi"}, limits={"memory": "32Gi", "nvidia.com/gpu": n})
         kw["node_selector"] = json.loads(setting("DPSYNTH_GPU_NODE_SELECTOR", '{"nvidia.com/gpu.present": "true"}'))
         kw["tolerations"] = [k8s.V1Toleration(**t) for t in json.loads(setting(
             "DPSYNTH_GPU_TOLERATIONS", '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]'))]
-    else:
-        kw["container_resources"] = k8s.V1ResourceRequirements(requests={"cpu": "1", "memory": "4Gi"},
-                                                               limits={"memory": "8Gi"})
     # PodSecurity "restricted": non-root (the stage image's uid 10001), no privilege escalation, no capabilities,
     # the runtime's seccomp profile
     kw["security_context"] = k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=10001,

@@ -1,10 +1,18 @@
 """Retrain on new data: ``dpsynth_import_data`` imports a source into the configured dataset URI
-(``DPSYNTH_DATASET_URI``) and updates its Asset; ``dpsynth_retrain_on_new_data`` is scheduled on
-that Asset and runs the same pipeline as ``dpsynth_train`` with the form's defaults. The asset event
-carries ``extra`` = {dataset_uri}; the retrain run's ``plan`` reads it from ``triggering_asset_events``.
+(``DPSYNTH_DATASET_URI``) as a new version and updates its Asset; ``dpsynth_retrain_on_new_data`` is scheduled
+on that Asset and runs the same pipeline as ``dpsynth_train`` with the form's defaults, on that version.
+
+Versions (``dpsynth data import --versioned``, :mod:`dpsynth.data.versions`): each import also keeps its records,
+immutable, at ``<dataset URI without .parquet>/<version>.parquet``, the version a keyed id of their content. The
+asset event carries ``extra`` = {dataset_uri: that versioned URI, version}; the retrain run's ``plan`` reads it from
+``triggering_asset_events``, so a retrain trains on the version that triggered it even if another import follows.
+When the imported records are the newest version already (the data did not change), the import's outlet task is
+skipped: no asset event, so no retrain and no ε spent.
+
 Neither the event, the task's return value nor its log holds the records' content sha256 or counts
-(``dpsynth data import --outside``): Airflow's database and logs are read outside the sensitive zone, and
-a raw digest of the records tells anyone who knows the other records whether one is in them.
+(``--outside``; the version is keyed, the key beside the versions in the sensitive zone's storage): Airflow's
+database and logs are read outside the sensitive zone, and a raw digest of the records tells anyone who knows the
+other records whether one is in them.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from airflow.exceptions import AirflowSkipException
 from airflow.sdk import Asset, Param, dag, task
 
 sys.path.insert(0, str(Path(__file__).parent))  # the helper modules beside this file
@@ -26,15 +35,19 @@ def asset_uri(uri: str) -> str:
 
 def import_args(source: str) -> list[str]:
     """``dpsynth data import``'s arguments: options first, then ``--`` and the two paths."""
-    return ["--json", "--outside", "--", source, DATASET_URI]
+    return ["--json", "--outside", "--versioned", "--", source, DATASET_URI]
 
 
 DATASET = Asset(name=DATASET_URI, uri=asset_uri(DATASET_URI), group="dpsynth-dataset")
 
 
 def dataset_event(imported: dict) -> dict:
-    """The ``extra`` of the dataset's asset event: where the new version is (nothing derived from its records)."""
-    return {"dataset_uri": DATASET_URI}
+    """The ``extra`` of the dataset's asset event: where the new version is and its keyed id (no raw digest, no
+    count). Skips the task (no event, so no retrain) when the data did not change."""
+    if not imported.get("changed", True):
+        raise AirflowSkipException(f"the data did not change (version {imported.get('version')} is the newest "
+                                   "already): no retrain")
+    return {"dataset_uri": imported["versioned_uri"], "version": imported["version"]}
 
 
 @dag(dag_id="dpsynth_import_data", schedule=None, catchup=False, tags=["dpsynth"], doc_md=__doc__,
