@@ -13,6 +13,8 @@ false``: the import DAG then emits no asset event, so no retrain runs and no ε 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 
 from dpsynth import storage
@@ -20,6 +22,11 @@ from dpsynth import storage
 KEY = ".version-key"
 LATEST = "LATEST"
 ID_CHARS = 32  # 128 bits of the HMAC: the version id in URIs
+
+
+def keyed_version(key: bytes, sha256: str) -> str:
+    """The keyed id of a content hash: HMAC-SHA256 under ``key``, so the raw hash never leaves with it."""
+    return hmac.new(key, sha256.encode(), hashlib.sha256).hexdigest()
 
 
 def root(dst: str) -> str:
@@ -30,8 +37,6 @@ def root(dst: str) -> str:
 
 def version_id(dst: str, content_sha256: str) -> str:
     """The keyed id of records with ``content_sha256`` among ``dst``'s versions (the key made on first use)."""
-    from dpsynth.stages.protocol import keyed_version
-
     key_uri = storage.join(root(dst), KEY)
     if not storage.exists(key_uri):
         storage.write_bytes(key_uri, os.urandom(32))
@@ -66,8 +71,6 @@ def check(uri: str, content_sha256: str) -> None:
     key_uri = storage.join(folder, KEY)
     if len(version) != ID_CHARS or not storage.exists(key_uri):
         return
-    from dpsynth.stages.protocol import keyed_version
-
     if keyed_version(storage.read_bytes(key_uri), content_sha256)[:ID_CHARS] != version:
         raise DatasetError(f"data.uri: {uri} is version {version} of an import, but its records are not that "
                            "version (the file was replaced after the import); import the data again")

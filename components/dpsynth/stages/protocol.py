@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import hmac
 import json
 import os
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import numpy as np
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig, dump_config, without_launch
 from dpsynth.data import ImageDataset
+from dpsynth.data.versions import keyed_version
 from dpsynth.errors import ConfigError, StageError
 from dpsynth.stages import manifest
 
@@ -135,10 +135,6 @@ def dataset_version(ctx: StageContext, sha256: str) -> str:
         key = os.urandom(32)
         write_version_key(ctx, key)
     return keyed_version(key, sha256)
-
-
-def keyed_version(key: bytes, sha256: str) -> str:
-    return hmac.new(key, sha256.encode(), hashlib.sha256).hexdigest()
 
 
 def version_key(ctx: StageContext) -> bytes | None:
