@@ -88,8 +88,12 @@ kfp-yaml: $(STAMP)  ## regenerate pipelines/kfp/dpsynth_pipeline.yaml (a test ke
 schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema beside the DAGs and in the chart, and the KFP YAML
 	$(PY) scripts/config_schema.py
 
+# `make test` runs on TEST_WORKERS pytest-xdist workers (the machine's 2 cores), each test module on one worker (its
+# module-scoped fixtures run once), one torch/BLAS thread per worker; `TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) $(AIRFLOW_STAMP) $(TOOLS_STAMP)  ## the test suite, its quick tier (the rest: make test-slow; CI runs both)
-	$(PY) -m pytest -m "not slow" -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope
 
 test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them)
 	$(PY) -m pytest -m slow -q
