@@ -13,7 +13,7 @@ from dpsynth.methods import gswgan as gswgan_module
 from dpsynth.methods.dpac import DPACTrainer, balanced_labels
 from dpsynth.models.gswgan_networks import Classifier
 from tests.methods.gswgan_helpers import K, record_owner, tiny, watch_inputs
-from tests.privacy.test_wor import autodp_mechanism_epsilon
+from tests.privacy.test_without_replacement import autodp_mechanism_epsilon
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")

@@ -25,7 +25,7 @@ from dpsynth.models.gswgan_networks import Classifier, Discriminator, Generator
 from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.methods.gswgan_helpers import K, record_owner, tiny, warm_files, watch_inputs
-from tests.privacy.test_wor import autodp_acct, autodp_mechanism_epsilon
+from tests.privacy.test_without_replacement import autodp_acct, autodp_mechanism_epsilon
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")

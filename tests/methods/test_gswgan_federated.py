@@ -28,7 +28,7 @@ from dpsynth.stages.partition import assign
 from tests.jobs import descendants, kill_at_checkpoint
 from tests.ledger_fixtures import assert_charged_once
 from tests.methods.gswgan_helpers import K, MNIST, record_owner, run_federated, tiny, warm_files, watch_inputs
-from tests.privacy.test_wor import autodp_mechanism_epsilon
+from tests.privacy.test_without_replacement import autodp_mechanism_epsilon
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")

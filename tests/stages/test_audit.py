@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from dpsynth.methods import registry
 from dpsynth.audit import stage as audit
-from tests.privacy.test_wor import autodp_mechanism_epsilon
+from tests.privacy.test_without_replacement import autodp_mechanism_epsilon
 from tests.stages.helpers import manifest, release_files, stage, stages
 
 

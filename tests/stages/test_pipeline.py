@@ -233,4 +233,4 @@ def test_a_fresh_restart_is_charged_again_and_the_ledger_refuses_a_run_beyond_th
     assert "ledger.population_id: required" in capsys.readouterr().err
 
 
-# Concurrent reservations racing past a budget: tests/privacy/test_ledger.py (OS processes).
+# Concurrent reservations racing past a budget: tests/ledger/test_ledger.py (OS processes).
