@@ -25,7 +25,8 @@ replacement event at rate 1/K with multiplier σ/√B (:func:`dpsynth.privacy.gs
 ``privacy.noise_multiplier`` is the per-release σ; calibration returns the event's σ/√B and
 multiplies by √B. (The authors' code adds noise σ·2C and accounts each of the T·B releases as
 separately subsampled; ``privacy.accounting=as_published`` reproduces their ε only to compare,
-and such a run is marked unsound.)
+and such a run is marked unsound.) The mechanism, its plan and statement:
+:data:`dpsynth.mechanisms.generator_gradient.GSWGAN`.
 
 The released generator is an exponential moving average of G's weights (post-processing).
 """
@@ -52,21 +53,11 @@ from dpsynth.methods.core import TrainResult, resolve_device
 from dpsynth.methods.loop import Trainer
 from dpsynth.methods.artifacts import build_generator
 from dpsynth.models.gswgan import Discriminator
-from dpsynth.privacy import (
-    BudgetGuard,
-    MechanismEvent,
-    MechanismTrace,
-    as_published_epsilon,
-    calibrate_noise,
-    check_delta,
-    fold_releases,
-    gswgan_event,
-)
-from dpsynth.privacy.plan import PrivacyPlan
+from dpsynth.mechanisms.generator_gradient import ACCOUNTANT, GSWGAN
+from dpsynth.privacy import MechanismEvent, MechanismTrace, as_published_epsilon, fold_releases
 from dpsynth.privacy.randomness import MechanismRandomness
 
 DISCRIMINATOR_FORMAT = "dpsynth.gswgan.discriminator/1"
-ACCOUNTANT = "wor"  # whatever privacy.accountant says: shard sampling needs the without-replacement bound
 
 
 # --- seeds, shapes --------------------------------------------------------------------------------
@@ -306,54 +297,6 @@ def read_discriminator(data: bytes, *, expect_kwargs: dict, shard_index: int) ->
     return state["state_dict"]
 
 
-# --- privacy plan -------------------------------------------------------------------------------
-
-
-def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
-    """GS-WGAN's plan: ``event`` one iteration (rate 1/K, σ/√B, without replacement, replace-one);
-    ``noise_multiplier`` σ, the noise std / C added to each sanitized per-sample gradient; ``releases`` B.
-    Under as_published accounting ``guard`` is None (the sound ε is reported, not enforced) and
-    ``published_epsilon`` is the authors' (unsound) account of ``steps`` iterations."""
-    p, B, T = cfg.privacy, cfg.gswgan.batch_size, cfg.train.steps
-    check_delta(p.delta, n)
-    sigma = p.noise_multiplier
-    if p.accounting == "as_published":
-        if sigma is None:
-            raise ConfigError("privacy.noise_multiplier: as_published accounting reproduces a paper's run; "
-                              "set the paper's σ (e.g. 1.07) instead of calibrating")
-        event = gswgan_event(noise_multiplier=sigma, batch_size=B, num_shards=num_shards)
-
-        def published(steps: int) -> float:
-            return as_published_epsilon(noise_multiplier=sigma, batch_size=B, num_shards=num_shards,
-                                        steps=steps, delta=p.delta)
-
-        lo, hi = 0, T  # largest steps ≤ T with the published ε ≤ target (ε grows with steps)
-        if published(T) <= p.epsilon:
-            lo = T
-        while hi - lo > 1 and lo < T:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if published(mid) <= p.epsilon else (lo, mid)
-        if lo < 1:
-            raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow one iteration even as published")
-        return PrivacyPlan(event=event, steps=lo, guard=None, noise_multiplier=sigma, releases=B,
-                           published_epsilon=published(lo))
-    prefix = warmup.prefix(cfg, accountant=ACCOUNTANT)  # the private warm-up's releases, when configured
-    if sigma is None:
-        event_sigma = calibrate_noise(target_epsilon=p.epsilon, delta=p.delta, sample_rate=1.0 / num_shards,
-                                      steps=T, accountant=ACCOUNTANT, sampling="without_replacement",
-                                      sensitivity="replace_one", prefix=prefix)
-        sigma = event_sigma * math.sqrt(B)
-        while fold_releases(sigma, B) < event_sigma:  # never less noise than calibrated, to the last ulp
-            sigma = math.nextafter(sigma, math.inf)
-    event = gswgan_event(noise_multiplier=sigma, batch_size=B, num_shards=num_shards)
-    guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=ACCOUNTANT, event=event)
-    steps = min(T, guard.remaining(prefix))
-    if steps < 1:
-        raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow a single iteration at per-sample noise "
-                           f"multiplier {sigma:.4g} (B = {B}, K = {num_shards}); raise epsilon or the noise")
-    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=B, prefix=prefix.events)
-
-
 # --- the trainer --------------------------------------------------------------------------------
 
 
@@ -370,6 +313,7 @@ class GSWGANTrainer(Trainer):
     release, and every rank takes the same generator step."""
 
     method = "gswgan"
+    MECHANISM = GSWGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.generator_gradient)
     STEP = "private generator iterations"
     ACCOUNTANT = ACCOUNTANT
     DATA_PARALLEL = True  # shards and their discriminators spread over torchrun ranks
@@ -401,7 +345,7 @@ class GSWGANTrainer(Trainer):
         # (images, labels) on the device for this rank's shards; None for those another rank holds
         self.shards = [tuple(t.to(self.device) for t in shards[k].to_tensors()) if k in self.own else None
                        for k in range(self.K)]
-        self.plan = plan_privacy(cfg, n=self.n, num_shards=self.K)
+        self.plan = self.MECHANISM.plan(cfg, self.n)  # K = partition.num_shards, the shards given
 
         self.G = _init_with_seed(derived_seed(seed, "generator"),
                                  lambda: make_generator(cfg, self.spec)).to(self.device)
@@ -418,9 +362,7 @@ class GSWGANTrainer(Trainer):
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
                                              seed=self.dist.mechanism_seed(mechanism_seed))
         # σ per release; records plan.event (the B releases folded: σ/√B) in the trace at every iteration
-        self.sanitizer = Sanitizer(clip_norm=cfg.privacy.max_grad_norm, noise_multiplier=self.plan.noise_multiplier,
-                                   randomness=self.mechanism, trace=self.trace, event=self.plan.event,
-                                   releases=self.plan.releases)
+        self.sanitizer = self.MECHANISM.sanitizer(cfg, self.plan, randomness=self.mechanism, trace=self.trace)
         self.data_rng = _cpu_rng(seed, "real-batches")
         self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
         if self.dist.distributed:
@@ -570,100 +512,10 @@ def _refresh_spectral_norm(G: torch.nn.Module, iterations: int = 10) -> None:
     G.train(was_training)
 
 
-# --- the audit ------------------------------------------------------------------------------------
-
-
-def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
-    """Checks that a GS-WGAN / DPAC trace is the mechanism this config describes."""
-    K, B, p = cfg.partition.num_shards, cfg.gswgan.batch_size, cfg.privacy
-    checks, events = warmup.invariants(cfg, trace)
-    iterations = sum(e.count for e in events)  # after the warm-up's releases
-
-    def check(name: str, passed: bool, detail: str) -> None:
-        checks.append({"name": name, "passed": bool(passed), "detail": detail})
-
-    check("gswgan.sampling", all(e.sampling == "without_replacement" and e.sensitivity == "replace_one" for e in events),
-          "every event is without_replacement sampling with replace_one adjacency (shard choice, sensitivity 2C)")
-    check("gswgan.sample_rate", all(math.isclose(e.sample_rate, 1 / K, rel_tol=1e-12) for e in events),
-          f"every event has rate 1/K = 1/{K}")
-    if p.noise_multiplier is not None:
-        folded = fold_releases(p.noise_multiplier, B)
-        check("gswgan.noise_multiplier", all(math.isclose(e.noise_multiplier, folded, rel_tol=1e-9) for e in events),
-              f"every event folds the B = {B} releases of σ = {p.noise_multiplier}: σ/√B = {folded:.6g}")
-    else:  # calibrated: calibrate again from the config and compare
-        try:
-            expected = plan_privacy(cfg, n=n, num_shards=K).event.noise_multiplier
-        except (ConfigError, PrivacyError) as exc:
-            check("gswgan.noise_multiplier", False, f"cannot recompute the calibrated noise: {exc}")
-        else:
-            check("gswgan.noise_multiplier",
-                  all(math.isclose(e.noise_multiplier, expected, rel_tol=1e-9) for e in events),
-                  f"every event has the noise multiplier calibrated from the config: {expected:.6g} "
-                  f"(per-release σ = {expected * math.sqrt(B):.6g}, B = {B})")
-    check("gswgan.steps", 0 < iterations <= cfg.train.steps,
-          f"{iterations} iterations recorded, at most train.steps = {cfg.train.steps}")
-    check("gswgan.delta", p.delta < 1 / n if n >= 1 else False, f"δ = {p.delta} < 1/n = {1 / max(n, 1):.6g}")
-    check("gswgan.accounting", p.accounting == "sound",
-          "sound accounting" if p.accounting == "sound" else
-          "as_published accounting reproduces the paper's unsound ε; this run may not be released")
-    return checks
-
-
-def audit_plan(cfg: RunConfig, n: int) -> PrivacyPlan:
-    """The plan the audit recomputes: :func:`plan_privacy` with K = partition.num_shards."""
-    return plan_privacy(cfg, n=n, num_shards=cfg.partition.num_shards)
-
-
-SHARD_STATE_ASSUMPTION = (
-    "shard-state assumption: each shard's discriminator D_k trains (non-privately, in the sensitive zone) only "
-    "in the iterations that draw shard k, so its hidden state depends on which earlier iterations drew k. The "
-    "without-replacement account (rate 1/K) treats every iteration as a fresh draw and assumes this hidden "
-    "selection history gives an adversary nothing beyond the releases; the account with the shard choice "
-    "revealed below does not need the assumption.")
-
-
-def shard_adjacency(num_shards: int, what: str = "shard") -> str:
-    """GS-WGAN's neighbouring relation: add/remove one record at rate 1/K (not replace-one at 1/K)."""
-    from dpsynth.privacy.statement import REPLACE_BY_GROUP_PRIVACY
-
-    return (f"add/remove one record: a record's {what} is a keyed hash of its id, so adding or removing it changes "
-            f"one {what} of K = {num_shards}; each iteration draws one {what} without replacement (rate 1/K = "
-            f"{1 / num_shards:.6g}) and the drawn {what}'s releases move by ≤ 2C (the trace's replace_one event is "
-            f"this {what}-level relation). Replacing a record can change two {what}s (rate 2/K), which this ε "
-            f"does not state directly: {REPLACE_BY_GROUP_PRIVACY}.")
-
-
-def noise_convention(releases: int, plan: PrivacyPlan) -> str:
-    return (f"σ·C per sanitized release (clip C), σ = {plan.noise_multiplier:.6g}; the accountant charges the "
-            f"replaced shard's sensitivity 2C (so σ/2 per release in units of the sensitivity), and the {releases} "
-            f"releases of one iteration fold to σ/√{releases} = {plan.event.noise_multiplier:.6g}. (The authors' "
-            "code adds σ·2C.)")
-
-
-def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
-    """What GS-WGAN's (ε, δ) means: add/remove adjacency at 1/K, the shard-state assumption, and beside
-    it the account with the shard choice revealed (no amplification by the choice)."""
-    from dpsynth.privacy.statement import revealed_choice_account, statement
-
-    K = cfg.partition.num_shards
-    revealed = revealed_choice_account(plan.event, plan.steps, num_shards=K, delta=cfg.privacy.delta,
-                                       prefix=plan.prefix)
-    return statement(
-        adjacency=shard_adjacency(K), noise=noise_convention(plan.releases, plan) + warmup.statement(cfg),
-        assumptions=[SHARD_STATE_ASSUMPTION],
-        accounts=[{"against": "an adversary who sees every iteration's shard choice (no shard-state assumption)",
-                   **revealed}])
-
-
 __all__ = [
     "GSWGANTrainer",
-    "PrivacyPlan",
     "TrainResult",
-    "audit_invariants",
-    "audit_plan",
     "critic_loss",
-    "plan_privacy",
-    "privacy_statement",
     "Sanitizer",
     "sanitize",
     "sanitized_generator_step",
