@@ -5,7 +5,7 @@ its trainer is built as the train stage builds it (``Trainer(cfg, data, **inputs
 warm-start kind, see :mod:`dpsynth.methods.registry`; the federated GS-WGAN's server as rank 0 of its K + 1
 ranks, spawned by ``tests.methods.gswgan_helpers.run_federated``) on a tiny configuration, and
 
-* the trace it writes is the registry's plan (``Method.audit_plan()(cfg, n).trace``), and its ε ≤ the target;
+* the trace it writes is the registry's plan (``Method.mechanism.plan(cfg, n).trace``), and its ε ≤ the target;
 * with a fixed noise multiplier and a budget that allows only 4 steps, it stops after 4 (``stopped_by="budget"``);
 * an interrupted run resumed from its checkpoint is the uninterrupted run (same trace, same generator) —
   or, for a method whose ``train()`` takes no ``stop_after``, it refuses to start over a checkpoint,
@@ -131,7 +131,7 @@ def tracked(inputs, tmp_path_factory):
 @pytest.mark.parametrize("name", METHODS)
 def test_the_trace_is_the_plan_and_within_the_target(name, tracked, inputs):
     cfg, result, _ = tracked[name]
-    plan = registry.get(name).audit_plan()(cfg, inputs[name][2])
+    plan = registry.get(name).mechanism.plan(cfg, inputs[name][2])
     trace = trace_of(result)
     assert trace == plan.trace
     assert trace.steps == plan.steps + sum(e.count for e in plan.prefix) and result.stopped_by == "steps"
@@ -148,7 +148,7 @@ def test_training_stops_before_the_budget(name, inputs, tmp_path):
     """σ fixed; ε set between the ε of 4 and of 5 steps; train.steps far beyond: the run takes 4 steps."""
     n = inputs[name][2]
     fixed = ("privacy.noise_multiplier=2.0", "train.steps=100000", "output.checkpoint_every=0")
-    plan = registry.get(name).audit_plan()(tiny(tmp_path, name, *fixed), n)
+    plan = registry.get(name).mechanism.plan(tiny(tmp_path, name, *fixed), n)
     accountant, delta = plan.guard.accountant, 1e-4
 
     def epsilon(steps: int) -> float:

@@ -33,7 +33,7 @@ def config(method, *extra):
 
 
 def planned(cfg):
-    return registry.get(cfg.train.method).audit_plan()(cfg, N).trace
+    return registry.get(cfg.train.method).mechanism.plan(cfg, N).trace
 
 
 def failed(report):
@@ -142,7 +142,7 @@ def test_the_account_with_the_shard_choice_revealed(method):
     """Beside the amplified ε: the record's shard is drawn ≤ m* times (binomial tail δ/2), each a Gaussian
     release of sensitivity 2C; checked against Opacus' RDP of m* full-batch releases at δ/2."""
     cfg = config(method)
-    plan = registry.get(method).audit_plan()(cfg, N)
+    plan = registry.get(method).mechanism.plan(cfg, N)
     report = audit.evaluate(cfg, trace_text=plan.trace.to_json(), n=N, integrity=OK)
     (account,) = report["statement"]["accounts"]
     m = account["iterations_bound"]
