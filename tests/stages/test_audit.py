@@ -52,7 +52,7 @@ def test_passes_with_both_accountants_recomputed_from_the_trace(trained, source)
     _, est, up = msr.compute_epsilon(delta=1e-4, num_self_compositions=[event["count"]])
     assert report["epsilons"]["prv"]["upper"] == pytest.approx(up, abs=0.02)
     assert report["epsilon_upper_bound"] == max(report["epsilons"]["rdp"], report["epsilons"]["prv"]["upper"]) <= 10
-    assert {c["name"] for c in report["checks"]} >= {"trace_sha256", "generator_sha256", "delta", "steps", "epsilon",
+    assert {c["name"] for c in report["checks"]} >= {"trace_sha256", "generator_sha256", "delta", "plan", "epsilon",
                                                      "noise", "sampling", "accounting", "claim", "mlflow"}
     assert report["claimed"]["accountant"] == "rdp" and report["claimed"]["epsilon"] == pytest.approx(
         ref.get_epsilon(1e-4), rel=1e-6)  # the trainer's claim agrees with the independent recomputation
