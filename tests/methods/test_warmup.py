@@ -334,7 +334,7 @@ def test_the_warm_up_settings_a_method_cannot_take_are_refused_naming_the_field(
 
 def test_zhang_warms_up_with_styles_and_the_warp(tmp_path, small_mnist):
     from dpsynth.methods.zhang import ZhangTrainer
-    from tests.methods.test_zhang import split, tiny as zhang_tiny
+    from tests.methods.test_zhang import split, tiny as zhang_tiny, zhang_check
 
     cfg = zhang_tiny(tmp_path, "warmup.central_images=true", "warmup.steps=4", "warmup.noise_multiplier=5",
                      "warmup.styles=2", "warmup.styles_noise_multiplier=3", "train.g_warp=true", "privacy.epsilon=10")
@@ -349,7 +349,7 @@ def test_zhang_warms_up_with_styles_and_the_warp(tmp_path, small_mnist):
                    (trace.events[2].noise_multiplier, trace.events[2].sample_rate, trace.events[2].count)]
     assert result.epsilon == pytest.approx(ref.get_epsilon(1e-4), rel=1e-6)
     assert result.epsilon <= 10
-    assert mechanism_check(cfg, trace, len(private))["passed"]
+    assert zhang_check(cfg, trace, len(private))["passed"]
     loaded, _ = artifacts.load_generator(result.generator_path)
     assert loaded.styles == 4 and loaded.warp is True
 

@@ -14,12 +14,12 @@ from autodp.transformer_zoo import AmplificationBySampling, Composition
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError, DatasetError
 from dpsynth.mechanisms.discriminator import ZHANG
-from dpsynth.stages.audit import accounting_check, mechanism_check
 from dpsynth.methods.zhang import (ZhangTrainer, load_warm_start, per_unit_gradients,
                                    warm_start)
 from dpsynth.models.dcgan import Discriminator
 from dpsynth.privacy import MechanismTrace, grouping
 from dpsynth.privacy.dpsgd import GradientSanitizer
+from dpsynth.stages.audit import accounting_check, mechanism_check
 from dpsynth.stages.partition import public_mask
 from tests.ledger_fixtures import assert_charged_once
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
@@ -34,6 +34,13 @@ def tiny(tmp_path, *extra):
         "partition.key=dpsynth-partition-v1", "data.num_classes=10",  # no defaults: the demo's public key, MNIST's
         *extra,
     ])
+
+
+def zhang_check(cfg, trace, n) -> dict:
+    """The audit's plan check of ``trace`` as dp-GAN's (``tiny`` leaves train.method at its default)."""
+    import dataclasses
+
+    return mechanism_check(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method="zhang")), trace, n)
 
 
 def split(ds, cfg):
@@ -171,7 +178,8 @@ def test_as_published_reports_both_and_fails_the_audit(tmp_path, small_mnist):
     # the sound account of the same run is over budget by the independent reference too
     assert autodp_epsilon(sigma=sigma, groups=5, q=q, steps=result.steps, delta=1e-4) > 3 * 2
     trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
-    assert mechanism_check(cfg, trace, len(private))["passed"]  # the sound trace of the plan …
+    check = zhang_check(cfg, trace, len(private))
+    assert check["passed"], check  # the sound trace of the plan …
     assert not accounting_check(cfg)["passed"]  # … of an unsound account: never released
 
 
@@ -253,7 +261,7 @@ def test_training_updates_g_and_records_the_trace(tmp_path, small_mnist):
     saved = torch.load(result.generator_path, weights_only=False)
     assert saved["format"] == "dpsynth.generator/1" and saved["model"]["class"] == "dpsynth.models.dcgan.Generator"
     assert json.loads((tmp_path / "result.json").read_text())["details"]["num_groups"] == 3
-    assert mechanism_check(cfg, trace, len(private))["passed"]
+    assert zhang_check(cfg, trace, len(private))["passed"]
 
 
 def test_stops_before_the_budget_is_exceeded(tmp_path, small_mnist):
@@ -290,10 +298,10 @@ def test_the_audit_catches_a_tampered_trace(tmp_path):
     cfg = tiny(tmp_path, "privacy.noise_multiplier=2.0", "zhang.grouping=per_layer")
     plan = ZHANG.plan(cfg, 540)
     good = MechanismTrace([plan.event.with_count(8)])
-    assert plan.releases == 5 and good == plan.trace and mechanism_check(cfg, good, 540)["passed"]
+    assert plan.releases == 5 and good == plan.trace and zhang_check(cfg, good, 540)["passed"]
 
     def passed(trace, n=540):
-        return mechanism_check(cfg, trace, n)["passed"]
+        return zhang_check(cfg, trace, n)["passed"]
 
     assert not passed(good, n=1000)  # the trace understates q
     assert not passed(MechanismTrace([plan.event.with_noise(2.0).with_count(8)]))  # σ not folded over the k groups
