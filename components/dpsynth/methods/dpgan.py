@@ -24,6 +24,7 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.methods import distributed, registry, warmup
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
+from dpsynth.methods.generator_step import generator_step, non_saturating
 from dpsynth.methods.loop import Trainer
 from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.mechanisms.discriminator import DPGAN
@@ -121,22 +122,15 @@ class DPGANTrainer(Trainer):
         hooks = hasattr(self.D_private, "disable_hooks")  # "ew" mode has none: plain D calls skip it
         if hooks:
             self.D_private.disable_hooks()
-        self.D.requires_grad_(False)
         try:
             with torch.no_grad():  # D's accuracy on a fresh fake batch: post-processing, free
                 fx, fy = self.G.sample(B, generator=self.rng)
                 self.last_fake_acc = (self.D(fx, fy) < 0).float().mean().item()
             self.n_d.observe(self.last_fake_acc)
-            fx, fy = self.G.sample(B, generator=self.rng)
-            loss = F.softplus(-self.D(fx, fy)).mean()  # non-saturating: -log D(G(z))
-            self.opt_g.zero_grad(set_to_none=True)
-            loss.backward()
-            self.opt_g.step()
+            self.last_g_loss = generator_step(self.G, self.D, self.opt_g, B, self.rng, loss=non_saturating)
         finally:
-            self.D.requires_grad_(True)
             if hooks:
                 self.D_private.enable_hooks()
-        self.last_g_loss = loss.item()
         self.g_steps += 1
         self.since_g = 0
 

@@ -50,6 +50,7 @@ from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.grids import class_grid
 from dpsynth.methods import distributed, registry, warmup
 from dpsynth.methods.core import TrainResult, resolve_device
+from dpsynth.methods.generator_step import generator_step
 from dpsynth.methods.loop import Trainer
 from dpsynth.methods.artifacts import build_generator
 from dpsynth.models.gswgan import Discriminator
@@ -269,13 +270,7 @@ def warm_start_shard(cfg: RunConfig, shard: ImageDataset, *, shard_index: int, o
     rng = torch.Generator(device=device).manual_seed(derived_seed(cfg.train.seed, "warmstart-latent", shard_index))
     for _ in range(g.warmstart_iterations):
         critic_steps(D, opt_d, G, images, labels, cfg=cfg, data_rng=data_rng, rng=rng)
-        D.requires_grad_(False)
-        fake_x, fake_y = G.sample(g.batch_size, generator=rng)
-        loss = -D(fake_x, fake_y).mean()
-        opt_g.zero_grad(set_to_none=True)
-        loss.backward()
-        opt_g.step()
-        D.requires_grad_(True)
+        generator_step(G, D, opt_g, g.batch_size, rng)  # −E[D_k(G(z))]
     seconds = time.monotonic() - started
     buf = io.BytesIO()
     torch.save({"format": DISCRIMINATOR_FORMAT, "shard": shard_index, "iterations": g.warmstart_iterations,

@@ -53,6 +53,7 @@ from dpsynth.mechanisms.discriminator import ZHANG
 from dpsynth.methods import distributed, registry, warmup
 from dpsynth.methods.core import resolve_device
 from dpsynth.methods.dpgan import DPGANTrainer
+from dpsynth.methods.generator_step import generator_step
 from dpsynth.methods.loop import Trainer
 from dpsynth.models.dcgan import Discriminator, Generator
 from dpsynth.privacy import MechanismTrace, grouping
@@ -166,7 +167,7 @@ def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
             opt_d.zero_grad(set_to_none=True)
             loss_d.backward()
             opt_d.step()
-        _generator_step(G, D, opt_g, m, rng)
+        generator_step(G, D, opt_g, m, rng)
     state = {"format": WARM_START_FORMAT, "G": G.state_dict(), "D": D.state_dict(),
              "model": {"num_classes": num_classes, "image_shape": list(image_shape), "g_width": t.g_width,
                        "d_width": t.d_width, "latent_dim": t.latent_dim},
@@ -183,19 +184,6 @@ def load_warm_start(data: bytes) -> dict:
     if not isinstance(state, dict) or state.get("format") != WARM_START_FORMAT:
         raise ConfigError(f"train.method: the warm start file is not a {WARM_START_FORMAT!r} file")
     return state
-
-
-def _generator_step(G, D, opt_g, m: int, rng) -> float:
-    D.requires_grad_(False)
-    try:
-        fake, y = G.sample(m, generator=rng)
-        loss = -D(fake, y).mean()
-        opt_g.zero_grad(set_to_none=True)
-        loss.backward()
-        opt_g.step()
-    finally:
-        D.requires_grad_(True)
-    return loss.item()
 
 
 # --- the private trainer ---------------------------------------------------------------------------
@@ -363,7 +351,7 @@ class ZhangTrainer(Trainer):
         self.since_g += 1
 
     def generator_step(self) -> None:
-        self.last_g_loss = _generator_step(self.G, self.D, self.opt_g, self.cfg.train.batch_size, self.rng)
+        self.last_g_loss = generator_step(self.G, self.D, self.opt_g, self.cfg.train.batch_size, self.rng)
         self.g_steps += 1
         self.since_g = 0
 
