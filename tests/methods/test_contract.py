@@ -224,8 +224,8 @@ def test_mlflow_gets_only_declared_keys_under_the_artifact_location(name, tracke
 
 
 def test_no_trainer_records_a_private_step_by_hand():
-    """Each release records its own event (the DP-SGD sanitizer, GS-WGAN's sanitizer, the warm-up's central
-    images), so a trainer cannot add noise without accounting for it. The federated server, whose clients
+    """Each release records its own event (the sanitizers, DP-SGD's and GS-WGAN's, through their one contract; the
+    warm-up's central images), so a trainer cannot add noise without accounting for it. The federated server, whose clients
     sanitize in their own processes, records through its Receipts: the folded event once an iteration's
     n_dis·B releases are in."""
     import ast
@@ -242,4 +242,9 @@ def test_no_trainer_records_a_private_step_by_hand():
         classes = [n for n in ast.walk(module) if isinstance(n, ast.ClassDef)]
         recorders += [f"{path.stem}.{cls.name}" for cls in classes for _ in range(records(cls))]
         recorders += [path.stem] * (records(module) - sum(records(cls) for cls in classes))  # outside any class
-    assert sorted(recorders) == ["gswgan.Sanitizer", "gswgan_federated.Receipts"]
+    assert sorted(recorders) == ["gswgan_federated.Receipts"]
+    # the sanitizers (DP-SGD's and GS-WGAN's) record through their one contract, RecordedRelease._record
+    from dpsynth.privacy import dpsgd
+
+    tree = ast.parse(Path(dpsgd.__file__).read_text())
+    assert [f"{c.name}" for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and records(c)] == ["RecordedRelease"]

@@ -14,12 +14,11 @@ from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
 from dpsynth.methods.gswgan import (
     GSWGANTrainer,
-    Sanitizer,
-    sanitize,
     sanitized_generator_step,
     warm_start_shard,
 )
 from dpsynth.mechanisms.generator_gradient import GSWGAN
+from dpsynth.privacy.dpsgd import InputGradientSanitizer as Sanitizer, sanitize
 from dpsynth.models.gswgan import Classifier, Discriminator, Generator
 from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dpsynth.privacy.randomness import MechanismRandomness

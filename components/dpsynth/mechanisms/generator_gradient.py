@@ -120,9 +120,9 @@ class ShardGeneratorGradient(Mechanism):
     def sanitizer(self, cfg: RunConfig, plan: PrivacyPlan, *, randomness, trace):
         """M_{σ,C} on each of an iteration's releases, σ per release from the plan; it records ``plan.event`` (the
         releases folded) in ``trace`` at every iteration and refuses a call with another number of releases."""
-        from dpsynth.methods.gswgan import Sanitizer
+        from dpsynth.privacy.dpsgd import InputGradientSanitizer
 
-        return Sanitizer(clip_norm=cfg.privacy.max_grad_norm, noise_multiplier=plan.noise_multiplier,
+        return InputGradientSanitizer(clip_norm=cfg.privacy.max_grad_norm, noise_multiplier=plan.noise_multiplier,
                          randomness=randomness, trace=trace, event=plan.event, releases=plan.releases)
 
     def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:

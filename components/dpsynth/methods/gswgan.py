@@ -37,7 +37,6 @@ import copy
 import hashlib
 import io
 import json
-import math
 import time
 from typing import Callable
 
@@ -46,7 +45,7 @@ import torch
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.errors import ConfigError, PrivacyError
+from dpsynth.errors import ConfigError
 from dpsynth.grids import class_grid
 from dpsynth.methods import distributed, registry, warmup
 from dpsynth.methods.core import TrainResult, resolve_device
@@ -55,7 +54,8 @@ from dpsynth.methods.loop import Trainer
 from dpsynth.methods.artifacts import build_generator
 from dpsynth.models.gswgan import Discriminator
 from dpsynth.mechanisms.generator_gradient import ACCOUNTANT, GSWGAN
-from dpsynth.privacy import MechanismEvent, MechanismTrace, as_published_epsilon, fold_releases
+from dpsynth.privacy import as_published_epsilon
+from dpsynth.privacy.dpsgd import InputGradientSanitizer
 from dpsynth.privacy.randomness import MechanismRandomness
 
 DISCRIMINATOR_FORMAT = "dpsynth.gswgan.discriminator/1"
@@ -144,61 +144,8 @@ def critic_loss(D, real_x, real_y, fake_x, *, gp_weight: float, drift_weight: fl
     return loss
 
 
-def sanitize(grads: torch.Tensor, *, clip_norm: float, noise_multiplier: float,
-             randomness: MechanismRandomness | None = None) -> torch.Tensor:
-    """M_{σ,C} on each row: clip g_i to L2 norm ≤ C, add independent N(0, (σC)²) to every coordinate.
-
-    The noise comes from ``randomness`` (the mechanism's secret coins); None: fresh OS-entropy coins."""
-    flat = grads.flatten(1)
-    scale = (clip_norm / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)
-    clipped = flat * scale[:, None]
-    if noise_multiplier == 0:
-        return clipped.view_as(grads)
-    randomness = randomness or MechanismRandomness(device=clipped.device)
-    noise = randomness.standard_normal(clipped.shape, dtype=clipped.dtype)
-    return (clipped + noise * (noise_multiplier * clip_norm)).view_as(grads)
-
-
-class Sanitizer:
-    """M_{σ,C} (:func:`sanitize`) with the mechanism's secret coins, recording its own releases.
-
-    With ``trace`` and ``event`` (both or neither), each call releases ``releases`` sanitized rows and
-    records ``event`` — those releases folded into one (σ/√releases) — in ``trace``; an event whose σ is
-    not that fold, or a call with another number of rows, is refused, so the noise added and the event
-    recorded cannot come apart.
-
-    Across torchrun ranks (:mod:`dpsynth.methods.distributed`) ``reducer`` forms the one release of the job:
-    only the rank holding D_k passes the B gradients (the others pass zeros), rank 0 alone adds the noise
-    (σC per coordinate, from its secret coins: the one-process stream), and one SUM all-reduce gives every
-    rank clip(g_i, C) + N(0, σ²C²)."""
-
-    def __init__(self, *, clip_norm: float, noise_multiplier: float, randomness: MechanismRandomness,
-                 trace: MechanismTrace | None = None, event: MechanismEvent | None = None, releases: int = 1):
-        if (trace is None) != (event is None):
-            raise ValueError("trace, event: a sanitizer that records its releases needs both (or neither)")
-        if event is not None and not math.isclose(event.noise_multiplier, fold_releases(noise_multiplier, releases),
-                                                  rel_tol=1e-12):
-            raise PrivacyError(f"noise_multiplier: the sanitizer adds σ = {noise_multiplier:.6g} per release "
-                               f"({releases} per event: σ/√{releases} = {fold_releases(noise_multiplier, releases):.6g}), "
-                               f"but the event it records has σ = {event.noise_multiplier:.6g}; refusing to release")
-        self.clip_norm, self.noise_multiplier, self.randomness = clip_norm, noise_multiplier, randomness
-        self.trace, self.event, self.releases = trace, event, releases
-        self.reducer = None  # torchrun: dpsynth.privacy.distributed.NoiseOnRankZero (set by distributed.join)
-
-    def __call__(self, grads: torch.Tensor) -> torch.Tensor:
-        if self.trace is not None and len(grads) != self.releases:
-            raise PrivacyError(f"sanitizer: {len(grads)} releases given, its event folds {self.releases}")
-        noise = self.noise_multiplier if self.reducer is None or self.reducer.adds_noise else 0.0
-        released = sanitize(grads, clip_norm=self.clip_norm, noise_multiplier=noise, randomness=self.randomness)
-        if self.reducer is not None:  # every rank: the owner's clipped rows + the noise rank 0 added
-            self.reducer.all_reduce([released])
-        if self.trace is not None:
-            self.trace.record(self.event)
-        return released
-
-
 def sanitized_generator_step(G, opt_g, per_sample_loss: Callable | None, *, batch_size: int,
-                             generator: torch.Generator, sanitizer: Sanitizer) -> None:
+                             generator: torch.Generator, sanitizer: InputGradientSanitizer) -> None:
     """One generator update in which only ∂ℓ_i/∂G(z_i) is sanitized (paper Eq. 11).
 
     ``generator`` draws the latents and labels (train.seed), ``sanitizer`` releases the B gradients
@@ -511,8 +458,6 @@ __all__ = [
     "GSWGANTrainer",
     "TrainResult",
     "critic_loss",
-    "Sanitizer",
-    "sanitize",
     "sanitized_generator_step",
     "warm_start_shard",
 ]

@@ -85,10 +85,10 @@ from dpsynth.methods.gswgan import (
     make_generator,
     read_discriminator,
     real_batch,
-    sanitize,
 )
 from dpsynth.mechanisms.generator_gradient import FEDERATED
 from dpsynth.privacy import MechanismTrace, distributed
+from dpsynth.privacy.dpsgd import sanitize
 from dpsynth.privacy.randomness import MechanismRandomness, secret_seed
 
 PRIVACY_UNIT = ("client: neighbouring datasets differ in one client's entire shard "

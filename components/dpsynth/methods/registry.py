@@ -45,7 +45,7 @@ class Method:
     # the warm start, imported when called (shard: per shard; public: on the public records); None: "none"
     warm_start_function: Callable[[], Callable] | None = None
     # The white-box canaries of the empirical audit (dpsynth.privacy.empirical): "gradient" (per-example gradients
-    # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's Sanitizer of ∂ℓ/∂G(z)); "" not audited yet.
+    # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's InputGradientSanitizer of ∂ℓ/∂G(z)); "" not audited yet.
     empirical_audit: str = ""
     # train.n_d's default for the method, its paper's: discriminator (critic) steps per generator step
     n_d: int | Literal["adaptive"] = "adaptive"

@@ -32,7 +32,7 @@ their two bounds (what the gate compares) holds at the configured confidence.
 * ``"input_gradient"`` (GS-WGAN, DPAC: the sanitized quantity is ∂ℓ_i/∂G(z_i), B per iteration). Canary
   i is a record of shard s_i; when an iteration draws s_i, each included canary of that shard adds
   ``CANARY_SCALE``·C·s_ij on its pixel p_i to every per-sample gradient j (signs s_ij = ±1, half of each,
-  public), before the trainer's own :class:`~dpsynth.methods.gswgan.Sanitizer` clips each row and adds
+  public), before the trainer's own :class:`~dpsynth.privacy.dpsgd.InputGradientSanitizer` clips each row and adds
   N(0, σ²C²) (:class:`_InputSanitizerWithCanaries`). The score is Σ_iterations Σ_j s_ij · release[j, p_i]:
   it reads the releases and the public canary design only, never the secret shard choice (the balanced
   signs cancel what the rows share at p_i, so no data part need be subtracted).
@@ -301,7 +301,7 @@ class InputGradientCanaries:
 
 
 class _InputSanitizerWithCanaries:
-    """GS-WGAN's own :class:`~dpsynth.methods.gswgan.Sanitizer` (clip each row, add noise, record the
+    """GS-WGAN's own :class:`~dpsynth.privacy.dpsgd.InputGradientSanitizer` (clip each row, add noise, record the
     iteration's event), with the included canaries of the drawn shard added to its input rows and its
     output observed. ``shard`` is set by the trainer's per-shard hook (``generator_loss(k)``) just before:
     the mechanism's own secret choice decides whose canaries join, as it decides whose records do; the
