@@ -10,7 +10,8 @@ import torch
 
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
-from dpsynth.methods import gswgan, registry
+from dpsynth.methods import registry
+from dpsynth.mechanisms import dpsgd
 from dpsynth.audit import empirical
 from dpsynth.mechanisms.dpsgd import GradientSanitizer
 from dpsynth.mechanisms.randomness import MechanismRandomness
@@ -222,7 +223,7 @@ def test_gswgan_without_clipping_the_gate_fails(monkeypatch):
     def sanitize_unclipped(grads, *, clip_norm, noise_multiplier, randomness=None):  # the noise, no clipping
         return grads + randomness.standard_normal(grads.shape, dtype=grads.dtype) * (noise_multiplier * clip_norm)
 
-    monkeypatch.setattr(gswgan, "sanitize", sanitize_unclipped)
+    monkeypatch.setattr(dpsgd, "sanitize", sanitize_unclipped)  # GS-WGAN's InputGradientSanitizer calls it
     assert fails(audit(gswgan_cfg()))
 
 

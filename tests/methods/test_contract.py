@@ -5,7 +5,7 @@ its trainer is built as the train stage builds it (``Trainer(cfg, data, **inputs
 warm-start kind, see :mod:`dpsynth.methods.registry`; the federated GS-WGAN's server as rank 0 of its K + 1
 ranks, spawned by ``tests.methods.gswgan_helpers.run_federated``) on a tiny configuration, and
 
-* the trace it writes is the registry's plan (``Method.audit_plan()(cfg, n).trace``), and its ε ≤ the target;
+* the trace it writes is the registry's plan (``Method.mechanism.plan(cfg, n).trace``), and its ε ≤ the target;
 * with a fixed noise multiplier and a budget that allows only 4 steps, it stops after 4 (``stopped_by="budget"``);
 * an interrupted run resumed from its checkpoint is the uninterrupted run (same trace, same generator) —
   or, for a method whose ``train()`` takes no ``stop_after``, it refuses to start over a checkpoint,
@@ -131,7 +131,7 @@ def tracked(inputs, tmp_path_factory):
 @pytest.mark.parametrize("name", METHODS)
 def test_the_trace_is_the_plan_and_within_the_target(name, tracked, inputs):
     cfg, result, _ = tracked[name]
-    plan = registry.get(name).audit_plan()(cfg, inputs[name][2])
+    plan = registry.get(name).mechanism.plan(cfg, inputs[name][2])
     trace = trace_of(result)
     assert trace == plan.trace
     assert trace.steps == plan.steps + sum(e.count for e in plan.prefix) and result.stopped_by == "steps"
@@ -148,7 +148,7 @@ def test_training_stops_before_the_budget(name, inputs, tmp_path):
     """σ fixed; ε set between the ε of 4 and of 5 steps; train.steps far beyond: the run takes 4 steps."""
     n = inputs[name][2]
     fixed = ("privacy.noise_multiplier=2.0", "train.steps=100000", "output.checkpoint_every=0")
-    plan = registry.get(name).audit_plan()(tiny(tmp_path, name, *fixed), n)
+    plan = registry.get(name).mechanism.plan(tiny(tmp_path, name, *fixed), n)
     accountant, delta = plan.guard.accountant, 1e-4
 
     def epsilon(steps: int) -> float:
@@ -224,8 +224,8 @@ def test_mlflow_gets_only_declared_keys_under_the_artifact_location(name, tracke
 
 
 def test_no_trainer_records_a_private_step_by_hand():
-    """Each release records its own event (the DP-SGD sanitizer, GS-WGAN's sanitizer, the warm-up's central
-    images), so a trainer cannot add noise without accounting for it. The federated server, whose clients
+    """Each release records its own event (the sanitizers, DP-SGD's and GS-WGAN's, through their one contract; the
+    warm-up's central images), so a trainer cannot add noise without accounting for it. The federated server, whose clients
     sanitize in their own processes, records through its Receipts: the folded event once an iteration's
     n_dis·B releases are in."""
     import ast
@@ -242,4 +242,9 @@ def test_no_trainer_records_a_private_step_by_hand():
         classes = [n for n in ast.walk(module) if isinstance(n, ast.ClassDef)]
         recorders += [f"{path.stem}.{cls.name}" for cls in classes for _ in range(records(cls))]
         recorders += [path.stem] * (records(module) - sum(records(cls) for cls in classes))  # outside any class
-    assert sorted(recorders) == ["gswgan.Sanitizer", "gswgan_federated.Receipts"]
+    assert sorted(recorders) == ["gswgan_federated.Receipts"]
+    # the sanitizers (DP-SGD's and GS-WGAN's) record through their one contract, RecordedRelease._record
+    from dpsynth.mechanisms import dpsgd
+
+    tree = ast.parse(Path(dpsgd.__file__).read_text())
+    assert [f"{c.name}" for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and records(c)] == ["RecordedRelease"]

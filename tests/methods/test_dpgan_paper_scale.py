@@ -8,7 +8,8 @@ from opacus.accountants import RDPAccountant
 
 from dpsynth.config import load_config
 from dpsynth.data import import_source
-from dpsynth.methods.dpgan import DPGANTrainer, plan_privacy
+from dpsynth.mechanisms.discriminator import DPGAN
+from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.models.dcgan import count_parameters
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
@@ -31,7 +32,7 @@ def test_paper_plan_for_mnist_eps10():
     """Bie et al. §4: σ=1, B=128 on 60k MNIST images targets ε=10 with ≈450K discriminator steps."""
     cfg = load_config(overrides=["privacy.noise_multiplier=1.0", "privacy.epsilon=10", "train.steps=10000000",
                                  "train.batch_size=128"])
-    plan = plan_privacy(cfg, 60000)
+    plan = DPGAN.plan(cfg, 60000)
     event, steps = plan.event, plan.steps
     assert 445_000 <= steps <= 455_000
     ref = RDPAccountant()

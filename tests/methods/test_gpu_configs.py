@@ -7,7 +7,7 @@ import pytest
 
 from dpsynth.config import load_config
 from dpsynth.methods import registry
-from dpsynth.methods.dpgan import plan_privacy
+from dpsynth.mechanisms.discriminator import DPGAN
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_CONFIGS = sorted(REPO.glob("configs/*-mnist-gpu.yaml"))
@@ -26,7 +26,7 @@ def test_dpgan_gpu_config_plans_the_papers_step_budget():
     """Table 7: B = 512, σ = 2 on 60,000 MNIST images at (10, 1e-5) gives T = 174K (their RDP account)."""
     cfg = load_config(REPO / "configs/dpgan-mnist-gpu.yaml", overrides=["train.steps=10000000"])
     assert cfg.train.batch_size == 512 and cfg.privacy.noise_multiplier == 2.0
-    assert plan_privacy(cfg, 60_000).steps == pytest.approx(174_000, rel=0.03)
+    assert DPGAN.plan(cfg, 60_000).steps == pytest.approx(174_000, rel=0.03)
 
 
 @pytest.mark.parametrize("batch, sigma, epsilon, published", [
@@ -37,4 +37,4 @@ def test_dpgan_plan_matches_other_published_budgets(batch, sigma, epsilon, publi
     cfg = load_config(REPO / "configs/dpgan-mnist-gpu.yaml",
                       overrides=["train.steps=10000000", f"train.batch_size={batch}",
                                  f"privacy.noise_multiplier={sigma}", f"privacy.epsilon={epsilon}"])
-    assert plan_privacy(cfg, 60_000).steps == pytest.approx(published, rel=0.05)
+    assert DPGAN.plan(cfg, 60_000).steps == pytest.approx(published, rel=0.05)

@@ -14,16 +14,15 @@ from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
 from dpsynth.methods.gswgan import (
     GSWGANTrainer,
-    Sanitizer,
-    audit_invariants,
-    plan_privacy,
-    sanitize,
     sanitized_generator_step,
     warm_start_shard,
 )
+from dpsynth.mechanisms.generator_gradient import GSWGAN
+from dpsynth.mechanisms.dpsgd import InputGradientSanitizer as Sanitizer, sanitize
 from dpsynth.models.gswgan_networks import Classifier, Discriminator, Generator
 from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dpsynth.mechanisms.randomness import MechanismRandomness
+from dpsynth.audit.stage import accounting_check, mechanism_check
 from tests.methods.gswgan_helpers import K, record_owner, tiny, warm_files, watch_inputs
 from tests.privacy.test_without_replacement import autodp_acct, autodp_mechanism_epsilon
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
@@ -179,7 +178,7 @@ def test_trace_is_one_folded_event_per_iteration(tmp_path, shards):
                      "noise_multiplier": pytest.approx(8.0 / 4), "sensitivity": "replace_one", "count": 6}
     assert result.accountant == "wor" and result.accounting == "sound" and result.noise_multiplier == 8.0
     assert result.epsilon == pytest.approx(autodp_mechanism_epsilon([(1 / K, 2.0, 6)], delta=1e-4), rel=1e-3)
-    assert all(c["passed"] for c in audit_invariants(cfg, MechanismTrace.from_dict(trace), n=600))
+    assert mechanism_check(cfg, MechanismTrace.from_dict(trace), n=600)["passed"]
 
 
 def paper(*extra):
@@ -190,7 +189,7 @@ def paper(*extra):
 
 def test_as_published_reproduces_the_papers_epsilon_and_stays_unsound():
     cfg = paper("privacy.noise_multiplier=1.07", "privacy.accounting=as_published", "privacy.epsilon=10")
-    plan = plan_privacy(cfg, n=60_000, num_shards=1000)
+    plan = GSWGAN.plan(cfg, 60_000)
     assert plan.steps == 20_000 and plan.guard is None
     assert plan.published_epsilon == pytest.approx(9.99, abs=0.01)  # GS-WGAN supplement C.1: ε = 10 budget
     assert plan.event.noise_multiplier == pytest.approx(1.07 / np.sqrt(32))
@@ -198,12 +197,12 @@ def test_as_published_reproduces_the_papers_epsilon_and_stays_unsound():
     sound = autodp_acct([(1e-3, plan.event.noise_multiplier, 20_000)]).get_eps(1e-5)
     assert sound > 1e5
     with pytest.raises(ConfigError, match="privacy.noise_multiplier"):
-        plan_privacy(paper("privacy.accounting=as_published"), n=60_000, num_shards=1000)
+        GSWGAN.plan(paper("privacy.accounting=as_published"), 60_000)
 
 
 def test_calibration_is_in_per_release_units_and_spends_the_budget():
     cfg = paper("privacy.epsilon=3.4")
-    plan = plan_privacy(cfg, n=60_000, num_shards=1000)
+    plan = GSWGAN.plan(cfg, 60_000)
     sigma = plan.noise_multiplier
     assert plan.event.noise_multiplier == pytest.approx(sigma / np.sqrt(32), rel=1e-12)
     assert plan.steps == 20_000
@@ -216,7 +215,7 @@ def test_calibration_is_in_per_release_units_and_spends_the_budget():
 
 def test_training_stops_before_the_budget(tmp_path, shards):
     cfg = tiny(tmp_path, "privacy.noise_multiplier=32.0", "privacy.epsilon=4", "train.steps=100000")
-    plan = plan_privacy(cfg, n=600, num_shards=K)
+    plan = GSWGAN.plan(cfg, 600)
     T = plan.steps
     assert 1 < T < 100_000
     assert autodp_mechanism_epsilon([(1 / K, 8.0, T)], delta=1e-4) <= 4 * (1 + 1e-3)
@@ -231,37 +230,35 @@ def test_as_published_run_reports_both_and_is_marked_unsound(tmp_path, shards):
     saved = torch.load(result.generator_path, weights_only=False)["privacy"]
     assert saved["accounting"] == "as_published" and saved["sound"] is False
     trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
-    checks = {c["name"]: c["passed"] for c in audit_invariants(cfg, trace, n=600)}
-    assert checks.pop("gswgan.accounting") is False and all(checks.values())
+    assert mechanism_check(cfg, trace, n=600)["passed"] and not accounting_check(cfg)["passed"]
 
 
-def test_audit_invariants_catch_a_wrong_trace(tmp_path):
+def test_the_audit_catches_a_wrong_trace(tmp_path):
+    """What GS-WGAN's audit invariants checked (sampling, rate 1/K, folded σ, steps, δ < 1/n), the plan check
+    covers (and the audit's own delta check: the plan refuses δ ≥ 1/n)."""
     cfg = tiny(tmp_path, "privacy.noise_multiplier=8.0")
     good = MechanismEvent(sampling="without_replacement", sample_rate=1 / K, noise_multiplier=2.0,
                           sensitivity="replace_one", count=6)
-    assert all(c["passed"] for c in audit_invariants(cfg, MechanismTrace([good]), n=600))
-    bad = {
-        "gswgan.sampling": MechanismEvent(sampling="poisson", sample_rate=1 / K, noise_multiplier=2.0,
-                                          sensitivity="add_remove", count=6),
-        "gswgan.sample_rate": MechanismEvent(sampling="without_replacement", sample_rate=0.5, noise_multiplier=2.0,
-                                             sensitivity="replace_one", count=6),
-        "gswgan.noise_multiplier": good.with_noise(8.0),  # the per-release σ, not folded
-        "gswgan.steps": good.with_count(7),
-    }
-    for name, event in bad.items():
-        failed = [c["name"] for c in audit_invariants(cfg, MechanismTrace([event]), n=600) if not c["passed"]]
-        assert failed == [name]
-    assert [c["name"] for c in audit_invariants(cfg, MechanismTrace([good]), n=20_000) if not c["passed"]] == ["gswgan.delta"]
+    assert mechanism_check(cfg, MechanismTrace([good]), n=600)["passed"]
+    bad = [MechanismEvent(sampling="poisson", sample_rate=1 / K, noise_multiplier=2.0, sensitivity="add_remove",
+                          count=6),
+           MechanismEvent(sampling="without_replacement", sample_rate=0.5, noise_multiplier=2.0,
+                          sensitivity="replace_one", count=6),
+           good.with_noise(8.0),  # the per-release σ, not folded
+           good.with_count(7), good.with_count(5)]
+    for event in bad:
+        assert not mechanism_check(cfg, MechanismTrace([event]), n=600)["passed"], event
+    check = mechanism_check(cfg, MechanismTrace([good]), n=20_000)
+    assert not check["passed"] and "delta" in check["detail"]
 
 
 def test_audit_recomputes_a_calibrated_noise_multiplier(tmp_path, shards):
     cfg = tiny(tmp_path)  # σ calibrated to ε = 50 over 6 iterations
     result = GSWGANTrainer(cfg, shards).train()
     trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
-    assert all(c["passed"] for c in audit_invariants(cfg, trace, n=600))
+    assert mechanism_check(cfg, trace, n=600)["passed"]
     weaker = MechanismTrace([e.with_noise(e.noise_multiplier * 0.9) for e in trace.events])
-    failed = [c["name"] for c in audit_invariants(cfg, weaker, n=600) if not c["passed"]]
-    assert failed == ["gswgan.noise_multiplier"]
+    assert not mechanism_check(cfg, weaker, n=600)["passed"]
 
 
 # --- resume, release, logging -----------------------------------------------------------------

@@ -15,15 +15,15 @@ import torch
 from dpsynth import storage
 from dpsynth.data import ImageDataset, import_source, write_parquet
 from dpsynth.errors import ConfigError
-from dpsynth.methods.gswgan import audit_invariants as gswgan_invariants
+from dpsynth.mechanisms.generator_gradient import FEDERATED, GSWGAN
 from dpsynth.methods.gswgan_federated import (
     Client,
     FederatedGSWGANTrainer,
     FederatedServer,
-    audit_invariants,
 )
 from dpsynth.models.gswgan_networks import Discriminator
 from dpsynth.privacy import MechanismTrace, gswgan_event
+from dpsynth.audit.stage import mechanism_check
 from dpsynth.stages.partition import assign
 from tests.jobs import descendants, kill_at_checkpoint
 from tests.ledger_fixtures import assert_charged_once
@@ -181,20 +181,19 @@ def test_audit_checks_the_folded_event_at_rate_one_over_k(tmp_path, shards):
     cfg = tiny(tmp_path, "privacy.noise_multiplier=4.0", method="gswgan_federated")
     folded = MechanismTrace()
     folded.record(gswgan_event(noise_multiplier=4.0, batch_size=N_DIS * B, num_shards=K), count=6)
-    assert all(c["passed"] for c in audit_invariants(cfg, folded, n=600))
+    assert mechanism_check(cfg, folded, n=600)["passed"]
     centralized = MechanismTrace()  # GS-WGAN's σ/√B: the other n_dis − 1 rounds' releases left out
     centralized.record(gswgan_event(noise_multiplier=4.0, batch_size=B, num_shards=K), count=6)
-    assert all(c["passed"] for c in gswgan_invariants(cfg, centralized, n=600))
-    failed = {c["name"] for c in audit_invariants(cfg, centralized, n=600) if not c["passed"]}
-    assert failed == {"gswgan_federated.noise_multiplier"}
+    assert centralized == GSWGAN.events(cfg, 600)  # what GS-WGAN's plan would pass
+    assert not mechanism_check(cfg, centralized, n=600)["passed"]
     too_long = MechanismTrace()
     too_long.record(gswgan_event(noise_multiplier=4.0, batch_size=N_DIS * B, num_shards=K), count=7)
-    assert {c["name"] for c in audit_invariants(cfg, too_long, n=600) if not c["passed"]} == {"gswgan_federated.steps"}
+    assert not mechanism_check(cfg, too_long, n=600)["passed"]
     calibrated = tiny(tmp_path, method="gswgan_federated")  # σ calibrated to ε = 50 on the folded event
     reference = FederatedGSWGANTrainer(tiny(tmp_path, method="gswgan_federated"), shards).plan.event
     trace = MechanismTrace()
     trace.record(reference, count=6)
-    assert all(c["passed"] for c in audit_invariants(calibrated, trace, n=600))
+    assert mechanism_check(calibrated, trace, n=600)["passed"]
 
 
 # --- through the stages -------------------------------------------------------------------------
@@ -224,7 +223,8 @@ def test_stages_partition_warmstart_train_audit(tmp_path, stage_ledger):
     audit = manifest(run, "sensitive", "audit")
     report = json.loads(storage.read_bytes([o["uri"] for o in audit["outputs"] if o["uri"].endswith(".json")][0]))
     assert [c["name"] for c in report["checks"] if not c["passed"]] == []
-    assert {c["name"] for c in report["checks"]} >= {"gswgan_federated.sampling", "gswgan_federated.noise_multiplier"}
+    assert {c["name"] for c in report["checks"]} >= {"plan", "accounting"}  # the trace is the federated plan …
+    assert any(a.startswith("Against the server") for a in report["statement"]["assumptions"])  # … and statement
 
 
 def _stage_run_dir(tmp_path, *extra):
@@ -366,7 +366,7 @@ def test_the_method_is_wired_into_config_stages_and_airflow():
     fed, central = registry.get("gswgan_federated"), registry.get("gswgan")
     assert fed.sections == ("gswgan",) and fed.warm_start == "shard"
     assert fed.warm_start_fn() is central.warm_start_fn()  # each client warms its own D_k as GS-WGAN does
-    assert fed.audit_invariants() is audit_invariants
+    assert fed.mechanism is FEDERATED and central.mechanism is GSWGAN
     # the Airflow form offers what the registry knows, through the exported config schema
     path = Path(__file__).resolve().parents[2] / "pipelines" / "airflow" / "dags" / "dpsynth_config.schema.json"
     schema = json.loads(path.read_text())

@@ -13,12 +13,14 @@ from autodp.transformer_zoo import AmplificationBySampling, Composition
 
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError, DatasetError
-from dpsynth.methods.zhang import (ZhangTrainer, audit_invariants, load_warm_start, per_unit_gradients, plan_privacy,
+from dpsynth.mechanisms.discriminator import ZHANG
+from dpsynth.methods.zhang import (ZhangTrainer, load_warm_start, per_unit_gradients,
                                    warm_start)
 from dpsynth.models.dcgan import Discriminator
 from dpsynth.privacy import MechanismTrace
 from dpsynth.mechanisms import grouping
 from dpsynth.mechanisms.dpsgd import GradientSanitizer
+from dpsynth.audit.stage import accounting_check, mechanism_check
 from dpsynth.stages.partition import public_mask
 from tests.ledger_fixtures import assert_charged_once
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
@@ -33,6 +35,13 @@ def tiny(tmp_path, *extra):
         "partition.key=dpsynth-partition-v1", "data.num_classes=10",  # no defaults: the demo's public key, MNIST's
         *extra,
     ])
+
+
+def zhang_check(cfg, trace, n) -> dict:
+    """The audit's plan check of ``trace`` as dp-GAN's (``tiny`` leaves train.method at its default)."""
+    import dataclasses
+
+    return mechanism_check(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method="zhang")), trace, n)
 
 
 def split(ds, cfg):
@@ -134,8 +143,8 @@ def test_the_units_latents_are_secret_coins_not_the_public_stream(tmp_path, smal
 def test_k_groups_are_one_event_at_sigma_over_root_k(tmp_path, small_mnist):
     cfg = tiny(tmp_path, "privacy.noise_multiplier=2.0", "zhang.grouping=per_layer", "train.steps=200",
                "privacy.epsilon=50")
-    plan = plan_privacy(cfg, 540, num_groups=5)
-    assert plan.event.noise_multiplier == pytest.approx(2.0 / math.sqrt(5))
+    plan = ZHANG.plan(cfg, 540)
+    assert plan.releases == 5 and plan.event.noise_multiplier == pytest.approx(2.0 / math.sqrt(5))
     assert (plan.event.sampling, plan.event.sensitivity) == ("poisson", "add_remove")
     trace = MechanismTrace([plan.event.with_count(200)])
     ours = plan.guard.accountant.epsilon(trace, delta=1e-4)
@@ -147,8 +156,8 @@ def test_k_groups_are_one_event_at_sigma_over_root_k(tmp_path, small_mnist):
 
 def test_calibrated_sigma_spends_the_target_by_an_independent_account(tmp_path):
     cfg = tiny(tmp_path, "privacy.epsilon=2", "privacy.delta=1e-5", "train.steps=1000", "zhang.grouping=weight_bias")
-    plan = plan_privacy(cfg, 10_000, num_groups=2)
-    assert plan.steps == 1000
+    plan = ZHANG.plan(cfg, 10_000)
+    assert plan.steps == 1000 and plan.releases == 2
     ref = autodp_epsilon(sigma=plan.noise_multiplier, groups=2, q=32 / 10_000, steps=1000, delta=1e-5)
     # calibration's 1% tolerance plus the accountants' conversions (autodp 1.984 here); forgetting
     # the √k fold would put autodp's account near 2·√2
@@ -169,9 +178,10 @@ def test_as_published_reports_both_and_fails_the_audit(tmp_path, small_mnist):
     assert result.epsilon_as_published_unsound <= 3 < result.epsilon
     # the sound account of the same run is over budget by the independent reference too
     assert autodp_epsilon(sigma=sigma, groups=5, q=q, steps=result.steps, delta=1e-4) > 3 * 2
-    checks = {c["name"]: c for c in audit_invariants(cfg, MechanismTrace.from_json(Path(result.trace_path).read_text()),
-                                                      len(private))}
-    assert not checks["accounting_sound"]["passed"]
+    trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
+    check = zhang_check(cfg, trace, len(private))
+    assert check["passed"], check  # the sound trace of the plan …
+    assert not accounting_check(cfg)["passed"]  # … of an unsound account: never released
 
 
 # --- public data only ------------------------------------------------------------------------------
@@ -252,7 +262,7 @@ def test_training_updates_g_and_records_the_trace(tmp_path, small_mnist):
     saved = torch.load(result.generator_path, weights_only=False)
     assert saved["format"] == "dpsynth.generator/1" and saved["model"]["class"] == "dpsynth.models.dcgan.Generator"
     assert json.loads((tmp_path / "result.json").read_text())["details"]["num_groups"] == 3
-    assert all(c["passed"] for c in audit_invariants(cfg, trace, len(private)))
+    assert zhang_check(cfg, trace, len(private))["passed"]
 
 
 def test_stops_before_the_budget_is_exceeded(tmp_path, small_mnist):
@@ -284,19 +294,22 @@ def test_resume_equals_uninterrupted(tmp_path, small_mnist):
     assert second.trace == full.trace
 
 
-def test_audit_invariants_catch_a_tampered_trace(tmp_path):
+def test_the_audit_catches_a_tampered_trace(tmp_path):
+    """What dp-GAN's audit invariants checked (rate, folded σ, steps, events present), the plan check covers."""
     cfg = tiny(tmp_path, "privacy.noise_multiplier=2.0", "zhang.grouping=per_layer")
-    plan = plan_privacy(cfg, 540, num_groups=5)
+    plan = ZHANG.plan(cfg, 540)
     good = MechanismTrace([plan.event.with_count(8)])
-    assert all(c["passed"] for c in audit_invariants(cfg, good, 540))
+    assert plan.releases == 5 and good == plan.trace and zhang_check(cfg, good, 540)["passed"]
 
-    def failed(trace, n=540):
-        return {c["name"] for c in audit_invariants(cfg, trace, n) if not c["passed"]}
+    def passed(trace, n=540):
+        return zhang_check(cfg, trace, n)["passed"]
 
-    assert failed(good, n=1000) == {"sample_rate"}  # the trace understates q
-    assert failed(MechanismTrace([plan.event.with_noise(2.0).with_count(8)])) == {"noise_multiplier_folded"}
-    assert failed(MechanismTrace([plan.event.with_count(9)])) == {"steps_within_config"}
-    assert failed(MechanismTrace()) == {"events_present"}
+    assert not passed(good, n=1000)  # the trace understates q
+    assert not passed(MechanismTrace([plan.event.with_noise(2.0).with_count(8)]))  # σ not folded over the k groups
+    assert not passed(MechanismTrace([plan.event.with_count(9)]))  # more steps than configured
+    assert not passed(MechanismTrace([plan.event.with_count(7)]))  # fewer than the plan
+    assert not passed(MechanismTrace())  # no events
+    assert not passed(MechanismTrace([plan.event.with_count(4), plan.event.with_noise(1.0).with_count(4)]))
 
 
 # --- the pipeline stages ---------------------------------------------------------------------------

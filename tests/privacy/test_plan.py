@@ -25,15 +25,12 @@ def test_the_event_folds_the_releases_and_the_plan_is_frozen():
 
 @pytest.mark.parametrize("method", ["dpgan", "gswgan", "zhang"])
 def test_every_method_plans_with_the_one_plan(method):
-    import importlib
+    from dpsynth.methods import registry
 
     cfg = load_config(overrides=[f"train.method={method}", "privacy.noise_multiplier=4.0", "train.steps=10",
                                  "privacy.epsilon=1000", "privacy.delta=1e-5", "gswgan.batch_size=16",
-                                 "zhang.grouping=weight_bias"])
-    module = importlib.import_module(f"dpsynth.methods.{method}")
-    plan = {"dpgan": lambda: module.plan_privacy(cfg, 60_000),
-            "gswgan": lambda: module.plan_privacy(cfg, n=60_000, num_shards=100),
-            "zhang": lambda: module.plan_privacy(cfg, 60_000, num_groups=2)}[method]()
+                                 "zhang.grouping=weight_bias", "partition.num_shards=100"])
+    plan = registry.get(method).mechanism.plan(cfg, 60_000)
     assert isinstance(plan, PrivacyPlan) and plan.steps == 10 and plan.noise_multiplier == 4.0
     releases = {"dpgan": 1, "gswgan": 16, "zhang": 2}[method]
     assert plan.releases == releases and plan.event.noise_multiplier == pytest.approx(4.0 / math.sqrt(releases))

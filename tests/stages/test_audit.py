@@ -52,7 +52,7 @@ def test_passes_with_both_accountants_recomputed_from_the_trace(trained, source)
     _, est, up = msr.compute_epsilon(delta=1e-4, num_self_compositions=[event["count"]])
     assert report["epsilons"]["prv"]["upper"] == pytest.approx(up, abs=0.02)
     assert report["epsilon_upper_bound"] == max(report["epsilons"]["rdp"], report["epsilons"]["prv"]["upper"]) <= 10
-    assert {c["name"] for c in report["checks"]} >= {"trace_sha256", "generator_sha256", "delta", "steps", "epsilon",
+    assert {c["name"] for c in report["checks"]} >= {"trace_sha256", "generator_sha256", "delta", "plan", "epsilon",
                                                      "noise", "sampling", "accounting", "claim", "mlflow"}
     assert report["claimed"]["accountant"] == "rdp" and report["claimed"]["epsilon"] == pytest.approx(
         ref.get_epsilon(1e-4), rel=1e-6)  # the trainer's claim agrees with the independent recomputation
@@ -193,32 +193,44 @@ def test_without_replacement_traces_are_recomputed_with_the_wor_bound_only():
     assert report["epsilons"]["wor"] == pytest.approx(ref, rel=1e-3) and ref < 4
     (eps_check,) = [c for c in report["checks"] if c["name"] == "epsilon"]
     assert eps_check["passed"]
-    # DPGAN's invariants demand Poisson sampling, so this trace still fails for a DPGAN run
+    # DPGAN's plan is Poisson sampling, so this trace still fails for a DPGAN run
     failed = [c["name"] for c in report["checks"] if not c["passed"]]
-    assert report["decision"] == "failed" and failed == ["event[0]", "plan"]
+    assert report["decision"] == "failed" and failed == ["plan"]
     # over the target by the independent reference: fails the epsilon check
     loud = audit.evaluate(cfg, trace_text=wor_trace(1.0, 1000).to_json(), n=60_000, integrity=ok)
     assert autodp_mechanism_epsilon([(0.01, 1.0, 1000)], delta=1e-5) > 4
     assert not next(c for c in loud["checks"] if c["name"] == "epsilon")["passed"]
 
 
-def test_methods_register_their_invariants_lazily(monkeypatch):
+def test_the_audit_asks_the_registered_mechanism_for_the_plan_and_the_statement(monkeypatch):
+    from dpsynth.errors import PrivacyError
+    from dpsynth.mechanisms.discriminator import DPGAN, DiscriminatorDPSGD
+    from dpsynth.privacy.plan import PrivacyPlan
+
     cfg = load_config(overrides=["privacy.epsilon=4", "privacy.delta=1e-5", "train.steps=1000"])
-    dpgan = registry.METHODS["dpgan"]
-    monkeypatch.setitem(registry.METHODS, "dpgan", replace(dpgan, invariants="dpsynth.methods.not_there:audit_invariants"))
+    calls = []
+
+    class Recording(DiscriminatorDPSGD):
+        def plan(self, cfg, n):
+            calls.append(n)
+            (event,) = wor_trace(3.0, 1000).events
+            return PrivacyPlan(event=event.with_count(1), steps=1000, guard=None, noise_multiplier=3.0)
+
+        def statement(self, cfg, plan, n):
+            return {"adjacency": "recorded", "noise": "recorded", "assumptions": [], "accounts": [], "unprotected": None}
+
+    recording = Recording(**{f: getattr(DPGAN, f) for f in ("sampled", "sampling", "clipped", "fold", "noise")})
+    monkeypatch.setitem(registry.METHODS, "dpgan", replace(registry.METHODS["dpgan"], mechanism=recording))
     report = audit.evaluate(cfg, trace_text=wor_trace(3.0, 1000).to_json(), n=60_000, integrity=[])
-    (check,) = [c for c in report["checks"] if c["name"] == "invariants"]
-    assert not check["passed"] and "not_there" in check["detail"] and report["decision"] == "failed"
-    monkeypatch.setitem(registry.METHODS, "dpgan", replace(dpgan, invariants="tests.stages.test_audit:_record_invariants"))
-    _CALLS.clear()
+    assert calls == [60_000] and report["statement"]["adjacency"] == "recorded"
+    assert [c["name"] for c in report["checks"] if not c["passed"]] == []  # the trace is that mechanism's plan
+
+    class Refusing(Recording):
+        def plan(self, cfg, n):
+            raise PrivacyError("privacy.epsilon: no plan")
+
+    refusing = Refusing(**{f: getattr(DPGAN, f) for f in ("sampled", "sampling", "clipped", "fold", "noise")})
+    monkeypatch.setitem(registry.METHODS, "dpgan", replace(registry.METHODS["dpgan"], mechanism=refusing))
     report = audit.evaluate(cfg, trace_text=wor_trace(3.0, 1000).to_json(), n=60_000, integrity=[])
-    assert _CALLS == [(1000, 60_000)]
-    assert [c["name"] for c in report["checks"] if not c["passed"]] == ["plan"]  # not DPGAN's plan, whatever invariants say
-
-
-_CALLS = []
-
-
-def _record_invariants(cfg, trace, n):
-    _CALLS.append((trace.steps, n))
-    return [{"name": "method", "passed": True, "detail": "recorded"}]
+    (check,) = [c for c in report["checks"] if c["name"] == "plan"]
+    assert not check["passed"] and "privacy.epsilon: no plan" in check["detail"] and report["decision"] == "failed"

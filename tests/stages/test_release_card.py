@@ -184,7 +184,7 @@ def test_audit_md_says_each_check_in_one_plain_line_and_the_trace_apart():
 
     cfg = load_config("configs/dpgan-mnist-cpu.yaml", overrides=["train.steps=20"])
     n = 9000
-    trace = registry.get("dpgan").audit_plan()(cfg, n).trace
+    trace = registry.get("dpgan").mechanism.plan(cfg, n).trace
     report = audit.evaluate(cfg, trace_text=trace.to_json(), n=n, integrity=[], prv_time_limit_s=60)
     report = {**report, "generator": {"sha256": "x"}, "claimed": {},
               "trace": {"events": [e.to_dict() for e in trace.events]}}

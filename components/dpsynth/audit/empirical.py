@@ -242,7 +242,7 @@ class InputGradientCanaries:
 
 
 class _InputSanitizerWithCanaries:
-    """GS-WGAN's own :class:`~dpsynth.methods.gswgan.Sanitizer` (clip each row, add noise, record the
+    """GS-WGAN's own :class:`~dpsynth.mechanisms.dpsgd.InputGradientSanitizer` (clip each row, add noise, record the
     iteration's event), with the included canaries of the drawn shard added to its input rows and its
     output observed. ``shard`` is set by the trainer's per-shard hook (``generator_loss(k)``) just before:
     the mechanism's own secret choice decides whose canaries join, as it decides whose records do; the

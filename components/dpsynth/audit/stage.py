@@ -14,12 +14,11 @@ only when every check holds:
   replace-one), and the trainer's accountant is one that applies to it;
 * ``accounting``: the run used sound accounting — a config, trace or result marked
   ``as_published`` (a paper's own, unsound account) never passes;
-* the method's invariants (each method's own, named by :mod:`dpsynth.methods.registry`, imported
-  when used), so a trace cannot understate its sampling rate or steps;
-* ``plan``: the trace equals the privacy plan recomputed from the config and n (the method's
-  ``plan`` in the registry: :attr:`~dpsynth.privacy.plan.PrivacyPlan.trace`) — every event's
-  sampling, adjacency and step count exactly, its rate and σ to 1e-9 relative (calibration
-  recomputed), including the warm-up release that opens DPGAN's trace;
+* ``plan``: the trace equals the privacy plan recomputed from the config and n by the method's
+  mechanism (the registry's ``mechanism``, :mod:`dpsynth.mechanisms`;
+  :attr:`~dpsynth.privacy.plan.PrivacyPlan.trace`) — every event's sampling, adjacency and step
+  count exactly, its rate and σ to 1e-9 relative (calibration recomputed), including the warm-up
+  releases that open the trace — so a trace cannot understate its sampling rate, its noise or its steps;
 * ``epsilon``: every accountant that applies bounds ε within the target. Poisson events have
   two independent ones, RDP (ε_RDP ≤ target·(1 + 1e-9), floating-point rounding only) and PRV
   (ε_PRV,upper ≤ target + eps_error, its own grid error: soundness rests on the RDP bound, a
@@ -38,7 +37,7 @@ only when every check holds:
   sha256 of a sensitive-zone file the stages recorded (a warm-started discriminator's hash, say, is a membership
   test for anyone who can retrain it): outside the sensitive zone they are named by keyed version ids.
 
-Every report also *states* what its ε means (the method's ``statement`` in the registry,
+Every report also *states* what its ε means (the statement of the method's mechanism,
 :mod:`dpsynth.privacy.statement`): the adjacency and the rate that matches it, the σ convention,
 the assumptions the account makes (GS-WGAN's shard-state assumption), other accounts beside it
 (the shard choice revealed; federated: against the server), and any records used without privacy.
@@ -91,15 +90,20 @@ def _check(name: str, ok: bool, detail: str) -> dict:
     return {"name": name, "passed": bool(ok), "detail": detail}
 
 
-def invariants(method: str):
-    """The audit invariants of ``method`` (the method registry's ``invariants``); DpsynthError when
-    there are none or they cannot be loaded (the audit then fails closed)."""
-    spec = registry.get(method)
+def recompute_plan(cfg: RunConfig, n: int):
+    """(the mechanism of ``cfg``'s method, its privacy plan recomputed from ``cfg`` and n); DpsynthError (a
+    ConfigError or PrivacyError naming the setting) when the configuration allows no plan."""
+    mechanism = registry.get(cfg.train.method).mechanism
+    return mechanism, mechanism.plan(cfg, n)
+
+
+def mechanism_check(cfg: RunConfig, trace: MechanismTrace, n: int) -> dict:
+    """The ``plan`` check: ``trace`` against the plan its method's mechanism recomputes from ``cfg`` and n."""
     try:
-        return spec.audit_invariants()
-    except (ImportError, AttributeError) as exc:
-        raise DpsynthError(f"train.method: the audit invariants of {method!r} ({spec.invariants}) "
-                           f"cannot be loaded ({exc})") from None
+        _, plan = recompute_plan(cfg, n)
+    except DpsynthError as exc:
+        return _check("plan", False, f"cannot recompute the privacy plan from the config and n: {exc}")
+    return plan_check(plan.trace, trace)
 
 
 def accountants_for(trace: MechanismTrace) -> tuple[str, ...]:
@@ -377,15 +381,10 @@ def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: di
     try:
         trace = MechanismTrace.from_json(trace_text)
         try:
-            checks += invariants(cfg.train.method)(cfg, trace, n)
-        except DpsynthError as exc:
-            checks.append(_check("invariants", False, str(exc)))
-        try:
-            spec = registry.get(cfg.train.method)
-            plan = spec.audit_plan()(cfg, n)
+            mechanism, plan = recompute_plan(cfg, n)
             checks.append(plan_check(plan.trace, trace))
-            statement = spec.audit_statement()(cfg, plan, n)
-        except (DpsynthError, ImportError, AttributeError) as exc:
+            statement = mechanism.statement(cfg, plan, n)
+        except DpsynthError as exc:
             checks.append(_check("plan", False, f"cannot recompute the privacy plan from the config and n: {exc}"))
         names = accountants_for(trace)
         if not names:
@@ -451,8 +450,6 @@ PLAIN = {
     "sampling": "every event's sampling matches the adjacency its accountant assumes",
     "accounting": "the accounting is sound (not a paper's own account reproduced for comparison)",
     "plan": "the trace is exactly the privacy plan recomputed from the configuration and n (the trace is below)",
-    "warmup": "the warm-up's releases open the trace exactly as configured",
-    "steps": "no more private steps than configured",
 }
 
 
@@ -460,9 +457,6 @@ def check_line(c: dict) -> str:
     """One check as one line of plain words: what it established, or why it failed."""
     name = c["name"]
     plain = PLAIN.get(name)
-    if name.startswith("event["):
-        plain = (f"training event {name[6:-1]} (after any warm-up release) has the sampling, adjacency and rate "
-                 "the configuration sets")
     if protocol.inconclusive(c):
         return f"- ? **inconclusive** — {name}: {' '.join(str(c['detail']).split())}"
     text = plain if c["passed"] and plain else " ".join(str(c["detail"]).split())

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.events import MechanismEvent, MechanismTrace
+from dpsynth.privacy.events import MechanismEvent, MechanismTrace, fold_releases
 from dpsynth.mechanisms.ghost import GhostClipping
 from dpsynth.mechanisms.randomness import MechanismRandomness
 
@@ -62,7 +62,44 @@ def private_module(module: nn.Module, mode: str) -> nn.Module:
     raise ValueError(f"grad_sample_mode: must be one of {', '.join(MODES)}, got {mode!r}")
 
 
-class GradientSanitizer:
+class RecordedRelease:
+    """The contract every sanitizer keeps (Opacus' optimizer-step hook → accountant): built with the mechanism
+    ``trace`` and the ``event`` one noisy release is (both or neither), it refuses an event whose σ is not the σ
+    it adds folded over the releases that event covers, and records the event itself at each noisy release, so
+    noise and accounting cannot come apart. Under torchrun its ``reducer``
+    (:class:`dpsynth.mechanisms.distributed.NoiseOnRankZero`) makes one release of the job's ranks: noise on rank 0
+    only, then one SUM all-reduce."""
+
+    def __init__(self, *, trace: MechanismTrace | None, event: MechanismEvent | None):
+        if (trace is None) != (event is None):
+            raise ValueError("trace, event: a sanitizer that records its releases needs both (or neither)")
+        self.trace, self.event = trace, event
+        self.reducer = None  # one job on several ranks; None in one process
+
+    def effective_noise_multiplier(self) -> float:
+        """The multiplier of the single folded release that one recorded event is."""
+        raise NotImplementedError
+
+    def _noise_words(self) -> str:
+        raise NotImplementedError
+
+    def _check_event(self) -> None:
+        """Refuse to release noise that differs from what the recorded event says."""
+        if self.event is not None and not math.isclose(self.event.noise_multiplier, self.effective_noise_multiplier(),
+                                                       rel_tol=1e-12):
+            raise PrivacyError(f"noise_multiplier: the sanitizer adds {self._noise_words()}, but the event it records "
+                               f"has σ = {self.event.noise_multiplier:.6g}; refusing to release")
+
+    def _adds_noise(self) -> bool:
+        """Whether this process adds the release's noise: always in one process, rank 0 alone across ranks."""
+        return self.reducer is None or self.reducer.adds_noise
+
+    def _record(self) -> None:
+        if self.trace is not None:
+            self.trace.record(self.event)
+
+
+class GradientSanitizer(RecordedRelease):
     """Clip, sum and noise per-example gradients: those of ``module`` (from :func:`private_module`),
     given the per-example losses of its forward pass, or those held in ``p.grad_sample``.
 
@@ -101,12 +138,7 @@ class GradientSanitizer:
         self.randomness = randomness
         self.module = module
         self._sums: list[list[torch.Tensor]] | None = None
-        # one job on several ranks (dpsynth.mechanisms.distributed.NoiseOnRankZero): noise on rank 0 only, then
-        # the sums all-reduced; None in one process
-        self.reducer = None
-        if (trace is None) != (event is None):
-            raise ValueError("trace, event: a sanitizer that records its releases needs both (or neither)")
-        self.trace, self.event = trace, event
+        super().__init__(trace=trace, event=event)
         self._check_event()
 
     @property
@@ -179,14 +211,9 @@ class GradientSanitizer:
                 p.grad_sample = None
                 p.grad = None
 
-    def _check_event(self) -> None:
-        """Refuse to release noise that differs from what the recorded event says."""
-        if self.event is not None and not math.isclose(self.event.noise_multiplier, self.effective_noise_multiplier(),
-                                                       rel_tol=1e-12):
-            raise PrivacyError(
-                f"noise_multiplier: the sanitizer adds σ = {self.noise_multiplier:.6g} per group ({self.num_groups} "
-                f"group(s): one release of σ/√k = {self.effective_noise_multiplier():.6g}), but the event it records "
-                f"has σ = {self.event.noise_multiplier:.6g}; refusing to release")
+    def _noise_words(self) -> str:
+        return (f"σ = {self.noise_multiplier:.6g} per group ({self.num_groups} group(s): one release of σ/√k = "
+                f"{self.effective_noise_multiplier():.6g})")
 
     @torch.no_grad()
     def finalize(self) -> None:
@@ -199,7 +226,7 @@ class GradientSanitizer:
         for group, bound, sums in zip(self.groups, self.bounds, self._sums):
             std = self.noise_multiplier * bound
             for p, acc in zip(group, sums):
-                if std > 0 and (reducer is None or reducer.adds_noise):
+                if std > 0 and self._adds_noise():
                     acc.add_(self.randomness.standard_normal(p.shape, dtype=p.dtype) * std)
         if reducer is not None:  # every rank: Σ_r sums_r + the noise rank 0 added
             reducer.all_reduce([acc for sums in self._sums for acc in sums])
@@ -207,9 +234,57 @@ class GradientSanitizer:
             for p, acc in zip(group, sums):
                 p.grad = acc / self.expected_batch_size
         self._sums = None
-        if self.trace is not None:
-            self.trace.record(self.event)
+        self._record()
 
     def effective_noise_multiplier(self) -> float:
         """The multiplier of the single folded release that one step of this sanitizer is."""
         return self.noise_multiplier / math.sqrt(self.num_groups)
+
+
+def sanitize(grads: torch.Tensor, *, clip_norm: float, noise_multiplier: float,
+             randomness: MechanismRandomness | None = None) -> torch.Tensor:
+    """M_{σ,C} on each row: clip g_i to L2 norm ≤ C, add independent N(0, (σC)²) to every coordinate.
+
+    The noise comes from ``randomness`` (the mechanism's secret coins); None: fresh OS-entropy coins."""
+    flat = grads.flatten(1)
+    scale = (clip_norm / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)
+    clipped = flat * scale[:, None]
+    if noise_multiplier == 0:
+        return clipped.view_as(grads)
+    randomness = randomness or MechanismRandomness(device=clipped.device)
+    noise = randomness.standard_normal(clipped.shape, dtype=clipped.dtype)
+    return (clipped + noise * (noise_multiplier * clip_norm)).view_as(grads)
+
+
+class InputGradientSanitizer(RecordedRelease):
+    """GS-WGAN's M_{σ,C} (:func:`sanitize`) on the per-sample gradients g_i = ∂ℓ_i/∂G(z_i) the generator receives,
+    with the mechanism's secret coins: each call releases ``releases`` sanitized rows and records ``event`` —
+    those releases folded into one (σ/√releases); a call with another number of rows is refused.
+
+    Across torchrun ranks (:mod:`dpsynth.training.data_parallel`) only the rank holding D_k passes the B gradients
+    (the others pass zeros), rank 0 alone adds the noise (σC per coordinate, from its secret coins: the
+    one-process stream), and one SUM all-reduce gives every rank clip(g_i, C) + N(0, σ²C²)."""
+
+    def __init__(self, *, clip_norm: float, noise_multiplier: float, randomness: MechanismRandomness,
+                 trace: MechanismTrace | None = None, event: MechanismEvent | None = None, releases: int = 1):
+        super().__init__(trace=trace, event=event)
+        self.clip_norm, self.noise_multiplier, self.randomness = clip_norm, noise_multiplier, randomness
+        self.releases = releases
+        self._check_event()
+
+    def effective_noise_multiplier(self) -> float:
+        return fold_releases(self.noise_multiplier, self.releases)
+
+    def _noise_words(self) -> str:
+        return (f"σ = {self.noise_multiplier:.6g} per release ({self.releases} per event: σ/√{self.releases} = "
+                f"{self.effective_noise_multiplier():.6g})")
+
+    def __call__(self, grads: torch.Tensor) -> torch.Tensor:
+        if self.trace is not None and len(grads) != self.releases:
+            raise PrivacyError(f"sanitizer: {len(grads)} releases given, its event folds {self.releases}")
+        noise = self.noise_multiplier if self._adds_noise() else 0.0
+        released = sanitize(grads, clip_norm=self.clip_norm, noise_multiplier=noise, randomness=self.randomness)
+        if self.reducer is not None:  # every rank: the owner's clipped rows + the noise rank 0 added
+            self.reducer.all_reduce([released])
+        self._record()
+        return released

@@ -30,7 +30,6 @@ from dpsynth.methods.gswgan import (
     GSWGANTrainer,
     _adam,
     _init_with_seed,
-    audit_invariants,
     derived_seed,
     real_batch,
     warm_start_shard,
@@ -75,4 +74,4 @@ class DPACTrainer(GSWGANTrainer):
         return C
 
 
-__all__ = ["DPACTrainer", "audit_invariants", "balanced_labels", "warm_start_shard"]
+__all__ = ["DPACTrainer", "balanced_labels", "warm_start_shard"]

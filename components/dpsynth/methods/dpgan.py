@@ -7,7 +7,8 @@ steps, one non-private generator step with the non-saturating loss. The generato
 the data only through the privatized discriminator, so its release is post-processing.
 
 The privacy cost is one Poisson-subsampled Gaussian event per discriminator step,
-recorded in the mechanism trace; training stops before the step that would exceed ε.
+recorded in the mechanism trace; training stops before the step that would exceed ε
+(the mechanism, its plan and statement: :data:`dpsynth.mechanisms.discriminator.DPGAN`).
 """
 
 from __future__ import annotations
@@ -21,47 +22,18 @@ import torch.nn.functional as F
 from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.errors import PrivacyError
-from dpsynth.training import data_parallel
+from dpsynth.training import data_parallel, warmup
 from dpsynth.methods import registry
-from dpsynth.training import warmup
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
+from dpsynth.methods.generator_step import generator_step, non_saturating
 from dpsynth.training.loop import Trainer
 from dpsynth.models.dcgan import Discriminator, Generator
-from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
-from dpsynth.mechanisms.dpsgd import GradientSanitizer, private_module
-from dpsynth.privacy.plan import PrivacyPlan
+from dpsynth.mechanisms.discriminator import DPGAN
+from dpsynth.mechanisms.dpsgd import private_module
 from dpsynth.mechanisms.randomness import MechanismRandomness
 
 # Opacus' hooks fire on module outputs because image inputs need no gradient; that is expected.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
-
-
-def plan_privacy(cfg: RunConfig, n: int) -> PrivacyPlan:
-    """DPGAN's plan: one Poisson-subsampled Gaussian event per discriminator step (σ as configured or
-    calibrated so that the warm-up release, when configured, and train.steps spend ≤ ε), the steps
-    training will take, and their guard."""
-    p, t = cfg.privacy, cfg.train
-    check_delta(p.delta, n)
-    q = t.batch_size / n
-    if q > 1:
-        raise PrivacyError(f"train.batch_size: {t.batch_size} exceeds the {n} training records")
-    prefix = warmup.prefix(cfg, accountant=p.accountant)
-    sigma = p.noise_multiplier
-    if sigma is None:
-        sigma = calibrate_noise(
-            target_epsilon=p.epsilon, delta=p.delta, sample_rate=q, steps=t.steps, accountant=p.accountant,
-            prefix=prefix,
-        )
-    event = MechanismEvent(sampling="poisson", sample_rate=q, noise_multiplier=sigma, sensitivity="add_remove")
-    guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=p.accountant, event=event)
-    steps = min(t.steps, guard.remaining(prefix))
-    if steps < 1:
-        raise PrivacyError(
-            f"privacy.epsilon: {p.epsilon} does not allow a single step at noise multiplier {sigma:.4g} "
-            f"and sample rate {q:.4g}; raise epsilon or the noise multiplier"
-        )
-    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, prefix=prefix.events)
 
 
 _PLAN = "the privacy plan: from the configuration and n (public), before any step"
@@ -92,7 +64,7 @@ class DPGANTrainer(Trainer):
         self.n = len(dataset)
         _, channels, size, _ = self.images.shape
         self.image_shape = (channels, size, size)
-        self.plan = plan_privacy(cfg, self.n)
+        self.plan = DPGAN.plan(cfg, self.n)
 
         torch.manual_seed(t.seed)
         self.G = Generator(num_classes=self.num_classes, channels=channels, image_size=size,
@@ -109,11 +81,8 @@ class DPGANTrainer(Trainer):
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
                                              seed=self.dist.mechanism_seed(mechanism_seed))
         # records plan.event in the trace at every noisy release (finalize)
-        self.sanitizer = GradientSanitizer(
-            list(self.D.parameters()), max_grad_norm=cfg.privacy.max_grad_norm,
-            noise_multiplier=self.plan.noise_multiplier, expected_batch_size=2 * t.batch_size,
-            randomness=self.mechanism, module=self.D_private, trace=self.trace, event=self.plan.event,
-        )
+        self.sanitizer = DPGAN.sanitizer(cfg, self.plan, list(self.D.parameters()), randomness=self.mechanism,
+                                         module=self.D_private, trace=self.trace)
         data_parallel.join(self)  # under torchrun: noise on rank 0, the clipped sums all-reduced
         n_d = registry.n_d(cfg)  # n_D of Bie et al.
         self.n_d = AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta) if n_d == "adaptive" else FixedSteps(n_d)
@@ -154,22 +123,15 @@ class DPGANTrainer(Trainer):
         hooks = hasattr(self.D_private, "disable_hooks")  # "ew" mode has none: plain D calls skip it
         if hooks:
             self.D_private.disable_hooks()
-        self.D.requires_grad_(False)
         try:
             with torch.no_grad():  # D's accuracy on a fresh fake batch: post-processing, free
                 fx, fy = self.G.sample(B, generator=self.rng)
                 self.last_fake_acc = (self.D(fx, fy) < 0).float().mean().item()
             self.n_d.observe(self.last_fake_acc)
-            fx, fy = self.G.sample(B, generator=self.rng)
-            loss = F.softplus(-self.D(fx, fy)).mean()  # non-saturating: -log D(G(z))
-            self.opt_g.zero_grad(set_to_none=True)
-            loss.backward()
-            self.opt_g.step()
+            self.last_g_loss = generator_step(self.G, self.D, self.opt_g, B, self.rng, loss=non_saturating)
         finally:
-            self.D.requires_grad_(True)
             if hooks:
                 self.D_private.enable_hooks()
-        self.last_g_loss = loss.item()
         self.g_steps += 1
         self.since_g = 0
 
@@ -204,34 +166,3 @@ class DPGANTrainer(Trainer):
         if ema is not None:
             metrics["d_accuracy_fake_ema"] = ema
         return {"n_d": self.n_d.n_d, "d_acc": f"{shown:.2f}"}, metrics
-
-
-def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
-    """Checks of a DPGAN trace against its config, for the audit: every event Poisson/add-remove at
-    q = B/n (and the configured σ when set); no more steps than configured."""
-    q = cfg.train.batch_size / n
-    checks, events = warmup.invariants(cfg, trace)
-    for i, e in enumerate(events):
-        ok = (e.sampling == "poisson" and e.sensitivity == "add_remove"
-              and math.isclose(e.sample_rate, q, rel_tol=1e-9)
-              and (cfg.privacy.noise_multiplier is None
-                   or math.isclose(e.noise_multiplier, cfg.privacy.noise_multiplier, rel_tol=1e-12)))
-        checks.append({"name": f"event[{i}]", "passed": ok,
-                       "detail": f"{e.sampling}/{e.sensitivity} q={e.sample_rate:.6g} σ={e.noise_multiplier:.6g} "
-                                 f"× {e.count}; expected poisson/add_remove q=B/n={q:.6g}"})
-    steps = sum(e.count for e in events)
-    checks.append({"name": "steps", "passed": steps <= cfg.train.steps,
-                   "detail": f"{steps} steps, train.steps={cfg.train.steps}"})
-    return checks
-
-
-def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
-    """What DPGAN's (ε, δ) means (for the audit, the release record and the MLflow tags)."""
-    from dpsynth.privacy.statement import REPLACE_BY_GROUP_PRIVACY, statement
-
-    warm = warmup.statement(cfg)
-    return statement(
-        adjacency=f"add/remove one record: every step Poisson-samples records at q = B/n = {plan.event.sample_rate:.6g}; "
-                  f"{REPLACE_BY_GROUP_PRIVACY}.",
-        noise=f"σ·C: N(0, (σC)²) per coordinate on the sum of per-example gradients clipped to C (sensitivity C), "
-              f"σ = {plan.event.noise_multiplier:.6g}.{warm}")

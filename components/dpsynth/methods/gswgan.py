@@ -12,7 +12,6 @@ import copy
 import hashlib
 import io
 import json
-import math
 import time
 from typing import Callable
 
@@ -21,30 +20,21 @@ import torch
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.errors import ConfigError, PrivacyError
+from dpsynth.errors import ConfigError
 from dpsynth.grids import class_grid
-from dpsynth.training import data_parallel
+from dpsynth.training import data_parallel, warmup
 from dpsynth.methods import registry
-from dpsynth.training import warmup
 from dpsynth.training.result import TrainResult, resolve_device
+from dpsynth.methods.generator_step import generator_step
 from dpsynth.training.loop import Trainer
 from dpsynth.training.artifacts import build_generator
 from dpsynth.models.gswgan_networks import Discriminator
-from dpsynth.privacy import (
-    BudgetGuard,
-    MechanismEvent,
-    MechanismTrace,
-    as_published_epsilon,
-    calibrate_noise,
-    check_delta,
-    fold_releases,
-    gswgan_event,
-)
-from dpsynth.privacy.plan import PrivacyPlan
+from dpsynth.mechanisms.generator_gradient import ACCOUNTANT, GSWGAN
+from dpsynth.privacy import as_published_epsilon
+from dpsynth.mechanisms.dpsgd import InputGradientSanitizer
 from dpsynth.mechanisms.randomness import MechanismRandomness
 
 DISCRIMINATOR_FORMAT = "dpsynth.gswgan.discriminator/1"
-ACCOUNTANT = "wor"  # whatever privacy.accountant says: shard sampling needs the without-replacement bound
 
 
 # --- seeds, shapes --------------------------------------------------------------------------------
@@ -130,61 +120,8 @@ def critic_loss(D, real_x, real_y, fake_x, *, gp_weight: float, drift_weight: fl
     return loss
 
 
-def sanitize(grads: torch.Tensor, *, clip_norm: float, noise_multiplier: float,
-             randomness: MechanismRandomness | None = None) -> torch.Tensor:
-    """M_{σ,C} on each row: clip g_i to L2 norm ≤ C, add independent N(0, (σC)²) to every coordinate.
-
-    The noise comes from ``randomness`` (the mechanism's secret coins); None: fresh OS-entropy coins."""
-    flat = grads.flatten(1)
-    scale = (clip_norm / (flat.norm(dim=1) + 1e-12)).clamp(max=1.0)
-    clipped = flat * scale[:, None]
-    if noise_multiplier == 0:
-        return clipped.view_as(grads)
-    randomness = randomness or MechanismRandomness(device=clipped.device)
-    noise = randomness.standard_normal(clipped.shape, dtype=clipped.dtype)
-    return (clipped + noise * (noise_multiplier * clip_norm)).view_as(grads)
-
-
-class Sanitizer:
-    """M_{σ,C} (:func:`sanitize`) with the mechanism's secret coins, recording its own releases.
-
-    With ``trace`` and ``event`` (both or neither), each call releases ``releases`` sanitized rows and
-    records ``event`` — those releases folded into one (σ/√releases) — in ``trace``; an event whose σ is
-    not that fold, or a call with another number of rows, is refused, so the noise added and the event
-    recorded cannot come apart.
-
-    Across torchrun ranks (:mod:`dpsynth.training.data_parallel`) ``reducer`` forms the one release of the job:
-    only the rank holding D_k passes the B gradients (the others pass zeros), rank 0 alone adds the noise
-    (σC per coordinate, from its secret coins: the one-process stream), and one SUM all-reduce gives every
-    rank clip(g_i, C) + N(0, σ²C²)."""
-
-    def __init__(self, *, clip_norm: float, noise_multiplier: float, randomness: MechanismRandomness,
-                 trace: MechanismTrace | None = None, event: MechanismEvent | None = None, releases: int = 1):
-        if (trace is None) != (event is None):
-            raise ValueError("trace, event: a sanitizer that records its releases needs both (or neither)")
-        if event is not None and not math.isclose(event.noise_multiplier, fold_releases(noise_multiplier, releases),
-                                                  rel_tol=1e-12):
-            raise PrivacyError(f"noise_multiplier: the sanitizer adds σ = {noise_multiplier:.6g} per release "
-                               f"({releases} per event: σ/√{releases} = {fold_releases(noise_multiplier, releases):.6g}), "
-                               f"but the event it records has σ = {event.noise_multiplier:.6g}; refusing to release")
-        self.clip_norm, self.noise_multiplier, self.randomness = clip_norm, noise_multiplier, randomness
-        self.trace, self.event, self.releases = trace, event, releases
-        self.reducer = None  # torchrun: dpsynth.mechanisms.distributed.NoiseOnRankZero (set by data_parallel.join)
-
-    def __call__(self, grads: torch.Tensor) -> torch.Tensor:
-        if self.trace is not None and len(grads) != self.releases:
-            raise PrivacyError(f"sanitizer: {len(grads)} releases given, its event folds {self.releases}")
-        noise = self.noise_multiplier if self.reducer is None or self.reducer.adds_noise else 0.0
-        released = sanitize(grads, clip_norm=self.clip_norm, noise_multiplier=noise, randomness=self.randomness)
-        if self.reducer is not None:  # every rank: the owner's clipped rows + the noise rank 0 added
-            self.reducer.all_reduce([released])
-        if self.trace is not None:
-            self.trace.record(self.event)
-        return released
-
-
 def sanitized_generator_step(G, opt_g, per_sample_loss: Callable | None, *, batch_size: int,
-                             generator: torch.Generator, sanitizer: Sanitizer) -> None:
+                             generator: torch.Generator, sanitizer: InputGradientSanitizer) -> None:
     """One generator update in which only ∂ℓ_i/∂G(z_i) is sanitized (paper Eq. 11).
 
     ``generator`` draws the latents and labels (train.seed), ``sanitizer`` releases the B gradients
@@ -256,13 +193,7 @@ def warm_start_shard(cfg: RunConfig, shard: ImageDataset, *, shard_index: int, o
     rng = torch.Generator(device=device).manual_seed(derived_seed(cfg.train.seed, "warmstart-latent", shard_index))
     for _ in range(g.warmstart_iterations):
         critic_steps(D, opt_d, G, images, labels, cfg=cfg, data_rng=data_rng, rng=rng)
-        D.requires_grad_(False)
-        fake_x, fake_y = G.sample(g.batch_size, generator=rng)
-        loss = -D(fake_x, fake_y).mean()
-        opt_g.zero_grad(set_to_none=True)
-        loss.backward()
-        opt_g.step()
-        D.requires_grad_(True)
+        generator_step(G, D, opt_g, g.batch_size, rng)  # −E[D_k(G(z))]
     seconds = time.monotonic() - started
     buf = io.BytesIO()
     torch.save({"format": DISCRIMINATOR_FORMAT, "shard": shard_index, "iterations": g.warmstart_iterations,
@@ -284,54 +215,6 @@ def read_discriminator(data: bytes, *, expect_kwargs: dict, shard_index: int) ->
     return state["state_dict"]
 
 
-# --- privacy plan -------------------------------------------------------------------------------
-
-
-def plan_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
-    """GS-WGAN's plan: ``event`` one iteration (rate 1/K, σ/√B, without replacement, replace-one);
-    ``noise_multiplier`` σ, the noise std / C added to each sanitized per-sample gradient; ``releases`` B.
-    Under as_published accounting ``guard`` is None (the sound ε is reported, not enforced) and
-    ``published_epsilon`` is the authors' (unsound) account of ``steps`` iterations."""
-    p, B, T = cfg.privacy, cfg.gswgan.batch_size, cfg.train.steps
-    check_delta(p.delta, n)
-    sigma = p.noise_multiplier
-    if p.accounting == "as_published":
-        if sigma is None:
-            raise ConfigError("privacy.noise_multiplier: as_published accounting reproduces a paper's run; "
-                              "set the paper's σ (e.g. 1.07) instead of calibrating")
-        event = gswgan_event(noise_multiplier=sigma, batch_size=B, num_shards=num_shards)
-
-        def published(steps: int) -> float:
-            return as_published_epsilon(noise_multiplier=sigma, batch_size=B, num_shards=num_shards,
-                                        steps=steps, delta=p.delta)
-
-        lo, hi = 0, T  # largest steps ≤ T with the published ε ≤ target (ε grows with steps)
-        if published(T) <= p.epsilon:
-            lo = T
-        while hi - lo > 1 and lo < T:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if published(mid) <= p.epsilon else (lo, mid)
-        if lo < 1:
-            raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow one iteration even as published")
-        return PrivacyPlan(event=event, steps=lo, guard=None, noise_multiplier=sigma, releases=B,
-                           published_epsilon=published(lo))
-    prefix = warmup.prefix(cfg, accountant=ACCOUNTANT)  # the private warm-up's releases, when configured
-    if sigma is None:
-        event_sigma = calibrate_noise(target_epsilon=p.epsilon, delta=p.delta, sample_rate=1.0 / num_shards,
-                                      steps=T, accountant=ACCOUNTANT, sampling="without_replacement",
-                                      sensitivity="replace_one", prefix=prefix)
-        sigma = event_sigma * math.sqrt(B)
-        while fold_releases(sigma, B) < event_sigma:  # never less noise than calibrated, to the last ulp
-            sigma = math.nextafter(sigma, math.inf)
-    event = gswgan_event(noise_multiplier=sigma, batch_size=B, num_shards=num_shards)
-    guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=ACCOUNTANT, event=event)
-    steps = min(T, guard.remaining(prefix))
-    if steps < 1:
-        raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow a single iteration at per-sample noise "
-                           f"multiplier {sigma:.4g} (B = {B}, K = {num_shards}); raise epsilon or the noise")
-    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=B, prefix=prefix.events)
-
-
 # --- the trainer --------------------------------------------------------------------------------
 
 
@@ -348,6 +231,7 @@ class GSWGANTrainer(Trainer):
     release, and every rank takes the same generator step."""
 
     method = "gswgan"
+    MECHANISM = GSWGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.generator_gradient)
     STEP = "private generator iterations"
     ACCOUNTANT = ACCOUNTANT
     DATA_PARALLEL = True  # shards and their discriminators spread over torchrun ranks
@@ -379,7 +263,7 @@ class GSWGANTrainer(Trainer):
         # (images, labels) on the device for this rank's shards; None for those another rank holds
         self.shards = [tuple(t.to(self.device) for t in shards[k].to_tensors()) if k in self.own else None
                        for k in range(self.K)]
-        self.plan = plan_privacy(cfg, n=self.n, num_shards=self.K)
+        self.plan = self.MECHANISM.plan(cfg, self.n)  # K = partition.num_shards, the shards given
 
         self.G = _init_with_seed(derived_seed(seed, "generator"),
                                  lambda: make_generator(cfg, self.spec)).to(self.device)
@@ -396,9 +280,7 @@ class GSWGANTrainer(Trainer):
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
                                              seed=self.dist.mechanism_seed(mechanism_seed))
         # σ per release; records plan.event (the B releases folded: σ/√B) in the trace at every iteration
-        self.sanitizer = Sanitizer(clip_norm=cfg.privacy.max_grad_norm, noise_multiplier=self.plan.noise_multiplier,
-                                   randomness=self.mechanism, trace=self.trace, event=self.plan.event,
-                                   releases=self.plan.releases)
+        self.sanitizer = self.MECHANISM.sanitizer(cfg, self.plan, randomness=self.mechanism, trace=self.trace)
         self.data_rng = _cpu_rng(seed, "real-batches")
         self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
         if self.dist.distributed:
@@ -548,102 +430,10 @@ def _refresh_spectral_norm(G: torch.nn.Module, iterations: int = 10) -> None:
     G.train(was_training)
 
 
-# --- the audit ------------------------------------------------------------------------------------
-
-
-def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
-    """Checks that a GS-WGAN / DPAC trace is the mechanism this config describes."""
-    K, B, p = cfg.partition.num_shards, cfg.gswgan.batch_size, cfg.privacy
-    checks, events = warmup.invariants(cfg, trace)
-    iterations = sum(e.count for e in events)  # after the warm-up's releases
-
-    def check(name: str, passed: bool, detail: str) -> None:
-        checks.append({"name": name, "passed": bool(passed), "detail": detail})
-
-    check("gswgan.sampling", all(e.sampling == "without_replacement" and e.sensitivity == "replace_one" for e in events),
-          "every event is without_replacement sampling with replace_one adjacency (shard choice, sensitivity 2C)")
-    check("gswgan.sample_rate", all(math.isclose(e.sample_rate, 1 / K, rel_tol=1e-12) for e in events),
-          f"every event has rate 1/K = 1/{K}")
-    if p.noise_multiplier is not None:
-        folded = fold_releases(p.noise_multiplier, B)
-        check("gswgan.noise_multiplier", all(math.isclose(e.noise_multiplier, folded, rel_tol=1e-9) for e in events),
-              f"every event folds the B = {B} releases of σ = {p.noise_multiplier}: σ/√B = {folded:.6g}")
-    else:  # calibrated: calibrate again from the config and compare
-        try:
-            expected = plan_privacy(cfg, n=n, num_shards=K).event.noise_multiplier
-        except (ConfigError, PrivacyError) as exc:
-            check("gswgan.noise_multiplier", False, f"cannot recompute the calibrated noise: {exc}")
-        else:
-            check("gswgan.noise_multiplier",
-                  all(math.isclose(e.noise_multiplier, expected, rel_tol=1e-9) for e in events),
-                  f"every event has the noise multiplier calibrated from the config: {expected:.6g} "
-                  f"(per-release σ = {expected * math.sqrt(B):.6g}, B = {B})")
-    check("gswgan.steps", 0 < iterations <= cfg.train.steps,
-          f"{iterations} iterations recorded, at most train.steps = {cfg.train.steps}")
-    check("gswgan.delta", p.delta < 1 / n if n >= 1 else False, f"δ = {p.delta} < 1/n = {1 / max(n, 1):.6g}")
-    check("gswgan.accounting", p.accounting == "sound",
-          "sound accounting" if p.accounting == "sound" else
-          "as_published accounting reproduces the paper's unsound ε; this run may not be released")
-    return checks
-
-
-def audit_plan(cfg: RunConfig, n: int) -> PrivacyPlan:
-    """The plan the audit recomputes: :func:`plan_privacy` with K = partition.num_shards."""
-    return plan_privacy(cfg, n=n, num_shards=cfg.partition.num_shards)
-
-
-SHARD_STATE_ASSUMPTION = (
-    "shard-state assumption: each shard's discriminator D_k trains (non-privately, in the sensitive zone) only "
-    "in the iterations that draw shard k, so its hidden state depends on which earlier iterations drew k. The "
-    "without-replacement account (rate 1/K) treats every iteration as a fresh draw and assumes this hidden "
-    "selection history gives an adversary nothing beyond the releases; the account with the shard choice "
-    "revealed below does not need the assumption.")
-
-
-def shard_adjacency(num_shards: int, what: str = "shard") -> str:
-    """GS-WGAN's neighbouring relation: add/remove one record at rate 1/K (not replace-one at 1/K)."""
-    from dpsynth.privacy.statement import REPLACE_BY_GROUP_PRIVACY
-
-    return (f"add/remove one record: a record's {what} is a keyed hash of its id, so adding or removing it changes "
-            f"one {what} of K = {num_shards}; each iteration draws one {what} without replacement (rate 1/K = "
-            f"{1 / num_shards:.6g}) and the drawn {what}'s releases move by ≤ 2C (the trace's replace_one event is "
-            f"this {what}-level relation). Replacing a record can change two {what}s (rate 2/K), which this ε "
-            f"does not state directly: {REPLACE_BY_GROUP_PRIVACY}.")
-
-
-def noise_convention(releases: int, plan: PrivacyPlan) -> str:
-    return (f"σ·C per sanitized release (clip C), σ = {plan.noise_multiplier:.6g}; the accountant charges the "
-            f"replaced shard's sensitivity 2C (so σ/2 per release in units of the sensitivity), and the {releases} "
-            f"releases of one iteration fold to σ/√{releases} = {plan.event.noise_multiplier:.6g}. (The authors' "
-            "code adds σ·2C.)")
-
-
-def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
-    """What GS-WGAN's (ε, δ) means: add/remove adjacency at 1/K, the shard-state assumption, and beside
-    it the account with the shard choice revealed (no amplification by the choice)."""
-    from dpsynth.privacy.statement import revealed_choice_account, statement
-
-    K = cfg.partition.num_shards
-    revealed = revealed_choice_account(plan.event, plan.steps, num_shards=K, delta=cfg.privacy.delta,
-                                       prefix=plan.prefix)
-    return statement(
-        adjacency=shard_adjacency(K), noise=noise_convention(plan.releases, plan) + warmup.statement(cfg),
-        assumptions=[SHARD_STATE_ASSUMPTION],
-        accounts=[{"against": "an adversary who sees every iteration's shard choice (no shard-state assumption)",
-                   **revealed}])
-
-
 __all__ = [
     "GSWGANTrainer",
-    "PrivacyPlan",
     "TrainResult",
-    "audit_invariants",
-    "audit_plan",
     "critic_loss",
-    "plan_privacy",
-    "privacy_statement",
-    "Sanitizer",
-    "sanitize",
     "sanitized_generator_step",
     "warm_start_shard",
 ]

@@ -10,7 +10,7 @@ releases), against whom it holds, and the client-level guarantee: docs/privacy.m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,25 +24,23 @@ from dpsynth.training.result import resolve_device
 from dpsynth.training.loop import Trainer
 from dpsynth.methods.gswgan import (
     GSWGANTrainer,
-    PrivacyPlan,
     _adam,
     _cpu_copy,
     _cpu_rng,
     _image_spec,
     _init_with_seed,
-    audit_invariants as _gswgan_invariants,
     critic_loss,
     derived_seed,
     discriminator_kwargs,
     fresh_discriminator,
     make_generator,
-    plan_privacy,
     read_discriminator,
     real_batch,
-    sanitize,
 )
-from dpsynth.privacy import MechanismTrace, fold_releases, gswgan_event
+from dpsynth.mechanisms.generator_gradient import FEDERATED
+from dpsynth.privacy import MechanismTrace
 from dpsynth.mechanisms import distributed
+from dpsynth.mechanisms.dpsgd import sanitize
 from dpsynth.mechanisms.randomness import MechanismRandomness, secret_seed
 
 PRIVACY_UNIT = ("client: neighbouring datasets differ in one client's entire shard "
@@ -120,20 +118,6 @@ def make_client(cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], *, spe
                   rng=torch.Generator(device=device).manual_seed(derived_seed(seed, "client-critic", shard_index)),
                   randomness=MechanismRandomness(device=device, secure_mode=cfg.privacy.secure_mode,
                                                  seed=mechanism_seed))
-
-
-# --- privacy plan ----------------------------------------------------------------------------
-
-
-def plan_federated_privacy(cfg: RunConfig, *, n: int, num_shards: int) -> PrivacyPlan:
-    """As :func:`plan_privacy`, with n_dis·B releases folded per iteration (sound accounting only)."""
-    if cfg.privacy.accounting != "sound":
-        raise ConfigError("privacy.accounting: federated GS-WGAN has no published account to reproduce here")
-    releases = registry.n_d(cfg) * cfg.gswgan.batch_size
-    plan = plan_privacy(replace(cfg, gswgan=replace(cfg.gswgan, batch_size=releases)), n=n, num_shards=num_shards)
-    event = gswgan_event(noise_multiplier=plan.noise_multiplier, batch_size=releases, num_shards=num_shards)
-    assert event == plan.event
-    return plan
 
 
 # --- what the server may know ----------------------------------------------------------------
@@ -219,6 +203,7 @@ class FederatedServer(GSWGANTrainer):
     """The server of Algorithm 2: G, G_ema, opt_g, the plan, the trace and the shard choice. No data."""
 
     method = "gswgan_federated"
+    MECHANISM = FEDERATED  # the n_dis·B releases of an iteration folded (dpsynth.mechanisms.generator_gradient)
     DATA_PARALLEL = False  # its ranks have roles (server, clients) in a process group of its own: dpsynth.methods.federated_processes
     SPREAD_STATE = ()
     MLFLOW_KEYS = GSWGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
@@ -240,7 +225,7 @@ class FederatedServer(GSWGANTrainer):
         self.spec, self.num_classes = meta.spec, meta.spec["num_classes"]
         self.K, self.n = meta.num_clients, meta.n
         self.dataset_name = meta.dataset_name
-        self.plan = plan_federated_privacy(cfg, n=self.n, num_shards=self.K)
+        self.plan = FEDERATED.plan(cfg, self.n)  # K = partition.num_shards clients
         self.G = _init_with_seed(derived_seed(seed, "generator"),
                                  lambda: make_generator(cfg, self.spec)).to(self.device)
         self.G_ema = make_generator(cfg, self.spec).to(self.device).requires_grad_(False)
@@ -327,63 +312,12 @@ class FederatedGSWGANTrainer(FederatedServer):
         if len(shards) != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         meta = federation_meta(cfg, shards)
-        sigma = plan_federated_privacy(cfg, n=meta.n, num_shards=meta.num_clients).noise_multiplier
+        sigma = FEDERATED.plan(cfg, meta.n).noise_multiplier
         choice_seed, client_seeds = mechanism_seeds(mechanism_seed, len(shards))
         clients = [make_client(cfg, s.to_tensors(), spec=meta.spec, shard_index=k, warm=(warm or {}).get(k),
                                mechanism_seed=client_seeds[k]) for k, s in enumerate(shards)]
         super().__init__(cfg, InProcessClients(clients, noise_multiplier=sigma), meta=meta,
                          mechanism_seed=choice_seed, **kwargs)
-
-
-# --- the audit ------------------------------------------------------------------------------------
-
-
-def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
-    """Checks that a federated GS-WGAN trace is the mechanism this config describes (n_dis·B folded)."""
-    g, p = cfg.gswgan, cfg.privacy
-    releases = registry.n_d(cfg) * g.batch_size
-    checks = _gswgan_invariants(replace(cfg, gswgan=replace(g, batch_size=releases)), trace, n)
-    for c in checks:
-        c["name"] = c["name"].replace("gswgan.", "gswgan_federated.", 1)
-        if c["name"] == "gswgan_federated.noise_multiplier" and p.noise_multiplier is not None:
-            folded = fold_releases(p.noise_multiplier, releases)
-            c["detail"] = (f"every event folds the n_dis·B = {registry.n_d(cfg)}·{g.batch_size} releases of σ = "
-                           f"{p.noise_multiplier}: σ/√{releases} = {folded:.6g}")
-    return checks
-
-
-def audit_plan(cfg: RunConfig, n: int) -> PrivacyPlan:
-    """The plan the audit recomputes: :func:`plan_federated_privacy` with K = partition.num_shards clients."""
-    return plan_federated_privacy(cfg, n=n, num_shards=cfg.partition.num_shards)
-
-
-# What the guarantee against the server rests on (issue #33 item 7): the ranks share one host and one account.
-SERVER_ASSUMPTION = (
-    "Against the server: it is the account of what the server receives (the client choice it makes and every "
-    "sanitized release). The server and the K clients run as ranks of one torchrun job, on one host, as one "
-    "operating-system user, and each client's shard, warm D_k and checkpoints (D_k, its optimizer and its secret "
-    "noise coins, under sensitive/train/checkpoints/clients/) are files that the server's process could read. "
-    "The guarantee assumes the server process runs dpsynth's code, which opens none of them; a server whose code "
-    "or operator reads the clients' files is not covered (clients on separate hosts or accounts are not built).")
-
-
-def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
-    """Two guarantees: against everyone but the server (the released generator; rate 1/K amplification,
-    under the shard-state assumption), and against the server, which picks the client each iteration and
-    so sees the choice: no 1/K amplification (:func:`revealed_choice_account`)."""
-    from dpsynth.methods.gswgan import SHARD_STATE_ASSUMPTION, noise_convention, shard_adjacency
-    from dpsynth.privacy.statement import revealed_choice_account, statement
-
-    K = cfg.partition.num_shards
-    server = revealed_choice_account(plan.event, plan.steps, num_shards=K, delta=cfg.privacy.delta)
-    return statement(
-        adjacency=shard_adjacency(K, "client") + " The audited ε is the guarantee against everyone except the "
-        "server (who sees only the released generator and what is sampled from it).",
-        noise=noise_convention(plan.releases, plan),
-        assumptions=[SHARD_STATE_ASSUMPTION.replace("shard's discriminator", "client's discriminator"),
-                     SERVER_ASSUMPTION],
-        accounts=[{"against": "the server (it picks the client of every iteration, so the choice gives no "
-                              "amplification; it also sees every sanitized release)", **server}])
 
 
 __all__ = [
@@ -392,12 +326,8 @@ __all__ = [
     "FederatedServer",
     "InProcessClients",
     "Receipts",
-    "audit_invariants",
-    "audit_plan",
     "federation_meta",
     "make_client",
     "mechanism_seeds",
     "message_bytes",
-    "plan_federated_privacy",
-    "privacy_statement",
 ]

@@ -1,9 +1,10 @@
 """The training methods dpsynth knows, in one table: what ``train.method`` may name.
 
 Every place that depends on the method — ``dpsynth train``, the warmstart, train and audit
-stages — reads this table; none keeps a table of its own. A :class:`Method` names its trainer
-class, its warm start, the config sections it reads and its audit invariants by ``"module:attr"``
-references, imported only when used (the table itself imports no torch).
+stages — reads this table; none keeps a table of its own. A :class:`Method` holds its privacy
+mechanism (:mod:`dpsynth.mechanisms`: the plan, events, statement and sanitizer the trainer and the audit
+share) and loaders of its trainer class and warm start — plain imports inside small functions, so the table
+itself imports no torch (``dpsynth --help`` reads it).
 
 A trainer class is built as ``Trainer(cfg, data, *, parent_run_id=, run_tags=, **inputs)`` and
 ``.train()`` returns a frozen result dataclass; it logs no image, model or dataset hash to MLflow
@@ -22,11 +23,13 @@ train`` without ``--run-dir`` refuses them (:func:`standalone_or_refuse`).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 from dpsynth.errors import ConfigError
+from dpsynth.mechanisms.discriminator import DPGAN, ZHANG
+from dpsynth.mechanisms.generator_gradient import FEDERATED, GSWGAN
+from dpsynth.mechanisms.mechanism import Mechanism
 
 WarmStart = Literal["none", "shard", "public"]
 
@@ -35,18 +38,14 @@ WarmStart = Literal["none", "shard", "public"]
 class Method:
     name: str
     description: str  # one line
-    trainer: str  # "module:Class"
+    trainer: Callable[[], type]  # the trainer class, imported when called
     warm_start: WarmStart
     sections: tuple[str, ...]  # config sections the method reads besides data, partition, privacy, train
-    invariants: str  # "module:function": fn(cfg, trace, n) -> [{"name", "passed", "detail"}], for the audit
-    warm_start_function: str | None = None  # "module:function" (shard: per shard; public: on the public records)
-    # For the audit: "module:function" fn(cfg, n) -> PrivacyPlan, the plan recomputed from the config and n
-    # (its .trace is the trace the run must have written), and fn(cfg, plan, n) -> the privacy statement
-    # (dpsynth.privacy.statement.Statement: adjacency, noise convention, assumptions, other accounts).
-    plan: str = ""
-    statement: str = ""
+    mechanism: Mechanism  # plan(cfg, n), events, statement(cfg, plan, n), sanitizer: for the trainer and the audit
+    # the warm start, imported when called (shard: per shard; public: on the public records); None: "none"
+    warm_start_function: Callable[[], Callable] | None = None
     # The white-box canaries of the empirical audit (dpsynth.audit.empirical): "gradient" (per-example gradients
-    # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's Sanitizer of ∂ℓ/∂G(z)); "" not audited yet.
+    # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's InputGradientSanitizer of ∂ℓ/∂G(z)); "" not audited yet.
     empirical_audit: str = ""
     # train.n_d's default for the method, its paper's: discriminator (critic) steps per generator step
     n_d: int | Literal["adaptive"] = "adaptive"
@@ -57,50 +56,61 @@ class Method:
         return self.warm_start == "none"
 
     def trainer_class(self) -> type:
-        return load(self.trainer)
-
-    def audit_invariants(self):
-        return load(self.invariants)
+        return self.trainer()
 
     def warm_start_fn(self):
-        return load(self.warm_start_function) if self.warm_start_function else None
-
-    def audit_plan(self):
-        return load(self.plan)
-
-    def audit_statement(self):
-        return load(self.statement)
+        return self.warm_start_function() if self.warm_start_function else None
 
 
-def load(ref: str):
-    """The object a ``"module:attr"`` reference names."""
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
+# --- the loaders: the trainers and warm starts import torch, the table does not ------------------------------
 
 
-_SHARD_WARM_START = "dpsynth.methods.gswgan:warm_start_shard"
-_GSWGAN_AUDIT = {"plan": "dpsynth.methods.gswgan:audit_plan", "statement": "dpsynth.methods.gswgan:privacy_statement"}
+def _dpgan() -> type:
+    from dpsynth.methods.dpgan import DPGANTrainer
+    return DPGANTrainer
+
+
+def _gswgan() -> type:
+    from dpsynth.methods.gswgan import GSWGANTrainer
+    return GSWGANTrainer
+
+
+def _dpac() -> type:
+    from dpsynth.methods.dpac import DPACTrainer
+    return DPACTrainer
+
+
+def _zhang() -> type:
+    from dpsynth.methods.zhang import ZhangTrainer
+    return ZhangTrainer
+
+
+def _federated() -> type:
+    from dpsynth.methods.federated_processes import FederatedProcesses
+    return FederatedProcesses
+
+
+def _shard_warm_start() -> Callable:
+    from dpsynth.methods.gswgan import warm_start_shard
+    return warm_start_shard
+
+
+def _public_warm_start() -> Callable:
+    from dpsynth.methods.zhang import warm_start
+    return warm_start
+
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("dpgan", "DPGAN of Bie et al., 'Private GANs, Revisited': DP-SGD discriminator, Poisson sampling",
-           "dpsynth.methods.dpgan:DPGANTrainer", "none", (), "dpsynth.methods.dpgan:audit_invariants",
-           plan="dpsynth.methods.dpgan:plan_privacy", statement="dpsynth.methods.dpgan:privacy_statement",
-           empirical_audit="gradient"),
+           _dpgan, "none", (), DPGAN, empirical_audit="gradient"),
     Method("gswgan", "GS-WGAN (Chen et al. 2020): sanitized generator gradients, K warm-started shard critics",
-           "dpsynth.methods.gswgan:GSWGANTrainer", "shard", ("gswgan",), "dpsynth.methods.gswgan:audit_invariants",
-           _SHARD_WARM_START, **_GSWGAN_AUDIT, empirical_audit="input_gradient", n_d=5),
+           _gswgan, "shard", ("gswgan",), GSWGAN, _shard_warm_start, empirical_audit="input_gradient", n_d=5),
     Method("dpac", "DP-GAN-DPAC (Chen et al. 2023): GS-WGAN plus a dual-purpose auxiliary classifier",
-           "dpsynth.methods.dpac:DPACTrainer", "shard", ("gswgan", "dpac"), "dpsynth.methods.dpac:audit_invariants",
-           _SHARD_WARM_START, **_GSWGAN_AUDIT, empirical_audit="input_gradient", n_d=5),
+           _dpac, "shard", ("gswgan", "dpac"), GSWGAN, _shard_warm_start, empirical_audit="input_gradient", n_d=5),
     Method("zhang", "dp-GAN (Zhang et al.): WGAN-GP with a DP critic, parameter grouping, public warm start",
-           "dpsynth.methods.zhang:ZhangTrainer", "public", ("zhang",), "dpsynth.methods.zhang:audit_invariants",
-           "dpsynth.methods.zhang:warm_start", plan="dpsynth.methods.zhang:audit_plan",
-           statement="dpsynth.methods.zhang:privacy_statement", empirical_audit="gradient", n_d=4),
+           _zhang, "public", ("zhang",), ZHANG, _public_warm_start, empirical_audit="gradient", n_d=4),
     Method("gswgan_federated", "federated GS-WGAN: server and K clients, the ranks of one torchrun job (gloo)",
-           "dpsynth.methods.federated_processes:FederatedProcesses", "shard", ("gswgan",),
-           "dpsynth.methods.gswgan_federated:audit_invariants", _SHARD_WARM_START,
-           plan="dpsynth.methods.gswgan_federated:audit_plan",
-           statement="dpsynth.methods.gswgan_federated:privacy_statement", n_d=5),
+           _federated, "shard", ("gswgan",), FEDERATED, _shard_warm_start, n_d=5),
 )}
 
 

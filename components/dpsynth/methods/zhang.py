@@ -19,20 +19,19 @@ from torch.func import functional_call, grad, vmap
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.data.public import declared as public_declared, describe as public_source_statement, unprotected_statement
+from dpsynth.data.public import declared as public_declared
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
-from dpsynth.training import data_parallel
+from dpsynth.mechanisms.discriminator import ZHANG
+from dpsynth.training import data_parallel, warmup
 from dpsynth.methods import registry
-from dpsynth.training import warmup
 from dpsynth.training.result import resolve_device
 from dpsynth.methods.dpgan import DPGANTrainer
+from dpsynth.methods.generator_step import generator_step
 from dpsynth.training.loop import Trainer
 from dpsynth.models.dcgan import Discriminator, Generator
-from dpsynth.privacy import BudgetGuard, MechanismEvent, MechanismTrace, calibrate_noise, check_delta
+from dpsynth.privacy import MechanismTrace
 from dpsynth.mechanisms import grouping
-from dpsynth.mechanisms.dpsgd import GradientSanitizer
 from dpsynth.mechanisms.ghost import GhostClipping
-from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.mechanisms.randomness import MechanismRandomness
 
 WARM_START_FORMAT = "dpsynth.zhang_warm_start/1"
@@ -110,44 +109,6 @@ def per_unit_gradients(D, real, fake, y, rho, *, gp_weight: float, chunk: int | 
     return {k: torch.cat([p[k] for p in parts]) for k in params}
 
 
-# --- privacy plan ----------------------------------------------------------------------------------
-
-
-def planned_num_groups(cfg: RunConfig) -> int:
-    """k for this config's critic (the DCGAN critic's layer structure does not depend on image size)."""
-    _, D = build_models(cfg, num_classes=2, image_shape=(1, 28, 28))
-    names = [n for n, _ in D.named_parameters()]
-    return grouping.num_groups(names, strategy=cfg.zhang.grouping, k=cfg.zhang.num_groups)
-
-
-def plan_privacy(cfg: RunConfig, n: int, *, num_groups: int) -> PrivacyPlan:
-    """dp-GAN's plan: ``noise_multiplier`` σ per group (group j gets N(0, (σ c_j)²)), ``releases`` the k
-    groups, ``event`` the sound per-step event (σ/√k); as_published: ``published_event`` the paper's
-    per-step event (σ), which ``guard`` then guards instead of the sound one."""
-    p, t = cfg.privacy, cfg.train
-    check_delta(p.delta, n)
-    q = t.batch_size / n
-    if q > 1:
-        raise PrivacyError(f"train.batch_size: {t.batch_size} exceeds the {n} training records")
-    sound = p.accounting == "sound"
-    prefix = warmup.prefix(cfg, accountant=p.accountant)
-    sigma = p.noise_multiplier
-    if sigma is None:
-        base = calibrate_noise(target_epsilon=p.epsilon, delta=p.delta, sample_rate=q, steps=t.steps,
-                               accountant=p.accountant, prefix=prefix)
-        sigma = base * math.sqrt(num_groups) if sound else base
-    event = MechanismEvent(sampling="poisson", sample_rate=q, noise_multiplier=sigma / math.sqrt(num_groups),
-                           sensitivity="add_remove")
-    published = None if sound else event.with_noise(sigma)
-    guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=p.accountant, event=published or event)
-    steps = min(t.steps, guard.remaining(prefix))
-    if steps < 1:
-        raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow a single step at noise multiplier "
-                           f"{guard.event.noise_multiplier:.4g} and sample rate {q:.4g}; raise epsilon or the noise")
-    return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=num_groups,
-                       published_event=published, prefix=prefix.events)
-
-
 # --- warm start (Alg. 3 line 1) --------------------------------------------------------------------
 
 
@@ -180,7 +141,7 @@ def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
             opt_d.zero_grad(set_to_none=True)
             loss_d.backward()
             opt_d.step()
-        _generator_step(G, D, opt_g, m, rng)
+        generator_step(G, D, opt_g, m, rng)
     state = {"format": WARM_START_FORMAT, "G": G.state_dict(), "D": D.state_dict(),
              "model": {"num_classes": num_classes, "image_shape": list(image_shape), "g_width": t.g_width,
                        "d_width": t.d_width, "latent_dim": t.latent_dim},
@@ -197,19 +158,6 @@ def load_warm_start(data: bytes) -> dict:
     if not isinstance(state, dict) or state.get("format") != WARM_START_FORMAT:
         raise ConfigError(f"train.method: the warm start file is not a {WARM_START_FORMAT!r} file")
     return state
-
-
-def _generator_step(G, D, opt_g, m: int, rng) -> float:
-    D.requires_grad_(False)
-    try:
-        fake, y = G.sample(m, generator=rng)
-        loss = -D(fake, y).mean()
-        opt_g.zero_grad(set_to_none=True)
-        loss.backward()
-        opt_g.step()
-    finally:
-        D.requires_grad_(True)
-    return loss.item()
 
 
 # --- the private trainer ---------------------------------------------------------------------------
@@ -272,8 +220,10 @@ class ZhangTrainer(Trainer):
         self.names = [n for n, _ in self.D.named_parameters()]
         self.params = dict(self.D.named_parameters())
 
-        self.plan = plan_privacy(cfg, self.n, num_groups=grouping.num_groups(self.names, strategy=z.grouping,
-                                                                               k=z.num_groups))
+        self.plan = ZHANG.plan(cfg, self.n)  # the audit's plan: k from the config's critic
+        k = grouping.num_groups(self.names, strategy=z.grouping, k=z.num_groups)
+        if k != self.plan.releases:
+            raise PrivacyError(f"zhang.grouping: this critic has {k} clip groups, the plan {self.plan.releases}")
 
         betas = (z.adam_beta1, z.adam_beta2)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=z.lr, betas=betas)
@@ -295,11 +245,8 @@ class ZhangTrainer(Trainer):
             self.D_private = GhostClipping(self.D, strategy="bookkeeping", second_order=True)
             self.D_private.disable_hooks()  # recording only inside the critic step
         # σ per group; records plan.event (the k groups folded: σ/√k) in the trace at every noisy release
-        self.sanitizer = GradientSanitizer(
-            [[self.params[nm] for nm in g] for g in groups], max_grad_norm=cfg.privacy.max_grad_norm,
-            noise_multiplier=self.plan.noise_multiplier, expected_batch_size=t.batch_size, randomness=self.mechanism,
-            module=self.D_private, trace=self.trace, event=self.plan.event,
-        )
+        self.sanitizer = ZHANG.sanitizer(cfg, self.plan, [[self.params[nm] for nm in g] for g in groups],
+                                         randomness=self.mechanism, module=self.D_private, trace=self.trace)
         self.group_names = groups
         data_parallel.join(self)  # under torchrun: the groups' noise on rank 0, their clipped sums all-reduced
         self.since_g = 0
@@ -378,7 +325,7 @@ class ZhangTrainer(Trainer):
         self.since_g += 1
 
     def generator_step(self) -> None:
-        self.last_g_loss = _generator_step(self.G, self.D, self.opt_g, self.cfg.train.batch_size, self.rng)
+        self.last_g_loss = generator_step(self.G, self.D, self.opt_g, self.cfg.train.batch_size, self.rng)
         self.g_steps += 1
         self.since_g = 0
 
@@ -428,57 +375,3 @@ class ZhangTrainer(Trainer):
     def derived_params(self) -> dict:
         return {**super().derived_params(), "num_groups": self.plan.releases,
                 "sigma_per_group": self.plan.noise_multiplier, "warm_started": self.warm_started}
-
-
-# --- the audit's checks ----------------------------------------------------------------------------
-
-
-def audit_plan(cfg: RunConfig, n: int) -> PrivacyPlan:
-    """The plan the audit recomputes: :func:`plan_privacy` with this config's number of clip groups."""
-    return plan_privacy(cfg, n, num_groups=planned_num_groups(cfg))
-
-
-def privacy_statement(cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
-    """What dp-GAN's (ε, δ) means; ``unprotected`` names the sensitive records used as public, if any."""
-    from dpsynth.privacy.statement import REPLACE_BY_GROUP_PRIVACY, statement
-
-    return statement(
-        adjacency=f"add/remove one record (one real/fake/interpolate unit): every critic step Poisson-samples "
-                  f"records at q = B/n = {plan.event.sample_rate:.6g}; {REPLACE_BY_GROUP_PRIVACY}.",
-        noise=f"σ·c_j: clip group j gets N(0, (σ c_j)²) with per-group sensitivity c_j; the k = {plan.releases} "
-              f"groups of one step fold to σ/√k = {plan.event.noise_multiplier:.6g}.{warmup.statement(cfg)}",
-        assumptions=["the warm start and clipping bounds use public records only: " + public_source_statement(cfg)],
-        unprotected=unprotected_statement(cfg))
-
-
-def audit_invariants(cfg: RunConfig, trace: MechanismTrace, n: int) -> list[dict]:
-    """Checks of a dp-GAN trace against its config, for the audit stage: ``{"name", "passed", "detail"}``."""
-    p, t = cfg.privacy, cfg.train
-    k = planned_num_groups(cfg)
-    q = t.batch_size / n if n else float("nan")
-    checks, events = warmup.invariants(cfg, trace)
-
-    def check(name: str, passed: bool, detail: str) -> None:
-        checks.append({"name": name, "passed": bool(passed), "detail": detail})
-
-    check("accounting_sound", p.accounting == "sound",
-          "sound accounting" if p.accounting == "sound" else
-          "privacy.accounting=as_published: the paper's parallel-composition account is unsound; never release")
-    steps = sum(e.count for e in events)  # the critic steps, after the warm-up's releases
-    check("events_present", bool(events), f"{steps} steps in {len(events)} event(s)")
-    check("poisson_sampling", all(e.sampling == "poisson" for e in events),
-          f"samplings: {sorted({e.sampling for e in events})}; critic batches are Poisson samples")
-    check("add_remove_adjacency", all(e.sensitivity == "add_remove" for e in events),
-          f"sensitivities: {sorted({e.sensitivity for e in events})}; one record is one (real, fake, interpolate) unit")
-    check("sample_rate", all(math.isclose(e.sample_rate, q, rel_tol=1e-9) for e in events),
-          f"expected q = train.batch_size / n = {t.batch_size}/{n} = {q:.6g}; "
-          f"trace: {sorted({e.sample_rate for e in events})}")
-    check("single_mechanism", len({e.mechanism_key() for e in events}) <= 1,
-          "every critic step is the same folded mechanism")
-    if p.noise_multiplier is not None:
-        expected = p.noise_multiplier / math.sqrt(k)
-        check("noise_multiplier_folded", all(math.isclose(e.noise_multiplier, expected, rel_tol=1e-9) for e in events),
-              f"expected σ/√k = {p.noise_multiplier}/√{k} = {expected:.6g} (k groups of one step are one release); "
-              f"trace: {sorted({e.noise_multiplier for e in events})}")
-    check("steps_within_config", steps <= t.steps, f"{steps} steps, configured train.steps = {t.steps}")
-    return checks

@@ -180,33 +180,6 @@ def style_slots(cfg) -> int:
     return w.styles ** 2 if w.central_images and w.styles else 1
 
 
-def invariants(cfg, trace) -> tuple[list[dict], list]:
-    """For the audit: the warm-up's releases, when configured, must open ``trace`` exactly as planned
-    (``warmup.noise_multiplier``, then ``warmup.styles_noise_multiplier``, then
-    ``warmup.variations_noise_multiplier``); returns its checks and the events after them. The trace merges
-    consecutive equal releases into one event with a count (two releases at the same σ are ``count=2``), so
-    the expected releases are merged the same way and the last one is peeled off the trace's event."""
-    from dpsynth.privacy import MechanismTrace
-
-    expected = MechanismTrace(events(cfg)).events
-    got = list(trace.events)
-    if not expected:
-        return [], got
-    *whole, last = expected
-    k = len(whole)
-    ok = (got[:k] == list(whole) and len(got) > k and got[k].same_mechanism(last) and got[k].count >= last.count)
-    rest = got[k + 1:] if not ok or got[k].count == last.count else [got[k].with_count(got[k].count - last.count),
-                                                                     *got[k + 1:]]
-    return [{"name": "warmup", "passed": ok,
-             "detail": f"the trace opens with {_show(got[:k + 1])}; expected the warm-up releases {_show(expected)}"}], rest
-
-
-def _show(events) -> str:
-    """Events in words, for the audit's lines (never a Python repr)."""
-    return "; ".join(f"{e.sampling}/{e.sensitivity} q={e.sample_rate:.6g} σ={e.noise_multiplier:.6g} ×{e.count}"
-                     for e in events) or "no events"
-
-
 def style_templates(means: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Public templates from released class means (K×C×H×W in [-1, 1]): each mean sheared and
     thickened/thinned on a ``levels`` × ``levels`` grid; returns (templates, their classes)."""

@@ -1,0 +1,49 @@
+"""A method's privacy mechanism, as one frozen object: what is sampled and how, what is clipped, what one
+step folds, what noise it adds — and from that its plan, its events, its statement and its sanitizer.
+
+After jax_privacy's frozen DP execution plan (everything about the privacy fixed from the configuration and
+n before the first step) and Opacus' optimizer-step hook (the sanitizer records its own event at every
+noisy release, so noise and accounting cannot come apart). A method names its mechanism in the registry
+(:mod:`dpsynth.methods.registry`); its trainer plans with it and builds its sanitizer from it, and the audit
+recomputes the same plan from the configuration and n and requires the trace to equal it
+(:func:`dpsynth.audit.stage.plan_check`): the trace is the plan's, event by event, or the audit fails.
+
+Importing this package loads no torch (``dpsynth --help`` reads the registry): what a mechanism needs to
+plan or sanitize is imported when it plans or sanitizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from dpsynth.config import RunConfig
+    from dpsynth.privacy.events import MechanismTrace
+    from dpsynth.privacy.plan import PrivacyPlan
+
+Sampling = Literal["poisson", "without_replacement"]
+Clipped = Literal["parameter_gradients", "input_gradients"]
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """The privacy of one method's private step. Subclasses give :meth:`plan` and :meth:`statement`."""
+
+    sampled: str  # what one step samples, and how (in words, for a reader and the docs)
+    sampling: Sampling  # the trace's sampling scheme
+    clipped: Clipped  # what the sanitizer clips: per-example parameter gradients, or ∂ℓ_i/∂G(z_i)
+    fold: str  # which releases one step folds into its event (σ/√releases)
+    noise: str  # the noise convention: σ in units of which bound
+
+    def plan(self, cfg: RunConfig, n: int) -> PrivacyPlan:
+        """The frozen plan of a run of ``cfg`` on n records: the per-step event, the steps, the guard."""
+        raise NotImplementedError
+
+    def events(self, cfg: RunConfig, n: int) -> MechanismTrace:
+        """The trace a run of ``cfg`` on n records must write: the plan's prefix, then its event per step."""
+        return self.plan(cfg, n).trace
+
+    def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
+        """What the (ε, δ) of ``plan`` means (:mod:`dpsynth.privacy.statement`)."""
+        raise NotImplementedError
