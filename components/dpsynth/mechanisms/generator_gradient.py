@@ -147,10 +147,11 @@ class FederatedGeneratorGradient(ShardGeneratorGradient):
     of n_dis rounds on its own rank; the server, which holds the trace, sees all n_dis·B releases, so one
     iteration folds them all. Sound accounting only."""
 
-    def releases(self, cfg: RunConfig) -> int:
-        from dpsynth.methods import registry
+    n_dis: int = 5  # the critic rounds per iteration when ``train.n_d`` is unset (the paper's; the registry's default)
 
-        return registry.n_d(cfg) * cfg.gswgan.batch_size
+    def releases(self, cfg: RunConfig) -> int:
+        rounds = cfg.train.n_d if cfg.train.n_d is not None else self.n_dis
+        return rounds * cfg.gswgan.batch_size
 
     def plan(self, cfg: RunConfig, n: int) -> PrivacyPlan:
         from dpsynth.errors import ConfigError

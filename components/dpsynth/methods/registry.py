@@ -110,7 +110,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("zhang", "dp-GAN (Zhang et al.): WGAN-GP with a DP critic, parameter grouping, public warm start",
            _zhang, "public", ("zhang",), ZHANG, _public_warm_start, empirical_audit="gradient", n_d=4),
     Method("gswgan_federated", "federated GS-WGAN: server and K clients, the ranks of one torchrun job (gloo)",
-           _federated, "shard", ("gswgan",), FEDERATED, _shard_warm_start, n_d=5),
+           _federated, "shard", ("gswgan",), FEDERATED, _shard_warm_start, n_d=FEDERATED.n_dis),
 )}
 
 
