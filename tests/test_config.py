@@ -48,10 +48,10 @@ def test_fingerprint_ignores_output_and_tracking():
                                              ("gswgan_federated", 5)])
 def test_one_name_for_discriminator_steps_per_generator_step(tmp_path, method, expected):
     """train.n_d is n_D (Bie et al.), n_dis (GS-WGAN) and n_critic (dp-GAN); unset, each paper's own default."""
-    from dpsynth.methods import registry
+    from dpsynth.methods import discriminator_steps
 
-    assert registry.n_d(load_config(overrides=[f"train.method={method}"])) == expected
-    assert registry.n_d(load_config(overrides=[f"train.method={method}", "train.n_d=3"])) == 3
+    assert discriminator_steps.n_d(load_config(overrides=[f"train.method={method}"])) == expected
+    assert discriminator_steps.n_d(load_config(overrides=[f"train.method={method}", "train.n_d=3"])) == 3
     if method != "dpgan":
         with pytest.raises(ConfigError, match=r"^train\.n_d: 'adaptive' is DPGAN's policy"):
             load_config(overrides=[f"train.method={method}", "train.n_d=adaptive"])

@@ -127,3 +127,10 @@ def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path,
         assert f"train.method: {method!r}" in captured.err and "dpsynth pipeline run" in captured.err
         assert not out.exists() or not any(out.iterdir())  # nothing trained, nothing written
         assert ledger.history() == []  # and nothing charged
+
+
+def test_every_method_has_its_papers_discriminator_steps():
+    """train.n_d's default is set for exactly the registry's methods (methods/discriminator_steps.DEFAULTS)."""
+    from dpsynth.methods import discriminator_steps
+
+    assert set(discriminator_steps.DEFAULTS) == set(registry.METHODS)

@@ -23,7 +23,7 @@ from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.training import data_parallel, warmup
-from dpsynth.methods import registry
+from dpsynth.methods import discriminator_steps
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.methods.generator_step import generator_step, non_saturating
 from dpsynth.training.loop import Trainer
@@ -84,7 +84,7 @@ class DPGANTrainer(Trainer):
         self.sanitizer = DPGAN.sanitizer(cfg, self.plan, list(self.D.parameters()), randomness=self.mechanism,
                                          module=self.D_private, trace=self.trace)
         data_parallel.join(self)  # under torchrun: noise on rank 0, the clipped sums all-reduced
-        n_d = registry.n_d(cfg)  # n_D of Bie et al.
+        n_d = discriminator_steps.n_d(cfg)  # n_D of Bie et al.
         self.n_d = AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta) if n_d == "adaptive" else FixedSteps(n_d)
         self.since_g = 0  # discriminator steps since the last generator step
         self.last_fake_acc = float("nan")

@@ -23,7 +23,7 @@ from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError
 from dpsynth.grids import class_grid
 from dpsynth.training import data_parallel, warmup
-from dpsynth.methods import registry
+from dpsynth.methods import discriminator_steps
 from dpsynth.training.result import TrainResult, resolve_device
 from dpsynth.methods.generator_step import generator_step
 from dpsynth.training.loop import Trainer
@@ -153,7 +153,7 @@ def critic_steps(D, opt_d, G, images, labels, *, cfg: RunConfig, data_rng: torch
     ``rng`` still advance by B draws' worth (:func:`real_batch`; B latents and B interpolation weights, the
     first s used), so their state afterwards — and every later latent of G — does not depend on s."""
     g = cfg.gswgan
-    for _ in range(registry.n_d(cfg)):
+    for _ in range(discriminator_steps.n_d(cfg)):
         real_x, real_y = real_batch(images, labels, size=g.batch_size, rng=data_rng)
         with torch.no_grad():
             z = torch.randn(g.batch_size, G.latent_dim, device=real_x.device, generator=rng)[:len(real_x)]

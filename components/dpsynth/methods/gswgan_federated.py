@@ -19,7 +19,7 @@ from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError, PrivacyError
-from dpsynth.methods import registry
+from dpsynth.methods import discriminator_steps
 from dpsynth.training.result import resolve_device
 from dpsynth.training.loop import Trainer
 from dpsynth.methods.gswgan import (
@@ -142,7 +142,7 @@ def federation_meta(cfg: RunConfig, shards: list[ImageDataset]) -> FederationMet
 def message_bytes(cfg: RunConfig, spec: dict) -> dict:
     """Bytes per generator iteration, from the protocol alone (data-independent: shapes only)."""
     B, image = cfg.gswgan.batch_size, spec["channels"] * spec["image_size"] ** 2
-    rounds = registry.n_d(cfg)
+    rounds = discriminator_steps.n_d(cfg)
     to_client = rounds * (8 + B * image * 4 + B * 8)
     from_client = rounds * B * image * 4
     return {"to_clients": to_client, "from_clients": from_client, "total": to_client + from_client}
@@ -239,7 +239,7 @@ class FederatedServer(GSWGANTrainer):
         self.receipts = Receipts(self.trace, self.plan.event, releases=self.plan.releases)
 
     def iteration(self) -> None:
-        g, rounds = self.cfg.gswgan, registry.n_d(self.cfg)
+        g, rounds = self.cfg.gswgan, discriminator_steps.n_d(self.cfg)
         k = self.mechanism.choice(self.K)
         for r in range(rounds):  # every round's answer is a release the server sees
             labels = torch.randint(0, self.num_classes, (g.batch_size,), device=self.device, generator=self.rng)

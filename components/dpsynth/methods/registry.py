@@ -47,8 +47,6 @@ class Method:
     # The white-box canaries of the empirical audit (dpsynth.audit.empirical): "gradient" (per-example gradients
     # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's InputGradientSanitizer of ∂ℓ/∂G(z)); "" not audited yet.
     empirical_audit: str = ""
-    # train.n_d's default for the method, its paper's: discriminator (critic) steps per generator step
-    n_d: int | Literal["adaptive"] = "adaptive"
 
     @property
     def standalone(self) -> bool:
@@ -104,20 +102,15 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("dpgan", "DPGAN of Bie et al., 'Private GANs, Revisited': DP-SGD discriminator, Poisson sampling",
            _dpgan, "none", (), DPGAN, empirical_audit="gradient"),
     Method("gswgan", "GS-WGAN (Chen et al. 2020): sanitized generator gradients, K warm-started shard critics",
-           _gswgan, "shard", ("gswgan",), GSWGAN, _shard_warm_start, empirical_audit="input_gradient", n_d=5),
+           _gswgan, "shard", ("gswgan",), GSWGAN, _shard_warm_start, empirical_audit="input_gradient"),
     Method("dpac", "DP-GAN-DPAC (Chen et al. 2023): GS-WGAN plus a dual-purpose auxiliary classifier",
-           _dpac, "shard", ("gswgan", "dpac"), GSWGAN, _shard_warm_start, empirical_audit="input_gradient", n_d=5),
+           _dpac, "shard", ("gswgan", "dpac"), GSWGAN, _shard_warm_start, empirical_audit="input_gradient"),
     Method("zhang", "dp-GAN (Zhang et al.): WGAN-GP with a DP critic, parameter grouping, public warm start",
-           _zhang, "public", ("zhang",), ZHANG, _public_warm_start, empirical_audit="gradient", n_d=4),
+           _zhang, "public", ("zhang",), ZHANG, _public_warm_start, empirical_audit="gradient"),
     Method("gswgan_federated", "federated GS-WGAN: server and K clients, the ranks of one torchrun job (gloo)",
-           _federated, "shard", ("gswgan",), FEDERATED, _shard_warm_start, n_d=FEDERATED.n_dis),
+           _federated, "shard", ("gswgan",), FEDERATED, _shard_warm_start),
 )}
 
-
-def n_d(cfg) -> int | str:
-    """Discriminator (critic) steps per generator step of ``cfg``'s run: ``train.n_d``, else its method's default
-    (DPGAN: "adaptive"; GS-WGAN and DPAC: n_dis = 5; dp-GAN: n_critic = 4)."""
-    return cfg.train.n_d if cfg.train.n_d is not None else get(cfg.train.method).n_d
 
 
 def empirical_audit_methods() -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from dpsynth.data.public import declared as public_declared
 from dpsynth.errors import ConfigError, DatasetError, PrivacyError
 from dpsynth.mechanisms.discriminator import ZHANG
 from dpsynth.training import data_parallel, warmup
-from dpsynth.methods import registry
+from dpsynth.methods import discriminator_steps
 from dpsynth.training.result import resolve_device
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.generator_step import generator_step
@@ -129,7 +129,7 @@ def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
     betas = (z.adam_beta1, z.adam_beta2)
     opt_d = torch.optim.Adam(D.parameters(), lr=z.lr, betas=betas)
     opt_g = torch.optim.Adam(G.parameters(), lr=z.lr, betas=betas)
-    m, n_critic = min(t.batch_size, len(public)), registry.n_d(cfg)
+    m, n_critic = min(t.batch_size, len(public)), discriminator_steps.n_d(cfg)
     for _ in range(z.warm_start_iterations):
         for _ in range(n_critic):
             idx = torch.randperm(len(public), device=device, generator=rng)[:m]
@@ -287,7 +287,7 @@ class ZhangTrainer(Trainer):
 
     def train_step(self) -> None:
         self.critic_step()
-        if self.since_g >= registry.n_d(self.cfg):
+        if self.since_g >= discriminator_steps.n_d(self.cfg):
             self.generator_step()
 
     # --- one critic step (Alg. 3 lines 7–17) ---------------------------------------------------
