@@ -124,3 +124,13 @@ def test_the_warp_pads_with_the_edge_not_black():
 def test_the_generic_recipe_releases_the_polarity_shapes():
     cfg = load_config(Path(__file__).parents[2] / "configs/dpgan-generic-cpu.yaml")
     assert warmup.release_names(cfg) == ["intensity_histogram", "class_means", "polarity_shapes", "variations"]
+
+
+@pytest.mark.parametrize("name", ["class_means", "variations"])
+def test_the_canary_audits_run_with_the_polarity_shapes_before_them(tmp_path, name):
+    from dpsynth.privacy import empirical
+    cfg = tiny(tmp_path, *POLARITY, "warmup.variations=2", "warmup.variations_noise_multiplier=1", "train.latent_dim=9")
+    r = empirical.audit_warmup_release(cfg, name, image_shape=[16, 16, 3], num_classes=4, canaries=200,
+                                       confidence=0.95)
+    assert r["verdict"] == "passed" and r["noise_test"]["passed"] and r["bound_test"]["passed"]
+    assert [n for n, _, _ in empirical.warmup_releases(cfg)] == ["class_means", "variations"]
