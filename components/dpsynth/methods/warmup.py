@@ -204,8 +204,8 @@ def style_slots(cfg) -> int:
 
 def invariants(cfg, trace) -> tuple[list[dict], list]:
     """For the audit: the warm-up's releases, when configured, must open ``trace`` exactly as planned
-    (``warmup.noise_multiplier``, then ``warmup.styles_noise_multiplier``, then
-    ``warmup.variations_noise_multiplier``); returns its checks and the events after them. The trace merges
+    (:func:`events`: the intensity histogram, ``warmup.noise_multiplier``, the polarity shapes, then
+    ``warmup.styles_noise_multiplier``, then ``warmup.variations_noise_multiplier``); returns its checks and the events after them. The trace merges
     consecutive equal releases into one event with a count (two releases at the same σ are ``count=2``), so
     the expected releases are merged the same way and the last one is peeled off the trace's event."""
     from dpsynth.privacy import MechanismTrace
