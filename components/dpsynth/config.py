@@ -284,6 +284,13 @@ class WarmupConfig:
                                 "when its noise std (styles_noise_multiplier·clip over its noisy count) exceeds "
                                 "this fraction of its image's peak above the background (post-processing). null: "
                                 "only groups of fewer than 20 noisy records.")
+    polarity_noise_multiplier: Float | None = Field(
+        None, gt=0, description="σ_p > 0: a release after the class means, for images whose colours vary (a class "
+                                "mean of shapes in random colours is a flat grey): the means of each record's "
+                                "luminance less its own mean (unit norm, signed so its rarer tone is bright) over "
+                                "every class's two groups, shape lighter or darker than the rest (noise std σ_p·clip "
+                                "on every sum). Drawn grey, they are the generator's two slots per class. Needs "
+                                "warmup.intensity_noise_multiplier. null: no such release.")
     variations: Int = Field(0, ge=0, le=32, description="r > 0: a third release, each class's r main directions of "
                                                         "variation (0: none).")
     variations_noise_multiplier: Float = Field(2.0, gt=0, description="σ of that release (noise std "
@@ -501,6 +508,17 @@ class RunConfig:
         _require(not (w.central_images and w.styles) or dcgan, "warmup.styles",
                  f"the style release needs a generator with style slots (dcgan.Generator: dpgan, zhang, or "
                  f"gswgan.generator=dcgan), not train.method={method!r}'s ResNet one; set warmup.styles=0")
+        _require(not (w.central_images and w.polarity_noise_multiplier is not None) or dcgan,
+                 "warmup.polarity_noise_multiplier",
+                 f"the polarity shapes need a generator with style slots (dcgan.Generator: dpgan, zhang, or "
+                 f"gswgan.generator=dcgan), not train.method={method!r}'s ResNet one; set it to null")
+        _require(not (w.central_images and w.polarity_noise_multiplier is not None)
+                 or w.intensity_noise_multiplier is not None, "warmup.polarity_noise_multiplier",
+                 "the polarity shapes are drawn around the intensity histogram's mean and spread: set "
+                 "warmup.intensity_noise_multiplier too, or warmup.polarity_noise_multiplier=null")
+        _require(not (w.central_images and w.polarity_noise_multiplier is not None and w.styles),
+                 "warmup.polarity_noise_multiplier", "the polarity shapes and the style release both split the "
+                 "classes into the generator's slots: set warmup.styles=0 or warmup.polarity_noise_multiplier=null")
         _require(not (w.central_images and w.variations) or latent >= 7 + w.variations,
                  "warmup.variations", f"{w.variations} directions need {where} >= {7 + w.variations} "
                  f"(z[:, 7:7 + r] weighs them), got {latent}")

@@ -614,7 +614,8 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
     largest = float(at_canary[included].max()) if included.any() else 0.0
     bound = guess_and_bound(scores.numpy(), included.numpy(), delta=cfg.privacy.delta, confidence=confidence)
     # this release's own event (its σ, full batch): not a position in warmup.events, which may open with releases
-    # that have no canary audit (the intensity histogram of warmup.intensity_noise_multiplier)
+    # that have no canary audit (the intensity histogram of warmup.intensity_noise_multiplier, the polarity shapes of
+    # warmup.polarity_noise_multiplier: their queries are not per-pixel image sums; the trace audit checks their events)
     event = central_images.event_for(sigma)
     accountant = cfg.privacy.accountant if get_accountant(cfg.privacy.accountant).supports(event) else "rdp"
     accounted = get_accountant(accountant).epsilon(MechanismTrace([event]), delta=cfg.privacy.delta)

@@ -77,8 +77,18 @@ def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
     """The Gaussian mechanism on stacked sums: N(0, (σC)²) on every coordinate; returns every group's
     mean in [0, 1] (noisy sum / noisy count, post-processing) and its noisy count. ``observe(noisy, query)``,
     when given, sees the mechanism's raw output and the noiseless query (the empirical audit's run only)."""
+    sums = _noised(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness, observe=observe)
+    counts = sums[:, -1] / (clip / math.sqrt(2))
+    means = (sums[:, :-1] / counts.clamp(min=1.0).unsqueeze(1) + centre).clamp(0, 1)
+    return means, counts
+
+
+def _noised(sums: torch.Tensor, *, clip: float, noise_multiplier: float, randomness: MechanismRandomness | None,
+            observe=None, field: str = "warmup.noise_multiplier") -> torch.Tensor:
+    """The Gaussian mechanism on stacked sums of sensitivity ``clip``: N(0, (σC)²) on every coordinate (σ = 0: none,
+    not private). ``observe(noisy, query)`` sees the raw output and the noiseless query (the audit run only)."""
     if noise_multiplier < 0:
-        raise PrivacyError(f"warmup.noise_multiplier: must be >= 0, got {noise_multiplier}")
+        raise PrivacyError(f"{field}: must be >= 0, got {noise_multiplier}")
     query = sums
     if noise_multiplier > 0:
         if randomness is None:
@@ -87,9 +97,7 @@ def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
         sums = sums + noise_multiplier * clip * noise
     if observe is not None:
         observe(sums, query)
-    counts = sums[:, -1] / (clip / math.sqrt(2))
-    means = (sums[:, :-1] / counts.clamp(min=1.0).unsqueeze(1) + centre).clamp(0, 1)
-    return means, counts
+    return sums
 
 
 def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
@@ -122,12 +130,70 @@ def style_images(images: torch.Tensor, labels: torch.Tensor, templates: torch.Te
     the release records in ``trace`` (``event_for(noise_multiplier)``; None: records nothing). ``observe``:
     :func:`noisy_means`'."""
     groups = nearest_template(images, labels, templates, template_labels)
-    sums = group_sums(images, groups, num_groups=len(templates), clip=clip, centre=centre)
+    return group_images(images, groups, num_groups=len(templates), clip=clip, noise_multiplier=noise_multiplier,
+                        randomness=randomness, trace=trace, observe=observe, centre=centre)
+
+
+def group_images(images: torch.Tensor, groups: torch.Tensor, *, num_groups: int, clip: float, noise_multiplier: float,
+                 randomness: MechanismRandomness | None = None, trace: MechanismTrace | None = None, observe=None,
+                 centre: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The noisy means of ``num_groups`` groups (each record's group a function of that record and public values
+    only): (num_groups×C×H×W in [-1, 1], the noisy counts). One Gaussian event, ``event_for(noise_multiplier)``,
+    recorded in ``trace`` (None: records nothing). ``observe``: :func:`noisy_means`'."""
+    sums = group_sums(images, groups, num_groups=num_groups, clip=clip, centre=centre)
     means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness,
                                 observe=observe, centre=centre)
     if trace is not None:
         trace.record(event_for(noise_multiplier))
-    return (means * 2 - 1).float().view(len(templates), *images.shape[1:]), counts.float()
+    return (means * 2 - 1).float().view(num_groups, *images.shape[1:]), counts.float()
+
+
+# --- polarity shapes: shapes whatever their colours --------------------------------------------------------
+# A class of shapes drawn in random colours on random backgrounds has a flat grey mean: the colours average out,
+# and so does the shape, lighter than its surroundings in some records and darker in others. This release keeps it:
+# every record computes alone its luminance less its own mean, scaled to unit norm (f), and its polarity, the sign
+# of f's third moment (+: the rarer tone — a shape on a larger background — is lighter than the rest, −: darker);
+# each class is split by polarity into two groups, and the groups' sums of [s·f·C/√2, C/√2] (s the polarity: the
+# shape always bright) are released: one record moves one group's row by ≤ C, one Gaussian event of sensitivity C.
+
+
+def polarity(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each record's (f, s): its luminance (the mean of its channels, on [0, 1]) less its own mean, scaled to L2 norm
+    1 (a flat image: 0), N × H·W in float64; and its polarity s ∈ {+1, −1}, the sign of Σ f³ (0 counts as +1). A
+    function of the record alone."""
+    lum = ((images.double() + 1) / 2).mean(1).flatten(1).cpu()
+    g = lum - lum.mean(1, keepdim=True)
+    f = g / g.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    return f, torch.where(f.pow(3).sum(1) < 0, -1.0, 1.0).to(f.dtype)
+
+
+def shape_sums(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float) -> torch.Tensor:
+    """The noiseless query: a (2·num_classes, H·W + 1) matrix, row 2k + (s < 0) = Σ over the records of class k
+    and polarity s of [s·f·C/√2, C/√2] (:func:`polarity`). ‖f‖ ≤ 1, so one record moves one row by ≤ C."""
+    if clip <= 0:
+        raise PrivacyError(f"warmup.clip: must be > 0, got {clip}")
+    f, s = polarity(images)
+    part = clip / math.sqrt(2)
+    v = torch.cat([f * s.unsqueeze(1) * part, torch.full((len(f), 1), part, dtype=f.dtype)], dim=1)
+    groups = 2 * labels.long().cpu() + (s < 0).long()
+    return torch.zeros(2 * num_classes, v.shape[1], dtype=v.dtype).index_add_(0, groups, v)
+
+
+def polarity_shapes(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
+                    noise_multiplier: float, randomness: MechanismRandomness | None = None,
+                    trace: MechanismTrace | None = None, observe=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (class, polarity) group's shape: the Gaussian mechanism on :func:`shape_sums` (noise std σ·C on every
+    coordinate), then — post-processing — noisy sum over noisy count: (2·num_classes × H·W in float64, the shape
+    bright and unit-less, class-major, polarity + then −; the 2·num_classes noisy counts). One event,
+    ``event_for(noise_multiplier)``, recorded in ``trace`` (None: records nothing)."""
+    sums = _noised(shape_sums(images, labels, num_classes=num_classes, clip=clip), clip=clip,
+                   noise_multiplier=noise_multiplier, randomness=randomness, observe=observe,
+                   field="warmup.polarity_noise_multiplier")
+    if trace is not None:
+        trace.record(event_for(noise_multiplier))
+    part = clip / math.sqrt(2)
+    counts = sums[:, -1] / part
+    return sums[:, :-1] / part / counts.clamp(min=1.0).unsqueeze(1), counts.float()
 
 
 # --- intensity histogram: a release before the class means ---------------------------------------------

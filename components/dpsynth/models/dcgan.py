@@ -160,7 +160,9 @@ def deform(x: torch.Tensor, u: torch.Tensor, *, max_rotate: float = 15.0, max_sh
     cos, sin = torch.cos(a) / s, torch.sin(a) / s
     theta = torch.stack([torch.stack([cos, -sin + shear, tx], 1), torch.stack([sin, cos, ty], 1)], 1)
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    x = F.grid_sample(x + 1, grid, align_corners=False, padding_mode="zeros") - 1  # background stays -1
+    # outside the image: its nearest edge pixel (a black border stays black; a light page or a coloured background
+    # is not cut by black corners)
+    x = F.grid_sample(x + 1, grid, align_corners=False, padding_mode="border") - 1  # (black: exactly 0, then -1)
     thick = F.max_pool2d(x, 3, 1, 1)
     thin = -F.max_pool2d(-x, 3, 1, 1)
     w = u[:, 5].view(-1, 1, 1, 1)

@@ -22,6 +22,13 @@ below ``MIN_COUNT`` is mostly noise: its slot gets the class mean instead (post-
 τ times its image's peak above the background floor: a faint group mean (thin strokes) is stretched to
 white by :func:`clean`, and its noise with it.
 
+With ``warmup.polarity_noise_multiplier`` = σ_p (for images whose colours vary: a class of shapes in random colours
+has a flat grey mean) a release follows the class means instead of styles
+(:func:`dpsynth.mechanisms.central_images.polarity_shapes`): the means of a feature every record computes alone (its
+luminance less its own mean, unit norm, signed so its rarer tone is bright) over every class's two groups, shape
+lighter or darker than the rest (that sign). Drawn grey around the histogram's mean intensity, lighter or darker by
+its spread (:func:`polarity_slots`), they are the generator's two slots per class.
+
 With ``warmup.variations`` = r > 0 a third release follows: every class's r main directions of variation
 around its released images (:func:`dpsynth.mechanisms.central_images.variation_directions`: the Gaussian
 mechanism on each class's residual second-moment matrix, sensitivity clip², then its top eigenvectors —
@@ -58,8 +65,9 @@ FLOOR = 0.15  # on [0, 1]: what :func:`clean` makes background
 
 def events(cfg) -> list:
     """The warm-up's mechanism events, in order: the intensity histogram (with
-    ``warmup.intensity_noise_multiplier``), the class-mean release, then the style release, then the variation
-    release: each a full-batch Gaussian of add/remove sensitivity (its clip)."""
+    ``warmup.intensity_noise_multiplier``), the class-mean release, then (with ``warmup.polarity_noise_multiplier``)
+    the shape and the polarity-group releases, then the style release, then the variation release: each a
+    full-batch Gaussian of add/remove sensitivity (its clip)."""
     from dpsynth.mechanisms import central_images
 
     if not cfg.warmup.central_images:
@@ -96,6 +104,10 @@ def statement(cfg) -> str:
                 "normalised 16-bin histogram of its pixel intensities moves the sum by ≤ 1 in L2, noise σ_h per bin.")
     out += (" The private warm-up's class-mean release is one full-batch Gaussian (q = 1): each record moves the "
             "stacked class sums by ≤ C, noise σ_w·C.")
+    if w.polarity_noise_multiplier is not None:
+        out += (" Its polarity-shape release is one more: each record's luminance less its own mean, scaled to norm "
+                "≤ 1 and signed by its third moment, in the group of its class and that sign (the record alone), "
+                "moves the stacked group sums by ≤ C, noise σ_p·C.")
     if w.styles:
         out += (" Its style release is one more: each record, assigned to the nearest public template of its "
                 "class, moves the stacked group sums by ≤ C, noise σ_s·C.")
@@ -106,7 +118,7 @@ def statement(cfg) -> str:
     return out
 
 
-RELEASES = ("class_means", "styles", "variations")  # the names of the warm-up's releases, in order
+RELEASES = ("class_means", "styles", "variations")  # the releases with a canary audit, in order
 
 
 def _releases(cfg) -> list[tuple[str, float]]:
@@ -114,6 +126,7 @@ def _releases(cfg) -> list[tuple[str, float]]:
     w = cfg.warmup
     named = [("intensity_histogram", w.intensity_noise_multiplier)] * (w.intensity_noise_multiplier is not None)
     named += [("class_means", w.noise_multiplier)]
+    named += [("polarity_shapes", w.polarity_noise_multiplier)] * (w.polarity_noise_multiplier is not None)
     named += [("styles", w.styles_noise_multiplier)] * bool(w.styles)
     return named + [("variations", w.variations_noise_multiplier)] * bool(w.variations)
 
@@ -147,17 +160,24 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
     def seen(name: str):
         return None if observe is None else (lambda noisy, query: observe(name, noisy, query))
 
-    tidy, centre = clean, 0.0
+    tidy, centre, spread = clean, 0.0, None
     if w.intensity_noise_multiplier is not None:  # clean only two-tone images: ink on a dark background
         hist = central_images.intensity_histogram(images, noise_multiplier=w.intensity_noise_multiplier,
                                                   randomness=randomness, trace=trace)
         tidy = clean if two_tone(hist) else (lambda x: x)
         centre = mean_intensity(hist)  # the releases' sums are taken around it (post-processing: public)
+        spread = intensity_spread(hist)
     means, class_counts = central_images.central_images(
         *data("class_means"), num_classes=num_classes, clip=w.clip, noise_multiplier=w.noise_multiplier,
         randomness=randomness, trace=trace, with_counts=True, observe=seen("class_means"), centre=centre)
     means = tidy(means)
     slots, slot_classes = means, torch.arange(num_classes)  # one image per slot, and its class
+    if w.polarity_noise_multiplier is not None:  # two slots per class: shape lighter / darker than around it
+        shapes, counts = central_images.polarity_shapes(
+            images, labels, num_classes=num_classes, clip=w.clip, noise_multiplier=w.polarity_noise_multiplier,
+            randomness=randomness, trace=trace)
+        slots = tidy(polarity_slots(shapes, counts, means, centre=centre, spread=spread))
+        slot_classes = torch.arange(num_classes).repeat_interleave(2)
     if w.styles:
         templates, slot_classes = style_templates(means, w.styles)
         styles, counts = central_images.style_images(
@@ -175,8 +195,10 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
 
 
 def style_slots(cfg) -> int:
-    """How many style slots per class the generator needs: s × s with styles, else 1."""
+    """How many style slots per class the generator needs: s × s with styles, 2 with polarity groups, else 1."""
     w = cfg.warmup
+    if w.central_images and w.polarity_noise_multiplier is not None:
+        return 2
     return w.styles ** 2 if w.central_images and w.styles else 1
 
 
@@ -235,6 +257,45 @@ def mean_intensity(hist: torch.Tensor) -> float:
     """The mean pixel intensity (on [0, 1]) of a released histogram: bin shares times bin centres."""
     b = len(hist)
     return float((hist * (torch.arange(b, dtype=hist.dtype) + 0.5) / b).sum())
+
+
+def intensity_spread(hist: torch.Tensor) -> float:
+    """The standard deviation of the pixel intensities (on [0, 1]) of a released histogram (bin centres)."""
+    b = len(hist)
+    centres = (torch.arange(b, dtype=hist.dtype) + 0.5) / b
+    return float((hist * (centres - mean_intensity(hist)) ** 2).sum().sqrt())
+
+
+KEEP_SHARE = 0.1  # a polarity group with less than this share of its class's (noisy) records takes the other's slot
+
+
+def polarity_slots(shapes: torch.Tensor, counts: torch.Tensor, means: torch.Tensor, *, centre: float,
+                   spread: float) -> torch.Tensor:
+    """The generator's two slots per class from the released polarity shapes (2K × H·W, class-major, polarity +
+    then −; :func:`dpsynth.mechanisms.central_images.polarity_shapes`) and their noisy counts: each drawn grey, the
+    shape (:func:`smooth`) lighter (+) or darker (−) than ``centre``, as far as a record of pixel spread ``spread``
+    deviates (norm spread·√(H·W), the shapes being means of unit vectors). A group with fewer than MIN_COUNT noisy records,
+    or under KEEP_SHARE of its class's, takes its class's other slot, or with neither its class mean (``means``,
+    K×C×H×W in [-1, 1]). Post-processing of released values; returns 2K×C×H×W in [-1, 1]."""
+    k, c, h, w = means.shape
+    sign = torch.tensor([1.0, -1.0]).repeat(k).view(-1, 1, 1, 1)
+    drawn = (centre + sign * spread * math.sqrt(h * w) * smooth(shapes.float().view(2 * k, 1, h, w))).clamp(0, 1)
+    drawn = (drawn * 2 - 1).expand(-1, c, -1, -1)
+    total = counts.view(k, 2).sum(1).repeat_interleave(2)
+    keep = (counts >= MIN_COUNT) & (counts >= KEEP_SHARE * total)
+    other = torch.arange(2 * k) ^ 1
+    shape = (-1, 1, 1, 1)
+    fallback = torch.where(keep[other].view(shape), drawn[other], means.repeat_interleave(2, 0))
+    return torch.where(keep.view(shape), drawn, fallback)
+
+
+def smooth(x: torch.Tensor) -> torch.Tensor:
+    """A binomial blur ([1, 4, 6, 4, 1] / 16 along each side, std 1 pixel; edges repeated) of N×C×H×W images: a
+    released mean is smooth, its noise white, so this keeps the one and averages the other (post-processing)."""
+    k = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0], dtype=x.dtype) / 16
+    c = x.shape[1]
+    x = F.conv2d(F.pad(x, (2, 2, 0, 0), mode="replicate"), k.view(1, 1, 1, 5).repeat(c, 1, 1, 1), groups=c)
+    return F.conv2d(F.pad(x, (0, 0, 2, 2), mode="replicate"), k.view(1, 1, 5, 1).repeat(c, 1, 1, 1), groups=c)
 
 
 def clean(means: torch.Tensor, *, floor: float = FLOOR) -> torch.Tensor:
