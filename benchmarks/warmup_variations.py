@@ -18,6 +18,7 @@ import sys, math, time, json, argparse, torch
 from dpsynth.data import read_parquet
 from dpsynth.evaluation import classifiers
 from dpsynth.training import warmup
+from dpsynth.mechanisms import warmup_releases
 from dpsynth.models.dcgan import Generator
 from dpsynth.config import load_config
 from dpsynth.privacy import MechanismTrace, get_accountant
@@ -41,7 +42,7 @@ def run(conf, seed):
         f"warmup.styles_noise_multiplier={kw.get('ss', 1.0)}", f"warmup.variations={r}",
         f"warmup.variations_noise_multiplier={kw.get('sv', 2)}", f"warmup.variations_clip={kw.get('cv', 5)}",
         "train.latent_dim=100"])
-    eps = get_accountant("rdp").epsilon(MechanismTrace(warmup.events(cfg)), delta=1e-5)
+    eps = get_accountant("rdp").epsilon(MechanismTrace(warmup_releases.events(cfg)), delta=1e-5)
     mech = MechanismRandomness(seed=seed)
     images, dirs = warmup.release(cfg, xtr, ytr, num_classes=10, randomness=mech, trace=None)
     k = warmup.style_slots(cfg)

@@ -39,7 +39,7 @@ def test_a_quick_audit_is_part_of_every_default_run():
     assert empirical.mode_for(load_config(overrides=["train.method=gswgan"])) == "quick"
     assert empirical.mode_for(load_config(overrides=["train.method=gswgan_federated"])) is None  # has none (yet)
     assert empirical.mode_for(load_config(overrides=["audit.empirical=off"])) is None
-    assert [r[0] for r in empirical.warmup_releases(load_config(DEFAULT))] == list(RELEASES)
+    assert [r[0] for r in empirical.audited_releases(load_config(DEFAULT))] == list(RELEASES)
 
 
 def test_inconclusive_is_neither_passed_nor_failed_in_the_report():

@@ -112,10 +112,10 @@ def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path,
         # the shipped recipe opens with its private warm-up releases (full batch: class means, then style
         # groups and variation directions when configured; the trace merges equal consecutive ones), and
         # nothing else
-        from dpsynth.training import warmup
+        from dpsynth.mechanisms import warmup_releases
         from dpsynth.privacy import MechanismTrace
 
-        planned = MechanismTrace(warmup.events(load_config(config))).events
+        planned = MechanismTrace(warmup_releases.events(load_config(config))).events
         assert [(e["sampling"], e["noise_multiplier"], e["count"]) for e in warm] == \
             [("full_batch", e.noise_multiplier, e.count) for e in planned]
         assert torch.load(out / "generator.pt", weights_only=False)["model"]["class"] == "dpsynth.models.dcgan.Generator"

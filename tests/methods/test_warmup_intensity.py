@@ -9,6 +9,7 @@ import torch
 from opacus.accountants import RDPAccountant
 
 from dpsynth.training import warmup
+from dpsynth.mechanisms import warmup_releases
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
 from dpsynth.mechanisms import central_images as ci
@@ -47,7 +48,7 @@ def test_the_histogram_is_the_first_event_accounted_and_audited(tmp_path, small_
     assert mechanism_check(cfg, trace, 600)["passed"]
     # audited as if the histogram had not been released (unaccounted): refused
     assert not mechanism_check(tiny(tmp_path / "b"), trace, 600)["passed"]
-    assert "intensity histogram" in warmup.statement(cfg)
+    assert "intensity histogram" in warmup_releases.statement(cfg)
 
 
 def test_images_that_are_not_two_tone_are_not_cleaned(tmp_path, small_mnist):

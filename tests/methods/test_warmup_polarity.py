@@ -11,6 +11,7 @@ from opacus.accountants import RDPAccountant
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
 from dpsynth.training import warmup
+from dpsynth.mechanisms import warmup_releases
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.models.dcgan import deform
 from dpsynth.privacy import MechanismTrace
@@ -78,7 +79,7 @@ def test_the_release_is_an_event_accounted_and_audited(tmp_path, small_mnist):
     assert not mechanism_check(cfg, missing, 600)["passed"]
     altered = MechanismTrace([e if i != 2 else ci.event_for(2.0) for i, e in enumerate(trace.events)])
     assert not mechanism_check(cfg, altered, 600)["passed"]
-    assert "polarity-shape release" in warmup.statement(cfg)
+    assert "polarity-shape release" in warmup_releases.statement(cfg)
 
 
 def test_the_release_needs_the_randomness_and_the_histogram(tmp_path, small_mnist):
@@ -123,7 +124,7 @@ def test_the_warp_pads_with_the_edge_not_black():
 
 def test_the_generic_recipe_releases_the_polarity_shapes():
     cfg = load_config(Path(__file__).parents[2] / "configs/dpgan-generic-cpu.yaml")
-    assert warmup.release_names(cfg) == ["intensity_histogram", "class_means", "polarity_shapes", "variations"]
+    assert warmup_releases.release_names(cfg) == ["intensity_histogram", "class_means", "polarity_shapes", "variations"]
 
 
 @pytest.mark.parametrize("name", ["class_means", "variations"])
@@ -133,4 +134,4 @@ def test_the_canary_audits_run_with_the_polarity_shapes_before_them(tmp_path, na
     r = empirical.audit_warmup_release(cfg, name, image_shape=[16, 16, 3], num_classes=4, canaries=200,
                                        confidence=0.95)
     assert r["verdict"] == "passed" and r["noise_test"]["passed"] and r["bound_test"]["passed"]
-    assert [n for n, _, _ in empirical.warmup_releases(cfg)] == ["class_means", "variations"]
+    assert [n for n, _, _ in empirical.audited_releases(cfg)] == ["class_means", "variations"]

@@ -5,6 +5,7 @@ import torch
 
 from dpsynth.models.dcgan import Generator
 from dpsynth.training import warmup
+from dpsynth.mechanisms import warmup_releases
 
 
 def fit(progress: bool, steps: int = 7) -> None:
@@ -25,6 +26,6 @@ def test_the_releases_are_named_in_the_order_of_the_trace():
     from dpsynth.config import load_config
 
     for path, names in (("configs/dpgan-mnist-cpu.yaml", ["class_means", "styles", "variations"]),
-                        ("configs/dpgan-generic-cpu.yaml", ["intensity_histogram", "class_means", "variations"])):
+                        ("configs/dpgan-generic-cpu.yaml", ["intensity_histogram", "class_means", "polarity_shapes", "variations"])):
         cfg = load_config(path)
-        assert warmup.release_names(cfg) == names and len(warmup.events(cfg)) == len(names)
+        assert warmup_releases.release_names(cfg) == names and len(warmup_releases.events(cfg)) == len(names)

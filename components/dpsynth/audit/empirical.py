@@ -504,11 +504,11 @@ def _reached(result: dict) -> str:
 NOISE_TEST_ALPHA = 1e-6  # the noise test fails a release whose noise is this improbably small under the plan's σ
 
 
-def warmup_releases(cfg) -> list[tuple[str, float, float]]:
+def audited_releases(cfg) -> list[tuple[str, float, float]]:
     """The warm-up's releases as (name, σ, scale): the noise std on every coordinate of the query is σ·scale
     (scale = C for the class and style sums, C_v² for the moment matrices). :func:`pixel_bound` says how far
     one record may move a pixel's coordinate."""
-    from dpsynth.training import warmup
+    from dpsynth.mechanisms import warmup_releases
 
     w = cfg.warmup
     if not w.central_images:
@@ -516,7 +516,7 @@ def warmup_releases(cfg) -> list[tuple[str, float, float]]:
     every = {"class_means": (w.noise_multiplier, w.clip), "styles": (w.styles_noise_multiplier, w.clip),
              "variations": (w.variations_noise_multiplier, w.variations_clip ** 2)}
     on = {"class_means": True, "styles": bool(w.styles), "variations": bool(w.variations)}
-    return [(name, *every[name]) for name in warmup.RELEASES if on[name]]
+    return [(name, *every[name]) for name in warmup_releases.RELEASES if on[name]]
 
 
 def pixel_bound(name: str, scale: float) -> float:
@@ -576,7 +576,7 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
     from dpsynth.mechanisms.randomness import MechanismRandomness
 
     started = time.process_time()
-    spec = {n: (sigma, scale) for n, sigma, scale in warmup_releases(cfg)}
+    spec = {n: (sigma, scale) for n, sigma, scale in audited_releases(cfg)}
     if name not in spec:
         raise ConfigError(f"audit.empirical: the warm-up has no {name!r} release in this configuration")
     sigma, scale = spec[name]
@@ -613,7 +613,7 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
     p_small = float(stats.chi2.cdf(float(z.square().sum()), dof))
     largest = float(at_canary[included].max()) if included.any() else 0.0
     bound = guess_and_bound(scores.numpy(), included.numpy(), delta=cfg.privacy.delta, confidence=confidence)
-    # this release's own event (its σ, full batch): not a position in warmup.events, which may open with releases
+    # this release's own event (its σ, full batch): not a position in warmup_releases.events, which may open with releases
     # that have no canary audit (the intensity histogram of warmup.intensity_noise_multiplier, the polarity shapes of
     # warmup.polarity_noise_multiplier: their queries are not per-pixel image sums; the trace audit checks their events)
     event = central_images.event_for(sigma)
@@ -701,7 +701,7 @@ def audit_all(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode
     overall verdict and the checks (what :func:`stage_audit` returns; ``dpsynth audit empirical`` prints it)."""
     started = time.process_time()
     shape, classes = image_shape, num_classes
-    releases = [name for name, _, _ in warmup_releases(cfg)]
+    releases = [name for name, _, _ in audited_releases(cfg)]
     # β = 1 − confidence split over the parts (Bonferroni): the largest of their bounds holds at `confidence`
     each = 1 - (1 - cfg.audit.confidence) / (1 + len(releases))
     training = run_audit(dataclasses.replace(cfg, audit=dataclasses.replace(cfg.audit, confidence=each)), n=n,

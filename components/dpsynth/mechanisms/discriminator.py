@@ -41,7 +41,7 @@ class DiscriminatorDPSGD(Mechanism):
         train.steps events spend ≤ ε; ``event`` the sound per-step event (σ/√k); as_published (dp-GAN only):
         ``published_event`` the paper's per-step event (σ), which ``guard`` then guards instead."""
         from dpsynth.errors import PrivacyError
-        from dpsynth.training import warmup
+        from dpsynth.mechanisms import warmup_releases
         from dpsynth.privacy import BudgetGuard, MechanismEvent, calibrate_noise, check_delta
         from dpsynth.privacy.plan import PrivacyPlan
 
@@ -51,7 +51,7 @@ class DiscriminatorDPSGD(Mechanism):
         if q > 1:
             raise PrivacyError(f"train.batch_size: {t.batch_size} exceeds the {n} training records")
         published = self.published_account(cfg)
-        prefix = warmup.prefix(cfg, accountant=p.accountant)
+        prefix = warmup_releases.prefix(cfg, accountant=p.accountant)
         sigma = p.noise_multiplier
         if sigma is None:
             base = calibrate_noise(target_epsilon=p.epsilon, delta=p.delta, sample_rate=q, steps=t.steps,
@@ -83,14 +83,14 @@ class DiscriminatorDPSGD(Mechanism):
                                  randomness=randomness, module=module, trace=trace, event=plan.event)
 
     def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
-        from dpsynth.training import warmup
+        from dpsynth.mechanisms import warmup_releases
         from dpsynth.privacy.statement import REPLACE_BY_GROUP_PRIVACY, statement
 
         return statement(
             adjacency=f"add/remove one record: every step Poisson-samples records at q = B/n = "
                       f"{plan.event.sample_rate:.6g}; {REPLACE_BY_GROUP_PRIVACY}.",
             noise=f"σ·C: N(0, (σC)²) per coordinate on the sum of per-example gradients clipped to C (sensitivity "
-                  f"C), σ = {plan.event.noise_multiplier:.6g}.{warmup.statement(cfg)}")
+                  f"C), σ = {plan.event.noise_multiplier:.6g}.{warmup_releases.statement(cfg)}")
 
 
 @dataclass(frozen=True)
@@ -121,14 +121,14 @@ class GroupedCriticDPSGD(DiscriminatorDPSGD):
     def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
         """What dp-GAN's (ε, δ) means; ``unprotected`` names the sensitive records used as public, if any."""
         from dpsynth.data.public import describe as public_source_statement, unprotected_statement
-        from dpsynth.training import warmup
+        from dpsynth.mechanisms import warmup_releases
         from dpsynth.privacy.statement import REPLACE_BY_GROUP_PRIVACY, statement
 
         return statement(
             adjacency=f"add/remove one record (one real/fake/interpolate unit): every critic step Poisson-samples "
                       f"records at q = B/n = {plan.event.sample_rate:.6g}; {REPLACE_BY_GROUP_PRIVACY}.",
             noise=f"σ·c_j: clip group j gets N(0, (σ c_j)²) with per-group sensitivity c_j; the k = {plan.releases} "
-                  f"groups of one step fold to σ/√k = {plan.event.noise_multiplier:.6g}.{warmup.statement(cfg)}",
+                  f"groups of one step fold to σ/√k = {plan.event.noise_multiplier:.6g}.{warmup_releases.statement(cfg)}",
             assumptions=["the warm start and clipping bounds use public records only: " + public_source_statement(cfg)],
             unprotected=unprotected_statement(cfg))
 

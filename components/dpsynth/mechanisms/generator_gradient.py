@@ -72,7 +72,7 @@ class ShardGeneratorGradient(Mechanism):
         σ, the noise std / C of each sanitized release; under as_published ``published_epsilon`` the authors'
         (unsound) account of ``steps`` iterations."""
         from dpsynth.errors import ConfigError, PrivacyError
-        from dpsynth.training import warmup
+        from dpsynth.mechanisms import warmup_releases
         from dpsynth.privacy import (BudgetGuard, as_published_epsilon, calibrate_noise, check_delta,
                                      fold_releases, gswgan_event)
         from dpsynth.privacy.plan import PrivacyPlan
@@ -100,7 +100,7 @@ class ShardGeneratorGradient(Mechanism):
                 raise PrivacyError(f"privacy.epsilon: {p.epsilon} does not allow one iteration even as published")
             return PrivacyPlan(event=event, steps=lo, guard=None, noise_multiplier=sigma, releases=B,
                                published_epsilon=published(lo))
-        prefix = warmup.prefix(cfg, accountant=ACCOUNTANT)  # the private warm-up's releases, when configured
+        prefix = warmup_releases.prefix(cfg, accountant=ACCOUNTANT)  # the private warm-up's releases, when configured
         if sigma is None:
             event_sigma = calibrate_noise(target_epsilon=p.epsilon, delta=p.delta, sample_rate=1.0 / K, steps=T,
                                           accountant=ACCOUNTANT, sampling="without_replacement",
@@ -128,14 +128,14 @@ class ShardGeneratorGradient(Mechanism):
     def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
         """Add/remove adjacency at 1/K, the shard-state assumption, and beside it the account with the shard
         choice revealed (no amplification by the choice)."""
-        from dpsynth.training import warmup
+        from dpsynth.mechanisms import warmup_releases
         from dpsynth.privacy.statement import revealed_choice_account, statement
 
         K = cfg.partition.num_shards
         revealed = revealed_choice_account(plan.event, plan.steps, num_shards=K, delta=cfg.privacy.delta,
                                            prefix=plan.prefix)
         return statement(
-            adjacency=shard_adjacency(K), noise=noise_convention(plan.releases, plan) + warmup.statement(cfg),
+            adjacency=shard_adjacency(K), noise=noise_convention(plan.releases, plan) + warmup_releases.statement(cfg),
             assumptions=[SHARD_STATE_ASSUMPTION],
             accounts=[{"against": "an adversary who sees every iteration's shard choice (no shard-state assumption)",
                        **revealed}])

@@ -50,6 +50,7 @@ from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
 from dpsynth.training import artifacts, checkpoint, result, data_parallel
 from dpsynth.training import warmup
+from dpsynth.mechanisms import warmup_releases
 from dpsynth.training.result import TrainResult, resolve_device
 from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
@@ -125,7 +126,7 @@ class Trainer:
         images, labels = self.warmup_records()
         started = time.monotonic()
         _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps",
-                  len(warmup.events(self.cfg)), ", ".join(warmup.release_names(self.cfg)), w.steps)
+                  len(warmup_releases.events(self.cfg)), ", ".join(warmup_releases.release_names(self.cfg)), w.steps)
         slots, directions = warmup.release(self.cfg, images, labels, num_classes=self.num_classes,
                                            randomness=self.mechanism, trace=self.trace)
         _log.info("warm-up: released in %.0f s; fitting the generator to them (post-processing)",

@@ -63,90 +63,17 @@ MIN_COUNT = 20.0  # a style group with fewer (noisy) records is dropped: its mea
 FLOOR = 0.15  # on [0, 1]: what :func:`clean` makes background
 
 
-def events(cfg) -> list:
-    """The warm-up's mechanism events, in order: the intensity histogram (with
-    ``warmup.intensity_noise_multiplier``), the class-mean release, then (with ``warmup.polarity_noise_multiplier``)
-    the shape and the polarity-group releases, then the style release, then the variation release: each a
-    full-batch Gaussian of add/remove sensitivity (its clip)."""
-    from dpsynth.mechanisms import central_images
-
-    if not cfg.warmup.central_images:
-        return []
-    return [central_images.event_for(sigma) for _, sigma in _releases(cfg)]
-
-
-def prefix(cfg, *, accountant):
-    """The warm-up's events as the trace that precedes training (empty without one); refuses, naming the
-    settings, when they alone spend ``privacy.epsilon`` under ``accountant``."""
-    from dpsynth.errors import PrivacyError
-    from dpsynth.privacy import MechanismTrace, get_accountant
-
-    p, trace = cfg.privacy, MechanismTrace(events(cfg))
-    if trace.steps:
-        spent = get_accountant(accountant).epsilon(trace, delta=p.delta)
-        if spent >= p.epsilon:
-            raise PrivacyError(
-                f"privacy.epsilon: {p.epsilon} is spent by the warm-up's releases alone (ε = {spent:.3g} at δ = "
-                f"{p.delta:g}); set warmup.variations=0 and warmup.styles=0 (class means only), raise "
-                f"warmup.noise_multiplier / warmup.styles_noise_multiplier / warmup.variations_noise_multiplier, "
-                f"or raise privacy.epsilon")
-    return trace
-
-
-def statement(cfg) -> str:
-    """What the warm-up's releases are, for a method's privacy statement ("" without a warm-up)."""
-    w = cfg.warmup
-    if not w.central_images:
-        return ""
-    out = ""
-    if w.intensity_noise_multiplier is not None:
-        out += (" The private warm-up's intensity histogram is one full-batch Gaussian (q = 1): each record's "
-                "normalised 16-bin histogram of its pixel intensities moves the sum by ≤ 1 in L2, noise σ_h per bin.")
-    out += (" The private warm-up's class-mean release is one full-batch Gaussian (q = 1): each record moves the "
-            "stacked class sums by ≤ C, noise σ_w·C.")
-    if w.polarity_noise_multiplier is not None:
-        out += (" Its polarity-shape release is one more: each record's luminance less its own mean, scaled to norm "
-                "≤ 1 and signed by its third moment, in the group of its class and that sign (the record alone), "
-                "moves the stacked group sums by ≤ C, noise σ_p·C.")
-    if w.styles:
-        out += (" Its style release is one more: each record, assigned to the nearest public template of its "
-                "class, moves the stacked group sums by ≤ C, noise σ_s·C.")
-    if w.variations:
-        out += (" Its variation release is one more: each record's residual around the released image of its "
-                "nearest public template, clipped to C_v, adds r·rᵀ to its class's second-moment matrix (upper "
-                "triangle moved by ≤ C_v² in L2), noise σ_v·C_v² per entry.")
-    return out
-
-
-RELEASES = ("class_means", "styles", "variations")  # the releases with a canary audit, in order
-
-
-def _releases(cfg) -> list[tuple[str, float]]:
-    """(name, σ) of every release this configuration makes, in the order of the trace."""
-    w = cfg.warmup
-    named = [("intensity_histogram", w.intensity_noise_multiplier)] * (w.intensity_noise_multiplier is not None)
-    named += [("class_means", w.noise_multiplier)]
-    named += [("polarity_shapes", w.polarity_noise_multiplier)] * (w.polarity_noise_multiplier is not None)
-    named += [("styles", w.styles_noise_multiplier)] * bool(w.styles)
-    return named + [("variations", w.variations_noise_multiplier)] * bool(w.variations)
-
-
-def release_names(cfg) -> list[str]:
-    """The names of the releases this configuration makes, in the order of :func:`events` (for messages)."""
-    return [name for name, _ in _releases(cfg)]
-
-
 def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, randomness,
             trace, canaries=None, observe=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The warm-up's releases on the training records (``images`` in [-1, 1], ``labels``), with the
-    mechanism's secret coins, each recording its event in ``trace`` (the order of :func:`events`): returns
+    mechanism's secret coins, each recording its event in ``trace`` (the order of :func:`dpsynth.mechanisms.warmup_releases.events`): returns
     the images of the generator's slots (one per class, or per (class, style) with styles, class-major) and
     the variation directions (None without them) — what :func:`fit_generator` fits G to (it moves them to
     G's device: the releases are computed on the CPU, :mod:`dpsynth.mechanisms.central_images`).
 
     For the empirical audit's run only (:mod:`dpsynth.audit.empirical`, on a public stand-in, never
     released): ``canaries`` = (name, images, labels), records that join the data of the release ``name``
-    (of :data:`RELEASES`) alone, and ``observe(name, noisy, query)``, which sees each release's raw output
+    (of :data:`dpsynth.mechanisms.warmup_releases.RELEASES`) alone, and ``observe(name, noisy, query)``, which sees each release's raw output
     and its noiseless query."""
     from dpsynth.mechanisms import central_images
 

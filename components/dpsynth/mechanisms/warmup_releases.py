@@ -1,0 +1,79 @@
+"""The private warm-up's releases as a mechanism (the ``warmup`` section): which Gaussian releases a configuration
+makes, in the order of the trace, their events, the trace prefix they form before training, and what they are in a
+privacy statement. The releases themselves are :mod:`dpsynth.mechanisms.central_images`'s; the generator fitted to
+them (post-processing) is :mod:`dpsynth.training.warmup`'s."""
+
+from __future__ import annotations
+
+
+def events(cfg) -> list:
+    """The warm-up's mechanism events, in order: the intensity histogram (with
+    ``warmup.intensity_noise_multiplier``), the class-mean release, then (with ``warmup.polarity_noise_multiplier``)
+    the shape and the polarity-group releases, then the style release, then the variation release: each a
+    full-batch Gaussian of add/remove sensitivity (its clip)."""
+    from dpsynth.mechanisms.central_images import event_for
+
+    if not cfg.warmup.central_images:
+        return []
+    return [event_for(sigma) for _, sigma in releases(cfg)]
+
+
+def prefix(cfg, *, accountant):
+    """The warm-up's events as the trace that precedes training (empty without one); refuses, naming the
+    settings, when they alone spend ``privacy.epsilon`` under ``accountant``."""
+    from dpsynth.errors import PrivacyError
+    from dpsynth.privacy import MechanismTrace, get_accountant
+
+    p, trace = cfg.privacy, MechanismTrace(events(cfg))
+    if trace.steps:
+        spent = get_accountant(accountant).epsilon(trace, delta=p.delta)
+        if spent >= p.epsilon:
+            raise PrivacyError(
+                f"privacy.epsilon: {p.epsilon} is spent by the warm-up's releases alone (ε = {spent:.3g} at δ = "
+                f"{p.delta:g}); set warmup.variations=0 and warmup.styles=0 (class means only), raise "
+                f"warmup.noise_multiplier / warmup.styles_noise_multiplier / warmup.variations_noise_multiplier, "
+                f"or raise privacy.epsilon")
+    return trace
+
+
+def statement(cfg) -> str:
+    """What the warm-up's releases are, for a method's privacy statement ("" without a warm-up)."""
+    w = cfg.warmup
+    if not w.central_images:
+        return ""
+    out = ""
+    if w.intensity_noise_multiplier is not None:
+        out += (" The private warm-up's intensity histogram is one full-batch Gaussian (q = 1): each record's "
+                "normalised 16-bin histogram of its pixel intensities moves the sum by ≤ 1 in L2, noise σ_h per bin.")
+    out += (" The private warm-up's class-mean release is one full-batch Gaussian (q = 1): each record moves the "
+            "stacked class sums by ≤ C, noise σ_w·C.")
+    if w.polarity_noise_multiplier is not None:
+        out += (" Its polarity-shape release is one more: each record's luminance less its own mean, scaled to norm "
+                "≤ 1 and signed by its third moment, in the group of its class and that sign (the record alone), "
+                "moves the stacked group sums by ≤ C, noise σ_p·C.")
+    if w.styles:
+        out += (" Its style release is one more: each record, assigned to the nearest public template of its "
+                "class, moves the stacked group sums by ≤ C, noise σ_s·C.")
+    if w.variations:
+        out += (" Its variation release is one more: each record's residual around the released image of its "
+                "nearest public template, clipped to C_v, adds r·rᵀ to its class's second-moment matrix (upper "
+                "triangle moved by ≤ C_v² in L2), noise σ_v·C_v² per entry.")
+    return out
+
+
+RELEASES = ("class_means", "styles", "variations")  # the releases with a canary audit, in order
+
+
+def releases(cfg) -> list[tuple[str, float]]:
+    """(name, σ) of every release this configuration makes, in the order of the trace."""
+    w = cfg.warmup
+    named = [("intensity_histogram", w.intensity_noise_multiplier)] * (w.intensity_noise_multiplier is not None)
+    named += [("class_means", w.noise_multiplier)]
+    named += [("polarity_shapes", w.polarity_noise_multiplier)] * (w.polarity_noise_multiplier is not None)
+    named += [("styles", w.styles_noise_multiplier)] * bool(w.styles)
+    return named + [("variations", w.variations_noise_multiplier)] * bool(w.variations)
+
+
+def release_names(cfg) -> list[str]:
+    """The names of the releases this configuration makes, in the order of :func:`events` (for messages)."""
+    return [name for name, _ in releases(cfg)]
