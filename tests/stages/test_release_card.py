@@ -192,14 +192,15 @@ def test_audit_md_says_each_check_in_one_plain_line_and_the_trace_apart():
     assert "MechanismEvent(" not in md and "| check |" not in md
     checks = md.split("## Checks\n\n")[1].split("\n\n")[0].splitlines()
     assert len(checks) == len(report["checks"]) and all(line.startswith("- ✔ passed — ") for line in checks)
-    assert "- ✔ passed — warmup: the warm-up's releases open the trace exactly as configured" in checks
+    assert ("- ✔ passed — plan: the trace is exactly the privacy plan recomputed from the configuration and n "
+            "(the trace is below)") in checks  # the warm-up's releases open it: the mechanism's plan
     section = md.split("## The mechanism trace\n")[1]
     assert section.count("| full_batch | add_remove | 1 |") == 3 and "| poisson | add_remove |" in section
     # a failed check says why, still on one line and without a Python repr
     bad = audit.evaluate(cfg, trace_text=MechanismTrace(trace.events[1:]).to_json(), n=n, integrity=[], prv_time_limit_s=60)
     md = audit.markdown({**bad, "generator": {"sha256": "x"}, "claimed": {}})
-    (warmup,) = [line for line in md.splitlines() if "— warmup:" in line]
-    assert warmup.startswith("- ✘ **FAILED** — warmup: the trace opens with full_batch/add_remove") and "(" not in warmup[:60]
+    (plan,) = [line for line in md.splitlines() if "— plan:" in line]
+    assert plan.startswith("- ✘ **FAILED** — plan: the trace is not the recomputed plan") and "MechanismEvent(" not in md
 
 
 @pytest.mark.skipif(not shutil.which("chromium"), reason="Chromium is not installed (apt-get install chromium)")
