@@ -106,7 +106,7 @@ def wait(probe, timeout: float, every: float = 2):
 def click(b: Browser, selector: str, text: str) -> None:
     """Click the enabled element matching SELECTOR whose text is TEXT (waiting for it)."""
     find = f"[...document.querySelectorAll({json.dumps(selector)})].find(x => x.textContent.trim() === {json.dumps(text)})"
-    b.wait_for(f"{find} && !{find}.disabled")
+    b.wait_for(f"{find} && !{find}.disabled", timeout=120)  # the Airflow UI renders slowly on a loaded 2-core machine
     b.js(f"{find}.click()")
 
 
