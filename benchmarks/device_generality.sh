@@ -16,6 +16,8 @@ OUT=${OUT:-/tmp/generality-out}
 LIMIT_S=${LIMIT_S:-480}
 DATASETS=${DATASETS:-"letters shapes shapes-rgb symbols-rgb greek"}
 JOBS=${JOBS:-"eps10 eps1 warmup gan generic10 generic1"}
+DEV_JOBS=${DEV_JOBS:-}  # jobs run on the development sets (and mnist) only: recipe variants, never on a confirmation set
+DEV_SETS="letters shapes shapes-rgb mnist"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
@@ -31,8 +33,13 @@ args_for() {  # job -> utility.py arguments
     eps1) echo "--rows default --epsilons 1" ;;
     warmup) echo "--rows warmup" ;;
     gan) echo "--rows gan" ;;
-    generic10) echo "--recipe generic --rows default --epsilons 10" ;;
+    generic10) echo "--recipe generic --rows default,ceiling --epsilons 10" ;;
     generic1) echo "--recipe generic --rows default --epsilons 1" ;;
+    gwarmup) echo "--recipe generic --rows warmup" ;;
+    ggan) echo "--recipe generic --rows gan" ;;
+    # a variant of the generic recipe at ε = 1 (development sets only): the class means at σ = 10 and the
+    # polarity shapes kept at σ_p = 6 (ε ≈ 0.80 for the releases), in place of dropping the polarity shapes
+    gv1) echo "--recipe generic --rows default --epsilons 1 --set warmup.noise_multiplier=10 --set warmup.polarity_noise_multiplier=6" ;;
   esac
 }
 for d in $DATASETS; do  # draw and import each set once, side by side, before the runs (each run copies it)
@@ -41,12 +48,14 @@ done
 wait
 pids=()
 for d in $DATASETS; do
-  for j in $JOBS; do
+  jobs_for_d=$JOBS
+  case " $DEV_SETS " in *" $d "*) jobs_for_d="$JOBS $DEV_JOBS" ;; esac
+  for j in $jobs_for_d; do
     mkdir -p "/tmp/gb/$d-$j/$d"
     cp -r "/tmp/gb/$d/$d/data" "/tmp/gb/$d/$d/folders" "/tmp/gb/$d-$j/$d/" 2>/dev/null
     # shellcheck disable=SC2046
     timeout "$LIMIT_S" python3 benchmarks/utility.py --dataset "$d" $(args_for "$j") --out "/tmp/gb/$d-$j" \
-      --results "$OUT/parts/$d-$j" --images "$OUT/images" >"$OUT/logs/$d-$j.log" 2>&1 &
+      --results "$OUT/parts/$d-$j" --images "$OUT/images/$j" >"$OUT/logs/$d-$j.log" 2>&1 &
     pids+=($!)
   done
 done
@@ -60,13 +69,16 @@ out = Path(sys.argv[1])
 sets = {}
 for part in sorted((out / "parts").glob("*.json")):
     d = json.loads(part.read_text())
-    recipe = "-generic" if part.stem.endswith(("generic10", "generic1")) else ""
+    job = part.stem[len(d["dataset"]) + 1:]
+    recipe = "-generic-v1" if job == "gv1" else "-generic" if job.startswith("g") else ""
     s = sets.setdefault(d["dataset"] + recipe, {k: v for k, v in d.items() if k != "rows"} | {"rows": []})
     s["rows"] += d["rows"]
 order = {"ceiling": 0, "default": 1, "warmup": 2, "gan": 3}
 for name, s in sets.items():  # the generic recipe's table shows the same set's ceiling
-    if name.endswith("-generic") and name[:-len("-generic")] in sets:
-        s["rows"] += [r for r in sets[name[:-len("-generic")]]["rows"] if r.get("row") == "ceiling"]
+    base = name.split("-generic")[0]
+    src = next((sets[b] for b in (base + "-generic", base) if b in sets and b != name), None)
+    if src and not any(r.get("row") == "ceiling" for r in s["rows"]):
+        s["rows"] += [r for r in src["rows"] if r.get("row") == "ceiling"]
 for name, s in sets.items():
     s["rows"].sort(key=lambda r: (order.get(r.get("row"), 9), -(r.get("epsilon_target") or 0)))
     s["device"] = "GPU machine (benchmarks/device_generality.sh)"
