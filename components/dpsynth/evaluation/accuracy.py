@@ -76,13 +76,15 @@ def flat(ds: ImageDataset) -> np.ndarray:
 class Trained:
     """One classifier trained on one dataset: ``predict(ds)`` and what training chose."""
 
-    def __init__(self, name: str, cfg, train: ImageDataset, validation: ImageDataset | None = None):
+    def __init__(self, name: str, cfg, train: ImageDataset, validation: ImageDataset | None = None,
+                 what: str | None = None):
         self.name = name
         if name in TORCH:
             self.model = classifiers.build(name, train, seed=cfg.evaluate.seed)
             x, y = train.to_tensors()
             self.training = classifiers.fit(self.model, x, y, epochs=cfg.evaluate.epochs, seed=cfg.evaluate.seed,
-                                            validation=validation.to_tensors() if validation is not None else None)
+                                            validation=validation.to_tensors() if validation is not None else None,
+                                            desc=what and f"evaluate: {name} on {what}")
         else:
             self.model = _sklearn(cfg)[name]()
             self.model.fit(flat(train), train.labels)
@@ -104,10 +106,10 @@ def evaluate(name: str, cfg, *, synthetic: ImageDataset, validation: ImageDatase
     """gen2real, real, calibrated and real2gen accuracy of one classifier (a "skipped" entry when
     its package is not installed)."""
     try:
-        on_generated = Trained(name, cfg, synthetic, validation)
+        on_generated = Trained(name, cfg, synthetic, validation, what="synthetic records")
     except ImportError as exc:
         return {"classifier": name, "skipped": f"{exc.name or name} not installed"}
-    on_real = Trained(name, cfg, fit_real)
+    on_real = Trained(name, cfg, fit_real, what="real records")
     correct = on_generated.predict(test_real) == test_real.labels
     gen2real = float(correct.mean())
     real = float((on_real.predict(test_real) == test_real.labels).mean())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 
 import numpy as np
 import torch
@@ -81,13 +82,20 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, seed: int,
-        validation: tuple[torch.Tensor, torch.Tensor] | None = None, batch_size: int = 128, lr: float = 1e-3) -> dict:
+        validation: tuple[torch.Tensor, torch.Tensor] | None = None, batch_size: int = 128, lr: float = 1e-3,
+        desc: str | None = None) -> dict:
     """Adam on cross-entropy for ``epochs`` passes; with ``validation``, the model ends at the
-    epoch of best validation accuracy. Returns what was chosen."""
+    epoch of best validation accuracy. Returns what was chosen. With ``desc``, a progress bar of that name on
+    stderr (batches, rate, time left), as the training phases draw (``dpsynth -q`` hides it)."""
+    from tqdm import tqdm
+
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     best = (-1.0, 0, None)
+    quiet = {} if desc else {"disable": True}  # shown: TQDM_DISABLE (dpsynth -q) still hides it
+    bar = tqdm(total=epochs * math.ceil(len(x) / batch_size), desc=desc, unit="batch", file=sys.stderr,
+               mininterval=1.0, dynamic_ncols=True, **quiet)
     for epoch in range(1, epochs + 1):
         model.train()
         for idx in torch.randperm(len(x), generator=gen).split(batch_size):
@@ -95,10 +103,12 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, seed
             opt.zero_grad()
             loss.backward()
             opt.step()
+            bar.update()
         if validation is not None:
             acc = accuracy(model, *validation)
             if acc > best[0]:
                 best = (acc, epoch, copy.deepcopy(model.state_dict()))
+    bar.close()
     model.eval()
     if validation is None:
         return {"epochs": epochs, "selected_epoch": epochs, "selection": "none (fixed epochs)"}
@@ -115,7 +125,8 @@ class ReferenceClassifier:
         self.shape, self.num_classes = reference.shape, reference.num_classes
         self.model = build("cnn", reference, seed=seed)
         epochs = math.ceil(steps * batch_size / len(reference))  # about ``steps`` batches, whole epochs
-        self.training = fit(self.model, x, y, epochs=epochs, seed=seed, batch_size=batch_size)
+        self.training = fit(self.model, x, y, epochs=epochs, seed=seed, batch_size=batch_size,
+                            desc="evaluate: reference CNN on real records")
 
     def features(self, ds: ImageDataset) -> np.ndarray:
         return apply(self.model.features, pixels(ds)).double().numpy()

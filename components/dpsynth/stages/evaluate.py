@@ -117,7 +117,8 @@ def epsilon_curve(cfg, snapshots: list[tuple[float, object]], *, test_real: Imag
         ds = synthesize(generator, num_samples=e.curve_samples, seed=e.seed)
         _, probs = classifier.features_and_probabilities(ds)
         val_idx, train_idx = _split(len(ds), fraction=e.validation_fraction, seed=e.seed)
-        trained = accuracy.Trained(e.classifier, cfg, ds.subset(train_idx), ds.subset(val_idx))
+        trained = accuracy.Trained(e.classifier, cfg, ds.subset(train_idx), ds.subset(val_idx),
+                                   what=f"the ε = {eps:.3g} snapshot's records")
         points.append({"epsilon": eps, space.name: fid.distance(real_f, space.features(ds)),
                        "inception_score": scores.inception_score(probs)[0],
                        f"gen2real.{e.classifier}": float((trained.predict(test_real) == test_real.labels).mean())})
