@@ -481,7 +481,7 @@ class Ledger:
                 f"ledger.url: the ledger's database role {user!r} may not do this "
                 f"({str(exc.orig).strip().splitlines()[0]}): each zone has its own role (docs/cluster.md, "
                 "\"Ledger roles\"): stage pods reserve and commit, the auditors' page reads, and only the "
-                "platform's role (the ledger-admin Secret) sets budgets and settles") from None
+                "platform's role (the ledger-admin Secret) sets budgets") from None
 
     @staticmethod
     def _lock_population(conn: Connection, pid: str):
