@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from dpsynth import storage, tracking
-from dpsynth.data import ImageDataset, write_parquet
+from dpsynth.data import ImageDataset, versions, write_parquet
 from dpsynth.errors import StageError
 from dpsynth.grids import class_grid
 from dpsynth.training.artifacts import load_generator  # noqa: F401 (the stages' reader of generator files)
@@ -156,9 +156,14 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                                release=release)
             release["registered_model"] = {"name": version.name, "version": str(version.version),
                                            "alias": tracking.RELEASED_ALIAS}
-        return protocol.finish(
+        outcome = protocol.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=audit["dataset_sha256"], inputs=inputs, outputs=outputs,
             details={"num_samples": len(synthetic), "num_classes": synthetic.num_classes, "release": release,
                      "trainer_claim": claimed},
             privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="post-processing of the audited generator"),
         )
+    # released: a versioned import's data is now its population's last release (a retrain on it spends nothing)
+    from dpsynth.stages import charging
+
+    versions.record_release(cfg.data.uri, charging.population_id(cfg))
+    return outcome
