@@ -117,7 +117,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
     inputs = [*audit_inputs, generator_item]
     fp = protocol.fingerprint(cfg, SECTIONS)
     if (reused := protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
-        return reused
+        return _released(cfg, reused)  # a retry after the release: record it, if it was not
     generator, claimed = load_generator(generator_item["uri"])
     audited_trace = (report.get("trace") or {}).get("sha256")
     if not audited_trace or claimed.get("trace_sha256") != audited_trace:
@@ -162,7 +162,12 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                      "trainer_claim": claimed},
             privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="post-processing of the audited generator"),
         )
-    # released: a versioned import's data is now its population's last release (a retrain on it spends nothing)
+    return _released(cfg, outcome)
+
+
+def _released(cfg, outcome: protocol.Outcome) -> protocol.Outcome:
+    """``outcome``, after recording a versioned import's data as its population's last release
+    (:func:`dpsynth.data.versions.record_release`: a retrain on the same version then opens no run, spends no ε)."""
     from dpsynth.stages import charging
 
     versions.record_release(cfg.data.uri, charging.population_id(cfg))
