@@ -83,7 +83,7 @@ run-kfp: budget  ## the Kubeflow pipeline's shape run locally (kfp.local, stages
 	    --population-id $(POPULATION) --set ledger.url=$(LEDGER_URL)
 
 kfp-yaml: $(STAMP)  ## regenerate pipelines/kfp/dpsynth_pipeline.yaml (a test keeps it in sync)
-	$(PY) pipelines/kfp/dpsynth_pipeline.py --compile
+	DPSYNTH_POPULATION_ID=$(POPULATION) $(PY) pipelines/kfp/dpsynth_pipeline.py --compile
 
 schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema beside the DAGs and in the chart, and the KFP YAML
 	$(PY) scripts/config_schema.py

@@ -36,11 +36,14 @@ template ``DPSYNTH_TRAINJOB_TEMPLATE``, copies its first node's log into its own
 stage's outcome; its pod's service account needs the chart's ``<release>-train-launcher`` Role,
 ``trainJob.launcher.extraSubjects``), or, in the local flavour, ``--launch torchrun`` on this machine.
 
-``population_id`` (``ledger.population_id``, a required parameter: the stage pods read no config file)
-names whose lifetime privacy budget every training attempt is charged, in the ledger at
-``DPSYNTH_LEDGER_URL``. The ledger gives no budget by default: an operator sets it beforehand with
-``dpsynth ledger set-budget POPULATION --epsilon E --delta D --records N --reason TEXT`` (docs/cluster.md);
-``start`` refuses a run the budget cannot afford.
+The population (``ledger.population_id``: whose lifetime privacy budget every training attempt is charged, in the
+ledger at ``DPSYNTH_LEDGER_URL``) is the platform's, like the ledger URL and the tracking URI: it is fixed when the
+pipeline is compiled (``DPSYNTH_POPULATION_ID``, :data:`POPULATION_ID`; compiling without it is refused) and is no
+run input, so whoever triggers a run cannot charge it to another budget (``extra`` refuses it too, and the fixed
+``--set`` comes after the ``config`` file's). The local flavour, where the platform is yours, takes it as an input.
+The ledger gives no budget by default: an operator sets it beforehand with ``dpsynth ledger set-budget POPULATION
+--epsilon E --delta D --records N --reason TEXT`` (docs/cluster.md); ``start`` refuses a run the budget cannot
+afford.
 
 On a cluster (``dpsynth_pipeline``; kfp-kubernetes) every stage pod gets its configuration from the
 dpsynth chart's objects in the run's namespace: the Secret ``STAGE_SECRET`` (AWS_ACCESS_KEY_ID,
@@ -63,6 +66,7 @@ from typing import NamedTuple, Optional
 from kfp import compiler, dsl
 
 from dpsynth.config import setting_schema
+from dpsynth.errors import ConfigError
 
 STAGE_IMAGE = os.environ.get("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest")
 ACCELERATOR = "nvidia.com/gpu"  # KFP accelerator type → resources.limits["nvidia.com/gpu"] on the pod
@@ -75,8 +79,8 @@ YAML = Path(__file__).with_name("dpsynth_pipeline.yaml")
 CONFIG = os.environ.get("DPSYNTH_CONFIG", "/opt/dpsynth/configs/dpgan-mnist-cpu.yaml")
 LOCAL_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "dpgan-mnist-cpu.yaml")
 # Settings only the platform sets (who triggers a run must not choose where, or against which budget, it is
-# charged and tracked): refused in ``extra`` (stage_program.GOVERNED). ledger.population_id is the required input
-# ``population_id``.
+# charged and tracked): refused in ``extra`` (stage_program.GOVERNED). ledger.population_id is compiled in
+# (POPULATION_ID).
 #
 # The container's program (stage_program.py, its text run as `python -c`): resolves the pseudo-options of _cli_args,
 # refuses a governance setting in the extra settings, runs dpsynth, records a verdict (exit 2) so that a retry does not
@@ -85,6 +89,9 @@ _RUN = Path(__file__).with_name("stage_program.py").read_text()
 _PROGRAM: dict = {"__name__": "dpsynth_stage_program"}
 exec(_RUN, _PROGRAM)  # noqa: S102 (our own file: its constants, here and in the container alike)
 GOVERNED = _PROGRAM["GOVERNED"]
+# The population every run of the compiled pipeline charges (ledger.population_id): a platform setting, given at
+# compile time (the chart's pipeline.populationId for Airflow), never a run input.
+POPULATION_ID = os.environ.get("DPSYNTH_POPULATION_ID", "").strip()
 
 # Cluster settings of the stage pods (dpsynth_pipeline only). Names: the dpsynth chart's defaults for a
 # release called "dpsynth" (env at compile time to change them).
@@ -106,7 +113,7 @@ TIMEOUT_SECONDS = 12 * 3600
 
 # The pipeline parameters that become stage settings: pipeline parameter -> config field. Each takes its
 # default and description from the config's schema (the stages validate the values: `pipeline start` first).
-SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", "method": "train.method", "epsilon": "privacy.epsilon",
+SETTINGS = {"dataset_uri": "data.uri", "method": "train.method", "epsilon": "privacy.epsilon",
             "delta": "privacy.delta", "steps": "train.steps", "num_shards": "partition.num_shards",
             "n_d": "train.n_d", "seed": "train.seed", "audit_empirical": "audit.empirical"}
 # The train stage's shape (pipeline parameter -> config field): given to the train-job task only.
@@ -119,8 +126,10 @@ INPUTS = {"run_dir": "Root URI of the pipeline run (s3:// on a cluster): run_dir
                     f"{CONFIG}); empty: none, the models' defaults.",
           "extra": "More settings, section.field=value, applied last (not the platform's: "
                    f"{', '.join(GOVERNED)}).",
+          "population_id": "ledger.population_id, the population whose budget the run charges (the local flavour "
+                           "only: on a cluster it is the platform's, DPSYNTH_POPULATION_ID at compile time).",
           **{name: f"{field}: {setting_schema(field).get('description', '')}"
-                   + ("" if name in ("dataset_uri", "population_id") else " Empty: the config's.")
+                   + ("" if name == "dataset_uri" else " Empty: the config's.")
              for name, field in {**SETTINGS, **LAUNCH}.items()}}
 
 try:  # kfp-kubernetes: tolerations and node selectors of the GPU pods
@@ -147,6 +156,8 @@ def _cli_args(command: str, p: dict, outputs: dict | None = None) -> list:
     args += ["--config-file", p["config"]]
     for name, field in {**SETTINGS, **(LAUNCH if command == "train job" else {})}.items():
         args.append(dsl.IfPresentPlaceholder(input_name=name, then=["--set", f"{field}={p[name]}"]))
+        if name == "dataset_uri" and POPULATION_ID:  # the platform's, compiled in: no run input can change it
+            args += ["--set", f"ledger.population_id={POPULATION_ID}"]
     args += ["--extra-settings", p["extra"]]
     for name, artifact in (outputs or {}).items():
         args += ["--kfp-artifact", name, artifact.path]
@@ -167,7 +178,7 @@ def _container(command: str):
     P = inspect.Parameter
     names = ["run_dir", "pipeline_run_id"]
     names += [] if command in ("pipeline start", "pipeline finish") else ["parent_run_id"]
-    names += ["dataset_uri", "population_id", "config", "extra"] + (["shard_index"] if command == "warmstart shard" else [])
+    names += ["dataset_uri", "config", "extra"] + (["shard_index"] if command == "warmstart shard" else [])
     types = {"extra": list, "shard_index": int}
     params = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=types.get(n, str)) for n in names]
     settings = {**SETTINGS, **(LAUNCH if command == "train job" else {})}
@@ -342,7 +353,7 @@ def _documented(pipeline):
 # Every settings input is optional: None (left empty) keeps the config's value.
 @dsl.pipeline(name="dpsynth", description="dpsynth: partition, warmstart ×K, train (GPU), audit, sample, evaluate")
 @_documented
-def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, config: str = CONFIG,
+def dpsynth_pipeline(dataset_uri: str, run_dir: str, config: str = CONFIG,
                      extra: list = [],  # noqa: B006 (KFP default)
                      method: Optional[str] = None, epsilon: Optional[float] = None, delta: Optional[float] = None,
                      steps: Optional[int] = None, num_shards: Optional[int] = None, n_d: Optional[str] = None,
@@ -359,11 +370,17 @@ def dpsynth_pipeline(dataset_uri: str, run_dir: str, population_id: str, config:
 def local_pipeline(dataset_uri: str, run_dir: str, population_id: str, config: str = LOCAL_CONFIG,
                    extra: list = []):  # noqa: B006 (KFP default)
     def step(command, **kw):
-        return local_stage(command=command, **{k: v for k, v in kw.items() if k not in LAUNCH})
+        return local_stage(command=command, population_id=population_id,
+                           **{k: v for k, v in kw.items() if k not in LAUNCH})
     _wire(step, locals(), cluster=False)
 
 
 def compile_yaml(path: str | os.PathLike = YAML) -> Path:
+    """Write the cluster flavour's IR YAML; refuses (ConfigError) to without the platform's population."""
+    if not POPULATION_ID:
+        raise ConfigError("DPSYNTH_POPULATION_ID: required when compiling the pipeline: the population whose lifetime "
+                          "privacy budget its runs charge (ledger.population_id) is the platform's, compiled in, not a "
+                          "run input; e.g. DPSYNTH_POPULATION_ID=mnist (make kfp-yaml)")
     compiler.Compiler().compile(dpsynth_pipeline, str(path))
     return Path(path)
 
@@ -375,5 +392,8 @@ if __name__ == "__main__":
     args = ap.parse_args()
     if not args.compile:
         ap.error("nothing to do: pass --compile")
-    print(compile_yaml(args.compile))
+    try:
+        print(compile_yaml(args.compile))
+    except ConfigError as exc:
+        ap.error(str(exc))
     sys.exit(0)

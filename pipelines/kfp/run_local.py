@@ -74,6 +74,7 @@ def main(argv=None) -> int:
 
     given = {k: v for k, v in vars(a).items() if k in SETTINGS and v is not None}
     sets = [f"{SETTINGS[k]}={v}" for k, v in given.items()]
+    sets += [f"ledger.population_id={a.population_id}"] if a.population_id else []  # an input of the local flavour
     cfg = load_config(a.config, overrides=[f"data.uri={a.dataset}", *sets, *a.overrides])  # validates, names a field
     given["population_id"] = cfg.ledger.population_id
     if not given["population_id"]:

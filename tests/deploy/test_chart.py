@@ -27,7 +27,8 @@ K8S_VERSION = "1.33.0"  # validate against a version most clusters run; the char
 # what every install must give (#34: stage pods share no disk)
 REQUIRED = ["--set", "pipeline.runRoot=s3://dpsynth/runs", "--set", "pipeline.datasetUri=s3://dpsynth/data/mnist.parquet"]
 CREDENTIALS = ["--set", "credentials.create=true", "--set", "credentials.awsAccessKeyId=minio",
-               "--set", "credentials.awsSecretAccessKey=minio-secret", "--set", "credentials.postgresPassword=p@ss/word"]
+               "--set", "credentials.awsSecretAccessKey=minio-secret", "--set", "credentials.postgresPassword=p@ss/word",
+               "--set", "credentials.ledgerStagePassword=st@ge/pw1", "--set", "credentials.ledgerAuditorPassword=auditor-pw2"]
 VARIANTS = {"default": [], "gpu": ["-f", str(CHART / "values-gpu.yaml")],
             "secrets": CREDENTIALS,
             "external": ["--set", "postgresql.enabled=false", "--set", "postgresql.external.host=db.example.org",
@@ -197,7 +198,7 @@ def test_mlflow_reads_credentials_from_the_secret():
     docs = render()
     [container] = find(docs, "Deployment", "-mlflow")["spec"]["template"]["spec"]["containers"]
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
-    assert set(refs) == {"POSTGRES_PASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    assert set(refs) == {"POSTGRES_PASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LEDGER_AUDITOR_PASSWORD"}
     assert {r["name"] for r in refs.values()} == {"dpsynth-credentials"}
     assert not any("value" in e and "PASSWORD" in e["name"] for e in container["env"])
     args = " ".join(container["args"])
@@ -220,10 +221,13 @@ def test_external_services_replace_postgres_and_minio():
 def test_secrets_rendered_when_asked():
     docs = render(*CREDENTIALS)
     creds = find(docs, "Secret", "-credentials")["stringData"]
-    assert set(creds) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POSTGRES_PASSWORD"}
+    assert set(creds) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POSTGRES_PASSWORD", "LEDGER_STAGE_PASSWORD",
+                          "LEDGER_AUDITOR_PASSWORD"}
     stage = find(docs, "Secret", "-stage")["stringData"]
     assert set(stage) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL"}
-    assert stage["DPSYNTH_LEDGER_URL"] == "postgresql+psycopg2://dpsynth:p%40ss%2Fword@dpsynth-postgresql.dpsynth.svc:5432/ledger"
+    # the stage pods' ledger role (#34: reserve and commit, not set-budget), not the database owner
+    assert stage["DPSYNTH_LEDGER_URL"] == ("postgresql+psycopg2://dpsynth_stage:st%40ge%2Fpw1@"
+                                           "dpsynth-postgresql.dpsynth.svc:5432/ledger")
 
 
 @tools
@@ -433,8 +437,8 @@ def test_helm_test_pod_checks_mlflow_and_the_ledger_database():
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["MLFLOW_URL"] == "http://dpsynth-mlflow.dpsynth.svc:5000"
     assert (env["PGHOST"], env["PGPORT"], env["PGUSER"], env["PGDATABASE"]) == (
-        "dpsynth-postgresql.dpsynth.svc", "5432", "dpsynth", "ledger")
-    assert env["PGPASSWORD"] == {"secretKeyRef": {"name": "dpsynth-credentials", "key": "POSTGRES_PASSWORD"}}
+        "dpsynth-postgresql.dpsynth.svc", "5432", "dpsynth_auditor", "ledger")  # the ledger page's role
+    assert env["PGPASSWORD"] == {"secretKeyRef": {"name": "dpsynth-credentials", "key": "LEDGER_AUDITOR_PASSWORD"}}
     [no_mlflow] = helm_test_pod(render("--set", "mlflow.enabled=false"))["spec"]["containers"]
     assert "MLFLOW_URL" not in {e["name"] for e in no_mlflow["env"]}
     assert not [d for d in render("--set", "tests.enabled=false") if d["kind"] == "Pod"]
@@ -470,6 +474,12 @@ def test_helm_test_script_passes_and_fails_for_real(postgres, mlflow_health):
         return subprocess.run([sys.executable, script], env={"PATH": "/usr/bin:/bin", **postgres, **env},
                               capture_output=True, text=True, timeout=60)
 
+    from sqlalchemy.engine import URL
+
+    from dpsynth.ledger.store import Ledger
+
+    Ledger(URL.create("postgresql+psycopg2", username=postgres["PGUSER"], password=postgres["PGPASSWORD"],  # its tables
+                      host=postgres["PGHOST"], port=int(postgres["PGPORT"]), database=postgres["PGDATABASE"]))
     ok = check(MLFLOW_URL=mlflow_health)
     assert ok.returncode == 0 and "MLflow /health: OK" in ok.stdout and "reachable" in ok.stdout, ok.stdout + ok.stderr
     assert check(MLFLOW_URL=mlflow_health, PGPASSWORD="wrong").returncode == 1

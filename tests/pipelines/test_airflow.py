@@ -109,7 +109,7 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     }))
     """, airflow_env)
     assert out["dags"] == ["dpsynth_import_data", "dpsynth_retrain_on_new_data", "dpsynth_train"]
-    assert out["tasks"] == sorted(["plan", "start", *STAGES, "shards", "warmstart_shard", "finish"])
+    assert out["tasks"] == sorted(["plan", "start", "data_changed", *STAGES, "shards", "warmstart_shard", "finish"])
     assert out["mapped"] == ["warmstart_shard"]
     assert out["ok"] and all(out["bad"].values()), out["bad"]
     assert out["audit_sets"] == [[], ["audit.empirical=full"]]  # empty: the config's; one --set argument

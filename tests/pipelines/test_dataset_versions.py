@@ -1,6 +1,6 @@
 """Retraining on new data (issue #34, item 10): imports are versioned by a keyed id of the records' content, the
-asset event names the version (never a raw digest), and an import of data that did not change emits no event, so
-the retrain DAG does not run and spends no ε."""
+asset event names the version (never a raw digest), and a retrain whose version is its population's last release
+opens no run and spends no ε (its start, ``--unless-released``, and the ``data_changed`` gate)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from dpsynth.data import import_source, write_parquet
 from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_db, airflow_env  # noqa: F401 (fixtures)
@@ -55,11 +56,11 @@ def test_versioned_import_names_versions_by_keyed_id_and_skips_unchanged_data(tm
         [".version-key", "LATEST", f"{first['version']}.parquet", f"{second['version']}.parquet"])
 
 
-def test_import_dag_emits_no_event_when_the_data_did_not_change(airflow_db, tmp_path):
-    """`airflow dags test dpsynth_import_data` with the real `dpsynth data import`, twice on the same records: one
-    asset event, naming the versioned URI and its keyed id (no raw digest); the second run's import task is skipped,
-    so `dpsynth_retrain_on_new_data` (scheduled on that asset) gets no event and spends no ε. New records: a new
-    event."""
+def test_import_dag_emits_an_event_naming_the_version_and_the_retrain_decides(airflow_db, tmp_path):
+    """`airflow dags test dpsynth_import_data` with the real `dpsynth data import`: each import's asset event names
+    the versioned URI and its keyed id (no raw digest). The same records again give the same version: whether that
+    retrains is decided against the population's last release (test_retrain_gate_*, tests/stages/
+    test_retrain_released.py), not here against the newest import. New records: a new version."""
     a, b, sha_a, sha_b = sources(tmp_path)
     dst = tmp_path / "data" / "mnist.parquet"
     env = {**airflow_db, "DPSYNTH_DATASET_URI": str(dst)}
@@ -82,11 +83,10 @@ def test_import_dag_emits_no_event_when_the_data_did_not_change(airflow_db, tmp_
     version = event["version"]
     assert event == {"dataset_uri": str(tmp_path / "data" / "mnist" / f"{version}.parquet"), "version": version}
     assert sha_a not in json.dumps(event)
-    log, events = import_run(a)
-    assert len(events) == 1, events  # no event: no retrain
-    assert "the data did not change" in log
+    _, events = import_run(a)
+    assert len(events) == 2 and events[1] == events[0], events  # the same version: the retrain compares releases
     _, events = import_run(b)
-    assert len(events) == 2 and events[1]["version"] != version
+    assert len(events) == 3 and events[2]["version"] != version
 
 
 def test_partition_refuses_a_versioned_file_replaced_after_its_import(tmp_path, capsys, monkeypatch):
@@ -107,3 +107,37 @@ def test_partition_refuses_a_versioned_file_replaced_after_its_import(tmp_path, 
     assert dpsynth("partition", "--run-dir", tmp_path / "run", *settings(versioned)) == 2
     assert f"data.uri: {versioned} is version" in capsys.readouterr().err
     assert not (tmp_path / "run" / "sensitive" / "partition" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("executor", ["local", "kubernetes"])
+def test_retrain_gate_skips_every_later_task_when_start_found_the_release(airflow_env, tmp_path, executor):  # noqa: F811
+    """The retrain's plan asks ``start`` for ``--unless-released`` (a manual run does not); when start reports
+    "skipped", the ``data_changed`` short circuit skips every later task, ``finish`` (trigger rule all_done) too."""
+    from tests.pipelines.test_airflow import KUBECONFIG, in_airflow, LOAD
+
+    env = dict(airflow_env)
+    if executor == "kubernetes":
+        (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+        env.update(DPSYNTH_EXECUTOR="kubernetes", DPSYNTH_K8S_CONFIG_FILE=str(tmp_path / "kubeconfig"),
+                   DPSYNTH_RUN_ROOT="s3://b/runs", DPSYNTH_DATASET_URI="s3://b/data/mnist.parquet")
+    out = in_airflow(LOAD + """
+    import types
+    import dpsynth_pipeline
+    dag = bag.dags["dpsynth_retrain_on_new_data"]
+    gate = dag.get_task("data_changed")
+    later = set(gate.get_flat_relative_ids(upstream=False))
+    event = types.SimpleNamespace(timestamp=1, extra={"dataset_uri": "s3://b/data/mnist/v.parquet", "version": "v"})
+    def start_argv(**context):
+        return dpsynth_pipeline.plan.function(params=dict(dag.params.dump()), run_id="r", **context)["argv"]["start"]
+    print(json.dumps({
+        "kind": [c.__name__ for c in type(gate).__mro__], "ignore": gate.ignore_downstream_trigger_rules,
+        "upstream": sorted(gate.upstream_task_ids), "all": sorted(dag.task_ids), "later": sorted(later),
+        "retrain": start_argv(triggering_asset_events={"a": [event]}), "manual": start_argv(),
+        "skip": gate.python_callable({"skipped": "unchanged"}), "go": gate.python_callable({"parent_run_id": "p"})}))
+    """, env)
+    assert "ShortCircuitOperator" in out["kind"] and out["ignore"] is True and out["upstream"] == ["start"]
+    assert set(out["all"]) - set(out["later"]) == {"plan", "start", "data_changed"} | (
+        {"start_command", "stage_commands", "train_launch"} if executor == "kubernetes" else set())
+    assert "finish" in out["later"] and "train" in out["later"]
+    assert out["retrain"][-1] == "--unless-released" and "--unless-released" not in out["manual"]
+    assert out["skip"] is False and out["go"] is True

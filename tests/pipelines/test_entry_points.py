@@ -140,8 +140,8 @@ def test_kfp_pipeline_with_only_its_required_inputs_trains_the_make_run_recipe()
     compiled = next(yaml.safe_load_all(kp.YAML.read_text()))
     params = compiled["root"]["inputDefinitions"]["parameters"]
     required = {n for n, p in params.items() if not p.get("isOptional") and "defaultValue" not in p}
-    assert required == {"dataset_uri", "run_dir", "population_id"}
-    inputs = {"dataset_uri": DATASET, "run_dir": "s3://bucket/runs/x", "population_id": POPULATION,
+    assert required == {"dataset_uri", "run_dir"}  # the population is the platform's, compiled in (#34)
+    inputs = {"dataset_uri": DATASET, "run_dir": "s3://bucket/runs/x",
               "pipeline_run_id": "job", "parent_run_id": "P",
               **{n: p["defaultValue"] for n, p in params.items() if "defaultValue" in p}}
     assert inputs["config"] == "/opt/dpsynth/configs/dpgan-mnist-cpu.yaml" and inputs["extra"] == []

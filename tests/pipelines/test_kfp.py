@@ -2,6 +2,7 @@
 the same CLI as the containers, end to end on 600 MNIST records with K=2 under one MLflow parent run."""
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from dpsynth.stages.protocol import TAG_STATUS as STATUS
 from tests.stages.helpers import manifest, release_files
 
 KFP = Path(__file__).resolve().parents[2] / "pipelines" / "kfp"
+POPULATION = "mnist"  # the committed YAML's (make kfp-yaml: DPSYNTH_POPULATION_ID=$(POPULATION))
 STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
 
 
@@ -57,8 +59,8 @@ def all_tasks(compiled) -> dict:
 def test_committed_yaml_is_in_sync(tmp_path):
     out = tmp_path / "dpsynth_pipeline.yaml"
     subprocess.run([sys.executable, str(KFP / "dpsynth_pipeline.py"), "--compile", str(out)], check=True,
-                   stdout=subprocess.DEVNULL)
-    assert out.read_text() == kp.YAML.read_text(), "run: python pipelines/kfp/dpsynth_pipeline.py --compile"
+                   stdout=subprocess.DEVNULL, env={**os.environ, "DPSYNTH_POPULATION_ID": POPULATION})
+    assert out.read_text() == kp.YAML.read_text(), "run: make kfp-yaml"
 
 
 def test_gpu_stages_and_fan_out(compiled):
@@ -93,14 +95,13 @@ def test_gpu_stages_and_fan_out(compiled):
     assert all(not t.get("cachingOptions", {}).get("enableCache") for t in dag.values())
     assert "dpsynth-finish" not in dag  # the exit task (test_finish_is_the_exit_task)
     params = compiled["root"]["inputDefinitions"]["parameters"]
-    assert set(params) == {"dataset_uri", "population_id", "method", "epsilon", "delta", "steps", "num_shards", "n_d",
+    assert set(params) == {"dataset_uri", "method", "epsilon", "delta", "steps", "num_shards", "n_d",
                            "seed", "audit_empirical", "run_dir", "train_nodes", "train_gpus_per_node", "config", "extra"}
-    # no default population: a run names whose budget it is charged
-    assert "defaultValue" not in params["population_id"] and not params["population_id"].get("isOptional")
+    # no population input: the platform's, compiled in (#34; tests/pipelines/test_kfp_population.py)
     for name, executor in executors.items():
         if name.startswith("exec-dpsynth-"):
-            assert ('{"IfPresent": {"InputName": "population_id", "Then": ["--set", '
-                    '"ledger.population_id={{$.inputs.parameters[\'population_id\']}}"]}}') in executor["container"]["args"], name
+            args = executor["container"]["args"]
+            assert args[args.index(f"ledger.population_id={POPULATION}") - 1] == "--set", name
 
 
 def test_inputs_take_type_and_description_from_the_config_schema(compiled):
@@ -116,7 +117,7 @@ def test_inputs_take_type_and_description_from_the_config_schema(compiled):
         assert params[name]["parameterType"] == (kinds[types.pop()] if len(types) == 1 else "STRING"), name
         assert params[name]["description"].startswith(f"{field}: {schema['description']}"), name
         assert "defaultValue" not in params[name], name
-        assert bool(params[name].get("isOptional")) == (name not in ("dataset_uri", "population_id")), name
+        assert bool(params[name].get("isOptional")) == (name != "dataset_uri"), name
     assert params["config"]["defaultValue"] == "/opt/dpsynth/configs/dpgan-mnist-cpu.yaml"
     assert params["extra"]["defaultValue"] == [] and params["extra"]["parameterType"] == "LIST"
 
@@ -174,7 +175,7 @@ def test_local_component_runs_the_containers_command(compiled, monkeypatch, give
         return subprocess.CompletedProcess(argv, 0, stdout='{"parent_run_id": "P"}')
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    values = dict(run_dir="R", pipeline_run_id="J", parent_run_id="P", dataset_uri="D", population_id="POP", config="C.yaml",
+    values = dict(run_dir="R", pipeline_run_id="J", parent_run_id="P", dataset_uri="D", population_id=POPULATION, config="C.yaml",
                   extra=["train.lr_g=0.001"], method="dpgan", epsilon=1.5, delta=1e-5, steps=7, num_shards=2, n_d="adaptive",
                   seed=3, audit_empirical="quick", shard_index=1, train_nodes=2, train_gpus_per_node=4)
     if given == "required":
@@ -191,7 +192,8 @@ def test_local_component_runs_the_containers_command(compiled, monkeypatch, give
         kp.local_stage.python_func(command=command, extra=[*sets, *values["extra"]], **{**local, **exit_task})
         name = "exec-dpsynth-" + command.replace("pipeline ", "").replace(" ", "-")
         container = compiled["deploymentSpec"]["executors"][name]["container"]
-        args = program["resolve"](render_args(container["args"], {k: v if k == "extra" else str(v) for k, v in values.items()}))
+        inputs = {k: v if k == "extra" else str(v) for k, v in values.items() if k != "population_id"}  # compiled in
+        args = program["resolve"](render_args(container["args"], inputs))
         if command == "train job":  # the stage on several ranks: a TrainJob in a pod, torchrun locally
             assert args[:3] == ["train", "--launch", "trainjob"]
             assert ("train.gpus_per_node=4" in args) == (given == "all")

@@ -1,7 +1,7 @@
 # `helm test`: MLflow's /health answers OK and its REST API answers a call carrying the Service's Host header, as
 # the stage pods' calls do (when MLFLOW_URL is set; MLflow 3 refuses a Host it does not allow with 403 on every
-# path but /health), and the ledger database accepts PGUSER/PGPASSWORD (a SELECT 1 through SQLAlchemy and
-# psycopg2, as the stages connect). Exit 1 otherwise.
+# path but /health), and the ledger database lets PGUSER/PGPASSWORD (the auditor role) read its populations, through
+# SQLAlchemy and psycopg2, as the ledger page connects. Exit 1 otherwise.
 import os
 import sys
 import urllib.error
@@ -36,7 +36,7 @@ url = sa.engine.URL.create("postgresql+psycopg2", username=os.environ["PGUSER"],
                            host=os.environ["PGHOST"], port=int(os.environ["PGPORT"]), database=os.environ["PGDATABASE"])
 try:
     with sa.create_engine(url, connect_args={"connect_timeout": 10}).connect() as conn:
-        conn.execute(sa.text("SELECT 1"))
+        conn.execute(sa.text("SELECT count(*) FROM populations"))  # the auditor role's read (ledger-roles Job)
     print(f"ledger database {url.render_as_string(hide_password=True)}: reachable")
 except sa.exc.SQLAlchemyError as exc:
     print(f"ledger database {url.render_as_string(hide_password=True)}: {exc}")

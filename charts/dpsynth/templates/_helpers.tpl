@@ -39,6 +39,17 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default (printf "%s-stage" (include "dpsynth.fullname" .)) .Values.stage.existingSecret -}}
 {{- end -}}
 
+{{- define "dpsynth.ledgerAdminSecret" -}}
+{{- default (printf "%s-ledger-admin" (include "dpsynth.fullname" .)) .Values.ledger.adminSecret -}}
+{{- end -}}
+
+{{/* The ledger's SQLAlchemy URL as one role: include "dpsynth.ledgerUrl" (list . USER PASSWORD), PASSWORD as it is
+     to appear (URL-quoted, or a $(VAR) Kubernetes expands). */}}
+{{- define "dpsynth.ledgerUrl" -}}
+{{- $ := index . 0 -}}
+{{- printf "postgresql+psycopg2://%s:%s@%s:%s/%s" (index . 1) (index . 2) (include "dpsynth.postgresHost" $) (include "dpsynth.postgresPort" $) $.Values.ledger.database -}}
+{{- end -}}
+
 {{- define "dpsynth.stageConfigMap" -}}
 {{- printf "%s-stage-config" (include "dpsynth.fullname" .) -}}
 {{- end -}}

@@ -7,8 +7,12 @@ content sha256), the key 32 random bytes kept beside the versions (``.version-ke
 made on the first import). A raw content hash in a URI, an asset event or a log would let anyone who knows the other
 records test whether one is in them; the keyed id is comparable across imports to one DST and tells nothing else.
 
-An import whose version is the newest already (the data did not change) writes nothing and says ``"changed":
-false``: the import DAG then emits no asset event, so no retrain runs and no ε is spent.
+An import whose version is the newest already writes nothing and says ``"changed": false``. Whether a retrain
+runs is decided against what was *released*, not against the newest import (an import whose run failed its audit
+released nothing): when the sample stage releases a run trained on a version, it records that version as its
+population's last release (``<DST without .parquet>/released/<population key>``, :func:`record_release`), and a
+retrain's ``dpsynth pipeline start --unless-released`` opens no run and charges nothing when its version is the one
+last released for its population (:func:`released`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,43 @@ def latest(dst: str) -> str | None:
 
 def record(dst: str, version: str) -> None:
     storage.write_text(storage.join(root(dst), LATEST), version + "\n")
+
+
+def version_of(uri: str) -> tuple[str, str] | None:
+    """``(folder, version)`` when ``uri`` is a version of an import (``<folder>/<version>.parquet`` with the
+    versions' key beside it), else None."""
+    uri = str(uri).rstrip("/")
+    name = uri.rsplit("/", 1)[-1]
+    if not name.endswith(".parquet") or "/" not in uri:
+        return None
+    folder, version = uri[: -len(name) - 1], name[: -len(".parquet")]
+    if len(version) != ID_CHARS or not storage.exists(storage.join(folder, KEY)):
+        return None
+    return folder, version
+
+
+def _released_at(folder: str, population_id: str) -> str:
+    # the population id may hold any character: its file is named by a digest of it
+    return storage.join(folder, "released", hashlib.sha256(population_id.encode()).hexdigest()[:ID_CHARS])
+
+
+def record_release(uri: str, population_id: str) -> str | None:
+    """Record ``uri``'s version (when it is one) as the last release of ``population_id``; returns the version."""
+    found = version_of(uri)
+    if found is None:
+        return None
+    storage.write_text(_released_at(found[0], population_id), found[1] + "\n")
+    return found[1]
+
+
+def released(uri: str, population_id: str) -> str | None:
+    """The version last released for ``population_id`` among the versions ``uri`` is one of (None: none yet, or
+    ``uri`` is no version of an import)."""
+    found = version_of(uri)
+    if found is None:
+        return None
+    at = _released_at(found[0], population_id)
+    return (storage.read_bytes(at).decode().strip() or None) if storage.exists(at) else None
 
 
 def check(uri: str, content_sha256: str) -> None:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # SQLAlchemy: only when a command runs
     from dpsynth.ledger.store import Ledger
 
 ENV_URL = "DPSYNTH_LEDGER_URL"
+STAGE_PASSWORD, AUDITOR_PASSWORD = "DPSYNTH_LEDGER_STAGE_PASSWORD", "DPSYNTH_LEDGER_AUDITOR_PASSWORD"
 
 
 def register(subparsers) -> None:
@@ -67,6 +68,17 @@ def register(subparsers) -> None:
     settle.add_argument("reservation", type=int, metavar="ID", help="reservation id (`dpsynth ledger history`)")
     settle.add_argument("--reason", required=True, metavar="TEXT", help="why it is stale (recorded)")
     settle.set_defaults(func=run_settle)
+
+    roles = actions.add_parser(
+        "grant-roles", parents=[common], help="a PostgreSQL role per zone: stages reserve and commit, auditors read",
+        description="As the ledger database's owner (the platform's role, which sets budgets): create its tables, "
+        "then create or update the stage pods' role (may reserve and commit, not set a budget) and the auditors' "
+        "role (reads only), with their passwords from $" + STAGE_PASSWORD + " and $" + AUDITOR_PASSWORD
+        + ". Re-running resets their grants and passwords. The chart runs it at every install and upgrade.",
+    )
+    roles.add_argument("--stage-role", required=True, metavar="NAME", help="the stage pods' database role")
+    roles.add_argument("--auditor-role", required=True, metavar="NAME", help="the ledger page's database role")
+    roles.set_defaults(func=run_grant_roles)
 
     history = actions.add_parser(
         "history", parents=[common], help="every reservation, commit and release, and every budget change",
@@ -123,6 +135,21 @@ def run_settle(args: argparse.Namespace) -> int:
     else:
         print(f"reservation {row['id']} (population {row['population_id']}): committed at its whole "
               f"ε={_fmt(row['epsilon_spent'])}; {row['note']}")
+    return 0
+
+
+def run_grant_roles(args: argparse.Namespace) -> int:
+    from dpsynth.ledger.roles import grant_roles
+    from dpsynth.ledger.store import DEFAULT_URL
+
+    done = grant_roles(args.db or os.environ.get(ENV_URL) or DEFAULT_URL,
+                       stage_role=args.stage_role, stage_password=os.environ.get(STAGE_PASSWORD, ""),
+                       auditor_role=args.auditor_role, auditor_password=os.environ.get(AUDITOR_PASSWORD, ""))
+    if args.json:
+        print(json.dumps({"stage_role": args.stage_role, "auditor_role": args.auditor_role, "statements": done}))
+    else:
+        print("\n".join(done))
+        print(f"ledger roles: {args.stage_role} (stage pods: reserve and commit), {args.auditor_role} (auditors: read)")
     return 0
 
 

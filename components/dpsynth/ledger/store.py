@@ -34,6 +34,7 @@ from sqlalchemy import (
     case, create_engine, event, func, insert, inspect, or_, select, text, update,
 )
 from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError
 
 from dpsynth import commands
 from dpsynth.errors import PrivacyError
@@ -42,6 +43,7 @@ from dpsynth.privacy.checks import as_real, check_delta_range, check_epsilon
 DEFAULT_URL = "sqlite:///outputs/ledger.db"
 STATUSES = ("reserved", "committed", "released")
 STALE = "stale, settled at its whole reservation: "  # the note of a reservation settled for a dead attempt
+INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE for "permission denied"
 TOLERANCE = 1e-9  # floating-point slack: on ε spent vs reserved (absolute), on budgets (relative)
 
 metadata = MetaData()
@@ -463,11 +465,23 @@ class Ledger:
 
     @contextmanager
     def _transaction(self, *, write: bool = True) -> Iterator[Connection]:
-        """One transaction; on SQLite a write one starts with BEGIN IMMEDIATE (the write lock)."""
-        with self.engine.connect() as conn:
-            conn.execution_options(dpsynth_write=write)
-            with conn.begin():
-                yield conn
+        """One transaction; on SQLite a write one starts with BEGIN IMMEDIATE (the write lock). A statement the
+        URL's database role may not run (PostgreSQL roles per zone: :mod:`dpsynth.ledger.roles`) is refused
+        as a PrivacyError naming who may."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(dpsynth_write=write)
+                with conn.begin():
+                    yield conn
+        except DBAPIError as exc:
+            if getattr(exc.orig, "pgcode", None) != INSUFFICIENT_PRIVILEGE:
+                raise
+            user = self.engine.url.username or "?"
+            raise PrivacyError(
+                f"ledger.url: the ledger's database role {user!r} may not do this "
+                f"({str(exc.orig).strip().splitlines()[0]}): each zone has its own role (docs/cluster.md, "
+                "\"Ledger roles\"): stage pods reserve and commit, the auditors' page reads, and only the "
+                "platform's role (the ledger-admin Secret) sets budgets") from None
 
     @staticmethod
     def _lock_population(conn: Connection, pid: str):
@@ -498,13 +512,19 @@ class Ledger:
 
 def _data_id(conn: Connection, content_sha256: str) -> str:
     """HMAC-SHA256(the ledger's key, the content sha256): comparable within this ledger, and no test of a
-    candidate dataset for whoever reads the ledger's rows. The key is made on first use."""
+    candidate dataset for whoever reads the ledger's rows."""
     sha = _check_sha256(content_sha256, "content_sha256")
+    return hmac.new(bytes.fromhex(_data_key(conn)), sha.encode(), hashlib.sha256).hexdigest()
+
+
+def _data_key(conn: Connection) -> str:
+    """The ledger's key of data ids, made on first use (by the database's owner where roles are granted:
+    :func:`dpsynth.ledger.roles.grant_roles` makes it, so that the stages' role only reads it)."""
     key = conn.execute(select(data_key_table.c.key).where(data_key_table.c.id == 1)).scalar()
     if key is None:
         key = secrets.token_hex(32)
         conn.execute(insert(data_key_table).values(id=1, key=key))
-    return hmac.new(bytes.fromhex(key), sha.encode(), hashlib.sha256).hexdigest()
+    return key
 
 
 def _take_sqlite_transactions(engine) -> None:

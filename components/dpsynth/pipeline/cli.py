@@ -85,6 +85,10 @@ def register(subparsers) -> None:
     add_config_options(begin)
     begin.add_argument("--run-dir", metavar="URI")
     begin.add_argument("--pipeline-run-id", metavar="ID")
+    begin.add_argument("--unless-released", action="store_true",
+                       help="a retrain's start: when data.uri is the version of an import last released for "
+                       "ledger.population_id (its sample stage ran past a passed audit), open no run, charge nothing "
+                       'and print {"skipped": why, ...}')
     begin.set_defaults(func=start_command)
     end = actions.add_parser("finish", help="summarise the stage manifests into the parent run and close it",
                              description="For orchestrators: log total ε and the per-stage table to the parent run "
@@ -219,12 +223,16 @@ def run_pipeline_command(args) -> int:
 
 
 def start_command(args) -> int:
-    from dpsynth.pipeline.run import start
+    from dpsynth.pipeline.run import start, unchanged_since_release
 
     from dpsynth.stages.launch import shape
 
-    ctx = start(load_config(args.config, overrides=args.overrides), run_dir=args.run_dir,
-                pipeline_run_id=args.pipeline_run_id)
+    cfg = load_config(args.config, overrides=args.overrides)
+    if args.unless_released and (why := unchanged_since_release(cfg)):
+        print(json.dumps({"skipped": why, "parent_run_id": None, "pipeline_run_id": args.pipeline_run_id,
+                          "run_dir": args.run_dir, "train": shape(cfg)}))
+        return 0
+    ctx = start(cfg, run_dir=args.run_dir, pipeline_run_id=args.pipeline_run_id)
     # "train": where the train stage runs (the orchestrators launch it on several ranks when "distributed")
     print(json.dumps({"parent_run_id": ctx.parent_run_id, "pipeline_run_id": ctx.pipeline_run_id, "run_dir": ctx.run_dir,
                       "train": shape(ctx.cfg)}))

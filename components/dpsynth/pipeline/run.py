@@ -142,6 +142,20 @@ def start(cfg: RunConfig, *, run_dir: str | None = None, pipeline_run_id: str | 
                                       pipeline_run_id=pipeline_run_id, force=force)
 
 
+def unchanged_since_release(cfg: RunConfig) -> str | None:
+    """Why a retrain on ``data.uri`` would release nothing new (its version of an import is the one last released for
+    ``ledger.population_id``), or None: the data changed since the last release, or was never released, or is no
+    version of an import (:mod:`dpsynth.data.versions`). Compares version ids only: reads no records."""
+    from dpsynth.data import versions
+
+    found = versions.version_of(cfg.data.uri)
+    pid = population_id(cfg)
+    if found is None or versions.released(cfg.data.uri, pid) != found[1]:
+        return None
+    return (f"data.uri: version {found[1]} is the one last released for population {pid!r}: the data did not change "
+            "since that release, so no run (no ε spent)")
+
+
 def find_parent_run(ctx: protocol.StageContext) -> str | None:
     """The id of the parent run ``start`` opened for ``ctx.pipeline_run_id`` (found by its tags: stage "pipeline",
     the pipeline run id), None when there is none (tracking off, or ``start`` refused the run before opening it).

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from dpsynth import storage, tracking
-from dpsynth.data import ImageDataset, write_parquet
+from dpsynth.data import ImageDataset, versions, write_parquet
 from dpsynth.errors import StageError
 from dpsynth.grids import class_grid
 from dpsynth.training.artifacts import load_generator  # noqa: F401 (the stages' reader of generator files)
@@ -117,7 +117,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
     inputs = [*audit_inputs, generator_item]
     fp = protocol.fingerprint(cfg, SECTIONS)
     if (reused := protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
-        return reused
+        return _released(cfg, reused)  # a retry after the release: record it, if it was not
     generator, claimed = load_generator(generator_item["uri"])
     audited_trace = (report.get("trace") or {}).get("sha256")
     if not audited_trace or claimed.get("trace_sha256") != audited_trace:
@@ -156,9 +156,19 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                                release=release)
             release["registered_model"] = {"name": version.name, "version": str(version.version),
                                            "alias": tracking.RELEASED_ALIAS}
-        return protocol.finish(
+        outcome = protocol.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=audit["dataset_sha256"], inputs=inputs, outputs=outputs,
             details={"num_samples": len(synthetic), "num_classes": synthetic.num_classes, "release": release,
                      "trainer_claim": claimed},
             privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="post-processing of the audited generator"),
         )
+    return _released(cfg, outcome)
+
+
+def _released(cfg, outcome: protocol.Outcome) -> protocol.Outcome:
+    """``outcome``, after recording a versioned import's data as its population's last release
+    (:func:`dpsynth.data.versions.record_release`: a retrain on the same version then opens no run, spends no ε)."""
+    from dpsynth.stages import charging
+
+    versions.record_release(cfg.data.uri, charging.population_id(cfg))
+    return outcome

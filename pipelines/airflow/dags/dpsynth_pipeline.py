@@ -1,12 +1,14 @@
 """The task graph shared by ``dpsynth_train`` and ``dpsynth_retrain_on_new_data``.
 
-plan → start → partition → warmstart_shard (mapped over the K shards: one `dpsynth warmstart --shard K`
+plan → start → data_changed → partition → warmstart_shard (mapped over the K shards: one `dpsynth warmstart --shard K`
 each) → warmstart (the fan-in) → train → audit
 → sample → evaluate → finish. When the train stage runs on several ranks (``start`` reports
 train.nodes × train.gpus_per_node > 1) the local ``train`` task starts it under torchrun, and on Kubernetes
 ``train_launch`` picks the ``train_job`` pod (a Kubeflow Trainer TrainJob, followed) instead of ``train``. ``start`` opens the MLflow parent run, each stage nests its child run
 under it, ``finish`` (run whatever happened upstream) closes it and fails the DAG run unless every
-stage succeeded. Tasks pass only plain values: ids, URIs, ε.
+stage succeeded. A retrain (a run triggered by the dataset's asset event) whose data version is the one last
+released for its population opens no run and charges nothing (``start --unless-released``), and ``data_changed``
+then skips every later task. Tasks pass only plain values: ids, URIs, ε.
 """
 
 from __future__ import annotations
@@ -150,7 +152,20 @@ def plan(**context) -> dict:
     p["tracking_uri"] = pods.tracking_uri()  # the platform's (Connection dpsynth_mlflow, or a Variable), never the trigger's
     pods.require_remote(p)  # stage pods share no disk: a local path would point at nothing
     run_id = p.get("pipeline_run_id") or re.sub(r"[^A-Za-z0-9_.-]+", "-", context["run_id"])[:60]
-    return {**pods.plan(p, run_id), "dataset_update": update}
+    planned = pods.plan(p, run_id)
+    if update:  # a retrain: no run (no ε) when the version is the population's last release (data_changed)
+        planned["argv"]["start"].append("--unless-released")
+    return {**planned, "dataset_update": update}
+
+
+@task.short_circuit(ignore_downstream_trigger_rules=True)
+def data_changed(ids: dict) -> bool:
+    """False, skipping every task after ``start`` (``finish`` too: no run was opened), when ``start`` found a
+    retrain's data unchanged since its population's last release (``--unless-released``: nothing charged)."""
+    if ids.get("skipped"):
+        print(ids["skipped"])
+        return False
+    return True
 
 
 @task
@@ -240,9 +255,10 @@ def _kubernetes_tasks(plan_out):
 def pipeline() -> None:
     """Add the pipeline's tasks to the DAG being defined."""
     plan_out = plan()
-    build = _kubernetes_tasks if pods.executor() == "kubernetes" else _local_tasks
-    ids, out, finish = build(plan_out)
-    if pods.executor() == "kubernetes":
+    kubernetes = pods.executor() == "kubernetes"
+    ids, out, finish = (_kubernetes_tasks if kubernetes else _local_tasks)(plan_out)
+    data_changed(ids.output if kubernetes else ids) >> [*out.values(), finish]
+    if kubernetes:
         per_shard = pods.stage_pod_operator("warmstart_shard", "warmstart", shard_commands(plan_out, out["partition"]),
                                             mapped=True)
     else:

@@ -6,8 +6,11 @@ Versions (``dpsynth data import --versioned``, :mod:`dpsynth.data.versions`): ea
 immutable, at ``<dataset URI without .parquet>/<version>.parquet``, the version a keyed id of their content. The
 asset event carries ``extra`` = {dataset_uri: that versioned URI, version}; the retrain run's ``plan`` reads it from
 ``triggering_asset_events``, so a retrain trains on the version that triggered it even if another import follows.
-When the imported records are the newest version already (the data did not change), the import's outlet task is
-skipped: no asset event, so no retrain and no ε spent.
+Every import emits an event; whether the data changed is decided by the retrain, against the version last
+*released* for its population (its sample stage ran past a passed audit), not against the newest import: its
+``start`` (``--unless-released``) opens no run and charges nothing when the version is that release, and
+``data_changed`` skips the rest. An import whose run failed its audit released nothing, so importing the same records
+again retrains; a second event for a version a queued retrain then releases is skipped when its turn comes.
 
 Neither the event, the task's return value nor its log holds the records' content sha256 or counts
 (``--outside``; the version is keyed, the key beside the versions in the sensitive zone's storage): Airflow's
@@ -20,7 +23,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from airflow.exceptions import AirflowSkipException
 from airflow.sdk import Asset, Param, dag, task
 
 sys.path.insert(0, str(Path(__file__).parent))  # the helper modules beside this file
@@ -42,11 +44,8 @@ DATASET = Asset(name=DATASET_URI, uri=asset_uri(DATASET_URI), group="dpsynth-dat
 
 
 def dataset_event(imported: dict) -> dict:
-    """The ``extra`` of the dataset's asset event: where the new version is and its keyed id (no raw digest, no
-    count). Skips the task (no event, so no retrain) when the data did not change."""
-    if not imported.get("changed", True):
-        raise AirflowSkipException(f"the data did not change (version {imported.get('version')} is the newest "
-                                   "already): no retrain")
+    """The ``extra`` of the dataset's asset event: where the version is and its keyed id (no raw digest, no count).
+    Emitted for records imported before too: the retrain compares the version with its population's last release."""
     return {"dataset_uri": imported["versioned_uri"], "version": imported["version"]}
 
 

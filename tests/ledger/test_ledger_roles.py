@@ -1,0 +1,117 @@
+"""Per-zone database roles on a real PostgreSQL ledger (#34 item 5): the stage pods' role reserves and commits but
+cannot set a budget; the auditors' role reads and writes nothing. Skipped only where no PostgreSQL server can be
+started (tests/pg_fixtures.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from dpsynth.errors import PrivacyError
+from dpsynth.ledger.roles import grant_roles
+from dpsynth.ledger.store import Ledger
+from tests.pg_fixtures import pg_server  # noqa: F401 (fixture: a real PostgreSQL 15)
+
+SHA = "ab" * 32
+_names = itertools.count()
+
+
+def as_role(url: str, role: str, password: str) -> str:
+    return make_url(url).set(username=role, password=password).render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def zones(pg_server):  # noqa: F811
+    """(admin URL, stage URL, auditor URL) of a fresh ledger database whose roles were granted."""
+    admin = pg_server.database("roles")
+    n = next(_names)
+    stage, auditor = f"stage_{n}", f"auditor_{n}"
+    grant_roles(admin, stage_role=stage, stage_password="stage-pw:1", auditor_role=auditor,
+                auditor_password="auditor-pw/2")
+    Ledger(admin).set_budget("mnist", epsilon=10.0, delta=1e-5, reason="initial budget")
+    return admin, as_role(admin, stage, "stage-pw:1"), as_role(admin, auditor, "auditor-pw/2")
+
+
+def test_the_stage_role_reserves_and_commits_but_cannot_set_a_budget(zones):
+    admin, stage_url, _ = zones
+    stage = Ledger(stage_url)
+    rid, _ = stage.open_attempt("mnist", epsilon=4.0, delta=1e-6, dataset_sha256=SHA, pipeline_run_id="run-1",
+                                accountant="rdp", records=10_000, stage="train", attempt_id="a1", resumes_id=None,
+                                stale_after_s=3600.0, content_sha256=SHA)
+    stage.heartbeat(rid, steps=10)
+    stage.commit(rid, epsilon_spent=3.5)
+    rid2 = stage.reserve("mnist", epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="run-2",
+                         accountant="rdp", records=10_000)
+    stage.release(rid2, note="failed before training")
+    assert stage.balance("mnist")["remaining"] == pytest.approx(6.5)
+    for change in (dict(epsilon=100.0), dict(epsilon=10.0, delta=1e-4)):
+        with pytest.raises(PrivacyError, match=r"ledger\.url: the ledger's database role 'stage_\d+' may not do "
+                                               r"this \(permission denied.*sets budgets"):
+            stage.set_budget("mnist", delta=change.pop("delta", 1e-5), reason="more", **change)
+    with pytest.raises(PrivacyError, match="permission denied"):  # nor create a population
+        stage.set_budget("fresh", epsilon=100.0, delta=1e-5, reason="a fresh budget")
+    assert Ledger(admin).balance("mnist")["budget"] == 10.0 and [p["population_id"] for p in
+                                                                 Ledger(admin).populations()] == ["mnist"]
+    assert len(Ledger(admin).budget_history("mnist")) == 1
+
+
+def test_the_stage_role_cannot_rewrite_what_a_reservation_charges(zones):
+    _, stage_url, _ = zones
+    stage = Ledger(stage_url)
+    rid = stage.reserve("mnist", epsilon=4.0, delta=1e-6, dataset_sha256=SHA, pipeline_run_id="run-1",
+                        accountant="rdp", records=10_000)
+    with stage.engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
+        conn.exec_driver_sql(f"UPDATE reservations SET epsilon_reserved = 0.001 WHERE id = {rid}")
+    with stage.engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
+        conn.exec_driver_sql("DELETE FROM reservations")
+
+
+def test_the_auditor_role_reads_and_cannot_write(zones):
+    admin, stage_url, auditor_url = zones
+    Ledger(stage_url).reserve("mnist", epsilon=2.0, delta=1e-6, dataset_sha256=SHA, pipeline_run_id="run-1",
+                              accountant="rdp", records=10_000)
+    auditor = Ledger(auditor_url)
+    assert auditor.balance("mnist")["reserved"] == 2.0
+    assert [p["population_id"] for p in auditor.populations()] == ["mnist"]
+    assert len(auditor.history("mnist")) == 1 and len(auditor.budget_history()) == 1
+    with pytest.raises(PrivacyError, match="permission denied"):
+        auditor.set_budget("mnist", epsilon=100.0, delta=1e-5, reason="more")
+    with pytest.raises(PrivacyError, match="permission denied"):
+        auditor.reserve("mnist", epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="run-2",
+                        accountant="rdp", records=10_000)
+    [row] = Ledger(admin).history("mnist")
+    with pytest.raises(PrivacyError, match="permission denied"):
+        auditor.commit(row["id"], epsilon_spent=0.0)
+    with auditor.engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
+        conn.exec_driver_sql("SELECT key FROM data_key")  # the ledger's key of data ids stays the platform's
+
+
+def test_grant_roles_from_the_cli_is_idempotent_and_needs_postgresql(pg_server, tmp_path, monkeypatch):  # noqa: F811
+    admin = pg_server.database("roles")
+    n = next(_names)
+    env = {"DPSYNTH_LEDGER_STAGE_PASSWORD": "stage-pw:1", "DPSYNTH_LEDGER_AUDITOR_PASSWORD": "auditor-pw/2"}
+    cmd = [sys.executable, "-m", "dpsynth.cli", "ledger", "grant-roles", "--stage-role", f"stage_{n}",
+           "--auditor-role", f"auditor_{n}", "--json"]
+    for _ in range(2):  # a re-run (every helm upgrade) succeeds and leaves the same grants
+        done = subprocess.run([*cmd, "--db", admin], capture_output=True, text=True, env={**_env(), **env})
+        assert done.returncode == 0, done.stderr
+        assert "PASSWORD '…'" in json.loads(done.stdout)["statements"][0] and "stage-pw" not in done.stdout
+    Ledger(admin).set_budget("mnist", epsilon=10.0, delta=1e-5, reason="initial budget")
+    Ledger(as_role(admin, f"stage_{n}", "stage-pw:1")).reserve(
+        "mnist", epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="r", accountant="rdp", records=10_000)
+    refused = subprocess.run([*cmd, "--db", f"sqlite:///{tmp_path}/ledger.db"], capture_output=True, text=True,
+                             env={**_env(), **env})
+    assert refused.returncode == 2 and "ledger.url: per-zone database roles need PostgreSQL" in refused.stderr
+    missing = subprocess.run([*cmd, "--db", admin], capture_output=True, text=True, env=_env())
+    assert missing.returncode == 2 and "DPSYNTH_LEDGER_STAGE_PASSWORD" in missing.stderr
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("DPSYNTH_LEDGER")}
