@@ -18,6 +18,7 @@ from dpsynth.mechanisms.mechanism import Mechanism
 
 if TYPE_CHECKING:
     from dpsynth.config import RunConfig
+    from dpsynth.privacy.events import MechanismTrace
     from dpsynth.privacy.plan import PrivacyPlan
 
 ACCOUNTANT = "wor"  # whatever privacy.accountant says: shard sampling needs the without-replacement bound
@@ -162,7 +163,7 @@ class FederatedGeneratorGradient(ShardGeneratorGradient):
 
     def sanitizer(self, cfg: RunConfig, plan: PrivacyPlan, *, randomness, trace):
         raise NotImplementedError("federated GS-WGAN: each client sanitizes on its own rank and the server's "
-                                  "Receipts record the event (dpsynth.methods.gswgan_federated)")
+                                  "Receipts (this module) record the event")
 
     def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
         """Two guarantees: against everyone but the server (the released generator; rate 1/K amplification,
@@ -192,3 +193,26 @@ FEDERATED = FederatedGeneratorGradient(
     sampling="without_replacement", clipped="input_gradients",
     fold="the n_dis·B releases of one iteration's rounds: σ/√(n_dis·B)",
     noise="σ·C per release, added on the client; replace-one sensitivity 2C")
+
+
+class Receipts:
+    """The federated server's accountant hook (:class:`FederatedGeneratorGradient`). The clients sanitize (and draw
+    the noise) in their own processes, so the server, which holds the trace, counts the sanitized releases it
+    receives and, once an iteration's are all in, records the one event that folds them (σ/√(n_dis·B)); an
+    iteration with any other count is refused."""
+
+    def __init__(self, trace: MechanismTrace, event, *, releases: int):
+        self.trace, self.event, self.releases, self.count = trace, event, releases, 0
+
+    def received(self, released):
+        self.count += len(released)
+        return released
+
+    def end_iteration(self) -> None:
+        from dpsynth.errors import PrivacyError
+
+        count, self.count = self.count, 0
+        if count != self.releases:
+            raise PrivacyError(f"federated server: {count} sanitized releases received in one iteration, but its "
+                               f"event folds {self.releases} (n_dis·B); refusing to account for them otherwise")
+        self.trace.record(self.event)

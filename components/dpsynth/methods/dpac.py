@@ -26,14 +26,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from dpsynth.methods.gswgan import (
-    GSWGANTrainer,
-    _adam,
-    _init_with_seed,
-    derived_seed,
-    real_batch,
-    warm_start_shard,
-)
+from dpsynth.methods.gswgan import GSWGANTrainer, _adam, real_batch
+from dpsynth.training.seeds import derived_seed, init_with_seed
 from dpsynth.models.gswgan_networks import Classifier
 
 
@@ -56,7 +50,7 @@ class DPACTrainer(GSWGANTrainer):
     def train_classifier(self, k: int) -> Classifier:
         """A fresh C: n_f steps on a fixed class-balanced fake batch, then n_r steps on shard k."""
         cfg, d, B = self.cfg, self.cfg.dpac, self.cfg.gswgan.batch_size
-        C = _init_with_seed(derived_seed(cfg.train.seed, "classifier", self.step),
+        C = init_with_seed(derived_seed(cfg.train.seed, "classifier", self.step),
                             lambda: Classifier(**{**self.spec, "width": d.c_width})).to(self.device)
         opt = _adam(C.parameters(), lr=d.lr_c, cfg=cfg)
         fake_y = balanced_labels(B, self.num_classes).to(self.device)
@@ -74,4 +68,4 @@ class DPACTrainer(GSWGANTrainer):
         return C
 
 
-__all__ = ["DPACTrainer", "balanced_labels", "warm_start_shard"]
+__all__ = ["DPACTrainer", "balanced_labels"]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.training import data_parallel, warmup
+from dpsynth.training import checkpoint, data_parallel, warmup
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.methods.generator_step import generator_step, non_saturating
@@ -46,6 +46,7 @@ class DPGANTrainer(Trainer):
 
     STEP = "DP discriminator steps"
     KEEPS_SNAPSHOTS = True
+    STATE = ("since_g", "G", "D", "opt_g", "opt_d", "rng", "mechanism", checkpoint.TORCH_RNG, "n_d")
     DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.data_parallel)
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(metrics={
         "noise_multiplier": _PLAN, "sample_rate": _PLAN,
@@ -136,23 +137,6 @@ class DPGANTrainer(Trainer):
         self.since_g = 0
 
     # --- what the loop saves and reports ------------------------------------------------
-    def method_state(self) -> dict:
-        return {"since_g": self.since_g, "G": self.G.state_dict(), "D": self.D.state_dict(),
-                "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
-                "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(),
-                "torch_rng": torch.get_rng_state(), "n_d": self.n_d.state_dict()}
-
-    def load_method_state(self, state: dict) -> None:
-        self.since_g = state["since_g"]
-        self.G.load_state_dict(state["G"])
-        self.D.load_state_dict(state["D"])
-        self.opt_g.load_state_dict(state["opt_g"])
-        self.opt_d.load_state_dict(state["opt_d"])
-        self.rng.set_state(state["rng"])
-        self.mechanism.load_state_dict(state["mechanism"])
-        torch.set_rng_state(state["torch_rng"])
-        self.n_d.load_state_dict(state["n_d"])
-
     def generator(self) -> tuple[torch.nn.Module, dict]:
         return self.G, self.G.describe()
 

@@ -36,7 +36,7 @@ import torch
 
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.errors import ConfigError
+from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.training.result import TrainResult
 from dpsynth.methods.gswgan import _image_spec
 from dpsynth.methods.gswgan_federated import (
@@ -111,9 +111,16 @@ class GlooClients:
             torch.distributed.recv(ack, src=rank)
             self.checkpoint_bytes += 8
 
-    def close(self) -> None:
+    def close(self, steps: int = 0) -> tuple[int, int, int]:
+        """STOP to every client; the bytes per iteration (of ``steps``) to and from the clients, and at the STOP."""
+        sent_before, received_before = self.sent, self.received
         for rank in range(1, torch.distributed.get_world_size()):
             self.sent += self._send(torch.tensor([STOP], dtype=torch.int64), rank)
+        steps = max(steps, 1)
+        to_clients, from_clients = sent_before // steps, received_before // steps
+        if to_clients * steps != sent_before or from_clients * steps != received_before:
+            raise DpsynthError("federated transport: bytes per iteration are not constant; protocol broken")
+        return to_clients, from_clients, self.sent - sent_before
 
     def state_dict(self) -> dict:
         """Every client checkpoints its own state at this round (acknowledged before the server's checkpoint

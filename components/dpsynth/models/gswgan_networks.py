@@ -128,3 +128,15 @@ def without_spectral_norm(G: Generator) -> Generator:
 
 def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+@torch.no_grad()
+def refresh_spectral_norm(G: torch.nn.Module, iterations: int = 10) -> None:
+    """Re-estimate the spectral norms of G's weights (e.g. an EMA copy's) by power iteration (no data involved)."""
+    was_training = G.training
+    G.train()
+    z = torch.zeros(1, G.latent_dim, device=next(G.parameters()).device)
+    y = torch.zeros(1, dtype=torch.long, device=z.device)
+    for _ in range(iterations):
+        G(z, y)
+    G.train(was_training)

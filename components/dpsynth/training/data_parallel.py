@@ -33,6 +33,8 @@ file is one process's, and a resume scatters them to the ranks now holding them 
 
 from __future__ import annotations
 
+import torch
+
 from dpsynth.errors import ConfigError
 from dpsynth.mechanisms import distributed
 from dpsynth.mechanisms.distributed import SINGLE, current  # noqa: F401  (the trainer's ranks)
@@ -71,6 +73,39 @@ def join(trainer) -> None:
     trainer.sanitizer.reducer = trainer.dist.reducer()
     trainer.dist.agree("the run's settings, records and plan", (trainer.cfg.fingerprint(), trainer.n,
                                                                 trainer.total_steps))
+
+
+def spread(ranks: distributed.Ranks, shards: list) -> range:
+    """The shards this rank holds (``SPREAD_STATE``: GS-WGAN, DPAC): the contiguous block ``part(K)`` of the K
+    (all of them in one process). ``shards``: the K shards, ``None`` for those another rank holds."""
+    K = len(shards)
+    if K < ranks.world_size:
+        raise ConfigError(f"partition.num_shards: {K} shards cannot be spread over {ranks.world_size} "
+                          "ranks (every rank holds at least one); use more shards or fewer ranks")
+    own = range(*ranks.part(K))
+    if any(shards[k] is None for k in own):
+        raise ConfigError(f"shards: this rank holds shards {own.start}..{own.stop - 1}, which were not given")
+    return own
+
+
+def draw_shard(ranks: distributed.Ranks, randomness, K: int) -> int:
+    """k ~ U[0, K) from rank 0's secret coins (the one-process stream), the same on every rank."""
+    return ranks.from_main(randomness.choice(K) if ranks.is_main else None)
+
+
+def hand_on(ranks: distributed.Ranks, owner: int, streams: list[torch.Generator], module: torch.nn.Module) -> None:
+    """Every rank takes what rank ``owner`` (the holder of this step's shard) changed of the shared state: the
+    public ``streams`` its steps drew from and ``module``'s buffers (e.g. G's spectral norms' power-iteration
+    vectors, which its forward passes updated). A no-op in one process."""
+    if not ranks.distributed:
+        return
+    with torch.no_grad():
+        states, buffers = ranks.from_rank(owner, ([s.get_state() for s in streams],
+                                                  {n: b.cpu() for n, b in module.named_buffers()}))
+        for stream, state in zip(streams, states):
+            stream.set_state(state)
+        for name, b in module.named_buffers():
+            b.copy_(buffers[name])
 
 
 def sync_state(trainer) -> None:

@@ -72,6 +72,8 @@ class Trainer:
     # state spread over the ranks (dpsynth.training.data_parallel): names of the trainer's dicts {shard index: state},
     # attributes and state keys alike, each rank holding its own indices' (GS-WGAN: the discriminators)
     SPREAD_STATE: tuple[str, ...] = ()
+    # *method*: what a checkpoint holds of the method (checkpoint.capture: models, optimizers, RNGs, counters)
+    STATE: tuple[str, ...] = ()
     ACCOUNTANT: str | None = None  # None: privacy.accountant; a method may fix its own (GS-WGAN: "wor")
     # what its MLflow run may hold (the train stage's allow-list, checked by the audit): what the loop logs;
     # a method adds what its own hooks log (progress, final_metrics, derived_params, final_params)
@@ -144,12 +146,12 @@ class Trainer:
         """After the warm-up has fitted G (GS-WGAN: its EMA copy starts there)."""
 
     def method_state(self) -> dict:
-        """*method*: models, optimizers, RNG states and schedules, for a checkpoint."""
-        raise NotImplementedError
+        """Models, optimizers, RNG states and schedules, for a checkpoint: the attributes ``STATE`` names."""
+        return checkpoint.capture(self, self.STATE)
 
     def load_method_state(self, state: dict) -> None:
-        """*method*: the inverse of :meth:`method_state`."""
-        raise NotImplementedError
+        """The inverse of :meth:`method_state`."""
+        checkpoint.restore(self, self.STATE, state)
 
     def generator(self) -> tuple[torch.nn.Module, dict]:
         """*method*: the generator to release and its ``model`` record (class and keywords, see artifacts)."""
