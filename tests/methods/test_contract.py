@@ -69,7 +69,7 @@ def inputs(small_mnist, tmp_path_factory):
     """name → (data, trainer inputs, n): what the train stage would hand the method's trainer, built
     with the method's own warm start (on 600 MNIST records; shards and the public split as the
     partition stage draws them)."""
-    from dpsynth.methods.zhang import load_warm_start
+    from dpsynth.methods.networks import load_warm_start
     from dpsynth.stages.partition import assign, public_mask
 
     built = {}

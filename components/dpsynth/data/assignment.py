@@ -90,9 +90,10 @@ def require_public(cfg, ds: ImageDataset, *, what: str) -> None:
                            "config; refusing to train without privacy on private records")
 
 
-def check_given(cfg, public: ImageDataset, private: ImageDataset) -> None:
-    """What can be checked of public records a trainer is given beside its private ones (the caller vouches
-    that they are the partition's public output: the key that would let us recompute it is redacted)."""
+def check_given(cfg, public: ImageDataset, private: ImageDataset) -> ImageDataset:
+    """``public``, once what can be checked of public records a trainer is given beside its private ones is
+    checked (the caller vouches that they are the partition's public output: the key that would let us recompute
+    it is redacted)."""
     from dpsynth.data.public import declared
 
     if not declared(cfg):
@@ -100,3 +101,4 @@ def check_given(cfg, public: ImageDataset, private: ImageDataset) -> None:
     overlap = set(public.record_ids) & set(private.record_ids)
     if overlap:
         raise DatasetError(f"data.public_fraction: {len(overlap)} public records are also private training records")
+    return public

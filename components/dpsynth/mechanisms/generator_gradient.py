@@ -74,8 +74,7 @@ class ShardGeneratorGradient(Mechanism):
         (unsound) account of ``steps`` iterations."""
         from dpsynth.errors import ConfigError, PrivacyError
         from dpsynth.mechanisms import warmup_releases
-        from dpsynth.privacy import (BudgetGuard, as_published_epsilon, calibrate_noise, check_delta,
-                                     fold_releases, gswgan_event)
+        from dpsynth.privacy import BudgetGuard, calibrate_noise, check_delta, fold_releases, gswgan_event
         from dpsynth.privacy.plan import PrivacyPlan
 
         p, B, T, K = cfg.privacy, self.releases(cfg), cfg.train.steps, cfg.partition.num_shards
@@ -88,8 +87,7 @@ class ShardGeneratorGradient(Mechanism):
             event = gswgan_event(noise_multiplier=sigma, batch_size=B, num_shards=K)
 
             def published(steps: int) -> float:
-                return as_published_epsilon(noise_multiplier=sigma, batch_size=B, num_shards=K, steps=steps,
-                                            delta=p.delta)
+                return self._as_published(cfg, sigma, steps)
 
             lo, hi = 0, T  # largest steps ≤ T with the published ε ≤ target (ε grows with steps)
             if published(T) <= p.epsilon:
@@ -117,6 +115,16 @@ class ShardGeneratorGradient(Mechanism):
                                f"multiplier {sigma:.4g} (B = {B}, K = {K}); raise epsilon or the noise")
         return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=B,
                            prefix=prefix.events)
+
+    def published_epsilon(self, cfg: RunConfig, plan: PrivacyPlan, steps: int) -> float | None:
+        """The authors' (unsound) account of ``steps`` iterations under as_published; None otherwise."""
+        return self._as_published(cfg, plan.noise_multiplier, steps) if cfg.privacy.accounting == "as_published" else None
+
+    def _as_published(self, cfg: RunConfig, sigma: float, steps: int) -> float:
+        from dpsynth.privacy import as_published_epsilon
+
+        return as_published_epsilon(noise_multiplier=sigma, batch_size=self.releases(cfg),
+                                    num_shards=cfg.partition.num_shards, steps=steps, delta=cfg.privacy.delta)
 
     def sanitizer(self, cfg: RunConfig, plan: PrivacyPlan, *, randomness, trace):
         """M_{σ,C} on each of an iteration's releases, σ per release from the plan; it records ``plan.event`` (the

@@ -26,7 +26,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from dpsynth.methods.gswgan import GSWGANTrainer, _adam, real_batch
+from dpsynth.methods.gswgan import GSWGANTrainer, real_batch
+from dpsynth.methods.networks import gswgan_adam
 from dpsynth.training.seeds import derived_seed, init_with_seed
 from dpsynth.models.gswgan_networks import Classifier
 
@@ -52,7 +53,7 @@ class DPACTrainer(GSWGANTrainer):
         cfg, d, B = self.cfg, self.cfg.dpac, self.cfg.gswgan.batch_size
         C = init_with_seed(derived_seed(cfg.train.seed, "classifier", self.step),
                             lambda: Classifier(**{**self.spec, "width": d.c_width})).to(self.device)
-        opt = _adam(C.parameters(), lr=d.lr_c, cfg=cfg)
+        opt = gswgan_adam(C.parameters(), lr=d.lr_c, cfg=cfg)
         fake_y = balanced_labels(B, self.num_classes).to(self.device)
         with torch.no_grad():
             z = torch.randn(B, self.G.latent_dim, device=self.device, generator=self.rng)

@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.training import checkpoint, data_parallel, warmup
+from dpsynth.training import checkpoint, data_parallel
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.methods.generator_step import generator_step, non_saturating
 from dpsynth.training.loop import Trainer
-from dpsynth.models.dcgan import Discriminator, Generator
+from dpsynth.methods.networks import dcgan_models
 from dpsynth.mechanisms.discriminator import DPGAN
 from dpsynth.mechanisms.dpsgd import private_module
 from dpsynth.mechanisms.randomness import MechanismRandomness
@@ -68,11 +68,8 @@ class DPGANTrainer(Trainer):
         self.plan = DPGAN.plan(cfg, self.n)
 
         torch.manual_seed(t.seed)
-        self.G = Generator(num_classes=self.num_classes, channels=channels, image_size=size,
-                           width=t.g_width, latent_dim=t.latent_dim, styles=warmup.style_slots(cfg), warp=t.g_warp,
-                           contrast=t.g_contrast).to(self.device)
-        self.D = Discriminator(num_classes=self.num_classes, channels=channels, image_size=size,
-                               width=t.d_width).to(self.device)
+        G, D = dcgan_models(cfg, num_classes=self.num_classes, image_shape=self.image_shape)
+        self.G, self.D = G.to(self.device), D.to(self.device)
         self.D_private = private_module(self.D, t.grad_sample_mode)
         betas = (t.adam_beta1, t.adam_beta2)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=t.lr_d, betas=betas)
@@ -137,9 +134,6 @@ class DPGANTrainer(Trainer):
         self.since_g = 0
 
     # --- what the loop saves and reports ------------------------------------------------
-    def generator(self) -> tuple[torch.nn.Module, dict]:
-        return self.G, self.G.describe()
-
     def progress(self) -> tuple[dict, dict]:
         ema = self.n_d.ema
         shown = ema if ema is not None else self.last_fake_acc

@@ -38,7 +38,7 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.training.result import TrainResult
-from dpsynth.methods.gswgan import _image_spec
+from dpsynth.methods.networks import image_spec
 from dpsynth.methods.gswgan_federated import (
     Client,
     FederatedServer,
@@ -246,7 +246,7 @@ def client_main(cfg: RunConfig, shard: ImageDataset, *, warm: bytes | None,
     ``mechanism_seed``: tests only (the seed of its noise); None: drawn from OS entropy."""
     ranks = distributed.current()
     k = ranks.rank - 1
-    spec = _spec_from_client_0(_image_spec(cfg, shard) if k == 0 else None)
+    spec = _spec_from_client_0(image_spec(cfg, shard) if k == 0 else None)
     sigma = _from_server(None)
     client = make_client(cfg, shard.to_tensors(), spec=spec, shard_index=k, warm=warm, mechanism_seed=mechanism_seed)
     return serve(client, spec=spec, batch_size=cfg.gswgan.batch_size, noise_multiplier=sigma,

@@ -1,72 +1,31 @@
 """GS-WGAN, centralized (Chen, Orekondy & Fritz 2020, supplement Algorithm 1).
 
-Per-shard WGAN-GP critics warm-started non-privately (:func:`dpsynth.methods.warm_starts.warm_start_shard`), then private iterations
-in which only the per-sample gradients ∂ℓ_i/∂G(z_i) are sanitized; the released generator is an
+Per-shard WGAN-GP critics warm-started non-privately (:func:`dpsynth.methods.warm_starts.warm_start_shard`),
+then private iterations in which only the per-sample gradients ∂ℓ_i/∂G(z_i) are sanitized; the released generator is an
 exponential moving average of G's weights. The iteration step by step, and why one iteration is one
 without-replacement event of multiplier σ/√B: docs/privacy.md, "GS-WGAN: the iteration and its account".
 """
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
 
-from dpsynth import storage, tracking
+from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.errors import ConfigError
 from dpsynth.grids import class_grid
-from dpsynth.training import checkpoint, data_parallel, warmup
+from dpsynth.training import checkpoint, data_parallel
 from dpsynth.methods import discriminator_steps
-from dpsynth.training.result import TrainResult, resolve_device
-from dpsynth.methods.generator_step import generator_step
 from dpsynth.training.loop import Trainer
-from dpsynth.training.artifacts import build_generator, model_file_bytes, read_model_file
 from dpsynth.training.seeds import cpu_rng, derived_seed, init_with_seed
-from dpsynth.models.gswgan_networks import Discriminator, refresh_spectral_norm
+from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_record, gswgan_adam,
+                                      image_spec, make_generator, read_discriminator)
+from dpsynth.models.gswgan_networks import ema_update, frozen, refresh_spectral_norm
 from dpsynth.mechanisms.generator_gradient import ACCOUNTANT, GSWGAN
-from dpsynth.privacy import as_published_epsilon
 from dpsynth.mechanisms.dpsgd import InputGradientSanitizer
 from dpsynth.mechanisms.randomness import MechanismRandomness
-
-DISCRIMINATOR_FORMAT = "dpsynth.gswgan.discriminator/1"
-
-
-# --- shapes and models ----------------------------------------------------------------------------
-
-
-def _image_spec(cfg: RunConfig, dataset: ImageDataset) -> dict:
-    height, width, channels = dataset.shape
-    if height != width:
-        raise ConfigError(f"data.uri: GS-WGAN needs square images, got {height}×{width}")
-    return {"num_classes": cfg.data.num_classes or dataset.num_classes, "channels": channels, "image_size": height}
-
-
-def generator_record(cfg: RunConfig, spec: dict) -> dict:
-    """G's class and keywords (the released generator's ``model`` record): the paper's ResNet generator, or
-    with ``gswgan.generator=dcgan`` the DCGAN one (the warm-up's style slots, ``train.g_warp``)."""
-    g = cfg.gswgan
-    kwargs = {**spec, "width": g.g_width, "latent_dim": g.latent_dim}
-    if g.generator == "dcgan":
-        return {"class": "dpsynth.models.dcgan.Generator", **kwargs, "styles": warmup.style_slots(cfg),
-                "warp": cfg.train.g_warp, "contrast": cfg.train.g_contrast}
-    return {"class": "dpsynth.models.gswgan_networks.Generator", **kwargs}
-
-
-def make_generator(cfg: RunConfig, spec: dict) -> torch.nn.Module:
-    """A fresh G (:func:`generator_record`), initialised by the global RNG."""
-    return build_generator(generator_record(cfg, spec))
-
-
-def discriminator_kwargs(cfg: RunConfig, spec: dict) -> dict:
-    return {**spec, "width": cfg.gswgan.d_width}
-
-
-def _adam(params, *, lr: float, cfg: RunConfig) -> torch.optim.Adam:
-    return torch.optim.Adam(params, lr=lr, betas=(cfg.gswgan.adam_beta1, cfg.gswgan.adam_beta2))
-
 
 # --- the pieces of one iteration ------------------------------------------------------------------
 
@@ -145,25 +104,6 @@ def critic_steps(D, opt_d, G, images, labels, *, cfg: RunConfig, data_rng: torch
         opt_d.step()
 
 
-# --- D_k: fresh, or warm-started (:func:`dpsynth.methods.warm_starts.warm_start_shard`) ---------------
-
-
-def fresh_discriminator(cfg: RunConfig, spec: dict, *, shard_index: int) -> Discriminator:
-    """D_k's initial weights: a function of train.seed and k only."""
-    kwargs = discriminator_kwargs(cfg, spec)
-    return init_with_seed(derived_seed(cfg.train.seed, "discriminator", shard_index), lambda: Discriminator(**kwargs))
-
-
-def read_discriminator(data: bytes, *, expect_kwargs: dict, shard_index: int) -> dict:
-    """The state_dict of a warm-started D_k file, after checking it is one and matches this run."""
-    state = read_model_file(data, DISCRIMINATOR_FORMAT,
-                            refusal=f"warmstart: shard {shard_index}'s file is not a GS-WGAN discriminator")
-    if state.get("shard") != shard_index or state.get("model") != expect_kwargs:
-        raise ConfigError(f"warmstart: shard {shard_index}'s discriminator was trained for shard "
-                          f"{state.get('shard')} with {state.get('model')}, this run needs {expect_kwargs}")
-    return state["state_dict"]
-
-
 # --- the trainer --------------------------------------------------------------------------------
 
 
@@ -172,12 +112,8 @@ _PLAN = "the privacy plan: from the configuration, n and K, before any iteration
 
 class GSWGANTrainer(Trainer):
     """Private phase of GS-WGAN on K shards; ``train()`` (:mod:`dpsynth.training.loop`) runs it to the end (or
-    resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases).
-
-    Under torchrun (:mod:`dpsynth.training.data_parallel`) rank r holds the contiguous block ``dist.part(K)`` of
-    the shards, their discriminators and Adam states (``own``); rank 0 draws k, the rank owning shard k runs
-    the critic steps and computes the B gradients, the sanitizer's one all-reduce hands every rank the
-    release, and every rank takes the same generator step (:func:`~dpsynth.training.data_parallel.hand_on`)."""
+    resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases). Under
+    torchrun each rank holds its block of the shards (``own``) and their D_k (:mod:`dpsynth.training.data_parallel`)."""
 
     method = "gswgan"
     MECHANISM = GSWGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.generator_gradient)
@@ -196,25 +132,18 @@ class GSWGANTrainer(Trainer):
         """``shards``: the K shards; under torchrun a rank needs only its own (``None`` for the others, and then
         ``records``, n, from the partition's manifest). ``warm``: {k: D_k's warm-start file}, of its own shards
         at least. ``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
-        if len(shards) != cfg.partition.num_shards:
-            raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         super().__init__(cfg, parent_run_id=parent_run_id, run_tags=run_tags)
-        g, seed = cfg.gswgan, cfg.train.seed
+        seed = cfg.train.seed
         self.K = len(shards)
-        self.own = data_parallel.spread(self.dist, shards)  # the shards (and D_k) this rank holds: all in one process
-        self.spec = _image_spec(cfg, shards[self.own.start])
+        # the shards (and D_k) this rank holds (all in one process); every shard's (images, labels) or None
+        self.own, self.shards = data_parallel.spread(self.dist, shards, num_shards=cfg.partition.num_shards,
+                                                     device=self.device)
+        self.spec = image_spec(cfg, shards[self.own.start])
         self.num_classes = self.spec["num_classes"]
         self.n = records if records is not None else sum(len(s) for s in shards)
-        # (images, labels) on the device for this rank's shards; None for those another rank holds
-        self.shards = [tuple(t.to(self.device) for t in shards[k].to_tensors()) if k in self.own else None
-                       for k in range(self.K)]
         self.plan = self.MECHANISM.plan(cfg, self.n)  # K = partition.num_shards, the shards given
 
-        self.G = init_with_seed(derived_seed(seed, "generator"),
-                                 lambda: make_generator(cfg, self.spec)).to(self.device)
-        self.G_ema = make_generator(cfg, self.spec).to(self.device).requires_grad_(False)
-        self.G_ema.load_state_dict(self.G.state_dict())  # not deepcopy: parametrized classes would be shared
-        self.opt_g = _adam(self.G.parameters(), lr=g.lr_g, cfg=cfg)
+        self._init_generator()
         self.D = fresh_discriminator(cfg, self.spec, shard_index=0).to(self.device)
         # D_k and its Adam state for every shard, on the CPU; D_k is created on first draw when not warm
         kwargs = discriminator_kwargs(cfg, self.spec)
@@ -231,15 +160,23 @@ class GSWGANTrainer(Trainer):
         if self.dist.distributed:
             data_parallel.join(self)
 
+    def _init_generator(self) -> None:
+        """G (from train.seed), its EMA copy G_ema (the released generator) and G's Adam."""
+        self.G = init_with_seed(derived_seed(self.cfg.train.seed, "generator"),
+                                lambda: make_generator(self.cfg, self.spec)).to(self.device)
+        self.G_ema = make_generator(self.cfg, self.spec).to(self.device).requires_grad_(False)
+        self.G_ema.load_state_dict(self.G.state_dict())  # not deepcopy: parametrized classes would be shared
+        self.opt_g = gswgan_adam(self.G.parameters(), lr=self.cfg.gswgan.lr_g, cfg=self.cfg)
+
     # --- the private warm-up (dpsynth.training.warmup), when configured: on the union of the shards ---------
     def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if len(self.own) != self.K:  # refused before the job starts (dpsynth.training.data_parallel.launch)
-            raise ConfigError("warmup.central_images: the private warm-up reads every shard; this rank holds "
-                              f"{len(self.own)} of {self.K}")
-        return torch.cat([x for x, _ in self.shards]), torch.cat([y for _, y in self.shards])
+        return data_parallel.every_record(self.own, self.shards)
 
-    def warmed_up(self) -> None:
-        self.G_ema.load_state_dict(self.G.state_dict())
+    def warm_up(self) -> bool:
+        ran = super().warm_up()
+        if ran:  # G_ema starts at the warm G
+            self.G_ema.load_state_dict(self.G.state_dict())
+        return ran
 
     # --- D_k in and out of the one working discriminator -------------------------------------
     def _load_discriminator(self, k: int) -> torch.optim.Adam:
@@ -247,7 +184,7 @@ class GSWGANTrainer(Trainer):
         if state is None:
             state = fresh_discriminator(self.cfg, self.spec, shard_index=k).state_dict()
         self.D.load_state_dict(state)
-        opt = _adam(self.D.parameters(), lr=self.cfg.gswgan.lr_d, cfg=self.cfg)
+        opt = gswgan_adam(self.D.parameters(), lr=self.cfg.gswgan.lr_d, cfg=self.cfg)
         if k in self.opt_states:
             opt.load_state_dict(self.opt_states[k])
         return opt
@@ -260,10 +197,6 @@ class GSWGANTrainer(Trainer):
     def train_step(self) -> None:
         self.iteration()
 
-    def owner(self, k: int) -> int:
-        """The rank holding shard k and D_k (0 in one process)."""
-        return self.dist.owner(k, self.K)
-
     def iteration(self) -> None:
         k = data_parallel.draw_shard(self.dist, self.mechanism, self.K)  # from rank 0's secret coins
         loss = None
@@ -273,13 +206,10 @@ class GSWGANTrainer(Trainer):
             critic_steps(self.D, opt_d, self.G, images, labels, cfg=self.cfg, data_rng=self.data_rng, rng=self.rng)
             self._store_discriminator(k, opt_d)
             loss = self.generator_loss(k)
-        data_parallel.hand_on(self.dist, self.owner(k), [self.data_rng, self.rng], self.G)  # the owner's streams, G's buffers
-        self.D.requires_grad_(False).eval()  # eval: spectral norm uses D_k's stored estimate, no update
-        try:
+        data_parallel.hand_on(self.dist, self.dist.owner(k, self.K), [self.data_rng, self.rng], self.G)
+        with frozen(self.D):
             sanitized_generator_step(self.G, self.opt_g, loss, batch_size=self.cfg.gswgan.batch_size,
                                      generator=self.rng, sanitizer=self.sanitizer)  # records the event
-        finally:
-            self.D.requires_grad_(True).train()
         self.step += 1
         self.g_steps += 1
         self._update_ema()
@@ -288,13 +218,8 @@ class GSWGANTrainer(Trainer):
         """ℓ_i(x_i, y_i) for the generator step on shard k: the WGAN loss −D_k(x_i, y_i)."""
         return lambda x, y: -self.D(x, y)
 
-    @torch.no_grad()
     def _update_ema(self) -> None:
-        decay = min(self.cfg.gswgan.ema_decay, (1 + self.step) / (10 + self.step))
-        for p_ema, p in zip(self.G_ema.parameters(), self.G.parameters()):
-            p_ema.lerp_(p, 1 - decay)
-        for b_ema, b in zip(self.G_ema.buffers(), self.G.buffers()):
-            b_ema.copy_(b)
+        ema_update(self.G_ema, self.G, decay=min(self.cfg.gswgan.ema_decay, (1 + self.step) / (10 + self.step)))
 
     # --- what the loop reports (its state: STATE) ---------------------------------------------------
     def generator(self) -> tuple[torch.nn.Module, dict]:
@@ -305,10 +230,7 @@ class GSWGANTrainer(Trainer):
         return class_grid(self.G_ema, num_classes=self.num_classes)
 
     def published_epsilon(self) -> float | None:
-        if self.cfg.privacy.accounting != "as_published":
-            return None
-        return as_published_epsilon(noise_multiplier=self.plan.noise_multiplier, batch_size=self.cfg.gswgan.batch_size,
-                                    num_shards=self.K, steps=self.step, delta=self.cfg.privacy.delta)
+        return self.MECHANISM.published_epsilon(self.cfg, self.plan, self.step)
 
     def reported_noise_multiplier(self) -> float:
         return self.plan.noise_multiplier  # per-release σ (the trace records σ/√B: details)
@@ -324,9 +246,4 @@ class GSWGANTrainer(Trainer):
                 "accountant": ACCOUNTANT}
 
 
-__all__ = [
-    "GSWGANTrainer",
-    "TrainResult",
-    "critic_loss",
-    "sanitized_generator_step",
-]
+__all__ = ["GSWGANTrainer", "critic_loss", "sanitized_generator_step"]

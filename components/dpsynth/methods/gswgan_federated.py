@@ -23,11 +23,13 @@ from dpsynth.methods import discriminator_steps
 from dpsynth.training import checkpoint
 from dpsynth.training.result import resolve_device
 from dpsynth.training.loop import Trainer
-from dpsynth.training.seeds import cpu_rng, derived_seed, init_with_seed
-from dpsynth.methods.gswgan import (GSWGANTrainer, _adam, _image_spec, critic_loss, discriminator_kwargs,
-                                    fresh_discriminator, make_generator, read_discriminator, real_batch)
+from dpsynth.training.seeds import cpu_rng, derived_seed
+from dpsynth.methods.gswgan import GSWGANTrainer, critic_loss, real_batch
+from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, gswgan_adam, image_spec,
+                                      read_discriminator)
 from dpsynth.mechanisms.generator_gradient import FEDERATED, Receipts
 from dpsynth.mechanisms import distributed
+from dpsynth.models.gswgan_networks import frozen
 from dpsynth.mechanisms.dpsgd import sanitize
 from dpsynth.mechanisms.randomness import MechanismRandomness, secret_seed
 
@@ -61,12 +63,9 @@ class Client:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        self.D.requires_grad_(False).eval()
-        try:
+        with frozen(self.D):
             x = fake_x.detach().requires_grad_(True)
             (grads,) = torch.autograd.grad(-self.D(x, fake_y).sum(), x)
-        finally:
-            self.D.requires_grad_(True).train()
         return sanitize(grads, clip_norm=self.cfg.privacy.max_grad_norm, noise_multiplier=noise_multiplier,
                         randomness=self.randomness)
 
@@ -97,7 +96,7 @@ def make_client(cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], *, spe
         D.load_state_dict(read_discriminator(warm, expect_kwargs=discriminator_kwargs(cfg, spec),
                                              shard_index=shard_index))
     seed = cfg.train.seed
-    return Client(cfg, tuple(t.to(device) for t in shard), D, _adam(D.parameters(), lr=cfg.gswgan.lr_d, cfg=cfg),
+    return Client(cfg, tuple(t.to(device) for t in shard), D, gswgan_adam(D.parameters(), lr=cfg.gswgan.lr_d, cfg=cfg),
                   data_rng=cpu_rng(seed, "client-real-batches", shard_index),
                   rng=torch.Generator(device=device).manual_seed(derived_seed(seed, "client-critic", shard_index)),
                   randomness=MechanismRandomness(device=device, secure_mode=cfg.privacy.secure_mode,
@@ -119,7 +118,7 @@ class FederationMeta:
 
 def federation_meta(cfg: RunConfig, shards: list[ImageDataset]) -> FederationMeta:
     return FederationMeta(
-        spec=_image_spec(cfg, shards[0]), n=sum(len(s) for s in shards), num_clients=len(shards),
+        spec=image_spec(cfg, shards[0]), n=sum(len(s) for s in shards), num_clients=len(shards),
         dataset_name=Path(str(cfg.data.uri).rstrip("/")).stem or "dataset")
 
 
@@ -188,16 +187,12 @@ class FederatedServer(GSWGANTrainer):
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {meta.num_clients} clients")
         Trainer.__init__(self, cfg, parent_run_id=parent_run_id, run_tags=run_tags)
         self.clients = clients
-        g, seed = cfg.gswgan, cfg.train.seed
+        seed = cfg.train.seed
         self.spec, self.num_classes = meta.spec, meta.spec["num_classes"]
         self.K, self.n = meta.num_clients, meta.n
         self.dataset_name = meta.dataset_name
         self.plan = FEDERATED.plan(cfg, self.n)  # K = partition.num_shards clients
-        self.G = init_with_seed(derived_seed(seed, "generator"),
-                                 lambda: make_generator(cfg, self.spec)).to(self.device)
-        self.G_ema = make_generator(cfg, self.spec).to(self.device).requires_grad_(False)
-        self.G_ema.load_state_dict(self.G.state_dict())
-        self.opt_g = _adam(self.G.parameters(), lr=g.lr_g, cfg=cfg)
+        self._init_generator()  # G, G_ema and G's Adam, as GS-WGAN's
         self.D = fresh_discriminator(cfg, self.spec, shard_index=0)  # architecture only: logs its parameter count
         # the secret client choice k ~ U[0, K) (never train.seed, never logged)
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
@@ -232,10 +227,9 @@ class FederatedServer(GSWGANTrainer):
         clients (control messages included) and in all, and bytes_at_stop (the K STOP messages at the end).
         Closes the transport: STOP to every client, not part of any iteration."""
         to_clients, from_clients, bytes_at_stop = self.clients.close(self.step)
-        delta = self.cfg.privacy.delta
         self._federation = {"privacy_unit": "client", "clients": self.K,
-                            "delta_below_one_over_clients": delta < 1 / self.K, "transport": self.clients.transport,
-                            "bytes_per_iteration_to_clients": to_clients,
+                            "delta_below_one_over_clients": self.cfg.privacy.delta < 1 / self.K,
+                            "transport": self.clients.transport, "bytes_per_iteration_to_clients": to_clients,
                             "bytes_per_iteration_from_clients": from_clients,
                             "bytes_per_iteration": to_clients + from_clients}
         return {**super().details(), **self._federation, "bytes_at_stop": bytes_at_stop}
@@ -253,24 +247,14 @@ class FederatedGSWGANTrainer(FederatedServer):
     def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
                  mechanism_seed: int | None = None, **kwargs):
         """``mechanism_seed``: tests only (the multi-process run given the same one must match bit for bit)."""
-        if len(shards) != cfg.partition.num_shards:
-            raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         meta = federation_meta(cfg, shards)
         sigma = FEDERATED.plan(cfg, meta.n).noise_multiplier
         choice_seed, client_seeds = mechanism_seeds(mechanism_seed, len(shards))
         clients = [make_client(cfg, s.to_tensors(), spec=meta.spec, shard_index=k, warm=(warm or {}).get(k),
                                mechanism_seed=client_seeds[k]) for k, s in enumerate(shards)]
-        super().__init__(cfg, InProcessClients(clients, noise_multiplier=sigma, moved=message_bytes(cfg, meta.spec)), meta=meta,
-                         mechanism_seed=choice_seed, **kwargs)
+        super().__init__(cfg, InProcessClients(clients, noise_multiplier=sigma, moved=message_bytes(cfg, meta.spec)),
+                         meta=meta, mechanism_seed=choice_seed, **kwargs)
 
 
-__all__ = [
-    "Client",
-    "FederatedGSWGANTrainer",
-    "FederatedServer",
-    "InProcessClients",
-    "federation_meta",
-    "make_client",
-    "mechanism_seeds",
-    "message_bytes",
-]
+__all__ = ["Client", "FederatedGSWGANTrainer", "FederatedServer", "InProcessClients", "federation_meta", "make_client",
+           "mechanism_seeds", "message_bytes"]

@@ -20,9 +20,11 @@ from dpsynth.data import ImageDataset
 from dpsynth.data import assignment
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.generator_step import generator_step
-from dpsynth.methods.gswgan import (DISCRIMINATOR_FORMAT, _adam, _image_spec, critic_steps, discriminator_kwargs,
-                                    fresh_discriminator, make_generator)
-from dpsynth.methods.zhang import WARM_START_FORMAT, build_models, wgan_gp_loss
+from dpsynth.methods.gswgan import critic_steps
+from dpsynth.methods.networks import (DISCRIMINATOR_FORMAT, WARM_START_FORMAT, dcgan_models, discriminator_kwargs,
+                                      fresh_discriminator, gswgan_adam, image_spec, make_generator,
+                                      warm_models_record)
+from dpsynth.methods.zhang import wgan_gp_loss
 from dpsynth.training.artifacts import model_file_bytes
 from dpsynth.training.result import resolve_device
 from dpsynth.training.seeds import cpu_rng, derived_seed, init_with_seed
@@ -36,12 +38,12 @@ def warm_start_shard(cfg: RunConfig, shard: ImageDataset, *, shard_index: int, o
     """
     started = time.monotonic()
     device = resolve_device(cfg.train.device)
-    spec = _image_spec(cfg, shard)
+    spec = image_spec(cfg, shard)
     g = cfg.gswgan
     D = fresh_discriminator(cfg, spec, shard_index=shard_index).to(device)
     G = init_with_seed(derived_seed(cfg.train.seed, "warmstart-generator", shard_index),
                         lambda: make_generator(cfg, spec)).to(device)
-    opt_d, opt_g = _adam(D.parameters(), lr=g.lr_d, cfg=cfg), _adam(G.parameters(), lr=g.lr_g, cfg=cfg)
+    opt_d, opt_g = gswgan_adam(D.parameters(), lr=g.lr_d, cfg=cfg), gswgan_adam(G.parameters(), lr=g.lr_g, cfg=cfg)
     images, labels = (t.to(device) for t in shard.to_tensors())
     data_rng = cpu_rng(cfg.train.seed, "warmstart-data", shard_index)
     rng = torch.Generator(device=device).manual_seed(derived_seed(cfg.train.seed, "warmstart-latent", shard_index))
@@ -67,7 +69,7 @@ def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
     images, labels = (a.to(device) for a in public.to_tensors())
     image_shape = tuple(images.shape[1:])
     torch.manual_seed(t.seed)
-    G, D = build_models(cfg, num_classes=num_classes, image_shape=image_shape)
+    G, D = dcgan_models(cfg, num_classes=num_classes, image_shape=image_shape)
     G, D = G.to(device), D.to(device)
     rng = torch.Generator(device=device).manual_seed(t.seed + 1)
     betas = (z.adam_beta1, z.adam_beta2)
@@ -87,8 +89,7 @@ def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
             opt_d.step()
         generator_step(G, D, opt_g, m, rng)
     state = {"G": G.state_dict(), "D": D.state_dict(),
-             "model": {"num_classes": num_classes, "image_shape": list(image_shape), "g_width": t.g_width,
-                       "d_width": t.d_width, "latent_dim": t.latent_dim},
+             "model": warm_models_record(cfg, num_classes=num_classes, image_shape=image_shape),
              "iterations": z.warm_start_iterations, "public_records": len(public)}
     storage.write_bytes(out_path, model_file_bytes(WARM_START_FORMAT, state))
     return {"iterations": z.warm_start_iterations, "public_records": len(public), "critic_steps_per_iteration": n_critic,

@@ -20,31 +20,17 @@ from dpsynth.data import ImageDataset
 from dpsynth.data import assignment
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.mechanisms.discriminator import ZHANG
-from dpsynth.training import checkpoint, data_parallel, warmup
-from dpsynth.training.artifacts import read_model_file
+from dpsynth.training import checkpoint, data_parallel
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.generator_step import generator_step
 from dpsynth.training.loop import Trainer
-from dpsynth.models.dcgan import Discriminator, Generator
-from dpsynth.privacy import MechanismTrace
+from dpsynth.methods.networks import dcgan_models, load_warm_models
 from dpsynth.mechanisms import grouping
 from dpsynth.mechanisms.ghost import GhostClipping
 from dpsynth.mechanisms.randomness import MechanismRandomness
 
-WARM_START_FORMAT = "dpsynth.zhang_warm_start/1"
-
-
 # --- the WGAN-GP losses ----------------------------------------------------------------------------
-
-
-def build_models(cfg: RunConfig, *, num_classes: int, image_shape: tuple[int, int, int]):
-    channels, size, _ = image_shape
-    t = cfg.train
-    G = Generator(num_classes=num_classes, channels=channels, image_size=size, width=t.g_width, latent_dim=t.latent_dim,
-                  styles=warmup.style_slots(cfg), warp=t.g_warp, contrast=t.g_contrast)
-    D = Discriminator(num_classes=num_classes, channels=channels, image_size=size, width=t.d_width)
-    return G, D
 
 
 def unit_losses(D, real, fake, y, rho, *, gp_weight: float) -> torch.Tensor:
@@ -84,14 +70,6 @@ def per_unit_gradients(D, real, fake, y, rho, *, gp_weight: float, chunk: int | 
     return {k: torch.cat([p[k] for p in parts]) for k in params}
 
 
-# --- the warm start's file (:func:`dpsynth.methods.warm_starts.warm_start`, Alg. 3 line 1) -----------
-
-
-def load_warm_start(data: bytes) -> dict:
-    return read_model_file(data, WARM_START_FORMAT, weights_only=False,
-                           refusal=f"train.method: the warm start file is not a {WARM_START_FORMAT!r} file")
-
-
 # --- the private trainer ---------------------------------------------------------------------------
 
 
@@ -121,28 +99,20 @@ class ZhangTrainer(Trainer):
         self.n = len(dataset)
         self.image_shape = tuple(self.images.shape[1:])
 
-        needs_public = z.adaptive_clipping or z.grouping == "clustering"
-        if public is not None:  # the partition's public output (the stage reads it from its manifest)
-            assignment.check_given(cfg, public, dataset)
-            pub_x, pub_y = public.to_tensors()
-            self.public_images, self.public_labels = pub_x.to(self.device), pub_y.to(self.device)
-        elif needs_public:
+        if public is None and (z.adaptive_clipping or z.grouping == "clustering"):
             field = "zhang.adaptive_clipping" if z.adaptive_clipping else "zhang.grouping"
             raise ConfigError(f"{field}: needs public data (data.public_source, e.g. sklearn:digits); "
                               "or set zhang.adaptive_clipping=false and a grouping other than 'clustering'")
-        else:
-            self.public_images = self.public_labels = None
+        # the partition's public output (the stage reads it from its manifest), checked against the private records
+        self.public_images, self.public_labels = (None, None) if public is None else (
+            x.to(self.device) for x in assignment.check_given(cfg, public, dataset).to_tensors())
 
         torch.manual_seed(t.seed)
-        self.G, self.D = build_models(cfg, num_classes=self.num_classes, image_shape=self.image_shape)
+        self.G, self.D = dcgan_models(cfg, num_classes=self.num_classes, image_shape=self.image_shape)
         self.warm_started = warm_start_state is not None
-        if warm_start_state is not None:
-            expected = {"num_classes": self.num_classes, "image_shape": list(self.image_shape), "g_width": t.g_width,
-                        "d_width": t.d_width, "latent_dim": t.latent_dim}
-            if warm_start_state.get("model") != expected:
-                raise ConfigError(f"train: the warm start was trained for {warm_start_state.get('model')}, not {expected}")
-            self.G.load_state_dict(warm_start_state["G"])
-            self.D.load_state_dict(warm_start_state["D"])
+        if warm_start_state is not None:  # G and D trained on the public records (checked against this run's)
+            load_warm_models(cfg, warm_start_state, self.G, self.D, num_classes=self.num_classes,
+                             image_shape=self.image_shape)
         self.G, self.D = self.G.to(self.device), self.D.to(self.device)
         self.names = [n for n, _ in self.D.named_parameters()]
         self.params = dict(self.D.named_parameters())
@@ -164,10 +134,7 @@ class ZhangTrainer(Trainer):
                   if z.grouping == "clustering" else grouping.fixed_groups(self.names, strategy=z.grouping))
         # ghost clipping (train.grad_sample_mode "ghost": norms through the penalty's second-order uses too),
         # else per-unit gradients instantiated with torch.func (per_unit_gradients)
-        self.D_private = None
-        if t.grad_sample_mode == "ghost_two_pass":
-            raise ConfigError("train.grad_sample_mode: 'ghost_two_pass' cannot differentiate through the gradient "
-                              "penalty; use 'ghost' (or 'ew'/'hooks': per-unit gradients by torch.func)")
+        self.D_private = None  # ('ghost_two_pass' is refused by the configuration)
         if t.grad_sample_mode == "ghost":
             self.D_private = GhostClipping(self.D, strategy="bookkeeping", second_order=True)
             self.D_private.disable_hooks()  # recording only inside the critic step
@@ -266,16 +233,7 @@ class ZhangTrainer(Trainer):
         self.sanitizer.regroup([[self.params[nm] for nm in g] for g in self.group_names], state["bounds"])
 
     def published_epsilon(self) -> float | None:
-        """The paper's account of the steps taken (unsound; as_published mode only)."""
-        if self.plan.published_event is None:
-            return None
-        if not self.trace.steps:
-            return 0.0
-        published = MechanismTrace([self.plan.published_event.with_count(self.trace.steps)])
-        return self.plan.guard.spent(published)
-
-    def generator(self) -> tuple[torch.nn.Module, dict]:
-        return self.G, self.G.describe()
+        return ZHANG.published_epsilon(self.cfg, self.plan, self.trace.steps)  # as_published mode only
 
     def progress(self) -> tuple[dict, dict]:
         metrics = {"generator_steps": self.g_steps}

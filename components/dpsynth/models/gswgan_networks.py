@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -140,3 +142,23 @@ def refresh_spectral_norm(G: torch.nn.Module, iterations: int = 10) -> None:
     for _ in range(iterations):
         G(z, y)
     G.train(was_training)
+
+
+@torch.no_grad()
+def ema_update(ema: nn.Module, model: nn.Module, *, decay: float) -> None:
+    """``ema`` ← decay·``ema`` + (1 − decay)·``model``, parameter by parameter; its buffers copied from ``model``."""
+    for p_ema, p in zip(ema.parameters(), model.parameters()):
+        p_ema.lerp_(p, 1 - decay)
+    for b_ema, b in zip(ema.buffers(), model.buffers()):
+        b_ema.copy_(b)
+
+
+@contextlib.contextmanager
+def frozen(D: nn.Module):
+    """``D`` without parameter gradients and in eval mode (spectral norm uses its stored estimate, no update)
+    inside; trainable again after."""
+    D.requires_grad_(False).eval()
+    try:
+        yield D
+    finally:
+        D.requires_grad_(True).train()

@@ -75,17 +75,29 @@ def join(trainer) -> None:
                                                                 trainer.total_steps))
 
 
-def spread(ranks: distributed.Ranks, shards: list) -> range:
-    """The shards this rank holds (``SPREAD_STATE``: GS-WGAN, DPAC): the contiguous block ``part(K)`` of the K
-    (all of them in one process). ``shards``: the K shards, ``None`` for those another rank holds."""
+def spread(ranks: distributed.Ranks, shards: list, *, num_shards: int, device) -> tuple[range, list]:
+    """The shards this rank holds (``SPREAD_STATE``: GS-WGAN, DPAC), the contiguous block ``part(K)`` of the K (all
+    of them in one process), and every shard's (images, labels) on ``device``: None for those another rank holds.
+    ``shards``: the K = ``partition.num_shards`` shards, ``None`` for those another rank holds."""
     K = len(shards)
+    if K != num_shards:
+        raise ConfigError(f"partition.num_shards: {num_shards}, but {K} shards were given")
     if K < ranks.world_size:
         raise ConfigError(f"partition.num_shards: {K} shards cannot be spread over {ranks.world_size} "
                           "ranks (every rank holds at least one); use more shards or fewer ranks")
     own = range(*ranks.part(K))
     if any(shards[k] is None for k in own):
         raise ConfigError(f"shards: this rank holds shards {own.start}..{own.stop - 1}, which were not given")
-    return own
+    return own, [tuple(t.to(device) for t in shards[k].to_tensors()) if k in own else None for k in range(K)]
+
+
+def every_record(own: range, shards: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The union of the shards (images, labels), for the private warm-up; refused on a rank holding only some
+    (refused before the job starts, :func:`launch`)."""
+    if len(own) != len(shards):
+        raise ConfigError("warmup.central_images: the private warm-up reads every shard; this rank holds "
+                          f"{len(own)} of {len(shards)}")
+    return torch.cat([x for x, _ in shards]), torch.cat([y for _, y in shards])
 
 
 def draw_shard(ranks: distributed.Ranks, randomness, K: int) -> int:
@@ -126,7 +138,7 @@ def sync_state(trainer) -> None:
                                  **{key: getattr(trainer, key) for key in spread}})
     for key in spread:
         held = getattr(trainer, key)
-        parts = ([{i: v for i, v in held.items() if trainer.owner(i) == r} for r in range(ranks.world_size)]
+        parts = ([{i: v for i, v in held.items() if ranks.owner(i, trainer.K) == r} for r in range(ranks.world_size)]
                  if ranks.is_main else None)
         mine = [None]
         dist.scatter_object_list(mine, parts, src=0)

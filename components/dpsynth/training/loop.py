@@ -135,15 +135,11 @@ class Trainer:
                   time.monotonic() - started)
         warmup.fit_generator(self.G, slots, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=self.rng,
                              directions=directions, progress=True)
-        self.warmed_up()
         return True
 
     def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
         """*method*, for the warm-up: every training record (images in [-1, 1], labels)."""
         return self.images, self.labels
-
-    def warmed_up(self) -> None:
-        """After the warm-up has fitted G (GS-WGAN: its EMA copy starts there)."""
 
     def method_state(self) -> dict:
         """Models, optimizers, RNG states and schedules, for a checkpoint: the attributes ``STATE`` names."""
@@ -154,8 +150,9 @@ class Trainer:
         checkpoint.restore(self, self.STATE, state)
 
     def generator(self) -> tuple[torch.nn.Module, dict]:
-        """*method*: the generator to release and its ``model`` record (class and keywords, see artifacts)."""
-        raise NotImplementedError
+        """The generator to release and its ``model`` record (class and keywords, see artifacts): ``G`` and its
+        own record (DPGAN's and dp-GAN's DCGAN); GS-WGAN releases its EMA copy."""
+        return self.G, self.G.describe()
 
     def derived_params(self) -> dict:
         """What the MLflow run records before the first step (data-independent: the plan, n, the sizes of
