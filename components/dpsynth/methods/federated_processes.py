@@ -195,19 +195,6 @@ def _load(client: Client, checkpoints: Path | None, shard_index: int, round_: in
 # --- the ranks ----------------------------------------------------------------------------------
 
 
-def _spec_from_client_0(spec: dict | None) -> dict:
-    """Client 0's image spec (num_classes, channels, image size) on every rank: the server holds no records."""
-    box = [spec]
-    torch.distributed.broadcast_object_list(box, src=1)
-    return box[0]
-
-
-def _from_server(value):
-    box = [value]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 class FederatedProcesses:
     """What ``train.method=gswgan_federated`` runs (the registry's trainer) on rank 0 of the job: the server.
 
@@ -226,12 +213,11 @@ class FederatedProcesses:
         if ranks.world_size != world_size(cfg) or not ranks.is_main:
             raise ConfigError(f"train.method: {METHOD} runs as rank 0 of a torchrun job of K + 1 = {world_size(cfg)} "
                               "ranks; `dpsynth train --run-dir` in one process starts that job")
-        spec = _spec_from_client_0(None)
-        meta = FederationMeta(spec=spec, n=n, num_clients=cfg.partition.num_shards,
-                              dataset_name=Path(str(cfg.data.uri).rstrip("/")).stem or "dataset")
+        spec = ranks.from_rank(1, None)  # client 0's image spec: the server holds no records
+        meta = FederationMeta(spec=spec, n=n, num_clients=cfg.partition.num_shards)
         self.server = FederatedServer(cfg, GlooClients(spec=spec, batch_size=cfg.gswgan.batch_size), meta=meta,
                                       parent_run_id=parent_run_id, run_tags=run_tags, mechanism_seed=mechanism_seed)
-        _from_server(self.server.plan.noise_multiplier)  # every client sanitizes with the server's plan's σ
+        ranks.from_main(self.server.plan.noise_multiplier)  # every client sanitizes with the server's plan's σ
 
     def train(self, *, stop_after: int | None = None) -> TrainResult | None:
         result = self.server.train(stop_after=stop_after)
@@ -246,8 +232,8 @@ def client_main(cfg: RunConfig, shard: ImageDataset, *, warm: bytes | None,
     ``mechanism_seed``: tests only (the seed of its noise); None: drawn from OS entropy."""
     ranks = distributed.current()
     k = ranks.rank - 1
-    spec = _spec_from_client_0(image_spec(cfg, shard) if k == 0 else None)
-    sigma = _from_server(None)
+    spec = ranks.from_rank(1, image_spec(cfg, shard) if k == 0 else None)  # client 0's, on every rank
+    sigma = ranks.from_main(None)  # the server's plan's
     client = make_client(cfg, shard.to_tensors(), spec=spec, shard_index=k, warm=warm, mechanism_seed=mechanism_seed)
     return serve(client, spec=spec, batch_size=cfg.gswgan.batch_size, noise_multiplier=sigma,
                  checkpoints=checkpoints, shard_index=k)

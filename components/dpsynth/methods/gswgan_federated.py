@@ -11,7 +11,6 @@ releases), against whom it holds, and the client-level guarantee: docs/privacy.m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -79,9 +78,8 @@ class Client:
 
 
 def mechanism_seeds(master: int | None, num_clients: int) -> tuple[int, list[int]]:
-    """The secret seeds of the server's client choice and of each client's noise, from one master seed
-    (None: a fresh :func:`~dpsynth.mechanisms.randomness.secret_seed`): the in-process reference's, and the tests'
-    replay of the torchrun job's ranks (whose every rank otherwise draws its own); nothing logs or stores it."""
+    """The secret seeds of the server's client choice and of each client's noise, from one master seed (None: a fresh
+    secret_seed): the in-process reference's, and the tests' replay of the job's ranks; nothing logs or stores it."""
     master = secret_seed() if master is None else master
     return derived_seed(master, "client-choice"), [derived_seed(master, "client-noise", k) for k in range(num_clients)]
 
@@ -113,13 +111,10 @@ class FederationMeta:
     spec: dict  # num_classes, channels, image_size
     n: int  # total records (for δ < 1/n and the plan)
     num_clients: int
-    dataset_name: str
 
 
 def federation_meta(cfg: RunConfig, shards: list[ImageDataset]) -> FederationMeta:
-    return FederationMeta(
-        spec=image_spec(cfg, shards[0]), n=sum(len(s) for s in shards), num_clients=len(shards),
-        dataset_name=Path(str(cfg.data.uri).rstrip("/")).stem or "dataset")
+    return FederationMeta(spec=image_spec(cfg, shards[0]), n=sum(len(s) for s in shards), num_clients=len(shards))
 
 
 def message_bytes(cfg: RunConfig, spec: dict) -> dict:
@@ -162,6 +157,7 @@ class InProcessClients:
 
 
 _PROTOCOL = "bytes of the protocol's messages: from shapes (config) alone"
+_BYTES = ("bytes_per_iteration_to_clients", "bytes_per_iteration_from_clients", "bytes_per_iteration")
 
 
 class FederatedServer(GSWGANTrainer):
@@ -170,16 +166,13 @@ class FederatedServer(GSWGANTrainer):
     method = "gswgan_federated"
     MECHANISM = FEDERATED  # the n_dis·B releases of an iteration folded (dpsynth.mechanisms.generator_gradient)
     DATA_PARALLEL = False  # its ranks have roles (server, clients) in a process group of its own: dpsynth.methods.federated_processes
-    SPREAD_STATE = ()
     STATE = ("method", "G", "G_ema", "opt_g", "mechanism", "rng", "clients")
     MLFLOW_KEYS = GSWGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
-        metrics={k: _PROTOCOL for k in ("bytes_per_iteration_to_clients", "bytes_per_iteration_from_clients",
-                                        "bytes_per_iteration")},
+        metrics={k: _PROTOCOL for k in _BYTES},
         params={"derived.privacy_unit": "client (fixed)", "derived.clients": "K (configuration)",
                 "derived.transport": "the transport's name",
                 "derived.delta_below_one_over_clients": "δ < 1/K, from the configuration",
-                **{f"derived.{k}": _PROTOCOL for k in ("bytes_per_iteration_to_clients",
-                                                        "bytes_per_iteration_from_clients", "bytes_per_iteration")}})
+                **{f"derived.{k}": _PROTOCOL for k in _BYTES}})
 
     def __init__(self, cfg: RunConfig, clients, *, meta: FederationMeta, parent_run_id: str | None = None,
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
@@ -190,7 +183,6 @@ class FederatedServer(GSWGANTrainer):
         seed = cfg.train.seed
         self.spec, self.num_classes = meta.spec, meta.spec["num_classes"]
         self.K, self.n = meta.num_clients, meta.n
-        self.dataset_name = meta.dataset_name
         self.plan = FEDERATED.plan(cfg, self.n)  # K = partition.num_shards clients
         self._init_generator()  # G, G_ema and G's Adam, as GS-WGAN's
         self.D = fresh_discriminator(cfg, self.spec, shard_index=0)  # architecture only: logs its parameter count
@@ -222,10 +214,9 @@ class FederatedServer(GSWGANTrainer):
         return {"unit": PRIVACY_UNIT, "clients": self.K, "delta_below_one_over_clients": delta < 1 / self.K}
 
     def details(self) -> dict:
-        """GS-WGAN's details and the federation's: privacy_unit, clients, delta_below_one_over_clients
-        (client-level reading of δ; the audit checks δ < 1/n), transport, bytes per iteration to / from the
-        clients (control messages included) and in all, and bytes_at_stop (the K STOP messages at the end).
-        Closes the transport: STOP to every client, not part of any iteration."""
+        """GS-WGAN's details and the federation's: privacy_unit, clients, delta_below_one_over_clients (client-level
+        reading of δ; the audit checks δ < 1/n), transport, bytes per iteration to / from the clients (control
+        messages included) and in all, and bytes_at_stop. Closes the transport: STOP to every client."""
         to_clients, from_clients, bytes_at_stop = self.clients.close(self.step)
         self._federation = {"privacy_unit": "client", "clients": self.K,
                             "delta_below_one_over_clients": self.cfg.privacy.delta < 1 / self.K,
@@ -238,7 +229,7 @@ class FederatedServer(GSWGANTrainer):
         return self._federation
 
     def final_metrics(self) -> dict:
-        return {k: v for k, v in self._federation.items() if k.startswith("bytes_per_iteration")}
+        return {k: self._federation[k] for k in _BYTES}
 
 
 class FederatedGSWGANTrainer(FederatedServer):
@@ -256,5 +247,4 @@ class FederatedGSWGANTrainer(FederatedServer):
                          meta=meta, mechanism_seed=choice_seed, **kwargs)
 
 
-__all__ = ["Client", "FederatedGSWGANTrainer", "FederatedServer", "InProcessClients", "federation_meta", "make_client",
-           "mechanism_seeds", "message_bytes"]
+__all__ = ["Client", "FederatedGSWGANTrainer", "FederatedServer", "federation_meta", "make_client", "mechanism_seeds"]
