@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from dpsynth.privacy.plan import PrivacyPlan
 
 ACCOUNTANT = "wor"  # whatever privacy.accountant says: shard sampling needs the without-replacement bound
+PRIVACY_UNIT = ("client: neighbouring datasets differ in one client's entire shard "
+                "(and hence also at record level: in one record)")  # the federated GS-WGAN's
 
 SHARD_STATE_ASSUMPTION = (
     "shard-state assumption: each shard's discriminator D_k trains (non-privately, in the sensitive zone) only "
@@ -67,6 +69,9 @@ class ShardGeneratorGradient(Mechanism):
     def releases(self, cfg: RunConfig) -> int:
         """The sanitized releases one iteration folds."""
         return cfg.gswgan.batch_size
+
+    def accountant(self, cfg: RunConfig) -> str:
+        return ACCOUNTANT
 
     def plan(self, cfg: RunConfig, n: int) -> PrivacyPlan:
         """``event`` one iteration (rate 1/K, σ/√releases, without replacement, replace-one); ``noise_multiplier``
@@ -168,6 +173,11 @@ class FederatedGeneratorGradient(ShardGeneratorGradient):
         if cfg.privacy.accounting != "sound":
             raise ConfigError("privacy.accounting: federated GS-WGAN has no published account to reproduce here")
         return super().plan(cfg, n)
+
+    def privacy_record(self, cfg: RunConfig) -> dict:
+        """Client-level: the unit is a client's whole shard; δ < 1/K is the client-level reading of δ."""
+        K = cfg.partition.num_shards
+        return {"unit": PRIVACY_UNIT, "clients": K, "delta_below_one_over_clients": cfg.privacy.delta < 1 / K}
 
     def sanitizer(self, cfg: RunConfig, plan: PrivacyPlan, *, randomness, trace):
         raise NotImplementedError("federated GS-WGAN: each client sanitizes on its own rank and the server's "

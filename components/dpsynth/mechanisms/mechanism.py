@@ -47,3 +47,11 @@ class Mechanism:
     def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
         """What the (ε, δ) of ``plan`` means (:mod:`dpsynth.privacy.statement`)."""
         raise NotImplementedError
+
+    def accountant(self, cfg: RunConfig) -> str:
+        """The accountant of its events: ``privacy.accountant`` (GS-WGAN's shard sampling fixes its own)."""
+        return cfg.privacy.accountant
+
+    def privacy_record(self, cfg: RunConfig) -> dict:
+        """What the generator file records of the privacy unit besides the record (the federated client's)."""
+        return {}

@@ -45,6 +45,7 @@ class DPGANTrainer(Trainer):
     runs it to the end. One step is one discriminator step (Algorithm 1's n_D counts them per generator step)."""
 
     STEP = "DP discriminator steps"
+    MECHANISM = DPGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.discriminator)
     KEEPS_SNAPSHOTS = True
     STATE = ("since_g", "G", "D", "opt_g", "opt_d", "rng", "mechanism", checkpoint.TORCH_RNG, "n_d")
     DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.data_parallel)

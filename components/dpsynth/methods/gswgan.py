@@ -118,7 +118,6 @@ class GSWGANTrainer(Trainer):
     method = "gswgan"
     MECHANISM = GSWGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.generator_gradient)
     STEP = "private generator iterations"
-    ACCOUNTANT = ACCOUNTANT
     DATA_PARALLEL = True  # shards and their discriminators spread over torchrun ranks
     SPREAD_STATE = ("d_states", "opt_states")  # {k: D_k's state}, {k: its Adam state}: on the rank owning k
     STATE = ("method", "G", "G_ema", "opt_g", "d_states", "opt_states", "mechanism", "data_rng", "rng")

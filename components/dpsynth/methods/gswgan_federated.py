@@ -32,10 +32,6 @@ from dpsynth.models.gswgan_networks import frozen
 from dpsynth.mechanisms.dpsgd import sanitize
 from dpsynth.mechanisms.randomness import MechanismRandomness, secret_seed
 
-PRIVACY_UNIT = ("client: neighbouring datasets differ in one client's entire shard "
-                "(and hence also at record level: in one record)")
-
-
 # --- the client -------------------------------------------------------------------------------
 
 
@@ -208,10 +204,6 @@ class FederatedServer(GSWGANTrainer):
         self.step += 1
         self.g_steps += 1
         self._update_ema()
-
-    def privacy_record(self) -> dict:
-        delta = self.cfg.privacy.delta
-        return {"unit": PRIVACY_UNIT, "clients": self.K, "delta_below_one_over_clients": delta < 1 / self.K}
 
     def details(self) -> dict:
         """GS-WGAN's details and the federation's: privacy_unit, clients, delta_below_one_over_clients (client-level

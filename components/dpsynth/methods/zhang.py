@@ -78,10 +78,10 @@ class ZhangTrainer(Trainer):
     the end. One step is one critic step (the paper's n_critic counts them per generator step)."""
 
     STEP = "DP critic steps"
+    MECHANISM = ZHANG  # its plan, statement and sanitizer (dpsynth.mechanisms.discriminator)
     STATE = ("since_g", "G", "D", "opt_g", "opt_d", "rng", "mechanism", "public_rng", checkpoint.TORCH_RNG)
     DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.data_parallel)
 
-    # what its MLflow run holds (the train stage's allow-list, checked by the audit)
     MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the paper's account of the steps taken (from the plan)"},
         params={"derived.num_groups": "k, from the critic's architecture and the config",

@@ -55,6 +55,7 @@ from dpsynth.training.result import TrainResult, resolve_device
 from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.privacy.plan import PrivacyPlan
+from dpsynth.mechanisms.mechanism import Mechanism
 
 CHEAP_ACCOUNTANTS = ("rdp", "wor")  # ε at every log; others (PRV: seconds) every 10th log
 _PLAN = "the privacy plan: from the configuration and n (public), before any step"
@@ -74,7 +75,6 @@ class Trainer:
     SPREAD_STATE: tuple[str, ...] = ()
     # *method*: what a checkpoint holds of the method (checkpoint.capture: models, optimizers, RNGs, counters)
     STATE: tuple[str, ...] = ()
-    ACCOUNTANT: str | None = None  # None: privacy.accountant; a method may fix its own (GS-WGAN: "wor")
     # what its MLflow run may hold (the train stage's allow-list, checked by the audit): what the loop logs;
     # a method adds what its own hooks log (progress, final_metrics, derived_params, final_params)
     MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
@@ -83,6 +83,7 @@ class Trainer:
                 "derived.records": "n, the training records' count (public in this design)",
                 "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
 
+    MECHANISM: Mechanism  # *method*: its privacy mechanism (dpsynth.mechanisms): plan, sanitizer, accountant
     plan: PrivacyPlan
     num_classes: int
     n: int  # training records
@@ -97,7 +98,7 @@ class Trainer:
         self.dist = data_parallel.current() if self.DATA_PARALLEL else data_parallel.SINGLE
         self.device = self.dist.place(resolve_device(cfg.train.device))
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
-        self.accountant = get_accountant(self.ACCOUNTANT or cfg.privacy.accountant)
+        self.accountant = get_accountant(self.MECHANISM.accountant(cfg))  # GS-WGAN's fixes its own: "wor"
         self.trace = MechanismTrace()  # the sanitizer records into it; restored in place on resume
         self.step = 0  # private steps taken (= events recorded after the plan's prefix)
         self.g_steps = 0  # generator steps taken
@@ -188,10 +189,6 @@ class Trainer:
 
     def details(self) -> dict:
         """``TrainResult.details``: method-specific, data-independent facts of the run (called once, at the end)."""
-        return {}
-
-    def privacy_record(self) -> dict:
-        """What the generator file records about the privacy unit besides the record (none by default)."""
         return {}
 
     # --- state -----------------------------------------------------------------------------------
@@ -303,7 +300,7 @@ def finish(trainer: Trainer, run, started: float) -> TrainResult:
     details = trainer.details()
     generator_path, trace_path, grid_path = out / "generator.pt", out / "trace.json", out / "samples.png"
     grid = trainer.grid()  # before the generator file: GS-WGAN's grid refreshes G_ema's spectral norms
-    privacy = {"accounting": accounting, **trainer.privacy_record()}
+    privacy = {"accounting": accounting, **trainer.MECHANISM.privacy_record(cfg)}
     if published is not None:
         privacy.update(epsilon_as_published_unsound=published, sound=False)
     storage.write_bytes(generator_path, generator_file(trainer, eps, **privacy))
