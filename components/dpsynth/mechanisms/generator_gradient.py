@@ -73,6 +73,9 @@ class ShardGeneratorGradient(Mechanism):
     def accountant(self, cfg: RunConfig) -> str:
         return ACCOUNTANT
 
+    def reported_noise_multiplier(self, plan: PrivacyPlan) -> float:
+        return plan.noise_multiplier  # per-release σ (the trace records the iteration's folded σ/√releases)
+
     def plan(self, cfg: RunConfig, n: int) -> PrivacyPlan:
         """``event`` one iteration (rate 1/K, σ/√releases, without replacement, replace-one); ``noise_multiplier``
         σ, the noise std / C of each sanitized release; under as_published ``published_epsilon`` the authors'
@@ -123,7 +126,9 @@ class ShardGeneratorGradient(Mechanism):
 
     def published_epsilon(self, cfg: RunConfig, plan: PrivacyPlan, steps: int) -> float | None:
         """The authors' (unsound) account of ``steps`` iterations under as_published; None otherwise."""
-        return self._as_published(cfg, plan.noise_multiplier, steps) if cfg.privacy.accounting == "as_published" else None
+        if cfg.privacy.accounting != "as_published":
+            return None
+        return self._as_published(cfg, plan.noise_multiplier, steps)
 
     def _as_published(self, cfg: RunConfig, sigma: float, steps: int) -> float:
         from dpsynth.privacy import as_published_epsilon

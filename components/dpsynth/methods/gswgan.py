@@ -231,9 +231,6 @@ class GSWGANTrainer(Trainer):
     def published_epsilon(self) -> float | None:
         return self.MECHANISM.published_epsilon(self.cfg, self.plan, self.step)
 
-    def reported_noise_multiplier(self) -> float:
-        return self.plan.noise_multiplier  # per-release σ (the trace records σ/√B: details)
-
     def final_metrics(self) -> dict:
         return {}  # ε only (and the published ε under as_published)
 

@@ -174,10 +174,6 @@ class Trainer:
         """The paper's (unsound) account of the steps taken, under ``privacy.accounting=as_published``."""
         return None
 
-    def reported_noise_multiplier(self) -> float:
-        """``TrainResult.noise_multiplier``: the method's σ (see its module)."""
-        return self.plan.event.noise_multiplier
-
     def final_metrics(self) -> dict:
         """MLflow metrics at the end, besides ε."""
         return {"noise_multiplier": self.event.noise_multiplier, "sample_rate": self.event.sample_rate,
@@ -308,7 +304,7 @@ def finish(trainer: Trainer, run, started: float) -> TrainResult:
     artifacts.write_grid(grid_path, grid)
     result = TrainResult(
         epsilon=eps, delta=p.delta, accountant=trainer.accountant.name, steps=trainer.step,
-        generator_steps=trainer.g_steps, noise_multiplier=trainer.reported_noise_multiplier(),
+        generator_steps=trainer.g_steps, noise_multiplier=trainer.MECHANISM.reported_noise_multiplier(trainer.plan),
         sample_rate=trainer.event.sample_rate,
         stopped_by="steps" if trainer.total_steps == cfg.train.steps else "budget",
         output_dir=str(out), generator_path=str(generator_path), trace_path=str(trace_path), grid_path=str(grid_path),
