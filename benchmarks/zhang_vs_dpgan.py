@@ -77,7 +77,9 @@ def synthetic(generator_path: str, n: int, *, num_classes: int, seed: int):
 
 def run_variant(name: str, args, private, public, workdir: Path) -> dict:
     from dpsynth.methods.dpgan import DPGANTrainer
-    from dpsynth.methods.zhang import ZhangTrainer, load_warm_start, warm_start
+    from dpsynth.methods.warm_starts import warm_start
+    from dpsynth.methods.networks import load_warm_start
+    from dpsynth.methods.zhang import ZhangTrainer
 
     overrides = [
         f"privacy.epsilon={args.epsilon}", f"privacy.delta={args.delta}", f"train.steps={args.steps}",

@@ -495,6 +495,9 @@ class RunConfig:
                  f"the empirical audit supports train.method in {list(audited)}, not "
                  f"{self.train.method!r} (yet); set audit.empirical=off")
         method = self.train.method
+        _require(method != "zhang" or self.train.grad_sample_mode != "ghost_two_pass", "train.grad_sample_mode",
+                 "'ghost_two_pass' cannot differentiate through dp-GAN's gradient penalty; use 'ghost' (or "
+                 "'ew'/'hooks': per-unit gradients by torch.func)")
         dcgan = method in ("dpgan", "zhang") or self.gswgan.generator == "dcgan"  # G is a dcgan.Generator
         _require(self.train.n_d != "adaptive" or method == "dpgan", "train.n_d",
                  f"'adaptive' is DPGAN's policy (Bie et al.); train.method={method!r} takes a number of critic steps "

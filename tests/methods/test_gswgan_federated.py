@@ -375,7 +375,7 @@ def test_the_method_is_wired_into_config_stages_and_airflow():
 
 def test_the_server_records_one_event_per_iteration_of_received_releases():
     from dpsynth.errors import PrivacyError
-    from dpsynth.methods.gswgan_federated import Receipts
+    from dpsynth.mechanisms.generator_gradient import Receipts
 
     trace = MechanismTrace()
     event = gswgan_event(noise_multiplier=2.0, batch_size=2 * 4, num_shards=3)

@@ -14,8 +14,9 @@ from autodp.transformer_zoo import AmplificationBySampling, Composition
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError, DatasetError
 from dpsynth.mechanisms.discriminator import ZHANG
-from dpsynth.methods.zhang import (ZhangTrainer, load_warm_start, per_unit_gradients,
-                                   warm_start)
+from dpsynth.methods.warm_starts import warm_start
+from dpsynth.methods.networks import load_warm_start
+from dpsynth.methods.zhang import ZhangTrainer, per_unit_gradients
 from dpsynth.models.dcgan import Discriminator
 from dpsynth.privacy import MechanismTrace
 from dpsynth.mechanisms import grouping

@@ -55,10 +55,10 @@ def test_the_label_set_is_the_configs_not_the_datas(tmp_path, mnist600, keep, ca
     assert stage("partition", tmp_path / "run", str(path)) == 0  # TINY sets data.num_classes=10
     shards = [o for o in manifest(tmp_path / "run", "sensitive", "partition")["outputs"] if o["role"] == "shard"]
     assert {read_parquet(o["uri"]).num_classes for o in shards} == {10}  # G's embedding: 10 classes either way
-    from dpsynth.methods.gswgan import _image_spec
+    from dpsynth.methods.networks import image_spec
 
     cfg = load_config(overrides=[*TINY, UNSET_CLASSES])
-    assert _image_spec(cfg, read_parquet(shards[0]["uri"]))["num_classes"] == 10
+    assert image_spec(cfg, read_parquet(shards[0]["uri"]))["num_classes"] == 10
 
 
 def test_a_label_outside_the_public_set_is_refused(tmp_path, source, capsys):

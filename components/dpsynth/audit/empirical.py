@@ -447,7 +447,7 @@ def run_audit(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode
     if audited != MechanismTrace([trainer.event.with_count(steps)]):
         raise PrivacyError(f"audit run: {steps} steps audited, but the sanitizer recorded {audited!r}")
     p = cfg.privacy
-    accountant = trainer.ACCOUNTANT or p.accountant
+    accountant = trainer.accountant.name
     accounted = trainer.accountant.epsilon(audited, delta=p.delta)
     each = 1 - (1 - cfg.audit.confidence) / 2  # two attacks: Bonferroni, so the larger bound holds at `confidence`
     attacks = [_attack(kind, white.scores.numpy(), white.included.numpy(), delta=p.delta, confidence=each),

@@ -14,7 +14,7 @@ import hmac
 import numpy as np
 
 from dpsynth.data.dataset import ImageDataset
-from dpsynth.errors import ConfigError
+from dpsynth.errors import ConfigError, DatasetError
 
 HELDOUT = -1
 PUBLIC = -2
@@ -68,3 +68,37 @@ def partition_key(cfg) -> str:
                           "held out; set a secret key of your own for a real population, fixed for that population "
                           f"(the shipped configs set {DEMO_KEY!r}, the bundled MNIST demo's key, which is public)")
     return cfg.partition.key
+
+
+def require_public(cfg, ds: ImageDataset, *, what: str) -> None:
+    """Refuse ``ds`` unless the config declares public data and every record of ``ds`` is public
+    under it (the partition's keyed hash, or the public split): non-private training on it is free
+    only because it is public."""
+    from dpsynth.data.public import declared
+
+    d = cfg.data
+    if not declared(cfg):
+        raise ConfigError(f"data.public_source: {what} trains without privacy and needs public records; "
+                          "declare them with data.public_source (e.g. sklearn:digits) or data.public_split")
+    if len(ds) == 0:
+        raise DatasetError(f"{what}: the public dataset is empty")
+    private = int((~public_mask(ds, cfg)).sum())
+    if private:
+        field = ("data.public_source" if d.public_source is not None else
+                 "data.public_split" if d.public_split is not None else "data.public_fraction")
+        raise DatasetError(f"{field}: {private} of {len(ds)} records given to {what} are not public under this "
+                           "config; refusing to train without privacy on private records")
+
+
+def check_given(cfg, public: ImageDataset, private: ImageDataset) -> ImageDataset:
+    """``public``, once what can be checked of public records a trainer is given beside its private ones is
+    checked (the caller vouches that they are the partition's public output: the key that would let us recompute
+    it is redacted)."""
+    from dpsynth.data.public import declared
+
+    if not declared(cfg):
+        raise ConfigError("data.public_source: public records given, but the config declares none public")
+    overlap = set(public.record_ids) & set(private.record_ids)
+    if overlap:
+        raise DatasetError(f"data.public_fraction: {len(overlap)} public records are also private training records")
+    return public

@@ -70,6 +70,15 @@ class DiscriminatorDPSGD(Mechanism):
         return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=k,
                            published_event=published_event, prefix=prefix.events)
 
+    def published_epsilon(self, cfg: RunConfig, plan: PrivacyPlan, steps: int) -> float | None:
+        """The paper's (unsound) account of ``steps`` steps under as_published (dp-GAN: the plan's published
+        event, by its guard); None otherwise."""
+        from dpsynth.privacy import MechanismTrace
+
+        if plan.published_event is None:
+            return None
+        return plan.guard.spent(MechanismTrace([plan.published_event.with_count(steps)])) if steps else 0.0
+
     def sanitizer(self, cfg: RunConfig, plan: PrivacyPlan, params, *, randomness, trace, module=None
                   ) -> GradientSanitizer:
         """The step's sanitizer over ``params`` (one list, or one list per clip group): σ per group from the

@@ -18,9 +18,12 @@ from dpsynth.mechanisms.mechanism import Mechanism
 
 if TYPE_CHECKING:
     from dpsynth.config import RunConfig
+    from dpsynth.privacy.events import MechanismTrace
     from dpsynth.privacy.plan import PrivacyPlan
 
 ACCOUNTANT = "wor"  # whatever privacy.accountant says: shard sampling needs the without-replacement bound
+PRIVACY_UNIT = ("client: neighbouring datasets differ in one client's entire shard "
+                "(and hence also at record level: in one record)")  # the federated GS-WGAN's
 
 SHARD_STATE_ASSUMPTION = (
     "shard-state assumption: each shard's discriminator D_k trains (non-privately, in the sensitive zone) only "
@@ -67,14 +70,19 @@ class ShardGeneratorGradient(Mechanism):
         """The sanitized releases one iteration folds."""
         return cfg.gswgan.batch_size
 
+    def accountant(self, cfg: RunConfig) -> str:
+        return ACCOUNTANT
+
+    def reported_noise_multiplier(self, plan: PrivacyPlan) -> float:
+        return plan.noise_multiplier  # per-release σ (the trace records the iteration's folded σ/√releases)
+
     def plan(self, cfg: RunConfig, n: int) -> PrivacyPlan:
         """``event`` one iteration (rate 1/K, σ/√releases, without replacement, replace-one); ``noise_multiplier``
         σ, the noise std / C of each sanitized release; under as_published ``published_epsilon`` the authors'
         (unsound) account of ``steps`` iterations."""
         from dpsynth.errors import ConfigError, PrivacyError
         from dpsynth.mechanisms import warmup_releases
-        from dpsynth.privacy import (BudgetGuard, as_published_epsilon, calibrate_noise, check_delta,
-                                     fold_releases, gswgan_event)
+        from dpsynth.privacy import BudgetGuard, calibrate_noise, check_delta, fold_releases, gswgan_event
         from dpsynth.privacy.plan import PrivacyPlan
 
         p, B, T, K = cfg.privacy, self.releases(cfg), cfg.train.steps, cfg.partition.num_shards
@@ -87,8 +95,7 @@ class ShardGeneratorGradient(Mechanism):
             event = gswgan_event(noise_multiplier=sigma, batch_size=B, num_shards=K)
 
             def published(steps: int) -> float:
-                return as_published_epsilon(noise_multiplier=sigma, batch_size=B, num_shards=K, steps=steps,
-                                            delta=p.delta)
+                return self._as_published(cfg, sigma, steps)
 
             lo, hi = 0, T  # largest steps ≤ T with the published ε ≤ target (ε grows with steps)
             if published(T) <= p.epsilon:
@@ -116,6 +123,18 @@ class ShardGeneratorGradient(Mechanism):
                                f"multiplier {sigma:.4g} (B = {B}, K = {K}); raise epsilon or the noise")
         return PrivacyPlan(event=event, steps=steps, guard=guard, noise_multiplier=sigma, releases=B,
                            prefix=prefix.events)
+
+    def published_epsilon(self, cfg: RunConfig, plan: PrivacyPlan, steps: int) -> float | None:
+        """The authors' (unsound) account of ``steps`` iterations under as_published; None otherwise."""
+        if cfg.privacy.accounting != "as_published":
+            return None
+        return self._as_published(cfg, plan.noise_multiplier, steps)
+
+    def _as_published(self, cfg: RunConfig, sigma: float, steps: int) -> float:
+        from dpsynth.privacy import as_published_epsilon
+
+        return as_published_epsilon(noise_multiplier=sigma, batch_size=self.releases(cfg),
+                                    num_shards=cfg.partition.num_shards, steps=steps, delta=cfg.privacy.delta)
 
     def sanitizer(self, cfg: RunConfig, plan: PrivacyPlan, *, randomness, trace):
         """M_{σ,C} on each of an iteration's releases, σ per release from the plan; it records ``plan.event`` (the
@@ -160,9 +179,14 @@ class FederatedGeneratorGradient(ShardGeneratorGradient):
             raise ConfigError("privacy.accounting: federated GS-WGAN has no published account to reproduce here")
         return super().plan(cfg, n)
 
+    def privacy_record(self, cfg: RunConfig) -> dict:
+        """Client-level: the unit is a client's whole shard; δ < 1/K is the client-level reading of δ."""
+        K = cfg.partition.num_shards
+        return {"unit": PRIVACY_UNIT, "clients": K, "delta_below_one_over_clients": cfg.privacy.delta < 1 / K}
+
     def sanitizer(self, cfg: RunConfig, plan: PrivacyPlan, *, randomness, trace):
         raise NotImplementedError("federated GS-WGAN: each client sanitizes on its own rank and the server's "
-                                  "Receipts record the event (dpsynth.methods.gswgan_federated)")
+                                  "Receipts (this module) record the event")
 
     def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
         """Two guarantees: against everyone but the server (the released generator; rate 1/K amplification,
@@ -192,3 +216,26 @@ FEDERATED = FederatedGeneratorGradient(
     sampling="without_replacement", clipped="input_gradients",
     fold="the n_dis·B releases of one iteration's rounds: σ/√(n_dis·B)",
     noise="σ·C per release, added on the client; replace-one sensitivity 2C")
+
+
+class Receipts:
+    """The federated server's accountant hook (:class:`FederatedGeneratorGradient`). The clients sanitize (and draw
+    the noise) in their own processes, so the server, which holds the trace, counts the sanitized releases it
+    receives and, once an iteration's are all in, records the one event that folds them (σ/√(n_dis·B)); an
+    iteration with any other count is refused."""
+
+    def __init__(self, trace: MechanismTrace, event, *, releases: int):
+        self.trace, self.event, self.releases, self.count = trace, event, releases, 0
+
+    def received(self, released):
+        self.count += len(released)
+        return released
+
+    def end_iteration(self) -> None:
+        from dpsynth.errors import PrivacyError
+
+        count, self.count = self.count, 0
+        if count != self.releases:
+            raise PrivacyError(f"federated server: {count} sanitized releases received in one iteration, but its "
+                               f"event folds {self.releases} (n_dis·B); refusing to account for them otherwise")
+        self.trace.record(self.event)

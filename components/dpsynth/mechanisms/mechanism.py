@@ -47,3 +47,15 @@ class Mechanism:
     def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
         """What the (ε, δ) of ``plan`` means (:mod:`dpsynth.privacy.statement`)."""
         raise NotImplementedError
+
+    def reported_noise_multiplier(self, plan: PrivacyPlan) -> float:
+        """The σ a run reports (``TrainResult.noise_multiplier``): its event's (GS-WGAN's: per release)."""
+        return plan.event.noise_multiplier
+
+    def accountant(self, cfg: RunConfig) -> str:
+        """The accountant of its events: ``privacy.accountant`` (GS-WGAN's shard sampling fixes its own)."""
+        return cfg.privacy.accountant
+
+    def privacy_record(self, cfg: RunConfig) -> dict:
+        """What the generator file records of the privacy unit besides the record (the federated client's)."""
+        return {}

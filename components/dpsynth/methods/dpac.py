@@ -26,14 +26,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from dpsynth.methods.gswgan import (
-    GSWGANTrainer,
-    _adam,
-    _init_with_seed,
-    derived_seed,
-    real_batch,
-    warm_start_shard,
-)
+from dpsynth.methods.gswgan import GSWGANTrainer, real_batch
+from dpsynth.methods.networks import gswgan_adam
+from dpsynth.training.seeds import derived_seed, init_with_seed
 from dpsynth.models.gswgan_networks import Classifier
 
 
@@ -56,9 +51,9 @@ class DPACTrainer(GSWGANTrainer):
     def train_classifier(self, k: int) -> Classifier:
         """A fresh C: n_f steps on a fixed class-balanced fake batch, then n_r steps on shard k."""
         cfg, d, B = self.cfg, self.cfg.dpac, self.cfg.gswgan.batch_size
-        C = _init_with_seed(derived_seed(cfg.train.seed, "classifier", self.step),
+        C = init_with_seed(derived_seed(cfg.train.seed, "classifier", self.step),
                             lambda: Classifier(**{**self.spec, "width": d.c_width})).to(self.device)
-        opt = _adam(C.parameters(), lr=d.lr_c, cfg=cfg)
+        opt = gswgan_adam(C.parameters(), lr=d.lr_c, cfg=cfg)
         fake_y = balanced_labels(B, self.num_classes).to(self.device)
         with torch.no_grad():
             z = torch.randn(B, self.G.latent_dim, device=self.device, generator=self.rng)
@@ -74,4 +69,4 @@ class DPACTrainer(GSWGANTrainer):
         return C
 
 
-__all__ = ["DPACTrainer", "balanced_labels", "warm_start_shard"]
+__all__ = ["DPACTrainer", "balanced_labels"]

@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.training import data_parallel, warmup
+from dpsynth.training import checkpoint, data_parallel
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.methods.generator_step import generator_step, non_saturating
 from dpsynth.training.loop import Trainer
-from dpsynth.models.dcgan import Discriminator, Generator
+from dpsynth.methods.networks import dcgan_models
 from dpsynth.mechanisms.discriminator import DPGAN
 from dpsynth.mechanisms.dpsgd import private_module
 from dpsynth.mechanisms.randomness import MechanismRandomness
@@ -45,7 +45,9 @@ class DPGANTrainer(Trainer):
     runs it to the end. One step is one discriminator step (Algorithm 1's n_D counts them per generator step)."""
 
     STEP = "DP discriminator steps"
+    MECHANISM = DPGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.discriminator)
     KEEPS_SNAPSHOTS = True
+    STATE = ("since_g", "G", "D", "opt_g", "opt_d", "rng", "mechanism", checkpoint.TORCH_RNG, "n_d")
     DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.data_parallel)
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(metrics={
         "noise_multiplier": _PLAN, "sample_rate": _PLAN,
@@ -67,11 +69,8 @@ class DPGANTrainer(Trainer):
         self.plan = DPGAN.plan(cfg, self.n)
 
         torch.manual_seed(t.seed)
-        self.G = Generator(num_classes=self.num_classes, channels=channels, image_size=size,
-                           width=t.g_width, latent_dim=t.latent_dim, styles=warmup.style_slots(cfg), warp=t.g_warp,
-                           contrast=t.g_contrast).to(self.device)
-        self.D = Discriminator(num_classes=self.num_classes, channels=channels, image_size=size,
-                               width=t.d_width).to(self.device)
+        G, D = dcgan_models(cfg, num_classes=self.num_classes, image_shape=self.image_shape)
+        self.G, self.D = G.to(self.device), D.to(self.device)
         self.D_private = private_module(self.D, t.grad_sample_mode)
         betas = (t.adam_beta1, t.adam_beta2)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=t.lr_d, betas=betas)
@@ -136,26 +135,6 @@ class DPGANTrainer(Trainer):
         self.since_g = 0
 
     # --- what the loop saves and reports ------------------------------------------------
-    def method_state(self) -> dict:
-        return {"since_g": self.since_g, "G": self.G.state_dict(), "D": self.D.state_dict(),
-                "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
-                "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(),
-                "torch_rng": torch.get_rng_state(), "n_d": self.n_d.state_dict()}
-
-    def load_method_state(self, state: dict) -> None:
-        self.since_g = state["since_g"]
-        self.G.load_state_dict(state["G"])
-        self.D.load_state_dict(state["D"])
-        self.opt_g.load_state_dict(state["opt_g"])
-        self.opt_d.load_state_dict(state["opt_d"])
-        self.rng.set_state(state["rng"])
-        self.mechanism.load_state_dict(state["mechanism"])
-        torch.set_rng_state(state["torch_rng"])
-        self.n_d.load_state_dict(state["n_d"])
-
-    def generator(self) -> tuple[torch.nn.Module, dict]:
-        return self.G, self.G.describe()
-
     def progress(self) -> tuple[dict, dict]:
         ema = self.n_d.ema
         shown = ema if ema is not None else self.last_fake_acc

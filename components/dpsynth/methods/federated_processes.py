@@ -36,9 +36,9 @@ import torch
 
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.errors import ConfigError
+from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.training.result import TrainResult
-from dpsynth.methods.gswgan import _image_spec
+from dpsynth.methods.networks import image_spec
 from dpsynth.methods.gswgan_federated import (
     Client,
     FederatedServer,
@@ -111,9 +111,16 @@ class GlooClients:
             torch.distributed.recv(ack, src=rank)
             self.checkpoint_bytes += 8
 
-    def close(self) -> None:
+    def close(self, steps: int = 0) -> tuple[int, int, int]:
+        """STOP to every client; the bytes per iteration (of ``steps``) to and from the clients, and at the STOP."""
+        sent_before, received_before = self.sent, self.received
         for rank in range(1, torch.distributed.get_world_size()):
             self.sent += self._send(torch.tensor([STOP], dtype=torch.int64), rank)
+        steps = max(steps, 1)
+        to_clients, from_clients = sent_before // steps, received_before // steps
+        if to_clients * steps != sent_before or from_clients * steps != received_before:
+            raise DpsynthError("federated transport: bytes per iteration are not constant; protocol broken")
+        return to_clients, from_clients, self.sent - sent_before
 
     def state_dict(self) -> dict:
         """Every client checkpoints its own state at this round (acknowledged before the server's checkpoint
@@ -188,19 +195,6 @@ def _load(client: Client, checkpoints: Path | None, shard_index: int, round_: in
 # --- the ranks ----------------------------------------------------------------------------------
 
 
-def _spec_from_client_0(spec: dict | None) -> dict:
-    """Client 0's image spec (num_classes, channels, image size) on every rank: the server holds no records."""
-    box = [spec]
-    torch.distributed.broadcast_object_list(box, src=1)
-    return box[0]
-
-
-def _from_server(value):
-    box = [value]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 class FederatedProcesses:
     """What ``train.method=gswgan_federated`` runs (the registry's trainer) on rank 0 of the job: the server.
 
@@ -219,12 +213,11 @@ class FederatedProcesses:
         if ranks.world_size != world_size(cfg) or not ranks.is_main:
             raise ConfigError(f"train.method: {METHOD} runs as rank 0 of a torchrun job of K + 1 = {world_size(cfg)} "
                               "ranks; `dpsynth train --run-dir` in one process starts that job")
-        spec = _spec_from_client_0(None)
-        meta = FederationMeta(spec=spec, n=n, num_clients=cfg.partition.num_shards,
-                              dataset_name=Path(str(cfg.data.uri).rstrip("/")).stem or "dataset")
+        spec = ranks.from_rank(1, None)  # client 0's image spec: the server holds no records
+        meta = FederationMeta(spec=spec, n=n, num_clients=cfg.partition.num_shards)
         self.server = FederatedServer(cfg, GlooClients(spec=spec, batch_size=cfg.gswgan.batch_size), meta=meta,
                                       parent_run_id=parent_run_id, run_tags=run_tags, mechanism_seed=mechanism_seed)
-        _from_server(self.server.plan.noise_multiplier)  # every client sanitizes with the server's plan's σ
+        ranks.from_main(self.server.plan.noise_multiplier)  # every client sanitizes with the server's plan's σ
 
     def train(self, *, stop_after: int | None = None) -> TrainResult | None:
         result = self.server.train(stop_after=stop_after)
@@ -239,8 +232,8 @@ def client_main(cfg: RunConfig, shard: ImageDataset, *, warm: bytes | None,
     ``mechanism_seed``: tests only (the seed of its noise); None: drawn from OS entropy."""
     ranks = distributed.current()
     k = ranks.rank - 1
-    spec = _spec_from_client_0(_image_spec(cfg, shard) if k == 0 else None)
-    sigma = _from_server(None)
+    spec = ranks.from_rank(1, image_spec(cfg, shard) if k == 0 else None)  # client 0's, on every rank
+    sigma = ranks.from_main(None)  # the server's plan's
     client = make_client(cfg, shard.to_tensors(), spec=spec, shard_index=k, warm=warm, mechanism_seed=mechanism_seed)
     return serve(client, spec=spec, batch_size=cfg.gswgan.batch_size, noise_multiplier=sigma,
                  checkpoints=checkpoints, shard_index=k)

@@ -1,92 +1,31 @@
 """GS-WGAN, centralized (Chen, Orekondy & Fritz 2020, supplement Algorithm 1).
 
-Per-shard WGAN-GP critics warm-started non-privately (:func:`warm_start_shard`), then private iterations
-in which only the per-sample gradients ∂ℓ_i/∂G(z_i) are sanitized; the released generator is an
+Per-shard WGAN-GP critics warm-started non-privately (:func:`dpsynth.methods.warm_starts.warm_start_shard`),
+then private iterations in which only the per-sample gradients ∂ℓ_i/∂G(z_i) are sanitized; the released generator is an
 exponential moving average of G's weights. The iteration step by step, and why one iteration is one
 without-replacement event of multiplier σ/√B: docs/privacy.md, "GS-WGAN: the iteration and its account".
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import io
-import json
-import time
 from typing import Callable
 
 import torch
 
-from dpsynth import storage, tracking
+from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.errors import ConfigError
 from dpsynth.grids import class_grid
-from dpsynth.training import data_parallel, warmup
+from dpsynth.training import checkpoint, data_parallel
 from dpsynth.methods import discriminator_steps
-from dpsynth.training.result import TrainResult, resolve_device
-from dpsynth.methods.generator_step import generator_step
 from dpsynth.training.loop import Trainer
-from dpsynth.training.artifacts import build_generator
-from dpsynth.models.gswgan_networks import Discriminator
+from dpsynth.training.seeds import cpu_rng, derived_seed, init_with_seed
+from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_record, gswgan_adam,
+                                      image_spec, make_generator, read_discriminator)
+from dpsynth.models.gswgan_networks import ema_update, frozen, refresh_spectral_norm
 from dpsynth.mechanisms.generator_gradient import ACCOUNTANT, GSWGAN
-from dpsynth.privacy import as_published_epsilon
 from dpsynth.mechanisms.dpsgd import InputGradientSanitizer
 from dpsynth.mechanisms.randomness import MechanismRandomness
-
-DISCRIMINATOR_FORMAT = "dpsynth.gswgan.discriminator/1"
-
-
-# --- seeds, shapes --------------------------------------------------------------------------------
-
-
-def derived_seed(seed: int, *tags) -> int:
-    """A 63-bit seed for one purpose (``tags``), independent of the others drawn from ``seed``."""
-    digest = hashlib.sha256(json.dumps([seed, *tags]).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
-
-
-def _cpu_rng(seed: int, *tags) -> torch.Generator:
-    return torch.Generator().manual_seed(derived_seed(seed, *tags))
-
-
-def _init_with_seed(seed: int, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
-    """Construct a module under a fixed global seed without disturbing the caller's RNG state."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build()
-
-
-def _image_spec(cfg: RunConfig, dataset: ImageDataset) -> dict:
-    height, width, channels = dataset.shape
-    if height != width:
-        raise ConfigError(f"data.uri: GS-WGAN needs square images, got {height}×{width}")
-    return {"num_classes": cfg.data.num_classes or dataset.num_classes, "channels": channels, "image_size": height}
-
-
-def generator_record(cfg: RunConfig, spec: dict) -> dict:
-    """G's class and keywords (the released generator's ``model`` record): the paper's ResNet generator, or
-    with ``gswgan.generator=dcgan`` the DCGAN one (the warm-up's style slots, ``train.g_warp``)."""
-    g = cfg.gswgan
-    kwargs = {**spec, "width": g.g_width, "latent_dim": g.latent_dim}
-    if g.generator == "dcgan":
-        return {"class": "dpsynth.models.dcgan.Generator", **kwargs, "styles": warmup.style_slots(cfg),
-                "warp": cfg.train.g_warp, "contrast": cfg.train.g_contrast}
-    return {"class": "dpsynth.models.gswgan_networks.Generator", **kwargs}
-
-
-def make_generator(cfg: RunConfig, spec: dict) -> torch.nn.Module:
-    """A fresh G (:func:`generator_record`), initialised by the global RNG."""
-    return build_generator(generator_record(cfg, spec))
-
-
-def discriminator_kwargs(cfg: RunConfig, spec: dict) -> dict:
-    return {**spec, "width": cfg.gswgan.d_width}
-
-
-def _adam(params, *, lr: float, cfg: RunConfig) -> torch.optim.Adam:
-    return torch.optim.Adam(params, lr=lr, betas=(cfg.gswgan.adam_beta1, cfg.gswgan.adam_beta2))
-
 
 # --- the pieces of one iteration ------------------------------------------------------------------
 
@@ -165,56 +104,6 @@ def critic_steps(D, opt_d, G, images, labels, *, cfg: RunConfig, data_rng: torch
         opt_d.step()
 
 
-# --- warm start (Algorithm 1, lines 2–10) ---------------------------------------------------------
-
-
-def fresh_discriminator(cfg: RunConfig, spec: dict, *, shard_index: int) -> Discriminator:
-    """D_k's initial weights: a function of train.seed and k only."""
-    kwargs = discriminator_kwargs(cfg, spec)
-    return _init_with_seed(derived_seed(cfg.train.seed, "discriminator", shard_index), lambda: Discriminator(**kwargs))
-
-
-def warm_start_shard(cfg: RunConfig, shard: ImageDataset, *, shard_index: int, out_path: str) -> dict:
-    """Pre-train D_k non-privately on ``shard`` with a throw-away generator; write D_k to ``out_path``.
-
-    ``gswgan.warmstart_iterations`` iterations of n_dis critic steps and one generator step.
-    Deterministic given train.seed and ``shard_index``. The file stays in the sensitive zone.
-    """
-    started = time.monotonic()
-    device = resolve_device(cfg.train.device)
-    spec = _image_spec(cfg, shard)
-    g = cfg.gswgan
-    D = fresh_discriminator(cfg, spec, shard_index=shard_index).to(device)
-    G = _init_with_seed(derived_seed(cfg.train.seed, "warmstart-generator", shard_index),
-                        lambda: make_generator(cfg, spec)).to(device)
-    opt_d, opt_g = _adam(D.parameters(), lr=g.lr_d, cfg=cfg), _adam(G.parameters(), lr=g.lr_g, cfg=cfg)
-    images, labels = (t.to(device) for t in shard.to_tensors())
-    data_rng = _cpu_rng(cfg.train.seed, "warmstart-data", shard_index)
-    rng = torch.Generator(device=device).manual_seed(derived_seed(cfg.train.seed, "warmstart-latent", shard_index))
-    for _ in range(g.warmstart_iterations):
-        critic_steps(D, opt_d, G, images, labels, cfg=cfg, data_rng=data_rng, rng=rng)
-        generator_step(G, D, opt_g, g.batch_size, rng)  # −E[D_k(G(z))]
-    seconds = time.monotonic() - started
-    buf = io.BytesIO()
-    torch.save({"format": DISCRIMINATOR_FORMAT, "shard": shard_index, "iterations": g.warmstart_iterations,
-                "model": discriminator_kwargs(cfg, spec),
-                "state_dict": {k: v.detach().cpu() for k, v in D.state_dict().items()}}, buf)
-    storage.write_bytes(out_path, buf.getvalue())
-    return {"shard": shard_index, "iterations": g.warmstart_iterations, "seconds": seconds,
-            "iterations_per_second": g.warmstart_iterations / seconds if seconds > 0 else None}
-
-
-def read_discriminator(data: bytes, *, expect_kwargs: dict, shard_index: int) -> dict:
-    """The state_dict of a warm-started D_k file, after checking it is one and matches this run."""
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != DISCRIMINATOR_FORMAT:
-        raise ConfigError(f"warmstart: shard {shard_index}'s file is not a GS-WGAN discriminator")
-    if state.get("shard") != shard_index or state.get("model") != expect_kwargs:
-        raise ConfigError(f"warmstart: shard {shard_index}'s discriminator was trained for shard "
-                          f"{state.get('shard')} with {state.get('model')}, this run needs {expect_kwargs}")
-    return state["state_dict"]
-
-
 # --- the trainer --------------------------------------------------------------------------------
 
 
@@ -223,19 +112,15 @@ _PLAN = "the privacy plan: from the configuration, n and K, before any iteration
 
 class GSWGANTrainer(Trainer):
     """Private phase of GS-WGAN on K shards; ``train()`` (:mod:`dpsynth.training.loop`) runs it to the end (or
-    resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases).
-
-    Under torchrun (:mod:`dpsynth.training.data_parallel`) rank r holds the contiguous block ``dist.part(K)`` of
-    the shards, their discriminators and Adam states (``own``); rank 0 draws k, the rank owning shard k runs
-    the critic steps and computes the B gradients, the sanitizer's one all-reduce hands every rank the
-    release, and every rank takes the same generator step."""
+    resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases). Under
+    torchrun each rank holds its block of the shards (``own``) and their D_k (:mod:`dpsynth.training.data_parallel`)."""
 
     method = "gswgan"
     MECHANISM = GSWGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.generator_gradient)
     STEP = "private generator iterations"
-    ACCOUNTANT = ACCOUNTANT
     DATA_PARALLEL = True  # shards and their discriminators spread over torchrun ranks
     SPREAD_STATE = ("d_states", "opt_states")  # {k: D_k's state}, {k: its Adam state}: on the rank owning k
+    STATE = ("method", "G", "G_ema", "opt_g", "d_states", "opt_states", "mechanism", "data_rng", "rng")
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
         params={"derived.release_noise_multiplier": _PLAN, "derived.accountant": "wor (fixed for shard sampling)"})
@@ -246,30 +131,18 @@ class GSWGANTrainer(Trainer):
         """``shards``: the K shards; under torchrun a rank needs only its own (``None`` for the others, and then
         ``records``, n, from the partition's manifest). ``warm``: {k: D_k's warm-start file}, of its own shards
         at least. ``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
-        if len(shards) != cfg.partition.num_shards:
-            raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         super().__init__(cfg, parent_run_id=parent_run_id, run_tags=run_tags)
-        g, seed = cfg.gswgan, cfg.train.seed
+        seed = cfg.train.seed
         self.K = len(shards)
-        if self.K < self.dist.world_size:
-            raise ConfigError(f"partition.num_shards: {self.K} shards cannot be spread over {self.dist.world_size} "
-                              "ranks (every rank holds at least one); use more shards or fewer ranks")
-        self.own = range(*self.dist.part(self.K))  # the shards (and discriminators) this rank holds: all in one process
-        if any(shards[k] is None for k in self.own):
-            raise ConfigError(f"shards: this rank holds shards {self.own.start}..{self.own.stop - 1}, which were not given")
-        self.spec = _image_spec(cfg, shards[self.own.start])
+        # the shards (and D_k) this rank holds (all in one process); every shard's (images, labels) or None
+        self.own, self.shards = data_parallel.spread(self.dist, shards, num_shards=cfg.partition.num_shards,
+                                                     device=self.device)
+        self.spec = image_spec(cfg, shards[self.own.start])
         self.num_classes = self.spec["num_classes"]
         self.n = records if records is not None else sum(len(s) for s in shards)
-        # (images, labels) on the device for this rank's shards; None for those another rank holds
-        self.shards = [tuple(t.to(self.device) for t in shards[k].to_tensors()) if k in self.own else None
-                       for k in range(self.K)]
         self.plan = self.MECHANISM.plan(cfg, self.n)  # K = partition.num_shards, the shards given
 
-        self.G = _init_with_seed(derived_seed(seed, "generator"),
-                                 lambda: make_generator(cfg, self.spec)).to(self.device)
-        self.G_ema = make_generator(cfg, self.spec).to(self.device).requires_grad_(False)
-        self.G_ema.load_state_dict(self.G.state_dict())  # not deepcopy: parametrized classes would be shared
-        self.opt_g = _adam(self.G.parameters(), lr=g.lr_g, cfg=cfg)
+        self._init_generator()
         self.D = fresh_discriminator(cfg, self.spec, shard_index=0).to(self.device)
         # D_k and its Adam state for every shard, on the CPU; D_k is created on first draw when not warm
         kwargs = discriminator_kwargs(cfg, self.spec)
@@ -281,20 +154,28 @@ class GSWGANTrainer(Trainer):
                                              seed=self.dist.mechanism_seed(mechanism_seed))
         # σ per release; records plan.event (the B releases folded: σ/√B) in the trace at every iteration
         self.sanitizer = self.MECHANISM.sanitizer(cfg, self.plan, randomness=self.mechanism, trace=self.trace)
-        self.data_rng = _cpu_rng(seed, "real-batches")
+        self.data_rng = cpu_rng(seed, "real-batches")
         self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
         if self.dist.distributed:
             data_parallel.join(self)
 
+    def _init_generator(self) -> None:
+        """G (from train.seed), its EMA copy G_ema (the released generator) and G's Adam."""
+        self.G = init_with_seed(derived_seed(self.cfg.train.seed, "generator"),
+                                lambda: make_generator(self.cfg, self.spec)).to(self.device)
+        self.G_ema = make_generator(self.cfg, self.spec).to(self.device).requires_grad_(False)
+        self.G_ema.load_state_dict(self.G.state_dict())  # not deepcopy: parametrized classes would be shared
+        self.opt_g = gswgan_adam(self.G.parameters(), lr=self.cfg.gswgan.lr_g, cfg=self.cfg)
+
     # --- the private warm-up (dpsynth.training.warmup), when configured: on the union of the shards ---------
     def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if len(self.own) != self.K:  # refused before the job starts (dpsynth.training.data_parallel.launch)
-            raise ConfigError("warmup.central_images: the private warm-up reads every shard; this rank holds "
-                              f"{len(self.own)} of {self.K}")
-        return torch.cat([x for x, _ in self.shards]), torch.cat([y for _, y in self.shards])
+        return data_parallel.every_record(self.own, self.shards)
 
-    def warmed_up(self) -> None:
-        self.G_ema.load_state_dict(self.G.state_dict())
+    def warm_up(self) -> bool:
+        ran = super().warm_up()
+        if ran:  # G_ema starts at the warm G
+            self.G_ema.load_state_dict(self.G.state_dict())
+        return ran
 
     # --- D_k in and out of the one working discriminator -------------------------------------
     def _load_discriminator(self, k: int) -> torch.optim.Adam:
@@ -302,26 +183,21 @@ class GSWGANTrainer(Trainer):
         if state is None:
             state = fresh_discriminator(self.cfg, self.spec, shard_index=k).state_dict()
         self.D.load_state_dict(state)
-        opt = _adam(self.D.parameters(), lr=self.cfg.gswgan.lr_d, cfg=self.cfg)
+        opt = gswgan_adam(self.D.parameters(), lr=self.cfg.gswgan.lr_d, cfg=self.cfg)
         if k in self.opt_states:
             opt.load_state_dict(self.opt_states[k])
         return opt
 
     def _store_discriminator(self, k: int, opt: torch.optim.Adam) -> None:
         self.d_states[k] = {name: v.detach().to("cpu", copy=True) for name, v in self.D.state_dict().items()}
-        self.opt_states[k] = _cpu_copy(opt.state_dict())
+        self.opt_states[k] = checkpoint.cpu_copy(opt.state_dict())
 
     # --- one private iteration (Algorithm 1, lines 13–20) -------------------------------------
     def train_step(self) -> None:
         self.iteration()
 
-    def owner(self, k: int) -> int:
-        """The rank holding shard k and D_k (0 in one process)."""
-        return self.dist.owner(k, self.K)
-
     def iteration(self) -> None:
-        # k from rank 0's secret coins (the one-process stream), the same on every rank
-        k = self.dist.from_main(self.mechanism.choice(self.K) if self.dist.is_main else None)
+        k = data_parallel.draw_shard(self.dist, self.mechanism, self.K)  # from rank 0's secret coins
         loss = None
         if k in self.own:
             images, labels = self.shards[k]
@@ -329,73 +205,31 @@ class GSWGANTrainer(Trainer):
             critic_steps(self.D, opt_d, self.G, images, labels, cfg=self.cfg, data_rng=self.data_rng, rng=self.rng)
             self._store_discriminator(k, opt_d)
             loss = self.generator_loss(k)
-        if self.dist.distributed:
-            self._as_owner_left(k)
-        self.D.requires_grad_(False).eval()  # eval: spectral norm uses D_k's stored estimate, no update
-        try:
+        data_parallel.hand_on(self.dist, self.dist.owner(k, self.K), [self.data_rng, self.rng], self.G)
+        with frozen(self.D):
             sanitized_generator_step(self.G, self.opt_g, loss, batch_size=self.cfg.gswgan.batch_size,
                                      generator=self.rng, sanitizer=self.sanitizer)  # records the event
-        finally:
-            self.D.requires_grad_(True).train()
         self.step += 1
         self.g_steps += 1
         self._update_ema()
-
-    @torch.no_grad()
-    def _as_owner_left(self, k: int) -> None:
-        """Every rank takes what the owner of shard k changed of the shared state: the batch and latent streams
-        its critic steps (and DPAC's classifier) drew from, and G's buffers (the spectral norms' power-iteration
-        vectors, which G's forward passes in those steps updated)."""
-        data_rng, rng, buffers = self.dist.from_rank(self.owner(k), (
-            self.data_rng.get_state(), self.rng.get_state(), {n: b.cpu() for n, b in self.G.named_buffers()}))
-        self.data_rng.set_state(data_rng)
-        self.rng.set_state(rng)
-        for name, b in self.G.named_buffers():
-            b.copy_(buffers[name])
 
     def generator_loss(self, k: int) -> Callable:
         """ℓ_i(x_i, y_i) for the generator step on shard k: the WGAN loss −D_k(x_i, y_i)."""
         return lambda x, y: -self.D(x, y)
 
-    @torch.no_grad()
     def _update_ema(self) -> None:
-        decay = min(self.cfg.gswgan.ema_decay, (1 + self.step) / (10 + self.step))
-        for p_ema, p in zip(self.G_ema.parameters(), self.G.parameters()):
-            p_ema.lerp_(p, 1 - decay)
-        for b_ema, b in zip(self.G_ema.buffers(), self.G.buffers()):
-            b_ema.copy_(b)
+        ema_update(self.G_ema, self.G, decay=min(self.cfg.gswgan.ema_decay, (1 + self.step) / (10 + self.step)))
 
-    # --- what the loop saves and reports --------------------------------------------------------
-    def method_state(self) -> dict:
-        return {"method": self.method, "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(),
-                "opt_g": self.opt_g.state_dict(), "d_states": self.d_states, "opt_states": self.opt_states,
-                "mechanism": self.mechanism.state_dict(), "data_rng": self.data_rng.get_state(),
-                "rng": self.rng.get_state()}
-
-    def load_method_state(self, state: dict) -> None:
-        self.G.load_state_dict(state["G"])
-        self.G_ema.load_state_dict(state["G_ema"])
-        self.opt_g.load_state_dict(state["opt_g"])
-        self.d_states, self.opt_states = state["d_states"], state["opt_states"]
-        self.mechanism.load_state_dict(state["mechanism"])
-        self.data_rng.set_state(state["data_rng"])
-        self.rng.set_state(state["rng"])
-
+    # --- what the loop reports (its state: STATE) ---------------------------------------------------
     def generator(self) -> tuple[torch.nn.Module, dict]:
         return self.G_ema, generator_record(self.cfg, self.spec)
 
     def grid(self):
-        _refresh_spectral_norm(self.G_ema)
+        refresh_spectral_norm(self.G_ema)
         return class_grid(self.G_ema, num_classes=self.num_classes)
 
     def published_epsilon(self) -> float | None:
-        if self.cfg.privacy.accounting != "as_published":
-            return None
-        return as_published_epsilon(noise_multiplier=self.plan.noise_multiplier, batch_size=self.cfg.gswgan.batch_size,
-                                    num_shards=self.K, steps=self.step, delta=self.cfg.privacy.delta)
-
-    def reported_noise_multiplier(self) -> float:
-        return self.plan.noise_multiplier  # per-release σ (the trace records σ/√B: details)
+        return self.MECHANISM.published_epsilon(self.cfg, self.plan, self.step)
 
     def final_metrics(self) -> dict:
         return {}  # ε only (and the published ε under as_published)
@@ -408,32 +242,4 @@ class GSWGANTrainer(Trainer):
                 "accountant": ACCOUNTANT}
 
 
-def _cpu_copy(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_cpu_copy(v) for v in obj]
-    return copy.deepcopy(obj)
-
-
-@torch.no_grad()
-def _refresh_spectral_norm(G: torch.nn.Module, iterations: int = 10) -> None:
-    """Re-estimate the spectral norms of the EMA weights by power iteration (no data involved)."""
-    was_training = G.training
-    G.train()
-    z = torch.zeros(1, G.latent_dim, device=next(G.parameters()).device)
-    y = torch.zeros(1, dtype=torch.long, device=z.device)
-    for _ in range(iterations):
-        G(z, y)
-    G.train(was_training)
-
-
-__all__ = [
-    "GSWGANTrainer",
-    "TrainResult",
-    "critic_loss",
-    "sanitized_generator_step",
-    "warm_start_shard",
-]
+__all__ = ["GSWGANTrainer", "critic_loss", "sanitized_generator_step"]

@@ -11,41 +11,26 @@ releases), against whom it holds, and the client-level guarantee: docs/privacy.m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.errors import ConfigError, DpsynthError, PrivacyError
+from dpsynth.errors import ConfigError
 from dpsynth.methods import discriminator_steps
+from dpsynth.training import checkpoint
 from dpsynth.training.result import resolve_device
 from dpsynth.training.loop import Trainer
-from dpsynth.methods.gswgan import (
-    GSWGANTrainer,
-    _adam,
-    _cpu_copy,
-    _cpu_rng,
-    _image_spec,
-    _init_with_seed,
-    critic_loss,
-    derived_seed,
-    discriminator_kwargs,
-    fresh_discriminator,
-    make_generator,
-    read_discriminator,
-    real_batch,
-)
-from dpsynth.mechanisms.generator_gradient import FEDERATED
-from dpsynth.privacy import MechanismTrace
+from dpsynth.training.seeds import cpu_rng, derived_seed
+from dpsynth.methods.gswgan import GSWGANTrainer, critic_loss, real_batch
+from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, gswgan_adam, image_spec,
+                                      read_discriminator)
+from dpsynth.mechanisms.generator_gradient import FEDERATED, Receipts
 from dpsynth.mechanisms import distributed
+from dpsynth.models.gswgan_networks import frozen
 from dpsynth.mechanisms.dpsgd import sanitize
 from dpsynth.mechanisms.randomness import MechanismRandomness, secret_seed
-
-PRIVACY_UNIT = ("client: neighbouring datasets differ in one client's entire shard "
-                "(and hence also at record level: in one record)")
-
 
 # --- the client -------------------------------------------------------------------------------
 
@@ -73,32 +58,24 @@ class Client:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        self.D.requires_grad_(False).eval()
-        try:
+        with frozen(self.D):
             x = fake_x.detach().requires_grad_(True)
             (grads,) = torch.autograd.grad(-self.D(x, fake_y).sum(), x)
-        finally:
-            self.D.requires_grad_(True).train()
         return sanitize(grads, clip_norm=self.cfg.privacy.max_grad_norm, noise_multiplier=noise_multiplier,
                         randomness=self.randomness)
 
+    STATE = ("D", "opt", "data_rng", "rng", "randomness")  # its own checkpoint (on its own rank)
+
     def state_dict(self) -> dict:
-        return {"D": _cpu_copy(self.D.state_dict()), "opt": _cpu_copy(self.opt.state_dict()),
-                "data_rng": self.data_rng.get_state(), "rng": self.rng.get_state(),
-                "randomness": self.randomness.state_dict()}
+        return checkpoint.cpu_copy(checkpoint.capture(self, self.STATE))
 
     def load_state_dict(self, state: dict) -> None:
-        self.D.load_state_dict(state["D"])
-        self.opt.load_state_dict(state["opt"])
-        self.data_rng.set_state(state["data_rng"])
-        self.rng.set_state(state["rng"])
-        self.randomness.load_state_dict(state["randomness"])
+        checkpoint.restore(self, self.STATE, state)
 
 
 def mechanism_seeds(master: int | None, num_clients: int) -> tuple[int, list[int]]:
-    """The secret seeds of the server's client choice and of each client's noise, from one master seed
-    (None: a fresh :func:`~dpsynth.mechanisms.randomness.secret_seed`): the in-process reference's, and the tests'
-    replay of the torchrun job's ranks (whose every rank otherwise draws its own); nothing logs or stores it."""
+    """The secret seeds of the server's client choice and of each client's noise, from one master seed (None: a fresh
+    secret_seed): the in-process reference's, and the tests' replay of the job's ranks; nothing logs or stores it."""
     master = secret_seed() if master is None else master
     return derived_seed(master, "client-choice"), [derived_seed(master, "client-noise", k) for k in range(num_clients)]
 
@@ -113,8 +90,8 @@ def make_client(cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], *, spe
         D.load_state_dict(read_discriminator(warm, expect_kwargs=discriminator_kwargs(cfg, spec),
                                              shard_index=shard_index))
     seed = cfg.train.seed
-    return Client(cfg, tuple(t.to(device) for t in shard), D, _adam(D.parameters(), lr=cfg.gswgan.lr_d, cfg=cfg),
-                  data_rng=_cpu_rng(seed, "client-real-batches", shard_index),
+    return Client(cfg, tuple(t.to(device) for t in shard), D, gswgan_adam(D.parameters(), lr=cfg.gswgan.lr_d, cfg=cfg),
+                  data_rng=cpu_rng(seed, "client-real-batches", shard_index),
                   rng=torch.Generator(device=device).manual_seed(derived_seed(seed, "client-critic", shard_index)),
                   randomness=MechanismRandomness(device=device, secure_mode=cfg.privacy.secure_mode,
                                                  seed=mechanism_seed))
@@ -130,13 +107,10 @@ class FederationMeta:
     spec: dict  # num_classes, channels, image_size
     n: int  # total records (for δ < 1/n and the plan)
     num_clients: int
-    dataset_name: str
 
 
 def federation_meta(cfg: RunConfig, shards: list[ImageDataset]) -> FederationMeta:
-    return FederationMeta(
-        spec=_image_spec(cfg, shards[0]), n=sum(len(s) for s in shards), num_clients=len(shards),
-        dataset_name=Path(str(cfg.data.uri).rstrip("/")).stem or "dataset")
+    return FederationMeta(spec=image_spec(cfg, shards[0]), n=sum(len(s) for s in shards), num_clients=len(shards))
 
 
 def message_bytes(cfg: RunConfig, spec: dict) -> dict:
@@ -156,14 +130,16 @@ class InProcessClients:
 
     transport = "in_process"
 
-    def __init__(self, clients: list[Client], *, noise_multiplier: float):
-        self.clients, self.noise_multiplier = clients, noise_multiplier
+    def __init__(self, clients: list[Client], *, noise_multiplier: float, moved: dict):
+        """``moved``: what the gloo transport would move (:func:`message_bytes`)."""
+        self.clients, self.noise_multiplier, self.moved = clients, noise_multiplier, moved
 
     def ask(self, k: int, fake_x: torch.Tensor, fake_y: torch.Tensor) -> torch.Tensor:
         return self.clients[k].update(fake_x, fake_y, noise_multiplier=self.noise_multiplier)
 
-    def close(self) -> None:
-        pass
+    def close(self, steps: int = 0) -> tuple[int, int, int]:
+        """Bytes per iteration to and from the clients, and at the end (the K STOP messages)."""
+        return self.moved["to_clients"], self.moved["from_clients"], 8 * len(self.clients)
 
     def state_dict(self) -> dict:
         return {"clients": [c.state_dict() for c in self.clients]}
@@ -176,27 +152,8 @@ class InProcessClients:
 # --- the server --------------------------------------------------------------------------------
 
 
-class Receipts:
-    """The server's accountant hook. The clients sanitize (and draw the noise) in their own processes, so the
-    server, which holds the trace, counts the sanitized releases it receives and, once an iteration's are all
-    in, records the one event that folds them (σ/√(n_dis·B)); an iteration with any other count is refused."""
-
-    def __init__(self, trace: MechanismTrace, event, *, releases: int):
-        self.trace, self.event, self.releases, self.count = trace, event, releases, 0
-
-    def received(self, released: torch.Tensor) -> torch.Tensor:
-        self.count += len(released)
-        return released
-
-    def end_iteration(self) -> None:
-        count, self.count = self.count, 0
-        if count != self.releases:
-            raise PrivacyError(f"federated server: {count} sanitized releases received in one iteration, but its "
-                               f"event folds {self.releases} (n_dis·B); refusing to account for them otherwise")
-        self.trace.record(self.event)
-
-
 _PROTOCOL = "bytes of the protocol's messages: from shapes (config) alone"
+_BYTES = ("bytes_per_iteration_to_clients", "bytes_per_iteration_from_clients", "bytes_per_iteration")
 
 
 class FederatedServer(GSWGANTrainer):
@@ -205,15 +162,13 @@ class FederatedServer(GSWGANTrainer):
     method = "gswgan_federated"
     MECHANISM = FEDERATED  # the n_dis·B releases of an iteration folded (dpsynth.mechanisms.generator_gradient)
     DATA_PARALLEL = False  # its ranks have roles (server, clients) in a process group of its own: dpsynth.methods.federated_processes
-    SPREAD_STATE = ()
+    STATE = ("method", "G", "G_ema", "opt_g", "mechanism", "rng", "clients")
     MLFLOW_KEYS = GSWGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
-        metrics={k: _PROTOCOL for k in ("bytes_per_iteration_to_clients", "bytes_per_iteration_from_clients",
-                                        "bytes_per_iteration")},
+        metrics={k: _PROTOCOL for k in _BYTES},
         params={"derived.privacy_unit": "client (fixed)", "derived.clients": "K (configuration)",
                 "derived.transport": "the transport's name",
                 "derived.delta_below_one_over_clients": "δ < 1/K, from the configuration",
-                **{f"derived.{k}": _PROTOCOL for k in ("bytes_per_iteration_to_clients",
-                                                        "bytes_per_iteration_from_clients", "bytes_per_iteration")}})
+                **{f"derived.{k}": _PROTOCOL for k in _BYTES}})
 
     def __init__(self, cfg: RunConfig, clients, *, meta: FederationMeta, parent_run_id: str | None = None,
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
@@ -221,16 +176,11 @@ class FederatedServer(GSWGANTrainer):
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {meta.num_clients} clients")
         Trainer.__init__(self, cfg, parent_run_id=parent_run_id, run_tags=run_tags)
         self.clients = clients
-        g, seed = cfg.gswgan, cfg.train.seed
+        seed = cfg.train.seed
         self.spec, self.num_classes = meta.spec, meta.spec["num_classes"]
         self.K, self.n = meta.num_clients, meta.n
-        self.dataset_name = meta.dataset_name
         self.plan = FEDERATED.plan(cfg, self.n)  # K = partition.num_shards clients
-        self.G = _init_with_seed(derived_seed(seed, "generator"),
-                                 lambda: make_generator(cfg, self.spec)).to(self.device)
-        self.G_ema = make_generator(cfg, self.spec).to(self.device).requires_grad_(False)
-        self.G_ema.load_state_dict(self.G.state_dict())
-        self.opt_g = _adam(self.G.parameters(), lr=g.lr_g, cfg=cfg)
+        self._init_generator()  # G, G_ema and G's Adam, as GS-WGAN's
         self.D = fresh_discriminator(cfg, self.spec, shard_index=0)  # architecture only: logs its parameter count
         # the secret client choice k ~ U[0, K) (never train.seed, never logged)
         self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
@@ -255,43 +205,14 @@ class FederatedServer(GSWGANTrainer):
         self.g_steps += 1
         self._update_ema()
 
-    def privacy_record(self) -> dict:
-        delta = self.cfg.privacy.delta
-        return {"unit": PRIVACY_UNIT, "clients": self.K, "delta_below_one_over_clients": delta < 1 / self.K}
-
-    def method_state(self) -> dict:
-        return {"method": self.method, "G": self.G.state_dict(), "G_ema": self.G_ema.state_dict(),
-                "opt_g": self.opt_g.state_dict(), "mechanism": self.mechanism.state_dict(),
-                "rng": self.rng.get_state(), "clients": self.clients.state_dict()}
-
-    def load_method_state(self, state: dict) -> None:
-        self.G.load_state_dict(state["G"])
-        self.G_ema.load_state_dict(state["G_ema"])
-        self.opt_g.load_state_dict(state["opt_g"])
-        self.mechanism.load_state_dict(state["mechanism"])
-        self.rng.set_state(state["rng"])
-        self.clients.load_state_dict(state["clients"])
-
     def details(self) -> dict:
-        """GS-WGAN's details and the federation's: privacy_unit, clients, delta_below_one_over_clients
-        (client-level reading of δ; the audit checks δ < 1/n), transport, bytes per iteration to / from the
-        clients (control messages included) and in all, and bytes_at_stop (the K STOP messages at the end).
-        Closes the transport: STOP to every client, not part of any iteration."""
-        sent_before, received_before = getattr(self.clients, "sent", 0), getattr(self.clients, "received", 0)
-        self.clients.close()
-        bytes_at_stop = getattr(self.clients, "sent", 0) - sent_before
-        if hasattr(self.clients, "sent"):  # measured
-            steps = max(self.step, 1)
-            to_clients, from_clients = sent_before // steps, received_before // steps
-            if to_clients * steps != sent_before or from_clients * steps != received_before:
-                raise DpsynthError("federated transport: bytes per iteration are not constant; protocol broken")
-        else:  # in-process: what the gloo transport would move
-            moved = message_bytes(self.cfg, self.spec)
-            to_clients, from_clients, bytes_at_stop = moved["to_clients"], moved["from_clients"], 8 * self.K
-        delta = self.cfg.privacy.delta
+        """GS-WGAN's details and the federation's: privacy_unit, clients, delta_below_one_over_clients (client-level
+        reading of δ; the audit checks δ < 1/n), transport, bytes per iteration to / from the clients (control
+        messages included) and in all, and bytes_at_stop. Closes the transport: STOP to every client."""
+        to_clients, from_clients, bytes_at_stop = self.clients.close(self.step)
         self._federation = {"privacy_unit": "client", "clients": self.K,
-                            "delta_below_one_over_clients": delta < 1 / self.K, "transport": self.clients.transport,
-                            "bytes_per_iteration_to_clients": to_clients,
+                            "delta_below_one_over_clients": self.cfg.privacy.delta < 1 / self.K,
+                            "transport": self.clients.transport, "bytes_per_iteration_to_clients": to_clients,
                             "bytes_per_iteration_from_clients": from_clients,
                             "bytes_per_iteration": to_clients + from_clients}
         return {**super().details(), **self._federation, "bytes_at_stop": bytes_at_stop}
@@ -300,7 +221,7 @@ class FederatedServer(GSWGANTrainer):
         return self._federation
 
     def final_metrics(self) -> dict:
-        return {k: v for k, v in self._federation.items() if k.startswith("bytes_per_iteration")}
+        return {k: self._federation[k] for k in _BYTES}
 
 
 class FederatedGSWGANTrainer(FederatedServer):
@@ -309,25 +230,13 @@ class FederatedGSWGANTrainer(FederatedServer):
     def __init__(self, cfg: RunConfig, shards: list[ImageDataset], *, warm: dict[int, bytes] | None = None,
                  mechanism_seed: int | None = None, **kwargs):
         """``mechanism_seed``: tests only (the multi-process run given the same one must match bit for bit)."""
-        if len(shards) != cfg.partition.num_shards:
-            raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {len(shards)} shards were given")
         meta = federation_meta(cfg, shards)
         sigma = FEDERATED.plan(cfg, meta.n).noise_multiplier
         choice_seed, client_seeds = mechanism_seeds(mechanism_seed, len(shards))
         clients = [make_client(cfg, s.to_tensors(), spec=meta.spec, shard_index=k, warm=(warm or {}).get(k),
                                mechanism_seed=client_seeds[k]) for k, s in enumerate(shards)]
-        super().__init__(cfg, InProcessClients(clients, noise_multiplier=sigma), meta=meta,
-                         mechanism_seed=choice_seed, **kwargs)
+        super().__init__(cfg, InProcessClients(clients, noise_multiplier=sigma, moved=message_bytes(cfg, meta.spec)),
+                         meta=meta, mechanism_seed=choice_seed, **kwargs)
 
 
-__all__ = [
-    "Client",
-    "FederatedGSWGANTrainer",
-    "FederatedServer",
-    "InProcessClients",
-    "Receipts",
-    "federation_meta",
-    "make_client",
-    "mechanism_seeds",
-    "message_bytes",
-]
+__all__ = ["Client", "FederatedGSWGANTrainer", "FederatedServer", "federation_meta", "make_client", "mechanism_seeds"]

@@ -89,12 +89,12 @@ def _federated() -> type:
 
 
 def _shard_warm_start() -> Callable:
-    from dpsynth.methods.gswgan import warm_start_shard
+    from dpsynth.methods.warm_starts import warm_start_shard
     return warm_start_shard
 
 
 def _public_warm_start() -> Callable:
-    from dpsynth.methods.zhang import warm_start
+    from dpsynth.methods.warm_starts import warm_start
     return warm_start
 
 

@@ -1,7 +1,7 @@
 """dp-GAN, as in Zhang, Ji & Wang, "Differentially Private Releasing via Deep Generative Model" (Algorithm 3).
 
 A conditional WGAN-GP whose critic D is trained with DP-SGD (per-unit gradients clipped group by group); the
-generator touches the data only through D. Its warm start (:func:`warm_start`) uses public records only.
+generator touches the data only through D. Its warm start (:func:`dpsynth.methods.warm_starts.warm_start`) uses public records only.
 What one unit is and why its latents are the mechanism's coins, the groups and bounds, and the account
 (one Poisson event of multiplier σ/√k per step; ``as_published``): docs/privacy.md,
 "dp-GAN (Zhang et al.): the critic step and its account".
@@ -9,67 +9,28 @@ What one unit is and why its latents are the mechanism's coins, the groups and b
 
 from __future__ import annotations
 
-import io
 import math
-import time
 
 import torch
 from torch.func import functional_call, grad, vmap
 
-from dpsynth import storage, tracking
+from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.data.public import declared as public_declared
-from dpsynth.errors import ConfigError, DatasetError, PrivacyError
+from dpsynth.data import assignment
+from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.mechanisms.discriminator import ZHANG
-from dpsynth.training import data_parallel, warmup
+from dpsynth.training import checkpoint, data_parallel
 from dpsynth.methods import discriminator_steps
-from dpsynth.training.result import resolve_device
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.generator_step import generator_step
 from dpsynth.training.loop import Trainer
-from dpsynth.models.dcgan import Discriminator, Generator
-from dpsynth.privacy import MechanismTrace
+from dpsynth.methods.networks import dcgan_models, load_warm_models
 from dpsynth.mechanisms import grouping
 from dpsynth.mechanisms.ghost import GhostClipping
 from dpsynth.mechanisms.randomness import MechanismRandomness
 
-WARM_START_FORMAT = "dpsynth.zhang_warm_start/1"
-
-
-# --- public data ---------------------------------------------------------------------------------
-
-
-def require_public(cfg: RunConfig, ds: ImageDataset, *, what: str) -> None:
-    """Refuse ``ds`` unless the config declares public data and every record of ``ds`` is public
-    under it (the partition's keyed hash, or the public split): non-private training on it is free
-    only because it is public."""
-    from dpsynth.data.assignment import public_mask
-
-    d = cfg.data
-    if not public_declared(cfg):
-        raise ConfigError(f"data.public_source: {what} trains without privacy and needs public records; "
-                          "declare them with data.public_source (e.g. sklearn:digits) or data.public_split")
-    if len(ds) == 0:
-        raise DatasetError(f"{what}: the public dataset is empty")
-    private = int((~public_mask(ds, cfg)).sum())
-    if private:
-        field = ("data.public_source" if d.public_source is not None else
-                 "data.public_split" if d.public_split is not None else "data.public_fraction")
-        raise DatasetError(f"{field}: {private} of {len(ds)} records given to {what} are not public under this "
-                           "config; refusing to train without privacy on private records")
-
-
 # --- the WGAN-GP losses ----------------------------------------------------------------------------
-
-
-def build_models(cfg: RunConfig, *, num_classes: int, image_shape: tuple[int, int, int]):
-    channels, size, _ = image_shape
-    t = cfg.train
-    G = Generator(num_classes=num_classes, channels=channels, image_size=size, width=t.g_width, latent_dim=t.latent_dim,
-                  styles=warmup.style_slots(cfg), warp=t.g_warp, contrast=t.g_contrast)
-    D = Discriminator(num_classes=num_classes, channels=channels, image_size=size, width=t.d_width)
-    return G, D
 
 
 def unit_losses(D, real, fake, y, rho, *, gp_weight: float) -> torch.Tensor:
@@ -109,57 +70,6 @@ def per_unit_gradients(D, real, fake, y, rho, *, gp_weight: float, chunk: int | 
     return {k: torch.cat([p[k] for p in parts]) for k in params}
 
 
-# --- warm start (Alg. 3 line 1) --------------------------------------------------------------------
-
-
-def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
-    """Train G and D as a regular WGAN-GP on ``public`` (no privacy, so public records only) for
-    ``zhang.warm_start_iterations`` generator iterations; write both to the local file ``out_path``."""
-    require_public(cfg, public, what="warm start")
-    z, t = cfg.zhang, cfg.train
-    started = time.monotonic()
-    device = resolve_device(t.device)
-    num_classes = cfg.data.num_classes or public.num_classes
-    images, labels = (a.to(device) for a in public.to_tensors())
-    image_shape = tuple(images.shape[1:])
-    torch.manual_seed(t.seed)
-    G, D = build_models(cfg, num_classes=num_classes, image_shape=image_shape)
-    G, D = G.to(device), D.to(device)
-    rng = torch.Generator(device=device).manual_seed(t.seed + 1)
-    betas = (z.adam_beta1, z.adam_beta2)
-    opt_d = torch.optim.Adam(D.parameters(), lr=z.lr, betas=betas)
-    opt_g = torch.optim.Adam(G.parameters(), lr=z.lr, betas=betas)
-    m, n_critic = min(t.batch_size, len(public)), discriminator_steps.n_d(cfg)
-    for _ in range(z.warm_start_iterations):
-        for _ in range(n_critic):
-            idx = torch.randperm(len(public), device=device, generator=rng)[:m]
-            real, y = images[idx], labels[idx]
-            with torch.no_grad():
-                fake, _ = G.sample(m, labels=y, generator=rng)
-            rho = torch.rand(m, device=device, generator=rng)
-            loss_d = wgan_gp_loss(D, real, fake, y, rho, gp_weight=z.gp_weight)
-            opt_d.zero_grad(set_to_none=True)
-            loss_d.backward()
-            opt_d.step()
-        generator_step(G, D, opt_g, m, rng)
-    state = {"format": WARM_START_FORMAT, "G": G.state_dict(), "D": D.state_dict(),
-             "model": {"num_classes": num_classes, "image_shape": list(image_shape), "g_width": t.g_width,
-                       "d_width": t.d_width, "latent_dim": t.latent_dim},
-             "iterations": z.warm_start_iterations, "public_records": len(public)}
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    storage.write_bytes(out_path, buf.getvalue())
-    return {"iterations": z.warm_start_iterations, "public_records": len(public), "critic_steps_per_iteration": n_critic,
-            "seconds": time.monotonic() - started}
-
-
-def load_warm_start(data: bytes) -> dict:
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    if not isinstance(state, dict) or state.get("format") != WARM_START_FORMAT:
-        raise ConfigError(f"train.method: the warm start file is not a {WARM_START_FORMAT!r} file")
-    return state
-
-
 # --- the private trainer ---------------------------------------------------------------------------
 
 
@@ -168,9 +78,10 @@ class ZhangTrainer(Trainer):
     the end. One step is one critic step (the paper's n_critic counts them per generator step)."""
 
     STEP = "DP critic steps"
+    MECHANISM = ZHANG  # its plan, statement and sanitizer (dpsynth.mechanisms.discriminator)
+    STATE = ("since_g", "G", "D", "opt_g", "opt_d", "rng", "mechanism", "public_rng", checkpoint.TORCH_RNG)
     DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.data_parallel)
 
-    # what its MLflow run holds (the train stage's allow-list, checked by the audit)
     MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the paper's account of the steps taken (from the plan)"},
         params={"derived.num_groups": "k, from the critic's architecture and the config",
@@ -188,34 +99,20 @@ class ZhangTrainer(Trainer):
         self.n = len(dataset)
         self.image_shape = tuple(self.images.shape[1:])
 
-        needs_public = z.adaptive_clipping or z.grouping == "clustering"
-        if public is not None:
-            # The caller vouches that ``public`` is the partition's public output (the stage reads it from the
-            # partition manifest; the key that would let us recompute it is redacted here); we check what we can.
-            if not public_declared(cfg):
-                raise ConfigError("data.public_source: public records given, but the config declares none public")
-            overlap = set(public.record_ids) & set(dataset.record_ids)
-            if overlap:
-                raise DatasetError(f"data.public_fraction: {len(overlap)} public records are also private training records")
-            pub_x, pub_y = public.to_tensors()
-            self.public_images, self.public_labels = pub_x.to(self.device), pub_y.to(self.device)
-        elif needs_public:
+        if public is None and (z.adaptive_clipping or z.grouping == "clustering"):
             field = "zhang.adaptive_clipping" if z.adaptive_clipping else "zhang.grouping"
             raise ConfigError(f"{field}: needs public data (data.public_source, e.g. sklearn:digits); "
                               "or set zhang.adaptive_clipping=false and a grouping other than 'clustering'")
-        else:
-            self.public_images = self.public_labels = None
+        # the partition's public output (the stage reads it from its manifest), checked against the private records
+        self.public_images, self.public_labels = (None, None) if public is None else (
+            x.to(self.device) for x in assignment.check_given(cfg, public, dataset).to_tensors())
 
         torch.manual_seed(t.seed)
-        self.G, self.D = build_models(cfg, num_classes=self.num_classes, image_shape=self.image_shape)
+        self.G, self.D = dcgan_models(cfg, num_classes=self.num_classes, image_shape=self.image_shape)
         self.warm_started = warm_start_state is not None
-        if warm_start_state is not None:
-            expected = {"num_classes": self.num_classes, "image_shape": list(self.image_shape), "g_width": t.g_width,
-                        "d_width": t.d_width, "latent_dim": t.latent_dim}
-            if warm_start_state.get("model") != expected:
-                raise ConfigError(f"train: the warm start was trained for {warm_start_state.get('model')}, not {expected}")
-            self.G.load_state_dict(warm_start_state["G"])
-            self.D.load_state_dict(warm_start_state["D"])
+        if warm_start_state is not None:  # G and D trained on the public records (checked against this run's)
+            load_warm_models(cfg, warm_start_state, self.G, self.D, num_classes=self.num_classes,
+                             image_shape=self.image_shape)
         self.G, self.D = self.G.to(self.device), self.D.to(self.device)
         self.names = [n for n, _ in self.D.named_parameters()]
         self.params = dict(self.D.named_parameters())
@@ -237,10 +134,7 @@ class ZhangTrainer(Trainer):
                   if z.grouping == "clustering" else grouping.fixed_groups(self.names, strategy=z.grouping))
         # ghost clipping (train.grad_sample_mode "ghost": norms through the penalty's second-order uses too),
         # else per-unit gradients instantiated with torch.func (per_unit_gradients)
-        self.D_private = None
-        if t.grad_sample_mode == "ghost_two_pass":
-            raise ConfigError("train.grad_sample_mode: 'ghost_two_pass' cannot differentiate through the gradient "
-                              "penalty; use 'ghost' (or 'ew'/'hooks': per-unit gradients by torch.func)")
+        self.D_private = None  # ('ghost_two_pass' is refused by the configuration)
         if t.grad_sample_mode == "ghost":
             self.D_private = GhostClipping(self.D, strategy="bookkeeping", second_order=True)
             self.D_private.disable_hooks()  # recording only inside the critic step
@@ -331,36 +225,15 @@ class ZhangTrainer(Trainer):
 
     # --- what the loop saves and reports ----------------------------------------------------------
     def method_state(self) -> dict:
-        return {"since_g": self.since_g, "groups": self.group_names, "bounds": list(self.sanitizer.bounds),
-                "G": self.G.state_dict(), "D": self.D.state_dict(),
-                "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
-                "rng": self.rng.get_state(), "mechanism": self.mechanism.state_dict(),
-                "public_rng": self.public_rng.get_state(), "torch_rng": torch.get_rng_state()}
+        return {"groups": self.group_names, "bounds": list(self.sanitizer.bounds), **super().method_state()}
 
     def load_method_state(self, state: dict) -> None:
-        self.since_g = state["since_g"]
-        self.G.load_state_dict(state["G"])
-        self.D.load_state_dict(state["D"])
-        self.opt_g.load_state_dict(state["opt_g"])
-        self.opt_d.load_state_dict(state["opt_d"])
+        super().load_method_state(state)
         self.group_names = [list(g) for g in state["groups"]]
         self.sanitizer.regroup([[self.params[nm] for nm in g] for g in self.group_names], state["bounds"])
-        self.rng.set_state(state["rng"])
-        self.mechanism.load_state_dict(state["mechanism"])
-        self.public_rng.set_state(state["public_rng"])
-        torch.set_rng_state(state["torch_rng"])
 
     def published_epsilon(self) -> float | None:
-        """The paper's account of the steps taken (unsound; as_published mode only)."""
-        if self.plan.published_event is None:
-            return None
-        if not self.trace.steps:
-            return 0.0
-        published = MechanismTrace([self.plan.published_event.with_count(self.trace.steps)])
-        return self.plan.guard.spent(published)
-
-    def generator(self) -> tuple[torch.nn.Module, dict]:
-        return self.G, self.G.describe()
+        return ZHANG.published_epsilon(self.cfg, self.plan, self.trace.steps)  # as_published mode only
 
     def progress(self) -> tuple[dict, dict]:
         metrics = {"generator_steps": self.g_steps}

@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -128,3 +130,35 @@ def without_spectral_norm(G: Generator) -> Generator:
 
 def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+@torch.no_grad()
+def refresh_spectral_norm(G: torch.nn.Module, iterations: int = 10) -> None:
+    """Re-estimate the spectral norms of G's weights (e.g. an EMA copy's) by power iteration (no data involved)."""
+    was_training = G.training
+    G.train()
+    z = torch.zeros(1, G.latent_dim, device=next(G.parameters()).device)
+    y = torch.zeros(1, dtype=torch.long, device=z.device)
+    for _ in range(iterations):
+        G(z, y)
+    G.train(was_training)
+
+
+@torch.no_grad()
+def ema_update(ema: nn.Module, model: nn.Module, *, decay: float) -> None:
+    """``ema`` ← decay·``ema`` + (1 − decay)·``model``, parameter by parameter; its buffers copied from ``model``."""
+    for p_ema, p in zip(ema.parameters(), model.parameters()):
+        p_ema.lerp_(p, 1 - decay)
+    for b_ema, b in zip(ema.buffers(), model.buffers()):
+        b_ema.copy_(b)
+
+
+@contextlib.contextmanager
+def frozen(D: nn.Module):
+    """``D`` without parameter gradients and in eval mode (spectral norm uses its stored estimate, no update)
+    inside; trainable again after."""
+    D.requires_grad_(False).eval()
+    try:
+        yield D
+    finally:
+        D.requires_grad_(True).train()

@@ -195,7 +195,7 @@ def summary(ctx: protocol.StageContext, outcomes: dict[str, protocol.Outcome] | 
     return {"pipeline_run_id": ctx.pipeline_run_id, "parent_run_id": ctx.parent_run_id, "run_dir": ctx.run_dir,
             "succeeded": all(r["status"] in ("succeeded", "skipped") for r in rows),
             "epsilon_total": sum(r["epsilon"] or 0.0 for r in rows), "delta": ctx.cfg.privacy.delta, "audit": audit_status,
-            "empirical": _empirical_verdict(ctx, outcomes), "stages": rows, "ledger": _ledger_summary(ctx, _quietly(_this_runs_reservations, ctx))}
+            "empirical": _empirical_verdict(ctx, outcomes), "stages": rows, "ledger": _ledger_summary(ctx, charging.quietly(_this_runs_reservations, ctx))}
 
 
 def _empirical_verdict(ctx: protocol.StageContext, outcomes: dict | None) -> str:
@@ -203,17 +203,6 @@ def _empirical_verdict(ctx: protocol.StageContext, outcomes: dict | None) -> str
     outcome = (outcomes or {}).get("audit")
     m = outcome.manifest if outcome else _manifest_or_none(ctx, "audit")
     return ((m or {}).get("details") or {}).get("empirical") or "not run"
-
-
-def _quietly(fn, *args):
-    """``fn(*args)``, or None when it fails with a user-facing or database error (a summary still
-    shows the stages when the ledger cannot be read)."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    try:
-        return fn(*args)
-    except (DpsynthError, SQLAlchemyError):
-        return None
 
 
 def _this_runs_reservations(ctx: protocol.StageContext) -> list[dict] | None:

@@ -54,19 +54,23 @@ def open_ledger(url: str):
     return Ledger(url)
 
 
-def run_ledger_url(ctx) -> str:
-    """The ledger of the pipeline run ``ctx`` (a :class:`dpsynth.stages.protocol.StageContext`): :func:`ledger_url`
-    of its settings, its run directory and its tracking store (None when that cannot be read)."""
+def quietly(fn: Callable, *args):
+    """``fn(*args)``, or None when it fails with a user-facing or database error (a tracking store or a ledger
+    that cannot be read: a summary still shows the stages, a ledger URL falls back to its default)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from dpsynth.errors import DpsynthError
 
-    tracking_uri = None
-    if ctx.cfg.tracking.enabled:
-        try:
-            tracking_uri = ctx.tracking_uri
-        except (DpsynthError, SQLAlchemyError):
-            tracking_uri = None
+    try:
+        return fn(*args)
+    except (DpsynthError, SQLAlchemyError):
+        return None
+
+
+def run_ledger_url(ctx) -> str:
+    """The ledger of the pipeline run ``ctx`` (a :class:`dpsynth.stages.protocol.StageContext`): :func:`ledger_url`
+    of its settings, its run directory and its tracking store (None when that cannot be read)."""
+    tracking_uri = quietly(lambda: ctx.tracking_uri) if ctx.cfg.tracking.enabled else None
     return ledger_url(ctx.cfg, run_dir=ctx.run_dir, tracking_uri=tracking_uri)
 
 

@@ -99,7 +99,7 @@ def method_inputs(ctx: protocol.StageContext, method: registry.Method, *, datase
             inputs["records"] = protocol.upstream(ctx, "partition")[0]["details"]["training_records"]
         return shards, inputs
     if method.warm_start == "public":
-        from dpsynth.methods.zhang import load_warm_start
+        from dpsynth.methods.networks import load_warm_start
 
         partition, _ = protocol.upstream(ctx, "partition")
         found = manifest.outputs(partition, "public")

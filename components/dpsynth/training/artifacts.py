@@ -6,7 +6,9 @@
   the audit and the sample stage refuse a generator whose binding does not match the audited trace),
   :func:`load_generator` reads it back (the sample and evaluate stages, after the audit);
 * sample grids (PNG), for people with access to the sensitive zone: trainers log no image to MLflow,
-  the sample stage logs grids of the audited generator.
+  the sample stage logs grids of the audited generator;
+* the warm-start files (a method's non-private models, sensitive zone): ``{"format", **state}`` —
+  :func:`model_file_bytes` writes one, :func:`read_model_file` reads it back after checking its format.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import torch
 
 from dpsynth import storage
-from dpsynth.errors import StageError
+from dpsynth.errors import ConfigError, StageError
 
 GENERATOR_FORMAT = "dpsynth.generator/1"
 # The generator classes a generator file may name (an allow-list: the file is data, not code).
@@ -87,3 +89,18 @@ def write_grid(path: str | Path, image) -> None:
     """A PIL image as a PNG file (atomically)."""
     with storage.atomic_write(path) as fh:
         image.save(fh, format="PNG")
+
+
+def model_file_bytes(fmt: str, state: dict) -> bytes:
+    """The bytes of a warm-start file of format ``fmt``: ``{"format": fmt, **state}``."""
+    buf = io.BytesIO()
+    torch.save({"format": fmt, **state}, buf)
+    return buf.getvalue()
+
+
+def read_model_file(data: bytes, fmt: str, *, refusal: str, weights_only: bool = True) -> dict:
+    """The state of a warm-start file (:func:`model_file_bytes`); ConfigError ``refusal`` unless it is one of ``fmt``."""
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
+    if not isinstance(state, dict) or state.get("format") != fmt:
+        raise ConfigError(refusal)
+    return state

@@ -18,6 +18,7 @@ attempt's reservation instead of training afresh under a new one.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 from contextvars import ContextVar
 from pathlib import Path
@@ -71,6 +72,47 @@ def clear_mirror(uri: str) -> None:
     """Delete what is mirrored under ``uri`` (the local checkpoints were discarded)."""
     for found in storage.list_uris(uri):
         storage.delete(found)
+
+
+TORCH_RNG = "torch_rng"  # in a trainer's STATE: the global CPU generator (torch.get_rng_state)
+
+
+def capture(owner, names) -> dict:
+    """The checkpoint state of ``owner``'s attributes ``names``, in that order: ``state_dict()`` of what has one
+    (modules, optimizers, the secret coins), a torch.Generator's ``get_state()``, the value itself otherwise
+    (counters, dicts of states); :data:`TORCH_RNG` is the global CPU generator's state."""
+    return {name: torch.get_rng_state() if name == TORCH_RNG else _state_of(getattr(owner, name)) for name in names}
+
+
+def restore(owner, names, state: dict) -> None:
+    """The inverse of :func:`capture`: load ``state`` into ``owner``'s attributes ``names``."""
+    for name in names:
+        obj = None if name == TORCH_RNG else getattr(owner, name)
+        if name == TORCH_RNG:
+            torch.set_rng_state(state[name])
+        elif isinstance(obj, torch.Generator):
+            obj.set_state(state[name])
+        elif hasattr(obj, "load_state_dict"):
+            obj.load_state_dict(state[name])
+        else:
+            setattr(owner, name, state[name])
+
+
+def _state_of(obj):
+    if isinstance(obj, torch.Generator):
+        return obj.get_state()
+    return obj.state_dict() if hasattr(obj, "state_dict") else obj
+
+
+def cpu_copy(obj):
+    """A copy of ``obj`` (tensors, dicts and lists of them) with every tensor on the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [cpu_copy(v) for v in obj]
+    return copy.deepcopy(obj)
 
 
 def _write(directory: str | Path, name: str, data: bytes) -> Path:

@@ -33,6 +33,8 @@ file is one process's, and a resume scatters them to the ranks now holding them 
 
 from __future__ import annotations
 
+import torch
+
 from dpsynth.errors import ConfigError
 from dpsynth.mechanisms import distributed
 from dpsynth.mechanisms.distributed import SINGLE, current  # noqa: F401  (the trainer's ranks)
@@ -73,6 +75,51 @@ def join(trainer) -> None:
                                                                 trainer.total_steps))
 
 
+def spread(ranks: distributed.Ranks, shards: list, *, num_shards: int, device) -> tuple[range, list]:
+    """The shards this rank holds (``SPREAD_STATE``: GS-WGAN, DPAC), the contiguous block ``part(K)`` of the K (all
+    of them in one process), and every shard's (images, labels) on ``device``: None for those another rank holds.
+    ``shards``: the K = ``partition.num_shards`` shards, ``None`` for those another rank holds."""
+    K = len(shards)
+    if K != num_shards:
+        raise ConfigError(f"partition.num_shards: {num_shards}, but {K} shards were given")
+    if K < ranks.world_size:
+        raise ConfigError(f"partition.num_shards: {K} shards cannot be spread over {ranks.world_size} "
+                          "ranks (every rank holds at least one); use more shards or fewer ranks")
+    own = range(*ranks.part(K))
+    if any(shards[k] is None for k in own):
+        raise ConfigError(f"shards: this rank holds shards {own.start}..{own.stop - 1}, which were not given")
+    return own, [tuple(t.to(device) for t in shards[k].to_tensors()) if k in own else None for k in range(K)]
+
+
+def every_record(own: range, shards: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The union of the shards (images, labels), for the private warm-up; refused on a rank holding only some
+    (refused before the job starts, :func:`launch`)."""
+    if len(own) != len(shards):
+        raise ConfigError("warmup.central_images: the private warm-up reads every shard; this rank holds "
+                          f"{len(own)} of {len(shards)}")
+    return torch.cat([x for x, _ in shards]), torch.cat([y for _, y in shards])
+
+
+def draw_shard(ranks: distributed.Ranks, randomness, K: int) -> int:
+    """k ~ U[0, K) from rank 0's secret coins (the one-process stream), the same on every rank."""
+    return ranks.from_main(randomness.choice(K) if ranks.is_main else None)
+
+
+def hand_on(ranks: distributed.Ranks, owner: int, streams: list[torch.Generator], module: torch.nn.Module) -> None:
+    """Every rank takes what rank ``owner`` (the holder of this step's shard) changed of the shared state: the
+    public ``streams`` its steps drew from and ``module``'s buffers (e.g. G's spectral norms' power-iteration
+    vectors, which its forward passes updated). A no-op in one process."""
+    if not ranks.distributed:
+        return
+    with torch.no_grad():
+        states, buffers = ranks.from_rank(owner, ([s.get_state() for s in streams],
+                                                  {n: b.cpu() for n, b in module.named_buffers()}))
+        for stream, state in zip(streams, states):
+            stream.set_state(state)
+        for name, b in module.named_buffers():
+            b.copy_(buffers[name])
+
+
 def sync_state(trainer) -> None:
     """Every rank takes rank 0's state (models, optimizers, latent RNGs, n_D schedule, trace), all but its
     secret coins: each rank keeps its own. The trainer's ``SPREAD_STATE`` is not broadcast: rank 0 hands each
@@ -91,7 +138,7 @@ def sync_state(trainer) -> None:
                                  **{key: getattr(trainer, key) for key in spread}})
     for key in spread:
         held = getattr(trainer, key)
-        parts = ([{i: v for i, v in held.items() if trainer.owner(i) == r} for r in range(ranks.world_size)]
+        parts = ([{i: v for i, v in held.items() if ranks.owner(i, trainer.K) == r} for r in range(ranks.world_size)]
                  if ranks.is_main else None)
         mine = [None]
         dist.scatter_object_list(mine, parts, src=0)

@@ -55,6 +55,7 @@ from dpsynth.training.result import TrainResult, resolve_device
 from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.privacy.plan import PrivacyPlan
+from dpsynth.mechanisms.mechanism import Mechanism
 
 CHEAP_ACCOUNTANTS = ("rdp", "wor")  # ε at every log; others (PRV: seconds) every 10th log
 _PLAN = "the privacy plan: from the configuration and n (public), before any step"
@@ -72,7 +73,8 @@ class Trainer:
     # state spread over the ranks (dpsynth.training.data_parallel): names of the trainer's dicts {shard index: state},
     # attributes and state keys alike, each rank holding its own indices' (GS-WGAN: the discriminators)
     SPREAD_STATE: tuple[str, ...] = ()
-    ACCOUNTANT: str | None = None  # None: privacy.accountant; a method may fix its own (GS-WGAN: "wor")
+    # *method*: what a checkpoint holds of the method (checkpoint.capture: models, optimizers, RNGs, counters)
+    STATE: tuple[str, ...] = ()
     # what its MLflow run may hold (the train stage's allow-list, checked by the audit): what the loop logs;
     # a method adds what its own hooks log (progress, final_metrics, derived_params, final_params)
     MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
@@ -81,6 +83,7 @@ class Trainer:
                 "derived.records": "n, the training records' count (public in this design)",
                 "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
 
+    MECHANISM: Mechanism  # *method*: its privacy mechanism (dpsynth.mechanisms): plan, sanitizer, accountant
     plan: PrivacyPlan
     num_classes: int
     n: int  # training records
@@ -95,7 +98,7 @@ class Trainer:
         self.dist = data_parallel.current() if self.DATA_PARALLEL else data_parallel.SINGLE
         self.device = self.dist.place(resolve_device(cfg.train.device))
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
-        self.accountant = get_accountant(self.ACCOUNTANT or cfg.privacy.accountant)
+        self.accountant = get_accountant(self.MECHANISM.accountant(cfg))  # GS-WGAN's fixes its own: "wor"
         self.trace = MechanismTrace()  # the sanitizer records into it; restored in place on resume
         self.step = 0  # private steps taken (= events recorded after the plan's prefix)
         self.g_steps = 0  # generator steps taken
@@ -133,27 +136,24 @@ class Trainer:
                   time.monotonic() - started)
         warmup.fit_generator(self.G, slots, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=self.rng,
                              directions=directions, progress=True)
-        self.warmed_up()
         return True
 
     def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
         """*method*, for the warm-up: every training record (images in [-1, 1], labels)."""
         return self.images, self.labels
 
-    def warmed_up(self) -> None:
-        """After the warm-up has fitted G (GS-WGAN: its EMA copy starts there)."""
-
     def method_state(self) -> dict:
-        """*method*: models, optimizers, RNG states and schedules, for a checkpoint."""
-        raise NotImplementedError
+        """Models, optimizers, RNG states and schedules, for a checkpoint: the attributes ``STATE`` names."""
+        return checkpoint.capture(self, self.STATE)
 
     def load_method_state(self, state: dict) -> None:
-        """*method*: the inverse of :meth:`method_state`."""
-        raise NotImplementedError
+        """The inverse of :meth:`method_state`."""
+        checkpoint.restore(self, self.STATE, state)
 
     def generator(self) -> tuple[torch.nn.Module, dict]:
-        """*method*: the generator to release and its ``model`` record (class and keywords, see artifacts)."""
-        raise NotImplementedError
+        """The generator to release and its ``model`` record (class and keywords, see artifacts): ``G`` and its
+        own record (DPGAN's and dp-GAN's DCGAN); GS-WGAN releases its EMA copy."""
+        return self.G, self.G.describe()
 
     def derived_params(self) -> dict:
         """What the MLflow run records before the first step (data-independent: the plan, n, the sizes of
@@ -174,10 +174,6 @@ class Trainer:
         """The paper's (unsound) account of the steps taken, under ``privacy.accounting=as_published``."""
         return None
 
-    def reported_noise_multiplier(self) -> float:
-        """``TrainResult.noise_multiplier``: the method's σ (see its module)."""
-        return self.plan.event.noise_multiplier
-
     def final_metrics(self) -> dict:
         """MLflow metrics at the end, besides ε."""
         return {"noise_multiplier": self.event.noise_multiplier, "sample_rate": self.event.sample_rate,
@@ -189,10 +185,6 @@ class Trainer:
 
     def details(self) -> dict:
         """``TrainResult.details``: method-specific, data-independent facts of the run (called once, at the end)."""
-        return {}
-
-    def privacy_record(self) -> dict:
-        """What the generator file records about the privacy unit besides the record (none by default)."""
         return {}
 
     # --- state -----------------------------------------------------------------------------------
@@ -304,7 +296,7 @@ def finish(trainer: Trainer, run, started: float) -> TrainResult:
     details = trainer.details()
     generator_path, trace_path, grid_path = out / "generator.pt", out / "trace.json", out / "samples.png"
     grid = trainer.grid()  # before the generator file: GS-WGAN's grid refreshes G_ema's spectral norms
-    privacy = {"accounting": accounting, **trainer.privacy_record()}
+    privacy = {"accounting": accounting, **trainer.MECHANISM.privacy_record(cfg)}
     if published is not None:
         privacy.update(epsilon_as_published_unsound=published, sound=False)
     storage.write_bytes(generator_path, generator_file(trainer, eps, **privacy))
@@ -312,7 +304,7 @@ def finish(trainer: Trainer, run, started: float) -> TrainResult:
     artifacts.write_grid(grid_path, grid)
     result = TrainResult(
         epsilon=eps, delta=p.delta, accountant=trainer.accountant.name, steps=trainer.step,
-        generator_steps=trainer.g_steps, noise_multiplier=trainer.reported_noise_multiplier(),
+        generator_steps=trainer.g_steps, noise_multiplier=trainer.MECHANISM.reported_noise_multiplier(trainer.plan),
         sample_rate=trainer.event.sample_rate,
         stopped_by="steps" if trainer.total_steps == cfg.train.steps else "budget",
         output_dir=str(out), generator_path=str(generator_path), trace_path=str(trace_path), grid_path=str(grid_path),
