@@ -291,13 +291,6 @@ class WarmupConfig:
                                 "every class's two groups, shape lighter or darker than the rest (noise std σ_p·clip "
                                 "on every sum). Drawn grey, they are the generator's two slots per class. Needs "
                                 "warmup.intensity_noise_multiplier. null: no such release.")
-    polarity_align: bool = Field(False, description="With the polarity shapes: each record's luminance is first "
-                                                    "moved and scaled, by itself, so that its shape is centred and "
-                                                    "of one size (its bright tone's centroid and RMS radius), before "
-                                                    "the sums: a class of shapes that vary in position and size "
-                                                    "keeps its shape, not a blob of its extent. The generator's warp "
-                                                    "draws position and size again. Costs no ε (a record's "
-                                                    "contribution changes, not its bound).")
     variations: Int = Field(0, ge=0, le=32, description="r > 0: a third release, each class's r main directions of "
                                                         "variation (0: none).")
     variations_noise_multiplier: Float = Field(2.0, gt=0, description="σ of that release (noise std "

@@ -157,60 +157,22 @@ def group_images(images: torch.Tensor, groups: torch.Tensor, *, num_groups: int,
 # shape always bright) are released: one record moves one group's row by ≤ C, one Gaussian event of sensitivity C.
 
 
-ALIGNED_RADIUS = 0.4  # with align: the shape's RMS radius after alignment, in units of the image's half-width
-
-
-def _unit(g: torch.Tensor) -> torch.Tensor:
-    g = g - g.mean(1, keepdim=True)
-    return g / g.norm(dim=1, keepdim=True).clamp(min=1e-12)
-
-
-def align(lum: torch.Tensor, f: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """Each record's luminance (N × H × W) moved and scaled, by itself, so that its shape — the mass of its bright
-    tone, relu(s·f) — has its centroid at the centre and RMS radius ``ALIGNED_RADIUS``; the border pixels pad. A
-    record whose shape has no mass stays as it is. A function of the record alone (no privacy cost: it changes what
-    a record contributes, never how much)."""
-    n, h, w = lum.shape
-    if n == 0:
-        return lum
-    ys = torch.linspace(-1, 1, h, dtype=lum.dtype).view(1, h, 1)
-    xs = torch.linspace(-1, 1, w, dtype=lum.dtype).view(1, 1, w)
-    m = (f * s.unsqueeze(1)).clamp(min=0).view(n, h, w)
-    mass = m.sum((1, 2))
-    ok = mass > 0
-    total = mass.clamp(min=1e-12)
-    cy, cx = (m * ys).sum((1, 2)) / total, (m * xs).sum((1, 2)) / total
-    r = (((m * ((ys - cy.view(n, 1, 1)) ** 2 + (xs - cx.view(n, 1, 1)) ** 2)).sum((1, 2)) / total).sqrt())
-    scale = torch.where(ok & (r > 1e-6), r / ALIGNED_RADIUS, torch.ones_like(r))
-    cx, cy = torch.where(ok, cx, 0 * cx), torch.where(ok, cy, 0 * cy)
-    zero = torch.zeros_like(scale)
-    theta = torch.stack([torch.stack([scale, zero, cx], 1), torch.stack([zero, scale, cy], 1)], 1)
-    grid = torch.nn.functional.affine_grid(theta, (n, 1, h, w), align_corners=True)
-    return torch.nn.functional.grid_sample(lum.unsqueeze(1), grid, mode="bilinear", padding_mode="border",
-                                           align_corners=True).squeeze(1)
-
-
-def polarity(images: torch.Tensor, *, aligned: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def polarity(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each record's (f, s): its luminance (the mean of its channels, on [0, 1]) less its own mean, scaled to L2 norm
-    1 (a flat image: 0), N × H·W in float64; and its polarity s ∈ {+1, −1}, the sign of Σ f³ (0 counts as +1). With
-    ``aligned``, f of the luminance after :func:`align` (its shape centred and of one size). A function of the record
-    alone."""
-    lum = ((images.double() + 1) / 2).mean(1).cpu()
-    f = _unit(lum.flatten(1))
-    s = torch.where(f.pow(3).sum(1) < 0, -1.0, 1.0).to(f.dtype)
-    if aligned:
-        f = _unit(align(lum, f, s).flatten(1))
-    return f, s
+    1 (a flat image: 0), N × H·W in float64; and its polarity s ∈ {+1, −1}, the sign of Σ f³ (0 counts as +1). A
+    function of the record alone."""
+    lum = ((images.double() + 1) / 2).mean(1).flatten(1).cpu()
+    g = lum - lum.mean(1, keepdim=True)
+    f = g / g.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    return f, torch.where(f.pow(3).sum(1) < 0, -1.0, 1.0).to(f.dtype)
 
 
-def shape_sums(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
-               aligned: bool = False) -> torch.Tensor:
+def shape_sums(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float) -> torch.Tensor:
     """The noiseless query: a (2·num_classes, H·W + 1) matrix, row 2k + (s < 0) = Σ over the records of class k
-    and polarity s of [s·f·C/√2, C/√2] (:func:`polarity`, ``aligned`` or not). ‖f‖ ≤ 1, so one record moves one row
-    by ≤ C."""
+    and polarity s of [s·f·C/√2, C/√2] (:func:`polarity`). ‖f‖ ≤ 1, so one record moves one row by ≤ C."""
     if clip <= 0:
         raise PrivacyError(f"warmup.clip: must be > 0, got {clip}")
-    f, s = polarity(images, aligned=aligned)
+    f, s = polarity(images)
     part = clip / math.sqrt(2)
     v = torch.cat([f * s.unsqueeze(1) * part, torch.full((len(f), 1), part, dtype=f.dtype)], dim=1)
     groups = 2 * labels.long().cpu() + (s < 0).long()
@@ -219,13 +181,12 @@ def shape_sums(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, 
 
 def polarity_shapes(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
                     noise_multiplier: float, randomness: MechanismRandomness | None = None,
-                    trace: MechanismTrace | None = None, observe=None, aligned: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    trace: MechanismTrace | None = None, observe=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Every (class, polarity) group's shape: the Gaussian mechanism on :func:`shape_sums` (noise std σ·C on every
     coordinate), then — post-processing — noisy sum over noisy count: (2·num_classes × H·W in float64, the shape
     bright and unit-less, class-major, polarity + then −; the 2·num_classes noisy counts). One event,
     ``event_for(noise_multiplier)``, recorded in ``trace`` (None: records nothing)."""
-    sums = _noised(shape_sums(images, labels, num_classes=num_classes, clip=clip, aligned=aligned), clip=clip,
+    sums = _noised(shape_sums(images, labels, num_classes=num_classes, clip=clip), clip=clip,
                    noise_multiplier=noise_multiplier, randomness=randomness, observe=observe,
                    field="warmup.polarity_noise_multiplier")
     if trace is not None:

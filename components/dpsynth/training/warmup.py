@@ -102,7 +102,7 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
     if w.polarity_noise_multiplier is not None:  # two slots per class: shape lighter / darker than around it
         shapes, counts = central_images.polarity_shapes(
             images, labels, num_classes=num_classes, clip=w.clip, noise_multiplier=w.polarity_noise_multiplier,
-            randomness=randomness, trace=trace, aligned=w.polarity_align)
+            randomness=randomness, trace=trace)
         slots = tidy(polarity_slots(shapes, counts, means, centre=centre, spread=spread))
         slot_classes = torch.arange(num_classes).repeat_interleave(2)
     if w.styles:
