@@ -11,9 +11,10 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from dpsynth.data import import_source, write_parquet
-from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_db, airflow_env  # noqa: F401 (fixtures)
+from tests.pipelines.test_airflow import AIRFLOW_BIN, LOAD, REPO, airflow_db, airflow_env, in_airflow  # noqa: F401
 from tests.stages.helpers import MNIST, dpsynth
 
 
@@ -55,7 +56,47 @@ def test_versioned_import_names_versions_by_keyed_id_and_skips_unchanged_data(tm
         [".version-key", "LATEST", f"{first['version']}.parquet", f"{second['version']}.parquet"])
 
 
-def test_import_dag_emits_no_event_when_the_data_did_not_change(airflow_db, tmp_path):
+FAKE_IMPORT = """\
+import json, os, sys
+print(json.dumps({"changed": os.environ["FAKE_CHANGED"] == "1", "version": "v7", "sha256": "0" * 64, "rows": 5,
+                  "versioned_uri": "outputs/data/mnist/v7.parquet"}))
+"""
+
+
+def test_the_import_task_is_skipped_when_the_data_did_not_change(airflow_env, tmp_path):  # noqa: F811
+    """The import task of `dpsynth_import_data` (its own code, in the Airflow venv; `dpsynth` faked): an import that
+    reports "changed": false skips the task (no asset event, so no retrain); "changed": true sets the event's extra to
+    the versioned URI and its keyed id, nothing else of what the import printed. The whole DAG run with the real
+    import is the slow tier's test_import_dag_emits_no_event_when_the_data_did_not_change."""
+    fake = tmp_path / "fake-dpsynth"
+    fake.write_text(f"#!{AIRFLOW_BIN / 'python'}\n" + FAKE_IMPORT)
+    fake.chmod(0o755)
+    out = in_airflow(LOAD + """
+    import collections, os, types
+    from airflow.exceptions import AirflowSkipException
+    task = bag.dags["dpsynth_import_data"].get_task("import_data")
+    out = {}
+    for changed in ("1", "0"):
+        os.environ["FAKE_CHANGED"] = changed
+        events = collections.defaultdict(types.SimpleNamespace)
+        try:
+            task.python_callable(params={"source": "data/mnist"}, outlet_events=events)
+            out[changed] = [getattr(e, "extra", None) for e in events.values()]
+        except AirflowSkipException as exc:
+            out[changed] = ["skipped", str(exc), [vars(e) for e in events.values()]]
+    print(json.dumps(out))
+    """, {**airflow_env, "DPSYNTH_STAGE_BIN": str(fake)})
+    assert out["1"] == [{"dataset_uri": "outputs/data/mnist/v7.parquet", "version": "v7"}]
+    skipped, reason, events = out["0"]
+    assert skipped == "skipped" and "the data did not change" in reason and events in ([], [{}])
+
+
+# Slow tier (#35 item 5: three `airflow dags test` runs, ~2 min): the task's decision is
+# test_the_import_task_is_skipped_when_the_data_did_not_change, the versions the CLI's
+# (test_versioned_import_names_versions_by_keyed_id_and_skips_unchanged_data), a real import DAG run's event
+# tests/platform/test_ui.py::test_a_new_dataset_version_triggers_the_retrain_dag.
+@pytest.mark.slow
+def test_import_dag_emits_no_event_when_the_data_did_not_change(airflow_db, tmp_path):  # noqa: F811
     """`airflow dags test dpsynth_import_data` with the real `dpsynth data import`, twice on the same records: one
     asset event, naming the versioned URI and its keyed id (no raw digest); the second run's import task is skipped,
     so `dpsynth_retrain_on_new_data` (scheduled on that asset) gets no event and spends no ε. New records: a new
