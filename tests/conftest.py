@@ -23,19 +23,19 @@ def small_mnist():
 # one worker while the other has nothing left (xdist's own order, by number of tests, put them last).
 LONGEST_FIRST = [
     "tests/platform/test_ui.py",
-    "tests/methods/test_distributed.py",
     "tests/methods/test_gswgan_federated.py",
-    "tests/pipelines/test_kfp.py",
+    "tests/methods/test_distributed.py",
+    "tests/stages/test_train_torchrun.py",
     "tests/methods/test_contract.py",
     "tests/stages/test_train_attempts.py",
-    "tests/stages/test_train_torchrun.py",
-    "tests/ledger/test_attempt.py",
-    "tests/audit/test_empirical.py",
-    "tests/methods/test_registry.py",
+    "tests/pipelines/test_kfp.py",
     "tests/methods/test_warmup.py",
-    "tests/methods/test_dpgan.py",
-    "tests/stages/test_launch.py",
-    "tests/ledger/test_ledger.py",
+    "tests/audit/test_empirical.py",
+    "tests/stages/test_audit_empirical.py",
+    "tests/stages/test_pipeline.py",
+    "tests/ledger/test_attempt.py",
+    "tests/pipelines/test_airflow.py",
+    "tests/stages/test_logged_keys.py",
 ]
 
 
