@@ -89,11 +89,12 @@ schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema bes
 	$(PY) scripts/config_schema.py
 
 # `make test` runs on TEST_WORKERS pytest-xdist workers (the machine's 2 cores), each test module on one worker (its
-# module-scoped fixtures run once), one torch/BLAS thread per worker; `TEST_WORKERS=0` runs it in one process.
+# module-scoped fixtures run once; the longest modules first: tests/conftest.py LONGEST_FIRST), one torch/BLAS thread
+# per worker; `TEST_WORKERS=0` runs it in one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) $(AIRFLOW_STAMP) $(TOOLS_STAMP)  ## the test suite, its quick tier (the rest: make test-slow; CI runs both)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them)
 	$(PY) -m pytest -m slow -q

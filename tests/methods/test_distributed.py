@@ -311,6 +311,11 @@ def test_zhang_noise_is_added_once_per_group_with_the_full_variance(ranks_ran):
     assert n0["bytes"] == 9917 * 4  # one all-reduce of both groups' clipped sums, float32
 
 
+# Slow tier (#35 item 5, ~1 min; as GS-WGAN's below): resuming across world sizes is
+# test_checkpoints_resume_across_world_sizes (DPGAN); dp-GAN's two ranks taking the one-process step,
+# test_zhang_two_ranks_take_the_one_process_step_on_the_same_logical_batch; its resume in one process,
+# tests/methods/test_zhang.py::test_resume_equals_uninterrupted and test_contract's resume test.
+@pytest.mark.slow
 def test_zhang_checkpoints_resume_across_world_sizes(tmp_path):
     cfg = workers.zhang_tiny(tmp_path, "zhang.grouping=weight_bias", "privacy.noise_multiplier=3.0")
     public, private = workers.zhang_data(cfg)

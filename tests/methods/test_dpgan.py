@@ -98,6 +98,11 @@ def test_resume_refuses_other_settings(tmp_path, small_mnist):
         DPGANTrainer(tiny(tmp_path, "train.seed=7"), small_mnist).train()
 
 
+# Slow tier (#35 item 5, ~1 min): the same killed-then-resumed `dpsynth train` (DPGAN, killed after its first
+# checkpoint) is tests/ledger/test_attempt.py::test_a_killed_attempt_then_its_resumption_are_charged_at_least_what_ran
+# (both attempts committed, the resumption adopting the killed one, and their ε); a resumed trace equal to the
+# uninterrupted one is tests/methods/test_contract.py::test_resume_equals_an_uninterrupted_run[dpgan].
+@pytest.mark.slow
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path, small_mnist, monkeypatch):
     from dpsynth.data import write_parquet
     from tests.ledger_fixtures import budgeted_ledger, kill_after_first_checkpoint

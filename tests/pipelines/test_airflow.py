@@ -450,7 +450,15 @@ def test_import_emits_the_dataset_version_and_retrain_reads_it(airflow_db, tmp_p
     assert "data.uri=s3://b/new.parquet" in out["train"]
 
 
-@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: the train task under torchrun
+# Slow tier (#35 item 5: ~4 min of one worker). In the quick tier: a real `dpsynth_train` DAG run (its stages,
+# MLflow's parent with one child per stage and its ε, the ledger's charge, the released model) is
+# tests/platform/test_ui.py::test_trigger_from_the_ui_and_see_epsilon_per_stage_in_mlflow, triggered from the UI;
+# the same stage chain end to end with its release files and card is tests/pipelines/test_kfp.py::
+# test_local_pipeline_end_to_end[1]; the shard mapping and its map_index_template are
+# test_task_settings_come_from_airflow_variables_else_the_environment and
+# test_kubernetes_pods_request_gpus_for_warmstart_and_train_only. Here: that run through `airflow dags test`, K=2.
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])  # 2: the train task under torchrun
 def test_train_dag_end_to_end(airflow_db, tmp_path, ranks):
     """`airflow dags test dpsynth_train` with K=2 on 600 MNIST records: every task succeeds, the run
     directory holds the release, MLflow has the parent run with one child per stage, and the ledger beside

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dpsynth.data import import_source, write_parquet
-from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_db, airflow_env  # noqa: F401 (fixtures)
+from tests.pipelines.test_airflow import AIRFLOW_BIN, LOAD, REPO, airflow_db, airflow_env, in_airflow  # noqa: F401
 from tests.stages.helpers import MNIST, dpsynth
 
 
@@ -56,6 +56,41 @@ def test_versioned_import_names_versions_by_keyed_id_and_skips_unchanged_data(tm
         [".version-key", "LATEST", f"{first['version']}.parquet", f"{second['version']}.parquet"])
 
 
+FAKE_IMPORT = """\
+import json, os, sys
+print(json.dumps({"changed": os.environ["FAKE_CHANGED"] == "1", "version": "v7", "sha256": "0" * 64, "rows": 5,
+                  "versioned_uri": "outputs/data/mnist/v7.parquet"}))
+"""
+
+
+def test_the_import_task_emits_an_event_naming_the_version(airflow_env, tmp_path):  # noqa: F811
+    """The import task of `dpsynth_import_data` (its own code, in the Airflow venv; `dpsynth` faked): every import,
+    new records or not, sets the event's extra to the versioned URI and its keyed id, nothing else of what the import
+    printed (no raw digest); whether it retrains is decided against the population's last release. The whole DAG
+    run with the real import is the slow tier's test_import_dag_emits_an_event_naming_the_version_and_the_retrain_decides."""
+    fake = tmp_path / "fake-dpsynth"
+    fake.write_text(f"#!{AIRFLOW_BIN / 'python'}\n" + FAKE_IMPORT)
+    fake.chmod(0o755)
+    out = in_airflow(LOAD + """
+    import collections, os, types
+    task = bag.dags["dpsynth_import_data"].get_task("import_data")
+    out = {}
+    for changed in ("1", "0"):
+        os.environ["FAKE_CHANGED"] = changed
+        events = collections.defaultdict(types.SimpleNamespace)
+        task.python_callable(params={"source": "data/mnist"}, outlet_events=events)
+        out[changed] = [getattr(e, "extra", None) for e in events.values()]
+    print(json.dumps(out))
+    """, {**airflow_env, "DPSYNTH_STAGE_BIN": str(fake)})
+    expected = [{"dataset_uri": "outputs/data/mnist/v7.parquet", "version": "v7"}]
+    assert out["1"] == expected and out["0"] == expected
+
+
+# Slow tier (#35 item 5: three `airflow dags test` runs, ~2 min): the task's event is
+# test_the_import_task_emits_an_event_naming_the_version, the versions the CLI's
+# (test_versioned_import_names_versions_by_keyed_id_and_skips_unchanged_data), a real import DAG run's event
+# tests/platform/test_ui.py::test_a_new_dataset_version_triggers_the_retrain_dag.
+@pytest.mark.slow
 def test_import_dag_emits_an_event_naming_the_version_and_the_retrain_decides(airflow_db, tmp_path):
     """`airflow dags test dpsynth_import_data` with the real `dpsynth data import`: each import's asset event names
     the versioned URI and its keyed id (no raw digest). The same records again give the same version: whether that
