@@ -71,6 +71,29 @@ def test_the_stage_role_cannot_rewrite_what_a_reservation_charges(zones):
         conn.exec_driver_sql("DELETE FROM reservations")
 
 
+def test_no_role_reopens_a_closed_reservation_or_lowers_what_it_charged(zones):
+    """Column grants cannot say which rows: the trigger keeps a closed reservation closed, for every role."""
+    admin, stage_url, _ = zones
+    stage = Ledger(stage_url)
+    committed = stage.reserve("mnist", epsilon=4.0, delta=1e-6, dataset_sha256=SHA, pipeline_run_id="run-1",
+                              accountant="rdp", records=10_000)
+    stage.commit(committed, epsilon_spent=3.5)
+    released = stage.reserve("mnist", epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="run-2",
+                             accountant="rdp", records=10_000)
+    stage.release(released, note="failed before training")
+    for url in (stage_url, admin):
+        for sql in (f"UPDATE reservations SET epsilon_spent = 0.001 WHERE id = {committed}",
+                    f"UPDATE reservations SET status = 'reserved', closed_at = NULL, epsilon_spent = NULL "
+                    f"WHERE id = {committed}",
+                    f"UPDATE reservations SET status = 'released', epsilon_spent = NULL WHERE id = {committed}",
+                    f"UPDATE reservations SET status = 'committed', epsilon_spent = 0 WHERE id = {released}"):
+            with Ledger(url).engine.begin() as conn, pytest.raises(Exception, match="closed once"):
+                conn.exec_driver_sql(sql)
+    with stage.engine.begin() as conn:  # what the ledger itself does to a closed row: raise the spent ε, add a note
+        conn.exec_driver_sql(f"UPDATE reservations SET epsilon_spent = 3.9, note = 'more' WHERE id = {committed}")
+    assert Ledger(admin).balance("mnist")["committed"] == pytest.approx(3.9)
+
+
 def test_the_auditor_role_reads_and_cannot_write(zones):
     admin, stage_url, auditor_url = zones
     Ledger(stage_url).reserve("mnist", epsilon=2.0, delta=1e-6, dataset_sha256=SHA, pipeline_run_id="run-1",

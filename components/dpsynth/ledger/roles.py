@@ -11,6 +11,11 @@ ledger's tables and its data key, then gives
 - the **auditor** role (the Privacy ledger page in MLflow) ``SELECT`` on populations, reservations and budget
   history: no write at all, and not the data key (the page reads keyed data ids only).
 
+Column grants cannot say *which* rows: a trigger (``reservations_closed_once``, for every role) keeps a closed
+reservation closed — its status and closing time fixed, a committed one's spent ε only ever raised (a stale
+reservation settled in full, then committed by its attempt, keeps the larger), a released one's never set — so no
+role can lower what an earlier attempt was charged or reopen it.
+
 Re-running it resets both roles' grants on the ledger to these (and sets their passwords: a rotation). A newer
 dpsynth's added columns are created by the owner here too (the stage role may not ``ALTER``): the chart runs it
 at every install and upgrade (templates/ledger-roles.yaml).
@@ -34,6 +39,23 @@ STAGE = (("populations", "SELECT"), ("reservations", "SELECT"), ("data_key", "SE
 AUDITOR = (("populations", "SELECT"), ("reservations", "SELECT"), ("budget_history", "SELECT"))
 SEQUENCES = {"stage": ("reservations_id_seq",), "auditor": ()}  # ids of the rows a role inserts
 TABLES = ("populations", "reservations", "budget_history", "data_key")
+CLOSED_ONCE = """
+CREATE OR REPLACE FUNCTION dpsynth_reservation_closed_once() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF OLD.status <> 'reserved' AND (
+       NEW.status IS DISTINCT FROM OLD.status OR NEW.closed_at IS DISTINCT FROM OLD.closed_at
+       OR (OLD.status = 'released' AND NEW.epsilon_spent IS NOT NULL)
+       OR (OLD.status = 'committed' AND NOT (NEW.epsilon_spent >= OLD.epsilon_spent))) THEN
+    RAISE EXCEPTION 'permission denied: reservation % is % (closed once: its status and closing time stay, '
+                    'a committed one''s spent epsilon may only rise)', OLD.id, OLD.status
+          USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS reservations_closed_once ON reservations;
+CREATE TRIGGER reservations_closed_once BEFORE UPDATE ON reservations
+  FOR EACH ROW EXECUTE FUNCTION dpsynth_reservation_closed_once();
+"""
 
 
 def grant_roles(url: str, *, stage_role: str, stage_password: str, auditor_role: str,
@@ -73,6 +95,8 @@ def grant_roles(url: str, *, stage_role: str, stage_password: str, auditor_role:
             for sequence in SEQUENCES[zone]:
                 run(f'GRANT USAGE ON SEQUENCE {sequence} TO "{role}"')
         run("REVOKE CREATE ON SCHEMA public FROM PUBLIC")  # PostgreSQL < 15 lets every role create tables there
+        conn.connection.cursor().execute(CLOSED_ONCE)  # as it is: no parameters (its body holds % and ;)
+        done.append(CLOSED_ONCE.strip())
     return done
 
 
