@@ -51,7 +51,8 @@ def test_the_values_schema_refuses_an_unknown_stage():
 def test_stage_resources_reach_the_kfp_pods(tmp_path):
     out = tmp_path / "pipeline.yaml"
     subprocess.run([sys.executable, str(REPO / "pipelines" / "kfp" / "dpsynth_pipeline.py"), "--compile", str(out)],
-                   check=True, stdout=subprocess.DEVNULL, env={**os.environ, "DPSYNTH_STAGE_RESOURCES": json.dumps(VALUES)})
+                   check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "DPSYNTH_POPULATION_ID": "mnist", "DPSYNTH_STAGE_RESOURCES": json.dumps(VALUES)})
     executors = list(yaml.safe_load_all(out.read_text()))[0]["deploymentSpec"]["executors"]
 
     def of(stage):
