@@ -22,7 +22,6 @@ def small_mnist():
 # (--dist loadscope --no-loadscope-reorder); these go first so that the run does not end on one of them alone on
 # one worker while the other has nothing left (xdist's own order, by number of tests, put them last).
 LONGEST_FIRST = [
-    "tests/platform/test_ui.py",
     "tests/methods/test_gswgan_federated.py",
     "tests/methods/test_distributed.py",
     "tests/stages/test_train_torchrun.py",

@@ -260,7 +260,10 @@ def test_run_local_needs_a_population(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: the train-job branch, torchrun
+# The slow tier (#35 item 5: ~2 minutes each under kfp.local); the quick tier compiles the pipeline and resolves its
+# container arguments (test_entry_points.py, the tests above) and runs the six stages (tests/stages/test_pipeline.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])  # 2: the train-job branch, torchrun
 def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch, ranks):
     from dpsynth.ledger.store import Ledger
 

@@ -35,7 +35,11 @@ POPULATION = "mnist600"
 FORM = {"dataset_uri": None, "population_id": POPULATION, "epsilon": EPSILON, "delta": 1e-4, "steps": 10,
         "num_shards": 1, "n_d": "2", "pipeline_run_id": None, "overrides": "\n".join(TINY)}
 
+# The slow tier (#35 item 5: the platform's five services and a browser, ~5 minutes of one worker): `make test-slow`,
+# which CI runs after `make test`. The quick tier keeps the DAGs' own code (tests/pipelines/test_airflow.py,
+# test_entry_points.py) and the six stages end to end (tests/stages/test_pipeline.py).
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.platform,
     pytest.mark.skipif(not (REPO / ".venv" / "airflow" / "bin" / "airflow").exists(), reason=".venv/airflow is missing: make airflow-venv"),
     pytest.mark.skipif(not shutil.which("chromium"), reason="no chromium; to run them: apt-get install -y chromium (as root)"),
