@@ -20,6 +20,15 @@ def no_noise(monkeypatch):
                         lambda self, shape, dtype=None: torch.zeros(shape, dtype=dtype))
 
 
+def seeded_noise(monkeypatch, seed: int = 0):
+    """Real Gaussian noise from a fixed seed: an audit at 95% confidence refuses a correct release now and then (4 in
+    2,000 audits of the σ = 20 class-mean release below, measured), so the tests that expect "passed" draw noise that
+    does not fail the suite by chance."""
+    g = torch.Generator().manual_seed(seed)
+    monkeypatch.setattr(MechanismRandomness, "standard_normal",
+                        lambda self, shape, dtype=None: torch.randn(shape, dtype=dtype, generator=g))
+
+
 def no_clip(monkeypatch):
     """The warm-up's queries without their clipping (class and style sums, and the residuals' moments)."""
     contributions, moments = central_images._contributions, central_images.residual_second_moments
@@ -52,7 +61,8 @@ def test_inconclusive_is_neither_passed_nor_failed_in_the_report():
 
 
 @pytest.mark.parametrize("name", RELEASES)
-def test_the_default_warmup_release_passes(name):
+def test_the_default_warmup_release_passes(name, monkeypatch):
+    seeded_noise(monkeypatch)
     r = release_audit(load_config(DEFAULT), name)
     assert r["verdict"] == "passed" and empirical.warmup_check(r)["passed"]
     assert r["epsilon_lower"] <= r["accounted_epsilon"]
@@ -84,6 +94,7 @@ def test_without_noise_the_one_run_bound_alone_fails_a_low_epsilon_release(name,
     """σ = 20 for every release (ε ≈ 0.2 each): the canaries' one-run bound itself exceeds the accounted ε."""
     cfg = load_config(DEFAULT, overrides=["warmup.noise_multiplier=20", "warmup.styles_noise_multiplier=20",
                                           "warmup.variations_noise_multiplier=20"])
+    seeded_noise(monkeypatch)
     real = release_audit(cfg, name)
     assert real["verdict"] == "passed" and real["one_run"] == "conclusive"
     no_noise(monkeypatch)
@@ -141,7 +152,7 @@ GENERIC = "configs/dpgan-generic-cpu.yaml"  # opens with the intensity histogram
 
 
 @pytest.mark.parametrize("name", ("class_means", "variations"))
-def test_each_release_is_compared_with_its_own_epsilon_when_the_warmup_opens_with_the_histogram(name):
+def test_each_release_is_compared_with_its_own_epsilon_when_the_warmup_opens_with_the_histogram(name, monkeypatch):
     """The accounted ε of a release's audit is its own Gaussian's (its σ, full batch), whatever releases come
     before it: with the intensity histogram first, a position in the trace named the previous release's event
     (the variation release was compared with the class means' ε ≈ 0.8, and its audit failed). Reference: Opacus'
@@ -152,6 +163,7 @@ def test_each_release_is_compared_with_its_own_epsilon_when_the_warmup_opens_wit
     sigma = {"class_means": cfg.warmup.noise_multiplier, "variations": cfg.warmup.variations_noise_multiplier}[name]
     acc = RDPAccountant()
     acc.history = [(sigma, 1.0, 1)]
+    seeded_noise(monkeypatch)
     r = release_audit(cfg, name)
     assert r["accounted_epsilon"] == pytest.approx(acc.get_epsilon(delta=cfg.privacy.delta), rel=1e-3)
     assert r["verdict"] == "passed" and empirical.warmup_check(r)["passed"]
