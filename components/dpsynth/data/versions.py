@@ -92,9 +92,12 @@ def released(uri: str, population_id: str) -> str | None:
     """The version last released for ``population_id`` among the versions ``uri`` is one of (None: none yet, or
     ``uri`` is no version of an import)."""
     found = version_of(uri)
-    if found is None:
-        return None
-    at = _released_at(found[0], population_id)
+    return None if found is None else last_release(found[0], population_id)
+
+
+def last_release(folder: str, population_id: str) -> str | None:
+    """The version last released for ``population_id`` among the versions in ``folder`` (None: none yet)."""
+    at = _released_at(folder, population_id)
     return (storage.read_bytes(at).decode().strip() or None) if storage.exists(at) else None
 
 

@@ -95,7 +95,8 @@ def grant_roles(url: str, *, stage_role: str, stage_password: str, auditor_role:
             for sequence in SEQUENCES[zone]:
                 run(f'GRANT USAGE ON SEQUENCE {sequence} TO "{role}"')
         run("REVOKE CREATE ON SCHEMA public FROM PUBLIC")  # PostgreSQL < 15 lets every role create tables there
-        conn.connection.cursor().execute(CLOSED_ONCE)  # as it is: no parameters (its body holds % and ;)
+        with conn.connection.cursor() as cursor:  # as it is: no parameters (its body holds % and ;)
+            cursor.execute(CLOSED_ONCE)
         done.append(CLOSED_ONCE.strip())
     return done
 

@@ -150,7 +150,7 @@ def unchanged_since_release(cfg: RunConfig) -> str | None:
 
     found = versions.version_of(cfg.data.uri)
     pid = population_id(cfg)
-    if found is None or versions.released(cfg.data.uri, pid) != found[1]:
+    if found is None or versions.last_release(found[0], pid) != found[1]:
         return None
     return (f"data.uri: version {found[1]} is the one last released for population {pid!r}: the data did not change "
             "since that release, so no run (no ε spent)")

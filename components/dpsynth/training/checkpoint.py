@@ -87,10 +87,11 @@ def capture(owner, names) -> dict:
 def restore(owner, names, state: dict) -> None:
     """The inverse of :func:`capture`: load ``state`` into ``owner``'s attributes ``names``."""
     for name in names:
-        obj = None if name == TORCH_RNG else getattr(owner, name)
         if name == TORCH_RNG:
             torch.set_rng_state(state[name])
-        elif isinstance(obj, torch.Generator):
+            continue
+        obj = getattr(owner, name)
+        if isinstance(obj, torch.Generator):
             obj.set_state(state[name])
         elif hasattr(obj, "load_state_dict"):
             obj.load_state_dict(state[name])
