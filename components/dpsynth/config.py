@@ -120,6 +120,12 @@ class DataConfig:
                  f"{self.public_split!r} is also data.train_split: public records cannot be private training data")
         return self
 
+    @property
+    def name(self) -> str:
+        """The dataset's short name: the last part of ``uri`` without its suffix ("dataset" when that is empty).
+        It names the MLflow experiment of its runs (``dpsynth/<name>``, :func:`dpsynth.tracking.experiment_name`)."""
+        return Path(str(self.uri).rstrip("/")).stem or "dataset"
+
 
 @dataclass(frozen=True, config=SECTION)
 class PrivacyConfig:

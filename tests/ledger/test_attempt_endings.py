@@ -6,7 +6,8 @@ import pytest
 from dpsynth.methods.gswgan import GSWGANTrainer
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.ledger.attempt import open_attempt
-from dpsynth.stages.charging import run_charged
+from dpsynth.stages.charging import charged
+from dpsynth.training import loop
 from dpsynth.ledger.store import Ledger
 from tests.methods.conftest import shards  # noqa: F401 (fixture)
 from tests.methods.gswgan_helpers import tiny
@@ -46,13 +47,12 @@ def sound(cfg, trainer, steps):
 
 def test_an_as_published_attempt_that_raises_is_charged_the_sound_epsilon_of_its_trace(tmp_path, shards, ledger):
     cfg = tiny(tmp_path / "run", *AS_PUBLISHED)
-    made = []
     with pytest.raises(RuntimeError, match="failed after iteration"):
-        run_charged(attempt(ledger, cfg), lambda: made.append(RaisesAfter(cfg, shards)) or made[0],
-                    read_trace=lambda r: None)
+        with charged(attempt(ledger, cfg)) as charge:
+            charge.result = loop.train(charge.admit(RaisesAfter(cfg, shards)))
     (row,) = ledger.history("pop")
-    expected = sound(cfg, made[0], K_STEPS)
-    assert made[0].trace.steps == K_STEPS and expected > 2 * TARGET  # far beyond its reservation
+    expected = sound(cfg, charge.trainer, K_STEPS)
+    assert charge.trainer.trace.steps == K_STEPS and expected > 2 * TARGET  # far beyond its reservation
     assert row["status"] == "committed" and row["epsilon_spent"] == pytest.approx(expected, rel=1e-9)
     assert "OVERDRAW" in row["note"]
 
@@ -61,7 +61,7 @@ def test_a_killed_as_published_attempt_is_charged_the_sound_epsilon_of_its_whole
     cfg = tiny(tmp_path / "run", *AS_PUBLISHED)
     killed = attempt(ledger, cfg)
     trainer = GSWGANTrainer(cfg, shards)
-    killed.limit(trainer)  # what run_charged does before the first private step; then the process dies
+    killed.limit(trainer)  # what charge.admit does before the first private step; then the process dies
     whole = sound(cfg, trainer, trainer.plan.steps)
     assert trainer.plan.steps == 8 and whole > 6 * TARGET
     assert ledger.balance("pop")["reserved"] == pytest.approx(whole)  # counted so while it is open

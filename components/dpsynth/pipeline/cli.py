@@ -107,7 +107,7 @@ def register(subparsers) -> None:
     show.set_defaults(func=show_command)
 
 
-def _context(args, cfg: RunConfig | None = None):
+def context(args, cfg: RunConfig | None = None):
     from dpsynth.stages.protocol import StageContext
 
     cfg = cfg or load_config(args.config, overrides=args.overrides)
@@ -139,16 +139,20 @@ def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
 
         log = logging.getLogger(__name__)
         log.info("warmstart shard %d: started", args.shard)
-        ctx = _context(args, cfg)
+        ctx = context(args, cfg)
         record = warmstart.run_shard(ctx, args.shard)
         log.info("warmstart shard %d: %s", args.shard, record.get("status") or record.get("reason") or "done")
         print(json.dumps(_outside_record(ctx, record), indent=2) if args.json else
               f"warmstart shard {args.shard}: {record.get('status', 'not performed')}"
               + (f", {record['output']['uri']}" if "output" in record else f" ({record.get('reason')})"))
         return 0
-    ctx = _context(args, cfg)
-    outcome = run_stage(ctx, stage)
-    m = outcome.manifest
+    ctx = context(args, cfg)
+    return report(args, ctx, run_stage(ctx, stage))
+
+
+def report(args, ctx, outcome) -> int:
+    """Print a stage command's outcome (``--json``: as an orchestrator reads it); returns its exit status, 0."""
+    stage, m = outcome.stage, outcome.manifest
     if args.json:  # what an orchestrator logs: no raw hash or per-shard count of the sensitive zone (#33)
         from dpsynth.stages.protocol import outside_manifest
 
@@ -184,7 +188,7 @@ def empirical_command(args) -> int:
         if not (args.run_dir or cfg.pipeline.run_dir):
             raise ConfigError("--run-dir: needed to read the partition manifest (or give --records, --image-shape "
                               "and --num-classes)")
-        partition, _ = protocol.upstream(_context(args, cfg), "partition")
+        partition, _ = protocol.upstream(context(args, cfg), "partition")
         n, shape, classes = empirical.stand_in_shape(partition)
     result = empirical.audit_all(cfg, n=n, image_shape=shape, num_classes=classes, mode=mode)
     if args.json:
@@ -246,7 +250,7 @@ def finish_command(args) -> int:
 
     from dpsynth.pipeline.run import find_parent_run
 
-    ctx = _context(args)
+    ctx = context(args)
     if not ctx.parent_run_id:  # an exit task (KFP ExitHandler) has no upstream output: find start's parent run
         ctx = dataclasses.replace(ctx, parent_run_id=find_parent_run(ctx))
     s = finish(ctx)
@@ -257,7 +261,7 @@ def finish_command(args) -> int:
 def show_command(args) -> int:
     from dpsynth.pipeline.run import summary, table
 
-    ctx = _context(args)
+    ctx = context(args)
     s = summary(ctx)
     if args.json:
         print(json.dumps(s, indent=2))

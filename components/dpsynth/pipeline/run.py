@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import time
+import types
 import uuid
 
 from dpsynth import storage, tracking
@@ -45,18 +46,29 @@ log = logging.getLogger(__name__)
 
 
 def run_stage(ctx: protocol.StageContext, stage: str) -> protocol.Outcome:
+    with stage_run(ctx, stage) as done:
+        done.outcome = MODULES[stage].run(ctx)
+    return done.outcome
+
+
+@contextlib.contextmanager
+def stage_run(ctx: protocol.StageContext, stage: str):
+    """Around the stage's ``run`` in this process (a pipeline run's :func:`run_stage`, or ``dpsynth train``'s call
+    of the train stage's ``run``), which sets ``done.outcome`` on what this yields: the stage's lineage in the
+    environment while it runs (:func:`lineage_env`), its start, its failure and its outcome logged."""
     log.info("%s: started, pipeline run %s, writing under %s", stage, ctx.pipeline_run_id, ctx.stage_dir(stage))
     started = time.monotonic()
+    done = types.SimpleNamespace(outcome=None)
     try:
         with lineage_env(ctx, stage):
-            outcome = MODULES[stage].run(ctx)
+            yield done
     except BaseException as exc:
         log.error("%s: failed after %.0f s: %s", stage, time.monotonic() - started, str(exc) or repr(exc))
         raise
+    outcome = done.outcome
     eps = _epsilon(outcome.manifest, outcome.status)
     log.info("%s: %s in %.0f s, ε consumed %s, manifest %s", stage, outcome.status, time.monotonic() - started,
              "?" if eps is None else f"{eps:.4g}", outcome.manifest_uri)
-    return outcome
 
 
 @contextlib.contextmanager

@@ -74,48 +74,53 @@ def run_train(args) -> int:
 
         ranks = federation.launch(cfg)
     else:
-        from dpsynth.methods import registry
-
         sharded = registry.get(cfg.train.method).warm_start == "shard"
         ranks = data_parallel.launch(cfg, sharded=sharded)  # under torchrun: join the job
     code = None
     try:
-        code = _run_train(args, cfg, ranks)
+        if not (args.run_dir or cfg.pipeline.run_dir):
+            code = _standalone(args, cfg, ranks)
+            return code
+        from dpsynth.pipeline.run import stage_run
+        from dpsynth.stages import train as train_stage
+
+        ctx = stage_cli.context(args, cfg)
+        if not ranks.is_main:  # torchrun's other ranks: rank 0 is the stage (ledger, MLflow, outputs, manifest)
+            train_stage.follow(ctx)
+            code = 0
+            return code
+        with stage_run(ctx, "train") as done:  # the stage's lineage in the environment, its start and end logged
+            done.outcome = train_stage.run(ctx)  # the walk to a D step: docs/architecture.md
+        code = stage_cli.report(args, ctx, done.outcome)
         return code
     finally:
         data_parallel.shutdown(barrier=code == 0)  # every rank leaves together when all succeeded
 
 
-def _run_train(args, cfg, ranks) -> int:
-    if args.run_dir or cfg.pipeline.run_dir:
-        if not ranks.is_main:  # torchrun's other ranks: rank 0 is the stage (ledger, MLflow, outputs, manifest)
-            from dpsynth.stages import train as train_stage
-            from dpsynth.stages.protocol import StageContext
-
-            train_stage.follow(StageContext.create(cfg, run_dir=args.run_dir, parent_run_id=args.parent_run_id,
-                                                   pipeline_run_id=args.pipeline_run_id, force=args.force))
-            return 0
-        return stage_cli.run_stage_command("train", args, cfg)
+def _standalone(args, cfg, ranks) -> int:
+    """``dpsynth train`` without a run directory: dpgan on ``data.uri``, its outputs in ``output.dir``."""
     method = registry.standalone_or_refuse(cfg.train.method)  # ConfigError (exit 2) names the command to use
     import secrets
     from pathlib import Path
 
     from dpsynth.stages import charging
     from dpsynth.stages.partition import load_source
+    from dpsynth.training import loop
 
     charging.population_id(cfg)  # ConfigError before the data is read
     dataset = load_source(cfg)
     if not ranks.is_main:  # torchrun's other ranks: rank 0 alone holds the ledger attempt and writes the outputs
-        method.trainer_class()(cfg, dataset).train()
+        loop.train(method.trainer_class()(cfg, dataset))
         return 0
     ledger = charging.open_ledger(charging.ledger_url(cfg, run_dir=None, tracking_uri=None))
     out = Path(cfg.output.dir).resolve()
     # the attempt is charged like the train stage's; re-runs in one output.dir are one "run" of the ledger
-    result = charging.train_charged(
-        cfg, lambda: method.trainer_class()(cfg, dataset), ledger=ledger,
-        dataset_version=secrets.token_hex(32),  # a random version id: no content hash leaves the data
-        pipeline_run_id=f"train:{out}"[-200:], records=len(dataset), workdir=str(out),
-        content_sha256=dataset.content_sha256())
+    with charging.attempt(cfg, ledger=ledger,
+                          dataset_version=secrets.token_hex(32),  # a random version id: no content hash leaves the data
+                          pipeline_run_id=f"train:{out}"[-200:], records=len(dataset), workdir=str(out),
+                          content_sha256=dataset.content_sha256()) as charge:
+        charge.result = loop.train(charge.admit(method.trainer_class()(cfg, dataset)))
+    result = charge.result
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:

@@ -1,4 +1,5 @@
-"""Where a run's ledger is, which population it charges, and the charged training attempt of ``train``.
+"""Where a run's ledger is, which population it charges, and the charged training attempt of ``train``
+(:func:`attempt`, a context manager around building and training the trainer).
 
 See :mod:`dpsynth.ledger.attempt` for what an attempt is charged and :mod:`dpsynth.ledger.store`
 for the ledger itself.
@@ -6,9 +7,11 @@ for the ledger itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from dpsynth import storage
 from dpsynth.config import RunConfig
@@ -79,49 +82,71 @@ def run_ledger(ctx):
     return open_ledger(run_ledger_url(ctx))
 
 
-def train_charged(cfg: RunConfig, make_trainer, *, ledger, dataset_version: str, pipeline_run_id: str,
-                  records: int, workdir: str, content_sha256: str | None = None):
-    """Run ``make_trainer().train()`` as one charged attempt (:func:`run_charged`),
-    adopting the checkpoint in ``workdir/checkpoints``; returns the result. ``content_sha256``: the dataset's
-    content hash, which ties the population to its data in the ledger (kept there keyed only)."""
+@contextlib.contextmanager
+def attempt(cfg: RunConfig, *, ledger, dataset_version: str, pipeline_run_id: str, records: int, workdir: str,
+            content_sha256: str | None = None) -> Iterator[Charge]:
+    """One charged training attempt around its body (:func:`charged`), adopting the checkpoint in
+    ``workdir/checkpoints``. ``content_sha256``: the dataset's content hash, which ties the population to its
+    data in the ledger (kept there keyed only)::
+
+        with charging.attempt(cfg, ledger=…, …) as charge:
+            trainer = charge.admit(make_trainer())
+            charge.result = loop.train(trainer)
+    """
     from dpsynth.ledger.attempt import open_attempt
     from dpsynth.training import checkpoint
 
-    attempt = open_attempt(
+    opened = open_attempt(
         ledger, population_id=population_id(cfg), epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
         dataset_version=dataset_version, pipeline_run_id=pipeline_run_id, stage="train", records=records,
         accountant=cfg.privacy.accountant,
         lineage=checkpoint.lineage(Path(workdir) / "checkpoints") if cfg.output.resume else None, stale_after_s=cfg.ledger.stale_after_hours * 3600, content_sha256=content_sha256)
-    return run_charged(attempt, make_trainer,
-                       read_trace=lambda result: MechanismTrace.from_json(storage.read_bytes(result.trace_path).decode()))
+    with charged(opened) as charge:
+        yield charge
 
 
-def run_charged(attempt: Attempt, make_trainer: Callable[[], Any], *, read_trace: Callable[[Any], MechanismTrace]):
-    """Build the trainer, train it under ``attempt``, close the attempt; returns the trainer's result.
+@dataclass
+class Charge:
+    """What the body of :func:`charged` tells it: the trainer it admitted, and the trainer's result."""
 
-    ``read_trace(result)``: the final trace of a finished run.
-    """
+    attempt: Attempt
+    trainer: Any = None  # admitted: it may take private steps
+    result: Any = None  # the finished run's TrainResult (its trace file is what the attempt commits)
+
+    def admit(self, trainer):
+        """Before ``trainer``'s first private step (:meth:`Attempt.limit`); returns it."""
+        self.attempt.limit(trainer)
+        self.trainer = trainer
+        return trainer
+
+
+@contextlib.contextmanager
+def charged(attempt: Attempt) -> Iterator[Charge]:
+    """Run the body — build the trainer, :meth:`Charge.admit` it, train it, set ``charge.result`` — under
+    ``attempt`` (its checkpoints carry the attempt's lineage: :func:`dpsynth.training.checkpoint.charging`), and
+    close the attempt: released when the body failed before admitting a trainer; when it failed after, committed
+    at the ε of the trace the trainer recorded; when it finished, at the ε of the trace file of its result;
+    charged its whole reservation when that trace cannot be accounted."""
     from dpsynth.training import checkpoint
 
-    try:
-        trainer = make_trainer()
-        attempt.limit(trainer)
-    except BaseException as exc:
-        attempt.release(f"failed before its first private step: {str(exc) or repr(exc)}")
-        raise
+    charge = Charge(attempt)
     try:
         with checkpoint.charging(attempt):
-            result = trainer.train()
+            yield charge
     except BaseException as exc:
-        _charge_failure(attempt, trainer, exc)
+        if charge.trainer is None:
+            attempt.release(f"failed before its first private step: {str(exc) or repr(exc)}")
+        else:
+            _charge_failure(attempt, charge.trainer, exc)
         raise
+    result = charge.result
     try:
-        attempt.commit(read_trace(result), accountant=result.accountant)
+        attempt.commit(MechanismTrace.from_json(storage.read_bytes(result.trace_path).decode()),
+                       accountant=result.accountant)
     except BaseException as exc:
         if not attempt.closed:
             attempt.charge_in_full(f"its trace could not be accounted ({str(exc) or repr(exc)})")
         raise
-    return result
 
 
 def _charge_failure(attempt: Attempt, trainer, exc: BaseException) -> None:

@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -111,7 +110,7 @@ class StageContext:
 
     @property
     def experiment(self) -> str:
-        return self.cfg.tracking.experiment or tracking.experiment_name(dataset_name(self.cfg.data.uri))
+        return self.cfg.tracking.experiment or tracking.experiment_name(self.cfg.data.name)
 
     def entry(self, uri: str, *, role: str, **kwargs) -> dict:
         return manifest.entry(uri, role=role, zones=self.zones, **kwargs)
@@ -180,10 +179,6 @@ def outside_manifest(ctx: StageContext, m: dict) -> dict:
 def release_inputs(ctx: StageContext, stage: str, inputs: list[dict]) -> list[dict]:
     """``inputs`` as the manifest of ``stage`` records them: keyed (:func:`outside_view`) in the release zone."""
     return outside_view(ctx, inputs) if ZONE[stage] == "release" else inputs
-
-
-def dataset_name(uri: str) -> str:
-    return Path(str(uri).rstrip("/")).stem or "dataset"
 
 
 def redacted(cfg: RunConfig) -> RunConfig:

@@ -48,7 +48,7 @@ from dpsynth import storage, tracking
 from dpsynth.config import dump_config
 from dpsynth.data import read_parquet
 from dpsynth.errors import ConfigError, DpsynthError
-from dpsynth.training import checkpoint, data_parallel
+from dpsynth.training import checkpoint, data_parallel, loop
 from dpsynth.methods import registry
 from dpsynth.stages import charging
 from dpsynth.stages import protocol, manifest
@@ -191,14 +191,16 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
         tcfg = _trainer_config(ctx, shards, workdir)
         tracking_uri = ctx.tracking_uri if cfg.tracking.enabled else None
         ledger = charging.open_ledger(charging.ledger_url(cfg, run_dir=ctx.run_dir, tracking_uri=tracking_uri))
-        with checkpoint.mirroring(mirror):
-            result = dataclasses.asdict(charging.train_charged(
-                tcfg, lambda: method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id,
-                                                     run_tags=ctx.run_tags(), **method_kwargs),
-                ledger=ledger, dataset_version=partition["dataset_sha256"],
+        source = next(i for i in partition["inputs"] if i["role"] == "source")
+        with checkpoint.mirroring(mirror), charging.attempt(  # one charged attempt (dpsynth.ledger.attempt)
+                tcfg, ledger=ledger, dataset_version=partition["dataset_sha256"], workdir=workdir,
                 pipeline_run_id=ctx.pipeline_run_id or f"stage-{uuid.uuid4().hex[:12]}",
-                records=partition["details"]["records"], workdir=workdir,
-                content_sha256=next(i for i in partition["inputs"] if i["role"] == "source")["content_sha256"]))
+                records=partition["details"]["records"], content_sha256=source["content_sha256"]) as charge:
+            trainer = charge.admit(method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id,
+                                                          run_tags=ctx.run_tags(), **method_kwargs))
+            # the one loop (the federated server's processes, methods.federated_processes, run it on their server)
+            charge.result = trainer.train() if federated else loop.train(trainer)
+        result = dataclasses.asdict(charge.result)
         # generator snapshots a trainer left at its checkpoints (evaluate's ε-vs-metric curve)
         snapshots = sorted(p.relative_to(workdir).as_posix()
                            for p in (Path(workdir) / "checkpoints" / checkpoint.SNAPSHOTS).glob("generator-*.pt"))
@@ -235,7 +237,7 @@ def follow(ctx: protocol.StageContext) -> None:
     dataset = protocol.concat(shard_data) if None not in shard_data else None
     data, method_kwargs = method_inputs(ctx, read.method, dataset=dataset, shards=shard_data,
                                         warmstart=read.warmstart)
-    read.method.trainer_class()(tcfg, data, **method_kwargs).train()
+    loop.train(read.method.trainer_class()(tcfg, data, **method_kwargs))
 
 
 # --- the federated GS-WGAN: the job of its server and K clients (dpsynth.methods.federated_processes) ---
