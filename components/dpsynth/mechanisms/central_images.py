@@ -304,7 +304,8 @@ def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: to
 
 LLOYD_SIZE = 8  # the Lloyd steps' feature: f pooled to 8 × 8
 LLOYD_SEED = 0  # PUBLIC: the seed of the initial centroids' random part (data-independent by construction)
-LLOYD_MIN_COUNT = 10.0  # an intermediate centroid of fewer noisy records keeps its previous value (post-processing)
+LLOYD_MIN_COUNT = 10.0  # an intermediate centroid of fewer noisy records restarts near the largest (post-processing)
+LLOYD_SPREAD = 0.5  # the initial centroids' distance from the class mean's feature (unit norm) along public random ones
 
 
 def lloyd_features(images: torch.Tensor, size: int | None = LLOYD_SIZE) -> torch.Tensor:
@@ -341,16 +342,30 @@ def lloyd_sums(features: torch.Tensor, groups: torch.Tensor, *, num_groups: int,
 def lloyd_init(num_classes: int, k: int, *, shape: tuple[int, int], means: torch.Tensor | None = None,
                size: int = LLOYD_SIZE) -> torch.Tensor:
     """The first iteration's centroids, (num_classes·k) × size², unit norm: random smooth directions from the public
-    LLOYD_SEED, added (equal norms) to the released class means' feature (``means``: N×C×H×W in [-1, 1], public
-    after their release; None: random only). Data-independent given the released means."""
+    LLOYD_SEED, made orthogonal to the released class means' feature m and added to it at LLOYD_SPREAD (``means``:
+    N×C×H×W in [-1, 1], public after their release; None: random only). Data-independent given the released means."""
     g = torch.Generator().manual_seed(LLOYD_SEED)
     h, w = shape
     u = torch.randn(num_classes * k, 1, h, w, generator=g, dtype=torch.float64)
     u = torch.nn.functional.avg_pool2d(u, 5, stride=1, padding=2, count_include_pad=False)  # smooth: shape-like
     u = lloyd_features(u, size)
-    if means is not None:
-        u = u + lloyd_features(means, size).repeat_interleave(k, 0)
+    if means is not None:  # around the class's mean feature m, apart along directions ⟂ m (no group favoured by m·u)
+        m = lloyd_features(means, size).repeat_interleave(k, 0)
+        u = u - (u * m).sum(1, keepdim=True) * m
+        u = m + LLOYD_SPREAD * u / u.norm(dim=1, keepdim=True).clamp(min=1e-12)
     return u / u.norm(dim=1, keepdim=True).clamp(min=1e-12)
+
+
+def lloyd_reseed(centroids: torch.Tensor, counts: torch.Tensor, *, k: int) -> torch.Tensor:
+    """Post-processing of one iteration's released centroids: a group of fewer than LLOYD_MIN_COUNT noisy records
+    restarts from its class's largest group's centroid, moved by a public random direction (LLOYD_SEED) of
+    LLOYD_SPREAD times its norm, so the next iteration splits that group."""
+    n = len(centroids) // k
+    largest = k * torch.arange(n).repeat_interleave(k) + counts.view(n, k).argmax(1).repeat_interleave(k)
+    u = torch.randn(centroids.shape, generator=torch.Generator().manual_seed(LLOYD_SEED + 1), dtype=centroids.dtype)
+    base = centroids[largest]
+    moved = base + LLOYD_SPREAD * base.norm(dim=1, keepdim=True) * u / u.norm(dim=1, keepdim=True)
+    return torch.where((counts >= LLOYD_MIN_COUNT).unsqueeze(1), centroids, moved)
 
 
 def lloyd_groups(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, k: int, iterations: int,
@@ -380,6 +395,6 @@ def lloyd_groups(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
             trace.record(event_for(noise_multiplier))
         counts = sums[:, -1] / part
         released = sums[:, :-1] / part / counts.clamp(min=1.0).unsqueeze(1)
-        if t < iterations - 1:  # post-processing: a near-empty group keeps its centroid
-            centroids = torch.where((counts >= LLOYD_MIN_COUNT).unsqueeze(1), released, centroids)
+        if t < iterations - 1:  # post-processing: a near-empty group splits its class's largest
+            centroids = lloyd_reseed(released, counts, k=k)
     return released, counts.float()

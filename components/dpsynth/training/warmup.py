@@ -112,7 +112,8 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
         shapes, counts = central_images.lloyd_groups(
             images, labels, num_classes=num_classes, k=w.groups, iterations=w.groups_iterations, clip=w.clip,
             noise_multiplier=w.groups_noise_multiplier, randomness=randomness, trace=trace, means=means)
-        slots = tidy(group_slots(shapes, counts, means, centre=centre, spread=spread))
+        slots = tidy(group_slots(shapes, counts, means, centre=centre, spread=spread,
+                                 sum_noise=w.groups_noise_multiplier * math.sqrt(2)))
         slot_classes = torch.arange(num_classes).repeat_interleave(w.groups)
     if w.styles:
         templates, slot_classes = style_templates(means, w.styles)
@@ -228,19 +229,28 @@ def polarity_slots(shapes: torch.Tensor, counts: torch.Tensor, means: torch.Tens
     return torch.where(keep.view(shape), drawn, fallback)
 
 
+SMOOTH_NOISE = 70 / 256  # the std of white noise after :func:`smooth` (Σ of the squared 5 × 5 binomial weights, √)
+MAX_GROUP_NOISE = 0.5  # a DP-Lloyd group is kept when its smoothed noise norm is at most this share of its shape's
+
+
 def group_slots(shapes: torch.Tensor, counts: torch.Tensor, means: torch.Tensor, *, centre: float,
-                spread: float) -> torch.Tensor:
+                spread: float, sum_noise: float = 0.0) -> torch.Tensor:
     """The generator's k slots per class from the released DP-Lloyd group means of f (k·K × H·W, class-major;
     :func:`dpsynth.mechanisms.central_images.lloyd_groups`) and their noisy counts, drawn as :func:`polarity_slots`
     draws its shapes (f unsigned: lighter where the group's records are). A group with fewer than MIN_COUNT noisy
-    records, or under KEEP_SHARE·2/k of its class's, takes its class's largest group's slot, or with none kept its
-    class mean (``means``, K×C×H×W in [-1, 1]). Post-processing of released values; returns k·K×C×H×W in [-1, 1]."""
+    records, under KEEP_SHARE·2/k of its class's, or whose smoothed noise — ``sum_noise`` (the noise std on every
+    coordinate of its sum of f, σ_g·√2) over its count, × SMOOTH_NOISE·√(H·W) — exceeds MAX_GROUP_NOISE × its
+    smoothed shape's norm, takes its class's largest group's slot, or with none kept its class mean (``means``,
+    K×C×H×W in [-1, 1]). Post-processing of released values; returns k·K×C×H×W in [-1, 1]."""
     n, c, h, w = means.shape
     k = len(shapes) // n
-    drawn = (centre + spread * math.sqrt(h * w) * smooth(shapes.float().view(k * n, 1, h, w))).clamp(0, 1)
+    smoothed = smooth(shapes.float().view(k * n, 1, h, w))
+    drawn = (centre + spread * math.sqrt(h * w) * smoothed).clamp(0, 1)
     drawn = (drawn * 2 - 1).expand(-1, c, -1, -1)
     total = counts.view(n, k).sum(1).repeat_interleave(k)
+    noise = sum_noise * SMOOTH_NOISE * math.sqrt(h * w) / counts.clamp(min=1.0)
     keep = (counts >= MIN_COUNT) & (counts >= KEEP_SHARE * 2 / k * total)
+    keep &= noise <= MAX_GROUP_NOISE * smoothed.flatten(1).norm(dim=1)
     largest = k * torch.arange(n).repeat_interleave(k) + counts.view(n, k).argmax(1).repeat_interleave(k)
     shape = (-1, 1, 1, 1)
     fallback = torch.where(keep[largest].view(shape), drawn[largest], means.repeat_interleave(k, 0))
