@@ -87,6 +87,13 @@ def test_the_iterations_are_events_planned_traced_accounted_and_audited(tmp_path
     assert "DP-Lloyd" in warmup_releases.statement(cfg)
 
 
+def test_the_iterations_count_against_the_budget(tmp_path):
+    from dpsynth.errors import PrivacyError
+    cfg = tiny(tmp_path, *LLOYD[:-2], "warmup.groups_iterations=8", "warmup.groups_noise_multiplier=0.5")
+    with pytest.raises(PrivacyError, match="warmup.groups"):
+        warmup_releases.prefix(cfg, accountant="rdp")
+
+
 def test_release_gives_k_slots_per_class(tmp_path, small_mnist):
     x, y = small_mnist.to_tensors()
     cfg = tiny(tmp_path, *LLOYD, "warmup.variations=2", "warmup.variations_noise_multiplier=50", "train.latent_dim=9")
@@ -95,6 +102,7 @@ def test_release_gives_k_slots_per_class(tmp_path, small_mnist):
                                        randomness=MechanismRandomness(), trace=trace)
     assert tuple(slots.shape) == (3 * small_mnist.num_classes, *x.shape[1:])
     assert [(e.noise_multiplier, e.count) for e in trace.events] == [(20.0, 1), (5.0, 1), (4.0, 2), (50.0, 1)]
+    assert trace.events == MechanismTrace(warmup_releases.events(cfg)).events  # what was released is what was planned
 
 
 def test_a_sparse_group_takes_its_classes_largest_slot():

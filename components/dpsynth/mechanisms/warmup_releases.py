@@ -31,9 +31,9 @@ def prefix(cfg, *, accountant):
         if spent >= p.epsilon:
             raise PrivacyError(
                 f"privacy.epsilon: {p.epsilon} is spent by the warm-up's releases alone (ε = {spent:.3g} at δ = "
-                f"{p.delta:g}); set warmup.variations=0 and warmup.styles=0 (class means only), raise "
-                f"warmup.noise_multiplier / warmup.styles_noise_multiplier / warmup.variations_noise_multiplier, "
-                f"or raise privacy.epsilon")
+                f"{p.delta:g}); set warmup.variations=0, warmup.styles=0 and warmup.groups=0 (class means only), "
+                f"raise warmup.noise_multiplier / warmup.styles_noise_multiplier / warmup.groups_noise_multiplier / "
+                f"warmup.variations_noise_multiplier, or raise privacy.epsilon")
     return trace
 
 
