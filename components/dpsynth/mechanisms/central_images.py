@@ -291,3 +291,110 @@ def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: to
     vec = eigenvectors.flip(-1)[:, :, :rank]
     directions = (vec * lam.sqrt().unsqueeze(1)).transpose(1, 2)  # (classes, rank, D), [0, 1] units
     return (2 * directions).float().view(num_classes, rank, *images.shape[1:])
+
+
+# --- DP-Lloyd groups: k shapes per class found by private k-means ------------------------------------------
+# Each record's feature is :func:`polarity`'s f (its luminance less its own mean, unit L2 norm: a function of the
+# record alone), the Lloyd steps read it average-pooled to LLOYD_SIZE × LLOYD_SIZE and scaled to unit norm again.
+# Every iteration assigns each record to the nearest of its class's k public centroids (data-independent at first:
+# :func:`lloyd_init`; then the previous iteration's released ones), and releases the stacked group sums of
+# [f·C/√2, C/√2] with N(0, (σ·C)²) per coordinate: a record is in exactly one group, so adding or removing it moves
+# one row by ≤ C, the polarity release's sensitivity; each iteration is one full-batch Gaussian event. The last
+# iteration sums the full-resolution f: its group means are the shapes the generator's slots are drawn from.
+
+LLOYD_SIZE = 8  # the Lloyd steps' feature: f pooled to 8 × 8
+LLOYD_SEED = 0  # PUBLIC: the seed of the initial centroids' random part (data-independent by construction)
+LLOYD_MIN_COUNT = 10.0  # an intermediate centroid of fewer noisy records restarts near the largest (post-processing)
+LLOYD_SPREAD = 0.5  # the initial centroids' distance from the class mean's feature (unit norm) along public random ones
+
+
+def lloyd_features(images: torch.Tensor, size: int | None = LLOYD_SIZE) -> torch.Tensor:
+    """Each record's DP-Lloyd feature, N × D in float64, L2 norm 1 (a flat image: 0): :func:`polarity`'s f, average-
+    pooled to ``size`` × ``size`` and scaled to unit norm again (``size`` None: f itself, D = H·W). A function of
+    the record alone."""
+    f, _ = polarity(images)
+    if size is None:
+        return f
+    h, w = images.shape[-2:]
+    g = torch.nn.functional.adaptive_avg_pool2d(f.view(-1, 1, h, w), size).flatten(1)
+    return g / g.norm(dim=1, keepdim=True).clamp(min=1e-12) * (f.norm(dim=1, keepdim=True) > 0)
+
+
+def lloyd_assign(features: torch.Tensor, labels: torch.Tensor, centroids: torch.Tensor, *, k: int) -> torch.Tensor:
+    """Each record's group, ``k·label + j``: j the nearest (L2) of its own class's k ``centroids`` (public,
+    (num_classes·k) × D, class-major). Reads the record and public values only."""
+    y = labels.long().cpu()
+    c = centroids.double().view(-1, k, centroids.shape[-1])[y]  # N × k × D: the record's class's centroids
+    d = (c - features.unsqueeze(1)).pow(2).sum(-1)
+    return k * y + d.argmin(1)
+
+
+def lloyd_sums(features: torch.Tensor, groups: torch.Tensor, *, num_groups: int, clip: float) -> torch.Tensor:
+    """The noiseless query of one DP-Lloyd iteration: a (num_groups, D + 1) matrix, row g = Σ over the records of
+    group g of [f·C/√2, C/√2] (‖f‖ ≤ 1, each record in one group: one record moves one row by ≤ C)."""
+    if clip <= 0:
+        raise PrivacyError(f"warmup.clip: must be > 0, got {clip}")
+    part = clip / math.sqrt(2)
+    v = torch.cat([features * part, torch.full((len(features), 1), part, dtype=features.dtype)], dim=1)
+    return torch.zeros(num_groups, v.shape[1], dtype=v.dtype).index_add_(0, groups.long().cpu(), v)
+
+
+def lloyd_init(num_classes: int, k: int, *, shape: tuple[int, int], means: torch.Tensor | None = None,
+               size: int = LLOYD_SIZE) -> torch.Tensor:
+    """The first iteration's centroids, (num_classes·k) × size², unit norm: random smooth directions from the public
+    LLOYD_SEED, made orthogonal to the released class means' feature m and added to it at LLOYD_SPREAD (``means``:
+    N×C×H×W in [-1, 1], public after their release; None: random only). Data-independent given the released means."""
+    g = torch.Generator().manual_seed(LLOYD_SEED)
+    h, w = shape
+    u = torch.randn(num_classes * k, 1, h, w, generator=g, dtype=torch.float64)
+    u = torch.nn.functional.avg_pool2d(u, 5, stride=1, padding=2, count_include_pad=False)  # smooth: shape-like
+    u = lloyd_features(u, size)
+    if means is not None:  # around the class's mean feature m, apart along directions ⟂ m (no group favoured by m·u)
+        m = lloyd_features(means, size).repeat_interleave(k, 0)
+        u = u - (u * m).sum(1, keepdim=True) * m
+        u = m + LLOYD_SPREAD * u / u.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    return u / u.norm(dim=1, keepdim=True).clamp(min=1e-12)
+
+
+def lloyd_reseed(centroids: torch.Tensor, counts: torch.Tensor, *, k: int) -> torch.Tensor:
+    """Post-processing of one iteration's released centroids: a group of fewer than LLOYD_MIN_COUNT noisy records
+    restarts from its class's largest group's centroid, moved by a public random direction (LLOYD_SEED) of
+    LLOYD_SPREAD times its norm, so the next iteration splits that group."""
+    n = len(centroids) // k
+    largest = k * torch.arange(n).repeat_interleave(k) + counts.view(n, k).argmax(1).repeat_interleave(k)
+    u = torch.randn(centroids.shape, generator=torch.Generator().manual_seed(LLOYD_SEED + 1), dtype=centroids.dtype)
+    base = centroids[largest]
+    moved = base + LLOYD_SPREAD * base.norm(dim=1, keepdim=True) * u / u.norm(dim=1, keepdim=True)
+    return torch.where((counts >= LLOYD_MIN_COUNT).unsqueeze(1), centroids, moved)
+
+
+def lloyd_groups(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, k: int, iterations: int,
+                 clip: float, noise_multiplier: float, randomness: MechanismRandomness | None = None,
+                 trace: MechanismTrace | None = None, means: torch.Tensor | None = None,
+                 observe=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """k groups per class by DP-Lloyd: ``iterations`` Gaussian releases (each ``event_for(noise_multiplier)``,
+    recorded in ``trace``; None: records nothing), the first ``iterations`` − 1 on the pooled feature, the last on
+    the full-resolution f, each record in the group of the nearest of its class's centroids released before
+    (:func:`lloyd_init` first, from the released class ``means``). Returns the last release's group means of f,
+    ((num_classes·k) × H·W in float64, class-major; noisy sum over noisy count, post-processing) and the noisy
+    counts. ``observe(t, noisy, query)``: each iteration's raw output and noiseless query (tests only)."""
+    if k < 1 or iterations < 1:
+        raise PrivacyError(f"warmup.groups: needs k >= 1 and iterations >= 1, got {k}, {iterations}")
+    h, w = images.shape[-2:]
+    pooled, full = lloyd_features(images), lloyd_features(images, None)
+    centroids = lloyd_init(num_classes, k, shape=(h, w), means=means)
+    part = clip / math.sqrt(2)
+    for t in range(iterations):
+        groups = lloyd_assign(pooled, labels, centroids, k=k)
+        feature = full if t == iterations - 1 else pooled
+        sums = _noised(lloyd_sums(feature, groups, num_groups=num_classes * k, clip=clip), clip=clip,
+                       noise_multiplier=noise_multiplier, randomness=randomness,
+                       observe=None if observe is None else (lambda noisy, query: observe(t, noisy, query)),
+                       field="warmup.groups_noise_multiplier")
+        if trace is not None:
+            trace.record(event_for(noise_multiplier))
+        counts = sums[:, -1] / part
+        released = sums[:, :-1] / part / counts.clamp(min=1.0).unsqueeze(1)
+        if t < iterations - 1:  # post-processing: a near-empty group splits its class's largest
+            centroids = lloyd_reseed(released, counts, k=k)
+    return released, counts.float()
