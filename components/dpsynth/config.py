@@ -297,15 +297,6 @@ class WarmupConfig:
                                 "every class's two groups, shape lighter or darker than the rest (noise std σ_p·clip "
                                 "on every sum). Drawn grey, they are the generator's two slots per class. Needs "
                                 "warmup.intensity_noise_multiplier. null: no such release.")
-    groups: Int = Field(0, ge=0, le=16, description="k > 0: instead of the polarity shapes, k groups per class found "
-                                                  "by DP-Lloyd on the same unit-norm feature (warmup.groups_iterations "
-                                                  "Gaussian releases, noise std groups_noise_multiplier·clip on every "
-                                                  "sum); drawn grey, they are the generator's k slots per class. Needs "
-                                                  "warmup.intensity_noise_multiplier. 0: none.")
-    groups_iterations: Int = Field(3, ge=1, le=10, description="DP-Lloyd iterations, one release each (the last "
-                                                               "at full resolution: the slots' shapes).")
-    groups_noise_multiplier: Float = Field(5.0, gt=0, description="σ_g of every DP-Lloyd release (noise std "
-                                                                  "σ_g·clip on every group sum).")
     variations: Int = Field(0, ge=0, le=32, description="r > 0: a third release, each class's r main directions of "
                                                         "variation (0: none).")
     variations_noise_multiplier: Float = Field(2.0, gt=0, description="σ of that release (noise std "
@@ -537,12 +528,6 @@ class RunConfig:
         _require(not (w.central_images and w.polarity_noise_multiplier is not None and w.styles),
                  "warmup.polarity_noise_multiplier", "the polarity shapes and the style release both split the "
                  "classes into the generator's slots: set warmup.styles=0 or warmup.polarity_noise_multiplier=null")
-        _require(not (w.central_images and w.groups) or (dcgan and w.intensity_noise_multiplier is not None
-                                                           and not w.styles and w.polarity_noise_multiplier is None),
-                 "warmup.groups", "the DP-Lloyd groups need a generator with style slots (dcgan.Generator) and "
-                 "warmup.intensity_noise_multiplier (they are drawn around its mean and spread), and replace the "
-                 "polarity shapes and the styles: set warmup.styles=0 and warmup.polarity_noise_multiplier=null, or "
-                 "warmup.groups=0")
         _require(not (w.central_images and w.variations) or latent >= 7 + w.variations,
                  "warmup.variations", f"{w.variations} directions need {where} >= {7 + w.variations} "
                  f"(z[:, 7:7 + r] weighs them), got {latent}")

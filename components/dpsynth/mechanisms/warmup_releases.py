@@ -9,8 +9,7 @@ from __future__ import annotations
 def events(cfg) -> list:
     """The warm-up's mechanism events, in order: the intensity histogram (with
     ``warmup.intensity_noise_multiplier``), the class-mean release, then (with ``warmup.polarity_noise_multiplier``)
-    the shape and the polarity-group releases, then (with ``warmup.groups``) the DP-Lloyd iterations, then the style
-    release, then the variation release: each a
+    the shape and the polarity-group releases, then the style release, then the variation release: each a
     full-batch Gaussian of add/remove sensitivity (its clip)."""
     from dpsynth.mechanisms.central_images import event_for
 
@@ -31,9 +30,9 @@ def prefix(cfg, *, accountant):
         if spent >= p.epsilon:
             raise PrivacyError(
                 f"privacy.epsilon: {p.epsilon} is spent by the warm-up's releases alone (ε = {spent:.3g} at δ = "
-                f"{p.delta:g}); set warmup.variations=0, warmup.styles=0 and warmup.groups=0 (class means only), "
-                f"raise warmup.noise_multiplier / warmup.styles_noise_multiplier / warmup.groups_noise_multiplier / "
-                f"warmup.variations_noise_multiplier, or raise privacy.epsilon")
+                f"{p.delta:g}); set warmup.variations=0 and warmup.styles=0 (class means only), raise "
+                f"warmup.noise_multiplier / warmup.styles_noise_multiplier / warmup.variations_noise_multiplier, "
+                f"or raise privacy.epsilon")
     return trace
 
 
@@ -52,11 +51,6 @@ def statement(cfg) -> str:
         out += (" Its polarity-shape release is one more: each record's luminance less its own mean, scaled to norm "
                 "≤ 1 and signed by its third moment, in the group of its class and that sign (the record alone), "
                 "moves the stacked group sums by ≤ C, noise σ_p·C.")
-    if w.groups:
-        out += (f" Its DP-Lloyd groups are {w.groups_iterations} more (k = {w.groups} groups per class): in each, "
-                "every record's luminance less its own mean, scaled to norm ≤ 1, in the group of the nearest of its "
-                "class's centroids released before (the record alone), moves the stacked group sums by ≤ C, "
-                "noise σ_g·C.")
     if w.styles:
         out += (" Its style release is one more: each record, assigned to the nearest public template of its "
                 "class, moves the stacked group sums by ≤ C, noise σ_s·C.")
@@ -76,7 +70,6 @@ def releases(cfg) -> list[tuple[str, float]]:
     named = [("intensity_histogram", w.intensity_noise_multiplier)] * (w.intensity_noise_multiplier is not None)
     named += [("class_means", w.noise_multiplier)]
     named += [("polarity_shapes", w.polarity_noise_multiplier)] * (w.polarity_noise_multiplier is not None)
-    named += [(f"lloyd_groups_{t + 1}", w.groups_noise_multiplier) for t in range(w.groups_iterations if w.groups else 0)]
     named += [("styles", w.styles_noise_multiplier)] * bool(w.styles)
     return named + [("variations", w.variations_noise_multiplier)] * bool(w.variations)
 

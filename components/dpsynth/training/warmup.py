@@ -28,9 +28,6 @@ has a flat grey mean) a release follows the class means instead of styles
 luminance less its own mean, unit norm, signed so its rarer tone is bright) over every class's two groups, shape
 lighter or darker than the rest (that sign). Drawn grey around the histogram's mean intensity, lighter or darker by
 its spread (:func:`polarity_slots`), they are the generator's two slots per class.
-With ``warmup.groups`` = k > 0 instead, the same feature (unsigned) is split into k groups per class by DP-Lloyd
-(:func:`dpsynth.mechanisms.central_images.lloyd_groups`: ``warmup.groups_iterations`` Gaussian events), drawn the
-same way (:func:`group_slots`): the generator's k slots per class.
 
 With ``warmup.variations`` = r > 0 a third release follows: every class's r main directions of variation
 around its released images (:func:`dpsynth.mechanisms.central_images.variation_directions`: the Gaussian
@@ -108,13 +105,6 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
             randomness=randomness, trace=trace)
         slots = tidy(polarity_slots(shapes, counts, means, centre=centre, spread=spread))
         slot_classes = torch.arange(num_classes).repeat_interleave(2)
-    if w.groups:  # k slots per class: DP-Lloyd groups of the same feature the polarity shapes read
-        shapes, counts = central_images.lloyd_groups(
-            images, labels, num_classes=num_classes, k=w.groups, iterations=w.groups_iterations, clip=w.clip,
-            noise_multiplier=w.groups_noise_multiplier, randomness=randomness, trace=trace, means=means)
-        slots = tidy(group_slots(shapes, counts, means, centre=centre, spread=spread,
-                                 sum_noise=w.groups_noise_multiplier * math.sqrt(2)))
-        slot_classes = torch.arange(num_classes).repeat_interleave(w.groups)
     if w.styles:
         templates, slot_classes = style_templates(means, w.styles)
         styles, counts = central_images.style_images(
@@ -132,11 +122,8 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
 
 
 def style_slots(cfg) -> int:
-    """How many style slots per class the generator needs: s × s with styles, 2 with polarity groups, k with
-    DP-Lloyd groups, else 1."""
+    """How many style slots per class the generator needs: s × s with styles, 2 with polarity groups, else 1."""
     w = cfg.warmup
-    if w.central_images and w.groups:
-        return w.groups
     if w.central_images and w.polarity_noise_multiplier is not None:
         return 2
     return w.styles ** 2 if w.central_images and w.styles else 1
@@ -226,34 +213,6 @@ def polarity_slots(shapes: torch.Tensor, counts: torch.Tensor, means: torch.Tens
     other = torch.arange(2 * k) ^ 1
     shape = (-1, 1, 1, 1)
     fallback = torch.where(keep[other].view(shape), drawn[other], means.repeat_interleave(2, 0))
-    return torch.where(keep.view(shape), drawn, fallback)
-
-
-SMOOTH_NOISE = 70 / 256  # the std of white noise after :func:`smooth` (Σ of the squared 5 × 5 binomial weights, √)
-MAX_GROUP_NOISE = 0.5  # a DP-Lloyd group is kept when its smoothed noise norm is at most this share of its shape's
-
-
-def group_slots(shapes: torch.Tensor, counts: torch.Tensor, means: torch.Tensor, *, centre: float,
-                spread: float, sum_noise: float = 0.0) -> torch.Tensor:
-    """The generator's k slots per class from the released DP-Lloyd group means of f (k·K × H·W, class-major;
-    :func:`dpsynth.mechanisms.central_images.lloyd_groups`) and their noisy counts, drawn as :func:`polarity_slots`
-    draws its shapes (f unsigned: lighter where the group's records are). A group with fewer than MIN_COUNT noisy
-    records, under KEEP_SHARE·2/k of its class's, or whose smoothed noise — ``sum_noise`` (the noise std on every
-    coordinate of its sum of f, σ_g·√2) over its count, × SMOOTH_NOISE·√(H·W) — exceeds MAX_GROUP_NOISE × its
-    smoothed shape's norm, takes its class's largest group's slot, or with none kept its class mean (``means``,
-    K×C×H×W in [-1, 1]). Post-processing of released values; returns k·K×C×H×W in [-1, 1]."""
-    n, c, h, w = means.shape
-    k = len(shapes) // n
-    smoothed = smooth(shapes.float().view(k * n, 1, h, w))
-    drawn = (centre + spread * math.sqrt(h * w) * smoothed).clamp(0, 1)
-    drawn = (drawn * 2 - 1).expand(-1, c, -1, -1)
-    total = counts.view(n, k).sum(1).repeat_interleave(k)
-    noise = sum_noise * SMOOTH_NOISE * math.sqrt(h * w) / counts.clamp(min=1.0)
-    keep = (counts >= MIN_COUNT) & (counts >= KEEP_SHARE * 2 / k * total)
-    keep &= noise <= MAX_GROUP_NOISE * smoothed.flatten(1).norm(dim=1)
-    largest = k * torch.arange(n).repeat_interleave(k) + counts.view(n, k).argmax(1).repeat_interleave(k)
-    shape = (-1, 1, 1, 1)
-    fallback = torch.where(keep[largest].view(shape), drawn[largest], means.repeat_interleave(k, 0))
     return torch.where(keep.view(shape), drawn, fallback)
 
 
