@@ -84,12 +84,12 @@ def public_groups(state: ZhangState, bounds: list[float], public, cfg: RunConfig
     return groups, bounds
 
 
-def d_step(state: ZhangState, real: tuple[torch.Tensor, torch.Tensor], sanitizer, *, gp_weight: float,
+def d_step(state: ZhangState, batch: tuple[torch.Tensor, torch.Tensor], sanitizer, *, gp_weight: float,
            chunk: int | None = None) -> None:
-    """One private critic step (Alg. 3 lines 7–17) on the Poisson-sampled ``real`` records: each unit's fake from
+    """One private critic step (Alg. 3 lines 7–17) on ``batch``, the Poisson-sampled records: each unit's fake from
     its own latent and interpolation weight (the secret coins, see the module docstring), each unit's gradient
     clipped group by group, the noisy sums released (the sanitizer records the step's event), one Adam step."""
-    (real, y), D_private = real, state.D_private
+    (real, y), D_private = batch, state.D_private
     m = len(real)
     latents = state.mechanism.standard_normal((m, state.G.latent_dim))
     rho = state.mechanism.uniform((m,)).view(-1, 1, 1, 1)

@@ -75,7 +75,7 @@ def clear_mirror(uri: str) -> None:
         storage.delete(found)
 
 
-TORCH_RNG = "torch_rng"  # in a trainer's STATE: the global CPU generator (torch.get_rng_state)
+TORCH_RNG = "torch_rng"  # a state field of this name holds nothing: the global CPU generator (torch.get_rng_state)
 
 
 def capture(owner, names) -> dict:
