@@ -95,6 +95,8 @@ def test_a_trainer_holds_no_flags_of_one_method():
     for cls in (Trainer, FederatedServer, *(m.trainer_class() for m in registry.METHODS.values())):
         assert not [g for g in gone if hasattr(cls, g)], f"{cls.__name__}: {[g for g in gone if hasattr(cls, g)]}"
     assert set(data_parallel.METHODS) < set(registry.METHODS)
+    for name, m in registry.METHODS.items():  # each trainer names its method: the one list says if it is data-parallel
+        assert (FederatedServer if name == "gswgan_federated" else m.trainer_class()).METHOD == name
 
 
 def test_a_state_dataclass_round_trips_through_capture_state():

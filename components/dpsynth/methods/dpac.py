@@ -72,6 +72,8 @@ class DPACTrainer(GSWGANTrainer):
     generator's loss from iteration t_c on combined with a classifier trained on shard k (as D_k, by the rank
     holding it under torchrun)."""
 
+    METHOD = "dpac"
+
     def generator_loss(self, k: int) -> Callable:
         d = self.cfg.dpac
         if self.step < d.start_iteration:

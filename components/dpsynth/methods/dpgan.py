@@ -108,6 +108,7 @@ class DPGANTrainer(Trainer):
     runs it to the end. One step is one discriminator step (Algorithm 1's n_D counts them per generator step)."""
 
     STEP = "DP discriminator steps"
+    METHOD = "dpgan"
     MECHANISM = DPGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.discriminator)
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(metrics={
         "noise_multiplier": _PLAN, "sample_rate": _PLAN,

@@ -166,7 +166,7 @@ class GSWGANTrainer(Trainer):
     torchrun each rank holds its block of the shards (``own``) and their D_k (:mod:`dpsynth.training.data_parallel`)."""
 
     MECHANISM = GSWGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.generator_gradient)
-    STEP = "private generator iterations"
+    STEP, METHOD = "private generator iterations", "gswgan"
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
         params={"derived.release_noise_multiplier": _PLAN, "derived.accountant": "wor (fixed for shard sampling)"})
@@ -198,7 +198,7 @@ class GSWGANTrainer(Trainer):
         # σ per release; records plan.event (the B releases folded: σ/√B) in the trace at every iteration
         self.sanitizer = self.MECHANISM.sanitizer(cfg, self.plan, randomness=mechanism, trace=self.trace)
         self.state = GSWGANState(
-            method=cfg.train.method, **models, D=D, d_states=d_states, mechanism=mechanism,
+            method=self.METHOD, **models, D=D, d_states=d_states, mechanism=mechanism,
             data_rng=cpu_rng(seed, "real-batches"),
             rng=torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents")))
         if self.dist.distributed:

@@ -168,9 +168,8 @@ class ServerState:
 
 
 def g_step(state: ServerState, receipts: Receipts, *, cfg: RunConfig, num_clients: int, iteration: int) -> None:
-    """One generator iteration of the server (Algorithm 2, lines 5–12): client k drawn, n_dis rounds of B fakes sent
-    and their sanitized gradients received (the private releases: the client's; ``receipts`` records the event
-    folding them), G updated on the last round's, then G_ema (``iteration``: this one included)."""
+    """The server's generator iteration (Algorithm 2, lines 5–12): client k drawn, n_dis rounds of B fakes sent and
+    their sanitized gradients (the private releases, ``receipts`` records their event) received, G and G_ema updated."""
     g, rounds, device = cfg.gswgan, discriminator_steps.n_d(cfg), state.rng.device
     k = state.mechanism.choice(num_clients)
     for r in range(rounds):  # every round's answer is a release the server sees
@@ -190,6 +189,7 @@ class FederatedServer(GSWGANTrainer):
     """The server of Algorithm 2 (its reports are GS-WGAN's): its state, the plan, the trace. No data."""
 
     MECHANISM = FEDERATED  # the n_dis·B releases of an iteration folded (dpsynth.mechanisms.generator_gradient)
+    METHOD = "gswgan_federated"  # not data-parallel: its ranks are the server and the clients
     MLFLOW_KEYS = GSWGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={k: _PROTOCOL for k in _BYTES},
         params={"derived.privacy_unit": "client (fixed)", "derived.clients": "K (configuration)",
@@ -206,7 +206,7 @@ class FederatedServer(GSWGANTrainer):
         self.plan = FEDERATED.plan(cfg, self.n)  # K = partition.num_shards clients
         models = generator_models(cfg, self.spec, self.device)  # G, G_ema and G's Adam, as GS-WGAN's
         self.state = ServerState(
-            method=cfg.train.method, **models, D=fresh_discriminator(cfg, self.spec, shard_index=0), clients=clients,
+            method=self.METHOD, **models, D=fresh_discriminator(cfg, self.spec, shard_index=0), clients=clients,
             mechanism=MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode, seed=mechanism_seed),
             rng=torch.Generator(device=self.device).manual_seed(derived_seed(cfg.train.seed, "latents")))
         self.receipts = Receipts(self.trace, self.plan.event, releases=self.plan.releases)

@@ -130,6 +130,7 @@ class ZhangTrainer(Trainer):
     the end. One step is one critic step (the paper's n_critic counts them per generator step)."""
 
     STEP = "DP critic steps"
+    METHOD = "zhang"
     MECHANISM = ZHANG  # its plan, statement and sanitizer (dpsynth.mechanisms.discriminator)
     MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the paper's account of the steps taken (from the plan)"},

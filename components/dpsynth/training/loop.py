@@ -71,6 +71,7 @@ class Trainer:
     implements the methods marked *method*."""
 
     STEP = "private steps"  # the progress bar's name for one step (see the table above)
+    METHOD: str  # *method*: its name in the registry (data_parallel.METHODS: whether it trains on several ranks)
     # what its MLflow run may hold (the train stage's allow-list, checked by the audit): what the loop logs;
     # a method adds what its own hooks log (progress, final_metrics, derived_params)
     MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
@@ -94,7 +95,7 @@ class Trainer:
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         # rank r of W when this method trains data-parallel under torchrun (dpsynth.training.data_parallel); else
         # 0 of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)
-        self.dist = data_parallel.ranks(cfg.train.method)
+        self.dist = data_parallel.ranks(self.METHOD)
         self.device = self.dist.place(resolve_device(cfg.train.device))
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         self.accountant = get_accountant(self.MECHANISM.accountant(cfg))  # GS-WGAN's fixes its own: "wor"
