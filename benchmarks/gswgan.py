@@ -27,25 +27,11 @@ import torch
 from dpsynth.config import load_config
 from dpsynth.data import import_source
 from dpsynth.methods.dpac import DPACTrainer
-from dpsynth.methods.gswgan import GSWGANTrainer
-from dpsynth.methods.networks import fresh_discriminator, gswgan_adam
-from dpsynth.training import checkpoint
+from dpsynth.methods.gswgan import GSWGANTrainer, load_discriminator, store_discriminator
 from dpsynth.methods.warm_starts import warm_start_shard
 from dpsynth.stages.partition import assign
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def swap(trainer, k: int) -> None:
-    """D_k in and out of the working discriminator, with its Adam state (as methods/gswgan.critic_step does)."""
-    s, cfg = trainer.state, trainer.cfg
-    s.D.load_state_dict(s.d_states[k] if k in s.d_states else
-                        fresh_discriminator(cfg, trainer.spec, shard_index=k).state_dict())
-    opt = gswgan_adam(s.D.parameters(), lr=cfg.gswgan.lr_d, cfg=cfg)
-    if k in s.opt_states:
-        opt.load_state_dict(s.opt_states[k])
-    s.d_states[k] = {name: v.detach().to("cpu", copy=True) for name, v in s.D.state_dict().items()}
-    s.opt_states[k] = checkpoint.cpu_copy(opt.state_dict())
 
 
 def main(argv=None) -> int:
@@ -85,7 +71,8 @@ def main(argv=None) -> int:
         for _ in range(args.iterations):
             trainer.train_step()
         t2 = time.perf_counter()
-        swap(trainer, r % args.shards)
+        store_discriminator(trainer.state, r % args.shards,  # D_k in and out of the working discriminator
+                            load_discriminator(trainer.state, r % args.shards, cfg=cfg, spec=trainer.spec))
         t3 = time.perf_counter()
         if r >= args.warmup:
             w, p = (t1 - t0) / args.iterations, (t2 - t1) / args.iterations

@@ -21,9 +21,9 @@ from dpsynth.grids import class_grid
 from dpsynth.training import checkpoint, data_parallel
 from dpsynth.methods import discriminator_steps
 from dpsynth.training.loop import Trainer
-from dpsynth.training.seeds import cpu_rng, derived_seed, init_with_seed
-from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_record, gswgan_adam,
-                                      image_spec, make_generator, read_discriminator)
+from dpsynth.training.seeds import cpu_rng, derived_seed
+from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_models, generator_record,
+                                      gswgan_adam, image_spec, read_discriminator)
 from dpsynth.models.gswgan_networks import ema_update, frozen, refresh_spectral_norm
 from dpsynth.mechanisms.generator_gradient import ACCOUNTANT, GSWGAN
 from dpsynth.mechanisms.dpsgd import InputGradientSanitizer
@@ -117,24 +117,27 @@ class GSWGANState:
     D: torch.nn.Module = field(metadata=checkpoint.TRANSIENT)  # the working discriminator: D_k loaded in, stored back
 
 
-def generator_models(cfg: RunConfig, spec: dict, device) -> dict:
-    """G (from train.seed), its EMA copy G_ema (the released generator) and G's Adam."""
-    G = init_with_seed(derived_seed(cfg.train.seed, "generator"), lambda: make_generator(cfg, spec)).to(device)
-    G_ema = make_generator(cfg, spec).to(device).requires_grad_(False)
-    G_ema.load_state_dict(G.state_dict())  # not deepcopy: parametrized classes would be shared
-    return {"G": G, "G_ema": G_ema, "opt_g": gswgan_adam(G.parameters(), lr=cfg.gswgan.lr_g, cfg=cfg)}
-
-
 def critic_step(state: GSWGANState, k: int, shard: tuple[torch.Tensor, torch.Tensor], *, cfg: RunConfig,
                 spec: dict) -> None:
-    """The critic's part of an iteration (Algorithm 1, lines 14–17), not private: D_k (fresh when not warm) into
-    the working D, its n_dis WGAN-GP steps on shard k, D_k and its Adam state stored back (on the CPU)."""
+    """The critic's part of an iteration (Algorithm 1, lines 14–17), not private: D_k into the working D, its n_dis
+    WGAN-GP steps on shard k, D_k out."""
+    opt_d = load_discriminator(state, k, cfg=cfg, spec=spec)
+    critic_steps(state.D, opt_d, state.G, *shard, cfg=cfg, data_rng=state.data_rng, rng=state.rng)
+    store_discriminator(state, k, opt_d)
+
+
+def load_discriminator(state: GSWGANState, k: int, *, cfg: RunConfig, spec: dict) -> torch.optim.Adam:
+    """D_k (fresh when not warm) into the working D; its Adam, with D_k's Adam state."""
     d_state = state.d_states.get(k)
     state.D.load_state_dict(d_state if d_state is not None else fresh_discriminator(cfg, spec, shard_index=k).state_dict())
     opt_d = gswgan_adam(state.D.parameters(), lr=cfg.gswgan.lr_d, cfg=cfg)
     if k in state.opt_states:
         opt_d.load_state_dict(state.opt_states[k])
-    critic_steps(state.D, opt_d, state.G, *shard, cfg=cfg, data_rng=state.data_rng, rng=state.rng)
+    return opt_d
+
+
+def store_discriminator(state: GSWGANState, k: int, opt_d: torch.optim.Adam) -> None:
+    """The working D and its Adam state back as D_k's, on the CPU."""
     state.d_states[k] = {name: v.detach().to("cpu", copy=True) for name, v in state.D.state_dict().items()}
     state.opt_states[k] = checkpoint.cpu_copy(opt_d.state_dict())
 
@@ -150,7 +153,7 @@ def g_step(state: GSWGANState, loss: Callable | None, sanitizer: InputGradientSa
     ema_update(state.G_ema, state.G, decay=ema_decay(cfg, iteration))
 
 
-def ema_decay(cfg: RunConfig, iteration: int) -> float:
+def ema_decay(cfg: RunConfig, iteration: int) -> float:  # G_ema's after ``iteration`` iterations
     return min(cfg.gswgan.ema_decay, (1 + iteration) / (10 + iteration))
 
 
@@ -245,6 +248,3 @@ class GSWGANTrainer(Trainer):
     def derived_params(self) -> dict:
         return {**super().derived_params(), "release_noise_multiplier": self.plan.noise_multiplier,
                 "accountant": ACCOUNTANT}
-
-
-__all__ = ["GSWGANState", "GSWGANTrainer", "critic_loss", "critic_step", "g_step", "sanitized_generator_step"]

@@ -23,9 +23,9 @@ from dpsynth.training import checkpoint
 from dpsynth.training.result import resolve_device
 from dpsynth.training.loop import Trainer
 from dpsynth.training.seeds import cpu_rng, derived_seed
-from dpsynth.methods.gswgan import GSWGANTrainer, critic_loss, ema_decay, generator_models, real_batch
-from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, gswgan_adam, image_spec,
-                                      read_discriminator)
+from dpsynth.methods.gswgan import GSWGANTrainer, critic_loss, ema_decay, real_batch
+from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_models, gswgan_adam,
+                                      image_spec, read_discriminator)
 from dpsynth.mechanisms.generator_gradient import FEDERATED, Receipts
 from dpsynth.mechanisms import distributed
 from dpsynth.models.gswgan_networks import ema_update, frozen
