@@ -105,7 +105,10 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
 
             gswgan.sanitized_generator_step = timed(gswgan.sanitized_generator_step)
         else:
-            t.generator_step = timed(t.generator_step)
+            from dpsynth.methods import dpgan, zhang
+
+            module = zhang if method == "zhang" else dpgan
+            module.g_step = timed(module.g_step)
         if method == "zhang":
             t.update_bounds = timed(t.update_bounds)
 
@@ -133,10 +136,11 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
                     return sum(nbytes(v) for v in obj)
                 return 0
 
-            held = nbytes(t.d_states) + nbytes(t.opt_states)
+            held = nbytes(t.state.d_states) + nbytes(t.state.opt_states)
             Path(out, f"w{world}-rank{rank}-held.json").write_text(json.dumps(
-                {"held_bytes": held, "discriminators": len(t.d_states), "shards_held": len(t.own)}))
-            streams = (t.data_rng.get_state(), t.rng.get_state(), {n: b.cpu() for n, b in t.G.named_buffers()})
+                {"held_bytes": held, "discriminators": len(t.state.d_states), "shards_held": len(t.own)}))
+            streams = (t.state.data_rng.get_state(), t.state.rng.get_state(),
+                       {n: b.cpu() for n, b in t.state.G.named_buffers()})
             extra = {"broadcast_bytes_per_step": (len(pickle.dumps(streams)) + len(pickle.dumps(0))) if world > 1 else 0,
                      "shards": args["shards"]}
         if world > 1:
@@ -149,7 +153,7 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
                 "world_size": world, "steps": args["steps"], "seconds": seconds,
                 "steps_per_s": args["steps"] / seconds, "undivided_share": fixed["seconds"] / seconds,
                 "allreduce_bytes_per_step": reducer.bytes_per_step if reducer is not None else 0,
-                "d_parameters": sum(p.numel() for p in t.D.parameters()), **extra,
+                "d_parameters": sum(p.numel() for p in t.state.D.parameters()), **extra,
                 **({"per_rank": held} if held else {})}))
     finally:
         if world > 1:

@@ -47,7 +47,7 @@ from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpsynth.methods.zhang import per_unit_gradients, unit_losses, wgan_gp_loss
+from dpsynth.methods.wgan_gp import per_unit_gradients, unit_losses, wgan_gp_loss
 from dpsynth.models.dcgan import Discriminator, Generator, count_parameters
 from dpsynth.mechanisms import grouping
 from dpsynth.mechanisms.dpsgd import GradientSanitizer, private_module
@@ -120,7 +120,7 @@ def opacus_engine(mode: str):
 
 
 def ours(mode: str):
-    """As DPGANTrainer.discriminator_step: private_module + GradientSanitizer + Adam."""
+    """As methods/dpgan.d_step: private_module + GradientSanitizer + Adam."""
     def factory(D, x, y, r):
         model = private_module(D, mode)
         opt = torch.optim.Adam(D.parameters(), lr=LR, betas=BETAS)
@@ -156,7 +156,7 @@ def zhang_nonprivate(D, x, y, r):
 
 
 def zhang_private(mode: str):
-    """As ZhangTrainer.critic_step: per-unit gradients (penalty included; torch.func, or ghost clipping),
+    """As methods/zhang.d_step: per-unit gradients (penalty included; torch.func, or ghost clipping),
     the 5 per-layer groups, Adam."""
     def factory(D, x, y, r):
         opt = torch.optim.Adam(D.parameters(), lr=LR, betas=BETAS)

@@ -28,7 +28,7 @@ import torch
 
 from dpsynth.config import load_config
 from dpsynth.data import import_source
-from dpsynth.methods.dpgan import DPGANTrainer
+from dpsynth.methods.dpgan import DPGANTrainer, d_step, g_step
 from dpsynth.mechanisms import dpsgd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,8 +66,8 @@ def main() -> None:
             trainer = DPGANTrainer(cfg, data)
             if rev:  # built with 'ew' (no hooks on D), then D wrapped by the ghost engine of that revision
                 engines.append(ghost_at(rev, tmp).GhostClipping)
-                trainer.D_private = engines[-1](trainer.D)
-                trainer.sanitizer.module = trainer.D_private
+                trainer.state.D_private = engines[-1](trainer.state.D)
+                trainer.sanitizer.module = trainer.state.D_private
             trainers[mode] = trainer
         if engines:  # the sanitizer is told to accept those engines too (in this process only)
             dpsgd.GhostClipping = (dpsgd.GhostClipping, *engines)
@@ -77,9 +77,10 @@ def main() -> None:
         for k in range(args.rounds + 1):
             for mode in (args.modes if k % 2 == 0 else args.modes[::-1]):
                 t0, c0 = time.perf_counter(), time.process_time()
+                t = trainers[mode]
                 for _ in range(n_d):
-                    trainers[mode].discriminator_step()
-                trainers[mode].generator_step()
+                    d_step(t.state, t.draw(), t.sanitizer, chunk=t.cfg.train.physical_batch_size)
+                g_step(t.state, t.cfg.train.batch_size)
                 if k:
                     times[mode].append(time.perf_counter() - t0)
                     cpu[mode].append(time.process_time() - c0)

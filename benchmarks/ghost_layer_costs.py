@@ -31,7 +31,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from dpsynth.methods.zhang import unit_losses
+from dpsynth.methods.wgan_gp import unit_losses
 from dpsynth.models.dcgan import Discriminator
 from dpsynth.mechanisms import ghost
 

@@ -27,7 +27,7 @@ import torch
 from dpsynth.config import load_config
 from dpsynth.data import import_source
 from dpsynth.methods.dpac import DPACTrainer
-from dpsynth.methods.gswgan import GSWGANTrainer
+from dpsynth.methods.gswgan import GSWGANTrainer, load_discriminator, store_discriminator
 from dpsynth.methods.warm_starts import warm_start_shard
 from dpsynth.stages.partition import assign
 
@@ -69,10 +69,10 @@ def main(argv=None) -> int:
         warm_start_shard(cfg, shards[r % args.shards], shard_index=r % args.shards, out_path=str(out / "d.pt"))
         t1 = time.perf_counter()
         for _ in range(args.iterations):
-            trainer.iteration()
+            trainer.train_step()
         t2 = time.perf_counter()
-        opt = trainer._load_discriminator(r % args.shards)
-        trainer._store_discriminator(r % args.shards, opt)
+        store_discriminator(trainer.state, r % args.shards,  # D_k in and out of the working discriminator
+                            load_discriminator(trainer.state, r % args.shards, cfg=cfg, spec=trainer.spec))
         t3 = time.perf_counter()
         if r >= args.warmup:
             w, p = (t1 - t0) / args.iterations, (t2 - t1) / args.iterations

@@ -7,7 +7,7 @@ and the median over rounds of (secure time / default time in the same round):
 * ``noise``: ``GradientSanitizer.finalize()`` alone with zero sums, i.e. the Gaussian noise of one
   step for the paper's DCGAN discriminator (width 128, 1.72M parameters): default 1 draw per
   coordinate; secure 4 draws / 2 plus an ``os.urandom`` reseed per parameter tensor.
-* ``step``: one whole DPGAN discriminator step (``DPGANTrainer.discriminator_step``: Poisson mask,
+* ``step``: one whole DPGAN discriminator step (``methods/dpgan.d_step``: Poisson mask,
   B fakes, per-example clipping, noise, Adam) on 600 MNIST records at the given width and batch.
 
     python benchmarks/secure_noise.py [--width 128] [--batch-size 64] [--repeats 7] [--json PATH]
@@ -26,7 +26,7 @@ import torch
 
 from dpsynth.config import load_config
 from dpsynth.data import import_source
-from dpsynth.methods.dpgan import DPGANTrainer
+from dpsynth.methods.dpgan import DPGANTrainer, d_step
 from dpsynth.models.dcgan import Discriminator, count_parameters
 from dpsynth.mechanisms.dpsgd import GradientSanitizer
 from dpsynth.mechanisms.randomness import MechanismRandomness
@@ -75,7 +75,7 @@ def main() -> None:
             f"train.batch_size={args.batch_size}", "train.steps=1000", "privacy.epsilon=1000", "privacy.delta=1e-4",
             "privacy.noise_multiplier=1.0", "train.device=cpu", f"privacy.secure_mode={str(mode == 'secure').lower()}"])
         trainers[mode] = DPGANTrainer(cfg, data)
-    step = interleaved({m: t.discriminator_step for m, t in trainers.items()}, repeats=args.repeats,
+    step = interleaved({m: lambda t=t: d_step(t.state, t.draw(), t.sanitizer) for m, t in trainers.items()}, repeats=args.repeats,
                        warmup=args.warmup)
     step.update(width=args.width, batch_size=args.batch_size)
 

@@ -3,6 +3,7 @@ mechanism of known ε, and positive controls for every audited method — a sani
 without clipping fails the gate, the real one passes."""
 
 import math
+import types
 
 import numpy as np
 import pytest
@@ -255,7 +256,8 @@ def test_black_box_scores_rank_memorized_canaries_first():
                                 for i, k in enumerate(labels.tolist())]), labels  # labels cycle 0, 1, …, 9
 
     class Trainer:
-        D, D_private, device, num_classes = Remembers(), None, "cpu", 10
+        state = types.SimpleNamespace(D=Remembers(), D_private=None)  # the method's state: its discriminator
+        device, num_classes = "cpu", 10
 
         def generator(self):
             return Reproduces(), {}

@@ -24,7 +24,7 @@ def tiny(out, *extra):
 def recording(trainer):
     """Wrap the trainer's mechanism so that every mask and noise draw is recorded (test side)."""
     seen = {"masks": [], "noise": []}
-    mech = trainer.mechanism
+    mech = trainer.state.mechanism
     mask, normal = mech.poisson_mask, mech.standard_normal
 
     def poisson_mask(*a, **k):
@@ -41,16 +41,17 @@ def recording(trainer):
 
 @pytest.mark.parametrize("secure", [False, True])
 def test_two_dpgan_runs_with_the_same_train_seed_draw_different_noise_and_masks(tmp_path, small_mnist, secure):
+    from dpsynth.methods import dpgan
     from dpsynth.methods.dpgan import DPGANTrainer
 
     runs = []
     for name in "ab":
         t = DPGANTrainer(tiny(tmp_path / name, f"privacy.secure_mode={str(secure).lower()}"), small_mnist)
-        g0 = {k: v.clone() for k, v in t.G.state_dict().items()}
-        latents = t.rng.get_state().clone()
+        g0 = {k: v.clone() for k, v in t.state.G.state_dict().items()}
+        latents = t.state.rng.get_state().clone()
         seen = recording(t)
         for _ in range(3):
-            t.discriminator_step()
+            dpgan.d_step(t.state, t.draw(), t.sanitizer)
         runs.append((g0, latents, seen))
     (g_a, lat_a, a), (g_b, lat_b, b) = runs
     # train.seed still fixes initialisation and the latent stream ...
@@ -63,6 +64,7 @@ def test_two_dpgan_runs_with_the_same_train_seed_draw_different_noise_and_masks(
 
 def test_gswgan_shard_choice_is_not_a_function_of_train_seed(tmp_path, small_mnist):
     from dpsynth.methods.gswgan import GSWGANTrainer
+    from tests.methods.gswgan_helpers import shards_drawn
 
     shards = [small_mnist.subset(np.arange(k, 600, 4)) for k in range(4)]
     choices = []
@@ -71,11 +73,9 @@ def test_gswgan_shard_choice_is_not_a_function_of_train_seed(tmp_path, small_mni
                    "gswgan.g_width=4", "gswgan.latent_dim=4", "train.n_d=1", "train.method=gswgan",
                    "privacy.noise_multiplier=4.0")
         t = GSWGANTrainer(cfg, shards)
-        loaded = []
-        load = t._load_discriminator
-        t._load_discriminator = lambda k: (loaded.append(k), load(k))[1]
-        for _ in range(24):
-            t.iteration()
+        with shards_drawn() as loaded:
+            for _ in range(24):
+                t.train_step()
         choices.append(loaded)
     assert choices[0] != choices[1]  # equal by chance with probability 4^-24
 
@@ -115,7 +115,7 @@ def test_the_noise_seed_reaches_no_mlflow_record_and_no_file_outside_checkpoints
     cfg = tiny(out, "tracking.enabled=true", f"tracking.uri={uri}", "output.log_every=2",
                "output.checkpoint_every=2")
     trainer = DPGANTrainer(cfg, small_mnist)
-    assert torch.equal(trainer.mechanism.poisson_mask(600, 0.5),  # the patched OS entropy really seeded it
+    assert torch.equal(trainer.state.mechanism.poisson_mask(600, 0.5),  # the patched OS entropy really seeded it
                        torch.rand(600, generator=torch.Generator().manual_seed(SEED)) < 0.5)
     result = trainer.train()
     needles = [str(SEED), f"{SEED:x}", f"{SEED:X}"]

@@ -66,7 +66,7 @@ def tiny(out, *extra):
 def record_takes(trainer) -> list[list[int]]:
     """Wrap the trainer's Poisson masks: each step's sampled records as global indices (appended)."""
     takes: list[list[int]] = []
-    draw = trainer.mechanism.poisson_mask
+    draw = trainer.state.mechanism.poisson_mask
     lo, _ = trainer.dist.part(trainer.n)
 
     def recorded(n, rate):
@@ -74,7 +74,7 @@ def record_takes(trainer) -> list[list[int]]:
         takes.append((mask.nonzero().squeeze(1) + lo).tolist())
         return mask
 
-    trainer.mechanism.poisson_mask = recorded
+    trainer.state.mechanism.poisson_mask = recorded
     return takes
 
 
@@ -93,10 +93,8 @@ def steps_without_noise(rank: int, tmp: str, steps: int) -> None:
     noiseless(t)
     takes = record_takes(t)
     for _ in range(steps):
-        t.discriminator_step()
-        if t.since_g >= t.n_d.n_d:
-            t.generator_step()
-    torch.save({"takes": takes, "D": t.D.state_dict(), "G": t.G.state_dict()}, Path(tmp) / f"rank{rank}.pt")
+        t.train_step()
+    torch.save({"takes": takes, "D": t.state.D.state_dict(), "G": t.state.G.state_dict()}, Path(tmp) / f"rank{rank}.pt")
 
 
 def noise_draws(rank: int, tmp: str, sigma: float, bound: float, draws: int, seed: int) -> None:
@@ -128,7 +126,7 @@ def train_in_own_dirs(rank: int, tmp: str) -> None:
                f"tracking.uri=sqlite:///{tmp}/mlflow{rank}.db", "warmup.central_images=true", "warmup.steps=3")
     t = DPGANTrainer(cfg, mnist600())
     result = t.train()
-    torch.save({"result": result, "D": t.D.state_dict(), "G": t.G.state_dict(), "trace": t.trace.to_dict()},
+    torch.save({"result": result, "D": t.state.D.state_dict(), "G": t.state.G.state_dict(), "trace": t.trace.to_dict()},
                tmp / f"final{rank}.pt")
 
 
@@ -139,8 +137,8 @@ def train_shared_dir(rank: int, tmp: str, stop_after) -> None:
     tmp = Path(tmp)
     t = DPGANTrainer(tiny(tmp / "out"), mnist600())
     t.train(stop_after=stop_after)
-    torch.save({"D": t.D.state_dict(), "G": t.G.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
-                "mechanism": t.mechanism.state_dict()}, tmp / f"shared{rank}.pt")
+    torch.save({"D": t.state.D.state_dict(), "G": t.state.G.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
+                "mechanism": t.state.mechanism.state_dict()}, tmp / f"shared{rank}.pt")
 
 
 # --- dp-GAN (Zhang): the same, with parameter groups and per-unit fakes ------------------------------------
@@ -171,7 +169,7 @@ def record_units(trainer) -> tuple[list, list]:
     """Wrap the trainer's unit coins: each step's latents and interpolation weights (appended). With the noise
     off, the latents are the only standard normal draws of a step."""
     latents, rhos = [], []
-    normal, uniform = trainer.mechanism.standard_normal, trainer.mechanism.uniform
+    normal, uniform = trainer.state.mechanism.standard_normal, trainer.state.mechanism.uniform
 
     def recorded_normal(shape, **kw):
         out = normal(shape, **kw)
@@ -183,7 +181,7 @@ def record_units(trainer) -> tuple[list, list]:
         rhos.append(out)
         return out
 
-    trainer.mechanism.standard_normal, trainer.mechanism.uniform = recorded_normal, recorded_uniform
+    trainer.state.mechanism.standard_normal, trainer.state.mechanism.uniform = recorded_normal, recorded_uniform
     return latents, rhos
 
 
@@ -199,8 +197,8 @@ def zhang_steps_without_noise(rank: int, tmp: str, steps: int, mode: str) -> Non
     latents, rhos = record_units(t)
     for _ in range(steps):
         t.train_step()
-    torch.save({"takes": takes, "latents": latents, "rhos": rhos, "D": t.D.state_dict(), "G": t.G.state_dict(),
-                "groups": t.group_names, "bounds": t.sanitizer.bounds, "g_steps": t.g_steps},
+    torch.save({"takes": takes, "latents": latents, "rhos": rhos, "D": t.state.D.state_dict(), "G": t.state.G.state_dict(),
+                "groups": t.state.groups, "bounds": t.sanitizer.bounds, "g_steps": t.g_steps},
                Path(tmp) / f"zrank{rank}.pt")
 
 
@@ -212,15 +210,15 @@ def zhang_noise(rank: int, tmp: str, draws: int, seed: int) -> None:
     cfg = zhang_tiny(Path(tmp) / f"out{rank}", "zhang.grouping=weight_bias", "privacy.noise_multiplier=2.0")
     public, private = zhang_data(cfg)
     t = ZhangTrainer(cfg, private, public=public, mechanism_seed=seed)
-    t.mechanism.poisson_mask = lambda n, rate: torch.zeros(n, dtype=torch.bool)
+    t.state.mechanism.poisson_mask = lambda n, rate: torch.zeros(n, dtype=torch.bool)
     captured = []
-    t.opt_d.step = lambda: captured.append({"grads": [p.grad.clone() for p in t.D.parameters()],
+    t.state.opt_d.step = lambda: captured.append({"grads": [p.grad.clone() for p in t.state.D.parameters()],
                                             "bounds": list(t.sanitizer.bounds)})
     for _ in range(draws):
-        t.critic_step()
-    names = [n for n, _ in t.D.named_parameters()]
-    torch.save({"captured": captured, "names": names, "groups": t.group_names, "sigma": t.plan.noise_multiplier,
-                "latent_dim": t.G.latent_dim, "bytes": t.sanitizer.reducer.bytes_per_step},
+        t.train_step()
+    names = [n for n, _ in t.state.D.named_parameters()]
+    torch.save({"captured": captured, "names": names, "groups": t.state.groups, "sigma": t.plan.noise_multiplier,
+                "latent_dim": t.state.G.latent_dim, "bytes": t.sanitizer.reducer.bytes_per_step},
                Path(tmp) / f"znoise{rank}.pt")
 
 
@@ -233,8 +231,8 @@ def zhang_train_shared_dir(rank: int, tmp: str, stop_after) -> None:
     public, private = zhang_data(cfg)
     t = ZhangTrainer(cfg, private, public=public)
     t.train(stop_after=stop_after)
-    torch.save({"D": t.D.state_dict(), "G": t.G.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
-                "bounds": t.sanitizer.bounds, "mechanism": t.mechanism.state_dict()}, tmp / f"zshared{rank}.pt")
+    torch.save({"D": t.state.D.state_dict(), "G": t.state.G.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
+                "bounds": t.sanitizer.bounds, "mechanism": t.state.mechanism.state_dict()}, tmp / f"zshared{rank}.pt")
 
 
 # --- the pipeline's train stage on 2 ranks (tests/stages/test_train_torchrun.py) ---------------------------
@@ -279,6 +277,7 @@ def gswgan_steps(rank: int, tmp: str, method: str, steps: int) -> None:
     shards drawn, the models and this rank's discriminators. The test's own process runs it as the one-process
     reference (rank 0 of 1)."""
     from dpsynth.methods import registry
+    from tests.methods.gswgan_helpers import shards_drawn
 
     out = {}
     for noise in (False, True):
@@ -286,15 +285,14 @@ def gswgan_steps(rank: int, tmp: str, method: str, steps: int) -> None:
         t = registry.get(method).trainer_class()(cfg, gswgan_shards(), mechanism_seed=12)
         if not noise:
             noiseless(t)
-        grads, drawn = [], []
-        step = t.opt_g.step
-        t.opt_g.step = lambda: (grads.append([p.grad.clone() for p in t.G.parameters()]), step())
-        load = t._load_discriminator  # called by the rank holding the drawn shard only
-        t._load_discriminator = lambda k: (drawn.append(k), load(k))[1]
-        for _ in range(steps):
-            t.train_step()
-        out[noise] = {"grads": grads, "drawn": drawn, "G": t.G.state_dict(), "G_ema": t.G_ema.state_dict(),
-                      "d_states": t.d_states, "opt_states": t.opt_states, "own": list(t.own),
+        grads = []
+        step = t.state.opt_g.step
+        t.state.opt_g.step = lambda: (grads.append([p.grad.clone() for p in t.state.G.parameters()]), step())
+        with shards_drawn() as drawn:  # by the rank holding the drawn shard only
+            for _ in range(steps):
+                t.train_step()
+        out[noise] = {"grads": grads, "drawn": drawn, "G": t.state.G.state_dict(), "G_ema": t.state.G_ema.state_dict(),
+                      "d_states": t.state.d_states, "opt_states": t.state.opt_states, "own": list(t.own),
                       "trace": t.trace.to_dict(), "bytes": t.sanitizer.reducer.bytes_per_step if t.sanitizer.reducer else 0}
     torch.save(out, Path(tmp) / f"gsteps{rank}.pt")
 
@@ -308,8 +306,8 @@ def gswgan_train_shared_dir(rank: int, tmp: str, method: str, stop_after) -> Non
     cfg = gswgan_tiny(tmp / "out", f"train.method={method}")
     t = registry.get(method).trainer_class()(cfg, gswgan_shards(), mechanism_seed=12)
     t.train(stop_after=stop_after)
-    torch.save({"G": t.G.state_dict(), "G_ema": t.G_ema.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
-                "d_states": t.d_states, "own": list(t.own)}, tmp / f"gshared{rank}.pt")
+    torch.save({"G": t.state.G.state_dict(), "G_ema": t.state.G_ema.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
+                "d_states": t.state.d_states, "own": list(t.own)}, tmp / f"gshared{rank}.pt")
 
 
 def gswgan_train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list[str]) -> None:

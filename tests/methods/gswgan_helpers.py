@@ -3,6 +3,7 @@ starts of the ``shards`` fixture (tests/methods/conftest.py), and spies on what 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -33,6 +34,19 @@ def warm_files(cfg, shards, tmp_path) -> dict[int, bytes]:
         warm_start_shard(cfg, shard, shard_index=k, out_path=str(path))
         out[k] = path.read_bytes()
     return out
+
+
+@contextlib.contextmanager
+def shards_drawn():
+    """The shard k of every critic step run in this process (by the rank holding k), in order."""
+    from dpsynth.methods import gswgan
+
+    drawn, critic_step = [], gswgan.critic_step
+    gswgan.critic_step = lambda state, k, *args, **kwargs: (drawn.append(k), critic_step(state, k, *args, **kwargs))[1]
+    try:
+        yield drawn
+    finally:
+        gswgan.critic_step = critic_step
 
 
 def record_owner(shards) -> dict[bytes, int]:

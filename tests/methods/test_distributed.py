@@ -20,6 +20,7 @@ import torch
 from opacus.accountants import RDPAccountant
 
 from dpsynth.errors import ConfigError
+from dpsynth.methods import dpgan
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.zhang import ZhangTrainer
 from dpsynth.mechanisms import distributed
@@ -125,25 +126,23 @@ def test_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp_path,
         m[a + b] = True
         masks.append(m)
     union = iter(masks)
-    one.mechanism.poisson_mask = lambda n, rate: next(union)
+    one.state.mechanism.poisson_mask = lambda n, rate: next(union)
     for _ in range(steps):
-        one.discriminator_step()
-        if one.since_g >= one.n_d.n_d:
-            one.generator_step()
+        one.train_step()
     assert one.g_steps >= 1
-    assert_same_models({"D": one.D.state_dict(), "G": one.G.state_dict()}, r0, rtol=1e-5, atol=1e-6)
+    assert_same_models({"D": one.state.D.state_dict(), "G": one.state.G.state_dict()}, r0, rtol=1e-5, atol=1e-6)
     # and it is not the same model whatever the batch: a 1-process step on rank 0's half alone differs
     half = DPGANTrainer(workers.tiny(tmp_path / "half"), small_mnist, mechanism_seed=11)
     workers.noiseless(half)
     first = torch.zeros(len(small_mnist), dtype=torch.bool)
     first[r0["takes"][0]] = True
-    half.mechanism.poisson_mask = lambda n, rate: first
-    half.discriminator_step()
+    half.state.mechanism.poisson_mask = lambda n, rate: first
+    dpgan.d_step(half.state, half.draw(), half.sanitizer)
     one_step = DPGANTrainer(workers.tiny(tmp_path / "ref"), small_mnist, mechanism_seed=11)
     workers.noiseless(one_step)
-    one_step.mechanism.poisson_mask = lambda n, rate: masks[0]
-    one_step.discriminator_step()
-    assert any(not torch.allclose(p, q, atol=1e-6) for p, q in zip(half.D.parameters(), one_step.D.parameters()))
+    one_step.state.mechanism.poisson_mask = lambda n, rate: masks[0]
+    dpgan.d_step(one_step.state, one_step.draw(), one_step.sanitizer)
+    assert any(not torch.allclose(p, q, atol=1e-6) for p, q in zip(half.state.D.parameters(), one_step.state.D.parameters()))
 
 
 # --- (b) the noise: once per logical step, full σC, from rank 0's stream -------------------------------
@@ -242,7 +241,7 @@ def replay(trainer, masks, latents, rhos) -> None:
         assert tuple(out.shape) == tuple(shape)
         return out
 
-    trainer.mechanism.poisson_mask, trainer.mechanism.standard_normal, trainer.mechanism.uniform = take, normal, uniform
+    trainer.state.mechanism.poisson_mask, trainer.state.mechanism.standard_normal, trainer.state.mechanism.uniform = take, normal, uniform
 
 
 @pytest.mark.parametrize("mode", ["ghost", "ew"])
@@ -266,19 +265,19 @@ def test_zhang_two_ranks_take_the_one_process_step_on_the_same_logical_batch(tmp
     replay(one, masks, latents, rhos)
     for _ in range(steps):
         one.train_step()
-    assert one.group_names == r0["groups"]
+    assert one.state.groups == r0["groups"]
     assert one.sanitizer.bounds == pytest.approx(r0["bounds"], rel=1e-6)
-    assert_same_models({"D": one.D.state_dict(), "G": one.G.state_dict()}, r0, rtol=1e-5, atol=1e-6)
+    assert_same_models({"D": one.state.D.state_dict(), "G": one.state.G.state_dict()}, r0, rtol=1e-5, atol=1e-6)
     # and it is not the same model whatever the batch: without rank 1's units the first step differs
     half_run = ZhangTrainer(cfg, private, public=public, mechanism_seed=11)
     workers.noiseless(half_run)
     replay(half_run, union_masks(r0["takes"], [[]] * steps, len(private)), r0["latents"], r0["rhos"])
-    half_run.critic_step()
+    half_run.train_step()
     whole = ZhangTrainer(cfg, private, public=public, mechanism_seed=11)
     workers.noiseless(whole)
     replay(whole, masks, latents, rhos)
-    whole.critic_step()
-    assert any(not torch.allclose(p, q, atol=1e-6) for p, q in zip(half_run.D.parameters(), whole.D.parameters()))
+    whole.train_step()
+    assert any(not torch.allclose(p, q, atol=1e-6) for p, q in zip(half_run.state.D.parameters(), whole.state.D.parameters()))
 
 
 def test_zhang_noise_is_added_once_per_group_with_the_full_variance(ranks_ran):
@@ -484,7 +483,7 @@ def test_gswgan_checkpoints_resume_across_world_sizes(tmp_path, method):
     result = one.train()
     assert result.steps == 8 and result.epsilon == expected.epsilon
     assert json.loads(Path(result.trace_path).read_text()) == json.loads(Path(expected.trace_path).read_text())
-    assert_same_states(one.G_ema.state_dict(), straight.G_ema.state_dict(), rtol=1e-5, atol=1e-6)
+    assert_same_states(one.state.G_ema.state_dict(), straight.state.G_ema.state_dict(), rtol=1e-5, atol=1e-6)
 
     single = tmp_path / "single"
     trainer(workers.gswgan_tiny(single / "out", f"train.method={method}"), workers.gswgan_shards(),
@@ -497,12 +496,12 @@ def test_gswgan_checkpoints_resume_across_world_sizes(tmp_path, method):
     assert done["epsilon"] == expected.epsilon
     assert json.loads((single / "out" / "trace.json").read_text()) == json.loads(Path(expected.trace_path).read_text())
     assert_same_states(s0["G"], s1["G"], rtol=0, atol=0)  # (G_ema's spectral norms: refreshed by rank 0's grid)
-    assert_same_states(s0["G"], straight.G.state_dict(), rtol=1e-5, atol=1e-6)
-    assert_same_states(s0["G_ema"], straight.G_ema.state_dict(), rtol=1e-5, atol=1e-6)
+    assert_same_states(s0["G"], straight.state.G.state_dict(), rtol=1e-5, atol=1e-6)
+    assert_same_states(s0["G_ema"], straight.state.G_ema.state_dict(), rtol=1e-5, atol=1e-6)
     final = torch.load(single / "out" / "checkpoints" / "last.pt", weights_only=False)  # written at step 8 on 2 ranks
     for k in final["d_states"]:
-        assert_same_states(final["d_states"][k], straight.d_states[k], rtol=1e-5, atol=1e-6)
-    assert set(final["d_states"]) == set(straight.d_states)
+        assert_same_states(final["d_states"][k], straight.state.d_states[k], rtol=1e-5, atol=1e-6)
+    assert set(final["d_states"]) == set(straight.state.d_states)
 
 
 def test_gswgan_refusals_under_torchrun(monkeypatch):

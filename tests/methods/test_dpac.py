@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dpsynth.methods import dpac as dpac_module
 from dpsynth.methods import gswgan as gswgan_module
-from dpsynth.methods.dpac import DPACTrainer, balanced_labels
+from dpsynth.methods.dpac import DPACTrainer, balanced_labels, train_classifier
 from dpsynth.models.gswgan_networks import Classifier
 from tests.methods.gswgan_helpers import K, record_owner, tiny, watch_inputs
 from tests.privacy.test_without_replacement import autodp_mechanism_epsilon
@@ -33,8 +34,8 @@ def test_classifier_is_fresh_and_trained_on_fakes_then_on_its_shard(tmp_path, sh
         lambda m, args: initial.append([p.detach().clone() for p in m.parameters()])
         if isinstance(m, Classifier) and len(seen) in (1, 8) else None)
     try:
-        C0 = trainer.train_classifier(1)
-        C1 = trainer.train_classifier(1)
+        C0, C1 = (train_classifier(trainer.state, trainer.shards[1], cfg=cfg, spec=trainer.spec, iteration=trainer.step)
+                  for _ in range(2))
     finally:
         handle.remove()
         first.remove()
@@ -62,16 +63,15 @@ def test_generator_loss_is_combined_before_sanitization(tmp_path, shards, monkey
 
     monkeypatch.setattr(gswgan_module, "sanitized_generator_step", spy)
     C = {}
-    train_classifier = trainer.train_classifier
-    trainer.train_classifier = lambda k: C.setdefault("c", train_classifier(k))
-    trainer.iteration()  # before t_c: the WGAN loss alone
-    trainer.iteration()  # from t_c: β·(−D) + (1 − β)·CE, one loss, so one sanitized release per sample
+    monkeypatch.setattr(dpac_module, "train_classifier", lambda *a, **kw: C.setdefault("c", train_classifier(*a, **kw)))
+    trainer.train_step()  # before t_c: the WGAN loss alone
+    trainer.train_step()  # from t_c: β·(−D) + (1 − β)·CE, one loss, so one sanitized release per sample
     x = torch.randn(16, 1, 28, 28)
     y = torch.arange(16) % 10
-    trainer.D.eval()  # as in the generator step: spectral norm estimates fixed
+    D = trainer.state.D.eval()  # as in the generator step: spectral norm estimates fixed
     with torch.no_grad():
-        torch.testing.assert_close(calls[0][0](x, y), -trainer.D(x, y))
-        expected = 0.3 * -trainer.D(x, y) + 0.7 * F.cross_entropy(C["c"](x), y, reduction="none")
+        torch.testing.assert_close(calls[0][0](x, y), -D(x, y))
+        expected = 0.3 * -D(x, y) + 0.7 * F.cross_entropy(C["c"](x), y, reduction="none")
         torch.testing.assert_close(calls[1][0](x, y), expected)
     for _, kwargs in calls:  # the generator step keeps B (the authors' code uses 1000)
         assert kwargs["batch_size"] == cfg.gswgan.batch_size == 16

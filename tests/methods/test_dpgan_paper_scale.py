@@ -23,7 +23,7 @@ def test_paper_width_networks_take_private_steps(tmp_path):
                                  "train.d_width=128", "train.g_width=128", "privacy.delta=1e-4",
                                  "train.physical_batch_size=64"])
     trainer = DPGANTrainer(cfg, ds)
-    assert count_parameters(trainer.D) == pytest.approx(1.72e6, rel=0.01)
+    assert count_parameters(trainer.state.D) == pytest.approx(1.72e6, rel=0.01)
     result = trainer.train()
     assert result.steps == 4 and result.generator_steps == 2 and result.epsilon <= 10
 

@@ -20,7 +20,7 @@ from dpsynth.models.gswgan_networks import Classifier, Discriminator, Generator
 from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from dpsynth.audit.stage import accounting_check, mechanism_check
-from tests.methods.gswgan_helpers import K, record_owner, tiny, warm_files, watch_inputs
+from tests.methods.gswgan_helpers import K, record_owner, shards_drawn, tiny, warm_files, watch_inputs
 from tests.privacy.test_without_replacement import autodp_acct, autodp_mechanism_epsilon
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
@@ -112,23 +112,16 @@ def test_each_discriminator_sees_only_its_own_shard(tmp_path, shards, method):
         warm[k] = path.read_bytes()
 
     trainer = (DPACTrainer if method == "dpac" else GSWGANTrainer)(cfg, shards, warm=warm)
-    before = copy.deepcopy(trainer.d_states)
-    loaded = []
-    load = trainer._load_discriminator
-
-    def spy(k):  # remember which D_k is in the working module (test-side only)
-        loaded.append(k)
-        return load(k)
-
-    trainer._load_discriminator = spy
+    before = copy.deepcopy(trainer.state.d_states)
     per_iteration = []
-    for _ in range(cfg.train.steps):
-        seen, handle = watch_inputs((Discriminator, Classifier))
-        try:
-            trainer.iteration()
-        finally:
-            handle.remove()
-        per_iteration.append((loaded[-1], seen))
+    with shards_drawn() as loaded:  # which D_k is in the working module
+        for _ in range(cfg.train.steps):
+            seen, handle = watch_inputs((Discriminator, Classifier))
+            try:
+                trainer.train_step()
+            finally:
+                handle.remove()
+            per_iteration.append((loaded[-1], seen))
     assert len(loaded) == cfg.train.steps
     for step, (k, seen) in enumerate(per_iteration):
         real = [owner[row.numpy().tobytes()] for _, x in seen for row in x if row.numpy().tobytes() in owner]
@@ -137,7 +130,7 @@ def test_each_discriminator_sees_only_its_own_shard(tmp_path, shards, method):
         assert uses_classifier == (method == "dpac" and step >= cfg.dpac.start_iteration)
     drawn = set(loaded)
     for k in range(K):  # only drawn shards' discriminators moved
-        same = all(torch.equal(before[k][n], trainer.d_states[k][n]) for n in before[k])
+        same = all(torch.equal(before[k][n], trainer.state.d_states[k][n]) for n in before[k])
         assert same == (k not in drawn)
 
 

@@ -16,8 +16,10 @@ from dpsynth import storage
 from dpsynth.data import ImageDataset, import_source, write_parquet
 from dpsynth.errors import ConfigError
 from dpsynth.mechanisms.generator_gradient import FEDERATED, GSWGAN
+from dpsynth.mechanisms.randomness import MechanismRandomness
 from dpsynth.methods.gswgan_federated import (
     Client,
+    client_update,
     FederatedGSWGANTrainer,
     FederatedServer,
 )
@@ -53,13 +55,14 @@ def test_client_returns_clipped_noised_gradients_of_its_own_critic(tmp_path, sha
     images, labels = (t for t in shards[2].to_tensors())
     torch.manual_seed(0)
     D = Discriminator(num_classes=10, width=4)
-    client = Client(cfg, (images, labels), D, torch.optim.Adam(D.parameters()),
-                    data_rng=torch.Generator().manual_seed(0), rng=torch.Generator().manual_seed(1))
+    client = Client(D=D, opt=torch.optim.Adam(D.parameters()), images=images, labels=labels,
+                    data_rng=torch.Generator().manual_seed(0), rng=torch.Generator().manual_seed(1),
+                    randomness=MechanismRandomness(device=images.device, secure_mode=False))
     fakes, y = torch.rand(16, 1, 28, 28) * 2 - 1, torch.arange(16) % 10
     owner = record_owner(shards)
     seen, handle = watch_inputs((Discriminator,))
     try:
-        clipped = client.update(fakes, y, noise_multiplier=0.0)
+        clipped = client_update(client, fakes, y, cfg=cfg, noise_multiplier=0.0)
     finally:
         handle.remove()
     assert {owner[r.numpy().tobytes()] for _, x in seen for r in x if r.numpy().tobytes() in owner} == {2}
@@ -69,7 +72,7 @@ def test_client_returns_clipped_noised_gradients_of_its_own_critic(tmp_path, sha
     (grad,) = torch.autograd.grad(-D(x, y).sum(), x)
     direction = grad.flatten(1) / grad.flatten(1).norm(dim=1, keepdim=True)
     torch.testing.assert_close(clipped.flatten(1), 0.001 * direction, rtol=1e-4, atol=1e-9)
-    noisy = client.update(fakes, y, noise_multiplier=50.0)
+    noisy = client_update(client, fakes, y, cfg=cfg, noise_multiplier=50.0)
     assert noisy.std().item() == pytest.approx(50 * 0.001, rel=0.1)
 
 

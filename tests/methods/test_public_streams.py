@@ -13,7 +13,7 @@ import torch
 
 from dpsynth.methods.dpac import DPACTrainer
 from dpsynth.methods.gswgan import GSWGANTrainer
-from tests.methods.gswgan_helpers import K, tiny
+from tests.methods.gswgan_helpers import K, shards_drawn, tiny
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
@@ -24,12 +24,11 @@ SMALL = 10  # records of the small shard: fewer than B = 16
 def streams_after_each_iteration(cfg, shards, trainer_class, steps: int):
     """(data_rng state, latent rng state) after every iteration, and the shard each iteration drew."""
     trainer = trainer_class(cfg, shards, mechanism_seed=7)  # the same secret coins for both datasets
-    drawn, load = [], trainer._load_discriminator
-    trainer._load_discriminator = lambda k: (drawn.append(k), load(k))[1]
     states = []
-    for _ in range(steps):
-        trainer.iteration()
-        states.append((trainer.data_rng.get_state(), trainer.rng.get_state()))
+    with shards_drawn() as drawn:
+        for _ in range(steps):
+            trainer.train_step()
+            states.append((trainer.state.data_rng.get_state(), trainer.state.rng.get_state()))
     return states, drawn
 
 

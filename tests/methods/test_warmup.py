@@ -365,7 +365,7 @@ def test_gswgan_and_dpac_with_the_dcgan_generator_warm_up_with_styles_and_the_wa
                       "warmup.steps=4", "warmup.noise_multiplier=5", "warmup.styles=2",
                       "warmup.styles_noise_multiplier=4", "privacy.epsilon=30", method=method)
     trainer = get(method).trainer_class()(cfg, shards)
-    assert isinstance(trainer.G, Generator) and trainer.G.styles == 4 and trainer.G.warp
+    assert isinstance(trainer.state.G, Generator) and trainer.state.G.styles == 4 and trainer.state.G.warp
     result = trainer.train()
     trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
     assert [(e.sampling, e.noise_multiplier) for e in trace.events[:2]] == [("full_batch", 5.0), ("full_batch", 4.0)]

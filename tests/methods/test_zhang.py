@@ -16,7 +16,7 @@ from dpsynth.errors import ConfigError, DatasetError
 from dpsynth.mechanisms.discriminator import ZHANG
 from dpsynth.methods.warm_starts import warm_start
 from dpsynth.methods.networks import load_warm_start
-from dpsynth.methods.zhang import ZhangTrainer, per_unit_gradients
+from dpsynth.methods.zhang import ZhangTrainer, g_step, per_unit_gradients
 from dpsynth.models.dcgan import Discriminator
 from dpsynth.privacy import MechanismTrace
 from dpsynth.mechanisms import grouping
@@ -110,10 +110,10 @@ def test_ghost_critic_step_equals_per_unit_gradients(tmp_path, small_mnist):
         cfg = tiny(tmp_path / mode, "zhang.grouping=per_layer", "zhang.adaptive_clipping=false",
                    "privacy.max_grad_norm=0.05", "train.physical_batch_size=7", f"train.grad_sample_mode={mode}")
         t = ZhangTrainer(cfg, small_mnist, mechanism_seed=11)
-        t.critic_step()
-        t.generator_step()
-        t.critic_step()
-        steps[mode] = [p.detach().clone() for p in t.D.parameters()]
+        t.train_step()  # one critic step (n_critic = train.n_d = 2)
+        g_step(t.state, t.cfg.train.batch_size)
+        t.train_step()
+        steps[mode] = [p.detach().clone() for p in t.state.D.parameters()]
     for a, b in zip(steps["ew"], steps["ghost"]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
@@ -127,13 +127,13 @@ def test_the_units_latents_are_secret_coins_not_the_public_stream(tmp_path, smal
     cfg = tiny(tmp_path, "zhang.grouping=weight_bias", "zhang.adaptive_clipping=false", "data.public_fraction=0")
     for rate in (0.02, 0.3):
         t = ZhangTrainer(cfg, small_mnist, mechanism_seed=3)
-        before = t.rng.get_state()
-        draw, shapes = t.mechanism.poisson_mask, []
-        t.mechanism.poisson_mask = lambda n, _q, rate=rate, draw=draw: draw(n, rate)
-        normal = t.mechanism.standard_normal
-        t.mechanism.standard_normal = lambda shape, normal=normal, **kw: shapes.append(tuple(shape)) or normal(shape, **kw)
-        t.critic_step()
-        assert torch.equal(t.rng.get_state(), before)
+        before = t.state.rng.get_state()
+        draw, shapes = t.state.mechanism.poisson_mask, []
+        t.state.mechanism.poisson_mask = lambda n, _q, rate=rate, draw=draw: draw(n, rate)
+        normal = t.state.mechanism.standard_normal
+        t.state.mechanism.standard_normal = lambda shape, normal=normal, **kw: shapes.append(tuple(shape)) or normal(shape, **kw)
+        t.train_step()  # one critic step (n_critic = train.n_d = 2)
+        assert torch.equal(t.state.rng.get_state(), before)
         m = shapes[0][0]
         assert shapes[0] == (m, 8) and m > 0  # the units' latents: from the secret coins, one per sampled record
 
@@ -197,7 +197,7 @@ def test_adaptive_bounds_never_see_a_private_record(tmp_path, small_mnist):
     poisoned.labels = torch.full_like(poisoned.labels, 10**6)  # ... or fail the label embedding
     for t in (clean, poisoned):
         t.update_bounds()
-    assert poisoned.group_names == clean.group_names and len(clean.group_names) == 3
+    assert poisoned.state.groups == clean.state.groups and len(clean.state.groups) == 3
     assert poisoned.sanitizer.bounds == clean.sanitizer.bounds
     assert all(math.isfinite(c) and c > 0 for c in clean.sanitizer.bounds)
     # and the bounds do depend on the public records
@@ -238,7 +238,7 @@ def test_warm_start_refuses_private_records(tmp_path, small_mnist):
     state = load_warm_start(Path(out).read_bytes())
     trainer = ZhangTrainer(cfg, private, public=public, warm_start_state=state)
     assert trainer.warm_started
-    for name, value in trainer.G.state_dict().items():
+    for name, value in trainer.state.G.state_dict().items():
         assert torch.equal(value, state["G"][name])
     with pytest.raises(ConfigError, match="warm start"):
         ZhangTrainer(tiny(tmp_path, "train.d_width=8"), private, public=public, warm_start_state=state)
@@ -251,10 +251,10 @@ def test_training_updates_g_and_records_the_trace(tmp_path, small_mnist):
     cfg = tiny(tmp_path)
     public, private = split(small_mnist, cfg)
     trainer = ZhangTrainer(cfg, private, public=public)
-    g0 = {k: v.clone() for k, v in trainer.G.state_dict().items()}
+    g0 = {k: v.clone() for k, v in trainer.state.G.state_dict().items()}
     result = trainer.train()
     assert result.steps == 8 and result.generator_steps == 4 and result.stopped_by == "steps"
-    assert any(not torch.equal(v, g0[k]) for k, v in trainer.G.state_dict().items())  # G is trained
+    assert any(not torch.equal(v, g0[k]) for k, v in trainer.state.G.state_dict().items())  # G is trained
     trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
     (event,) = trace.events
     assert event.count == 8 and event.sample_rate == pytest.approx(32 / len(private))
@@ -289,9 +289,9 @@ def test_resume_equals_uninterrupted(tmp_path, small_mnist):
     second = ZhangTrainer(tiny(b), private, public=public)
     result = second.train()
     assert result.steps == 8
-    for k, v in full.G.state_dict().items():
-        torch.testing.assert_close(second.G.state_dict()[k], v)
-    assert second.group_names == full.group_names and second.sanitizer.bounds == full.sanitizer.bounds
+    for k, v in full.state.G.state_dict().items():
+        torch.testing.assert_close(second.state.G.state_dict()[k], v)
+    assert second.state.groups == full.state.groups and second.sanitizer.bounds == full.sanitizer.bounds
     assert second.trace == full.trace
 
 

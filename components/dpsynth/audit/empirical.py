@@ -272,13 +272,13 @@ def _public_seed() -> int:
 def _attach_white_box(kind: str, trainer, m: int):
     """The white-box canaries of ``kind`` in ``trainer``'s sanitizer; they keep the scores."""
     if kind == "gradient":
-        canaries = GradientCanaries(list(trainer.D.parameters()), m=m, sample_rate=trainer.event.sample_rate,
-                                    randomness=trainer.mechanism)
+        canaries = GradientCanaries(list(trainer.state.D.parameters()), m=m, sample_rate=trainer.event.sample_rate,
+                                    randomness=trainer.state.mechanism)
         trainer.sanitizer = _SanitizerWithCanaries(trainer.sanitizer, canaries)
         return canaries
     channels, size = trainer.spec["channels"], trainer.spec["image_size"]
     canaries = InputGradientCanaries(m=m, num_shards=trainer.K, releases=trainer.plan.releases,
-                                     image_numel=channels * size * size, randomness=trainer.mechanism)
+                                     image_numel=channels * size * size, randomness=trainer.state.mechanism)
     sanitizer = trainer.sanitizer = _InputSanitizerWithCanaries(trainer.sanitizer, canaries)
     loss_for = trainer.generator_loss
 
@@ -330,10 +330,10 @@ def _black_box_scores(kind: str, trainer, canaries: InputCanaries, *, seed: int)
     """Higher: more likely a member. ``discriminator``: D's output (logit or critic value) on the canary and
     its label; ``generator``: minus the distance to the nearest of ``GENERATED`` samples of its label."""
     if kind == "discriminator":
-        private = getattr(trainer, "D_private", None)
+        private = getattr(trainer.state, "D_private", None)
         if hasattr(private, "disable_hooks"):  # a plain forward: record nothing for the sanitizer (run is over)
             private.disable_hooks()
-        D = trainer.D.eval()
+        D = trainer.state.D.eval()
         return torch.cat([D(x.to(trainer.device), y.to(trainer.device)).reshape(-1).double().cpu()
                           for x, y in zip(canaries.images.split(1024), canaries.labels.split(1024))]).numpy()
     from dpsynth.evaluation.mia import nearest_distances
@@ -437,7 +437,7 @@ def run_audit(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, mode
                                    mechanism_seed=mechanism_seed)
         white = _attach_white_box(kind, trainer, m)
         black = InputCanaries(max(2, min(m, n // BLACK_BOX_SHARE)), image_shape, num_classes,
-                              randomness=trainer.mechanism)
+                              randomness=trainer.state.mechanism)
         _add_records(method, trainer, black)
         steps = audit_steps(cfg, trainer.total_steps)
         for _ in range(steps):  # the trainer's own step (train() adds checkpoints and logging)

@@ -26,7 +26,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from dpsynth.methods.gswgan import GSWGANTrainer, real_batch
+from dpsynth.config import RunConfig
+from dpsynth.methods.gswgan import GSWGANState, GSWGANTrainer, real_batch
 from dpsynth.methods.networks import gswgan_adam
 from dpsynth.training.seeds import derived_seed, init_with_seed
 from dpsynth.models.gswgan_networks import Classifier
@@ -37,36 +38,48 @@ def balanced_labels(n: int, num_classes: int) -> torch.Tensor:
     return torch.arange(n) % num_classes
 
 
+def train_classifier(state: GSWGANState, shard: tuple[torch.Tensor, torch.Tensor], *, cfg: RunConfig, spec: dict,
+                     iteration: int) -> Classifier:
+    """A fresh C (seeded by train.seed and ``iteration``): n_f steps on a fixed class-balanced batch of B fakes from
+    the current G, then n_r steps on real batches of ``shard`` (shard k's records); not private."""
+    d, B, device = cfg.dpac, cfg.gswgan.batch_size, shard[0].device
+    C = init_with_seed(derived_seed(cfg.train.seed, "classifier", iteration),
+                       lambda: Classifier(**{**spec, "width": d.c_width})).to(device)
+    opt = gswgan_adam(C.parameters(), lr=d.lr_c, cfg=cfg)
+    fake_y = balanced_labels(B, spec["num_classes"]).to(device)
+    with torch.no_grad():
+        z = torch.randn(B, state.G.latent_dim, device=device, generator=state.rng)
+        fake_x = state.G(z, fake_y)
+    batches = [(fake_x, fake_y)] * d.n_f
+    batches += [real_batch(*shard, size=B, rng=state.data_rng) for _ in range(d.n_r)]
+    for x, y in batches:  # sequential: all fake steps, then all real steps
+        loss = F.cross_entropy(C(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return C
+
+
+def generator_loss(state: GSWGANState, C: Classifier, *, beta: float) -> Callable:
+    """ℓ_i = β · (−D_k(x_i, y_i)) + (1 − β) · CE(C(x_i), y_i): one loss, so one sanitized release per sample
+    (GS-WGAN's :func:`~dpsynth.methods.gswgan.g_step` releases its gradient)."""
+    C = C.eval().requires_grad_(False)
+    return lambda x, y: beta * (-state.D(x, y)) + (1 - beta) * F.cross_entropy(C(x), y, reduction="none")
+
+
 class DPACTrainer(GSWGANTrainer):
-    method = "dpac"
-    DATA_PARALLEL = True  # as GS-WGAN: C is trained, like D_k, by the rank holding shard k
+    """GS-WGAN's trainer and steps (:class:`~dpsynth.methods.gswgan.GSWGANState`: C is fresh every iteration), the
+    generator's loss from iteration t_c on combined with a classifier trained on shard k (as D_k, by the rank
+    holding it under torchrun)."""
+
+    METHOD = "dpac"
 
     def generator_loss(self, k: int) -> Callable:
         d = self.cfg.dpac
         if self.step < d.start_iteration:
             return super().generator_loss(k)
-        C = self.train_classifier(k).eval().requires_grad_(False)
-        return lambda x, y: d.beta * (-self.D(x, y)) + (1 - d.beta) * F.cross_entropy(C(x), y, reduction="none")
-
-    def train_classifier(self, k: int) -> Classifier:
-        """A fresh C: n_f steps on a fixed class-balanced fake batch, then n_r steps on shard k."""
-        cfg, d, B = self.cfg, self.cfg.dpac, self.cfg.gswgan.batch_size
-        C = init_with_seed(derived_seed(cfg.train.seed, "classifier", self.step),
-                            lambda: Classifier(**{**self.spec, "width": d.c_width})).to(self.device)
-        opt = gswgan_adam(C.parameters(), lr=d.lr_c, cfg=cfg)
-        fake_y = balanced_labels(B, self.num_classes).to(self.device)
-        with torch.no_grad():
-            z = torch.randn(B, self.G.latent_dim, device=self.device, generator=self.rng)
-            fake_x = self.G(z, fake_y)
-        images, labels = self.shards[k]
-        batches = [(fake_x, fake_y)] * d.n_f
-        batches += [real_batch(images, labels, size=B, rng=self.data_rng) for _ in range(d.n_r)]
-        for x, y in batches:  # sequential: all fake steps, then all real steps
-            loss = F.cross_entropy(C(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        return C
+        C = train_classifier(self.state, self.shards[k], cfg=self.cfg, spec=self.spec, iteration=self.step)
+        return generator_loss(self.state, C, beta=d.beta)
 
 
-__all__ = ["DPACTrainer", "balanced_labels"]
+__all__ = ["DPACTrainer", "balanced_labels", "generator_loss", "train_classifier"]

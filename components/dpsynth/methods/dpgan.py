@@ -9,12 +9,17 @@ the data only through the privatized discriminator, so its release is post-proce
 The privacy cost is one Poisson-subsampled Gaussian event per discriminator step,
 recorded in the mechanism trace; training stops before the step that would exceed ε
 (the mechanism, its plan and statement: :data:`dpsynth.mechanisms.discriminator.DPGAN`).
+
+The algorithm is two step functions over :class:`DPGANState`: :func:`d_step` (the private one) and :func:`g_step`;
+:class:`DPGANTrainer` builds the state, draws each step's batch and calls them.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +34,7 @@ from dpsynth.methods.generator_step import generator_step, non_saturating
 from dpsynth.training.loop import Trainer
 from dpsynth.methods.networks import dcgan_models
 from dpsynth.mechanisms.discriminator import DPGAN
-from dpsynth.mechanisms.dpsgd import private_module
+from dpsynth.mechanisms.dpsgd import GradientSanitizer, private_module
 from dpsynth.mechanisms.randomness import MechanismRandomness
 
 # Opacus' hooks fire on module outputs because image inputs need no gradient; that is expected.
@@ -40,15 +45,71 @@ _PLAN = "the privacy plan: from the configuration and n (public), before any ste
 _POST = "post-processing of the DP discriminator on fresh fakes (no real record enters)"
 
 
+@dataclass(eq=False, kw_only=True)
+class DPGANState:
+    """What a DPGAN run holds between steps; a checkpoint holds its fields in this order, but the transient ones."""
+
+    since_g: int = 0  # discriminator steps since the last generator step
+    G: torch.nn.Module
+    D: torch.nn.Module
+    opt_g: torch.optim.Optimizer
+    opt_d: torch.optim.Optimizer
+    rng: torch.Generator  # latents and fake labels only (train.seed)
+    mechanism: MechanismRandomness  # the secret coins: Poisson masks and noise (never train.seed)
+    torch_rng: None = None  # checkpoint.TORCH_RNG: the global CPU generator's state
+    n_d: FixedSteps | AdaptiveSteps  # n_D, fixed or Bie et al.'s adaptive schedule
+    D_private: torch.nn.Module = field(metadata=checkpoint.TRANSIENT)  # D, per-example norms recorded
+    fake_accuracy: float = field(default=math.nan, metadata=checkpoint.TRANSIENT)  # before the last g_step
+    g_loss: float = field(default=math.nan, metadata=checkpoint.TRANSIENT)  # of the last g_step
+    keeps_snapshots: ClassVar[bool] = True  # a generator snapshot at every checkpoint (evaluate's ε-vs-metric curve)
+
+
+def d_step(state: DPGANState, batch: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+           sanitizer: GradientSanitizer, *, chunk: int | None = None) -> None:
+    """One private discriminator step (Algorithm 1, lines 4–8) on ``batch``, the Poisson-sampled real records and the
+    fakes, each (images, labels): every example's loss clipped, the noisy sum released (the sanitizer records the
+    step's event), one Adam step of D. ``chunk``: examples per forward pass (train.physical_batch_size; None: all)."""
+    real, fake = batch
+    x, y = torch.cat([real[0], fake[0]]), torch.cat([real[1], fake[1]])
+    device = x.device
+    is_real = torch.cat([torch.ones(len(real[0]), device=device), torch.zeros(len(fake[0]), device=device)])
+    chunk = chunk or len(x)
+    for start in range(0, len(x), chunk):
+        xs, ys, rs = x[start:start + chunk], y[start:start + chunk], is_real[start:start + chunk]
+        logits = state.D_private(xs, ys)
+        # -log D(x) for real, -log(1 - D(x)) for fake: one loss per example, the sanitizer clips each.
+        sanitizer.accumulate(F.softplus(torch.where(rs.bool(), -logits, logits)))
+    sanitizer.finalize()  # the noisy release; it records the step's event in the trace
+    state.opt_d.step()
+    state.opt_d.zero_grad(set_to_none=True)
+    state.since_g += 1
+
+
+def g_step(state: DPGANState, batch_size: int) -> None:
+    """One generator step (Algorithm 1, lines 10–14), after n_D discriminator steps: D's accuracy on a fresh fake
+    batch drives the n_D schedule, then the one generator step with the non-saturating loss (post-processing)."""
+    hooks = hasattr(state.D_private, "disable_hooks")  # "ew" mode has none: plain D calls skip it
+    if hooks:
+        state.D_private.disable_hooks()
+    try:
+        with torch.no_grad():  # D's accuracy on a fresh fake batch: post-processing, free
+            fx, fy = state.G.sample(batch_size, generator=state.rng)
+            state.fake_accuracy = (state.D(fx, fy) < 0).float().mean().item()
+        state.n_d.observe(state.fake_accuracy)
+        state.g_loss = generator_step(state.G, state.D, state.opt_g, batch_size, state.rng, loss=non_saturating)
+    finally:
+        if hooks:
+            state.D_private.enable_hooks()
+    state.since_g = 0
+
+
 class DPGANTrainer(Trainer):
     """Trains a label-conditioned DCGAN with a DP-SGD discriminator; ``train()`` (:mod:`dpsynth.training.loop`)
     runs it to the end. One step is one discriminator step (Algorithm 1's n_D counts them per generator step)."""
 
     STEP = "DP discriminator steps"
+    METHOD = "dpgan"
     MECHANISM = DPGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.discriminator)
-    KEEPS_SNAPSHOTS = True
-    STATE = ("since_g", "G", "D", "opt_g", "opt_d", "rng", "mechanism", checkpoint.TORCH_RNG, "n_d")
-    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.data_parallel)
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(metrics={
         "noise_multiplier": _PLAN, "sample_rate": _PLAN,
         "n_d": "the adaptive n_D schedule, driven by d_accuracy_fake_ema (post-processing)",
@@ -65,83 +126,49 @@ class DPGANTrainer(Trainer):
         self.images, self.labels = images.to(self.device), labels.to(self.device)
         self.n = len(dataset)
         _, channels, size, _ = self.images.shape
-        self.image_shape = (channels, size, size)
         self.plan = DPGAN.plan(cfg, self.n)
 
         torch.manual_seed(t.seed)
-        G, D = dcgan_models(cfg, num_classes=self.num_classes, image_shape=self.image_shape)
-        self.G, self.D = G.to(self.device), D.to(self.device)
-        self.D_private = private_module(self.D, t.grad_sample_mode)
+        G, D = dcgan_models(cfg, num_classes=self.num_classes, image_shape=(channels, size, size))
+        G, D = G.to(self.device), D.to(self.device)
         betas = (t.adam_beta1, t.adam_beta2)
-        self.opt_d = torch.optim.Adam(self.D.parameters(), lr=t.lr_d, betas=betas)
-        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=t.lr_g, betas=betas)
-        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)  # latents and fake labels only
-        # the secret coins: Poisson masks and noise (never train.seed)
-        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
-                                             seed=self.dist.mechanism_seed(mechanism_seed))
-        # records plan.event in the trace at every noisy release (finalize)
-        self.sanitizer = DPGAN.sanitizer(cfg, self.plan, list(self.D.parameters()), randomness=self.mechanism,
-                                         module=self.D_private, trace=self.trace)
-        data_parallel.join(self)  # under torchrun: noise on rank 0, the clipped sums all-reduced
         n_d = discriminator_steps.n_d(cfg)  # n_D of Bie et al.
-        self.n_d = AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta) if n_d == "adaptive" else FixedSteps(n_d)
-        self.since_g = 0  # discriminator steps since the last generator step
-        self.last_fake_acc = float("nan")
-        self.last_g_loss = float("nan")
+        self.state = DPGANState(
+            G=G, D=D, D_private=private_module(D, t.grad_sample_mode),
+            opt_d=torch.optim.Adam(D.parameters(), lr=t.lr_d, betas=betas),
+            opt_g=torch.optim.Adam(G.parameters(), lr=t.lr_g, betas=betas),
+            rng=torch.Generator(device=self.device).manual_seed(t.seed),
+            mechanism=MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
+                                          seed=self.dist.mechanism_seed(mechanism_seed)),
+            n_d=AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta) if n_d == "adaptive" else FixedSteps(n_d))
+        # records plan.event in the trace at every noisy release (finalize)
+        self.sanitizer = DPGAN.sanitizer(cfg, self.plan, list(D.parameters()), randomness=self.state.mechanism,
+                                         module=self.state.D_private, trace=self.trace)
+        data_parallel.join(self)  # under torchrun: noise on rank 0, the clipped sums all-reduced
+
+    def draw(self) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """A discriminator step's batch, this rank's part of it: (real, fake) records, each (images, labels)."""
+        s = self.state
+        take = self.dist.poisson_take(s.mechanism, self.n, self.event.sample_rate)  # this rank's part
+        with torch.no_grad():  # this rank's share of the B fakes
+            fake = self.dist.share(*s.G.sample(self.cfg.train.batch_size, generator=s.rng))
+        return (self.images[take], self.labels[take]), fake
 
     def train_step(self) -> None:
-        self.discriminator_step()
-        if self.since_g >= self.n_d.n_d:
-            self.generator_step()
-
-    # --- one discriminator step (Algorithm 1, lines 4–8) -------------------------------
-    def discriminator_step(self) -> None:
-        B = self.cfg.train.batch_size
-        take = self.dist.poisson_take(self.mechanism, self.n, self.event.sample_rate)  # this rank's part
-        real_x, real_y = self.images[take], self.labels[take]
-        with torch.no_grad():
-            fake_x, fake_y = self.dist.share(*self.G.sample(B, generator=self.rng))  # this rank's share of the B
-        x = torch.cat([real_x, fake_x])
-        y = torch.cat([real_y, fake_y])
-        is_real = torch.cat([torch.ones(len(real_x), device=self.device), torch.zeros(len(fake_x), device=self.device)])
-        chunk = self.cfg.train.physical_batch_size or len(x)
-        for start in range(0, len(x), chunk):
-            xs, ys, rs = x[start:start + chunk], y[start:start + chunk], is_real[start:start + chunk]
-            logits = self.D_private(xs, ys)
-            # -log D(x) for real, -log(1 - D(x)) for fake: one loss per example, the sanitizer clips each.
-            self.sanitizer.accumulate(F.softplus(torch.where(rs.bool(), -logits, logits)))
-        self.sanitizer.finalize()  # the noisy release; it records the step's event in the trace
-        self.opt_d.step()
-        self.opt_d.zero_grad(set_to_none=True)
+        d_step(self.state, self.draw(), self.sanitizer, chunk=self.cfg.train.physical_batch_size)
         self.step += 1
-        self.since_g += 1
+        if self.state.since_g >= self.state.n_d.n_d:
+            g_step(self.state, self.cfg.train.batch_size)
+            self.g_steps += 1
 
-    # --- one generator step (Algorithm 1, lines 10–14) ---------------------------------
-    def generator_step(self) -> None:
-        B = self.cfg.train.batch_size
-        hooks = hasattr(self.D_private, "disable_hooks")  # "ew" mode has none: plain D calls skip it
-        if hooks:
-            self.D_private.disable_hooks()
-        try:
-            with torch.no_grad():  # D's accuracy on a fresh fake batch: post-processing, free
-                fx, fy = self.G.sample(B, generator=self.rng)
-                self.last_fake_acc = (self.D(fx, fy) < 0).float().mean().item()
-            self.n_d.observe(self.last_fake_acc)
-            self.last_g_loss = generator_step(self.G, self.D, self.opt_g, B, self.rng, loss=non_saturating)
-        finally:
-            if hooks:
-                self.D_private.enable_hooks()
-        self.g_steps += 1
-        self.since_g = 0
-
-    # --- what the loop saves and reports ------------------------------------------------
     def progress(self) -> tuple[dict, dict]:
-        ema = self.n_d.ema
-        shown = ema if ema is not None else self.last_fake_acc
-        metrics = {"n_d": self.n_d.n_d, "generator_steps": self.g_steps}
-        if not math.isnan(self.last_fake_acc):
-            metrics["d_accuracy_fake"] = self.last_fake_acc
-            metrics["g_loss"] = self.last_g_loss
+        s = self.state
+        ema = s.n_d.ema
+        shown = ema if ema is not None else s.fake_accuracy
+        metrics = {"n_d": s.n_d.n_d, "generator_steps": self.g_steps}
+        if not math.isnan(s.fake_accuracy):
+            metrics["d_accuracy_fake"] = s.fake_accuracy
+            metrics["g_loss"] = s.g_loss
         if ema is not None:
             metrics["d_accuracy_fake_ema"] = ema
-        return {"n_d": self.n_d.n_d, "d_acc": f"{shown:.2f}"}, metrics
+        return {"n_d": s.n_d.n_d, "d_acc": f"{shown:.2f}"}, metrics

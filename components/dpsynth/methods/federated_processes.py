@@ -43,6 +43,7 @@ from dpsynth.methods.gswgan_federated import (
     Client,
     FederatedServer,
     FederationMeta,
+    client_update,
     make_client,
 )
 from dpsynth.mechanisms import distributed
@@ -136,11 +137,12 @@ class GlooClients:
         self._all_clients(RESUME)
 
 
-def serve(client: Client, *, spec: dict, batch_size: int, noise_multiplier: float, checkpoints: Path | None,
+def serve(client: Client, *, cfg: RunConfig, spec: dict, noise_multiplier: float, checkpoints: Path | None,
           shard_index: int) -> int:
     """Client side of the protocol: answer requests from rank 0 until STOP; returns the requests answered.
     CHECKPOINT / RESUME, then the round r: save / load this client's state of round r under ``checkpoints``
     (None: a run that cannot resume, e.g. a remote run directory), then acknowledge."""
+    batch_size = cfg.gswgan.batch_size
     shape = (batch_size, spec["channels"], spec["image_size"], spec["image_size"])
     device = client.images.device
     rounds = 0
@@ -158,7 +160,8 @@ def serve(client: Client, *, spec: dict, batch_size: int, noise_multiplier: floa
         fake_x, fake_y = torch.empty(shape, dtype=torch.float32), torch.empty(batch_size, dtype=torch.int64)
         torch.distributed.recv(fake_x, src=0)
         torch.distributed.recv(fake_y, src=0)
-        released = client.update(fake_x.to(device), fake_y.to(device), noise_multiplier=noise_multiplier)
+        released = client_update(client, fake_x.to(device), fake_y.to(device), cfg=cfg,
+                                 noise_multiplier=noise_multiplier)
         torch.distributed.send(released.detach().to("cpu", torch.float32).contiguous(), dst=0)
         rounds += 1
 
@@ -222,7 +225,7 @@ class FederatedProcesses:
     def train(self, *, stop_after: int | None = None) -> TrainResult | None:
         result = self.server.train(stop_after=stop_after)
         if result is None:  # stopped part-way (tests): the clients stop too (at the end, finish() tells them)
-            self.server.clients.close()
+            self.server.state.clients.close()
         return result
 
 
@@ -235,8 +238,7 @@ def client_main(cfg: RunConfig, shard: ImageDataset, *, warm: bytes | None,
     spec = ranks.from_rank(1, image_spec(cfg, shard) if k == 0 else None)  # client 0's, on every rank
     sigma = ranks.from_main(None)  # the server's plan's
     client = make_client(cfg, shard.to_tensors(), spec=spec, shard_index=k, warm=warm, mechanism_seed=mechanism_seed)
-    return serve(client, spec=spec, batch_size=cfg.gswgan.batch_size, noise_multiplier=sigma,
-                 checkpoints=checkpoints, shard_index=k)
+    return serve(client, cfg=cfg, spec=spec, noise_multiplier=sigma, checkpoints=checkpoints, shard_index=k)
 
 
 __all__ = ["FederatedProcesses", "GlooClients", "client_main", "launch", "serve", "world_size"]

@@ -2,12 +2,14 @@
 
 Per-shard WGAN-GP critics warm-started non-privately (:func:`dpsynth.methods.warm_starts.warm_start_shard`),
 then private iterations in which only the per-sample gradients ∂ℓ_i/∂G(z_i) are sanitized; the released generator is an
-exponential moving average of G's weights. The iteration step by step, and why one iteration is one
+exponential moving average of G's weights. Its steps over :class:`GSWGANState`: :func:`critic_step` (not private),
+:func:`g_step` (the private release is the generator's gradient). The iteration step by step, and why one iteration is one
 without-replacement event of multiplier σ/√B: docs/privacy.md, "GS-WGAN: the iteration and its account".
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -19,9 +21,9 @@ from dpsynth.grids import class_grid
 from dpsynth.training import checkpoint, data_parallel
 from dpsynth.methods import discriminator_steps
 from dpsynth.training.loop import Trainer
-from dpsynth.training.seeds import cpu_rng, derived_seed, init_with_seed
-from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_record, gswgan_adam,
-                                      image_spec, make_generator, read_discriminator)
+from dpsynth.training.seeds import cpu_rng, derived_seed
+from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_models, generator_record,
+                                      gswgan_adam, image_spec, read_discriminator)
 from dpsynth.models.gswgan_networks import ema_update, frozen, refresh_spectral_norm
 from dpsynth.mechanisms.generator_gradient import ACCOUNTANT, GSWGAN
 from dpsynth.mechanisms.dpsgd import InputGradientSanitizer
@@ -31,9 +33,7 @@ from dpsynth.mechanisms.randomness import MechanismRandomness
 
 
 def real_batch(images: torch.Tensor, labels: torch.Tensor, *, size: int, rng: torch.Generator):
-    """``size`` records of one shard, drawn uniformly without replacement (all of them if fewer).
-
-    ``rng`` (a public stream, shared by every shard) gives one seed, whatever the shard's size s; the
+    """``size`` records of one shard, drawn uniformly without replacement (all of them if fewer). ``rng`` (a public stream, shared by every shard) gives one seed, whatever the shard's size s; the
     permutation of s is drawn from that seed. So the stream's state afterwards does not depend on s: one
     record more or less in shard k cannot shift what the stream later draws for another shard or for G."""
     seed = int(torch.randint(0, 2**62, (1,), generator=rng))
@@ -44,7 +44,6 @@ def real_batch(images: torch.Tensor, labels: torch.Tensor, *, size: int, rng: to
 def critic_loss(D, real_x, real_y, fake_x, *, gp_weight: float, drift_weight: float,
                 generator: torch.Generator | None = None, draws: int | None = None) -> torch.Tensor:
     """WGAN-GP critic loss E[D(fake)] − E[D(real)] + λ·GP + ε_drift·E[D(real)²] (fakes carry the real labels).
-
     ``draws``: how many interpolation weights to draw from ``generator`` (the first len(real_x) are used),
     so that a public stream advances by the same amount whatever the batch's size; None: len(real_x)."""
     d_real = D(real_x, real_y)
@@ -61,15 +60,11 @@ def critic_loss(D, real_x, real_y, fake_x, *, gp_weight: float, drift_weight: fl
 
 def sanitized_generator_step(G, opt_g, per_sample_loss: Callable | None, *, batch_size: int,
                              generator: torch.Generator, sanitizer: InputGradientSanitizer) -> None:
-    """One generator update in which only ∂ℓ_i/∂G(z_i) is sanitized (paper Eq. 11).
-
-    ``generator`` draws the latents and labels (train.seed), ``sanitizer`` releases the B gradients
-    (its secret coins draw the noise; it records the iteration's event).
-
-    ``per_sample_loss(x, y)`` returns the vector (ℓ_1 … ℓ_B); ℓ_i may depend on x_i alone
-    (no batch statistics), so the gradient of Σℓ w.r.t. x holds the per-sample gradients.
-    None: a rank that does not hold this iteration's D_k (torchrun); it adds zeros to the job's one release.
-    """
+    """One generator update in which only ∂ℓ_i/∂G(z_i) is sanitized (paper Eq. 11). ``generator`` draws the
+    latents and labels (train.seed), ``sanitizer`` releases the B gradients (its secret coins draw the noise; it
+    records the iteration's event). ``per_sample_loss(x, y)`` returns the vector (ℓ_1 … ℓ_B); ℓ_i may depend on
+    x_i alone (no batch statistics), so the gradient of Σℓ w.r.t. x holds the per-sample gradients. None: a rank
+    that does not hold this iteration's D_k (torchrun); it adds zeros to the job's one release."""
     labels = torch.randint(0, G.num_classes, (batch_size,), device=generator.device, generator=generator)
     z = torch.randn(batch_size, G.latent_dim, device=generator.device, generator=generator)
     x = G(z, labels)
@@ -86,9 +81,7 @@ def sanitized_generator_step(G, opt_g, per_sample_loss: Callable | None, *, batc
 
 def critic_steps(D, opt_d, G, images, labels, *, cfg: RunConfig, data_rng: torch.Generator,
                  rng: torch.Generator) -> None:
-    """n_dis (``train.n_d``) non-private WGAN-GP steps of D on one shard's (images, labels).
-
-    A shard may hold s < B records (then the batch is all s of them); the public streams ``data_rng`` and
+    """n_dis (``train.n_d``) non-private WGAN-GP steps of D on one shard's (images, labels). A shard may hold s < B records (then the batch is all s of them); the public streams ``data_rng`` and
     ``rng`` still advance by B draws' worth (:func:`real_batch`; B latents and B interpolation weights, the
     first s used), so their state afterwards — and every later latent of G — does not depend on s."""
     g = cfg.gswgan
@@ -104,6 +97,66 @@ def critic_steps(D, opt_d, G, images, labels, *, cfg: RunConfig, data_rng: torch
         opt_d.step()
 
 
+# --- the state and its steps ---------------------------------------------------------------------
+
+
+@dataclass(eq=False, kw_only=True)
+class GSWGANState:
+    """What a GS-WGAN (or DPAC) run holds between iterations; a checkpoint holds its fields in this order, but D."""
+
+    method: str
+    G: torch.nn.Module
+    G_ema: torch.nn.Module  # the released generator: an exponential moving average of G's weights
+    opt_g: torch.optim.Optimizer
+    # {k: D_k's state}, {k: its Adam state}, on the CPU (under torchrun: on the rank holding shard k)
+    d_states: dict[int, dict] = field(default_factory=dict, metadata=data_parallel.SPREAD)
+    opt_states: dict[int, dict] = field(default_factory=dict, metadata=data_parallel.SPREAD)
+    mechanism: MechanismRandomness  # the secret coins: the shard k ~ U[0, K) and the noise (never train.seed)
+    data_rng: torch.Generator  # the shards' real batches (train.seed)
+    rng: torch.Generator  # latents, labels and interpolation weights (train.seed)
+    D: torch.nn.Module = field(metadata=checkpoint.TRANSIENT)  # the working discriminator: D_k loaded in, stored back
+
+
+def critic_step(state: GSWGANState, k: int, shard: tuple[torch.Tensor, torch.Tensor], *, cfg: RunConfig,
+                spec: dict) -> None:
+    """The critic's part of an iteration (Algorithm 1, lines 14–17), not private: D_k into the working D, its n_dis
+    WGAN-GP steps on shard k, D_k out."""
+    opt_d = load_discriminator(state, k, cfg=cfg, spec=spec)
+    critic_steps(state.D, opt_d, state.G, *shard, cfg=cfg, data_rng=state.data_rng, rng=state.rng)
+    store_discriminator(state, k, opt_d)
+
+
+def load_discriminator(state: GSWGANState, k: int, *, cfg: RunConfig, spec: dict) -> torch.optim.Adam:
+    """D_k (fresh when not warm) into the working D; its Adam, with D_k's Adam state."""
+    d_state = state.d_states.get(k)
+    state.D.load_state_dict(d_state if d_state is not None else fresh_discriminator(cfg, spec, shard_index=k).state_dict())
+    opt_d = gswgan_adam(state.D.parameters(), lr=cfg.gswgan.lr_d, cfg=cfg)
+    if k in state.opt_states:
+        opt_d.load_state_dict(state.opt_states[k])
+    return opt_d
+
+
+def store_discriminator(state: GSWGANState, k: int, opt_d: torch.optim.Adam) -> None:
+    """The working D and its Adam state back as D_k's, on the CPU."""
+    state.d_states[k] = {name: v.detach().to("cpu", copy=True) for name, v in state.D.state_dict().items()}
+    state.opt_states[k] = checkpoint.cpu_copy(opt_d.state_dict())
+
+
+def g_step(state: GSWGANState, loss: Callable | None, sanitizer: InputGradientSanitizer, *, cfg: RunConfig,
+           iteration: int) -> None:
+    """The private step (Algorithm 1, lines 18–20): the generator's update on the B sanitized ∂ℓ_i/∂G(z_i) (the
+    sanitizer records the iteration's event; ``loss``: ℓ_i of the drawn shard, None on a rank not holding it), then
+    G_ema's update (``iteration``: the iterations taken, this one included)."""
+    with frozen(state.D):
+        sanitized_generator_step(state.G, state.opt_g, loss, batch_size=cfg.gswgan.batch_size, generator=state.rng,
+                                 sanitizer=sanitizer)
+    ema_update(state.G_ema, state.G, decay=ema_decay(cfg, iteration))
+
+
+def ema_decay(cfg: RunConfig, iteration: int) -> float:  # G_ema's after ``iteration`` iterations
+    return min(cfg.gswgan.ema_decay, (1 + iteration) / (10 + iteration))
+
+
 # --- the trainer --------------------------------------------------------------------------------
 
 
@@ -115,12 +168,8 @@ class GSWGANTrainer(Trainer):
     resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases). Under
     torchrun each rank holds its block of the shards (``own``) and their D_k (:mod:`dpsynth.training.data_parallel`)."""
 
-    method = "gswgan"
     MECHANISM = GSWGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.generator_gradient)
-    STEP = "private generator iterations"
-    DATA_PARALLEL = True  # shards and their discriminators spread over torchrun ranks
-    SPREAD_STATE = ("d_states", "opt_states")  # {k: D_k's state}, {k: its Adam state}: on the rank owning k
-    STATE = ("method", "G", "G_ema", "opt_g", "d_states", "opt_states", "mechanism", "data_rng", "rng")
+    STEP, METHOD = "private generator iterations", "gswgan"
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
         params={"derived.release_noise_multiplier": _PLAN, "derived.accountant": "wor (fixed for shard sampling)"})
@@ -142,91 +191,50 @@ class GSWGANTrainer(Trainer):
         self.n = records if records is not None else sum(len(s) for s in shards)
         self.plan = self.MECHANISM.plan(cfg, self.n)  # K = partition.num_shards, the shards given
 
-        self._init_generator()
-        self.D = fresh_discriminator(cfg, self.spec, shard_index=0).to(self.device)
-        # D_k and its Adam state for every shard, on the CPU; D_k is created on first draw when not warm
-        kwargs = discriminator_kwargs(cfg, self.spec)
-        self.d_states: dict[int, dict] = {k: read_discriminator(data, expect_kwargs=kwargs, shard_index=k)
-                                          for k, data in (warm or {}).items() if k in self.own}
-        self.opt_states: dict[int, dict] = {}
-        # the secret coins: shard choice k ~ U[0, K) and the noise (never train.seed, never logged)
-        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
-                                             seed=self.dist.mechanism_seed(mechanism_seed))
+        models = generator_models(cfg, self.spec, self.device)
+        D = fresh_discriminator(cfg, self.spec, shard_index=0).to(self.device)
+        kwargs = discriminator_kwargs(cfg, self.spec)  # D_k of the warm start, of the shards this rank holds
+        d_states = {k: read_discriminator(data, expect_kwargs=kwargs, shard_index=k)
+                    for k, data in (warm or {}).items() if k in self.own}
+        mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
+                                        seed=self.dist.mechanism_seed(mechanism_seed))
         # σ per release; records plan.event (the B releases folded: σ/√B) in the trace at every iteration
-        self.sanitizer = self.MECHANISM.sanitizer(cfg, self.plan, randomness=self.mechanism, trace=self.trace)
-        self.data_rng = cpu_rng(seed, "real-batches")
-        self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
+        self.sanitizer = self.MECHANISM.sanitizer(cfg, self.plan, randomness=mechanism, trace=self.trace)
+        self.state = GSWGANState(
+            method=self.METHOD, **models, D=D, d_states=d_states, mechanism=mechanism,
+            data_rng=cpu_rng(seed, "real-batches"),
+            rng=torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents")))
         if self.dist.distributed:
             data_parallel.join(self)
 
-    def _init_generator(self) -> None:
-        """G (from train.seed), its EMA copy G_ema (the released generator) and G's Adam."""
-        self.G = init_with_seed(derived_seed(self.cfg.train.seed, "generator"),
-                                lambda: make_generator(self.cfg, self.spec)).to(self.device)
-        self.G_ema = make_generator(self.cfg, self.spec).to(self.device).requires_grad_(False)
-        self.G_ema.load_state_dict(self.G.state_dict())  # not deepcopy: parametrized classes would be shared
-        self.opt_g = gswgan_adam(self.G.parameters(), lr=self.cfg.gswgan.lr_g, cfg=self.cfg)
+    def warm_up(self, records=None) -> None:
+        """The private warm-up (:mod:`dpsynth.training.warmup`) on the union of the shards; G_ema starts at the warm G."""
+        super().warm_up(data_parallel.every_record(self.own, self.shards))
+        self.state.G_ema.load_state_dict(self.state.G.state_dict())
 
-    # --- the private warm-up (dpsynth.training.warmup), when configured: on the union of the shards ---------
-    def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return data_parallel.every_record(self.own, self.shards)
-
-    def warm_up(self) -> bool:
-        ran = super().warm_up()
-        if ran:  # G_ema starts at the warm G
-            self.G_ema.load_state_dict(self.G.state_dict())
-        return ran
-
-    # --- D_k in and out of the one working discriminator -------------------------------------
-    def _load_discriminator(self, k: int) -> torch.optim.Adam:
-        state = self.d_states.get(k)
-        if state is None:
-            state = fresh_discriminator(self.cfg, self.spec, shard_index=k).state_dict()
-        self.D.load_state_dict(state)
-        opt = gswgan_adam(self.D.parameters(), lr=self.cfg.gswgan.lr_d, cfg=self.cfg)
-        if k in self.opt_states:
-            opt.load_state_dict(self.opt_states[k])
-        return opt
-
-    def _store_discriminator(self, k: int, opt: torch.optim.Adam) -> None:
-        self.d_states[k] = {name: v.detach().to("cpu", copy=True) for name, v in self.D.state_dict().items()}
-        self.opt_states[k] = checkpoint.cpu_copy(opt.state_dict())
-
-    # --- one private iteration (Algorithm 1, lines 13–20) -------------------------------------
     def train_step(self) -> None:
-        self.iteration()
-
-    def iteration(self) -> None:
-        k = data_parallel.draw_shard(self.dist, self.mechanism, self.K)  # from rank 0's secret coins
+        """One private iteration (Algorithm 1, lines 13–20) on the shard k drawn by rank 0's secret coins."""
+        s = self.state
+        k = data_parallel.draw_shard(self.dist, s.mechanism, self.K)
         loss = None
         if k in self.own:
-            images, labels = self.shards[k]
-            opt_d = self._load_discriminator(k)
-            critic_steps(self.D, opt_d, self.G, images, labels, cfg=self.cfg, data_rng=self.data_rng, rng=self.rng)
-            self._store_discriminator(k, opt_d)
+            critic_step(s, k, self.shards[k], cfg=self.cfg, spec=self.spec)
             loss = self.generator_loss(k)
-        data_parallel.hand_on(self.dist, self.dist.owner(k, self.K), [self.data_rng, self.rng], self.G)
-        with frozen(self.D):
-            sanitized_generator_step(self.G, self.opt_g, loss, batch_size=self.cfg.gswgan.batch_size,
-                                     generator=self.rng, sanitizer=self.sanitizer)  # records the event
+        data_parallel.hand_on(self.dist, self.dist.owner(k, self.K), [s.data_rng, s.rng], s.G)
+        g_step(s, loss, self.sanitizer, cfg=self.cfg, iteration=self.step + 1)  # records the event
         self.step += 1
         self.g_steps += 1
-        self._update_ema()
 
     def generator_loss(self, k: int) -> Callable:
         """ℓ_i(x_i, y_i) for the generator step on shard k: the WGAN loss −D_k(x_i, y_i)."""
-        return lambda x, y: -self.D(x, y)
+        return lambda x, y: -self.state.D(x, y)
 
-    def _update_ema(self) -> None:
-        ema_update(self.G_ema, self.G, decay=min(self.cfg.gswgan.ema_decay, (1 + self.step) / (10 + self.step)))
-
-    # --- what the loop reports (its state: STATE) ---------------------------------------------------
     def generator(self) -> tuple[torch.nn.Module, dict]:
-        return self.G_ema, generator_record(self.cfg, self.spec)
+        return self.state.G_ema, generator_record(self.cfg, self.spec)
 
     def grid(self):
-        refresh_spectral_norm(self.G_ema)
-        return class_grid(self.G_ema, num_classes=self.num_classes)
+        refresh_spectral_norm(self.state.G_ema)
+        return class_grid(self.state.G_ema, num_classes=self.num_classes)
 
     def published_epsilon(self) -> float | None:
         return self.MECHANISM.published_epsilon(self.cfg, self.plan, self.step)
@@ -240,6 +248,3 @@ class GSWGANTrainer(Trainer):
     def derived_params(self) -> dict:
         return {**super().derived_params(), "release_noise_multiplier": self.plan.noise_multiplier,
                 "accountant": ACCOUNTANT}
-
-
-__all__ = ["GSWGANTrainer", "critic_loss", "sanitized_generator_step"]

@@ -10,7 +10,7 @@ releases), against whom it holds, and the client-level guarantee: docs/privacy.m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,54 +23,53 @@ from dpsynth.training import checkpoint
 from dpsynth.training.result import resolve_device
 from dpsynth.training.loop import Trainer
 from dpsynth.training.seeds import cpu_rng, derived_seed
-from dpsynth.methods.gswgan import GSWGANTrainer, critic_loss, real_batch
-from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, gswgan_adam, image_spec,
-                                      read_discriminator)
+from dpsynth.methods.gswgan import GSWGANTrainer, critic_loss, ema_decay, real_batch
+from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_models, gswgan_adam,
+                                      image_spec, read_discriminator)
 from dpsynth.mechanisms.generator_gradient import FEDERATED, Receipts
 from dpsynth.mechanisms import distributed
-from dpsynth.models.gswgan_networks import frozen
+from dpsynth.models.gswgan_networks import ema_update, frozen
 from dpsynth.mechanisms.dpsgd import sanitize
 from dpsynth.mechanisms.randomness import MechanismRandomness, secret_seed
 
 # --- the client -------------------------------------------------------------------------------
 
 
+@dataclass(eq=False, kw_only=True)
 class Client:
-    """One client: its data, its D_k and D_k's optimizer; answers a batch of fakes with sanitized gradients."""
-
-    def __init__(self, cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], D: torch.nn.Module,
-                 opt: torch.optim.Optimizer, *, data_rng: torch.Generator, rng: torch.Generator,
-                 randomness: MechanismRandomness | None = None):
-        """``rng`` draws the critic's interpolation weights (train.seed); ``randomness`` the noise
-        (the mechanism's secret coins; None: fresh OS-entropy coins)."""
-        self.cfg, (self.images, self.labels), self.D, self.opt = cfg, shard, D, opt
-        self.data_rng, self.rng = data_rng, rng
-        self.randomness = randomness or MechanismRandomness(device=self.images.device,
-                                                            secure_mode=cfg.privacy.secure_mode)
-
-    def update(self, fake_x: torch.Tensor, fake_y: torch.Tensor, *, noise_multiplier: float) -> torch.Tensor:
-        """ClientUpdate (Algorithm 2, lines 28–32): one step of D_k, then the sanitized ∂(−D_k)/∂x_i."""
-        g = self.cfg.gswgan
-        real_x, real_y = real_batch(self.images, self.labels, size=g.batch_size, rng=self.data_rng)
-        n = min(len(real_x), len(fake_x))  # the critic pairs each real record with a fake
-        loss = critic_loss(self.D, real_x[:n], real_y[:n], fake_x[:n].detach(), gp_weight=g.gp_weight,
-                           drift_weight=g.drift_weight, generator=self.rng)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        with frozen(self.D):
-            x = fake_x.detach().requires_grad_(True)
-            (grads,) = torch.autograd.grad(-self.D(x, fake_y).sum(), x)
-        return sanitize(grads, clip_norm=self.cfg.privacy.max_grad_norm, noise_multiplier=noise_multiplier,
-                        randomness=self.randomness)
-
-    STATE = ("D", "opt", "data_rng", "rng", "randomness")  # its own checkpoint (on its own rank)
+    """Client k: its shard and its state, which its own checkpoint holds (on its own rank), all but the shard."""
+    D: torch.nn.Module
+    opt: torch.optim.Optimizer  # D_k's
+    data_rng: torch.Generator  # its real batches (train.seed)
+    rng: torch.Generator  # the critic's interpolation weights (train.seed)
+    randomness: MechanismRandomness  # its secret noise coins
+    images: torch.Tensor = field(metadata=checkpoint.TRANSIENT)
+    labels: torch.Tensor = field(metadata=checkpoint.TRANSIENT)
 
     def state_dict(self) -> dict:
-        return checkpoint.cpu_copy(checkpoint.capture(self, self.STATE))
+        return checkpoint.cpu_copy(checkpoint.capture_state(self))
 
     def load_state_dict(self, state: dict) -> None:
-        checkpoint.restore(self, self.STATE, state)
+        checkpoint.restore_state(self, state)
+
+
+def client_update(client: Client, fake_x: torch.Tensor, fake_y: torch.Tensor, *, cfg: RunConfig,
+                  noise_multiplier: float) -> torch.Tensor:
+    """ClientUpdate (Algorithm 2, lines 28–32): one non-private step of D_k on its shard and the server's fakes, then
+    the private release, the sanitized ∂(−D_k)/∂x_i of the fakes."""
+    g = cfg.gswgan
+    real_x, real_y = real_batch(client.images, client.labels, size=g.batch_size, rng=client.data_rng)
+    n = min(len(real_x), len(fake_x))  # the critic pairs each real record with a fake
+    loss = critic_loss(client.D, real_x[:n], real_y[:n], fake_x[:n].detach(), gp_weight=g.gp_weight,
+                       drift_weight=g.drift_weight, generator=client.rng)
+    client.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    client.opt.step()
+    with frozen(client.D):
+        x = fake_x.detach().requires_grad_(True)
+        (grads,) = torch.autograd.grad(-client.D(x, fake_y).sum(), x)
+    return sanitize(grads, clip_norm=cfg.privacy.max_grad_norm, noise_multiplier=noise_multiplier,
+                    randomness=client.randomness)
 
 
 def mechanism_seeds(master: int | None, num_clients: int) -> tuple[int, list[int]]:
@@ -89,12 +88,11 @@ def make_client(cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], *, spe
     if warm is not None:
         D.load_state_dict(read_discriminator(warm, expect_kwargs=discriminator_kwargs(cfg, spec),
                                              shard_index=shard_index))
-    seed = cfg.train.seed
-    return Client(cfg, tuple(t.to(device) for t in shard), D, gswgan_adam(D.parameters(), lr=cfg.gswgan.lr_d, cfg=cfg),
+    seed, (images, labels) = cfg.train.seed, (t.to(device) for t in shard)
+    return Client(D=D, opt=gswgan_adam(D.parameters(), lr=cfg.gswgan.lr_d, cfg=cfg), images=images, labels=labels,
                   data_rng=cpu_rng(seed, "client-real-batches", shard_index),
                   rng=torch.Generator(device=device).manual_seed(derived_seed(seed, "client-critic", shard_index)),
-                  randomness=MechanismRandomness(device=device, secure_mode=cfg.privacy.secure_mode,
-                                                 seed=mechanism_seed))
+                  randomness=MechanismRandomness(device=device, secure_mode=cfg.privacy.secure_mode, seed=mechanism_seed))
 
 
 # --- what the server may know ----------------------------------------------------------------
@@ -130,12 +128,12 @@ class InProcessClients:
 
     transport = "in_process"
 
-    def __init__(self, clients: list[Client], *, noise_multiplier: float, moved: dict):
+    def __init__(self, cfg: RunConfig, clients: list[Client], *, noise_multiplier: float, moved: dict):
         """``moved``: what the gloo transport would move (:func:`message_bytes`)."""
-        self.clients, self.noise_multiplier, self.moved = clients, noise_multiplier, moved
+        self.cfg, self.clients, self.noise_multiplier, self.moved = cfg, clients, noise_multiplier, moved
 
     def ask(self, k: int, fake_x: torch.Tensor, fake_y: torch.Tensor) -> torch.Tensor:
-        return self.clients[k].update(fake_x, fake_y, noise_multiplier=self.noise_multiplier)
+        return client_update(self.clients[k], fake_x, fake_y, cfg=self.cfg, noise_multiplier=self.noise_multiplier)
 
     def close(self, steps: int = 0) -> tuple[int, int, int]:
         """Bytes per iteration to and from the clients, and at the end (the K STOP messages)."""
@@ -156,13 +154,42 @@ _PROTOCOL = "bytes of the protocol's messages: from shapes (config) alone"
 _BYTES = ("bytes_per_iteration_to_clients", "bytes_per_iteration_from_clients", "bytes_per_iteration")
 
 
-class FederatedServer(GSWGANTrainer):
-    """The server of Algorithm 2: G, G_ema, opt_g, the plan, the trace and the shard choice. No data."""
+@dataclass(eq=False, kw_only=True)
+class ServerState:
+    """What the server holds between iterations (no data); a checkpoint holds its fields in this order, but D."""
+    method: str
+    G: torch.nn.Module
+    G_ema: torch.nn.Module  # the released generator
+    opt_g: torch.optim.Optimizer
+    mechanism: MechanismRandomness  # the secret client choice k ~ U[0, K) (never train.seed, never logged)
+    rng: torch.Generator  # latents and labels (train.seed)
+    clients: object  # the transport to the K clients: its checkpoint is theirs (in process) or their round (gloo)
+    D: torch.nn.Module = field(metadata=checkpoint.TRANSIENT)  # architecture only: its parameter count is logged
 
-    method = "gswgan_federated"
+
+def g_step(state: ServerState, receipts: Receipts, *, cfg: RunConfig, num_clients: int, iteration: int) -> None:
+    """The server's generator iteration (Algorithm 2, lines 5–12): client k drawn, n_dis rounds of B fakes sent and
+    their sanitized gradients (the private releases, ``receipts`` records their event) received, G and G_ema updated."""
+    g, rounds, device = cfg.gswgan, discriminator_steps.n_d(cfg), state.rng.device
+    k = state.mechanism.choice(num_clients)
+    for r in range(rounds):  # every round's answer is a release the server sees
+        labels = torch.randint(0, state.G.num_classes, (g.batch_size,), device=device, generator=state.rng)
+        z = torch.randn(g.batch_size, state.G.latent_dim, device=device, generator=state.rng)
+        with torch.set_grad_enabled(r == rounds - 1):  # only the last round's graph is needed
+            x = state.G(z, labels)
+        released = receipts.received(state.clients.ask(k, x.detach(), labels))
+    receipts.end_iteration()  # records the event that folds the n_dis·B releases received
+    state.opt_g.zero_grad(set_to_none=True)
+    x.backward(released / g.batch_size)  # the last round's gradients update G (line 11)
+    state.opt_g.step()
+    ema_update(state.G_ema, state.G, decay=ema_decay(cfg, iteration))
+
+
+class FederatedServer(GSWGANTrainer):
+    """The server of Algorithm 2 (its reports are GS-WGAN's): its state, the plan, the trace. No data."""
+
     MECHANISM = FEDERATED  # the n_dis·B releases of an iteration folded (dpsynth.mechanisms.generator_gradient)
-    DATA_PARALLEL = False  # its ranks have roles (server, clients) in a process group of its own: dpsynth.methods.federated_processes
-    STATE = ("method", "G", "G_ema", "opt_g", "mechanism", "rng", "clients")
+    METHOD = "gswgan_federated"  # not data-parallel: its ranks are the server and the clients
     MLFLOW_KEYS = GSWGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={k: _PROTOCOL for k in _BYTES},
         params={"derived.privacy_unit": "client (fixed)", "derived.clients": "K (configuration)",
@@ -174,54 +201,35 @@ class FederatedServer(GSWGANTrainer):
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
         if meta.num_clients != cfg.partition.num_shards:
             raise ConfigError(f"partition.num_shards: {cfg.partition.num_shards}, but {meta.num_clients} clients")
-        Trainer.__init__(self, cfg, parent_run_id=parent_run_id, run_tags=run_tags)
-        self.clients = clients
-        seed = cfg.train.seed
-        self.spec, self.num_classes = meta.spec, meta.spec["num_classes"]
-        self.K, self.n = meta.num_clients, meta.n
+        Trainer.__init__(self, cfg, parent_run_id=parent_run_id, run_tags=run_tags)  # not data-parallel
+        self.spec, self.num_classes, self.K, self.n = meta.spec, meta.spec["num_classes"], meta.num_clients, meta.n
         self.plan = FEDERATED.plan(cfg, self.n)  # K = partition.num_shards clients
-        self._init_generator()  # G, G_ema and G's Adam, as GS-WGAN's
-        self.D = fresh_discriminator(cfg, self.spec, shard_index=0)  # architecture only: logs its parameter count
-        # the secret client choice k ~ U[0, K) (never train.seed, never logged)
-        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
-                                             seed=mechanism_seed)
-        self.rng = torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents"))
+        models = generator_models(cfg, self.spec, self.device)  # G, G_ema and G's Adam, as GS-WGAN's
+        self.state = ServerState(
+            method=self.METHOD, **models, D=fresh_discriminator(cfg, self.spec, shard_index=0), clients=clients,
+            mechanism=MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode, seed=mechanism_seed),
+            rng=torch.Generator(device=self.device).manual_seed(derived_seed(cfg.train.seed, "latents")))
         self.receipts = Receipts(self.trace, self.plan.event, releases=self.plan.releases)
 
-    def iteration(self) -> None:
-        g, rounds = self.cfg.gswgan, discriminator_steps.n_d(self.cfg)
-        k = self.mechanism.choice(self.K)
-        for r in range(rounds):  # every round's answer is a release the server sees
-            labels = torch.randint(0, self.num_classes, (g.batch_size,), device=self.device, generator=self.rng)
-            z = torch.randn(g.batch_size, self.G.latent_dim, device=self.device, generator=self.rng)
-            with torch.set_grad_enabled(r == rounds - 1):  # only the last round's graph is needed
-                x = self.G(z, labels)
-            released = self.receipts.received(self.clients.ask(k, x.detach(), labels))
-        self.receipts.end_iteration()  # records the event that folds the n_dis·B releases received
-        self.opt_g.zero_grad(set_to_none=True)
-        x.backward(released / g.batch_size)  # the last round's gradients update G (line 11)
-        self.opt_g.step()
+    def train_step(self) -> None:
+        g_step(self.state, self.receipts, cfg=self.cfg, num_clients=self.K, iteration=self.step + 1)
         self.step += 1
         self.g_steps += 1
-        self._update_ema()
 
     def details(self) -> dict:
         """GS-WGAN's details and the federation's: privacy_unit, clients, delta_below_one_over_clients (client-level
         reading of δ; the audit checks δ < 1/n), transport, bytes per iteration to / from the clients (control
         messages included) and in all, and bytes_at_stop. Closes the transport: STOP to every client."""
-        to_clients, from_clients, bytes_at_stop = self.clients.close(self.step)
+        to_clients, from_clients, bytes_at_stop = self.state.clients.close(self.step)
         self._federation = {"privacy_unit": "client", "clients": self.K,
                             "delta_below_one_over_clients": self.cfg.privacy.delta < 1 / self.K,
-                            "transport": self.clients.transport, "bytes_per_iteration_to_clients": to_clients,
+                            "transport": self.state.clients.transport, "bytes_per_iteration_to_clients": to_clients,
                             "bytes_per_iteration_from_clients": from_clients,
                             "bytes_per_iteration": to_clients + from_clients}
         return {**super().details(), **self._federation, "bytes_at_stop": bytes_at_stop}
 
-    def final_params(self) -> dict:
-        return self._federation
-
-    def final_metrics(self) -> dict:
-        return {k: self._federation[k] for k in _BYTES}
+    def final_metrics(self) -> dict:  # the bytes per iteration; the federation's details as derived.* parameters
+        return {**{k: self._federation[k] for k in _BYTES}, **{f"derived.{k}": v for k, v in self._federation.items()}}
 
 
 class FederatedGSWGANTrainer(FederatedServer):
@@ -235,8 +243,8 @@ class FederatedGSWGANTrainer(FederatedServer):
         choice_seed, client_seeds = mechanism_seeds(mechanism_seed, len(shards))
         clients = [make_client(cfg, s.to_tensors(), spec=meta.spec, shard_index=k, warm=(warm or {}).get(k),
                                mechanism_seed=client_seeds[k]) for k, s in enumerate(shards)]
-        super().__init__(cfg, InProcessClients(clients, noise_multiplier=sigma, moved=message_bytes(cfg, meta.spec)),
+        super().__init__(cfg, InProcessClients(cfg, clients, noise_multiplier=sigma, moved=message_bytes(cfg, meta.spec)),
                          meta=meta, mechanism_seed=choice_seed, **kwargs)
 
 
-__all__ = ["Client", "FederatedGSWGANTrainer", "FederatedServer", "federation_meta", "make_client", "mechanism_seeds"]
+__all__ = ["Client", "FederatedGSWGANTrainer", "ServerState", "client_update", "g_step", "FederatedServer", "federation_meta", "make_client", "mechanism_seeds"]

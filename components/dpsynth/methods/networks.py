@@ -3,7 +3,8 @@ warm starts themselves: :mod:`dpsynth.methods.warm_starts`).
 
 * DPGAN and dp-GAN (Zhang et al.): the label-conditioned DCGAN, :func:`dcgan_models`; dp-GAN's warm-start file;
 * GS-WGAN, DPAC and the federated GS-WGAN: G (:func:`generator_record`, the released generator's ``model``
-  record), D_k (:func:`fresh_discriminator`, or warm-started: :func:`read_discriminator`) and their Adam.
+  record; :func:`generator_models`: G, its EMA copy and its Adam), D_k (:func:`fresh_discriminator`, or
+  warm-started: :func:`read_discriminator`) and their Adam.
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ def generator_record(cfg: RunConfig, spec: dict) -> dict:
 def make_generator(cfg: RunConfig, spec: dict) -> torch.nn.Module:
     """A fresh G (:func:`generator_record`), initialised by the global RNG."""
     return build_generator(generator_record(cfg, spec))
+
+
+def generator_models(cfg: RunConfig, spec: dict, device) -> dict:
+    """GS-WGAN's G (from train.seed), its EMA copy G_ema (the released generator) and G's Adam."""
+    G = init_with_seed(derived_seed(cfg.train.seed, "generator"), lambda: make_generator(cfg, spec)).to(device)
+    G_ema = make_generator(cfg, spec).to(device).requires_grad_(False)
+    G_ema.load_state_dict(G.state_dict())  # not deepcopy: parametrized classes would be shared
+    return {"G": G, "G_ema": G_ema, "opt_g": gswgan_adam(G.parameters(), lr=cfg.gswgan.lr_g, cfg=cfg)}
 
 
 def discriminator_kwargs(cfg: RunConfig, spec: dict) -> dict:

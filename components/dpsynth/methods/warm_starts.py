@@ -24,7 +24,7 @@ from dpsynth.methods.gswgan import critic_steps
 from dpsynth.methods.networks import (DISCRIMINATOR_FORMAT, WARM_START_FORMAT, dcgan_models, discriminator_kwargs,
                                       fresh_discriminator, gswgan_adam, image_spec, make_generator,
                                       warm_models_record)
-from dpsynth.methods.zhang import wgan_gp_loss
+from dpsynth.methods.wgan_gp import wgan_gp_loss
 from dpsynth.training.artifacts import model_file_bytes
 from dpsynth.training.result import resolve_device
 from dpsynth.training.seeds import cpu_rng, derived_seed, init_with_seed

@@ -10,9 +10,9 @@ What one unit is and why its latents are the mechanism's coins, the groups and b
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
-from torch.func import functional_call, grad, vmap
 
 from dpsynth import tracking
 from dpsynth.config import RunConfig
@@ -26,51 +26,103 @@ from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.generator_step import generator_step
 from dpsynth.training.loop import Trainer
 from dpsynth.methods.networks import dcgan_models, load_warm_models
+from dpsynth.methods.wgan_gp import per_unit_gradients, unit_losses
 from dpsynth.mechanisms import grouping
 from dpsynth.mechanisms.ghost import GhostClipping
 from dpsynth.mechanisms.randomness import MechanismRandomness
 
-# --- the WGAN-GP losses ----------------------------------------------------------------------------
+# --- the private steps ------------------------------------------------------------------------------
 
 
-def unit_losses(D, real, fake, y, rho, *, gp_weight: float) -> torch.Tensor:
-    """(m,): each unit's critic loss D(fake_i) − D(real_i) + λ(‖∇_x̂ D(x̂_i)‖ − 1)²."""
-    x_hat = (rho.view(-1, 1, 1, 1) * real + (1 - rho.view(-1, 1, 1, 1)) * fake).requires_grad_(True)
-    (g,) = torch.autograd.grad(D(x_hat, y).sum(), x_hat, create_graph=True)
-    penalty = ((g.flatten(1).pow(2).sum(1) + 1e-12).sqrt() - 1).pow(2)
-    return D(fake, y) - D(real, y) + gp_weight * penalty
+@dataclass(eq=False, kw_only=True)
+class ZhangState:
+    """What a dp-GAN run holds between steps; a checkpoint holds its fields (and the sanitizer's bounds)."""
+
+    groups: list[list[str]]  # the critic's clip groups, by parameter name
+    since_g: int = 0  # critic steps since the last generator step
+    G: torch.nn.Module
+    D: torch.nn.Module
+    opt_g: torch.optim.Optimizer
+    opt_d: torch.optim.Optimizer
+    rng: torch.Generator  # the generator steps' latents (train.seed)
+    mechanism: MechanismRandomness  # the secret coins: masks, the units' latents and weights, noise
+    public_rng: torch.Generator  # the public records' batches (train.seed + 2)
+    torch_rng: None = None  # checkpoint.TORCH_RNG: the global CPU generator's state
+    # ghost clipping (grad_sample_mode "ghost": through the penalty too), else None: per_unit_gradients (torch.func)
+    D_private: GhostClipping | None = field(default=None, metadata=checkpoint.TRANSIENT)
+    g_loss: float = field(default=math.nan, metadata=checkpoint.TRANSIENT)  # of the last g_step
 
 
-def wgan_gp_loss(D, real, fake, y, rho, *, gp_weight: float) -> torch.Tensor:
-    """The batch-mean critic loss (non-private: the warm start)."""
-    return unit_losses(D, real, fake, y, rho, gp_weight=gp_weight).mean()
+def clip_groups(state: ZhangState, groups: list[list[str]]) -> list[list[torch.Tensor]]:
+    """The critic's parameters in ``groups`` (by name)."""
+    params = dict(state.D.named_parameters())
+    return [[params[name] for name in g] for g in groups]
 
 
-def per_unit_gradients(D, real, fake, y, rho, *, gp_weight: float, chunk: int | None = None) -> dict[str, torch.Tensor]:
-    """``{name: (m, *shape)}``: each unit's (real_i, fake_i, x̂_i) critic-loss gradient (Alg. 3 lines 25–31)."""
-    params = {k: v.detach() for k, v in D.named_parameters()}
+def public_gradients(state: ZhangState, public: tuple[torch.Tensor, torch.Tensor], cfg: RunConfig):
+    """Per-unit critic gradients on a batch of public records (and fresh fakes): nothing private."""
+    z, (images, labels) = cfg.zhang, public
+    m = min(z.public_batch_size, len(images))
+    idx = torch.randperm(len(images), device=images.device, generator=state.public_rng)[:m]
+    real, y = images[idx], labels[idx]
+    with torch.no_grad():
+        fake, _ = state.G.sample(m, labels=y, generator=state.public_rng)
+    rho = torch.rand(m, device=images.device, generator=state.public_rng).view(-1, 1, 1, 1)
+    return per_unit_gradients(state.D, real, fake, y, rho, gp_weight=z.gp_weight, chunk=cfg.train.physical_batch_size)
 
-    def unit_loss(params, real, fake, y, rho):
-        real, fake, y = real[None], fake[None], y[None]
 
-        def critic(x):
-            return functional_call(D, params, (x, y)).sum()
+def public_groups(state: ZhangState, bounds: list[float], public, cfg: RunConfig, *, k: int):
+    """(groups, bounds) from public data (Alg. 3 lines 4–6): the k groups clustered (``zhang.grouping=clustering``)
+    and their bounds, adaptive (``zhang.adaptive_clipping``) or C."""
+    z, names, groups = cfg.zhang, [n for n, _ in state.D.named_parameters()], state.groups
+    if z.grouping == "clustering":
+        groups, bounds = grouping.cluster_groups(public_gradients(state, public, cfg), names, k=k)
+        if not z.adaptive_clipping:  # clustered once from public data, then fixed bounds
+            bounds = [cfg.privacy.max_grad_norm] * len(groups)
+    elif z.adaptive_clipping:
+        bounds = grouping.public_bounds(public_gradients(state, public, cfg), groups)
+    return groups, bounds
 
-        gx = grad(critic)(rho * real + (1 - rho) * fake)
-        penalty = ((gx.pow(2).sum() + 1e-12).sqrt() - 1) ** 2
-        return critic(fake) - critic(real) + gp_weight * penalty
 
-    per_unit = vmap(grad(unit_loss), in_dims=(None, 0, 0, 0, 0))
+def d_step(state: ZhangState, batch: tuple[torch.Tensor, torch.Tensor], sanitizer, *, gp_weight: float,
+           chunk: int | None = None) -> None:
+    """One private critic step (Alg. 3 lines 7–17) on ``batch``, the Poisson-sampled records: each unit's fake from
+    its own latent and interpolation weight (the secret coins, see the module docstring), each unit's gradient
+    clipped group by group, the noisy sums released (the sanitizer records the step's event), one Adam step."""
+    (real, y), D_private = batch, state.D_private
     m = len(real)
-    if m == 0:
-        return {k: v.new_zeros((0, *v.shape)) for k, v in params.items()}
-    step = chunk or m
-    parts = [per_unit(params, real[s:s + step], fake[s:s + step], y[s:s + step], rho[s:s + step])
-             for s in range(0, m, step)]
-    return {k: torch.cat([p[k] for p in parts]) for k in params}
+    latents = state.mechanism.standard_normal((m, state.G.latent_dim))
+    rho = state.mechanism.uniform((m,)).view(-1, 1, 1, 1)
+    with torch.no_grad():
+        fake = state.G(latents, y)
+    chunk = chunk or max(m, 1)
+    params = dict(state.D.named_parameters())
+    for start in range(0, m, chunk):
+        s = slice(start, start + chunk)
+        if D_private is not None:
+            D_private.enable_hooks()
+            try:
+                sanitizer.accumulate(unit_losses(D_private, real[s], fake[s], y[s], rho[s], gp_weight=gp_weight))
+            finally:
+                D_private.disable_hooks()
+            continue
+        for name, g in per_unit_gradients(state.D, real[s], fake[s], y[s], rho[s], gp_weight=gp_weight).items():
+            params[name].grad_sample = g
+        sanitizer.accumulate()
+    sanitizer.finalize()  # the noisy release; it records the step's event in the trace
+    state.opt_d.step()
+    state.opt_d.zero_grad(set_to_none=True)
+    state.since_g += 1
 
 
-# --- the private trainer ---------------------------------------------------------------------------
+def g_step(state: ZhangState, batch_size: int) -> None:
+    """One generator step (Alg. 3 lines 18–21), after n_critic critic steps: WGAN's loss through the private
+    critic (post-processing)."""
+    state.g_loss = generator_step(state.G, state.D, state.opt_g, batch_size, state.rng)
+    state.since_g = 0
+
+
+# --- the trainer -----------------------------------------------------------------------------------
 
 
 class ZhangTrainer(Trainer):
@@ -78,10 +130,8 @@ class ZhangTrainer(Trainer):
     the end. One step is one critic step (the paper's n_critic counts them per generator step)."""
 
     STEP = "DP critic steps"
+    METHOD = "zhang"
     MECHANISM = ZHANG  # its plan, statement and sanitizer (dpsynth.mechanisms.discriminator)
-    STATE = ("since_g", "G", "D", "opt_g", "opt_d", "rng", "mechanism", "public_rng", checkpoint.TORCH_RNG)
-    DATA_PARALLEL = True  # across torchrun ranks: one noise draw per logical step (dpsynth.training.data_parallel)
-
     MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the paper's account of the steps taken (from the plan)"},
         params={"derived.num_groups": "k, from the critic's architecture and the config",
@@ -97,149 +147,85 @@ class ZhangTrainer(Trainer):
         images, labels = dataset.to_tensors()
         self.images, self.labels = images.to(self.device), labels.to(self.device)
         self.n = len(dataset)
-        self.image_shape = tuple(self.images.shape[1:])
+        image_shape = tuple(self.images.shape[1:])
 
         if public is None and (z.adaptive_clipping or z.grouping == "clustering"):
-            field = "zhang.adaptive_clipping" if z.adaptive_clipping else "zhang.grouping"
-            raise ConfigError(f"{field}: needs public data (data.public_source, e.g. sklearn:digits); "
+            name = "zhang.adaptive_clipping" if z.adaptive_clipping else "zhang.grouping"
+            raise ConfigError(f"{name}: needs public data (data.public_source, e.g. sklearn:digits); "
                               "or set zhang.adaptive_clipping=false and a grouping other than 'clustering'")
         # the partition's public output (the stage reads it from its manifest), checked against the private records
         self.public_images, self.public_labels = (None, None) if public is None else (
             x.to(self.device) for x in assignment.check_given(cfg, public, dataset).to_tensors())
 
         torch.manual_seed(t.seed)
-        self.G, self.D = dcgan_models(cfg, num_classes=self.num_classes, image_shape=self.image_shape)
+        G, D = dcgan_models(cfg, num_classes=self.num_classes, image_shape=image_shape)
         self.warm_started = warm_start_state is not None
         if warm_start_state is not None:  # G and D trained on the public records (checked against this run's)
-            load_warm_models(cfg, warm_start_state, self.G, self.D, num_classes=self.num_classes,
-                             image_shape=self.image_shape)
-        self.G, self.D = self.G.to(self.device), self.D.to(self.device)
-        self.names = [n for n, _ in self.D.named_parameters()]
-        self.params = dict(self.D.named_parameters())
+            load_warm_models(cfg, warm_start_state, G, D, num_classes=self.num_classes, image_shape=image_shape)
+        G, D = G.to(self.device), D.to(self.device)
+        names = [n for n, _ in D.named_parameters()]
 
         self.plan = ZHANG.plan(cfg, self.n)  # the audit's plan: k from the config's critic
-        k = grouping.num_groups(self.names, strategy=z.grouping, k=z.num_groups)
+        k = grouping.num_groups(names, strategy=z.grouping, k=z.num_groups)
         if k != self.plan.releases:
             raise PrivacyError(f"zhang.grouping: this critic has {k} clip groups, the plan {self.plan.releases}")
 
         betas = (z.adam_beta1, z.adam_beta2)
-        self.opt_d = torch.optim.Adam(self.D.parameters(), lr=z.lr, betas=betas)
-        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=z.lr if z.lr_g is None else z.lr_g, betas=betas)
-        self.rng = torch.Generator(device=self.device).manual_seed(t.seed)  # the generator steps' latents
-        # the secret coins: Poisson masks, the units' latents and interpolation weights, noise (never train.seed)
-        self.mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
-                                             seed=self.dist.mechanism_seed(mechanism_seed))
-        self.public_rng = torch.Generator(device=self.device).manual_seed(t.seed + 2)
-        groups = ([self.names[i::self.plan.releases] for i in range(self.plan.releases)]  # replaced at step 0
-                  if z.grouping == "clustering" else grouping.fixed_groups(self.names, strategy=z.grouping))
-        # ghost clipping (train.grad_sample_mode "ghost": norms through the penalty's second-order uses too),
-        # else per-unit gradients instantiated with torch.func (per_unit_gradients)
-        self.D_private = None  # ('ghost_two_pass' is refused by the configuration)
-        if t.grad_sample_mode == "ghost":
-            self.D_private = GhostClipping(self.D, strategy="bookkeeping", second_order=True)
-            self.D_private.disable_hooks()  # recording only inside the critic step
+        self.state = s = ZhangState(
+            G=G, D=D, opt_d=torch.optim.Adam(D.parameters(), lr=z.lr, betas=betas),
+            opt_g=torch.optim.Adam(G.parameters(), lr=z.lr if z.lr_g is None else z.lr_g, betas=betas),
+            rng=torch.Generator(device=self.device).manual_seed(t.seed),
+            mechanism=MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
+                                          seed=self.dist.mechanism_seed(mechanism_seed)),
+            public_rng=torch.Generator(device=self.device).manual_seed(t.seed + 2),
+            groups=([names[i::self.plan.releases] for i in range(self.plan.releases)]  # replaced at step 0
+                    if z.grouping == "clustering" else grouping.fixed_groups(names, strategy=z.grouping)))
+        if t.grad_sample_mode == "ghost":  # ('ghost_two_pass' is refused by the configuration)
+            s.D_private = GhostClipping(D, strategy="bookkeeping", second_order=True)
+            s.D_private.disable_hooks()  # recording only inside the critic step
         # σ per group; records plan.event (the k groups folded: σ/√k) in the trace at every noisy release
-        self.sanitizer = ZHANG.sanitizer(cfg, self.plan, [[self.params[nm] for nm in g] for g in groups],
-                                         randomness=self.mechanism, module=self.D_private, trace=self.trace)
-        self.group_names = groups
+        self.sanitizer = ZHANG.sanitizer(cfg, self.plan, clip_groups(s, s.groups), randomness=s.mechanism,
+                                         module=s.D_private, trace=self.trace)
         data_parallel.join(self)  # under torchrun: the groups' noise on rank 0, their clipped sums all-reduced
-        self.since_g = 0
-        self.last_g_loss = float("nan")
-
-    # --- groups and bounds from public data (Alg. 3 lines 4–6) ---------------------------------
-    def public_gradients(self) -> dict[str, torch.Tensor]:
-        """Per-unit critic gradients on a batch of public records (and fresh fakes): nothing private."""
-        z = self.cfg.zhang
-        m = min(z.public_batch_size, len(self.public_images))
-        idx = torch.randperm(len(self.public_images), device=self.device, generator=self.public_rng)[:m]
-        real, y = self.public_images[idx], self.public_labels[idx]
-        with torch.no_grad():
-            fake, _ = self.G.sample(m, labels=y, generator=self.public_rng)
-        rho = torch.rand(m, device=self.device, generator=self.public_rng).view(-1, 1, 1, 1)
-        return per_unit_gradients(self.D, real, fake, y, rho, gp_weight=z.gp_weight,
-                                  chunk=self.cfg.train.physical_batch_size)
 
     def update_bounds(self) -> None:
-        z = self.cfg.zhang
-        groups, bounds = self.group_names, list(self.sanitizer.bounds)
-        if self.dist.is_main:  # under torchrun rank 0 chooses them and every rank takes its choice (from_main)
-            if z.grouping == "clustering":
-                groups, bounds = grouping.cluster_groups(self.public_gradients(), self.names, k=self.plan.releases)
-                if not z.adaptive_clipping:  # clustered once from public data, then fixed bounds
-                    bounds = [self.cfg.privacy.max_grad_norm] * len(groups)
-            elif z.adaptive_clipping:
-                bounds = grouping.public_bounds(self.public_gradients(), self.group_names)
-        groups, bounds = self.dist.from_main((groups, bounds))  # every rank clips to the bounds rank 0 noises by
-        self.sanitizer.regroup([[self.params[nm] for nm in g] for g in groups], bounds)
-        self.group_names = groups
-
-    def _due_for_bounds(self) -> bool:
-        z = self.cfg.zhang
-        if z.adaptive_clipping:
-            return self.step % z.update_every == 0
-        return z.grouping == "clustering" and self.step == 0
+        """Groups and bounds from public data, chosen by rank 0 (every rank clips to the bounds rank 0 noises by)."""
+        s = self.state
+        chosen = (public_groups(s, list(self.sanitizer.bounds), (self.public_images, self.public_labels), self.cfg,
+                                k=self.plan.releases) if self.dist.is_main else (s.groups, list(self.sanitizer.bounds)))
+        groups, bounds = self.dist.from_main(chosen)
+        self.sanitizer.regroup(clip_groups(s, groups), bounds)
+        s.groups = groups
 
     def train_step(self) -> None:
-        self.critic_step()
-        if self.since_g >= discriminator_steps.n_d(self.cfg):
-            self.generator_step()
-
-    # --- one critic step (Alg. 3 lines 7–17) ---------------------------------------------------
-    def critic_step(self) -> None:
-        z, t = self.cfg.zhang, self.cfg.train
-        if self._due_for_bounds():
+        s, z = self.state, self.cfg.zhang
+        if (self.step % z.update_every == 0 if z.adaptive_clipping else z.grouping == "clustering" and self.step == 0):
             self.update_bounds()
-        take = self.dist.poisson_take(self.mechanism, self.n, self.event.sample_rate)  # this rank's part
-        real, y = self.images[take], self.labels[take]
-        m = len(real)
-        # each unit's own latent and interpolation weight, from the secret coins (see the module docstring)
-        latents = self.mechanism.standard_normal((m, self.G.latent_dim))
-        rho = self.mechanism.uniform((m,)).view(-1, 1, 1, 1)
-        with torch.no_grad():
-            fake = self.G(latents, y)
-        chunk = t.physical_batch_size or max(m, 1)
-        for start in range(0, m, chunk):
-            s = slice(start, start + chunk)
-            if self.D_private is not None:
-                self.D_private.enable_hooks()
-                try:
-                    self.sanitizer.accumulate(unit_losses(self.D_private, real[s], fake[s], y[s], rho[s],
-                                                          gp_weight=z.gp_weight))
-                finally:
-                    self.D_private.disable_hooks()
-                continue
-            grads = per_unit_gradients(self.D, real[s], fake[s], y[s], rho[s], gp_weight=z.gp_weight)
-            for name, g in grads.items():
-                self.params[name].grad_sample = g
-            self.sanitizer.accumulate()
-        self.sanitizer.finalize()  # the noisy release; it records the step's event in the trace
-        self.opt_d.step()
-        self.opt_d.zero_grad(set_to_none=True)
+        take = self.dist.poisson_take(s.mechanism, self.n, self.event.sample_rate)  # this rank's part
+        d_step(s, (self.images[take], self.labels[take]), self.sanitizer, gp_weight=z.gp_weight,
+               chunk=self.cfg.train.physical_batch_size)
         self.step += 1
-        self.since_g += 1
+        if s.since_g >= discriminator_steps.n_d(self.cfg):
+            g_step(s, self.cfg.train.batch_size)
+            self.g_steps += 1
 
-    def generator_step(self) -> None:
-        self.last_g_loss = generator_step(self.G, self.D, self.opt_g, self.cfg.train.batch_size, self.rng)
-        self.g_steps += 1
-        self.since_g = 0
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "bounds": list(self.sanitizer.bounds)}
 
-    # --- what the loop saves and reports ----------------------------------------------------------
-    def method_state(self) -> dict:
-        return {"groups": self.group_names, "bounds": list(self.sanitizer.bounds), **super().method_state()}
-
-    def load_method_state(self, state: dict) -> None:
-        super().load_method_state(state)
-        self.group_names = [list(g) for g in state["groups"]]
-        self.sanitizer.regroup([[self.params[nm] for nm in g] for g in self.group_names], state["bounds"])
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.state.groups = [list(g) for g in state["groups"]]
+        self.sanitizer.regroup(clip_groups(self.state, self.state.groups), state["bounds"])
 
     def published_epsilon(self) -> float | None:
         return ZHANG.published_epsilon(self.cfg, self.plan, self.trace.steps)  # as_published mode only
 
     def progress(self) -> tuple[dict, dict]:
+        g_loss = self.state.g_loss
         metrics = {"generator_steps": self.g_steps}
-        if not math.isnan(self.last_g_loss):  # on fresh fakes through the privatized critic
-            metrics["g_loss"] = self.last_g_loss
-        return {"g_loss": f"{self.last_g_loss:.3f}"}, metrics
+        if not math.isnan(g_loss):  # on fresh fakes through the privatized critic
+            metrics["g_loss"] = g_loss
+        return {"g_loss": f"{g_loss:.3f}"}, metrics
 
     def details(self) -> dict:
         return {"num_groups": self.plan.releases, "grouping": self.cfg.zhang.grouping,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 from contextvars import ContextVar
 from pathlib import Path
@@ -74,7 +75,7 @@ def clear_mirror(uri: str) -> None:
         storage.delete(found)
 
 
-TORCH_RNG = "torch_rng"  # in a trainer's STATE: the global CPU generator (torch.get_rng_state)
+TORCH_RNG = "torch_rng"  # a state field of this name holds nothing: the global CPU generator (torch.get_rng_state)
 
 
 def capture(owner, names) -> dict:
@@ -97,6 +98,25 @@ def restore(owner, names, state: dict) -> None:
             obj.load_state_dict(state[name])
         else:
             setattr(owner, name, state[name])
+
+
+TRANSIENT = {"checkpoint": False}  # metadata of a state field no checkpoint holds (a view of others, a last value)
+
+
+def state_fields(state) -> tuple[str, ...]:
+    """What a checkpoint holds of a method's state dataclass: its fields, in order, but the :data:`TRANSIENT` ones
+    (a field named :data:`TORCH_RNG` stands for the global CPU generator)."""
+    return tuple(f.name for f in dataclasses.fields(state) if f.metadata.get("checkpoint", True))
+
+
+def capture_state(state) -> dict:
+    """:func:`capture` of a method's state dataclass (:func:`state_fields`)."""
+    return capture(state, state_fields(state))
+
+
+def restore_state(state, saved: dict) -> None:
+    """The inverse of :func:`capture_state`."""
+    restore(state, state_fields(state), saved)
 
 
 def _state_of(obj):

@@ -1,6 +1,6 @@
 """DP trainers over the ranks of one ``torchrun`` job (the mechanism: :mod:`dpsynth.mechanisms.distributed`):
-DPGAN and dp-GAN (Zhang) data-parallel, GS-WGAN and DPAC with their shards spread over the ranks — the trainers
-with ``DATA_PARALLEL = True``.
+DPGAN and dp-GAN (Zhang) data-parallel, GS-WGAN and DPAC with their shards spread over the ranks — the methods
+:data:`METHODS` names.
 
     torchrun --standalone --nproc-per-node 2 -m dpsynth train --config run.yaml
 
@@ -22,7 +22,7 @@ they receive rank 0's state after it resumed a checkpoint and after the private 
 rank 0 runs alone on the full data) — everything but rank 0's secret coins, which never leave it —
 so a checkpoint written by N ranks resumes on M.
 
-GS-WGAN / DPAC (``SPREAD_STATE``): rank r holds the contiguous block ``part(K)`` of the K shards and only
+GS-WGAN / DPAC (their state's :data:`SPREAD` fields): rank r holds the contiguous block ``part(K)`` of the K shards and only
 their discriminators and Adam states. Rank 0 draws the shard k from its secret coins and sends it; the rank
 holding k runs the critic steps (and DPAC's classifier) and hands the shared latent and batch streams on; the B
 per-sample gradients w.r.t. the fakes are clipped there, rank 0 adds the noise σC, and one all-reduce gives
@@ -33,6 +33,8 @@ file is one process's, and a resume scatters them to the ranks now holding them 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from dpsynth.errors import ConfigError
@@ -40,7 +42,21 @@ from dpsynth.mechanisms import distributed
 from dpsynth.mechanisms.distributed import SINGLE, current  # noqa: F401  (the trainer's ranks)
 
 MECHANISM = "mechanism"  # the state key of the trainer's secret coins: never sent to another rank
-METHODS = ("dpgan", "zhang", "gswgan", "dpac")  # the methods that train on several ranks (Trainer.DATA_PARALLEL)
+METHODS = ("dpgan", "zhang", "gswgan", "dpac")  # the methods that train on several ranks: the one list of them
+# metadata of a method's state field spread over the ranks: a dict {shard index: state}, each rank holding its own
+# indices' (GS-WGAN: the discriminators and their Adam states); a checkpoint gathers them
+SPREAD = {"spread": True}
+
+
+def ranks(method: str) -> distributed.Ranks:
+    """A trainer's ranks: rank r of W when ``method`` trains data-parallel (:data:`METHODS`) under torchrun; else 0
+    of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)."""
+    return current() if method in METHODS else SINGLE
+
+
+def spread_fields(state) -> tuple[str, ...]:
+    """The :data:`SPREAD` fields of a method's state dataclass."""
+    return tuple(f.name for f in dataclasses.fields(state) if f.metadata.get("spread"))
 
 
 def launch(cfg, *, sharded: bool = False) -> distributed.Ranks:
@@ -76,7 +92,7 @@ def join(trainer) -> None:
 
 
 def spread(ranks: distributed.Ranks, shards: list, *, num_shards: int, device) -> tuple[range, list]:
-    """The shards this rank holds (``SPREAD_STATE``: GS-WGAN, DPAC), the contiguous block ``part(K)`` of the K (all
+    """The shards this rank holds (GS-WGAN, DPAC), the contiguous block ``part(K)`` of the K (all
     of them in one process), and every shard's (images, labels) on ``device``: None for those another rank holds.
     ``shards``: the K = ``partition.num_shards`` shards, ``None`` for those another rank holds."""
     K = len(shards)
@@ -122,40 +138,40 @@ def hand_on(ranks: distributed.Ranks, owner: int, streams: list[torch.Generator]
 
 def sync_state(trainer) -> None:
     """Every rank takes rank 0's state (models, optimizers, latent RNGs, n_D schedule, trace), all but its
-    secret coins: each rank keeps its own. The trainer's ``SPREAD_STATE`` is not broadcast: rank 0 hands each
+    secret coins: each rank keeps its own. The state's :data:`SPREAD` fields are not broadcast: rank 0 hands each
     rank the entries of that rank's indices it holds (all of them after resuming a checkpoint, none else) and
     keeps only its own. A no-op in one process."""
     if not trainer.dist.distributed:
         return
     import torch.distributed as dist
 
-    ranks, spread = trainer.dist, trainer.SPREAD_STATE
+    ranks, own, spread = trainer.dist, trainer.state, spread_fields(trainer.state)
     state = trainer.state_dict() if ranks.is_main else {}
     box = [{k: v for k, v in state.items() if k != MECHANISM and k not in spread} if ranks.is_main else None]
     dist.broadcast_object_list(box, src=0)
     if not ranks.is_main:
-        trainer.load_state_dict({**box[0], MECHANISM: trainer.mechanism.state_dict(),
-                                 **{key: getattr(trainer, key) for key in spread}})
+        trainer.load_state_dict({**box[0], MECHANISM: own.mechanism.state_dict(),
+                                 **{key: getattr(own, key) for key in spread}})
     for key in spread:
-        held = getattr(trainer, key)
+        held = getattr(own, key)
         parts = ([{i: v for i, v in held.items() if ranks.owner(i, trainer.K) == r} for r in range(ranks.world_size)]
                  if ranks.is_main else None)
         mine = [None]
         dist.scatter_object_list(mine, parts, src=0)
-        setattr(trainer, key, mine[0] if ranks.is_main else {**held, **mine[0]})
+        setattr(own, key, mine[0] if ranks.is_main else {**held, **mine[0]})
 
 
 def checkpoint_state(trainer) -> dict | None:
-    """Rank 0's checkpoint: the trainer's state, with every rank's ``SPREAD_STATE`` entries gathered to rank 0,
+    """Rank 0's checkpoint: the trainer's state, with every rank's :data:`SPREAD` entries gathered to rank 0,
     so the file is one process's and resumes on any number of ranks. With spread state every rank calls it at
     the same step (a collective); None on the other ranks."""
-    ranks, spread = trainer.dist, trainer.SPREAD_STATE
+    ranks, spread = trainer.dist, spread_fields(trainer.state)
     if not (ranks.distributed and spread):
         return trainer.state_dict() if ranks.is_main else None
     import torch.distributed as dist
 
     gathered = [None] * ranks.world_size if ranks.is_main else None
-    dist.gather_object({key: getattr(trainer, key) for key in spread}, gathered, dst=0)
+    dist.gather_object({key: getattr(trainer.state, key) for key in spread}, gathered, dst=0)
     if not ranks.is_main:
         return None
     state = trainer.state_dict()

@@ -1,19 +1,20 @@
 """One training loop for every method, readable top to bottom (the shape of nanoGPT's ``train.py``).
 
-A method's trainer (a :class:`Trainer`) holds its paper's algorithm: its models, its privacy plan
-(:class:`~dpsynth.privacy.plan.PrivacyPlan`), its sanitizer — which records each release's event in
-``trainer.trace`` itself — and ``train_step()``, one private step and the non-private steps that
-follow it. :func:`train` owns everything else, the same for every method:
+A method's file holds its paper's algorithm: step functions over a state dataclass (models, optimizers, RNGs,
+schedules). Its trainer (a :class:`Trainer`) is a thin adapter: it builds that ``state``, its privacy plan
+(:class:`~dpsynth.privacy.plan.PrivacyPlan`) and its sanitizer — which records each release's event in
+``trainer.trace`` itself — and its ``train_step()`` draws the batch and calls the step functions: one private
+step and the non-private steps that follow it. :func:`train` owns everything else, the same for every method:
 
     restore the last checkpoint (output.resume); write config.yaml; open the MLflow run
-    the private warm-up, when the method has one and the trace is empty; checkpoint it
+    the private warm-up, when warmup.central_images is on and the trace is empty; checkpoint it
     while step < plan.steps:
         stop_after reached → return None                  (tests of interruption)
         the plan's guard refuses the next step → stop     (belt and braces: plan.steps obeys it)
         trainer.train_step()
         every output.log_every: ε and the trainer's progress metrics (MLflow, progress bar)
         every output.sample_every: a sample grid (sensitive zone only, never MLflow)
-        every output.checkpoint_every: a checkpoint (+ a generator snapshot, where the method keeps them)
+        every output.checkpoint_every: a checkpoint (+ a generator snapshot, where the state keeps them: DPGAN)
     finish: ε check, generator.pt, trace.json, samples.png, result.json, MLflow
 
 What ``step`` counts — one private step, one event of the plan — per method (``Trainer.STEP``):
@@ -28,7 +29,7 @@ gswgan_federated   one generator iteration (n_dis rounds, n_dis·B releases)    
 =================  ============================================================  ==================
 
 Checkpoints (:mod:`dpsynth.training.checkpoint`) hold ``Trainer.state_dict()``: the loop's own fields
-(fingerprint, step, generator steps, σ, the trace) and the method's (``method_state``).
+(fingerprint, step, generator steps, σ, the trace) and the fields of the method's ``state``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import logging
 import sys
 import time
 from dataclasses import asdict
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -64,19 +66,14 @@ _PLAN = "the privacy plan: from the configuration and n (public), before any ste
 _log = logging.getLogger("dpsynth.train")
 
 class Trainer:
-    """What the loop needs of a method. A subclass sets ``plan`` (and ``num_classes``) in its
-    ``__init__`` after ``super().__init__``, and implements the methods marked *method*."""
+    """What the loop needs of a method: a thin adapter over its paper's step functions. A subclass builds its
+    ``state`` and sets ``plan`` (and ``num_classes``, ``n``) in its ``__init__`` after ``super().__init__``, and
+    implements the methods marked *method*."""
 
     STEP = "private steps"  # the progress bar's name for one step (see the table above)
-    KEEPS_SNAPSHOTS = False  # keep a generator snapshot at every checkpoint (evaluate's ε-vs-metric curve)
-    DATA_PARALLEL = False  # trains across torchrun ranks (dpsynth.training.data_parallel): DPGAN, dp-GAN, GS-WGAN, DPAC
-    # state spread over the ranks (dpsynth.training.data_parallel): names of the trainer's dicts {shard index: state},
-    # attributes and state keys alike, each rank holding its own indices' (GS-WGAN: the discriminators)
-    SPREAD_STATE: tuple[str, ...] = ()
-    # *method*: what a checkpoint holds of the method (checkpoint.capture: models, optimizers, RNGs, counters)
-    STATE: tuple[str, ...] = ()
+    METHOD: str  # *method*: its name in the registry (data_parallel.METHODS: whether it trains on several ranks)
     # what its MLflow run may hold (the train stage's allow-list, checked by the audit): what the loop logs;
-    # a method adds what its own hooks log (progress, final_metrics, derived_params, final_params)
+    # a method adds what its own hooks log (progress, final_metrics, derived_params)
     MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
         metrics={"epsilon": "ε of the recorded trace by the method's accountant"},
         params={"derived.sample_rate": _PLAN, "derived.noise_multiplier": _PLAN, "derived.total_steps": _PLAN,
@@ -84,6 +81,9 @@ class Trainer:
                 "derived.d_parameters": "model size (architecture)", "derived.g_parameters": "model size (architecture)"})
 
     MECHANISM: Mechanism  # *method*: its privacy mechanism (dpsynth.mechanisms): plan, sanitizer, accountant
+    # *method*: the state its step functions take, a dataclass (models, optimizers, RNGs, schedules; G, D, rng and
+    # mechanism, the secret coins, at least); a checkpoint holds its fields (checkpoint.capture_state)
+    state: Any
     plan: PrivacyPlan
     num_classes: int
     n: int  # training records
@@ -95,7 +95,7 @@ class Trainer:
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
         # rank r of W when this method trains data-parallel under torchrun (dpsynth.training.data_parallel); else
         # 0 of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)
-        self.dist = data_parallel.current() if self.DATA_PARALLEL else data_parallel.SINGLE
+        self.dist = data_parallel.ranks(self.METHOD)
         self.device = self.dist.place(resolve_device(cfg.train.device))
         self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
         self.accountant = get_accountant(self.MECHANISM.accountant(cfg))  # GS-WGAN's fixes its own: "wor"
@@ -115,52 +115,38 @@ class Trainer:
 
     # --- method: the algorithm ------------------------------------------------------------------
     def train_step(self) -> None:
-        """*method*: one private step (its sanitizer records its event) and the non-private steps after it."""
+        """*method*: draw the batch and call the step functions: one private step (its sanitizer records its
+        event) and the non-private steps after it."""
         raise NotImplementedError
 
-    def warm_up(self) -> bool:
+    def warm_up(self, records: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """The private warm-up before the first step, when ``warmup.central_images`` is on
-        (:mod:`dpsynth.training.warmup`): the central-image releases on :meth:`warmup_records`, with the
-        mechanism's secret coins, each recording its event in the trace; then G is
-        fitted to them (post-processing). True if it ran."""
-        w = self.cfg.warmup
-        if not w.central_images:
-            return False
-        images, labels = self.warmup_records()
+        (:mod:`dpsynth.training.warmup`): the central-image releases on ``records`` (images in [-1, 1], labels;
+        None: the trainer's ``images`` and ``labels``), with the mechanism's secret coins, each recording its event
+        in the trace; then G is fitted to them (post-processing)."""
+        w, s = self.cfg.warmup, self.state
+        images, labels = records if records is not None else (self.images, self.labels)
         started = time.monotonic()
         _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps",
                   len(warmup_releases.events(self.cfg)), ", ".join(warmup_releases.release_names(self.cfg)), w.steps)
         slots, directions = warmup.release(self.cfg, images, labels, num_classes=self.num_classes,
-                                           randomness=self.mechanism, trace=self.trace)
+                                           randomness=s.mechanism, trace=self.trace)
         _log.info("warm-up: released in %.0f s; fitting the generator to them (post-processing)",
                   time.monotonic() - started)
-        warmup.fit_generator(self.G, slots, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=self.rng,
+        warmup.fit_generator(s.G, slots, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=s.rng,
                              directions=directions, progress=True)
-        return True
-
-    def warmup_records(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """*method*, for the warm-up: every training record (images in [-1, 1], labels)."""
-        return self.images, self.labels
-
-    def method_state(self) -> dict:
-        """Models, optimizers, RNG states and schedules, for a checkpoint: the attributes ``STATE`` names."""
-        return checkpoint.capture(self, self.STATE)
-
-    def load_method_state(self, state: dict) -> None:
-        """The inverse of :meth:`method_state`."""
-        checkpoint.restore(self, self.STATE, state)
 
     def generator(self) -> tuple[torch.nn.Module, dict]:
         """The generator to release and its ``model`` record (class and keywords, see artifacts): ``G`` and its
         own record (DPGAN's and dp-GAN's DCGAN); GS-WGAN releases its EMA copy."""
-        return self.G, self.G.describe()
+        return self.state.G, self.state.G.describe()
 
     def derived_params(self) -> dict:
         """What the MLflow run records before the first step (data-independent: the plan, n, the sizes of
-        the trainer's ``G`` and ``D``); a method adds its own."""
+        the state's ``G`` and ``D``); a method adds its own."""
         return {"sample_rate": self.event.sample_rate, "noise_multiplier": self.event.noise_multiplier,
-                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.D),
-                "g_parameters": count_parameters(self.G)}
+                "total_steps": self.total_steps, "records": self.n, "d_parameters": count_parameters(self.state.D),
+                "g_parameters": count_parameters(self.state.G)}
 
     # --- method: what it reports (defaults) -----------------------------------------------------
     def progress(self) -> tuple[dict, dict]:
@@ -175,13 +161,10 @@ class Trainer:
         return None
 
     def final_metrics(self) -> dict:
-        """MLflow metrics at the end, besides ε."""
+        """MLflow metrics at the end, besides ε; a key ``derived.*`` is a parameter known only at the end
+        (data-independent: the federation's bytes per iteration)."""
         return {"noise_multiplier": self.event.noise_multiplier, "sample_rate": self.event.sample_rate,
                 "generator_steps": self.g_steps}
-
-    def final_params(self) -> dict:
-        """MLflow ``derived.*`` parameters known only at the end (data-independent)."""
-        return {}
 
     def details(self) -> dict:
         """``TrainResult.details``: method-specific, data-independent facts of the run (called once, at the end)."""
@@ -191,7 +174,7 @@ class Trainer:
     def state_dict(self) -> dict:
         return {"fingerprint": self.cfg.fingerprint(), "step": self.step, "g_steps": self.g_steps,
                 "noise_multiplier": self.plan.noise_multiplier, "trace": self.trace.to_dict(),
-                **self.method_state()}
+                **checkpoint.capture_state(self.state)}
 
     def load_state_dict(self, state: dict) -> None:
         if not math.isclose(state["noise_multiplier"], self.plan.noise_multiplier, rel_tol=1e-12):
@@ -199,7 +182,7 @@ class Trainer:
         # a GS-WGAN checkpoint from before this loop has no g_steps: one generator step per step there
         self.step, self.g_steps = state["step"], state.get("g_steps", state["step"])
         self.trace.load_state_dict(state["trace"])  # in place: the sanitizer holds this trace
-        self.load_method_state(state)
+        checkpoint.restore_state(self.state, state)
 
     def epsilon_spent(self) -> float:
         """ε of the recorded trace by the method's accountant (cached per trace length)."""
@@ -235,7 +218,8 @@ def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | N
     data_parallel.sync_state(trainer)  # other ranks take rank 0's (resumed) state; a no-op in one process
 
     with result.mlflow_run(trainer, derived=trainer.derived_params()) as run:
-        if trainer.trace.steps == 0 and trainer.warm_up():
+        if trainer.trace.steps == 0 and cfg.warmup.central_images:
+            trainer.warm_up()
             data_parallel.sync_state(trainer)  # the warm G, its latent RNG and the trace
             if o.checkpoint_every:
                 checkpoint.save(ckpt_dir, data_parallel.checkpoint_state(trainer))
@@ -255,8 +239,9 @@ def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | N
             if o.sample_every and step % o.sample_every == 0:  # sensitive zone only, never MLflow
                 artifacts.write_grid(trainer.out / "grids" / f"step-{step:07d}.png", trainer.grid())
             if o.checkpoint_every and step % o.checkpoint_every == 0:
-                if trainer.KEEPS_SNAPSHOTS:  # the generator so far, with the ε spent so far (before the checkpoint:
-                    # a resumed run has the snapshot of every checkpoint it resumes; one past it is dropped)
+                if getattr(trainer.state, "keeps_snapshots", False):  # DPGAN's: the generator so far, with the ε
+                    # spent so far (before the checkpoint: a resumed run has the snapshot of every checkpoint it
+                    # resumes; one past it is dropped)
                     checkpoint.save_snapshot(ckpt_dir, step, generator_file(trainer, trainer.epsilon_spent()))
                 checkpoint.save(ckpt_dir, data_parallel.checkpoint_state(trainer))
         bar.close()
@@ -315,13 +300,14 @@ def finish(trainer: Trainer, run, started: float) -> TrainResult:
 
         tracking.log_privacy(epsilon=eps, delta=p.delta, accountant=trainer.accountant.name, step=trainer.step)
         mlflow.set_tag("dpsynth.accounting", accounting)
-        metrics = trainer.final_metrics()
+        logged = trainer.final_metrics()
+        metrics = {k: v for k, v in logged.items() if not k.startswith("derived.")}
         if published is not None:
             metrics["epsilon_as_published_unsound"] = published
         if metrics:
             mlflow.log_metrics(metrics)
-        if params := trainer.final_params():
-            mlflow.log_params({f"derived.{k}": v for k, v in params.items()})
+        if params := {k: v for k, v in logged.items() if k.startswith("derived.")}:
+            mlflow.log_params(params)
         tracking.log_json(json.loads(trainer.trace.to_json()), "privacy/mechanism_trace.json")
     storage.write_text(out / "result.json", json.dumps(asdict(result), indent=2))
     return result
