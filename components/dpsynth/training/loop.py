@@ -97,7 +97,7 @@ class Trainer:
         # 0 of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)
         self.dist = data_parallel.ranks(self.METHOD)
         self.device = self.dist.place(resolve_device(cfg.train.device))
-        self.dataset_name = Path(str(cfg.data.uri).rstrip("/")).stem or "dataset"
+        self.dataset_name = cfg.data.name
         self.accountant = get_accountant(self.MECHANISM.accountant(cfg))  # GS-WGAN's fixes its own: "wor"
         self.trace = MechanismTrace()  # the sanitizer records into it; restored in place on resume
         self.step = 0  # private steps taken (= events recorded after the plan's prefix)
