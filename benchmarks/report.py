@@ -92,7 +92,8 @@ def _fmt(value, digits: int) -> str:
 
 def _device(data: dict) -> str:
     device = data.get("device", "")
-    return next((gpu for gpu in ("H200", "H100") if gpu in device), "GPU" if device else "CPU")
+    # a named GPU first (a GPU machine's text names its CPU cores too); a device text naming no GPU but a CPU: CPU
+    return next((gpu for gpu in ("H200", "H100") if gpu in device), "CPU" if not device or "CPU" in device else "GPU")
 
 
 def generality_table() -> str:
