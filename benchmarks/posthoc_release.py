@@ -11,6 +11,8 @@ post-processing of the audited generator. Variants, as ``key=value`` lists:
     n=N             synthetic records (default 10000), classes balanced, as ``dpsynth sample`` draws them
     epochs=E        CNN epochs (default: the run's ``evaluate.epochs``)
     seed=K          the sample seed (default 0)
+    recolour=1      each RGB sample's luminance redrawn between two colours drawn uniformly per image (a
+                    data-independent colour family: does a grey generator serve colour data better recoloured?)
 
     .venv/stage/bin/python benchmarks/posthoc_release.py RUN_DIR contrast=0 contrast=4 n=20000 \\
         --json benchmarks/results/utility-posthoc-NAME-mnist-cpu.jsonl
@@ -42,10 +44,21 @@ def parse(spec: str) -> dict:
     out = {}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
-        if key not in ("contrast", "n", "epochs", "seed"):
-            raise SystemExit(f"variant {spec!r}: unknown key {key!r} (contrast, n, epochs, seed)")
+        if key not in ("contrast", "n", "epochs", "seed", "recolour"):
+            raise SystemExit(f"variant {spec!r}: unknown key {key!r} (contrast, n, epochs, seed, recolour)")
         out[key] = float(value) if key == "contrast" else int(value)
     return out
+
+
+def recolour(images, seed: int):
+    """uint8 N×H×W×C images, each one's luminance (channel mean, on [0, 1]) redrawn as c0 + l·(c1 − c0), its two
+    colours c0, c1 drawn uniformly on [0, 1]^C per image (numpy PCG64 from ``seed``)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lum = images.astype(np.float64).mean(-1, keepdims=True) / 255
+    c0, c1 = (rng.random((len(images), 1, 1, images.shape[-1])) for _ in range(2))
+    return np.round((c0 + lum * (c1 - c0)) * 255).clip(0, 255).astype(np.uint8)
 
 
 def tones(images) -> dict:
@@ -78,6 +91,8 @@ def main() -> None:
         if trained_contrast is not None:
             generator.contrast = v.get("contrast", trained_contrast)
         synthetic = synthesize(generator, num_samples=v.get("n", 10000), seed=v.get("seed", 0))
+        if v.get("recolour"):
+            synthetic = dataclasses.replace(synthetic, images=recolour(synthetic.images, v.get("seed", 0)))
         e = dataclasses.replace(cfg.evaluate, epochs=v.get("epochs", cfg.evaluate.epochs), max_train_records=None)
         c = dataclasses.replace(cfg, evaluate=e)
         val_idx, train_idx = _split(len(synthetic), fraction=e.validation_fraction, seed=e.seed)

@@ -49,7 +49,7 @@ def main() -> None:
     cfg = load_config(a.config)
     t, w = cfg.train, cfg.warmup
     x, y = read_parquet(next((a.run_dir / "sensitive/partition").glob("shard-*.parquet"))).to_tensors()
-    slots, directions = warmup.release(cfg, x, y, num_classes=10, randomness=MechanismRandomness(),
+    slots, directions, _ = warmup.release(cfg, x, y, num_classes=10, randomness=MechanismRandomness(),
                                        trace=MechanismTrace())
     fit_real, test_real = heldout_split(a.run_dir, cfg)
 

@@ -44,7 +44,7 @@ def run(conf, seed):
         "train.latent_dim=100"])
     eps = get_accountant("rdp").epsilon(MechanismTrace(warmup_releases.events(cfg)), delta=1e-5)
     mech = MechanismRandomness(seed=seed)
-    images, dirs = warmup.release(cfg, xtr, ytr, num_classes=10, randomness=mech, trace=None)
+    images, dirs, _ = warmup.release(cfg, xtr, ytr, num_classes=10, randomness=mech, trace=None)
     k = warmup.style_slots(cfg)
     if steps == 0:  # the release's ceiling: the fit's targets themselves
         g = torch.Generator().manual_seed(2000 + seed)

@@ -184,6 +184,11 @@ class TrainConfig:
     g_contrast: Float = Field(0.0, ge=0, description="s > 0: the DCGAN generator ends (after the warp) with a "
                                                    "fixed contrast layer x ↦ tanh(s·x) / tanh(s), which pushes grey "
                                                    "pixels towards ink or background; 0: none.")
+    g_tone: Bool = Field(False, description="The DCGAN generator ends (after the warp and any contrast) with a fixed "
+                                            "monotone map of its pixel values, set after the private warm-up's fit so "
+                                            "that G's pixels have the intensity histogram the warm-up released "
+                                            "(post-processing: no privacy spent). Needs warmup.central_images and "
+                                            "warmup.intensity_noise_multiplier.")
     grad_sample_mode: Literal["hooks", "ew", "ghost", "ghost_two_pass"] = Field(
         "ghost", description="How per-sample gradients are clipped: Opacus hooks, ew (expanded weights) or ghost "
                              "clipping.")
@@ -509,6 +514,13 @@ class RunConfig:
         _require(not self.train.g_contrast or dcgan, "train.g_contrast",
                  f"only the DCGAN generator (dcgan.Generator) has the contrast layer, not train.method={method!r}'s "
                  "ResNet one; set gswgan.generator=dcgan or train.g_contrast=0")
+        _require(not self.train.g_tone or dcgan, "train.g_tone",
+                 f"only the DCGAN generator (dcgan.Generator) has the tone layer, not train.method={method!r}'s "
+                 "ResNet one; set gswgan.generator=dcgan or train.g_tone=false")
+        _require(not self.train.g_tone or (self.warmup.central_images
+                                           and self.warmup.intensity_noise_multiplier is not None), "train.g_tone",
+                 "the tone layer matches the warm-up's released intensity histogram: set warmup.central_images=true "
+                 "and warmup.intensity_noise_multiplier, or train.g_tone=false")
         _require(not self.train.g_warp or latent >= 6, "train.g_warp",
                  f"the warp reads z[:, :6]: {where} must be >= 6, got {latent}")
         w = self.warmup

@@ -140,7 +140,7 @@ def test_the_release_applies_styles_max_noise_from_the_config(tmp_path, small_mn
     x, y = small_mnist.to_tensors()
     for extra, all_means in (("warmup.styles_max_noise=1e-9", True), (None, False)):
         cfg = tiny(tmp_path, "warmup.styles=2", "warmup.styles_noise_multiplier=3", *filter(None, [extra]))
-        slots, _ = warmup.release(cfg, x, y, num_classes=small_mnist.num_classes,
+        slots, _, _ = warmup.release(cfg, x, y, num_classes=small_mnist.num_classes,
                                   randomness=MechanismRandomness(seed=0), trace=MechanismTrace())
         per_class = slots.view(small_mnist.num_classes, 4, -1)
         assert bool((per_class == per_class[:, :1]).all()) is all_means

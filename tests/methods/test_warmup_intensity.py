@@ -56,11 +56,11 @@ def test_images_that_are_not_two_tone_are_not_cleaned(tmp_path, small_mnist):
     x = -x  # dark ink on light paper: clean() would make the paper black
     cfg = tiny(tmp_path, "warmup.intensity_noise_multiplier=20", "warmup.noise_multiplier=0.05")
     trace = MechanismTrace()
-    slots, _ = warmup.release(cfg, x, y, num_classes=small_mnist.num_classes, randomness=MechanismRandomness(),
+    slots, _, _ = warmup.release(cfg, x, y, num_classes=small_mnist.num_classes, randomness=MechanismRandomness(),
                               trace=trace)
     assert trace.steps == 2  # the histogram, then the class means
     assert slots.mean() > 0  # the paper stays light
-    cleaned, _ = warmup.release(tiny(tmp_path, "warmup.noise_multiplier=0.05"), x, y, num_classes=small_mnist.num_classes,
+    cleaned, _, _ = warmup.release(tiny(tmp_path, "warmup.noise_multiplier=0.05"), x, y, num_classes=small_mnist.num_classes,
                                 randomness=MechanismRandomness(), trace=MechanismTrace())
     assert cleaned.mean() < slots.mean()
 

@@ -98,7 +98,7 @@ def test_release_gives_two_slots_per_class_and_records_four_events(tmp_path, sma
     cfg = tiny(tmp_path, *POLARITY, "warmup.variations=2", "warmup.variations_noise_multiplier=50",
                "train.latent_dim=9")
     trace = MechanismTrace()
-    slots, directions = warmup.release(cfg, x, y, num_classes=small_mnist.num_classes,
+    slots, directions, _ = warmup.release(cfg, x, y, num_classes=small_mnist.num_classes,
                                        randomness=MechanismRandomness(), trace=trace)
     assert tuple(slots.shape) == (2 * small_mnist.num_classes, *x.shape[1:])
     assert directions.shape[:2] == (small_mnist.num_classes, 2)

@@ -33,7 +33,8 @@ def dcgan_models(cfg: RunConfig, *, num_classes: int, image_shape: tuple[int, in
     channels, size, _ = image_shape
     t = cfg.train
     G = DCGANGenerator(num_classes=num_classes, channels=channels, image_size=size, width=t.g_width,
-                       latent_dim=t.latent_dim, styles=warmup.style_slots(cfg), warp=t.g_warp, contrast=t.g_contrast)
+                       latent_dim=t.latent_dim, styles=warmup.style_slots(cfg), warp=t.g_warp, contrast=t.g_contrast,
+                       tone=t.g_tone)
     D = DCGANDiscriminator(num_classes=num_classes, channels=channels, image_size=size, width=t.d_width)
     return G, D
 
@@ -78,7 +79,8 @@ def generator_record(cfg: RunConfig, spec: dict) -> dict:
     kwargs = {**spec, "width": g.g_width, "latent_dim": g.latent_dim}
     if g.generator == "dcgan":
         return {"class": "dpsynth.models.dcgan.Generator", **kwargs, "styles": warmup.style_slots(cfg),
-                "warp": cfg.train.g_warp, "contrast": cfg.train.g_contrast}
+                "warp": cfg.train.g_warp, "contrast": cfg.train.g_contrast,
+                **({"tone": True} if cfg.train.g_tone else {})}
     return {"class": "dpsynth.models.gswgan_networks.Generator", **kwargs}
 
 

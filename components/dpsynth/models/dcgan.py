@@ -20,6 +20,7 @@ from dpsynth.errors import ConfigError
 SUPPORTED_SIZES = (28, 32)
 LATENT_CONTROLS = 6  # z[:, :6]: the uniforms Φ(z) of the warp (rotation, shear, scale, x/y shift, stroke width)
 STYLE_LATENT = 6  # with styles > 1, z[:, 6] picks the style slot (Φ(z₆) cut into equal parts)
+TONE_KNOTS = 64  # the tone layer's segments: a monotone piecewise-linear map of [-1, 1] onto itself
 
 
 def _check_size(image_size: int) -> None:
@@ -85,13 +86,20 @@ class Generator(ConditionalGenerator):
     −1, 0 and 1 and pushes grey pixels towards ink or background. The warm-up fits the canonical image to
     noisy means of many records, which are blurred strokes; real digits are nearly two-tone.
 
+    ``tone`` ends G (after the warp and any contrast) with a fixed monotone piecewise-linear map of [-1, 1]
+    (:func:`tone_map`, TONE_KNOTS segments, its knots the buffers ``tone_x`` → ``tone_y``; the identity until set).
+    The private warm-up sets it after its fit so that G's pixels have the intensity histogram the warm-up
+    released (:func:`dpsynth.training.warmup.match_tones`): what the contrast layer does for two-tone digits, read
+    off the data's own released tones instead of assumed. The GAN steps train through it.
+
     ``styles`` > 1 gives every class that many learned 4×4 maps instead of one, and z[:, 6] picks which
     (a discrete choice, uniform over the slots): the private warm-up fits one released style image per
     slot (``dpsynth.training.warmup``). The interface is unchanged: G(z, y) with y the class.
     """
 
     def __init__(self, *, num_classes: int, channels: int = 1, image_size: int = 28, width: int = 128,
-                 latent_dim: int = 100, styles: int = 1, warp: bool = False, contrast: float = 0.0):
+                 latent_dim: int = 100, styles: int = 1, warp: bool = False, contrast: float = 0.0,
+                 tone: bool = False):
         super().__init__()
         _check_size(image_size)
         if styles < 1 or (styles > 1 and latent_dim <= STYLE_LATENT):
@@ -107,6 +115,10 @@ class Generator(ConditionalGenerator):
         if contrast < 0:
             raise ConfigError(f"generator: contrast must be >= 0, got {contrast}")
         self.contrast = float(contrast)
+        self.tone = bool(tone)
+        if self.tone:  # buffers: in the state dict, so a checkpoint and the released generator keep the map
+            self.register_buffer("tone_x", torch.linspace(-1, 1, TONE_KNOTS + 1))
+            self.register_buffer("tone_y", torch.linspace(-1, 1, TONE_KNOTS + 1))
         self.latent_branch = nn.ConvTranspose2d(latent_dim, 2 * width, 4, 1, 0)
         self.label_branch = nn.Embedding(num_classes * styles, 2 * width * 16)  # learned 4×4 maps per class
         k, p = (3, 1) if image_size == 28 else (4, 1)
@@ -123,7 +135,8 @@ class Generator(ConditionalGenerator):
         """Its class and keywords, as the generator file records them (``dpsynth.training.artifacts``)."""
         return {"class": "dpsynth.models.dcgan.Generator", "num_classes": self.num_classes, "channels": self.channels,
                 "image_size": self.image_size, "width": self.width, "latent_dim": self.latent_dim,
-                "styles": self.styles, "warp": self.warp, "contrast": self.contrast}
+                "styles": self.styles, "warp": self.warp, "contrast": self.contrast,
+                **({"tone": True} if self.tone else {})}
 
     def slot(self, z: torch.Tensor) -> torch.Tensor:
         """The style slot z picks: ⌊Φ(z₆)·styles⌋ (0 when styles = 1)."""
@@ -145,7 +158,23 @@ class Generator(ConditionalGenerator):
             x = deform(x, 0.5 * (1 + torch.erf(z[:, :LATENT_CONTROLS] / math.sqrt(2))))
         if self.contrast:
             x = torch.tanh(self.contrast * x) / math.tanh(self.contrast)
+        if self.tone:
+            x = tone_map(x, self.tone_x, self.tone_y)
         return x
+
+
+def tone_map(x: torch.Tensor, knots_x: torch.Tensor, knots_y: torch.Tensor) -> torch.Tensor:
+    """The monotone piecewise-linear map through (knots_x[k], knots_y[k]) (both increasing, knots_x strictly),
+    constant beyond the end knots: a sum of clamped ramps, differentiable and plain tensor arithmetic.
+
+    >>> kx, ky = torch.tensor([-1.0, 0.0, 1.0]), torch.tensor([-1.0, 0.8, 1.0])
+    >>> [round(v, 4) for v in tone_map(torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.0]), kx, ky).tolist()]
+    [-1.0, -0.1, 0.8, 0.9, 1.0]
+    """
+    lo, hi = knots_x[:-1], knots_x[1:]
+    slope = (knots_y[1:] - knots_y[:-1]) / (hi - lo)
+    t = torch.minimum(torch.maximum(x.unsqueeze(-1), lo), hi) - lo
+    return knots_y[0] + (t * slope).sum(-1)
 
 
 

@@ -129,12 +129,14 @@ class Trainer:
         started = time.monotonic()
         _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps",
                   len(warmup_releases.events(self.cfg)), ", ".join(warmup_releases.release_names(self.cfg)), w.steps)
-        slots, directions = warmup.release(self.cfg, images, labels, num_classes=self.num_classes,
-                                           randomness=s.mechanism, trace=self.trace)
+        slots, directions, hist = warmup.release(self.cfg, images, labels, num_classes=self.num_classes,
+                                                 randomness=s.mechanism, trace=self.trace)
         _log.info("warm-up: released in %.0f s; fitting the generator to them (post-processing)",
                   time.monotonic() - started)
         warmup.fit_generator(s.G, slots, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=s.rng,
                              directions=directions, progress=True)
+        if self.cfg.train.g_tone:  # G's pixels take the released histogram's tones (post-processing)
+            warmup.match_tones(s.G, hist, generator=s.rng)
 
     def generator(self) -> tuple[torch.nn.Module, dict]:
         """The generator to release and its ``model`` record (class and keywords, see artifacts): ``G`` and its

@@ -64,12 +64,13 @@ FLOOR = 0.15  # on [0, 1]: what :func:`clean` makes background
 
 
 def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, randomness,
-            trace, canaries=None, observe=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            trace, canaries=None, observe=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The warm-up's releases on the training records (``images`` in [-1, 1], ``labels``), with the
     mechanism's secret coins, each recording its event in ``trace`` (the order of :func:`dpsynth.mechanisms.warmup_releases.events`): returns
-    the images of the generator's slots (one per class, or per (class, style) with styles, class-major) and
+    the images of the generator's slots (one per class, or per (class, style) with styles, class-major),
     the variation directions (None without them) — what :func:`fit_generator` fits G to (it moves them to
-    G's device: the releases are computed on the CPU, :mod:`dpsynth.mechanisms.central_images`).
+    G's device: the releases are computed on the CPU, :mod:`dpsynth.mechanisms.central_images`) — and the
+    released intensity histogram (None without it; :func:`match_tones` reads it).
 
     For the empirical audit's run only (:mod:`dpsynth.audit.empirical`, on a public stand-in, never
     released): ``canaries`` = (name, images, labels), records that join the data of the release ``name``
@@ -87,7 +88,7 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
     def seen(name: str):
         return None if observe is None else (lambda noisy, query: observe(name, noisy, query))
 
-    tidy, centre, spread = clean, 0.0, None
+    tidy, centre, spread, hist = clean, 0.0, None, None
     if w.intensity_noise_multiplier is not None:  # clean only two-tone images: ink on a dark background
         hist = central_images.intensity_histogram(images, noise_multiplier=w.intensity_noise_multiplier,
                                                   randomness=randomness, trace=trace)
@@ -118,7 +119,7 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
             *data("variations"), slots, slot_classes, class_counts, rank=w.variations, clip=w.variations_clip,
             noise_multiplier=w.variations_noise_multiplier, randomness=randomness, trace=trace,
             observe=seen("variations"))
-    return slots, directions
+    return slots, directions, hist
 
 
 def style_slots(cfg) -> int:
@@ -216,6 +217,53 @@ def polarity_slots(shapes: torch.Tensor, counts: torch.Tensor, means: torch.Tens
     return torch.where(keep.view(shape), drawn, fallback)
 
 
+def histogram_quantiles(hist: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The intensities (on [-1, 1]) below which the shares ``p`` of the pixels lie, for a released histogram of
+    ``len(hist)`` equal bins on [0, 1], each bin's pixels spread evenly over it. Post-processing of the release.
+
+    >>> h = torch.zeros(4); h[0], h[3] = 0.75, 0.25
+    >>> histogram_quantiles(h, torch.tensor([0.0, 0.375, 0.75, 0.875, 1.0])).tolist()
+    [-1.0, -0.75, -0.5, 0.75, 1.0]
+    """
+    b = len(hist)
+    cdf = torch.cat([torch.zeros(1), hist.double().cpu().cumsum(0)])
+    cdf = cdf / cdf[-1].clamp(min=1e-12)
+    edges = torch.linspace(0, 1, b + 1, dtype=torch.float64)
+    j = torch.searchsorted(cdf, p.double().cpu()).clamp(1, b)  # the first bin whose cumulative share reaches p
+    lo, hi = cdf[j - 1], cdf[j]
+    inside = torch.where(hi > lo, (p.double().cpu() - lo) / (hi - lo).clamp(min=1e-12), torch.ones_like(lo))
+    return ((edges[j - 1] + inside.clamp(0, 1) / b) * 2 - 1).float()
+
+
+def match_tones(G, hist: torch.Tensor, *, generator: torch.Generator, n: int = 2000) -> None:
+    """Set G's tone layer (``dcgan.Generator(tone=True)``) so that the pixels of its images have the released
+    intensity histogram ``hist``: its knots map the quantiles of G's own pixels (n images, classes balanced, drawn
+    with ``generator``; the layer the identity while they are drawn) to the histogram's
+    (:func:`histogram_quantiles`) at the same TONE_KNOTS + 1 shares, the ends pinned at −1 and 1. It reads
+    only G and a released value: post-processing, no privacy spent."""
+    from dpsynth.models.dcgan import TONE_KNOTS
+
+    device = G.tone_x.device
+    k = TONE_KNOTS
+    G.tone_x.copy_(torch.linspace(-1, 1, k + 1))
+    G.tone_y.copy_(torch.linspace(-1, 1, k + 1))
+    with torch.no_grad():
+        y = torch.arange(n, device=device) % G.num_classes
+        z = torch.randn(n, G.latent_dim, device=device, generator=generator)
+        pixels = G(z, y).flatten().float().cpu()
+    p = torch.linspace(0, 1, k + 1)
+    src = torch.quantile(pixels, p).clamp(-1, 1)  # torch.quantile takes up to 16M values: n·C·H·W ≤ 6.2M
+    src[0], src[-1] = -1.0, 1.0
+    for i in range(1, k + 1):  # strictly increasing: ties (saturated pixels) become steep, not undefined
+        src[i] = max(float(src[i]), float(src[i - 1]) + 1e-4)
+    src = src / src[-1].clamp(min=1.0)  # the nudges may push the last knot past 1: shrink back into [-1, 1]
+    src[-1] = 1.0
+    dst = histogram_quantiles(hist, p)
+    dst[0], dst[-1] = -1.0, 1.0
+    G.tone_x.copy_(src.to(device))
+    G.tone_y.copy_(torch.cummax(dst, 0).values.to(device))
+
+
 def smooth(x: torch.Tensor) -> torch.Tensor:
     """A binomial blur ([1, 4, 6, 4, 1] / 16 along each side, std 1 pixel; edges repeated) of N×C×H×W images: a
     released mean is smooth, its noise white, so this keeps the one and averages the other (post-processing)."""
@@ -260,7 +308,7 @@ def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: f
     images = images.to(device)
     directions = directions.to(device) if directions is not None else None
     warps = getattr(G, "warp", False)
-    fitted = G.canonical if warps or getattr(G, "contrast", 0) else G  # the image before G's fixed layers
+    fitted = G.canonical if warps or getattr(G, "contrast", 0) or getattr(G, "tone", False) else G  # before G's fixed layers
     opt = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.5, 0.999))
     loss = torch.tensor(float("nan"))
     from tqdm import tqdm
