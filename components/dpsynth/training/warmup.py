@@ -235,11 +235,14 @@ def histogram_quantiles(hist: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return ((edges[j - 1] + inside.clamp(0, 1) / b) * 2 - 1).float()
 
 
+TONE_MAX_SLOPE = 4.0  # the tone map's steepest segment: the contrast layer tanh(4x)/tanh(4)'s slope at 0 (≈ 4.0)
+
+
 def match_tones(G, hist: torch.Tensor, *, generator: torch.Generator, n: int = 2000) -> None:
     """Set G's tone layer (``dcgan.Generator(tone=True)``) so that the pixels of its images have the released
     intensity histogram ``hist``: its knots map the quantiles of G's own pixels (n images, classes balanced, drawn
     with ``generator``; the layer the identity while they are drawn) to the histogram's
-    (:func:`histogram_quantiles`) at the same TONE_KNOTS + 1 shares, the ends pinned at −1 and 1. It reads
+    (:func:`histogram_quantiles`) at the same TONE_KNOTS + 1 shares, no segment steeper than TONE_MAX_SLOPE. It reads
     only G and a released value: post-processing, no privacy spent."""
     from dpsynth.models.dcgan import TONE_KNOTS
 
@@ -258,10 +261,16 @@ def match_tones(G, hist: torch.Tensor, *, generator: torch.Generator, n: int = 2
         src[i] = max(float(src[i]), float(src[i - 1]) + 1e-4)
     src = src / src[-1].clamp(min=1.0)  # the nudges may push the last knot past 1: shrink back into [-1, 1]
     src[-1] = 1.0
-    dst = histogram_quantiles(hist, p)
+    dst = torch.cummax(histogram_quantiles(hist, p), 0).values
     dst[0], dst[-1] = -1.0, 1.0
+    # no segment steeper than TONE_MAX_SLOPE: where G draws nearly one grey (a flat class mean, little signal) the
+    # match would stretch its small differences, noise included, over the histogram's whole range; the capped map
+    # is anchored at the median share and clamped to [-1, 1]
+    rise = torch.minimum(dst.diff(), TONE_MAX_SLOPE * src.diff())
+    y = torch.cat([torch.zeros(1), rise.cumsum(0)])
+    y = (y - y[k // 2] + dst[k // 2]).clamp(-1, 1)
     G.tone_x.copy_(src.to(device))
-    G.tone_y.copy_(torch.cummax(dst, 0).values.to(device))
+    G.tone_y.copy_(y.to(device))
 
 
 def smooth(x: torch.Tensor) -> torch.Tensor:
