@@ -244,10 +244,8 @@ def match_tones(G, hist: torch.Tensor, *, generator: torch.Generator, n: int = 2
     with ``generator``; the layer the identity while they are drawn) to the histogram's
     (:func:`histogram_quantiles`) at the same TONE_KNOTS + 1 shares, no segment steeper than TONE_MAX_SLOPE. It reads
     only G and a released value: post-processing, no privacy spent."""
-    from dpsynth.models.dcgan import TONE_KNOTS
-
     device = G.tone_x.device
-    k = TONE_KNOTS
+    k = len(G.tone_x) - 1  # TONE_KNOTS segments
     G.tone_x.copy_(torch.linspace(-1, 1, k + 1))
     G.tone_y.copy_(torch.linspace(-1, 1, k + 1))
     with torch.no_grad():
@@ -257,10 +255,9 @@ def match_tones(G, hist: torch.Tensor, *, generator: torch.Generator, n: int = 2
     p = torch.linspace(0, 1, k + 1)
     src = torch.quantile(pixels, p).clamp(-1, 1)  # torch.quantile takes up to 16M values: n·C·H·W ≤ 6.2M
     src[0], src[-1] = -1.0, 1.0
-    for i in range(1, k + 1):  # strictly increasing: ties (saturated pixels) become steep, not undefined
-        src[i] = max(float(src[i]), float(src[i - 1]) + 1e-4)
-    src = src / src[-1].clamp(min=1.0)  # the nudges may push the last knot past 1: shrink back into [-1, 1]
-    src[-1] = 1.0
+    step = 1e-4 * torch.arange(k + 1)  # strictly increasing: ties (saturated pixels) become steep, not undefined
+    src = torch.cummax(src - step, 0).values + step
+    src = (src + 1) * 2 / (src[-1] + 1) - 1  # the nudges may push the last knot past 1: back onto [-1, 1]
     dst = torch.cummax(histogram_quantiles(hist, p), 0).values
     dst[0], dst[-1] = -1.0, 1.0
     # no segment steeper than TONE_MAX_SLOPE: where G draws nearly one grey (a flat class mean, little signal) the
