@@ -4,12 +4,16 @@ Each dataset is drawn deterministically from a seed (numpy's PCG64 and PIL's dra
 fonts that matplotlib ships, so no download) and written as an image folder (``DIR/CLASS/NNNNN.png``), the
 input a user brings to ``dpsynth data import``. Their roles are fixed here, before any result: recipes may be
 chosen on the DEVELOPMENT sets; no setting is ever chosen on a CONFIRMATION set (it is scored last).
+letters-rgb came later (#32, after the confirmation sets had been scored): the only other RGB development set,
+shapes-rgb, turns its shapes through every angle, so no class template can show its shape, and an RGB set of
+upright objects was missing to choose the RGB settings on.
 
 | name | role | mode, size | classes | what varies |
 |---|---|---|---|---|
 | letters | development | grey 28×28 | 10 capital letters | 8 fonts, size, rotation, shift; dark ink on light paper, noise |
 | shapes | development | grey 32×32 | 10 outline/filled shapes | size, rotation, position, fill texture, stroke, noisy background |
 | shapes-rgb | development | RGB 32×32 | 10 shapes | the same, in random colours on coloured gradient backgrounds |
+| letters-rgb | development | RGB 32×32 | 10 capital letters | 8 fonts, size, rotation, shift, in random colours and fill textures on coloured gradient backgrounds |
 | symbols-rgb | confirmation | RGB 32×32 | 12 font symbols (♠ ★ ☂ ♪ ✈ …) | font, size, rotation, shift, colours, background texture |
 | greek | confirmation | grey 28×28 | 10 Greek letters | font, size, rotation, shift, stroke brightness, light noise |
 
@@ -180,6 +184,13 @@ def shapes_rgb(rng, label: int) -> np.ndarray:
     return np.clip((bg * (1 - m) + fg * m) * 255, 0, 255).astype(np.uint8)
 
 
+def letters_rgb(rng, label: int) -> np.ndarray:
+    m = (np.asarray(_glyph_mask("ABCDEFGHKR"[label], rng, size=32, fonts=FONTS)) / 255.0)[..., None]
+    bg = _background(rng, 32, True)
+    fg = _distinct_colour(rng, bg) * _texture(rng, 32)[..., None]
+    return np.clip((bg * (1 - m) + fg * m) * 255, 0, 255).astype(np.uint8)
+
+
 SYMBOLS = "♠♣♥♦★☂♪✈☎⚓☯☀"
 
 
@@ -207,6 +218,7 @@ DATASETS = {
                                      "arrow", "bars"]),
     "shapes-rgb": (DEVELOPMENT, shapes_rgb, ["circle", "square", "triangle", "star", "cross", "ring", "hexagon",
                                              "crescent", "arrow", "bars"]),
+    "letters-rgb": (DEVELOPMENT, letters_rgb, list("ABCDEFGHKR")),
     "symbols-rgb": (CONFIRMATION, symbols_rgb, ["spade", "club", "heart", "diamond", "star", "umbrella", "note",
                                                 "plane", "phone", "anchor", "yinyang", "sun"]),
     "greek": (CONFIRMATION, greek, ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "lambda",

@@ -14,10 +14,10 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/generality-out}
 LIMIT_S=${LIMIT_S:-480}
-DATASETS=${DATASETS:-"letters shapes shapes-rgb symbols-rgb greek"}
+DATASETS=${DATASETS:-"letters shapes shapes-rgb letters-rgb symbols-rgb greek"}
 JOBS=${JOBS:-"eps10 eps1 warmup gan generic10 generic1"}
 DEV_JOBS=${DEV_JOBS:-}  # jobs run on the development sets (and mnist) only: recipe variants, never on a confirmation set
-DEV_SETS="letters shapes shapes-rgb mnist"
+DEV_SETS="letters shapes shapes-rgb letters-rgb mnist"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site

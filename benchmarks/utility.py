@@ -15,7 +15,7 @@ audited ε, CPU-minutes and wall time. Beside them, on the same held-out test re
 Results go to ``benchmarks/results/utility-every-method-mnist-cpu.json`` and ``.md``. Not a test: it takes tens of CPU-minutes
 per recipe. Run ``make bench-utility`` (all recipes, ε ∈ {1, 10}) or pick with ``--recipes``/``--epsilons``.
 
-Generality (``--dataset NAME``, a name of ``benchmarks/datasets.py``: letters, shapes, shapes-rgb — development —
+Generality (``--dataset NAME``, a name of ``benchmarks/datasets.py``: letters, shapes, shapes-rgb, letters-rgb — development —
 and symbols-rgb, greek — confirmation — or ``mnist``): the dataset is drawn by the benchmark (deterministic from
 ``--seed``), written as an image folder and imported with ``dpsynth data import`` as a user would, then the
 rows of ``--rows``: ``default`` (the default recipe at each ε), ``ceiling`` (the same CNN on the real training
@@ -334,7 +334,7 @@ def main() -> None:
     ap.add_argument("--epsilons", default="10,1")
     ap.add_argument("--dataset", default=str(ROOT / "outputs/data/mnist.parquet"),
                     help="a Parquet file (the recipe rows), or a generality dataset: mnist, or a name of "
-                         "benchmarks/datasets.py (letters, shapes, shapes-rgb, symbols-rgb, greek)")
+                         "benchmarks/datasets.py (letters, shapes, shapes-rgb, letters-rgb, symbols-rgb, greek)")
     ap.add_argument("--recipe", default="dpgan", choices=list(ALL_RECIPES),
                     help="generality: the recipe of the default/warmup/gan rows (dpgan: the default config)")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"generality rows, of {', '.join(ROWS)} (none: only import the set)")
