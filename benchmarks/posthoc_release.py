@@ -13,6 +13,9 @@ post-processing of the audited generator. Variants, as ``key=value`` lists:
     seed=K          the sample seed (default 0)
     recolour=1      each RGB sample's luminance redrawn between two colours drawn uniformly per image (a
                     data-independent colour family: does a grey generator serve colour data better recoloured?)
+    grey=1          a diagnostic, not a release: the synthetic records *and the real test records* reduced to their
+                    luminance (on every channel) before the CNN trains and tests: is what keeps an RGB release from
+                    transferring its colour? (fid_classifier and IS stay in the colour reference's features)
 
     .venv/stage/bin/python benchmarks/posthoc_release.py RUN_DIR contrast=0 contrast=4 n=20000 \\
         --json benchmarks/results/utility-posthoc-NAME-mnist-cpu.jsonl
@@ -44,8 +47,8 @@ def parse(spec: str) -> dict:
     out = {}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
-        if key not in ("contrast", "n", "epochs", "seed", "recolour"):
-            raise SystemExit(f"variant {spec!r}: unknown key {key!r} (contrast, n, epochs, seed, recolour)")
+        if key not in ("contrast", "n", "epochs", "seed", "recolour", "grey"):
+            raise SystemExit(f"variant {spec!r}: unknown key {key!r} (contrast, n, epochs, seed, recolour, grey)")
         out[key] = float(value) if key == "contrast" else int(value)
     return out
 
@@ -59,6 +62,14 @@ def recolour(images, seed: int):
     lum = images.astype(np.float64).mean(-1, keepdims=True) / 255
     c0, c1 = (rng.random((len(images), 1, 1, images.shape[-1])) for _ in range(2))
     return np.round((c0 + lum * (c1 - c0)) * 255).clip(0, 255).astype(np.uint8)
+
+
+def grey(images):
+    """uint8 N×H×W×C images reduced to their luminance (the channel mean), repeated on every channel."""
+    import numpy as np
+
+    lum = np.round(images.astype(np.float64).mean(-1, keepdims=True)).astype(np.uint8)
+    return np.repeat(lum, images.shape[-1], axis=-1)
 
 
 def tones(images) -> dict:
@@ -96,8 +107,13 @@ def main() -> None:
         e = dataclasses.replace(cfg.evaluate, epochs=v.get("epochs", cfg.evaluate.epochs), max_train_records=None)
         c = dataclasses.replace(cfg, evaluate=e)
         val_idx, train_idx = _split(len(synthetic), fraction=e.validation_fraction, seed=e.seed)
-        cnn = accuracy.evaluate("cnn", c, synthetic=synthetic.subset(train_idx), validation=synthetic.subset(val_idx),
-                                fit_real=fit_real, test_real=test_real)
+        scored = synthetic
+        cnn_fit, cnn_test = fit_real, test_real
+        if v.get("grey"):
+            scored = dataclasses.replace(synthetic, images=grey(synthetic.images))
+            cnn_fit, cnn_test = (dataclasses.replace(r, images=grey(r.images)) for r in (fit_real, test_real))
+        cnn = accuracy.evaluate("cnn", c, synthetic=scored.subset(train_idx), validation=scored.subset(val_idx),
+                                fit_real=cnn_fit, test_real=cnn_test)
         q = quality(c, synthetic=synthetic, fit_real=fit_real, test_real=test_real, classifier=classifier, space=space)
         row = {"run_dir": str(run), "variant": spec, "trained_contrast": trained_contrast,
                "cnn_gen2real": cnn["gen2real"], "synthetic_validation": cnn["model_selection"].get("validation_accuracy"),
