@@ -14,8 +14,8 @@ post-processing of the audited generator. Variants, as ``key=value`` lists:
     recolour=1      each RGB sample's luminance redrawn between two colours drawn uniformly per image (a
                     data-independent colour family: does a grey generator serve colour data better recoloured?)
     grey=1          a diagnostic, not a release: the synthetic records *and the real test records* reduced to their
-                    luminance (on every channel) before the CNN trains and tests: is what keeps an RGB release from
-                    transferring its colour? (fid_classifier and IS stay in the colour reference's features)
+                    luminance (on every channel) before the CNN trains and tests: does an RGB release fail to
+                    transfer because of its colours? (fid_classifier and IS stay in the colour reference's features)
 
     .venv/stage/bin/python benchmarks/posthoc_release.py RUN_DIR contrast=0 contrast=4 n=20000 \\
         --json benchmarks/results/utility-posthoc-NAME-mnist-cpu.jsonl
