@@ -177,18 +177,20 @@ def shapes(rng, label: int) -> np.ndarray:
     return np.clip(img * 255, 0, 255).astype(np.uint8)
 
 
-def shapes_rgb(rng, label: int) -> np.ndarray:
-    m = (np.asarray(_shape_mask(label, rng, size=32)) / 255.0)[..., None]
-    bg = _background(rng, 32, True)
-    fg = _distinct_colour(rng, bg) * _texture(rng, 32)[..., None]
+def _in_colour(rng, mask: Image.Image) -> np.ndarray:
+    """``mask`` (L-mode, 255 = shape) in a random textured colour on a coloured gradient background, uint8 RGB."""
+    m = (np.asarray(mask) / 255.0)[..., None]
+    bg = _background(rng, m.shape[0], True)
+    fg = _distinct_colour(rng, bg) * _texture(rng, m.shape[0])[..., None]
     return np.clip((bg * (1 - m) + fg * m) * 255, 0, 255).astype(np.uint8)
+
+
+def shapes_rgb(rng, label: int) -> np.ndarray:
+    return _in_colour(rng, _shape_mask(label, rng, size=32))
 
 
 def letters_rgb(rng, label: int) -> np.ndarray:
-    m = (np.asarray(_glyph_mask("ABCDEFGHKR"[label], rng, size=32, fonts=FONTS)) / 255.0)[..., None]
-    bg = _background(rng, 32, True)
-    fg = _distinct_colour(rng, bg) * _texture(rng, 32)[..., None]
-    return np.clip((bg * (1 - m) + fg * m) * 255, 0, 255).astype(np.uint8)
+    return _in_colour(rng, _glyph_mask("ABCDEFGHKR"[label], rng, size=32, fonts=FONTS))
 
 
 SYMBOLS = "♠♣♥♦★☂♪✈☎⚓☯☀"
@@ -196,10 +198,7 @@ SYMBOLS = "♠♣♥♦★☂♪✈☎⚓☯☀"
 
 def symbols_rgb(rng, label: int) -> np.ndarray:
     fonts = ["DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf"]
-    m = (np.asarray(_glyph_mask(SYMBOLS[label], rng, size=32, fonts=fonts, scale=(0.7, 1.0), rotate=25)) / 255.0)[..., None]
-    bg = _background(rng, 32, True)
-    fg = _distinct_colour(rng, bg) * _texture(rng, 32)[..., None]
-    return np.clip((bg * (1 - m) + fg * m) * 255, 0, 255).astype(np.uint8)
+    return _in_colour(rng, _glyph_mask(SYMBOLS[label], rng, size=32, fonts=fonts, scale=(0.7, 1.0), rotate=25))
 
 
 GREEK = "αβγδεζηθλπ"

@@ -107,13 +107,10 @@ def main() -> None:
         e = dataclasses.replace(cfg.evaluate, epochs=v.get("epochs", cfg.evaluate.epochs), max_train_records=None)
         c = dataclasses.replace(cfg, evaluate=e)
         val_idx, train_idx = _split(len(synthetic), fraction=e.validation_fraction, seed=e.seed)
-        scored = synthetic
-        cnn_fit, cnn_test = fit_real, test_real
-        if v.get("grey"):
-            scored = dataclasses.replace(synthetic, images=grey(synthetic.images))
-            cnn_fit, cnn_test = (dataclasses.replace(r, images=grey(r.images)) for r in (fit_real, test_real))
-        cnn = accuracy.evaluate("cnn", c, synthetic=scored.subset(train_idx), validation=scored.subset(val_idx),
-                                fit_real=cnn_fit, test_real=cnn_test)
+        seen = (lambda d: dataclasses.replace(d, images=grey(d.images))) if v.get("grey") else (lambda d: d)
+        cnn = accuracy.evaluate("cnn", c, synthetic=seen(synthetic.subset(train_idx)),
+                                validation=seen(synthetic.subset(val_idx)), fit_real=seen(fit_real),
+                                test_real=seen(test_real))
         q = quality(c, synthetic=synthetic, fit_real=fit_real, test_real=test_real, classifier=classifier, space=space)
         row = {"run_dir": str(run), "variant": spec, "trained_contrast": trained_contrast,
                "cnn_gen2real": cnn["gen2real"], "synthetic_validation": cnn["model_selection"].get("validation_accuracy"),

@@ -30,7 +30,7 @@ def test_a_set_draws_the_same_pixels_from_the_same_seed_in_its_declared_shape(tm
     c = datasets.write_folder(name, tmp_path / "c", n=24, seed=4)
     assert a["pixels_sha256"] == b["pixels_sha256"] != c["pixels_sha256"]
     assert tuple(a["shape"]) == SHAPES[name] and a["role"] == datasets.DATASETS[name][0]
-    folders = sorted(p for p in (tmp_path / "a").iterdir())
+    folders = sorted((tmp_path / "a").iterdir())
     assert len(folders) == len(a["classes"]) and sum(len(list(f.glob("*.png"))) for f in folders) == 24
     img = np.asarray(Image.open(next(folders[0].glob("*.png"))))
     assert img.shape == SHAPES[name] and img.std() > 5  # not blank
