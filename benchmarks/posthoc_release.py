@@ -13,6 +13,8 @@ post-processing of the audited generator. Variants, as ``key=value`` lists:
     seed=K          the sample seed (default 0)
     recolour=1      each RGB sample's luminance redrawn between two colours drawn uniformly per image (a
                     data-independent colour family: does a grey generator serve colour data better recoloured?)
+    sharp=S         each sample's luminance made nearly two-tone around its own mean: sigmoid(S·(l − mean) / std),
+                    on every channel (before recolour=1: a figure in one colour on a ground in another)
     grey=1          a diagnostic, not a release: the synthetic records *and the real test records* reduced to their
                     luminance (on every channel) before the CNN trains and tests: does an RGB release fail to
                     transfer because of its colours? (fid_classifier and IS stay in the colour reference's features)
@@ -47,9 +49,9 @@ def parse(spec: str) -> dict:
     out = {}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
-        if key not in ("contrast", "n", "epochs", "seed", "recolour", "grey"):
-            raise SystemExit(f"variant {spec!r}: unknown key {key!r} (contrast, n, epochs, seed, recolour, grey)")
-        out[key] = float(value) if key == "contrast" else int(value)
+        if key not in ("contrast", "n", "epochs", "seed", "recolour", "grey", "sharp"):
+            raise SystemExit(f"variant {spec!r}: unknown key {key!r} (contrast, n, epochs, seed, recolour, grey, sharp)")
+        out[key] = float(value) if key in ("contrast", "sharp") else int(value)
     return out
 
 
@@ -62,6 +64,17 @@ def recolour(images, seed: int):
     lum = images.astype(np.float64).mean(-1, keepdims=True) / 255
     c0, c1 = (rng.random((len(images), 1, 1, images.shape[-1])) for _ in range(2))
     return np.round((c0 + lum * (c1 - c0)) * 255).clip(0, 255).astype(np.uint8)
+
+
+def sharpen(images, s: float):
+    """uint8 N×H×W×C images, each one's luminance l (channel mean, on [0, 1]) mapped to sigmoid(s·(l − mean) / std)
+    over that image's own pixels, repeated on every channel."""
+    import numpy as np
+
+    lum = images.astype(np.float64).mean(-1, keepdims=True) / 255
+    z = (lum - lum.mean((1, 2, 3), keepdims=True)) / lum.std((1, 2, 3), keepdims=True).clip(min=1e-6)
+    m = np.round(255 / (1 + np.exp(-s * z))).astype(np.uint8)
+    return np.repeat(m, images.shape[-1], axis=-1)
 
 
 def grey(images):
@@ -80,7 +93,7 @@ def tones(images) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path, help="a utility.py run directory (…/dpgan-mnist-cpu-eps10)")
-    ap.add_argument("variants", nargs="+", help="key=value,… (contrast, n, epochs, seed)")
+    ap.add_argument("variants", nargs="+", help="key=value,… (contrast, n, epochs, seed, recolour, grey, sharp)")
     ap.add_argument("--json", type=Path, help="append the rows here as JSON lines")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -102,6 +115,8 @@ def main() -> None:
         if trained_contrast is not None:
             generator.contrast = v.get("contrast", trained_contrast)
         synthetic = synthesize(generator, num_samples=v.get("n", 10000), seed=v.get("seed", 0))
+        if v.get("sharp"):
+            synthetic = dataclasses.replace(synthetic, images=sharpen(synthetic.images, v["sharp"]))
         if v.get("recolour"):
             synthetic = dataclasses.replace(synthetic, images=recolour(synthetic.images, v.get("seed", 0)))
         e = dataclasses.replace(cfg.evaluate, epochs=v.get("epochs", cfg.evaluate.epochs), max_train_records=None)
