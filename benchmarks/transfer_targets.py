@@ -156,7 +156,8 @@ def main() -> None:
         start = time.process_time()
         means = None
         if variant.startswith("means-"):  # the class means of real training records (seed 1, as the variants')
-            real = real or drawn("real", a.n, 1)
+            if real is None:
+                real = drawn("real", a.n, 1)
             f = features(real, variant.partition("-")[2])
             means = torch.stack([f[torch.as_tensor(real.labels == k)].mean(0) for k in range(len(LETTERS))])
         result = accuracy.evaluate("cnn", cfg, synthetic=drawn(variant, a.n, 1, means),
