@@ -44,13 +44,16 @@ from dpsynth.stages.evaluate import _split, quality
 from dpsynth.stages.sample import synthesize
 
 
+KEYS = ("contrast", "n", "epochs", "seed", "recolour", "grey", "sharp")
+
+
 def parse(spec: str) -> dict:
     """``contrast=4,n=20000`` → {"contrast": 4.0, "n": 20000}."""
     out = {}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
-        if key not in ("contrast", "n", "epochs", "seed", "recolour", "grey", "sharp"):
-            raise SystemExit(f"variant {spec!r}: unknown key {key!r} (contrast, n, epochs, seed, recolour, grey, sharp)")
+        if key not in KEYS:
+            raise SystemExit(f"variant {spec!r}: unknown key {key!r} ({', '.join(KEYS)})")
         out[key] = float(value) if key in ("contrast", "sharp") else int(value)
     return out
 
@@ -93,7 +96,7 @@ def tones(images) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path, help="a utility.py run directory (…/dpgan-mnist-cpu-eps10)")
-    ap.add_argument("variants", nargs="+", help="key=value,… (contrast, n, epochs, seed, recolour, grey, sharp)")
+    ap.add_argument("variants", nargs="+", help=f"key=value,… ({', '.join(KEYS)})")
     ap.add_argument("--json", type=Path, help="append the rows here as JSON lines")
     a = ap.parse_args()
     torch.set_num_threads(1)
