@@ -161,9 +161,11 @@ def _distinct_colour(rng, bg: np.ndarray) -> np.ndarray:
     return 1 - mean
 
 
+LETTERS = "ABCDEFGHKR"  # the classes of letters and letters-rgb
+
+
 def letters(rng, label: int) -> np.ndarray:
-    chars = "ABCDEFGHKR"
-    m = np.asarray(_glyph_mask(chars[label], rng, size=28, fonts=FONTS)) / 255.0
+    m = np.asarray(_glyph_mask(LETTERS[label], rng, size=28, fonts=FONTS)) / 255.0
     paper, ink = rng.uniform(0.65, 0.95), rng.uniform(0.0, 0.3)
     img = paper * (1 - m) + ink * m + rng.normal(0, 0.03, m.shape)
     return np.clip(img * 255, 0, 255).astype(np.uint8)
@@ -190,7 +192,7 @@ def shapes_rgb(rng, label: int) -> np.ndarray:
 
 
 def letters_rgb(rng, label: int) -> np.ndarray:
-    return _in_colour(rng, _glyph_mask("ABCDEFGHKR"[label], rng, size=32, fonts=FONTS))
+    return _in_colour(rng, _glyph_mask(LETTERS[label], rng, size=32, fonts=FONTS))
 
 
 SYMBOLS = "♠♣♥♦★☂♪✈☎⚓☯☀"
@@ -212,12 +214,12 @@ def greek(rng, label: int) -> np.ndarray:
 
 # name: (role, draw(rng, label) -> uint8 H×W[×3], class names)
 DATASETS = {
-    "letters": (DEVELOPMENT, letters, list("ABCDEFGHKR")),
+    "letters": (DEVELOPMENT, letters, list(LETTERS)),
     "shapes": (DEVELOPMENT, shapes, ["circle", "square", "triangle", "star", "cross", "ring", "hexagon", "crescent",
                                      "arrow", "bars"]),
     "shapes-rgb": (DEVELOPMENT, shapes_rgb, ["circle", "square", "triangle", "star", "cross", "ring", "hexagon",
                                              "crescent", "arrow", "bars"]),
-    "letters-rgb": (DEVELOPMENT, letters_rgb, list("ABCDEFGHKR")),
+    "letters-rgb": (DEVELOPMENT, letters_rgb, list(LETTERS)),
     "symbols-rgb": (CONFIRMATION, symbols_rgb, ["spade", "club", "heart", "diamond", "star", "umbrella", "note",
                                                 "plane", "phone", "anchor", "yinyang", "sun"]),
     "greek": (CONFIRMATION, greek, ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "lambda",

@@ -58,13 +58,20 @@ def parse(spec: str) -> dict:
     return out
 
 
+def luminance(images):
+    """uint8 N×H×W×C images' channel mean, N×H×W×1 float64 on [0, 255]."""
+    import numpy as np
+
+    return images.astype(np.float64).mean(-1, keepdims=True)
+
+
 def recolour(images, seed: int):
     """uint8 N×H×W×C images, each one's luminance (channel mean, on [0, 1]) redrawn as c0 + l·(c1 − c0), its two
     colours c0, c1 drawn uniformly on [0, 1]^C per image (numpy PCG64 from ``seed``)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    lum = images.astype(np.float64).mean(-1, keepdims=True) / 255
+    lum = luminance(images) / 255
     c0, c1 = (rng.random((len(images), 1, 1, images.shape[-1])) for _ in range(2))
     return np.round((c0 + lum * (c1 - c0)) * 255).clip(0, 255).astype(np.uint8)
 
@@ -74,7 +81,7 @@ def sharpen(images, s: float):
     over that image's own pixels, repeated on every channel."""
     import numpy as np
 
-    lum = images.astype(np.float64).mean(-1, keepdims=True) / 255
+    lum = luminance(images) / 255
     z = (lum - lum.mean((1, 2, 3), keepdims=True)) / lum.std((1, 2, 3), keepdims=True).clip(min=1e-6)
     m = np.round(255 / (1 + np.exp(-s * z))).astype(np.uint8)
     return np.repeat(m, images.shape[-1], axis=-1)
@@ -84,7 +91,7 @@ def grey(images):
     """uint8 N×H×W×C images reduced to their luminance (the channel mean), repeated on every channel."""
     import numpy as np
 
-    lum = np.round(images.astype(np.float64).mean(-1, keepdims=True)).astype(np.uint8)
+    lum = np.round(luminance(images)).astype(np.uint8)
     return np.repeat(lum, images.shape[-1], axis=-1)
 
 

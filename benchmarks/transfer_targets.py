@@ -51,7 +51,7 @@ from dpsynth.config import load_config  # noqa: E402
 from dpsynth.data.dataset import ImageDataset  # noqa: E402
 from dpsynth.evaluation import accuracy  # noqa: E402
 
-LETTERS = "ABCDEFGHKR"
+LETTERS = datasets.LETTERS
 VARIANTS = ["real", "mask-white", "mask-polarity", "mask-grey", "mask-colours", "mask-backgrounds", "blur0.7-white",
             "blur1.5-white", "blur1.5-polarity", "blur0.7-colours", "blur1.5-colours", "thick3-colours",
             "thick5-colours", "means-polarity", "means-ink"]
