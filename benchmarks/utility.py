@@ -80,9 +80,9 @@ PUBLISHED = {
 # dp-GAN's warm-up recipe: ε ≈ 7.2 and 4.8 (σ_s = σ_v = 1).
 DPGAN_RELEASES = [(9.8, ["warmup.variations=0"]), (7.0, ["warmup.styles=0"])]
 THREE_RELEASES = [(8.0, ["warmup.variations=0"]), (6.0, ["warmup.styles=0"])]
-BELOW_EPSILON = {"dpgan": DPGAN_RELEASES, "zhang-warmup": THREE_RELEASES,
-                 # the generic recipe's releases: ε ≈ 8.89; without variations 1.66; without the polarity shapes too 0.82
-                 "generic": [(8.9, ["warmup.variations=0"]), (1.7, ["warmup.polarity_noise_multiplier=null"])]}
+# the generic recipe needs none: it leaves out what does not fit itself (warmup.fit_epsilon: its releases spend
+# ε ≈ 8.89; without variations 1.66; without the polarity shapes too 0.82)
+BELOW_EPSILON = {"dpgan": DPGAN_RELEASES, "zhang-warmup": THREE_RELEASES}
 
 
 def cpu_children() -> float:

@@ -312,6 +312,12 @@ class WarmupConfig:
                                               "access).")
     batch_size: Int = Field(128, ge=1)
     lr: Float = Field(1e-3, gt=0)
+    fit_epsilon: Bool = Field(False, description="true: releases that do not fit privacy.epsilon are left out, the "
+                                                 "last in the trace first (variations, then styles, then polarity "
+                                                 "shapes), until the rest spend less than privacy.epsilon under "
+                                                 "privacy.accountant; training gets what remains. The run's stored "
+                                                 "configuration says what was left out (0 / null). false: such a "
+                                                 "configuration is refused.")
 
 
 @dataclass(frozen=True, config=SECTION)
@@ -545,6 +551,10 @@ class RunConfig:
                  f"(z[:, 7:7 + r] weighs them), got {latent}")
         _require(not w.central_images or latent >= 6, "warmup.central_images",
                  f"the warm-up's deformations read z[:, :6]: {where} must be >= 6, got {latent}")
+        if w.central_images and w.fit_epsilon:
+            from dpsynth.mechanisms.warmup_releases import fit_epsilon
+            fitted = fit_epsilon(self)
+            return self if fitted == w else dataclasses.replace(self, warmup=fitted)
         return self
 
     def to_dict(self) -> dict:

@@ -30,7 +30,8 @@ def prefix(cfg, *, accountant):
         if spent >= p.epsilon:
             raise PrivacyError(
                 f"privacy.epsilon: {p.epsilon} is spent by the warm-up's releases alone (ε = {spent:.3g} at δ = "
-                f"{p.delta:g}); set warmup.variations=0 and warmup.styles=0 (class means only), raise "
+                f"{p.delta:g}); set warmup.fit_epsilon=true, or warmup.variations=0 and warmup.styles=0 (class means "
+                f"only), raise "
                 f"warmup.noise_multiplier / warmup.styles_noise_multiplier / warmup.variations_noise_multiplier, "
                 f"or raise privacy.epsilon")
     return trace
@@ -61,12 +62,48 @@ def statement(cfg) -> str:
     return out
 
 
+# what warmup.fit_epsilon leaves out, in this order (the last in the trace first): the setting that turns it off
+LEFT_OUT = (("variations", "variations", 0), ("styles", "styles", 0),
+            ("polarity_shapes", "polarity_noise_multiplier", None))
+
+
+def fit_epsilon(cfg):
+    """``warmup.fit_epsilon``: the warm-up section with the releases that do not fit ``privacy.epsilon`` left out
+    (:data:`LEFT_OUT`'s order), until the rest spend less than it under ``privacy.accountant``. Reads only the
+    configuration (public), so every stage and the audit resolve the same releases. Where even the intensity
+    histogram and the class means do not fit, they stay: :func:`prefix` refuses, naming the settings.
+
+    >>> from dpsynth.config import REPO_ROOT, load_config
+    >>> cfg = load_config(REPO_ROOT / "configs/dpgan-generic-cpu.yaml", overrides=["privacy.epsilon=1"])
+    >>> cfg.warmup.variations, cfg.warmup.polarity_noise_multiplier, release_names(cfg)
+    (0, None, ['intensity_histogram', 'class_means'])
+    """
+    import dataclasses
+
+    from dpsynth.mechanisms.central_images import event_for
+    from dpsynth.privacy import MechanismTrace, get_accountant
+
+    p, w = cfg.privacy, cfg.warmup
+    accountant = get_accountant(p.accountant)
+    for name, setting, off in LEFT_OUT:
+        made = dict(section_releases(w))
+        if accountant.epsilon(MechanismTrace([event_for(s) for s in made.values()]), delta=p.delta) < p.epsilon:
+            break
+        if name in made:
+            w = dataclasses.replace(w, **{setting: off})
+    return w
+
+
 RELEASES = ("class_means", "styles", "variations")  # the releases with a canary audit, in order
 
 
 def releases(cfg) -> list[tuple[str, float]]:
     """(name, σ) of every release this configuration makes, in the order of the trace."""
-    w = cfg.warmup
+    return section_releases(cfg.warmup)
+
+
+def section_releases(w) -> list[tuple[str, float]]:
+    """(name, σ) of every release the ``warmup`` section ``w`` makes, in the order of the trace."""
     named = [("intensity_histogram", w.intensity_noise_multiplier)] * (w.intensity_noise_multiplier is not None)
     named += [("class_means", w.noise_multiplier)]
     named += [("polarity_shapes", w.polarity_noise_multiplier)] * (w.polarity_noise_multiplier is not None)
