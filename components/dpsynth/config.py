@@ -308,16 +308,22 @@ class WarmupConfig:
                                                                       "σ·variations_clip² per entry).")
     variations_clip: Float = Field(5.0, gt=0, description="L2 bound of a record's residual (in [0, 1] pixel units) "
                                                           "around its image.")
+    variations_shared: Bool = Field(False, description="true: one second-moment matrix summed over every class "
+                                                       "before the noise, its directions shared by every class "
+                                                       "(the same event; about K times the signal for the same "
+                                                       "noise: what pays at a low ε). warmup.fit_epsilon sets it "
+                                                       "where the per-class release does not fit.")
     steps: Int = Field(800, ge=0, description="Generator regression steps on the deformed central images (no data "
                                               "access).")
     batch_size: Int = Field(128, ge=1)
     lr: Float = Field(1e-3, gt=0)
-    fit_epsilon: Bool = Field(False, description="true: releases that do not fit privacy.epsilon are left out, the "
-                                                 "last in the trace first (variations, then styles, then polarity "
-                                                 "shapes), until the rest spend less than privacy.epsilon under "
-                                                 "privacy.accountant; training gets what remains. The run's stored "
-                                                 "configuration says what was left out (0 / null). false: such a "
-                                                 "configuration is refused.")
+    fit_epsilon: Bool = Field(False, description="true: where the releases do not fit privacy.epsilon, they are "
+                                                 "refitted from ε alone: with variations, the releases get 3/4 of ε, "
+                                                 "the variation release shared by every class, its σ (and at low ε "
+                                                 "the class means') calibrated, the polarity shapes left out where "
+                                                 "they would take over half; else releases are left out, the last "
+                                                 "in the trace first. The run's stored configuration shows the "
+                                                 "result. false: such a configuration is refused.")
 
 
 @dataclass(frozen=True, config=SECTION)

@@ -162,6 +162,31 @@ def test_noiseless_variation_directions_are_the_principal_components_of_the_resi
             np.testing.assert_allclose(got[j] * sign, ref[j], rtol=1e-3, atol=1e-4)
 
 
+def test_shared_variation_directions_are_the_principal_components_of_every_class_residual_and_one_draw():
+    """warmup.variations_shared: one matrix over every class (each residual around its own class's template), the
+    noise drawn once (D(D+1)/2 coordinates, not K times that), and every class given the same directions; σ = 0
+    equals an independent SVD (numpy) of all residuals together. Adding or removing a record still moves the
+    summed query by ‖r‖² ≤ clip²: the sum of the per-class query of the test above."""
+    x, y = _data(n=200, k=2)
+    t, ty = _templates(k=2, per_class=1)
+    counts = torch.bincount(y, minlength=2).double()
+    d = variation_directions(x, y, t, ty, counts, rank=3, clip=100.0, noise_multiplier=0.0, shared=True)
+    assert d.shape == (2, 3, 1, 6, 6) and torch.equal(d[0], d[1])
+    r = (((x + 1) / 2).flatten(1) - ((t[y] + 1) / 2).flatten(1)).double().numpy()
+    _, s, vt = np.linalg.svd(r / math.sqrt(counts.sum().item()), full_matrices=False)
+    got = d[0].flatten(1).double().numpy()
+    for j in range(3):
+        ref = vt[j] * s[j] * 2
+        np.testing.assert_allclose(got[j] * np.sign(np.dot(got[j], ref)), ref, rtol=1e-3, atol=1e-4)
+    seen = {}
+    variation_directions(x, y, t, ty, counts, rank=3, clip=0.8, noise_multiplier=1.0,
+                         randomness=MechanismRandomness(seed=1), shared=True,
+                         observe=lambda noisy, query: seen.update(noisy=noisy, query=query))
+    assert seen["noisy"].shape == seen["query"].shape == (1, 36, 36)
+    per_class = residual_second_moments(x, y, t, ty, num_classes=2, clip=0.8)
+    torch.testing.assert_close(seen["query"][0], per_class.sum(0))
+
+
 def test_variation_noise_is_sigma_clip_squared_on_every_upper_entry_and_symmetric():
     g = MechanismRandomness(seed=5)
     draws = torch.stack([symmetric_noise((2, 4, 4), randomness=g) for _ in range(2000)])

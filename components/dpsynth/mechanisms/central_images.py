@@ -263,7 +263,7 @@ def symmetric_noise(shape: tuple[int, int, int], *, randomness: MechanismRandomn
 def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: torch.Tensor,
                          centre_labels: torch.Tensor, counts: torch.Tensor, *, rank: int, clip: float,
                          noise_multiplier: float, randomness: MechanismRandomness | None = None,
-                         trace: MechanismTrace | None = None, observe=None) -> torch.Tensor:
+                         trace: MechanismTrace | None = None, observe=None, shared: bool = False) -> torch.Tensor:
     """Each class's main directions of variation around its released images: the Gaussian mechanism on the
     upper triangles of the stacked residual second-moment matrices (sensitivity clip², noise
     N(0, (σ·clip²)²) per entry), then — post-processing — each divided by the class's released count and its
@@ -271,9 +271,15 @@ def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: to
     (num_classes, rank, C, H, W) in [-1, 1] units: class c's samples vary as Σ_j a_j·P[c, j], a ~ N(0, I).
     ``counts`` are the classes' noisy counts from an earlier release (public). One Gaussian event, recorded
     as ``event_for(noise_multiplier)`` in ``trace`` (None: records nothing). ``observe(noisy, query)``: the noisy
-    and the noiseless moment matrices (the empirical audit's run only)."""
+    and the noiseless moment matrices (the empirical audit's run only).
+
+    ``shared``: the classes' matrices are summed before the noise, one matrix (1, D, D) released, whose directions
+    every class shares: a record still moves it by ‖r‖² ≤ clip² (the same event), but the signal is every
+    record's instead of one class's, for the same noise (what pays at a low ε)."""
     num_classes = len(counts)
     moments = residual_second_moments(images, labels, centres, centre_labels, num_classes=num_classes, clip=clip)
+    if shared:
+        moments, counts = moments.sum(0, keepdim=True), counts.sum().view(1)
     if noise_multiplier < 0:
         raise PrivacyError(f"warmup.variations_noise_multiplier: must be >= 0, got {noise_multiplier}")
     query = moments
@@ -289,5 +295,6 @@ def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: to
     eigenvalues, eigenvectors = torch.linalg.eigh(cov)  # ascending
     lam = eigenvalues.flip(-1)[:, :rank].clamp(min=0)
     vec = eigenvectors.flip(-1)[:, :, :rank]
-    directions = (vec * lam.sqrt().unsqueeze(1)).transpose(1, 2)  # (classes, rank, D), [0, 1] units
-    return (2 * directions).float().view(num_classes, rank, *images.shape[1:])
+    directions = (vec * lam.sqrt().unsqueeze(1)).transpose(1, 2)  # (classes or 1, rank, D), [0, 1] units
+    directions = directions.expand(num_classes, -1, -1)  # shared: every class the same directions
+    return (2 * directions).float().reshape(num_classes, rank, *images.shape[1:])

@@ -33,7 +33,10 @@ With ``warmup.variations`` = r > 0 a third release follows: every class's r main
 around its released images (:func:`dpsynth.mechanisms.central_images.variation_directions`: the Gaussian
 mechanism on each class's residual second-moment matrix, sensitivity clip², then its top eigenvectors —
 post-processing). They carry what a handful of images per class cannot: the many small ways a digit is
-written. Coordinates 8 … 7 + r of z weigh them (``VARIATION_LATENT``).
+written. Coordinates 8 … 7 + r of z weigh them (``VARIATION_LATENT``). With ``warmup.variations_shared`` the
+classes' matrices are summed before the noise and every class gets the same directions (at a low ε: the signal
+of every record for the noise of one matrix); ``warmup.fit_epsilon`` chooses it where the per-class release does
+not fit (:func:`dpsynth.mechanisms.warmup_releases.fit_epsilon`).
 
 The generator is fitted to the released images under deformations that its latent code chooses:
 the first six coordinates of z pick a rotation, shear, scale, shift and stroke width, and G(z, y)
@@ -118,7 +121,7 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
         directions = central_images.variation_directions(
             *data("variations"), slots, slot_classes, class_counts, rank=w.variations, clip=w.variations_clip,
             noise_multiplier=w.variations_noise_multiplier, randomness=randomness, trace=trace,
-            observe=seen("variations"))
+            observe=seen("variations"), shared=w.variations_shared)
     return slots, directions, hist
 
 
