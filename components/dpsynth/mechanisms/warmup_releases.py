@@ -64,91 +64,13 @@ def statement(cfg) -> str:
     return out
 
 
-# what warmup.fit_epsilon leaves out, in this order (the last in the trace first): the setting that turns it off
-LEFT_OUT = (("variations", "variations", 0), ("styles", "styles", 0),
-            ("polarity_shapes", "polarity_noise_multiplier", None))
-RELEASE_SHARE = 0.75  # warmup.fit_epsilon, where the releases as configured do not fit: their share of ε
-
-
-def fit_epsilon(cfg):
-    """``warmup.fit_epsilon``: the warm-up section refitted to ``privacy.epsilon``, from the configuration alone
-    (public), so that every stage and the audit resolve the same releases:
-
-    1. the releases as configured spend less than ε (under ``privacy.accountant``): kept as they are;
-    2. else, with variations (and no styles): the releases are given :data:`RELEASE_SHARE` of ε, training the rest.
-       Full-batch Gaussians compose as one Gaussian whose ρ = 1/(2σ²) is the sum of theirs, so ρ is split in
-       closed form: the intensity histogram keeps its σ; the polarity shapes theirs, if with the histogram and
-       the class means they take at most half of ρ, else they are left out; the class means take at most half of
-       what is left (their σ raised if need be); the variation release, shared by every class
-       (``variations_shared``: K times the signal for the same noise), takes the rest;
-    3. else (or where nothing is left for the variations): releases are left out, the last in the trace first
-       (:data:`LEFT_OUT`), until the rest spend less than ε.
-
-    Where even the histogram and the class means do not fit, they stay: :func:`prefix` refuses, naming the settings.
-
-    >>> from dpsynth.config import REPO_ROOT, load_config
-    >>> cfg = load_config(REPO_ROOT / "configs/dpgan-generic-cpu.yaml", overrides=["privacy.epsilon=1"])
-    >>> release_names(cfg), cfg.warmup.variations_shared, round(cfg.warmup.variations_noise_multiplier, 1)
-    (['intensity_histogram', 'class_means', 'variations'], True, 7.8)
-    """
-    import dataclasses
-
-    from dpsynth.errors import PrivacyError
-    from dpsynth.mechanisms.central_images import event_for
-    from dpsynth.privacy import MechanismTrace, calibrate_noise, get_accountant
-
-    p, w = cfg.privacy, cfg.warmup
-    accountant = get_accountant(p.accountant)
-
-    def fits(section) -> bool:
-        events = [event_for(sigma) for _, sigma in section_releases(section)]
-        return accountant.epsilon(MechanismTrace(events), delta=p.delta) < p.epsilon
-
-    if fits(w):
-        return w
-    try:  # the σ of one full-batch Gaussian that spends the releases' share (None: none can be certified)
-        sigma = calibrate_noise(target_epsilon=RELEASE_SHARE * p.epsilon, delta=p.delta, sample_rate=1.0, steps=1,
-                                sampling="full_batch", accountant=p.accountant)
-    except PrivacyError:
-        sigma = None
-    if w.variations and not w.styles and sigma is not None:
-        total, rho = 1 / (2 * sigma ** 2), (lambda s: 1 / (2 * s ** 2))
-        fixed = rho(w.intensity_noise_multiplier) if w.intensity_noise_multiplier is not None else 0.0
-        polarity = w.polarity_noise_multiplier
-        if polarity is not None and fixed + rho(polarity) + rho(w.noise_multiplier) > total / 2:
-            polarity = None
-        fixed += rho(polarity) if polarity is not None else 0.0
-        means = min(rho(w.noise_multiplier), (total - fixed) / 2)
-        left = total - fixed - means
-        if left > 0:
-            fitted = dataclasses.replace(
-                w, polarity_noise_multiplier=polarity, noise_multiplier=max(w.noise_multiplier, (2 * means) ** -0.5),
-                variations_noise_multiplier=(2 * left) ** -0.5, variations_shared=True)
-            if fits(fitted):
-                return fitted
-    for name, setting, off in LEFT_OUT:
-        if fits(w):
-            break
-        if name in dict(section_releases(w)):
-            w = dataclasses.replace(w, **{setting: off})
-    return w
-
-
 RELEASES = ("class_means", "styles", "variations")  # the releases with a canary audit, in order
 
 
 def releases(cfg) -> list[tuple[str, float]]:
-    """(name, σ) of every release this configuration makes, in the order of the trace."""
-    return section_releases(cfg.warmup)
-
-
-def section_releases(w) -> list[tuple[str, float]]:
-    """(name, σ) of every release the ``warmup`` section ``w`` makes, in the order of the trace."""
-    named = [("intensity_histogram", w.intensity_noise_multiplier)] * (w.intensity_noise_multiplier is not None)
-    named += [("class_means", w.noise_multiplier)]
-    named += [("polarity_shapes", w.polarity_noise_multiplier)] * (w.polarity_noise_multiplier is not None)
-    named += [("styles", w.styles_noise_multiplier)] * bool(w.styles)
-    return named + [("variations", w.variations_noise_multiplier)] * bool(w.variations)
+    """(name, σ) of every release this configuration makes, in the order of the trace
+    (:meth:`dpsynth.config.WarmupConfig.releases`)."""
+    return cfg.warmup.releases()
 
 
 def release_names(cfg) -> list[str]:

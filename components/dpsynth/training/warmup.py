@@ -36,7 +36,7 @@ post-processing). They carry what a handful of images per class cannot: the many
 written. Coordinates 8 … 7 + r of z weigh them (``VARIATION_LATENT``). With ``warmup.variations_shared`` the
 classes' matrices are summed before the noise and every class gets the same directions (at a low ε: the signal
 of every record for the noise of one matrix); ``warmup.fit_epsilon`` chooses it where the per-class release does
-not fit (:func:`dpsynth.mechanisms.warmup_releases.fit_epsilon`).
+not fit (:func:`dpsynth.config.fit_epsilon`).
 
 The generator is fitted to the released images under deformations that its latent code chooses:
 the first six coordinates of z pick a rotation, shear, scale, shift and stroke width, and G(z, y)
