@@ -610,13 +610,12 @@ def fit_epsilon(w: WarmupConfig, p: PrivacyConfig) -> WarmupConfig:
     (['intensity_histogram', 'class_means', 'variations'], True, 7.8)
     """
     from dpsynth.errors import PrivacyError
-    from dpsynth.privacy import MechanismEvent, MechanismTrace, calibrate_noise, get_accountant
+    from dpsynth.privacy import MechanismTrace, calibrate_noise, full_batch_gaussian, get_accountant
 
     accountant = get_accountant(p.accountant)
 
-    def fits(section: WarmupConfig) -> bool:  # each release a full-batch Gaussian of its clip's sensitivity
-        events = [MechanismEvent(sampling="full_batch", sample_rate=1.0, noise_multiplier=sigma,
-                                 sensitivity="add_remove") for _, sigma in section.releases()]
+    def fits(section: WarmupConfig) -> bool:
+        events = [full_batch_gaussian(sigma) for _, sigma in section.releases()]
         return accountant.epsilon(MechanismTrace(events), delta=p.delta) < p.epsilon
 
     if fits(w):

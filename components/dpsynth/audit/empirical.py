@@ -544,12 +544,13 @@ def dirac_records(m: int, image_shape: Sequence[int], num_classes: int, *, value
         raise ConfigError(f"audit.canaries: {m} canaries over {num_classes} classes need {per_class} distinct "
                           f"pixels per class; the images have {d}")
     rng = torch.Generator().manual_seed(_public_seed())
-    pixels = torch.empty(m, dtype=torch.long)
     if shared:
         pixels = torch.randperm(d, generator=rng)[:m]
-    for k in range(num_classes * (not shared)):
-        mine = (labels == k).nonzero().flatten()
-        pixels[mine] = torch.randperm(d, generator=rng)[:len(mine)]
+    else:
+        pixels = torch.empty(m, dtype=torch.long)
+        for k in range(num_classes):
+            mine = (labels == k).nonzero().flatten()
+            pixels[mine] = torch.randperm(d, generator=rng)[:len(mine)]
     images = torch.full((m, d), -1.0, dtype=torch.float64)
     images[torch.arange(m), pixels] = 2 * value - 1
     return images.view(m, c, h, w), labels, pixels

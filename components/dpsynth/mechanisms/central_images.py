@@ -22,14 +22,13 @@ import math
 import torch
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.events import MechanismEvent, MechanismTrace
+from dpsynth.privacy.events import MechanismEvent, MechanismTrace, full_batch_gaussian
 from dpsynth.mechanisms.randomness import MechanismRandomness
 
 
 def event_for(noise_multiplier: float) -> MechanismEvent:
     """The one mechanism event a central-image release is."""
-    return MechanismEvent(sampling="full_batch", sample_rate=1.0, noise_multiplier=noise_multiplier,
-                          sensitivity="add_remove")
+    return full_batch_gaussian(noise_multiplier)
 
 
 def _contributions(images: torch.Tensor, clip: float, centre: float = 0.0) -> torch.Tensor:

@@ -14,7 +14,7 @@ _WHERE = {
     **dict.fromkeys(["ACCOUNTANTS", "epsilon", "get_accountant", "register_accountant"], "registry"),
     **dict.fromkeys(["BudgetGuard", "check_delta"], "budget"),
     **dict.fromkeys(["calibrate_noise", "max_additional_steps", "max_steps"], "calibration"),
-    **dict.fromkeys(["TRACE_FORMAT", "MechanismEvent", "MechanismTrace", "fold_releases"], "events"),
+    **dict.fromkeys(["TRACE_FORMAT", "MechanismEvent", "MechanismTrace", "fold_releases", "full_batch_gaussian"], "events"),
     **dict.fromkeys(["WORAccountant", "as_published_epsilon", "gswgan_event"], "without_replacement"),
 }
 
@@ -37,6 +37,7 @@ __all__ = [
     "check_delta",
     "epsilon",
     "fold_releases",
+    "full_batch_gaussian",
     "get_accountant",
     "gswgan_event",
     "max_additional_steps",
