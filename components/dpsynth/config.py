@@ -187,8 +187,9 @@ class TrainConfig:
     g_tone: Bool = Field(False, description="The DCGAN generator ends (after the warp and any contrast) with a fixed "
                                             "monotone map of its pixel values, set after the private warm-up's fit so "
                                             "that G's pixels have the intensity histogram the warm-up released "
-                                            "(post-processing: no privacy spent). Needs warmup.central_images and "
-                                            "warmup.intensity_noise_multiplier.")
+                                            "(post-processing: no privacy spent). On single-channel (grey) images "
+                                            "only: colour images keep G's own values. Needs warmup.central_images "
+                                            "and warmup.intensity_noise_multiplier.")
     grad_sample_mode: Literal["hooks", "ew", "ghost", "ghost_two_pass"] = Field(
         "ghost", description="How per-sample gradients are clipped: Opacus hooks, ew (expanded weights) or ghost "
                              "clipping.")

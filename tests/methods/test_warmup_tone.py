@@ -142,3 +142,17 @@ def test_g_tone_is_refused_without_the_released_histogram_or_for_the_resnet_gene
         tiny(tmp_path, "train.g_tone=true", "warmup.central_images=false")
     with pytest.raises(ConfigError, match="train.g_tone"):
         tiny(tmp_path, "train.g_tone=true", "train.method=gswgan")
+
+
+def test_colour_images_keep_their_generators_own_values(tmp_path):
+    """One monotone map of every channel together cannot give colours: with train.g_tone on, a generator of RGB
+    images has no tone layer (and the warm-up sets none), a generator of grey images has one."""
+    from dpsynth.methods.networks import dcgan_models, generator_record
+
+    cfg = tiny(tmp_path, "train.g_tone=true")
+    grey, _ = dcgan_models(cfg, num_classes=2, image_shape=(1, 28, 28))
+    colour, _ = dcgan_models(cfg, num_classes=2, image_shape=(3, 28, 28))
+    assert grey.tone and not colour.tone and not hasattr(colour, "tone_x")
+    gs = tiny(tmp_path, "train.g_tone=true", "train.method=gswgan", "gswgan.generator=dcgan")
+    assert generator_record(gs, {"num_classes": 2, "channels": 1, "image_size": 16})["tone"] is True
+    assert "tone" not in generator_record(gs, {"num_classes": 2, "channels": 3, "image_size": 16})

@@ -27,6 +27,14 @@ WARM_START_FORMAT = "dpsynth.zhang_warm_start/1"
 # --- DPGAN, dp-GAN ----------------------------------------------------------------------------------
 
 
+def tone(cfg: RunConfig, channels: int) -> bool:
+    """Whether the DCGAN generator ends with the tone layer (``train.g_tone``): on single-channel images only. On
+    colour images one monotone map of every channel together, matched to the intensities of all channels pooled,
+    cannot give colours, and at a low ε it stretched a nearly flat generator's noise into coloured static
+    (benchmarks/README.md, "The tone layer")."""
+    return cfg.train.g_tone and channels == 1
+
+
 def dcgan_models(cfg: RunConfig, *, num_classes: int, image_shape: tuple[int, int, int]):
     """G and D of DPGAN and dp-GAN: the label-conditioned DCGAN (``train.*`` widths and latent size), built by the
     global RNG in that order."""
@@ -34,7 +42,7 @@ def dcgan_models(cfg: RunConfig, *, num_classes: int, image_shape: tuple[int, in
     t = cfg.train
     G = DCGANGenerator(num_classes=num_classes, channels=channels, image_size=size, width=t.g_width,
                        latent_dim=t.latent_dim, styles=warmup.style_slots(cfg), warp=t.g_warp, contrast=t.g_contrast,
-                       tone=t.g_tone)
+                       tone=tone(cfg, channels))
     D = DCGANDiscriminator(num_classes=num_classes, channels=channels, image_size=size, width=t.d_width)
     return G, D
 
@@ -80,7 +88,7 @@ def generator_record(cfg: RunConfig, spec: dict) -> dict:
     if g.generator == "dcgan":
         return {"class": "dpsynth.models.dcgan.Generator", **kwargs, "styles": warmup.style_slots(cfg),
                 "warp": cfg.train.g_warp, "contrast": cfg.train.g_contrast,
-                **({"tone": True} if cfg.train.g_tone else {})}
+                **({"tone": True} if tone(cfg, spec["channels"]) else {})}
     return {"class": "dpsynth.models.gswgan_networks.Generator", **kwargs}
 
 

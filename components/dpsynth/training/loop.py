@@ -135,7 +135,7 @@ class Trainer:
                   time.monotonic() - started)
         warmup.fit_generator(s.G, slots, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=s.rng,
                              directions=directions, progress=True)
-        if self.cfg.train.g_tone:  # G's pixels take the released histogram's tones (post-processing)
+        if getattr(s.G, "tone", False):  # G's pixels take the released histogram's tones (post-processing)
             warmup.match_tones(s.G, hist, generator=s.rng)
 
     def generator(self) -> tuple[torch.nn.Module, dict]:
