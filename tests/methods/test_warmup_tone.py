@@ -146,7 +146,7 @@ def test_g_tone_is_refused_without_the_released_histogram_or_for_the_resnet_gene
 
 def test_colour_images_keep_their_generators_own_values(tmp_path):
     """One monotone map of every channel together cannot give colours: with train.g_tone on, a generator of RGB
-    images has no tone layer (and the warm-up sets none), a generator of grey images has one."""
+    images has no tone layer, a generator of grey images has one (the warm-up sets the map only where G has one)."""
     from dpsynth.methods.networks import dcgan_models, generator_record
 
     cfg = tiny(tmp_path, "train.g_tone=true")
