@@ -20,8 +20,7 @@ import torch.nn.functional as F
 from dpsynth.data import read_parquet
 from dpsynth.evaluation import classifiers
 from dpsynth.training import warmup
-from dpsynth.privacy import MechanismTrace
-from dpsynth.mechanisms import central_images as ci
+from dpsynth.privacy import MechanismTrace, full_batch_gaussian
 from dpsynth.privacy.registry import get_accountant
 ap = argparse.ArgumentParser()
 ap.add_argument("--k", type=int, default=8)
@@ -51,7 +50,7 @@ def release(groups, G):  # groups: record -> group id (function of the record + 
     return s
 def means_of(s, sigma):
     s = s + sigma * C * torch.randn(s.shape, dtype=s.dtype)
-    events.append(ci.event_for(sigma))
+    events.append(full_batch_gaussian(sigma))
     cnt = (s[:, -1] / part).clamp(min=1.0)
     m = (s[:, :-1] / cnt.unsqueeze(1)).clamp(0, 1)
     return m, cnt
@@ -106,7 +105,7 @@ for r, s_r in enumerate(rounds):
         pl = part / p
         s.index_add_(0, grp, torch.cat([vl, torch.full((len(vl), 1), pl, dtype=vl.dtype)], 1))
         s = s + s_r * (C / p) * torch.randn(s.shape, dtype=s.dtype)
-        events.append(ci.event_for(s_r))
+        events.append(full_batch_gaussian(s_r))
         cnt = (s[:, -1] / pl).clamp(min=1.0)
         ml = (s[:, :-1] / cnt.unsqueeze(1)).clamp(0, 1)
         keep = cnt < 20

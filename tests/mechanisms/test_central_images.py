@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy import MechanismTrace, get_accountant
-from dpsynth.mechanisms.central_images import (central_images, class_sums, event_for, group_sums, nearest_template,
+from dpsynth.privacy import MechanismTrace, full_batch_gaussian, get_accountant
+from dpsynth.mechanisms.central_images import (central_images, class_sums, group_sums, nearest_template,
                                            residual_second_moments, style_images, symmetric_noise,
                                            variation_directions)
 from dpsynth.mechanisms.randomness import MechanismRandomness
@@ -104,7 +104,7 @@ def test_noise_is_sigma_times_clip_on_the_sums_and_counts():
 def test_one_release_is_one_gaussian_mechanism_in_the_accounts():
     """ε of the event equals the analytic Gaussian mechanism's RDP bound: α/(2σ²) at the best order."""
     sigma, delta = 8.0, 1e-5
-    eps = get_accountant("rdp").epsilon(MechanismTrace([event_for(sigma)]), delta=delta)
+    eps = get_accountant("rdp").epsilon(MechanismTrace([full_batch_gaussian(sigma)]), delta=delta)
     # independent reference: ε = min_α α/(2σ²) + log(1/δ)/(α−1) over a fine grid (Mironov 2017, Prop. 3)
     alphas = np.linspace(1.01, 500, 200000)
     reference = float(np.min(alphas / (2 * sigma**2) + np.log(1 / delta) / (alphas - 1)))

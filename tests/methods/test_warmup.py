@@ -202,14 +202,14 @@ def test_the_generator_follows_the_variation_directions_its_latent_weighs():
 def test_releases_at_the_same_sigma_merge_in_the_trace_and_still_pass_the_audit(tmp_path, small_mnist):
     """The trace merges consecutive equal releases (count = 2): the audit must read them as the two planned
     releases (it refused such a run before), and still refuse a third, unplanned one."""
-    from dpsynth.mechanisms.central_images import event_for
+    from dpsynth.privacy import full_batch_gaussian
 
     cfg = tiny(tmp_path, "warmup.styles=2", "warmup.styles_noise_multiplier=5")  # = warmup.noise_multiplier
     result = DPGANTrainer(cfg, small_mnist).train()
     trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
-    assert trace.events[0] == event_for(5.0).with_count(2)
+    assert trace.events[0] == full_batch_gaussian(5.0).with_count(2)
     assert mechanism_check(cfg, trace, 600)["passed"]
-    extra = MechanismTrace([event_for(5.0).with_count(3), *trace.events[1:]])
+    extra = MechanismTrace([full_batch_gaussian(5.0).with_count(3), *trace.events[1:]])
     assert not mechanism_check(cfg, extra, 600)["passed"]
 
 

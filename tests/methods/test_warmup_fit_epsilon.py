@@ -22,14 +22,14 @@ def opacus_epsilon(sigmas, delta: float = 1e-5) -> float:
 
 def test_releases_that_fit_are_kept_as_configured():
     cfg = load_config(GENERIC)  # ε = 10
-    assert dict(warmup_releases.releases(cfg)) == YAML_SIGMAS and not cfg.warmup.variations_shared
+    assert dict(cfg.warmup.releases()) == YAML_SIGMAS and not cfg.warmup.variations_shared
     assert opacus_epsilon(YAML_SIGMAS.values()) < 10
 
 
 @pytest.mark.parametrize("epsilon", [1.0, 2.0, 4.0, 8.0])
 def test_below_it_the_releases_get_three_quarters_of_epsilon_and_the_variations_are_shared(epsilon):
     cfg = load_config(GENERIC, overrides=[f"privacy.epsilon={epsilon}"])
-    w, made = cfg.warmup, dict(warmup_releases.releases(cfg))
+    w, made = cfg.warmup, dict(cfg.warmup.releases())
     assert w.variations_shared and w.variations == 8
     spent = opacus_epsilon(made.values())
     assert 0.73 * epsilon < spent <= 0.75 * epsilon * (1 + 1e-6)  # calibrated to 3/4 (rel_tol 1 %), by Opacus
@@ -47,7 +47,7 @@ def test_below_it_the_releases_get_three_quarters_of_epsilon_and_the_variations_
 
 
 def test_at_epsilon_1_the_polarity_shapes_are_left_out_and_means_and_variations_split_evenly():
-    made = dict(warmup_releases.releases(load_config(GENERIC, overrides=["privacy.epsilon=1"])))
+    made = dict(load_config(GENERIC, overrides=["privacy.epsilon=1"]).warmup.releases())
     assert list(made) == ["intensity_histogram", "class_means", "variations"]
     assert made["class_means"] == pytest.approx(made["variations"]) and made["class_means"] > 5
 

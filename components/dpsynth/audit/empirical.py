@@ -576,8 +576,7 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
 
     The noise and bound tests can fail at any ε; the one-run bound only below its ceiling, which says so."""
     from dpsynth.training import warmup
-    from dpsynth.privacy import MechanismTrace, get_accountant
-    from dpsynth.mechanisms import central_images
+    from dpsynth.privacy import MechanismTrace, full_batch_gaussian, get_accountant
     from dpsynth.mechanisms.randomness import MechanismRandomness
 
     started = time.process_time()
@@ -624,7 +623,7 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
     # this release's own event (its σ, full batch): not a position in warmup_releases.events, which may open with releases
     # that have no canary audit (the intensity histogram of warmup.intensity_noise_multiplier, the polarity shapes of
     # warmup.polarity_noise_multiplier: their queries are not per-pixel image sums; the trace audit checks their events)
-    event = central_images.event_for(sigma)
+    event = full_batch_gaussian(sigma)
     accountant = cfg.privacy.accountant if get_accountant(cfg.privacy.accountant).supports(event) else "rdp"
     accounted = get_accountant(accountant).epsilon(MechanismTrace([event]), delta=cfg.privacy.delta)
     bound_at = pixel_bound(name, scale)

@@ -1,7 +1,7 @@
 """Central images: one Gaussian release of every class's mean image (a DP warm-up).
 
 It holds :func:`central_images` (the class means), :func:`style_images` (the means of style groups),
-:func:`variation_directions`, :func:`intensity_histogram` and :func:`event_for` (the event of one release),
+:func:`variation_directions` and :func:`intensity_histogram`, each one event, :func:`dpsynth.privacy.full_batch_gaussian`,
 after Li et al. (2025). What each release sums, why one record moves it by at most C, and the event it is:
 docs/privacy.md, "Central images: the query and its sensitivity".
 
@@ -11,7 +11,7 @@ docs/privacy.md, "Central images: the query and its sensitivity".
 >>> means = central_images(x, y, num_classes=2, clip=10.0, noise_multiplier=0.0)  # σ = 0: not private
 >>> means[:, 0, 0, 0].tolist()
 [-1.0, 1.0]
->>> e = event_for(20.0); e.sampling, e.sample_rate, e.noise_multiplier
+>>> e = full_batch_gaussian(20.0); e.sampling, e.sample_rate, e.noise_multiplier
 ('full_batch', 1.0, 20.0)
 """
 
@@ -22,13 +22,8 @@ import math
 import torch
 
 from dpsynth.errors import PrivacyError
-from dpsynth.privacy.events import MechanismEvent, MechanismTrace, full_batch_gaussian
+from dpsynth.privacy.events import MechanismTrace, full_batch_gaussian
 from dpsynth.mechanisms.randomness import MechanismRandomness
-
-
-def event_for(noise_multiplier: float) -> MechanismEvent:
-    """The one mechanism event a central-image release is."""
-    return full_batch_gaussian(noise_multiplier)
 
 
 def _contributions(images: torch.Tensor, clip: float, centre: float = 0.0) -> torch.Tensor:
@@ -103,7 +98,7 @@ def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: i
                    noise_multiplier: float, randomness: MechanismRandomness | None = None,
                    trace: MechanismTrace | None = None, with_counts: bool = False, observe=None, centre: float = 0.0):
     """The noisy class means, shaped (num_classes, C, H, W) in [-1, 1] (and, ``with_counts``, the classes'
-    noisy counts); the release records ``event_for(noise_multiplier)`` in ``trace`` (a mechanism's trace;
+    noisy counts); the release records ``full_batch_gaussian(noise_multiplier)`` in ``trace`` (a mechanism's trace;
     None: records nothing).
 
     ``images`` are N×C×H×W in [-1, 1]. ``randomness`` is the mechanism's secret coins (required when
@@ -115,7 +110,7 @@ def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: i
     means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness,
                                 observe=observe, centre=centre)
     if trace is not None:
-        trace.record(event_for(noise_multiplier))
+        trace.record(full_batch_gaussian(noise_multiplier))
     means = (means * 2 - 1).float().view(num_classes, *images.shape[1:])
     return (means, counts.float()) if with_counts else means
 
@@ -126,7 +121,7 @@ def style_images(images: torch.Tensor, labels: torch.Tensor, templates: torch.Te
                  trace: MechanismTrace | None = None, observe=None, centre: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The noisy means of the groups that the public ``templates`` (K×C×H×W in [-1, 1], class
     ``template_labels``) induce: (K×C×H×W in [-1, 1], the K noisy counts). One Gaussian event, which
-    the release records in ``trace`` (``event_for(noise_multiplier)``; None: records nothing). ``observe``:
+    the release records in ``trace`` (``full_batch_gaussian(noise_multiplier)``; None: records nothing). ``observe``:
     :func:`noisy_means`'."""
     groups = nearest_template(images, labels, templates, template_labels)
     return group_images(images, groups, num_groups=len(templates), clip=clip, noise_multiplier=noise_multiplier,
@@ -137,13 +132,13 @@ def group_images(images: torch.Tensor, groups: torch.Tensor, *, num_groups: int,
                  randomness: MechanismRandomness | None = None, trace: MechanismTrace | None = None, observe=None,
                  centre: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The noisy means of ``num_groups`` groups (each record's group a function of that record and public values
-    only): (num_groups×C×H×W in [-1, 1], the noisy counts). One Gaussian event, ``event_for(noise_multiplier)``,
+    only): (num_groups×C×H×W in [-1, 1], the noisy counts). One Gaussian event, ``full_batch_gaussian(noise_multiplier)``,
     recorded in ``trace`` (None: records nothing). ``observe``: :func:`noisy_means`'."""
     sums = group_sums(images, groups, num_groups=num_groups, clip=clip, centre=centre)
     means, counts = noisy_means(sums, clip=clip, noise_multiplier=noise_multiplier, randomness=randomness,
                                 observe=observe, centre=centre)
     if trace is not None:
-        trace.record(event_for(noise_multiplier))
+        trace.record(full_batch_gaussian(noise_multiplier))
     return (means * 2 - 1).float().view(num_groups, *images.shape[1:]), counts.float()
 
 
@@ -184,12 +179,12 @@ def polarity_shapes(images: torch.Tensor, labels: torch.Tensor, *, num_classes: 
     """Every (class, polarity) group's shape: the Gaussian mechanism on :func:`shape_sums` (noise std σ·C on every
     coordinate), then — post-processing — noisy sum over noisy count: (2·num_classes × H·W in float64, the shape
     bright and unit-less, class-major, polarity + then −; the 2·num_classes noisy counts). One event,
-    ``event_for(noise_multiplier)``, recorded in ``trace`` (None: records nothing)."""
+    ``full_batch_gaussian(noise_multiplier)``, recorded in ``trace`` (None: records nothing)."""
     sums = _noised(shape_sums(images, labels, num_classes=num_classes, clip=clip), clip=clip,
                    noise_multiplier=noise_multiplier, randomness=randomness, observe=observe,
                    field="warmup.polarity_noise_multiplier")
     if trace is not None:
-        trace.record(event_for(noise_multiplier))
+        trace.record(full_batch_gaussian(noise_multiplier))
     part = clip / math.sqrt(2)
     counts = sums[:, -1] / part
     return sums[:, :-1] / part / counts.clamp(min=1.0).unsqueeze(1), counts.float()
@@ -215,7 +210,7 @@ def intensity_histogram(images: torch.Tensor, *, noise_multiplier: float, random
                         trace: MechanismTrace | None = None, bins: int = INTENSITY_BINS) -> torch.Tensor:
     """The share of pixels in each intensity bin over the whole dataset: the Gaussian mechanism on
     :func:`intensity_sums` (sensitivity 1, noise N(0, σ²) per bin), then — post-processing — clamped at 0 and
-    normalised. One event, ``event_for(noise_multiplier)``, recorded in ``trace`` (None: records nothing)."""
+    normalised. One event, ``full_batch_gaussian(noise_multiplier)``, recorded in ``trace`` (None: records nothing)."""
     if noise_multiplier <= 0:
         raise PrivacyError(f"warmup.intensity_noise_multiplier: must be > 0, got {noise_multiplier}")
     if randomness is None:
@@ -223,7 +218,7 @@ def intensity_histogram(images: torch.Tensor, *, noise_multiplier: float, random
     sums = intensity_sums(images, bins=bins)
     sums = sums + noise_multiplier * randomness.standard_normal((bins,), dtype=torch.float64).cpu()
     if trace is not None:
-        trace.record(event_for(noise_multiplier))
+        trace.record(full_batch_gaussian(noise_multiplier))
     sums = sums.clamp(min=0)
     return (sums / sums.sum().clamp(min=1e-12)).float()
 
@@ -269,7 +264,7 @@ def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: to
     top ``rank`` eigenvectors scaled by the square roots of their eigenvalues. Returns
     (num_classes, rank, C, H, W) in [-1, 1] units: class c's samples vary as Σ_j a_j·P[c, j], a ~ N(0, I).
     ``counts`` are the classes' noisy counts from an earlier release (public). One Gaussian event, recorded
-    as ``event_for(noise_multiplier)`` in ``trace`` (None: records nothing). ``observe(noisy, query)``: the noisy
+    as ``full_batch_gaussian(noise_multiplier)`` in ``trace`` (None: records nothing). ``observe(noisy, query)``: the noisy
     and the noiseless moment matrices (the empirical audit's run only).
 
     ``shared``: the classes' matrices are summed before the noise, one matrix (1, D, D) released, whose directions
@@ -289,7 +284,7 @@ def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: to
     if observe is not None:
         observe(moments, query)
     if trace is not None:
-        trace.record(event_for(noise_multiplier))
+        trace.record(full_batch_gaussian(noise_multiplier))
     cov = moments / counts.double().clamp(min=1.0).view(-1, 1, 1)
     eigenvalues, eigenvectors = torch.linalg.eigh(cov)  # ascending
     lam = eigenvalues.flip(-1)[:, :rank].clamp(min=0)

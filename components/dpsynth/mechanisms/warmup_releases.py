@@ -11,11 +11,11 @@ def events(cfg) -> list:
     ``warmup.intensity_noise_multiplier``), the class-mean release, then (with ``warmup.polarity_noise_multiplier``)
     the shape and the polarity-group releases, then the style release, then the variation release: each a
     full-batch Gaussian of add/remove sensitivity (its clip)."""
-    from dpsynth.mechanisms.central_images import event_for
+    from dpsynth.privacy import full_batch_gaussian
 
     if not cfg.warmup.central_images:
         return []
-    return [event_for(sigma) for _, sigma in releases(cfg)]
+    return [full_batch_gaussian(sigma) for _, sigma in cfg.warmup.releases()]
 
 
 def prefix(cfg, *, accountant):
@@ -67,12 +67,6 @@ def statement(cfg) -> str:
 RELEASES = ("class_means", "styles", "variations")  # the releases with a canary audit, in order
 
 
-def releases(cfg) -> list[tuple[str, float]]:
-    """(name, σ) of every release this configuration makes, in the order of the trace
-    (:meth:`dpsynth.config.WarmupConfig.releases`)."""
-    return cfg.warmup.releases()
-
-
 def release_names(cfg) -> list[str]:
     """The names of the releases this configuration makes, in the order of :func:`events` (for messages)."""
-    return [name for name, _ in releases(cfg)]
+    return [name for name, _ in cfg.warmup.releases()]
