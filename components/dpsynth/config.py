@@ -289,6 +289,13 @@ class WarmupConfig:
     clip: Float = Field(10.0, gt=0, description="C: L2 bound of a record's [image in [0, 1], count] contribution.")
     styles: Int = Field(0, ge=0, le=6, description="s > 0: a second release, the means of s × s style groups per "
                                                    "class (0: none).")
+    styles_along: Literal["deformations", "variations"] = Field(
+        "deformations", description="The style groups' public templates: deformations, each class mean sheared and "
+                                    "thickened or thinned on the s × s grid (the digit recipe); variations, each "
+                                    "class mean moved by −1 … +1 (s levels each) along its two main released "
+                                    "directions of variation, the style release then following the variation "
+                                    "release, whose directions are taken around the class means (needs "
+                                    "warmup.variations >= 2).")
     styles_noise_multiplier: Float = Field(1.0, gt=0, description="σ of the style release (noise std σ·clip on "
                                                                   "every group sum).")
     styles_max_noise: Float | None = Field(
@@ -331,8 +338,15 @@ class WarmupConfig:
         named = [("intensity_histogram", self.intensity_noise_multiplier)] * (self.intensity_noise_multiplier is not None)
         named += [("class_means", self.noise_multiplier)]
         named += [("polarity_shapes", self.polarity_noise_multiplier)] * (self.polarity_noise_multiplier is not None)
-        named += [("styles", self.styles_noise_multiplier)] * bool(self.styles)
-        return named + [("variations", self.variations_noise_multiplier)] * bool(self.variations)
+        styles = [("styles", self.styles_noise_multiplier)] * bool(self.styles)
+        variations = [("variations", self.variations_noise_multiplier)] * bool(self.variations)
+        return named + (variations + styles if self.styles_along_variations else styles + variations)
+
+    @property
+    def styles_along_variations(self) -> bool:
+        """Whether the style release's templates move along the released variation directions (then it follows the
+        variation release in the trace)."""
+        return bool(self.styles) and self.styles_along == "variations"
 
 
 @dataclass(frozen=True, config=SECTION)
@@ -561,6 +575,9 @@ class RunConfig:
         _require(not (w.central_images and w.polarity_noise_multiplier is not None and w.styles),
                  "warmup.polarity_noise_multiplier", "the polarity shapes and the style release both split the "
                  "classes into the generator's slots: set warmup.styles=0 or warmup.polarity_noise_multiplier=null")
+        _require(not (w.central_images and w.styles_along_variations) or w.variations >= 2, "warmup.styles_along",
+                 f"the style templates move along the two main variation directions: set warmup.variations >= 2 "
+                 f"(got {w.variations}), or warmup.styles_along=deformations")
         _require(not (w.central_images and w.variations) or latent >= 7 + w.variations,
                  "warmup.variations", f"{w.variations} directions need {where} >= {7 + w.variations} "
                  f"(z[:, 7:7 + r] weighs them), got {latent}")
@@ -593,7 +610,9 @@ def fit_epsilon(w: WarmupConfig, p: PrivacyConfig) -> WarmupConfig:
     """``warmup.fit_epsilon``: the warm-up section ``w`` refitted to ``p.epsilon``, from the configuration alone
     (public); :class:`RunConfig`'s validator applies it, so every stage and the audit read the same releases:
 
-    1. the releases as configured spend less than ε (under ``p.accountant``): kept as they are;
+    1. the releases as configured spend less than ε (under ``p.accountant``): kept as they are; else a style
+       release along the variation directions (``styles_along_variations``: the last in the trace, and it needs the
+       per-class directions) is left out first, and the rest kept where they then fit;
     2. else, with variations (and no styles): the releases are given :data:`RELEASE_SHARE` of ε, training the rest.
        Full-batch Gaussians compose as one Gaussian whose ρ = 1/(2σ²) is the sum of theirs, so ρ is split in
        closed form: the intensity histogram keeps its σ; the polarity shapes theirs, if with the histogram and
@@ -621,6 +640,10 @@ def fit_epsilon(w: WarmupConfig, p: PrivacyConfig) -> WarmupConfig:
 
     if fits(w):
         return w
+    if w.styles_along_variations:  # the last release in the trace, and it needs the per-class directions: out first
+        w = dataclasses.replace(w, styles=0)
+        if fits(w):
+            return w
     try:  # the σ of one full-batch Gaussian that spends the releases' share (None: none can be certified)
         sigma = calibrate_noise(target_epsilon=RELEASE_SHARE * p.epsilon, delta=p.delta, sample_rate=1.0, steps=1,
                                 sampling="full_batch", accountant=p.accountant)

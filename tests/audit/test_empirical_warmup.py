@@ -10,7 +10,7 @@ from dpsynth.audit import empirical
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from dpsynth.audit import stage as audit
 
-DEFAULT = "configs/dpgan-mnist-cpu.yaml"  # `make run`'s recipe: σ = 5, 0.75, 0.8 for the three releases
+DEFAULT = "configs/dpgan-digits-cpu.yaml"  # the digit recipe (`make run`'s until 2026-11-28): σ = 5, 0.75, 0.8 for the three releases
 RELEASES = ("class_means", "styles", "variations")
 SHAPE = (28, 28, 1)
 
@@ -48,6 +48,7 @@ def release_audit(cfg, name, canaries=1000):
 def test_a_quick_audit_is_part_of_every_default_run():
     assert load_config().audit.empirical == "auto"
     assert empirical.mode_for(load_config(DEFAULT)) == "quick"
+    assert empirical.mode_for(load_config("configs/dpgan-mnist-cpu.yaml")) == "quick"  # `make run`'s recipe
     assert empirical.mode_for(load_config(overrides=["train.method=gswgan"])) == "quick"
     assert empirical.mode_for(load_config(overrides=["train.method=gswgan_federated"])) is None  # has none (yet)
     assert empirical.mode_for(load_config(overrides=["audit.empirical=off"])) is None
@@ -184,15 +185,20 @@ def test_the_shared_variation_release_passes_with_canaries_on_distinct_pixels(mo
     assert r["noise_test"]["coordinates"] == 784 * 785 // 2  # one matrix's upper triangle, not ten
 
 
-def test_the_shared_variation_release_fails_without_noise_or_clipping(monkeypatch):
-    cfg = load_config(DEFAULT, overrides=SHARED)
+def fails_without_noise_or_clipping(cfg, name, monkeypatch):
+    """Positive controls: the release's audit fails with its noise removed (noise test), then with its clipping
+    removed (bound test)."""
     no_noise(monkeypatch)
-    r = release_audit(cfg, "variations")
+    r = release_audit(cfg, name)
     assert r["verdict"] == "failed" and not r["noise_test"]["passed"]
     monkeypatch.undo()
     no_clip(monkeypatch)
-    r = release_audit(cfg, "variations")
+    r = release_audit(cfg, name)
     assert r["verdict"] == "failed" and not r["bound_test"]["passed"]
+
+
+def test_the_shared_variation_release_fails_without_noise_or_clipping(monkeypatch):
+    fails_without_noise_or_clipping(load_config(DEFAULT, overrides=SHARED), "variations", monkeypatch)
 
 
 def test_without_noise_the_one_run_bound_alone_fails_a_low_epsilon_shared_release(monkeypatch):
@@ -202,3 +208,35 @@ def test_without_noise_the_one_run_bound_alone_fails_a_low_epsilon_shared_releas
     no_noise(monkeypatch)
     r = release_audit(cfg, "variations")
     assert r["epsilon_lower"] > 5 * r["accounted_epsilon"] and r["verdict"] == "failed"
+
+
+ALONG = ["warmup.styles_along=variations"]  # the style templates move along the released variation directions
+
+
+@pytest.mark.parametrize("name", ["styles", "variations"])
+def test_with_styles_along_the_variations_each_release_passes(name, monkeypatch):
+    seeded_noise(monkeypatch)
+    r = release_audit(load_config(DEFAULT, overrides=ALONG), name)
+    assert r["verdict"] == "passed" and empirical.warmup_check(r)["passed"]
+    assert 0.97 < r["noise_test"]["noise_std_over_planned"] < 1.03
+
+
+@pytest.mark.slow
+def test_with_styles_along_the_variations_the_style_release_fails_without_noise_or_clipping(monkeypatch):
+    fails_without_noise_or_clipping(load_config(DEFAULT, overrides=ALONG), "styles", monkeypatch)
+
+
+def test_with_styles_along_the_variations_the_style_canaries_join_it_alone():
+    """The variation release now comes before the style release and reads no canary: the templates moved along its
+    directions do not depend on the coins."""
+    from dpsynth.training import warmup
+
+    cfg = load_config(DEFAULT, overrides=ALONG)
+    images, labels, _ = empirical.dirac_records(20, SHAPE, 10, value=1.0)
+    seen = {}
+    warmup.release(cfg, torch.empty(0, 1, 28, 28), torch.empty(0, dtype=torch.long), num_classes=10,
+                   randomness=MechanismRandomness(), trace=None, canaries=("styles", images, labels),
+                   observe=lambda name, noisy, query: seen.setdefault(name, query))
+    assert list(seen) == ["class_means", "variations", "styles"]
+    assert seen["class_means"].abs().sum() == 0 and seen["variations"].abs().sum() == 0
+    assert seen["styles"][:, -1].sum() > 0  # the 20 canaries' counts

@@ -17,7 +17,7 @@ from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(REPO.glob("configs/*-mnist-cpu.yaml"))
 # toy sizes for every method's section (those a config does not use are ignored)
-TINY = ["train.steps=2", "train.d_width=4", "train.g_width=4", "train.latent_dim=12", "train.batch_size=32",
+TINY = ["train.steps=2", "train.d_width=4", "train.g_width=4", "train.latent_dim=15", "train.batch_size=32",
         "privacy.delta=1e-4", "output.checkpoint_every=0", "output.sample_every=0", "output.log_every=0",
         "tracking.enabled=false", "gswgan.warmstart_iterations=1", "gswgan.batch_size=8", "gswgan.d_width=4",
         "gswgan.g_width=4", "zhang.warm_start_iterations=1"]

@@ -25,7 +25,8 @@ def test_the_generator_fit_draws_a_bar_with_its_steps(capsys):
 def test_the_releases_are_named_in_the_order_of_the_trace():
     from dpsynth.config import load_config
 
-    for path, names in (("configs/dpgan-mnist-cpu.yaml", ["class_means", "styles", "variations"]),
+    for path, names in (("configs/dpgan-digits-cpu.yaml", ["class_means", "styles", "variations"]),
+                        ("configs/dpgan-mnist-cpu.yaml", ["intensity_histogram", "class_means", "variations", "styles"]),
                         ("configs/dpgan-generic-cpu.yaml", ["intensity_histogram", "class_means", "polarity_shapes", "variations"])):
         cfg = load_config(path)
         assert warmup_releases.release_names(cfg) == names and len(warmup_releases.events(cfg)) == len(names)

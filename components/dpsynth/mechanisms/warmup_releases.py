@@ -9,8 +9,9 @@ from __future__ import annotations
 def events(cfg) -> list:
     """The warm-up's mechanism events, in order: the intensity histogram (with
     ``warmup.intensity_noise_multiplier``), the class-mean release, then (with ``warmup.polarity_noise_multiplier``)
-    the shape and the polarity-group releases, then the style release, then the variation release: each a
-    full-batch Gaussian of add/remove sensitivity (its clip)."""
+    the polarity-shape release, then the style release, then the variation release (with
+    ``warmup.styles_along`` = variations, the variation release before the style release, whose templates move
+    along its directions): each a full-batch Gaussian of add/remove sensitivity (its clip)."""
     from dpsynth.privacy import full_batch_gaussian
 
     if not cfg.warmup.central_images:
@@ -52,16 +53,20 @@ def statement(cfg) -> str:
         out += (" Its polarity-shape release is one more: each record's luminance less its own mean, scaled to norm "
                 "≤ 1 and signed by its third moment, in the group of its class and that sign (the record alone), "
                 "moves the stacked group sums by ≤ C, noise σ_p·C.")
+    styles = ""
     if w.styles:
-        out += (" Its style release is one more: each record, assigned to the nearest public template of its "
-                "class, moves the stacked group sums by ≤ C, noise σ_s·C.")
+        styles = (" Its style release is one more: each record, assigned to the nearest public template of its "
+                  "class" + (" (the released class mean moved along the two main released variation directions)"
+                             if w.styles_along_variations else "") +
+                  ", moves the stacked group sums by ≤ C, noise σ_s·C.")
+    out += "" if w.styles_along_variations else styles
     if w.variations:
         out += (" Its variation release is one more: each record's residual around the released image of its "
                 "nearest public template, clipped to C_v, adds r·rᵀ to its class's second-moment matrix (upper "
                 "triangle moved by ≤ C_v² in L2), noise σ_v·C_v² per entry.")
         if w.variations_shared:
             out += " The classes' matrices are summed before the noise: one matrix, its directions every class's."
-    return out
+    return out + (styles if w.styles_along_variations else "")
 
 
 RELEASES = ("class_means", "styles", "variations")  # the releases with a canary audit, in order

@@ -22,6 +22,10 @@ below ``MIN_COUNT`` is mostly noise: its slot gets the class mean instead (post-
 τ times its image's peak above the background floor: a faint group mean (thin strokes) is stretched to
 white by :func:`clean`, and its noise with it.
 
+With ``warmup.styles_along`` = variations the templates need no knowledge of what the images show: each class
+mean moved along its two main directions of variation (:func:`variation_templates`), which the variation release
+(below) then gives first, taken around the class means; the style release follows it in the trace.
+
 With ``warmup.polarity_noise_multiplier`` = σ_p (for images whose colours vary: a class of shapes in random colours
 has a flat grey mean) a release follows the class means instead of styles
 (:func:`dpsynth.mechanisms.central_images.polarity_shapes`): the means of a feature every record computes alone (its
@@ -109,19 +113,27 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
             randomness=randomness, trace=trace)
         slots = tidy(polarity_slots(shapes, counts, means, centre=centre, spread=spread))
         slot_classes = torch.arange(num_classes).repeat_interleave(2)
+
+    def variations(centres: torch.Tensor, centre_classes: torch.Tensor) -> torch.Tensor:
+        # residuals around each record's nearest released image of its class (public by now)
+        return central_images.variation_directions(
+            *data("variations"), centres, centre_classes, class_counts, rank=w.variations, clip=w.variations_clip,
+            noise_multiplier=w.variations_noise_multiplier, randomness=randomness, trace=trace,
+            observe=seen("variations"), shared=w.variations_shared)
+
+    directions = None
+    if w.styles_along_variations:  # the directions first, around the class means: the templates move along them
+        directions = variations(means, torch.arange(num_classes))
     if w.styles:
-        templates, slot_classes = style_templates(means, w.styles)
+        templates, slot_classes = (variation_templates(means, directions, w.styles) if directions is not None
+                                   else style_templates(means, w.styles))
         styles, counts = central_images.style_images(
             *data("styles"), templates, slot_classes, clip=w.clip, noise_multiplier=w.styles_noise_multiplier,
             randomness=randomness, trace=trace, observe=seen("styles"), centre=centre)
         keep = keep_styles(styles, counts, sum_noise=w.styles_noise_multiplier * w.clip, max_noise=w.styles_max_noise)
         slots = fill_styles(tidy(styles), keep, means)
-    directions = None
-    if w.variations:  # residuals around each record's nearest released image of its class (public by now)
-        directions = central_images.variation_directions(
-            *data("variations"), slots, slot_classes, class_counts, rank=w.variations, clip=w.variations_clip,
-            noise_multiplier=w.variations_noise_multiplier, randomness=randomness, trace=trace,
-            observe=seen("variations"), shared=w.variations_shared)
+    if w.variations and directions is None:
+        directions = variations(slots, slot_classes)
     return slots, directions, hist
 
 
@@ -142,6 +154,26 @@ def style_templates(means: torch.Tensor, levels: int) -> tuple[torch.Tensor, tor
     u[:, 5] = grid.repeat(levels)             # stroke width
     k = len(u)
     templates = deform(means.repeat_interleave(k, 0), u.repeat(len(means), 1))
+    return templates, torch.arange(len(means)).repeat_interleave(k)
+
+
+def variation_templates(means: torch.Tensor, directions: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Public templates from released class means (K×C×H×W in [-1, 1]) and variation directions (K×r×C×H×W, each
+    scaled by its released spread, r >= 2): each mean moved by a·P[0] + b·P[1], a and b on ``levels`` even steps
+    of [−1, 1] (one spread either side), clamped to [-1, 1]; returns (K·levels² templates, class-major, a major
+    and b minor; their classes). With three levels, a record's nearest template splits its class at half a spread
+    along each direction (about 31 / 38 / 31 % of a Gaussian class on each): post-processing of both releases.
+
+    >>> means, d = torch.zeros(1, 1, 1, 2), torch.tensor([[[[[0.5, 0.0]]], [[[0.0, 0.25]]]]])
+    >>> t, k = variation_templates(means, d, 2)
+    >>> t.flatten(1).tolist(), k.tolist()
+    ([[-0.5, -0.25], [-0.5, 0.25], [0.5, -0.25], [0.5, 0.25]], [0, 0, 0, 0])
+    """
+    k = levels * levels
+    a = torch.linspace(-1, 1, levels)
+    coef = torch.stack([a.repeat_interleave(levels), a.repeat(levels)], 1).to(means)  # k × 2
+    moved = torch.einsum("nr,nr...->n...", coef.repeat(len(means), 1), directions[:, :2].to(means).repeat_interleave(k, 0))
+    templates = (means.repeat_interleave(k, 0) + moved).clamp(-1, 1)
     return templates, torch.arange(len(means)).repeat_interleave(k)
 
 
