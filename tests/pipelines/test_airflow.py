@@ -23,7 +23,7 @@ DAGS = REPO / "pipelines" / "airflow" / "dags"
 STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
 RELEASE = sorted([f"sample/{n}" for n in ("audit.json", "audit.md", "generator.pt", "manifest.json", "samples.png",
                                           "synthetic.parquet")] + ["evaluate/manifest.json", "evaluate/report.html", "evaluate/report.json"])
-TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=12", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
+TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=15", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
         "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.experiment=airflow-test",
         "evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200",
         "partition.key=dpsynth-partition-v1", "data.num_classes=10"]

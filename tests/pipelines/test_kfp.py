@@ -245,7 +245,7 @@ def source(tmp_path_factory):
     return str(path)
 
 
-TINY = ("train.d_width=4", "train.g_width=4", "train.latent_dim=12", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
+TINY = ("train.d_width=4", "train.g_width=4", "train.latent_dim=15", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
         "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "evaluate.epochs=1",
         "evaluate.feature_steps=5", "evaluate.mia_generated=200",
         "partition.key=dpsynth-partition-v1", "data.num_classes=10")  # no defaults: the demo's key, MNIST's classes

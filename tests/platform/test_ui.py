@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
 EPSILON = 9  # not the default 10; at δ = 1e-4 the default recipe's warm-up releases spend ε ≈ 8.7 of it
-TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=12", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
+TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=15", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
         "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.experiment=platform-ui",
         "evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200",
         "partition.key=dpsynth-partition-v1", "data.num_classes=10"]  # evaluate at its smallest
