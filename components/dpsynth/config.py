@@ -292,9 +292,10 @@ class WarmupConfig:
     styles_along: Literal["deformations", "variations"] = Field(
         "deformations", description="The style groups' public templates: deformations, each class mean sheared and "
                                     "thickened or thinned on the s × s grid (the digit recipe); variations, each "
-                                    "class mean moved by −1 … +1 (s levels each) along its two main released "
-                                    "directions of variation, the style release then following the variation "
-                                    "release, whose directions are taken around the class means (needs "
+                                    "class mean moved by −1 … +1 (s levels each) along the two released "
+                                    "directions of variation that change its shape most (each less its smooth "
+                                    "part: brightness, colour, gradients), the style release then following "
+                                    "the variation release, whose directions are taken around the class means (needs "
                                     "warmup.variations >= 2).")
     styles_noise_multiplier: Float = Field(1.0, gt=0, description="σ of the style release (noise std σ·clip on "
                                                                   "every group sum).")

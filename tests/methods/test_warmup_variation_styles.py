@@ -1,6 +1,6 @@
-"""warmup.styles_along=variations: the style groups' templates are the class means moved along the two main released
-variation directions (no deformation family assumed), so the variation release comes first in the trace, taken
-around the class means; accounted against Opacus' RDP accountant, audited, and left out first by warmup.fit_epsilon."""
+"""warmup.styles_along=variations: the style groups' templates are the class means moved along the two released
+variation directions that change their shape most (no deformation family assumed), so the variation release comes
+first in the trace, taken around the class means; accounted against Opacus' RDP accountant, audited, and left out first by warmup.fit_epsilon."""
 
 import json
 from pathlib import Path
@@ -46,17 +46,23 @@ def test_the_variation_release_comes_before_the_style_release_and_both_are_accou
     assert "directions" in warmup_releases.statement(cfg)
 
 
-def test_each_record_joins_the_template_nearest_to_its_coordinates_on_the_two_directions():
-    """Brute force: a record at the class mean plus t0·P[0] + t1·P[1] (orthogonal directions) joins the template of
-    the levels nearest to t0 and t1 (three levels: −1, 0, 1; the boundaries at ±1/2)."""
+def test_each_record_joins_the_template_nearest_to_its_shape_coordinates_not_its_brightness():
+    """Brute force: the released directions are a change of overall brightness (the largest spread, as the paper's
+    tone in ``letters``) and two shape patterns with no smooth part; a record at the class mean plus b·flat +
+    t0·P[0] + t1·P[1] joins the template of the levels nearest to t0 and t1 (three levels: −1, 0, 1; the
+    boundaries at ±1/2), whatever its brightness b."""
+    i, j = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
+    checker = (-1.0) ** (i + j)  # orthogonal to 1, x and y, and to the next
+    rows = (-1.0) ** i * torch.tensor([1.0, -1.0, -1.0, 1.0])
     means = torch.zeros(1, 1, 4, 4)
-    directions = torch.zeros(1, 2, 1, 4, 4)
-    directions[0, 0, 0, 0, 0], directions[0, 1, 0, 3, 3] = 0.5, 0.25
+    directions = torch.stack([0.5 * torch.ones(4, 4), 0.3 * checker, 0.15 * rows]).view(1, 3, 1, 4, 4)
     templates, classes = warmup.variation_templates(means, directions, 3)
     assert len(templates) == 9 and classes.tolist() == [0] * 9
     g = torch.Generator().manual_seed(0)
     t = torch.rand(200, 2, generator=g) * 3 - 1.5
-    records = (means + torch.einsum("nr,r...->n...", t, directions[0])).clamp(-1, 1)
+    b = torch.rand(200, generator=g) - 0.5
+    records = means + torch.einsum("nr,r...->n...", torch.cat([b[:, None], t], 1), directions[0])
+    assert records.abs().max() <= 1  # nothing clamped
     got = central_images.nearest_template(records, torch.zeros(200, dtype=torch.long), templates, classes)
     level = lambda x: torch.where(x < -0.5, 0, torch.where(x > 0.5, 2, 1))  # noqa: E731
     assert got.tolist() == (3 * level(t[:, 0]) + level(t[:, 1])).tolist()

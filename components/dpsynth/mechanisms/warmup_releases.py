@@ -56,8 +56,8 @@ def statement(cfg) -> str:
     styles = ""
     if w.styles:
         styles = (" Its style release is one more: each record, assigned to the nearest public template of its "
-                  "class" + (" (the released class mean moved along the two main released variation directions)"
-                             if w.styles_along_variations else "") +
+                  "class" + (" (the released class mean moved along the two released variation directions that "
+                             "change its shape most)" if w.styles_along_variations else "") +
                   ", moves the stacked group sums by ≤ C, noise σ_s·C.")
     out += "" if w.styles_along_variations else styles
     if w.variations:

@@ -23,8 +23,9 @@ below ``MIN_COUNT`` is mostly noise: its slot gets the class mean instead (post-
 white by :func:`clean`, and its noise with it.
 
 With ``warmup.styles_along`` = variations the templates need no knowledge of what the images show: each class
-mean moved along its two main directions of variation (:func:`variation_templates`), which the variation release
-(below) then gives first, taken around the class means; the style release follows it in the trace.
+mean moved along the two directions of variation that change its shape most (:func:`variation_templates`: each
+direction less its smooth part, so that a change of overall brightness or colour splits no class), which the
+variation release (below) then gives first, taken around the class means; the style release follows it in the trace.
 
 With ``warmup.polarity_noise_multiplier`` = σ_p (for images whose colours vary: a class of shapes in random colours
 has a flat grey mean) a release follows the class means instead of styles
@@ -157,22 +158,47 @@ def style_templates(means: torch.Tensor, levels: int) -> tuple[torch.Tensor, tor
     return templates, torch.arange(len(means)).repeat_interleave(k)
 
 
+def shape_directions(directions: torch.Tensor, keep: int = 2) -> torch.Tensor:
+    """The ``keep`` released directions (K×r×C×H×W, each scaled by its spread) that change a class's *shape* most:
+    each direction less its smooth part (on every channel, its least-squares fit by a plane a + b·x + c·y: a change of
+    overall brightness, colour or a gradient across the image), ranked by the norm of what is left (its spread
+    times the share of it that is not smooth). Returns K×keep×C×H×W, those remainders. Post-processing of the
+    variation release. Where a class's first direction is a change of overall brightness (the paper's tone in
+    ``letters``: 99 % of it along the flat image), style groups along it would split the class by brightness,
+    which the variation release carries already, not by shape.
+
+    >>> d = torch.tensor([[[[[1.0, 1.0, 1.0]]], [[[0.3, 0.0, -0.3]]], [[[0.0, 0.5, 0.0]]]]])  # flat, ramp, bump
+    >>> [round(v, 4) for v in shape_directions(d, 1).flatten().tolist()]  # the bump less its plane: by hand
+    [-0.1667, 0.3333, -0.1667]
+    """
+    k, r, c, h, w = directions.shape
+    yy, xx = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
+    basis = torch.stack([torch.ones(h * w), xx.flatten(), yy.flatten()], 1).to(directions)  # hw × 3
+    flat = directions.reshape(k, r, c, h * w)
+    rest = flat - (flat @ torch.linalg.pinv(basis).T) @ basis.T  # less its least-squares plane
+    order = rest.flatten(2).norm(dim=2).argsort(dim=1, descending=True, stable=True)[:, :keep]
+    return torch.stack([rest[i, order[i]] for i in range(k)]).reshape(k, keep, c, h, w)
+
+
 def variation_templates(means: torch.Tensor, directions: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Public templates from released class means (K×C×H×W in [-1, 1]) and variation directions (K×r×C×H×W, each
-    scaled by its released spread, r >= 2): each mean moved by a·P[0] + b·P[1], a and b on ``levels`` even steps
-    of [−1, 1] (one spread either side), clamped to [-1, 1]; returns (K·levels² templates, class-major, a major
-    and b minor; their classes). With three levels, a record's nearest template splits its class at half a spread
-    along each direction (about 31 / 38 / 31 % of a Gaussian class on each): post-processing of both releases.
+    scaled by its released spread, r >= 2): each mean moved by a·P[0] + b·P[1], where P are the two directions
+    that change its shape most (:func:`shape_directions`), a and b on ``levels`` even steps of [−1, 1] (one spread
+    either side), clamped to [-1, 1]; returns (K·levels² templates, class-major, a major and b minor; their
+    classes). With three levels, a record's nearest template splits its class at half a spread along each
+    direction (about 31 / 38 / 31 % of a Gaussian class on each): post-processing of both releases.
 
-    >>> means, d = torch.zeros(1, 1, 1, 2), torch.tensor([[[[[0.5, 0.0]]], [[[0.0, 0.25]]]]])
-    >>> t, k = variation_templates(means, d, 2)
-    >>> t.flatten(1).tolist(), k.tolist()
-    ([[-0.5, -0.25], [-0.5, 0.25], [0.5, -0.25], [0.5, 0.25]], [0, 0, 0, 0])
+    >>> means = torch.zeros(1, 1, 1, 3)  # directions: flat (the largest spread), a bump, a larger ripple
+    >>> d = torch.tensor([[[[[0.5, 0.5, 0.5]]], [[[0.0, 0.3, 0.0]]], [[[0.2, -0.4, 0.2]]]]])
+    >>> t, k = variation_templates(means, d, 2)  # P0 the ripple, P1 the bump less its plane [-0.1, 0.2, -0.1]
+    >>> [[round(v, 4) for v in row] for row in t.flatten(1).tolist()], k.tolist()
+    ([[-0.1, 0.2, -0.1], [-0.3, 0.6, -0.3], [0.3, -0.6, 0.3], [0.1, -0.2, 0.1]], [0, 0, 0, 0])
     """
     k = levels * levels
     a = torch.linspace(-1, 1, levels)
     coef = torch.stack([a.repeat_interleave(levels), a.repeat(levels)], 1).to(means)  # k × 2
-    moved = torch.einsum("nr,nr...->n...", coef.repeat(len(means), 1), directions[:, :2].to(means).repeat_interleave(k, 0))
+    shape = shape_directions(directions.to(means))
+    moved = torch.einsum("nr,nr...->n...", coef.repeat(len(means), 1), shape.repeat_interleave(k, 0))
     templates = (means.repeat_interleave(k, 0) + moved).clamp(-1, 1)
     return templates, torch.arange(len(means)).repeat_interleave(k)
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Many benchmarks/utility.py runs side by side on a GPU machine, one process each (1 CPU thread, train.device auto
+# picks cuda), read from a jobs file: one run a line, `NAME|ARGS` (ARGS: utility.py's arguments, --out, --results
+# and --images left out; lines starting with # are skipped). Each finished run appends its rows (one JSON line
+# each, with "job": NAME) to $OUT/runs.jsonl, so a run cut short by LIMIT_S still returns what finished; the logs
+# and sample grids come back as $OUT/runs.tar.gz.
+#   run(command="JOBS=benchmarks/jobs/FILE bash benchmarks/device_runs.sh", carry=[".whl"], timeout_s=...)
+# On a bare machine with torch but not opacus / prv-accountant / pydantic / mlflow: carry them as Python 3.12
+# wheels in .whl/ (an ignored folder of the repo root; /work/.library/device/README.md, Notes).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/runs-out}
+JOBS=${JOBS:?a jobs file}
+LIMIT_S=${LIMIT_S:-420}
+W=/tmp/device-runs
+if [ -z "${NO_WHEELS:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD/components:$PWD/mlflow_plugins${PYTHONPATH:+:$PYTHONPATH}
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+mkdir -p "$OUT" "$W"
+python3 -c "import torch, opacus, mlflow, dpsynth; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 1
+while IFS='|' read -r name args; do
+  (
+    # shellcheck disable=SC2086
+    timeout "$LIMIT_S" python3 benchmarks/utility.py $args --out "$W/$name" --results "$W/$name/res" \
+      --images "$W/$name/img" >"$W/$name.log" 2>&1
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(json.dumps({'job': sys.argv[2], **r})) for r in d['rows']]" \
+      "$W/$name/res.json" "$name" >>"$OUT/runs.jsonl" 2>/dev/null || echo "{\"job\": \"$name\", \"error\": \"no result\"}" >>"$OUT/runs.jsonl"
+  ) &
+  sleep 1
+done < <(grep -v '^#' "$JOBS" | grep -v '^$')
+wait
+tar -czf "$OUT/runs.tar.gz" -C "$W" $(cd "$W" && ls -d ./*.log ./*/img 2>/dev/null)
+cut -c1-300 "$OUT/runs.jsonl"
