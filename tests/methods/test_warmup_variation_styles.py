@@ -1,6 +1,7 @@
 """warmup.styles_along=variations: the style groups' templates are the class means moved along the two released
 variation directions that change their shape most (no deformation family assumed), so the variation release comes
-first in the trace, taken around the class means; accounted against Opacus' RDP accountant, audited, and left out first by warmup.fit_epsilon."""
+first in the trace, taken around the class means; accounted against Opacus' RDP accountant, audited, and left out
+first by warmup.fit_epsilon."""
 
 import json
 from pathlib import Path

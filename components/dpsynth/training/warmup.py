@@ -164,7 +164,7 @@ def shape_directions(directions: torch.Tensor, keep: int = 2) -> torch.Tensor:
     overall brightness, colour or a gradient across the image), ranked by the norm of what is left (its spread
     times the share of it that is not smooth). Returns K×keep×C×H×W, those remainders. Post-processing of the
     variation release. Where a class's first direction is a change of overall brightness (the paper's tone in
-    ``letters``: 99 % of it along the flat image), style groups along it would split the class by brightness,
+    ``letters``: cosine 0.99 with the flat image), style groups along it would split the class by brightness,
     which the variation release carries already, not by shape.
 
     >>> d = torch.tensor([[[[[1.0, 1.0, 1.0]]], [[[0.3, 0.0, -0.3]]], [[[0.0, 0.5, 0.0]]]]])  # flat, ramp, bump
