@@ -176,8 +176,8 @@ def shape_directions(directions: torch.Tensor, keep: int = 2) -> torch.Tensor:
     basis = torch.stack([torch.ones(h * w), xx.flatten(), yy.flatten()], 1).to(directions)  # hw × 3
     flat = directions.reshape(k, r, c, h * w)
     rest = flat - (flat @ torch.linalg.pinv(basis).T) @ basis.T  # less its least-squares plane
-    order = rest.flatten(2).norm(dim=2).argsort(dim=1, descending=True, stable=True)[:, :keep]
-    return torch.stack([rest[i, order[i]] for i in range(k)]).reshape(k, keep, c, h, w)
+    order = rest.flatten(2).norm(dim=2).argsort(dim=1, descending=True, stable=True)[:, :keep]  # k × keep
+    return torch.take_along_dim(rest, order[:, :, None, None], dim=1).reshape(k, keep, c, h, w)
 
 
 def variation_templates(means: torch.Tensor, directions: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
