@@ -44,7 +44,11 @@ def test_the_variation_release_comes_before_the_style_release_and_both_are_accou
     # audited against the deformation templates' plan (styles before variations): the order differs, refused
     deformations = tiny(tmp_path, *ALONG, "warmup.styles_along=deformations")
     assert not mechanism_check(deformations, trace, 600)["passed"]
-    assert "directions" in warmup_releases.statement(cfg)
+    said = warmup_releases.statement(cfg)  # the auditor's text numbers the releases as the recorded trace does
+    assert "directions" in said
+    for i, (what, event) in enumerate(zip(["class-mean", "variation", "style"], events[:3])):
+        sentence = said.split(f" #{i}, the {what} release: ")[1].split(". #")[0].rstrip(".")
+        assert sentence.endswith(f" = {event['noise_multiplier']:g}") or f" = {event['noise_multiplier']:g};" in sentence
 
 
 def test_each_record_joins_the_template_nearest_to_its_shape_coordinates_not_its_brightness():

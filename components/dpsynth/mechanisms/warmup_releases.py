@@ -39,34 +39,44 @@ def prefix(cfg, *, accountant):
 
 
 def statement(cfg) -> str:
-    """What the warm-up's releases are, for a method's privacy statement ("" without a warm-up)."""
+    """What the warm-up's releases are, for a method's privacy statement ("" without a warm-up): one sentence per
+    release, in the order of :func:`events` and numbered as the trace's events (the audit's trace table), each
+    with its σ and sensitivity.
+
+    >>> from dpsynth.config import load_config
+    >>> print(statement(load_config(overrides=["warmup.central_images=true", "warmup.variations=0",
+    ...                                          "warmup.noise_multiplier=5"])).strip())
+    The private warm-up's release is the trace's event #0, one full-batch Gaussian (q = 1). #0, the class-mean release: each record moves the stacked class sums by ≤ C = 10, noise σ_w·C, σ_w = 5."""
     w = cfg.warmup
     if not w.central_images:
         return ""
-    out = ""
-    if w.intensity_noise_multiplier is not None:
-        out += (" The private warm-up's intensity histogram is one full-batch Gaussian (q = 1): each record's "
-                "normalised 16-bin histogram of its pixel intensities moves the sum by ≤ 1 in L2, noise σ_h per bin.")
-    out += (" The private warm-up's class-mean release is one full-batch Gaussian (q = 1): each record moves the "
-            "stacked class sums by ≤ C, noise σ_w·C.")
-    if w.polarity_noise_multiplier is not None:
-        out += (" Its polarity-shape release is one more: each record's luminance less its own mean, scaled to norm "
-                "≤ 1 and signed by its third moment, in the group of its class and that sign (the record alone), "
-                "moves the stacked group sums by ≤ C, noise σ_p·C.")
-    styles = ""
-    if w.styles:
-        styles = (" Its style release is one more: each record, assigned to the nearest public template of its "
-                  "class" + (" (the released class mean moved along the two released variation directions that "
-                             "change its shape most)" if w.styles_along_variations else "") +
-                  ", moves the stacked group sums by ≤ C, noise σ_s·C.")
-    out += "" if w.styles_along_variations else styles
-    if w.variations:
-        out += (" Its variation release is one more: each record's residual around the released image of its "
-                "nearest public template, clipped to C_v, adds r·rᵀ to its class's second-moment matrix (upper "
-                "triangle moved by ≤ C_v² in L2), noise σ_v·C_v² per entry.")
-        if w.variations_shared:
-            out += " The classes' matrices are summed before the noise: one matrix, its directions every class's."
-    return out + (styles if w.styles_along_variations else "")
+    template = ("nearest public template of its class (the released class mean moved along the two released "
+                "variation directions that change its shape most)" if w.styles_along_variations else
+                "nearest public template of its class (the released class mean sheared and thickened or thinned)")
+    text = {
+        "intensity_histogram": ("the intensity histogram", "each record's normalised 16-bin histogram of its pixel "
+                                "intensities moves the sum by ≤ 1 in L2, noise σ_h = {s:g} per bin"),
+        "class_means": ("the class-mean release", f"each record moves the stacked class sums by ≤ C = {w.clip:g}, "
+                        "noise σ_w·C, σ_w = {s:g}"),
+        "polarity_shapes": ("the polarity-shape release", "each record's luminance less its own mean, scaled to norm "
+                            "≤ 1 and signed by its third moment, in the group of its class and that sign (the record "
+                            f"alone), moves the stacked group sums by ≤ C = {w.clip:g}, noise σ_p·C, σ_p = {{s:g}}"),
+        "styles": ("the style release", f"each record, assigned to the {template}, moves the stacked group sums by "
+                   f"≤ C = {w.clip:g}, noise σ_s·C, σ_s = {{s:g}}"),
+        "variations": ("the variation release", "each record's residual around the released image of its nearest "
+                       f"public template, clipped to C_v = {w.variations_clip:g}, adds r·rᵀ to its class's "
+                       "second-moment matrix (upper triangle moved by ≤ C_v² in L2), noise σ_v·C_v² per entry, "
+                       "σ_v = {s:g}" + ("; the classes' matrices are summed before the noise: one matrix, its "
+                                        "directions every class's" if w.variations_shared else "")),
+    }
+    releases = w.releases()
+    k = len(releases)
+    out = (f" The private warm-up's releases are the trace's events #0–#{k - 1}, each one full-batch Gaussian (q = 1)."
+           if k > 1 else " The private warm-up's release is the trace's event #0, one full-batch Gaussian (q = 1).")
+    for i, (name, sigma) in enumerate(releases):
+        what, how = text[name]
+        out += f" #{i}, {what}: {how.format(s=sigma)}."
+    return out
 
 
 RELEASES = ("class_means", "styles", "variations")  # the releases with a canary audit, in order
