@@ -6,8 +6,7 @@
 # each; train.device auto picks cuda. Results under $OUT: results/generality-NAME.{json,md} (the default recipe,
 # merged), results/generality-NAME-generic.{json,md}, images/*.png, logs/*.log.
 #
-# Runs on a bare machine with torch but without opacus / prv-accountant / pydantic: carry them as wheels in
-# .whl/ (the repo root's ignored folder, see /work/.library/device/README.md, Notes), e.g.
+# The set-up (wheels carried in .whl/, one CPU thread a process) is benchmarks/device_env.sh's, e.g.
 #   run(command="bash benchmarks/device_generality.sh", carry=[".whl"], timeout_s=600)
 # DATASETS (space-separated), JOBS (which of the jobs below) and LIMIT_S (default 480; the whole script then takes about 9 minutes) may be set.
 set -u
@@ -18,12 +17,8 @@ DATASETS=${DATASETS:-"letters shapes shapes-rgb letters-rgb symbols-rgb greek"}
 JOBS=${JOBS:-"eps10 eps1 warmup gan generic10 generic1"}
 DEV_JOBS=${DEV_JOBS:-}  # jobs run on the development sets (and mnist) only: recipe variants, never on a confirmation set
 DEV_SETS="letters shapes shapes-rgb letters-rgb mnist"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/components:$PWD/mlflow_plugins${PYTHONPATH:+:$PYTHONPATH}
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
+# shellcheck source=benchmarks/device_env.sh
+. benchmarks/device_env.sh
 mkdir -p "$OUT/logs" "$OUT/parts" "$OUT/results" "$OUT/images"
 python3 -c "import torch, dpsynth; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), dpsynth.__file__)"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true

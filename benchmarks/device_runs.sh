@@ -5,20 +5,15 @@
 # each, with "job": NAME) to $OUT/runs.jsonl, so a run cut short by LIMIT_S still returns what finished; the logs
 # and sample grids come back as $OUT/runs.tar.gz.
 #   run(command="JOBS=benchmarks/jobs/FILE bash benchmarks/device_runs.sh", carry=[".whl"], timeout_s=...)
-# On a bare machine with torch but not opacus / prv-accountant / pydantic / mlflow: carry them as Python 3.12
-# wheels in .whl/ (an ignored folder of the repo root; /work/.library/device/README.md, Notes).
+# The set-up (wheels carried in .whl/, one CPU thread a process) is benchmarks/device_env.sh's.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/runs-out}
 JOBS=${JOBS:?a jobs file}
 LIMIT_S=${LIMIT_S:-420}
 W=/tmp/device-runs
-if [ -z "${NO_WHEELS:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/components:$PWD/mlflow_plugins${PYTHONPATH:+:$PYTHONPATH}
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+# shellcheck source=benchmarks/device_env.sh
+. benchmarks/device_env.sh
 mkdir -p "$OUT" "$W"
 python3 -c "import torch, opacus, mlflow, dpsynth; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 1
 while IFS='|' read -r name args; do
