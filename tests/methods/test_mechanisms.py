@@ -10,6 +10,7 @@ asks for the same releases in the same order."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -42,30 +43,28 @@ def test_the_mechanism_plans_and_states_what_the_old_functions_did(case):
              "published_epsilon": plan.published_epsilon, "guard_event": as_dict(plan.guard.event) if plan.guard else None,
              "prefix": [as_dict(e) for e in plan.prefix], "statement": mechanism.statement(cfg, plan, before["n"])}
     after = json.loads(json.dumps(after, sort_keys=True, ensure_ascii=False))
-    before = {k: before[k] for k in after}
+    expected = {k: before[k] for k in after}
     # the warm-up's sentences since name each release by its event number and σ (#32): the same releases in the
     # same order; everything else exactly: the same floats, the same words
-    warm_after, warm_before = (warmup_sentences(x["statement"]) for x in (after, before))
-    assert [name for _, name in warm_after] == [name for _, name in warm_before]
-    assert [i for i, _ in warm_after] == list(range(len(warm_after)))
-    assert after == before
+    (after["statement"], named, numbers), (expected["statement"], named_before, _) = (
+        without_warmup(x["statement"]) for x in (after, expected))
+    assert named == named_before and numbers == list(range(len(named)))
+    assert after == expected
+    assert mechanism.events(cfg, before["n"]) == plan.trace
 
 
 WARMUP = " The private warm-up's"
 NAMES = ("intensity histogram", "class-mean release", "polarity-shape release", "style release", "variation release")
 
 
-def warmup_sentences(statement: dict) -> list[tuple[int | None, str]]:
-    """Cut the warm-up's part off the statement's noise text (in place); returns (event number or None, release name)
-    of each release it names, in its order."""
-    noise = statement.get("noise") if isinstance(statement, dict) else None
-    if not noise or WARMUP not in noise:
-        return []
-    statement["noise"], warm = noise.split(WARMUP, 1)
-    found = sorted((warm.index(name), name) for name in NAMES if name in warm)
-    numbered = {name: int(warm[:at].rsplit("#", 1)[1].split(",")[0]) if "#" in warm[:at] else None for at, name in found}
-    return [(numbered[name], name) for _, name in found]
-    assert mechanism.events(cfg, before["n"]) == plan.trace
+def without_warmup(statement: dict | None) -> tuple[dict | None, list[str], list[int]]:
+    """The statement with its noise text cut before the warm-up's sentences, the releases those name (in their
+    order) and the event numbers they give them."""
+    if not statement or WARMUP not in (statement.get("noise") or ""):
+        return statement, [], []
+    head, _, warm = statement["noise"].partition(WARMUP)
+    named = [name for _, name in sorted((warm.index(name), name) for name in NAMES if name in warm)]
+    return {**statement, "noise": head}, named, [int(i) for i in re.findall(r"#(\d+), the ", warm)]
 
 
 def test_every_method_has_a_mechanism_and_each_mechanism_says_what_it_is():

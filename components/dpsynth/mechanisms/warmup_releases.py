@@ -50,32 +50,32 @@ def statement(cfg) -> str:
     w = cfg.warmup
     if not w.central_images:
         return ""
-    template = ("nearest public template of its class (the released class mean moved along the two released "
-                "variation directions that change its shape most)" if w.styles_along_variations else
-                "nearest public template of its class (the released class mean sheared and thickened or thinned)")
-    text = {
+    moved = ("moved along the two released variation directions that change its shape most"
+             if w.styles_along_variations else "sheared and thickened or thinned")
+    text = {  # name: (what it is, its sensitivity and noise, the symbol of its σ)
         "intensity_histogram": ("the intensity histogram", "each record's normalised 16-bin histogram of its pixel "
-                                "intensities moves the sum by ≤ 1 in L2, noise σ_h = {s:g} per bin"),
+                                "intensities moves the sum by ≤ 1 in L2, noise σ_h per bin", "σ_h"),
         "class_means": ("the class-mean release", f"each record moves the stacked class sums by ≤ C = {w.clip:g}, "
-                        "noise σ_w·C, σ_w = {s:g}"),
+                        "noise σ_w·C", "σ_w"),
         "polarity_shapes": ("the polarity-shape release", "each record's luminance less its own mean, scaled to norm "
                             "≤ 1 and signed by its third moment, in the group of its class and that sign (the record "
-                            f"alone), moves the stacked group sums by ≤ C = {w.clip:g}, noise σ_p·C, σ_p = {{s:g}}"),
-        "styles": ("the style release", f"each record, assigned to the {template}, moves the stacked group sums by "
-                   f"≤ C = {w.clip:g}, noise σ_s·C, σ_s = {{s:g}}"),
+                            f"alone), moves the stacked group sums by ≤ C = {w.clip:g}, noise σ_p·C", "σ_p"),
+        "styles": ("the style release", "each record, assigned to the nearest public template of its class (the "
+                   f"released class mean {moved}), moves the stacked group sums by ≤ C = {w.clip:g}, noise σ_s·C",
+                   "σ_s"),
         "variations": ("the variation release", "each record's residual around the released image of its nearest "
                        f"public template, clipped to C_v = {w.variations_clip:g}, adds r·rᵀ to its class's "
-                       "second-moment matrix (upper triangle moved by ≤ C_v² in L2), noise σ_v·C_v² per entry, "
-                       "σ_v = {s:g}" + ("; the classes' matrices are summed before the noise: one matrix, its "
-                                        "directions every class's" if w.variations_shared else "")),
+                       "second-moment matrix (upper triangle moved by ≤ C_v² in L2), noise σ_v·C_v² per entry"
+                       + (" (the classes' matrices summed before the noise: one matrix, its directions every class's)"
+                          if w.variations_shared else ""), "σ_v"),
     }
     releases = w.releases()
     k = len(releases)
     out = (f" The private warm-up's releases are the trace's events #0–#{k - 1}, each one full-batch Gaussian (q = 1)."
            if k > 1 else " The private warm-up's release is the trace's event #0, one full-batch Gaussian (q = 1).")
     for i, (name, sigma) in enumerate(releases):
-        what, how = text[name]
-        out += f" #{i}, {what}: {how.format(s=sigma)}."
+        what, how, symbol = text[name]
+        out += f" #{i}, {what}: {how}, {symbol} = {sigma:g}."
     return out
 
 
