@@ -23,6 +23,9 @@ drawn from the same letter masks (``_glyph_mask``: 8 fonts, size, rotation, shif
                           (sigmoid(3·(z − 1)), z its standardised luminance) and put in two random flat colours
     means-ink             the same from each record's |luminance − its least-squares plane| (scaled to peak 1): a
                           figure map that needs no sign
+    groupsK-polarity      the best a release of style-group means can do, noiselessly: each class's polarity features
+                          split into K groups by k-means (20 Lloyd iterations from K of its records), every group's
+                          mean drawn as means-polarity draws a class mean, a group picked in proportion to its size
 
 It asks which of the real records' properties a release must carry for the CNN to transfer, i.e. what the
 releases of the generic recipe (class means and variation directions, smooth by construction) lack.
@@ -54,7 +57,8 @@ from dpsynth.evaluation import accuracy  # noqa: E402
 LETTERS = datasets.LETTERS
 VARIANTS = ["real", "mask-white", "mask-polarity", "mask-grey", "mask-colours", "mask-backgrounds", "blur0.7-white",
             "blur1.5-white", "blur1.5-polarity", "blur0.7-colours", "blur1.5-colours", "thick3-colours",
-            "thick5-colours", "means-polarity", "means-ink"]
+            "thick5-colours", "means-polarity", "means-ink", "groups9-polarity", "groups25-polarity",
+            "groups60-polarity"]
 
 
 def two_colours(rng, m: np.ndarray) -> np.ndarray:
@@ -107,6 +111,21 @@ def features(real: ImageDataset, kind: str) -> torch.Tensor:
     return (dev / dev.amax(1, keepdim=True).clamp(min=1e-9)).view(n, h, w).float()
 
 
+def group_means(f: torch.Tensor, labels: np.ndarray, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each class's features ``f`` (N×H×W) split into ``k`` groups by k-means (20 Lloyd iterations from k of its
+    records, torch's generator at seed 0): the groups' means (class-major, K·k×H×W) and sizes."""
+    means, sizes, g = [], [], torch.Generator().manual_seed(0)
+    for y in range(int(labels.max()) + 1):
+        x = f[torch.as_tensor(labels == y)].flatten(1)
+        centres = x[torch.randperm(len(x), generator=g)[:k]].clone()
+        for _ in range(20):
+            nearest = torch.cdist(x, centres).argmin(1)
+            centres = torch.stack([x[nearest == j].mean(0) if (nearest == j).any() else centres[j] for j in range(k)])
+        means += [centres.view(k, *f.shape[1:])]
+        sizes += [torch.bincount(nearest, minlength=k)]
+    return torch.cat(means), torch.cat(sizes).double()
+
+
 def from_means(means: torch.Tensor, labels: np.ndarray, rng) -> np.ndarray:
     """Class ``labels``' means (K×H×W), each drawn under a random rotation, scale and shift, made nearly two-tone
     around its own pixels and put in two random flat colours: N×H×W×3 on [0, 1]."""
@@ -127,13 +146,18 @@ def from_means(means: torch.Tensor, labels: np.ndarray, rng) -> np.ndarray:
     return c0 * (1 - m) + c1 * m
 
 
-def drawn(variant: str, n: int, seed: int, means: torch.Tensor | None = None) -> ImageDataset:
-    """``n`` records of ``variant``, classes balanced, from numpy's PCG64 at ``seed`` (``means``: the class means a
-    means-* variant draws)."""
+def drawn(variant: str, n: int, seed: int, means: torch.Tensor | None = None,
+          sizes: torch.Tensor | None = None) -> ImageDataset:
+    """``n`` records of ``variant``, classes balanced, from numpy's PCG64 at ``seed`` (``means``: the class or group
+    means a means-* or groups*-* variant draws; ``sizes``: the groups' sizes)."""
     rng = np.random.default_rng(seed)
     labels = np.arange(n) % len(LETTERS)
     if variant.startswith("means-"):
         images = from_means(means, labels, rng)
+    elif variant.startswith("groups"):
+        k = len(means) // len(LETTERS)
+        share = (sizes.view(len(LETTERS), k) / sizes.view(len(LETTERS), k).sum(1, keepdim=True)).numpy()
+        images = from_means(means, np.array([y * k + rng.choice(k, p=share[y]) for y in labels]), rng)
     else:
         images = np.stack([record(variant, rng, int(y)) for y in labels])
     images = np.round(np.clip(images, 0, 1) * 255).astype(np.uint8)
@@ -154,14 +178,18 @@ def main() -> None:
     rows, real = [], None
     for variant in a.variants:
         start = time.process_time()
-        means = None
-        if variant.startswith("means-"):  # the class means of real training records (seed 1, as the variants')
+        means = sizes = None
+        if variant.startswith(("means-", "groups")):  # the means of real training records (seed 1, as the variants')
             if real is None:
                 real = drawn("real", a.n, 1)
-            f = features(real, variant.partition("-")[2])
-            means = torch.stack([f[torch.as_tensor(real.labels == k)].mean(0) for k in range(len(LETTERS))])
-        result = accuracy.evaluate("cnn", cfg, synthetic=drawn(variant, a.n, 1, means),
-                                   validation=drawn(variant, 500, 2, means), fit_real=fit_real, test_real=test)
+            kind, _, feature = variant.partition("-")
+            f = features(real, feature)
+            if kind == "means":
+                means = torch.stack([f[torch.as_tensor(real.labels == k)].mean(0) for k in range(len(LETTERS))])
+            else:
+                means, sizes = group_means(f, real.labels, int(kind.removeprefix("groups")))
+        result = accuracy.evaluate("cnn", cfg, synthetic=drawn(variant, a.n, 1, means, sizes),
+                                   validation=drawn(variant, 500, 2, means, sizes), fit_real=fit_real, test_real=test)
         rows.append({"variant": variant, "cnn_on_real": result["gen2real"],
                      "validation_accuracy": result["model_selection"].get("validation_accuracy"),
                      "cpu_s": round(time.process_time() - start, 1)})
