@@ -149,7 +149,7 @@ def from_means(means: torch.Tensor, labels: np.ndarray, rng) -> np.ndarray:
 def drawn(variant: str, n: int, seed: int, means: torch.Tensor | None = None,
           sizes: torch.Tensor | None = None) -> ImageDataset:
     """``n`` records of ``variant``, classes balanced, from numpy's PCG64 at ``seed`` (``means``: the class or group
-    means a means-* or groups*-* variant draws; ``sizes``: the groups' sizes)."""
+    means a means-* (one group a class) or groups*-* variant draws; ``sizes``: the groups' sizes)."""
     rng = np.random.default_rng(seed)
     labels = np.arange(n) % len(LETTERS)
     if variant.startswith("means-"):
@@ -183,11 +183,8 @@ def main() -> None:
             if real is None:
                 real = drawn("real", a.n, 1)
             kind, _, feature = variant.partition("-")
-            f = features(real, feature)
-            if kind == "means":
-                means = torch.stack([f[torch.as_tensor(real.labels == k)].mean(0) for k in range(len(LETTERS))])
-            else:
-                means, sizes = group_means(f, real.labels, int(kind.removeprefix("groups")))
+            means, sizes = group_means(features(real, feature), real.labels,
+                                       1 if kind == "means" else int(kind.removeprefix("groups")))
         result = accuracy.evaluate("cnn", cfg, synthetic=drawn(variant, a.n, 1, means, sizes),
                                    validation=drawn(variant, 500, 2, means, sizes), fit_real=fit_real, test_real=test)
         rows.append({"variant": variant, "cnn_on_real": result["gen2real"],
