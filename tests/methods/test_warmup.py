@@ -146,6 +146,26 @@ def test_the_release_applies_styles_max_noise_from_the_config(tmp_path, small_mn
         assert bool((per_class == per_class[:, :1]).all()) is all_means
 
 
+def test_colour_images_without_the_polarity_release_are_warned_of_naming_the_setting(tmp_path, small_mnist, caplog):
+    """Class means of shapes in random colours are flat grey (the default recipe released noise on symbols-rgb): a
+    run on colour images without the polarity release says so, naming the setting and the recipe made for them; grey
+    images, or colour images with the release, get no such warning."""
+    from dpsynth.mechanisms.randomness import MechanismRandomness
+
+    x, y = small_mnist.to_tensors()
+    rgb = x[:200].repeat(1, 3, 1, 1)
+    cases = ((rgb, [], True), (x[:200], [], False),
+             (rgb, ["warmup.intensity_noise_multiplier=20", "warmup.polarity_noise_multiplier=3"], False))
+    for images, extra, warned in cases:
+        caplog.clear()
+        cfg = tiny(tmp_path, *extra)
+        with caplog.at_level("WARNING", logger="dpsynth.warmup"):
+            warmup.release(cfg, images, y[:200], num_classes=small_mnist.num_classes,
+                           randomness=MechanismRandomness(seed=0), trace=MechanismTrace())
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert ("warmup.polarity_noise_multiplier" in said and "dpgan-generic-cpu.yaml" in said) is warned, said
+
+
 def test_a_budget_the_warm_up_alone_exceeds_is_refused_naming_the_fields(tmp_path, small_mnist):
     from dpsynth.errors import PrivacyError
 

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -189,7 +190,16 @@ def test_a_new_dataset_version_triggers_the_retrain_dag(platform):
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.load(r)
 
+    def parsed(dag_id: str) -> bool:
+        try:
+            return bool(get(f"{airflow}/api/v2/dags/{dag_id}", token))
+        except urllib.error.HTTPError as e:
+            if e.code != 404:  # not yet parsed by the dag-processor when this test runs first
+                raise
+            return False
+
     for dag_id in ("dpsynth_import_data", "dpsynth_retrain_on_new_data"):
+        wait(lambda: parsed(dag_id), 120)  # noqa: B023
         call("PATCH", f"dags/{dag_id}", {"is_paused": False})
     retrain_runs = lambda: get(f"{airflow}/api/v2/dags/dpsynth_retrain_on_new_data/dagRuns", token)["dag_runs"]  # noqa: E731
     assert retrain_runs() == []
@@ -201,4 +211,16 @@ def test_a_new_dataset_version_triggers_the_retrain_dag(platform):
 
     (run,) = wait(retrain_runs, 120)
     assert run["run_type"] == "asset_triggered", run
-    call("PATCH", f"dags/dpsynth_retrain_on_new_data/dagRuns/{run['dag_run_id']}", {"state": "failed"})
+    # Stop it as a user would (Mark as failed). Once, in CI on a loaded machine, the API server answered this with a 500
+    # (its log went with that machine; not reproduced here, where the run is just being started by the scheduler): a
+    # user would click again, so try again a few times on a 5xx, then check that the run did stop.
+    path = f"dags/dpsynth_retrain_on_new_data/dagRuns/{run['dag_run_id']}"
+    for attempt in range(5):
+        try:
+            call("PATCH", path, {"state": "failed"})
+            break
+        except urllib.error.HTTPError as e:
+            body = e.read().decode(errors="replace")[:500]
+            assert e.code >= 500 and attempt < 4, f"PATCH {path}: {e.code} {body}; logs under {platform['home']}/logs"
+            time.sleep(3)
+    assert get(f"{airflow}/api/v2/{path}", token)["state"] == "failed"
