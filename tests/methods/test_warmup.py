@@ -147,23 +147,21 @@ def test_the_release_applies_styles_max_noise_from_the_config(tmp_path, small_mn
 
 
 def test_colour_images_without_the_polarity_release_are_warned_of_naming_the_setting(tmp_path, small_mnist, caplog):
-    """Class means of shapes in random colours are flat grey (the default recipe released noise on symbols-rgb): a
-    run on colour images without the polarity release says so, naming the setting and the recipe made for them; grey
-    images, or colour images with the release, get no such warning."""
-    from dpsynth.mechanisms.randomness import MechanismRandomness
+    """Class means of shapes in random colours are flat grey (the default recipe scored at chance on symbols-rgb): a
+    warm-up on colour images without the polarity release says so once, in the trainer's log, naming the setting and
+    the recipe made for them; grey images, or colour images with the release, get no such warning."""
+    import dataclasses
 
-    x, y = small_mnist.to_tensors()
-    rgb = x[:200].repeat(1, 3, 1, 1)
-    cases = ((rgb, [], True), (x[:200], [], False),
-             (rgb, ["warmup.intensity_noise_multiplier=20", "warmup.polarity_noise_multiplier=3"], False))
-    for images, extra, warned in cases:
+    rgb = dataclasses.replace(small_mnist, images=small_mnist.images.repeat(3, axis=-1))
+    polarity = ["warmup.intensity_noise_multiplier=20", "warmup.polarity_noise_multiplier=3"]
+    for data, extra, warnings in ((rgb, [], 1), (small_mnist, [], 0), (rgb, polarity, 0)):
         caplog.clear()
-        cfg = tiny(tmp_path, *extra)
-        with caplog.at_level("WARNING", logger="dpsynth.warmup"):
-            warmup.release(cfg, images, y[:200], num_classes=small_mnist.num_classes,
-                           randomness=MechanismRandomness(seed=0), trace=MechanismTrace())
-        said = " ".join(r.getMessage() for r in caplog.records)
-        assert ("warmup.polarity_noise_multiplier" in said and "dpgan-generic-cpu.yaml" in said) is warned, said
+        trainer = DPGANTrainer(tiny(tmp_path, *extra), data)
+        with caplog.at_level("WARNING", logger="dpsynth.train"):
+            trainer.warm_up()
+        said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert [("warmup.polarity_noise_multiplier" in m and "dpgan-generic-cpu.yaml" in m) for m in said] == \
+            [True] * warnings, said
 
 
 def test_a_budget_the_warm_up_alone_exceeds_is_refused_naming_the_fields(tmp_path, small_mnist):

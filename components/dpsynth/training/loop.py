@@ -129,6 +129,11 @@ class Trainer:
         started = time.monotonic()
         _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps",
                   len(warmup_releases.events(self.cfg)), ", ".join(warmup_releases.release_names(self.cfg)), w.steps)
+        if images.shape[1] > 1 and w.polarity_noise_multiplier is None:  # the channel count is public (the schema)
+            _log.warning("colour images and no polarity release (warmup.polarity_noise_multiplier): the generator's "
+                         "slots are class means, flat grey where a class's colours vary (recipes without it scored at "
+                         "chance on the colour sets measured: docs/results.md); configs/dpgan-generic-cpu.yaml's "
+                         "polarity release keeps shapes in any colour")
         slots, directions, hist = warmup.release(self.cfg, images, labels, num_classes=self.num_classes,
                                                  randomness=s.mechanism, trace=self.trace)
         _log.info("warm-up: released in %.0f s; fitting the generator to them (post-processing)",

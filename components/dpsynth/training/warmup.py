@@ -59,7 +59,6 @@ digit-shaped images for every class, from which private training starts.
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 
@@ -88,11 +87,6 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
     from dpsynth.mechanisms import central_images
 
     w = cfg.warmup
-    if images.shape[1] > 1 and w.polarity_noise_multiplier is None:  # the channel count is public (the schema)
-        logging.getLogger("dpsynth.warmup").warning(
-            "colour images and no polarity release (warmup.polarity_noise_multiplier): the generator's slots are class "
-            "means, flat grey where a class's colours vary (recipes without it scored at chance on the colour sets "
-            "measured: docs/results.md); configs/dpgan-generic-cpu.yaml's polarity release keeps shapes in any colour")
 
     def data(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         if canaries is None or canaries[0] != name:
