@@ -22,7 +22,6 @@ upright objects was missing to choose the RGB settings on.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 from pathlib import Path
@@ -245,17 +244,3 @@ def write_folder(name: str, root: str | Path, *, n: int, seed: int = 0) -> dict:
         Image.fromarray(img).save(root / f"{int(y):02d}-{classes[y]}" / f"{i:05d}.png")
     return {"dataset": name, "role": role, "records": n, "seed": seed, "shape": list(shape),
             "classes": classes, "pixels_sha256": digest.hexdigest()}
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("name", choices=list(DATASETS))
-    ap.add_argument("root")
-    ap.add_argument("--n", type=int, default=6000)
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args()
-    print(write_folder(a.name, a.root, n=a.n, seed=a.seed))
-
-
-if __name__ == "__main__":
-    main()

@@ -12,17 +12,16 @@ thread of the process) and wall time; ``--threads`` sets torch's threads. The ge
 a classifier includes training it on the generated data (capped at ``--max-train-records``,
 as ``evaluate.max_train_records`` caps it), its real baseline and real2gen.
 
-    python benchmarks/evaluation.py [--num-samples 60000] [--classifiers logreg,cnn,...|full]
-        [--max-train-records 20000] [--threads 2] [--json PATH]
+    .venv/stage/bin/python benchmarks/run.py evaluation-cost   # the suite in benchmarks/suites.toml; arguments: measure()
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -46,16 +45,12 @@ def timed(results: list, name: str, fn):
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-samples", type=int, default=60000)
-    ap.add_argument("--classifiers", default="logreg,cnn,mlp", help="comma-separated names, or 'full'")
-    ap.add_argument("--max-train-records", type=int, default=20000)
-    ap.add_argument("--feature-steps", type=int, default=150)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--generator-width", type=int, default=128, help="only the generation row depends on it")
-    ap.add_argument("--json", type=Path)
-    a = ap.parse_args()
+def measure(*, num_samples: int = 60000, classifiers: str = "logreg,cnn,mlp", max_train_records: int = 20000,
+            feature_steps: int = 150, threads: int = 2, generator_width: int = 128) -> dict:
+    """CPU seconds of each metric of the evaluate stage on ``num_samples`` generated images (``classifiers``:
+    comma-separated names, or 'full'; ``generator_width``: only the generation row depends on it)."""
+    a = SimpleNamespace(num_samples=num_samples, classifiers=classifiers, max_train_records=max_train_records,
+                        feature_steps=feature_steps, threads=threads, generator_width=generator_width)
     torch.set_num_threads(a.threads)
     names = accuracy.FULL_SUITE if a.classifiers == "full" else tuple(a.classifiers.split(","))
     cfg = load_config(overrides=[f"evaluate.max_train_records={a.max_train_records}",
@@ -86,12 +81,5 @@ def main() -> None:
         synthetic, members=real.subset(np.arange(500)), nonmembers=real.subset(np.arange(500, 1000))))
     total = sum(r["cpu_s"] for r in results)
     print(f"{'total':<34} cpu {total:9.1f} s")
-    if a.json:
-        a.json.write_text(json.dumps({"results": results, "args": {k: str(v) for k, v in vars(a).items()},
-                                      "skipped": [n for n, r in rows.items() if "skipped" in r],
-                                      "torch": torch.__version__, "machine": platform.processor() or platform.machine()},
-                                     indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    return {"results": results, "skipped": [n for n, r in rows.items() if "skipped" in r],
+            "torch": torch.__version__, "machine": platform.processor() or platform.machine()}
