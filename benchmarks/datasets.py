@@ -1,4 +1,4 @@
-"""Procedural image datasets for the generality benchmark (`utility.py --dataset NAME`): not digits, made here.
+"""Procedural image datasets for the generality benchmark (`utility.py dataset NAME`): not digits, made here.
 
 Each dataset is drawn deterministically from a seed (numpy's PCG64 and PIL's drawing; glyphs from the DejaVu
 fonts that matplotlib ships, so no download) and written as an image folder (``DIR/CLASS/NNNNN.png``), the

@@ -1,12 +1,12 @@
 """CPU benchmark: DPGAN or dp-GAN (Zhang) data-parallel, or GS-WGAN with its shards spread, on 1 vs W gloo
 ranks (issue #18), steps/s and bytes all-reduced per step.
 
-Each rank is a spawned process with ``--threads`` torch threads that builds the method's trainer on the first
-``--records`` bundled MNIST images (the real code path: its Poisson part, per-example clipping, the sanitizer's
+Each rank is a spawned process with ``threads`` torch threads that builds the method's trainer on the first
+``records`` bundled MNIST images (the real code path: its Poisson part, per-example clipping, the sanitizer's
 all-reduce with rank 0's noise, the same Adam and generator steps on every rank; DPGAN: its share of the B
 fakes; dp-GAN: its units' fakes, and the clip groups and adaptive bounds that rank 0 computes from public data
-— scikit-learn's digits, as configs/zhang-mnist-cpu.yaml — and broadcasts), takes ``--warmup`` private steps
-untimed, then times ``--steps`` (generator steps included: n_D = 5, n_critic = 4). Reported per world size:
+— scikit-learn's digits, as configs/zhang-mnist-cpu.yaml — and broadcasts), takes ``warmup`` private steps
+untimed, then times ``steps`` (generator steps included: n_D = 5, n_critic = 4). Reported per world size:
 steps/s (rank 0's wall clock), the bytes one rank sends into the all-reduce per step, and the scaling
 efficiency (steps/s at W) / (W · steps/s at 1).
 
@@ -16,7 +16,7 @@ What does not scale with W: DPGAN's ranks each draw all B fakes (no gradient); e
 generator step, so the models stay equal without being sent; dp-GAN's clip bounds (rank 0 alone, every step
 with adaptive clipping, the others wait for them). Only the per-example work is divided.
 
-GS-WGAN (``--method gswgan``, K = ``--shards`` contiguous shards of the records, fresh discriminators): one
+GS-WGAN (``method=gswgan``, K = ``shards`` contiguous shards of the records, fresh discriminators): one
 iteration uses one discriminator, so nothing is divided — the rank owning the drawn shard runs the n_dis = 5
 critic steps and the B per-sample gradients while the others wait, and every rank takes the generator step.
 What W buys is memory: each rank holds K/W shards and discriminators (with their Adam states), reported per

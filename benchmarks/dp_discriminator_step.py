@@ -14,13 +14,13 @@ quartiles of those per-round ratios as their spread.
 
     .venv/stage/bin/python benchmarks/run.py speed   # the suite in benchmarks/suites.toml; arguments: measure()
 
-``--memory`` also runs each variant alone in a fresh process: after one step (first-call
+``memory`` also runs each variant alone in a fresh process: after one step (first-call
 allocations, optimizer state) it measures (1) the step's own allocation peak: the running sum of
 torch's CPU allocations and frees during one step, recorded by ``torch.profiler`` with
 ``profile_memory=True`` (the tensors the step creates, temporaries included; not the model, the
 batch or the optimizer state that exist before it); (2) the process's peak RSS over three more
 steps after resetting the high-water mark (``/proc/self/clear_refs``), and its growth over the
-RSS before them. ``--profile`` prints each variant's top operators (torch.profiler, one step).
+RSS before them. ``profile`` prints each variant's top operators (torch.profiler, one step).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Arms (same models, optimizer, seed, steps; n_D = 1):
   poisson   + Poisson batches, loss summed over real and fake and divided by 2B
   clip-ew   + per-example clipping at C (Opacus expanded weights), no noise
   clip-hooks  the same with Opacus hooks
-  noise-ew  + Gaussian noise σ (calibrated for --epsilon at --steps)
+  noise-ew  + Gaussian noise σ (calibrated for epsilon at steps)
   trainer   dpsynth's DPGANTrainer itself (n_D = 1, σ as noise-ew)
 
 Each arm reports D's accuracy on fakes along the way and a quick gen2real accuracy (CNN trained on

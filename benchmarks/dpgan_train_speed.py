@@ -8,7 +8,7 @@ warm-up is skipped (it does not depend on the mode). Reported: discriminator ste
 time ratios.
 
 A mode ``ghost@REV`` is ``ghost`` with ``mechanisms/ghost.py`` as it was at git revision REV (before/after
-in one process: ``--modes ghost@736ab55 ghost``).
+in one process: ``modes=ghost@736ab55 ghost``).
 
     .venv/stage/bin/python benchmarks/run.py train-speed   # the suite in benchmarks/suites.toml; arguments: measure()
 """

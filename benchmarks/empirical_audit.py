@@ -1,13 +1,13 @@
 """ε_lower of the empirical audit (one-run canary audit) vs the accounted ε, and its CPU time.
 
-For each recipe of --methods (``dpgan``: the default recipe, configs/dpgan-mnist-cpu.yaml; ``gswgan`` and
-``dpac``: configs/gswgan-mnist-cpu.yaml, configs/dpac-mnist-cpu.yaml), at each ε of --eps and each m of
---canaries, one audit run per mode of --modes (``dpsynth.audit.empirical.run_audit``) on a public
+For each recipe of methods (``dpgan``: the default recipe, configs/dpgan-mnist-cpu.yaml; ``gswgan`` and
+``dpac``: configs/gswgan-mnist-cpu.yaml, configs/dpac-mnist-cpu.yaml), at each ε of eps and each m of
+canaries, one audit run per mode of modes (``dpsynth.audit.empirical.run_audit``) on a public
 stand-in of the bundled MNIST's training split (n = --records, 28×28×1, 10 classes), at the recipe's
-own step count (``full`` audits all of it; --steps overrides it). Each run reports both attacks (white-box
-canaries in the sanitizer, black-box input canaries). ``--full-canaries`` restricts the ``full`` runs to
-some m; ``--full-eps`` to some ε. ``--controls`` adds the positive control at every ε and m: a ``quick``
-audit with the sanitizer's noise removed. ``--reference`` times the same trainer for the ``quick`` steps
+own step count (``full`` audits all of it; steps overrides it). Each run reports both attacks (white-box
+canaries in the sanitizer, black-box input canaries). ``full_canaries`` restricts the ``full`` runs to
+some m; ``full_eps`` to some ε. ``controls`` adds the positive control at every ε and m: a ``quick``
+audit with the sanitizer's noise removed. ``reference`` times the same trainer for the ``quick`` steps
 without canaries (same process, same stand-in), so the table can give the audit's CPU as a ratio.
 
 Below ε = 8 the default recipe's variation release does not fit, below ε = 6 neither does the style

@@ -1,6 +1,6 @@
 """CPU benchmark: the cost of each evaluation metric for N generated 28×28 samples (default 60k).
 
-The generated records come from a label-conditioned DCGAN generator (``--generator-width``,
+The generated records come from a label-conditioned DCGAN generator (``generator_width``,
 128 as the paper's by default; untrained — content does not change the cost of a metric much, except
 for the iterative classifiers, which stop when they converge). The real reference data is the
 bundled MNIST test set (10,000 records), split in halves as ``dpsynth evaluate`` splits it.
@@ -8,8 +8,8 @@ The membership-inference members and non-members are 500 records each of that se
 numbers are meaningless here; only the time is measured).
 
 Each metric is timed once, in one process, with ``time.process_time`` (CPU seconds of every
-thread of the process) and wall time; ``--threads`` sets torch's threads. The gen2real row of
-a classifier includes training it on the generated data (capped at ``--max-train-records``,
+thread of the process) and wall time; ``threads`` sets torch's threads. The gen2real row of
+a classifier includes training it on the generated data (capped at ``max_train_records``,
 as ``evaluate.max_train_records`` caps it), its real baseline and real2gen.
 
     .venv/stage/bin/python benchmarks/run.py evaluation-cost   # the suite in benchmarks/suites.toml; arguments: measure()

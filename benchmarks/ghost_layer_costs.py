@@ -13,7 +13,7 @@ gradient penalty on B units), the per-example weight-gradient norms can be had t
 
 The script records one step's layer calls (forward, then the engine's one backward pass for the output
 gradients), then times each way on the same records: CPU seconds (``time.process_time``), the minimum over
-``--repeats``. It prints the engine's choice (the cost model of Bu et al. plus the keep rule) beside the
+``repeats``. It prints the engine's choice (the cost model of Bu et al. plus the keep rule) beside the
 measured cheapest way, and each way's total for the layer (norm + clipped sum).
 
     .venv/stage/bin/python benchmarks/run.py ghost-layer-costs   # the suite in benchmarks/suites.toml; arguments: measure()

@@ -2,9 +2,9 @@
 
     .venv/stage/bin/python benchmarks/run.py gswgan-speed   # the suite in benchmarks/suites.toml; arguments: measure()
 
-Each round runs, interleaved in one process: ``--iterations`` warm-start iterations (non-private:
+Each round runs, interleaved in one process: ``iterations`` warm-start iterations (non-private:
 n_dis critic steps + one generator step, :func:`warm_start_shard` on one shard, file write
-included), then ``--iterations`` private iterations (draw k, load D_k, n_dis critic steps,
+included), then ``iterations`` private iterations (draw k, load D_k, n_dis critic steps,
 store D_k, the sanitized generator step, EMA), then one D_k load + store alone. Reported: the
 median seconds per iteration of each, iterations/s, and the median over rounds of
 private / warm-start (the ratio is the figure to compare across machines).

@@ -4,7 +4,7 @@
 
 Runs the same configuration twice on real MNIST records: once as the K + 1 ranks of a torchrun job
 over torch.distributed/gloo (``python -m torch.distributed.run --standalone --nproc-per-node K+1`` running
-this script's ``--rank`` mode: rank 0 :class:`dpsynth.methods.federated_processes.FederatedProcesses`, the server, given n only;
+this script's ``rank`` mode: rank 0 :class:`dpsynth.methods.federated_processes.FederatedProcesses`, the server, given n only;
 rank k + 1 :func:`dpsynth.methods.federated_processes.client_main` with shard k — what ``train.method=gswgan_federated`` runs)
 and once in one process (:class:`FederatedGSWGANTrainer`, the reference). Reported per
 transport: the bytes per generator iteration server → clients and back as counted by the transport

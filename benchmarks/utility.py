@@ -12,22 +12,22 @@ audited ε, CPU-minutes and wall time. Beside them, on the same held-out test re
 * ``real``: the same CNN trained on the real training records (the ceiling);
 * the published figures of each method's paper (CNN accuracy on MNIST at ε = 10 unless noted).
 
-Results go to ``benchmarks/results/utility-every-method-mnist-cpu.json`` and ``.md``. Not a test: it takes tens of CPU-minutes
-per recipe. Run ``make bench-utility`` (all recipes, ε ∈ {1, 10}) or pick with ``--recipes``/``--epsilons``.
+:func:`recipes` runs them (the suite ``utility``: ``make bench-utility``, all recipes at ε ∈ {1, 10}; a row of
+benchmarks/suites.toml picks ``recipes``/``epsilons``). Not a test: it takes tens of CPU-minutes per recipe.
 
-Generality (``--dataset NAME``, a name of ``benchmarks/datasets.py``: letters, shapes, shapes-rgb, letters-rgb — development —
+Generality (:func:`generality`, ``dataset=NAME``, a name of ``benchmarks/datasets.py``: letters, shapes, shapes-rgb, letters-rgb — development —
 and symbols-rgb, greek — confirmation — or ``mnist``): the dataset is drawn by the benchmark (deterministic from
-``--seed``), written as an image folder and imported with ``dpsynth data import`` as a user would, then the
-rows of ``--rows``: ``default`` (the default recipe at each ε), ``ceiling`` (the same CNN on the real training
+``seed``), written as an image folder and imported with ``dpsynth data import`` as a user would, then the
+rows of ``rows``: ``default`` (the default recipe at each ε), ``ceiling`` (the same CNN on the real training
 records), ``warmup`` (the warm-up alone: one private D step, fewer than n_D, so G is never stepped after its
-fit), ``gan`` (the GAN phase alone: ``warmup.central_images=false``). Results go to
-``benchmarks/results/generality-NAME.json`` and ``.md`` (naming the set's role), sample grids to
-``docs/images/generality-NAME-ROW.png``.
+fit), ``gan`` (the GAN phase alone: ``warmup.central_images=false``). It returns the set's description (naming
+its role) and one entry per run; sample grids go to ``OUT/images/generality-NAME-ROW.png``. The suites
+``generality``, ``keys`` and the recipe studies of benchmarks/suites.toml call it.
 
 Every training attempt is charged to a privacy ledger, which gives no budget by default. The benchmark
 keeps its own (``OUT/ledger.db``) and population (``mnist-bench``), and sets that population's budget
 explicitly, with a reason, to what the planned runs need on top of what it has already charged
-(:func:`budget_for`); a lifetime δ ≥ 1/n (too many runs on one ledger) is refused: use a new ``--out``.
+(:func:`budget_for`); a lifetime δ ≥ 1/n (too many runs on one ledger) is refused: use a new ``out``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ RECIPES = {
     "gswgan-warmup": "configs/gswgan-warmup-mnist-cpu.yaml",
     "dpac-warmup": "configs/dpac-warmup-mnist-cpu.yaml",
 }
-# Paper-scale recipes for one GPU (not in the default --recipes): `--recipes dpgan-gpu --set train.steps=N`
+# Paper-scale recipes for one GPU (not in the default recipes): recipes="dpgan-gpu", overrides=["train.steps=N"]
 GPU_RECIPES = {f"{m}-gpu": f"configs/{m}-mnist-gpu.yaml" for m in ("dpgan", "gswgan", "dpac", "zhang")}
 # The recipe with no digit-specific settings (#32), chosen on the generality benchmark's development sets
 # and the digit recipe, `make run`'s until 2026-11-28 (style templates sheared and thickened, a contrast layer)

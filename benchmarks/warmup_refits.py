@@ -2,7 +2,7 @@
 
 Makes the default recipe's warm-up releases once (``dpsynth.training.warmup.release``, fresh secret noise:
 a measurement, nothing is released or logged) on the training shard of a finished ``utility.py`` run
-directory, then fits ``--fits`` generators to that same release (``warmup.fit_generator``, post-processing;
+directory, then fits ``fits`` generators to that same release (``warmup.fit_generator``, post-processing;
 generator seeds 0 … K − 1) and scores each, and the mixture that draws record i from generator
 ⌊i / 10⌋ mod K (10,000 records, classes balanced), as the evaluate stage scores a release: the CNN trained
 on the synthetic records (epoch chosen on synthetic validation), tested on the held-out half of the

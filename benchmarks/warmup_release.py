@@ -3,8 +3,8 @@
 Releases the class means (σ₀), then, per round, assigns every training record to the nearest centre of
 its class and releases the groups' noisy means (σ of that round; Gaussian, sensitivity C, the stacked
 query of dpsynth.mechanisms.central_images). Centres start from the released class means, deformed at
-random (`--init random`, k per class) or on a shear × stroke-width grid (`--init grid`, the shipped
-`warmup.styles`), or are the k-means centres (k per class) of a public set's digits (`--init public`:
+random (`init random`, k per class) or on a shear × stroke-width grid (`init grid`, the shipped
+`warmup.styles`), or are the k-means centres (k per class) of a public set's digits (`init public`:
 scikit-learn's 1,797 digits resized as `data.public_source=sklearn:digits` resizes them; `public-sharp`:
 the same centres through `warmup.clean`). Scores the released images as `make bench-utility` would score a generator that
 reproduced them: a CNN trained on 5,000 random deformations of them, tested on real images [9000:]
