@@ -327,6 +327,9 @@ def recipes(*, recipes: str = ",".join(RECIPES), epsilons: str = "10,1", dataset
     """Each of ``recipes`` (comma-separated, of ALL_RECIPES) at each of ``epsilons`` through the pipeline on
     ``dataset`` (a Parquet file; default: the bundled MNIST, imported into OUT/data), ``overrides`` the --set items
     of every run; ``baselines``: also the non-private and real-data rows. Returns one row per run."""
+    unknown = sorted(set(recipes.split(",")) - set(ALL_RECIPES))
+    if unknown:
+        raise ValueError(f"recipes: {unknown} not of {', '.join(ALL_RECIPES)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if dataset is None:
@@ -334,9 +337,6 @@ def recipes(*, recipes: str = ",".join(RECIPES), epsilons: str = "10,1", dataset
         if not dataset.exists():
             dataset.parent.mkdir(parents=True, exist_ok=True)
             subprocess.run([*DPSYNTH, "data", "import", str(ROOT / "data/mnist"), str(dataset)], cwd=ROOT, check=True)
-    unknown = sorted(set(recipes.split(",")) - set(ALL_RECIPES))
-    if unknown:
-        raise ValueError(f"recipes: {unknown} not of {', '.join(ALL_RECIPES)}")
     extra = list(overrides)
     rows = []
     plan = [(ALL_RECIPES[name], float(e)) for name in recipes.split(",") for e in epsilons.split(",")]
