@@ -17,7 +17,8 @@ upright objects was missing to choose the RGB settings on.
 | symbols-rgb | confirmation | RGB 32×32 | 12 font symbols (♠ ★ ☂ ♪ ✈ …) | font, size, rotation, shift, colours, background texture |
 | greek | confirmation | grey 28×28 | 10 Greek letters | font, size, rotation, shift, stroke brightness, light noise |
 
-    python benchmarks/datasets.py letters /tmp/letters --n 6000
+The benchmarks draw them through ``utility.generality`` (``dataset=NAME``); by hand:
+``write_folder("letters", "/tmp/letters", n=6000, seed=0)`` writes one folder per class.
 """
 
 from __future__ import annotations
