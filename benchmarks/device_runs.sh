@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A suite of benchmarks/suites.toml on a GPU machine, every row its own process side by side (1 CPU thread each;
 # train.device auto picks cuda), each cut at LIMIT_S seconds: benchmarks/run.py SUITE [ROWS] --jobs N. Each row that
-# finishes is stored in $OUT/results/SUITE.json (copy it over benchmarks/results/SUITE.json's rows: run.py keeps the
+# finishes is stored in $OUT/results/SUITE.json (then, here: benchmarks/run.py --merge that file; run.py keeps the
 # latest run of each row); the logs come back as $OUT/logs.tar.gz.
 #   run(command="SUITE=shape-directions bash benchmarks/device_runs.sh", carry=[".whl"], timeout_s=...)
 # SUITE, ROWS (globs, space-separated; default all), JOBS (default: every row at once), LIMIT_S and OUT may be set.

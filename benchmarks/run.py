@@ -4,6 +4,7 @@
     .venv/stage/bin/python benchmarks/run.py SUITE --dry-run        # what SUITE would call, row by row
     .venv/stage/bin/python benchmarks/run.py SUITE [ROW-GLOB ...]   # run SUITE (or the rows matching a glob)
         [--arg NAME=VALUE ...] [--jobs N] [--timeout S] [--results DIR] [--out DIR]
+    .venv/stage/bin/python benchmarks/run.py --merge OTHER/SUITE.json   # a GPU machine's rows, into benchmarks/results
 
 A suite is data (benchmarks/suites.toml): a function of a module in benchmarks/ (``module:function``), default
 arguments, and rows, each a name and the arguments it adds (a row's ``overrides`` list extends the suite's). Running a
@@ -188,12 +189,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=None, help="with --jobs: seconds a row may take")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where SUITE.json is kept (benchmarks/results)")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench", help="scratch folders of the rows")
+    ap.add_argument("--merge", type=Path, metavar="FILE",
+                    help="store the rows of another machine's SUITE.json (run.py --results) here, each replacing its row")
     ap.add_argument("--call", nargs=2, metavar=("MODULE:FUNCTION", "JSON"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     os.chdir(ROOT)  # a row's relative paths (configs/…, outputs/…) are the repository's
     if a.call:  # a benchmark's own child process (a torchrun rank, a fresh process for a memory measurement)
         result = resolve(a.call[0])(**json.loads(a.call[1]))
         return result if isinstance(result, int) else 0
+    if a.merge:
+        data = json.loads(a.merge.read_text())
+        for row, record in data["rows"].items():
+            store(a.results, data["suite"], data.get("about", ""), row, record)
+        print(f"== {data['suite']}: {len(data['rows'])} rows from {a.merge} → {a.results / (data['suite'] + '.json')}")
+        return 0
     suites = load_suites()
     if a.suite is None or (a.list and a.suite is None):
         for name, spec in suites.items():

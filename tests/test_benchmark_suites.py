@@ -91,3 +91,12 @@ def test_the_command_line_lists_dry_runs_and_refuses_an_unknown_suite(capsys, mo
     assert run.main(["no-such-suite"]) == 2
     assert "no suite 'no-such-suite'" in capsys.readouterr().err
     assert run.main(["speed", "no-such-row"]) == 2
+
+
+def test_another_machines_rows_merge_into_the_suites_file(tmp_path):
+    run.store(tmp_path / "here", "tiny", "tiny", "a", {"result": 1})
+    run.store(tmp_path / "here", "tiny", "tiny", "b", {"result": 2})
+    run.store(tmp_path / "gpu", "tiny", "tiny", "b", {"result": 3})
+    assert run.main(["--merge", str(tmp_path / "gpu" / "tiny.json"), "--results", str(tmp_path / "here")]) == 0
+    rows = json.loads((tmp_path / "here" / "tiny.json").read_text())["rows"]
+    assert {r: v["result"] for r, v in rows.items()} == {"a": 1, "b": 3}
