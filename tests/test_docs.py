@@ -78,6 +78,7 @@ REPO_DIRS = ("components/", "docs/", "benchmarks/", "configs/", "tests/", "pipel
              "images/", "data/", "requirements/", "mlflow_plugins/")
 FILE_SPAN = re.compile(r"^(?:\.\./)*((?:%s)[\w./-]*\.(?:py|md|sh|yaml|yml|json|toml|in|txt|lock|cfg))$"
                        % "|".join(re.escape(d.rstrip("/")) + "/" for d in REPO_DIRS))
+RUN_SPAN = re.compile(r"^(?:\.venv/stage/bin/python )?benchmarks/run\.py ([a-z][\w-]*)")  # a benchmark suite
 MEMBER_SPAN = re.compile(r"^([A-Za-z_]\w*)\.([A-Za-z_]\w*)(?:\(.*\))?$")  # Name.attr, Name.attr(…)
 NOT_MODULES = {"dpsynth", "stage", "pipeline"}  # dpsynth.* MLflow tags; stage.*, pipeline.* Helm values
 EXTENSIONS = {"py", "md", "sh", "yaml", "yml", "json", "jsonl", "toml", "txt", "in", "lock", "png", "pt", "db", "parquet"}
@@ -131,7 +132,9 @@ def cited_code(text: str, classes: dict[str, set[str]], modules: dict[str, set[s
     of a repository class that it lacks, a function of a repository module that it lacks."""
     bad = []
     for span in {s.strip("`").strip() for s in INLINE_CODE.findall(FENCE.sub("", text))}:
-        if m := FILE_SPAN.match(span):
+        if (m := RUN_SPAN.match(span)) and m.group(1) not in SUITES:
+            bad.append(f"`{span}`: no suite {m.group(1)} in benchmarks/suites.toml")
+        elif m := FILE_SPAN.match(span):
             if not any(ch in m.group(1) for ch in "*<{") and not (REPO / m.group(1)).exists():
                 bad.append(f"`{span}`: no such file")
         elif m := MEMBER_SPAN.match(span):
@@ -160,6 +163,7 @@ def config_keys() -> dict[str, set[str]]:
 
 INDEX = code_index()
 CONFIG_KEYS = config_keys()
+SUITES = set(__import__("tomllib").loads((REPO / "benchmarks" / "suites.toml").read_text()))
 
 
 @pytest.mark.parametrize("markdown", FILES, ids=lambda p: p.relative_to(REPO).as_posix())
@@ -171,10 +175,11 @@ def test_cited_files_and_functions_exist(markdown: Path):
 def test_a_cited_function_or_file_that_does_not_exist_fails():
     page = ("The step is `DPGANTrainer.discriminator_step`; the critic's `ZhangTrainer.critic_step`; see "
             "`docs/data_parallel.md` and `loop.no_such_function`. Fine: `DPGANTrainer.train_step`, `docs/privacy.md`, "
-            "`torch.Tensor.add_`, `configs/<name>.yaml`, `x.y`.")
+            "`torch.Tensor.add_`, `configs/<name>.yaml`, `x.y`, `benchmarks/run.py speed`, `benchmarks/run.py jobs`.")
     assert cited_code(page, *INDEX) == [
         "`DPGANTrainer.discriminator_step`: DPGANTrainer has no discriminator_step",
         "`ZhangTrainer.critic_step`: ZhangTrainer has no critic_step",
+        "`benchmarks/run.py jobs`: no suite jobs in benchmarks/suites.toml",
         "`docs/data_parallel.md`: no such file",
         "`loop.no_such_function`: module loop has no no_such_function",
     ]
