@@ -63,7 +63,8 @@ def bench_module(tmp_path, monkeypatch):
     sys.modules.pop("tiny_bench", None)
 
 
-def test_a_result_file_keeps_the_latest_run_of_each_row(tmp_path, bench_module, capsys):
+def test_a_result_file_keeps_the_latest_run_of_each_row(tmp_path, bench_module, capsys, monkeypatch):
+    monkeypatch.setattr(run, "_machine", lambda: "test machine")  # (the real one asks torch for a GPU)
     spec = {"about": "tiny", "rows": {"a": {"function": "tiny_bench:measure", "args": {"x": 1}},
                                       "b": {"function": "tiny_bench:measure", "args": {"x": 2}}}}
     results = tmp_path / "results"
@@ -100,3 +101,11 @@ def test_another_machines_rows_merge_into_the_suites_file(tmp_path):
     assert run.main(["--merge", str(tmp_path / "gpu" / "tiny.json"), "--results", str(tmp_path / "here")]) == 0
     rows = json.loads((tmp_path / "here" / "tiny.json").read_text())["rows"]
     assert {r: v["result"] for r, v in rows.items()} == {"a": 1, "b": 3}
+
+
+def test_every_suites_module_imports_and_has_its_function(monkeypatch):
+    """A renamed or moved package name that a benchmark imports fails here, not in a long run."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    functions = {row["function"] for spec in run.load_suites().values() for row in spec["rows"].values()}
+    for function in sorted(functions):
+        assert callable(run.resolve(function)), function
