@@ -105,17 +105,18 @@ test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs
 test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them)
 	$(PY) -m pytest -m slow -q
 
-bench: $(STAMP)  ## speed ratios of the DP discriminator step (see benchmarks/README.md)
-	$(PY) benchmarks/dp_discriminator_step.py
+# The benchmarks: benchmarks/run.py SUITE runs a suite of benchmarks/suites.toml and keeps its latest rows in
+# benchmarks/results/SUITE.json (`make bench SUITE=… [ROWS=…]`; `benchmarks/run.py --list` lists the suites).
+SUITE ?= speed
+ROWS  ?= $(if $(filter speed,$(SUITE)),w*-cpu)
+bench: $(STAMP)  ## run a benchmark suite (default: the DP discriminator step's speed ratios on CPU; see benchmarks/README.md)
+	$(PY) benchmarks/run.py $(SUITE) $(foreach r,$(ROWS),'$(r)')
 
 bench-utility: $(STAMP)  ## CNN-on-synthetic accuracy of every recipe at ε ∈ {1, 10} (slow: hours on 2 cores)
-	$(PY) -m dpsynth.cli data import data/mnist $(OUT)/data/mnist.parquet
-	$(PY) benchmarks/utility.py --dataset $(OUT)/data/mnist.parquet --out $(OUT)/bench-utility --baselines
+	$(PY) benchmarks/run.py utility
 
-bench-generality: $(STAMP)  ## the generality benchmark (#32): MNIST and six non-digit sets × every row, MNIST and generic recipe (slow: hours on 2 cores; a GPU machine: benchmarks/device_generality.sh)
-	for d in mnist letters shapes shapes-rgb letters-rgb symbols-rgb greek; do \
-	  $(PY) benchmarks/utility.py --dataset $$d --out $(OUT)/bench-generality || exit 1; \
-	  $(PY) benchmarks/utility.py --dataset $$d --recipe generic --out $(OUT)/bench-generality || exit 1; done
+bench-generality: $(STAMP)  ## the generality benchmark: MNIST and six non-digit sets × every row, default and generic recipe (slow: hours on 2 cores; a GPU machine: benchmarks/device_generality.sh)
+	$(PY) benchmarks/run.py generality
 
 results:  ## rebuild docs/results.md from benchmarks/results/ (benchmarks/report.py; the docs tests check it)
 	$(PYTHON) benchmarks/report.py

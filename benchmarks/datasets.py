@@ -1,4 +1,4 @@
-"""Procedural image datasets for the generality benchmark (`utility.py --dataset NAME`): not digits, made here.
+"""Procedural image datasets for the generality benchmark (`utility.py dataset NAME`): not digits, made here.
 
 Each dataset is drawn deterministically from a seed (numpy's PCG64 and PIL's drawing; glyphs from the DejaVu
 fonts that matplotlib ships, so no download) and written as an image folder (``DIR/CLASS/NNNNN.png``), the
@@ -17,12 +17,12 @@ upright objects was missing to choose the RGB settings on.
 | symbols-rgb | confirmation | RGB 32×32 | 12 font symbols (♠ ★ ☂ ♪ ✈ …) | font, size, rotation, shift, colours, background texture |
 | greek | confirmation | grey 28×28 | 10 Greek letters | font, size, rotation, shift, stroke brightness, light noise |
 
-    python benchmarks/datasets.py letters /tmp/letters --n 6000
+The benchmarks draw them through ``utility.generality`` (``dataset=NAME``); by hand:
+``write_folder("letters", "/tmp/letters", n=6000, seed=0)`` writes one folder per class.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 from pathlib import Path
@@ -245,17 +245,3 @@ def write_folder(name: str, root: str | Path, *, n: int, seed: int = 0) -> dict:
         Image.fromarray(img).save(root / f"{int(y):02d}-{classes[y]}" / f"{i:05d}.png")
     return {"dataset": name, "role": role, "records": n, "seed": seed, "shape": list(shape),
             "classes": classes, "pixels_sha256": digest.hexdigest()}
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("name", choices=list(DATASETS))
-    ap.add_argument("root")
-    ap.add_argument("--n", type=int, default=6000)
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args()
-    print(write_folder(a.name, a.root, n=a.n, seed=a.seed))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,23 +1,22 @@
 """CPU benchmark: DPGAN or dp-GAN (Zhang) data-parallel, or GS-WGAN with its shards spread, on 1 vs W gloo
 ranks (issue #18), steps/s and bytes all-reduced per step.
 
-Each rank is a spawned process with ``--threads`` torch threads that builds the method's trainer on the first
-``--records`` bundled MNIST images (the real code path: its Poisson part, per-example clipping, the sanitizer's
+Each rank is a spawned process with ``threads`` torch threads that builds the method's trainer on the first
+``records`` bundled MNIST images (the real code path: its Poisson part, per-example clipping, the sanitizer's
 all-reduce with rank 0's noise, the same Adam and generator steps on every rank; DPGAN: its share of the B
 fakes; dp-GAN: its units' fakes, and the clip groups and adaptive bounds that rank 0 computes from public data
-— scikit-learn's digits, as configs/zhang-mnist-cpu.yaml — and broadcasts), takes ``--warmup`` private steps
-untimed, then times ``--steps`` (generator steps included: n_D = 5, n_critic = 4). Reported per world size:
+— scikit-learn's digits, as configs/zhang-mnist-cpu.yaml — and broadcasts), takes ``warmup`` private steps
+untimed, then times ``steps`` (generator steps included: n_D = 5, n_critic = 4). Reported per world size:
 steps/s (rank 0's wall clock), the bytes one rank sends into the all-reduce per step, and the scaling
 efficiency (steps/s at W) / (W · steps/s at 1).
 
-    python benchmarks/distributed_scaling.py [--method dpgan|zhang|gswgan] [--worlds 1 2] [--batch-size 64]
-        [--d-width 32] [--steps 20] [--threads 1] [--shards 10] [--json PATH]
+    .venv/stage/bin/python benchmarks/run.py scaling   # the suite in benchmarks/suites.toml; arguments: measure()
 
 What does not scale with W: DPGAN's ranks each draw all B fakes (no gradient); every rank takes the same
 generator step, so the models stay equal without being sent; dp-GAN's clip bounds (rank 0 alone, every step
 with adaptive clipping, the others wait for them). Only the per-example work is divided.
 
-GS-WGAN (``--method gswgan``, K = ``--shards`` contiguous shards of the records, fresh discriminators): one
+GS-WGAN (``method=gswgan``, K = ``shards`` contiguous shards of the records, fresh discriminators): one
 iteration uses one discriminator, so nothing is divided — the rank owning the drawn shard runs the n_dis = 5
 critic steps and the B per-sample gradients while the others wait, and every rank takes the generator step.
 What W buys is memory: each rank holds K/W shards and discriminators (with their Adam states), reported per
@@ -29,7 +28,6 @@ share of rank 0's time (the critic steps are undivided too, run by one rank).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -160,31 +158,20 @@ def _rank(rank: int, world: int, store: str, args: dict, out: str) -> None:
             dist.destroy_process_group()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--method", choices=("dpgan", "zhang", "gswgan"), default="dpgan")
-    ap.add_argument("--bounds", choices=("adaptive", "fixed"), default="adaptive",
-                    help="zhang: clustered groups with adaptive bounds from public data every step (rank 0), or "
-                         "fixed weight/bias groups at privacy.max_grad_norm")
-    ap.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--d-width", type=int, default=32)
-    ap.add_argument("--records", type=int, default=6000)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--mode", default="ghost", help="train.grad_sample_mode")
-    ap.add_argument("--shards", type=int, default=10, help="gswgan: K, the shards (and discriminators)")
-    ap.add_argument("--json", help="write the results here")
-    a = ap.parse_args(argv)
+def measure(*, method: str = "dpgan", bounds: str = "adaptive", worlds: tuple[int, ...] = (1, 2), batch_size: int = 64,
+            d_width: int = 32, records: int = 6000, steps: int = 20, warmup: int = 3, threads: int = 1,
+            mode: str = "ghost", shards: int = 10) -> dict:
+    """Steps/s and bytes per step of ``method`` (dpgan, zhang or gswgan) on each world size of ``worlds``.
+    ``bounds`` (zhang): clustered groups with adaptive bounds from public data every step (rank 0), or fixed
+    weight/bias groups at privacy.max_grad_norm; ``mode``: train.grad_sample_mode; ``shards`` (gswgan): K."""
     import torch.multiprocessing as mp
 
-    args = {"method": a.method, "bounds": a.bounds, "batch_size": a.batch_size, "d_width": a.d_width,
-            "records": a.records, "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "mode": a.mode,
-            "shards": a.shards}
+    args = {"method": method, "bounds": bounds, "batch_size": batch_size, "d_width": d_width,
+            "records": records, "steps": steps, "warmup": warmup, "threads": threads, "mode": mode,
+            "shards": shards}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for world in a.worlds:
+        for world in worlds:
             mp.spawn(_rank, args=(world, f"{tmp}/store-{world}", args, tmp), nprocs=world, join=True)
             rows.append(json.loads(Path(tmp, f"w{world}.json").read_text()))
     base = next((r["steps_per_s"] for r in rows if r["world_size"] == 1), None)
@@ -199,10 +186,4 @@ def main(argv=None) -> int:
         if "per_rank" in r:
             print(f"     + {r['broadcast_bytes_per_step']} B broadcast per step; held per rank (shards, discriminators "
                   f"so far, bytes): {[(h['shards_held'], h['discriminators'], h['held_bytes']) for h in r['per_rank']]}")
-    if a.json:
-        Path(a.json).write_text(json.dumps(report, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return report

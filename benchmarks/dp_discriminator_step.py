@@ -12,21 +12,19 @@ disturbed by other processes taking the cores) are recorded. Reported: the media
 step, and the median over rounds of (variant time / reference time in the same round), with the
 quartiles of those per-round ratios as their spread.
 
-    python benchmarks/dp_discriminator_step.py [--batch-size 128] [--width 128] [--threads 2]
-        [--repeats 5] [--warmup 2] [--only SUBSTRING ...] [--memory] [--profile] [--json PATH]
+    .venv/stage/bin/python benchmarks/run.py speed   # the suite in benchmarks/suites.toml; arguments: measure()
 
-``--memory`` also runs each variant alone in a fresh process: after one step (first-call
+``memory`` also runs each variant alone in a fresh process: after one step (first-call
 allocations, optimizer state) it measures (1) the step's own allocation peak: the running sum of
 torch's CPU allocations and frees during one step, recorded by ``torch.profiler`` with
 ``profile_memory=True`` (the tensors the step creates, temporaries included; not the model, the
 batch or the optimizer state that exist before it); (2) the process's peak RSS over three more
 steps after resetting the high-water mark (``/proc/self/clear_refs``), and its growth over the
-RSS before them. ``--profile`` prints each variant's top operators (torch.profiler, one step).
+RSS before them. ``profile`` prints each variant's top operators (torch.profiler, one step).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gzip
 import json
@@ -38,6 +36,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import opacus
@@ -276,13 +275,18 @@ def allocation_peak(step) -> int:
     return peak
 
 
-def memory_child(name: str, args) -> None:
+def memory_child(name: str, batch_size: int, width: int, threads: int, baseline: str | None = None) -> None:
     """Build one variant, take one step (first-call allocations), measure the allocation peak of the next
-    step, then reset the RSS high-water mark (``/proc/self/clear_refs``) and take 3 more; print JSON."""
+    step, then reset the RSS high-water mark (``/proc/self/clear_refs``) and take 3 more; print JSON.
+    Run in a fresh process by :func:`measure_memory` (``benchmarks/run.py --call``)."""
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(threads)
+    if baseline:
+        add_baseline(baseline)
     gen = torch.Generator().manual_seed(0)
-    x, y, r, _ = make_batch(args.batch_size, gen)
+    x, y, r, _ = make_batch(batch_size, gen)
     torch.manual_seed(0)
-    step = VARIANTS[name](Discriminator(num_classes=10, channels=1, image_size=28, width=args.width), x, y, r)
+    step = VARIANTS[name](Discriminator(num_classes=10, channels=1, image_size=28, width=width), x, y, r)
     step()
     alloc = allocation_peak(step)
     with open("/proc/self/clear_refs", "w") as f:
@@ -301,11 +305,13 @@ def profile_variant(name: str, step) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50))
 
 
-def memory(names, args) -> dict:
+def measure_memory(names, args) -> dict:
     out = {}
     for name in names:
-        cmd = [sys.executable, __file__, "--memory-child", name, "--batch-size", str(args.batch_size),
-               "--width", str(args.width), "--threads", str(args.threads)] + (["--baseline", args.baseline] if args.baseline else [])
+        child = {"name": name, "batch_size": args.batch_size, "width": args.width, "threads": args.threads,
+                 "baseline": args.baseline}
+        cmd = [sys.executable, str(Path(__file__).with_name("run.py")), "--call", "dp_discriminator_step:memory_child",
+               json.dumps(child)]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             out[name] = json.loads(res.stdout.strip().splitlines()[-1])
@@ -314,31 +320,18 @@ def memory(names, args) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch-size", type=int, default=128, help="B: real examples; as many fake (2B in all)")
-    ap.add_argument("--width", type=int, default=128, help="discriminator width (128: the paper's 1.72M-param D)")
-    ap.add_argument("--repeats", type=int, default=5, help="timed rounds (one step per variant per round)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda (steps are timed after torch.cuda.synchronize)")
-    ap.add_argument("--only", nargs="+", metavar="SUBSTRING",
-                    help="run only the variants whose names contain one of these (the references always run)")
-    ap.add_argument("--memory", action="store_true",
-                    help="also measure each variant's allocation peak and peak RSS in its own process")
-    ap.add_argument("--profile", action="store_true", help="print each variant's top operators (one step)")
-    ap.add_argument("--baseline", metavar="REV",
-                    help="also run the ghost variants with mechanisms/ghost.py from this git revision (before/after)")
-    ap.add_argument("--memory-child", help=argparse.SUPPRESS)
-    ap.add_argument("--json", type=Path, help="also write the results here")
-    args = ap.parse_args()
-
+def measure(*, batch_size: int = 128, width: int = 128, repeats: int = 5, warmup: int = 2, threads: int = 2,
+            device: str = "cpu", only: list[str] | None = None, memory: bool = False, profile: bool = False,
+            baseline: str | None = None) -> dict:
+    """Time one discriminator step of every variant (``only``: those whose names contain one of these substrings,
+    and their references) on B = ``batch_size`` real + B fake examples, D of ``width``; ``memory``: also each
+    variant's allocation peak and peak RSS in its own process; ``baseline``: also the ghost variants with
+    mechanisms/ghost.py from that git revision. Returns the settings and one row per variant."""
+    args = SimpleNamespace(batch_size=batch_size, width=width, repeats=repeats, warmup=warmup, threads=threads,
+                           device=device, only=only, memory=memory, profile=profile, baseline=baseline)
     torch.set_num_threads(args.threads)
     if args.baseline:
         add_baseline(args.baseline)
-    if args.memory_child:
-        warnings.filterwarnings("ignore")
-        return memory_child(args.memory_child, args)
     chosen = [n for n in VARIANTS if not args.only or n in REFERENCE.values() or n == DEFAULT_REF
               or any(s in n for s in args.only)]
     warnings.filterwarnings("ignore")  # Opacus warns about secure RNG, full backward hooks, ...
@@ -380,7 +373,7 @@ def main() -> None:
         for name, step in steps.items():
             profile_variant(name, step)
 
-    mem = memory(chosen, args) if args.memory else {}
+    mem = measure_memory(chosen, args) if args.memory else {}
     rows = []
     for name in chosen:
         ref_name = REFERENCE.get(name, DEFAULT_REF)
@@ -430,17 +423,12 @@ def main() -> None:
           "the zhang non-private critic step (WGAN-GP) for the zhang rows, else the DPGAN non-private step; "
           "alloc: the step's own allocation peak (torch.profiler), RSS: the process's peak RSS (fresh process each)")
     print(f"wall time {wall:.1f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "batch_size": args.batch_size, "width": args.width, "params": count_parameters(D0),
-            "repeats": args.repeats, "warmup": args.warmup, "input": source, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "opacus": opacus.__version__, "machine": platform.processor() or platform.machine(),
-            "device": device_name,
-            "load_average": [load[0], os.getloadavg()[0]], "date": time.strftime("%Y-%m-%d %H:%M"),
-            "ratio": "median over rounds of (variant s / reference s in the same round); quartiles of those ratios",
-            "results": rows, "wall_s": wall}, indent=2))
+    return {
+        "batch_size": args.batch_size, "width": args.width, "params": count_parameters(D0),
+        "repeats": args.repeats, "warmup": args.warmup, "input": source, "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "opacus": opacus.__version__, "machine": platform.processor() or platform.machine(),
+        "device": device_name,
+        "load_average": [load[0], os.getloadavg()[0]],
+        "ratio": "median over rounds of (variant s / reference s in the same round); quartiles of those ratios",
+        "results": rows, "wall_s": wall}
 
-
-if __name__ == "__main__":
-    main()

@@ -5,7 +5,7 @@ Arms (same models, optimizer, seed, steps; n_D = 1):
   poisson   + Poisson batches, loss summed over real and fake and divided by 2B
   clip-ew   + per-example clipping at C (Opacus expanded weights), no noise
   clip-hooks  the same with Opacus hooks
-  noise-ew  + Gaussian noise σ (calibrated for --epsilon at --steps)
+  noise-ew  + Gaussian noise σ (calibrated for epsilon at steps)
   trainer   dpsynth's DPGANTrainer itself (n_D = 1, σ as noise-ew)
 
 Each arm reports D's accuracy on fakes along the way and a quick gen2real accuracy (CNN trained on
@@ -14,8 +14,8 @@ Each arm reports D's accuracy on fakes along the way and a quick gen2real accura
 
 from __future__ import annotations
 
-import argparse
 import json
+from types import SimpleNamespace
 import time
 
 from statistics import mean
@@ -118,25 +118,15 @@ def run_arm(arm, x, y, test_x, test_y, *, steps, B, width, C, sigma, seed, log_e
             "d_fake_acc_last": mean(accs[-k:])}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default="data/mnist")
-    ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--batch-size", type=int, default=128)
-    ap.add_argument("--width", type=int, default=32)
-    ap.add_argument("--clip", type=float, default=1.0)
-    ap.add_argument("--epsilon", type=float, default=10.0)
-    ap.add_argument("--arms", default="plain,poisson,clip-ew,noise-ew")
-    ap.add_argument("--log-every", type=int, default=100)
-    ap.add_argument("--sigma", type=float, help="noise multiplier of the noise arms (default: calibrated to --epsilon)")
-    ap.add_argument("--warm", help="start G from this checkpoint ({'G': state_dict})")
-    ap.add_argument("--n-d", type=int, default=1)
-    ap.add_argument("--lr-d", type=float, default=2e-4)
-    ap.add_argument("--lr-g", type=float, default=2e-4)
-    ap.add_argument("--d-opt", choices=("adam", "sgd"), default="adam")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json")
-    a = ap.parse_args()
+def measure(*, data: str = "data/mnist", steps: int = 1000, batch_size: int = 128, width: int = 32, clip: float = 1.0,
+            epsilon: float = 10.0, arms: str = "plain,poisson,clip-ew,noise-ew", log_every: int = 100,
+            sigma: float | None = None, warm: str | None = None, n_d: int = 1, lr_d: float = 2e-4, lr_g: float = 2e-4,
+            d_opt: str = "adam", threads: int = 1) -> list[dict]:
+    """Each of ``arms`` trained ``steps`` steps; ``sigma``: the noise arms' noise multiplier (default: calibrated to
+    ``epsilon``); ``warm``: start G from this checkpoint ({'G': state_dict})."""
+    a = SimpleNamespace(data=data, steps=steps, batch_size=batch_size, width=width, clip=clip, epsilon=epsilon,
+                        arms=arms, log_every=log_every, sigma=sigma, warm=warm, n_d=n_d, lr_d=lr_d, lr_g=lr_g,
+                        d_opt=d_opt, threads=threads)
     torch.set_num_threads(a.threads)
     ds = import_source(a.data)
     xall, yall = ds.to_tensors()
@@ -152,10 +142,4 @@ def main():
         r["sigma"] = sigma if arm.startswith("noise") else 0.0
         print(json.dumps(r), flush=True)
         results.append(r)
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(results, fh, indent=2)
-
-
-if __name__ == "__main__":
-    main()
+    return results

@@ -8,14 +8,13 @@ warm-up is skipped (it does not depend on the mode). Reported: discriminator ste
 time ratios.
 
 A mode ``ghost@REV`` is ``ghost`` with ``mechanisms/ghost.py`` as it was at git revision REV (before/after
-in one process: ``--modes ghost@736ab55 ghost``).
+in one process: ``modes=ghost@736ab55 ghost``).
 
-    python benchmarks/dpgan_train_speed.py [--modes ew ghost] [--rounds 12] [--threads 1]
+    .venv/stage/bin/python benchmarks/run.py train-speed   # the suite in benchmarks/suites.toml; arguments: measure()
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import statistics
 import subprocess
@@ -23,6 +22,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -46,12 +46,10 @@ def ghost_at(rev: str, tmp: str):
     return engine
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--modes", nargs=2, default=["ew", "ghost"], help="the two train.grad_sample_mode values")
-    ap.add_argument("--rounds", type=int, default=12, help="timed rounds (one untimed first)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    args = ap.parse_args()
+def measure(*, modes: tuple[str, str] = ("ew", "ghost"), rounds: int = 12, threads: int = 1) -> dict:
+    """Discriminator steps/s of the two train.grad_sample_mode values ``modes`` (``ghost@REV``: the ghost engine of
+    that git revision), ``rounds`` timed rounds after one untimed, alternating."""
+    args = SimpleNamespace(modes=list(modes), rounds=rounds, threads=threads)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     data = import_source(str(ROOT / "data" / "mnist"))
@@ -91,7 +89,8 @@ def main() -> None:
     for label, t in (("wall", times), ("CPU", cpu)):
         print(f"{label} time {a} / {b}, median over {args.rounds} rounds: "
               f"{statistics.median(x / y for x, y in zip(t[a], t[b])):.2f}")
+    return {"discriminator_steps_per_s": {m: n_d / statistics.median(times[m]) for m in trainers},
+            "per_cpu_s": {m: n_d / statistics.median(cpu[m]) for m in trainers},
+            "wall_ratio": statistics.median(x / y for x, y in zip(times[a], times[b])),
+            "cpu_ratio": statistics.median(x / y for x, y in zip(cpu[a], cpu[b]))}
 
-
-if __name__ == "__main__":
-    main()

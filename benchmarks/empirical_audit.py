@@ -1,34 +1,29 @@
 """ε_lower of the empirical audit (one-run canary audit) vs the accounted ε, and its CPU time.
 
-For each recipe of --methods (``dpgan``: the default recipe, configs/dpgan-mnist-cpu.yaml; ``gswgan`` and
-``dpac``: configs/gswgan-mnist-cpu.yaml, configs/dpac-mnist-cpu.yaml), at each ε of --eps and each m of
---canaries, one audit run per mode of --modes (``dpsynth.audit.empirical.run_audit``) on a public
+For each recipe of methods (``dpgan``: the default recipe, configs/dpgan-mnist-cpu.yaml; ``gswgan`` and
+``dpac``: configs/gswgan-mnist-cpu.yaml, configs/dpac-mnist-cpu.yaml), at each ε of eps and each m of
+canaries, one audit run per mode of modes (``dpsynth.audit.empirical.run_audit``) on a public
 stand-in of the bundled MNIST's training split (n = --records, 28×28×1, 10 classes), at the recipe's
-own step count (``full`` audits all of it; --steps overrides it). Each run reports both attacks (white-box
-canaries in the sanitizer, black-box input canaries). ``--full-canaries`` restricts the ``full`` runs to
-some m; ``--full-eps`` to some ε. ``--controls`` adds the positive control at every ε and m: a ``quick``
-audit with the sanitizer's noise removed. ``--reference`` times the same trainer for the ``quick`` steps
+own step count (``full`` audits all of it; steps overrides it). Each run reports both attacks (white-box
+canaries in the sanitizer, black-box input canaries). ``full_canaries`` restricts the ``full`` runs to
+some m; ``full_eps`` to some ε. ``controls`` adds the positive control at every ε and m: a ``quick``
+audit with the sanitizer's noise removed. ``reference`` times the same trainer for the ``quick`` steps
 without canaries (same process, same stand-in), so the table can give the audit's CPU as a ratio.
 
 Below ε = 8 the default recipe's variation release does not fit, below ε = 6 neither does the style
 release (README): those ε run it with ``warmup.variations=0`` (and ``warmup.styles=0``), as the README says.
 
-    OMP_NUM_THREADS=1 .venv/stage/bin/python benchmarks/empirical_audit.py --methods dpgan --controls --reference \\
-        --json benchmarks/results/empirical-audit-dpgan-mnist-cpu.json
-    OMP_NUM_THREADS=1 .venv/stage/bin/python benchmarks/empirical_audit.py --methods gswgan --controls --reference \\
-        --full-eps 10 --full-canaries 1000 --json benchmarks/results/empirical-audit-gswgan-mnist-cpu.json
-    .venv/stage/bin/python benchmarks/empirical_audit.py --render benchmarks/results/empirical-audit-*-mnist-cpu.json \\
-        --markdown benchmarks/results/empirical-audit-dpgan-gswgan-mnist-cpu.md
+    .venv/stage/bin/python benchmarks/run.py empirical-audit   # the suite in benchmarks/suites.toml; arguments: measure()
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -80,27 +75,21 @@ def reference(cfg, *, n: int, steps: int) -> float:
     return time.process_time() - started
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--methods", nargs="+", default=["dpgan"], choices=sorted(CONFIGS))
-    ap.add_argument("--eps", type=float, nargs="+", default=[1.0, 4.0, 10.0])
-    ap.add_argument("--canaries", type=int, nargs="+", default=[1000, 10000])
-    ap.add_argument("--modes", nargs="+", default=["quick", "full"], choices=["quick", "full"])
-    ap.add_argument("--full-canaries", type=int, nargs="+", help="m of the full runs (default: every --canaries)")
-    ap.add_argument("--full-eps", type=float, nargs="+", help="ε of the full runs (default: every --eps)")
-    ap.add_argument("--steps", type=int, help="train.steps (default: the recipe's own; full audits all of them)")
-    ap.add_argument("--quick-steps", type=int, default=100)
-    ap.add_argument("--records", type=int, default=9015, help="n: the default run's training records")
-    ap.add_argument("--controls", action="store_true", help="also the no-noise control at every ε and m, quick")
-    ap.add_argument("--reference", action="store_true", help="also the trainer alone for the quick steps, per ε")
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--markdown", type=Path)
-    ap.add_argument("--render", type=Path, nargs="+", metavar="JSON", help="only write --markdown from earlier --json")
-    args = ap.parse_args()
-    if args.render:
-        text = "\n".join(markdown(json.loads(p.read_text())) for p in args.render)
-        args.markdown.write_text(text) if args.markdown else print(text)
-        return
+def measure(*, methods: tuple[str, ...] = ("dpgan",), eps: tuple[float, ...] = (1.0, 4.0, 10.0),
+            canaries: tuple[int, ...] = (1000, 10000), modes: tuple[str, ...] = ("quick", "full"),
+            full_canaries: list[int] | None = None, full_eps: list[float] | None = None, steps: int | None = None,
+            quick_steps: int = 100, records: int = 9015, controls: bool = False, reference: bool = False) -> dict:
+    """The empirical audit of each of ``methods`` (of CONFIGS) at each ε and canary count m, in each mode; the
+    full runs only at ``full_canaries``/``full_eps`` when given. ``steps``: train.steps (default: the recipe's
+    own); ``records``: n, the default run's training records; ``controls``: also the no-noise control at every ε
+    and m, quick; ``reference``: also the trainer alone for the quick steps, per ε. Returns the rows
+    (:func:`markdown` renders them)."""
+    unknown = sorted(set(methods) - set(CONFIGS))
+    if unknown:
+        raise ValueError(f"methods: {unknown} not of {sorted(CONFIGS)}")
+    args = SimpleNamespace(methods=list(methods), eps=list(eps), canaries=list(canaries), modes=list(modes),
+                           full_canaries=full_canaries, full_eps=full_eps, steps=steps, quick_steps=quick_steps,
+                           records=records, controls=controls, reference=reference)
     torch.set_num_threads(1)
     rows, references = [], []
     started = time.process_time()
@@ -126,11 +115,8 @@ def main() -> None:
            "machine": f"{platform.processor() or platform.machine()}, torch threads 1",
            "measured": time.strftime("%Y-%m-%d"), "total_cpu_seconds": time.process_time() - started,
            "references": references, "rows": rows}
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
     print(markdown(out))
-    if args.markdown:
-        args.markdown.write_text(markdown(out))
+    return out
 
 
 def markdown(out: dict) -> str:
@@ -159,6 +145,3 @@ def markdown(out: dict) -> str:
             f"total {out['total_cpu_seconds'] / 60:.1f} CPU-minutes.\n\n" + "\n".join(table) + "\n"
             + (reference if lines else ""))
 
-
-if __name__ == "__main__":
-    main()

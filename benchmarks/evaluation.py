@@ -1,6 +1,6 @@
 """CPU benchmark: the cost of each evaluation metric for N generated 28×28 samples (default 60k).
 
-The generated records come from a label-conditioned DCGAN generator (``--generator-width``,
+The generated records come from a label-conditioned DCGAN generator (``generator_width``,
 128 as the paper's by default; untrained — content does not change the cost of a metric much, except
 for the iterative classifiers, which stop when they converge). The real reference data is the
 bundled MNIST test set (10,000 records), split in halves as ``dpsynth evaluate`` splits it.
@@ -8,21 +8,20 @@ The membership-inference members and non-members are 500 records each of that se
 numbers are meaningless here; only the time is measured).
 
 Each metric is timed once, in one process, with ``time.process_time`` (CPU seconds of every
-thread of the process) and wall time; ``--threads`` sets torch's threads. The gen2real row of
-a classifier includes training it on the generated data (capped at ``--max-train-records``,
+thread of the process) and wall time; ``threads`` sets torch's threads. The gen2real row of
+a classifier includes training it on the generated data (capped at ``max_train_records``,
 as ``evaluate.max_train_records`` caps it), its real baseline and real2gen.
 
-    python benchmarks/evaluation.py [--num-samples 60000] [--classifiers logreg,cnn,...|full]
-        [--max-train-records 20000] [--threads 2] [--json PATH]
+    .venv/stage/bin/python benchmarks/run.py evaluation-cost   # the suite in benchmarks/suites.toml; arguments: measure()
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -46,16 +45,12 @@ def timed(results: list, name: str, fn):
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-samples", type=int, default=60000)
-    ap.add_argument("--classifiers", default="logreg,cnn,mlp", help="comma-separated names, or 'full'")
-    ap.add_argument("--max-train-records", type=int, default=20000)
-    ap.add_argument("--feature-steps", type=int, default=150)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--generator-width", type=int, default=128, help="only the generation row depends on it")
-    ap.add_argument("--json", type=Path)
-    a = ap.parse_args()
+def measure(*, num_samples: int = 60000, classifiers: str = "logreg,cnn,mlp", max_train_records: int = 20000,
+            feature_steps: int = 150, threads: int = 2, generator_width: int = 128) -> dict:
+    """CPU seconds of each metric of the evaluate stage on ``num_samples`` generated images (``classifiers``:
+    comma-separated names, or 'full'; ``generator_width``: only the generation row depends on it)."""
+    a = SimpleNamespace(num_samples=num_samples, classifiers=classifiers, max_train_records=max_train_records,
+                        feature_steps=feature_steps, threads=threads, generator_width=generator_width)
     torch.set_num_threads(a.threads)
     names = accuracy.FULL_SUITE if a.classifiers == "full" else tuple(a.classifiers.split(","))
     cfg = load_config(overrides=[f"evaluate.max_train_records={a.max_train_records}",
@@ -86,12 +81,5 @@ def main() -> None:
         synthetic, members=real.subset(np.arange(500)), nonmembers=real.subset(np.arange(500, 1000))))
     total = sum(r["cpu_s"] for r in results)
     print(f"{'total':<34} cpu {total:9.1f} s")
-    if a.json:
-        a.json.write_text(json.dumps({"results": results, "args": {k: str(v) for k, v in vars(a).items()},
-                                      "skipped": [n for n, r in rows.items() if "skipped" in r],
-                                      "torch": torch.__version__, "machine": platform.processor() or platform.machine()},
-                                     indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    return {"results": results, "skipped": [n for n, r in rows.items() if "skipped" in r],
+            "torch": torch.__version__, "machine": platform.processor() or platform.machine()}

@@ -13,19 +13,18 @@ gradient penalty on B units), the per-example weight-gradient norms can be had t
 
 The script records one step's layer calls (forward, then the engine's one backward pass for the output
 gradients), then times each way on the same records: CPU seconds (``time.process_time``), the minimum over
-``--repeats``. It prints the engine's choice (the cost model of Bu et al. plus the keep rule) beside the
+``repeats``. It prints the engine's choice (the cost model of Bu et al. plus the keep rule) beside the
 measured cheapest way, and each way's total for the layer (norm + clipped sum).
 
-    python benchmarks/ghost_layer_costs.py [--width 32] [--batch-size 128] [--critic dpgan|zhang]
-        [--threads 1] [--repeats 5] [--json PATH]
+    .venv/stage/bin/python benchmarks/run.py ghost-layer-costs   # the suite in benchmarks/suites.toml; arguments: measure()
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import torch
@@ -72,15 +71,11 @@ def records(args):
     return model, n
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--width", type=int, default=32)
-    ap.add_argument("--batch-size", type=int, default=128, help="B (DPGAN: B real + B fake examples; dp-GAN: B units)")
-    ap.add_argument("--critic", choices=("dpgan", "zhang"), default="dpgan")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+def measure(*, width: int = 32, batch_size: int = 128, critic: str = "dpgan", threads: int = 1,
+            repeats: int = 5) -> dict:
+    """Per layer of the ``critic``'s D (dpgan: B real + B fake examples; zhang: B units), CPU seconds of each way
+    to the per-example norms and the weight gradient (min of ``repeats``), the engine's choice and the fastest."""
+    args = SimpleNamespace(width=width, batch_size=batch_size, critic=critic, threads=threads, repeats=repeats)
     torch.set_num_threads(args.threads)
 
     model, n = records(args)
@@ -119,11 +114,4 @@ def main() -> None:
         print(f"{row['layer'][:43]:<44}{row['T']:>5}{row['p']:>6}{row['d']:>5}{row['kept_MB']:>9.1f}"
               f"{row['stored_MB']:>8.1f}  {cells}{row['chosen']:>13}{row['fastest']:>13}")
     print("ms; a 'keep' the engine did not choose would take 'keep MB' instead of the 'stored' MB it replaces")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "n": n, "rows": rows},
-                                        indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    return {"n": n, "rows": rows}

@@ -1,11 +1,10 @@
 """GS-WGAN / DPAC speed on CPU: warm-start iterations/s, private iterations/s, and the D_k swap cost.
 
-    .venv/stage/bin/python benchmarks/gswgan.py [--method gswgan|dpac] [--width 64] [--batch-size 32]
-        [--n-dis 5] [--shards 8] [--rounds 5] [--warmup 1] [--iterations 2] [--threads 2] [--json PATH]
+    .venv/stage/bin/python benchmarks/run.py gswgan-speed   # the suite in benchmarks/suites.toml; arguments: measure()
 
-Each round runs, interleaved in one process: ``--iterations`` warm-start iterations (non-private:
+Each round runs, interleaved in one process: ``iterations`` warm-start iterations (non-private:
 n_dis critic steps + one generator step, :func:`warm_start_shard` on one shard, file write
-included), then ``--iterations`` private iterations (draw k, load D_k, n_dis critic steps,
+included), then ``iterations`` private iterations (draw k, load D_k, n_dis critic steps,
 store D_k, the sanitized generator step, EMA), then one D_k load + store alone. Reported: the
 median seconds per iteration of each, iterations/s, and the median over rounds of
 private / warm-start (the ratio is the figure to compare across machines).
@@ -13,13 +12,13 @@ private / warm-start (the ratio is the figure to compare across machines).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -34,20 +33,12 @@ from dpsynth.stages.partition import assign
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--method", choices=["gswgan", "dpac"], default="gswgan")
-    ap.add_argument("--width", type=int, default=64, help="d_width = g_width (paper: 64)")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--n-dis", type=int, default=5)
-    ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--per-shard", type=int, default=60, help="records per shard (paper: 60k / 1000)")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--iterations", type=int, default=2, help="iterations of each kind per round")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json")
-    args = ap.parse_args(argv)
+def measure(*, method: str = "gswgan", width: int = 64, batch_size: int = 32, n_dis: int = 5, shards: int = 8,
+            per_shard: int = 60, rounds: int = 5, warmup: int = 1, iterations: int = 2, threads: int = 2) -> dict:
+    """Warm-start and private iterations/s of ``method`` (gswgan or dpac), d_width = g_width = ``width`` (paper:
+    64), ``per_shard`` records per shard (paper: 60k / 1000), ``iterations`` of each kind per round."""
+    args = SimpleNamespace(method=method, width=width, batch_size=batch_size, n_dis=n_dis, shards=shards,
+                           per_shard=per_shard, rounds=rounds, warmup=warmup, iterations=iterations, threads=threads)
     torch.set_num_threads(args.threads)
 
     ds = import_source(str(ROOT / "data" / "mnist")).subset(np.arange(args.shards * args.per_shard))
@@ -95,10 +86,4 @@ def main(argv=None) -> int:
     print(f"  private     {report['private_iterations_per_second']:.2f} it/s  ({med(private) * 1e3:.0f} ms/it)"
           f"  = {med(ratios):.2f} × warm start")
     print(f"  D_k swap    {med(swap) * 1e3:.1f} ms (load state + Adam state, store copies)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return report

@@ -1,11 +1,10 @@
 """Federated GS-WGAN on CPU: bytes moved per generator iteration and iterations/s, processes vs in-process.
 
-    .venv/stage/bin/python benchmarks/gswgan_federated.py [--clients 2] [--width 64] [--batch-size 32]
-        [--n-dis 5] [--per-client 60] [--steps 40] [--threads 1] [--json PATH]
+    .venv/stage/bin/python benchmarks/run.py scaling gswgan-federated   # suites.toml; arguments: measure()
 
 Runs the same configuration twice on real MNIST records: once as the K + 1 ranks of a torchrun job
 over torch.distributed/gloo (``python -m torch.distributed.run --standalone --nproc-per-node K+1`` running
-this script's ``--rank`` mode: rank 0 :class:`dpsynth.methods.federated_processes.FederatedProcesses`, the server, given n only;
+this script's ``rank`` mode: rank 0 :class:`dpsynth.methods.federated_processes.FederatedProcesses`, the server, given n only;
 rank k + 1 :func:`dpsynth.methods.federated_processes.client_main` with shard k — what ``train.method=gswgan_federated`` runs)
 and once in one process (:class:`FederatedGSWGANTrainer`, the reference). Reported per
 transport: the bytes per generator iteration server → clients and back as counted by the transport
@@ -18,7 +17,6 @@ start-up. For scale it also prints what one exchange of the discriminator's weig
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -26,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -40,18 +39,14 @@ from dpsynth.stages.partition import assign
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=2)
-    ap.add_argument("--width", type=int, default=64, help="d_width = g_width (paper: 64)")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--n-dis", type=int, default=5)
-    ap.add_argument("--per-client", type=int, default=60, help="records per client (paper: 60k / 1000)")
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads in the in-process run (clients use 1)")
-    ap.add_argument("--json")
-    ap.add_argument("--rank", metavar="OUT", help=argparse.SUPPRESS)  # a rank of the torchrun job main() starts
-    args = ap.parse_args(argv)
+def measure(*, clients: int = 2, width: int = 64, batch_size: int = 32, n_dis: int = 5, per_client: int = 60,
+            steps: int = 40, threads: int = 1, rank: str | None = None) -> dict | int:
+    """Bytes per generator iteration and iterations/s of ``clients`` clients as torchrun ranks and in one process;
+    d_width = g_width = ``width`` (paper: 64), ``per_client`` records each (paper: 60k / 1000), ``threads`` in the
+    in-process run (clients use 1). ``rank``: the output folder of the torchrun job this call starts (its ranks
+    call this function again, through ``benchmarks/run.py --call``)."""
+    args = SimpleNamespace(clients=clients, width=width, batch_size=batch_size, n_dis=n_dis, per_client=per_client,
+                           steps=steps, threads=threads, rank=rank)
     torch.set_num_threads(1 if args.rank else args.threads)
 
     def shards():
@@ -80,9 +75,10 @@ def main(argv=None) -> int:
         return 0
 
     started = time.monotonic()
+    child = {k: v for k, v in vars(args).items() if k != "rank"} | {"rank": str(out)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-               str(args.clients + 1), str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:]),
-               "--rank", str(out)]
+               str(args.clients + 1), str(Path(__file__).with_name("run.py")), "--call", "gswgan_federated:measure",
+               json.dumps(child)]
     subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     wall = time.monotonic() - started
     processes = json.loads((out / "processes.json").read_text())
@@ -109,10 +105,4 @@ def main(argv=None) -> int:
     print(f"torchrun job wall time incl. start-up: {wall:.2f} s")
     print(f"for scale: D has {d_params:,} parameters; one exchange of D's weights both ways = "
           f"{2 * 4 * d_params:,} bytes")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return report

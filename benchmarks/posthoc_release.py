@@ -19,19 +19,18 @@ post-processing of the audited generator. Variants, as ``key=value`` lists:
                     luminance (on every channel) before the CNN trains and tests: does an RGB release fail to
                     transfer because of its colours? (fid_classifier and IS stay in the colour reference's features)
 
-    .venv/stage/bin/python benchmarks/posthoc_release.py RUN_DIR contrast=0 contrast=4 n=20000 \\
-        --json benchmarks/results/utility-posthoc-NAME-mnist-cpu.jsonl
+    .venv/stage/bin/python benchmarks/run.py posthoc-release   # the suite in benchmarks/suites.toml; arguments: measure()
 
 Results (2026-11-25) are in ``benchmarks/README.md`` (the contrast layer).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -100,12 +99,11 @@ def tones(images) -> dict:
     return {"ink": float((images >= 224).mean()), "grey": float(((images >= 32) & (images < 224)).mean())}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", type=Path, help="a utility.py run directory (…/dpgan-mnist-cpu-eps10)")
-    ap.add_argument("variants", nargs="+", help=f"key=value,… ({', '.join(KEYS)})")
-    ap.add_argument("--json", type=Path, help="append the rows here as JSON lines")
-    a = ap.parse_args()
+def measure(*, run_dir: str, variants: list[str]) -> list[dict]:
+    """Each of ``variants`` (``key=value,…`` of KEYS) applied to the generator a utility run released in
+    ``run_dir`` (…/dpgan-mnist-cpu-eps10), scored as the evaluate stage scores it."""
+    a = SimpleNamespace(run_dir=Path(run_dir), variants=list(variants))
+    rows = []
     torch.set_num_threads(1)
     run = a.run_dir
     cfg = load_config(run / "sensitive/train/config.yaml")
@@ -143,10 +141,5 @@ def main() -> None:
                "inception_score": q["inception_score"]["mean"], "tones": tones(synthetic.images),
                "cpu_s": round(time.process_time() - start, 1)}
         print(json.dumps(row), flush=True)
-        if a.json:
-            with a.json.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+        rows.append(row)
+    return rows

@@ -1,19 +1,21 @@
-"""Build docs/results.md, the one results page, from the result files in benchmarks/results/.
+"""Build docs/results.md, the one results page, from the suites' result files in benchmarks/results/.
 
     .venv/stage/bin/python benchmarks/report.py            # (or `make results`) write docs/results.md
     .venv/stage/bin/python benchmarks/report.py --check    # exit 1 if the committed page is not what this builds
 
 The page's prose is ``benchmarks/report.md.in``; each ``<!-- table: NAME -->`` line in it becomes a table:
 
-* ``*-summary-*.json``: a table whose rows summarize result entries. A row names its ``sources``
-  (``FILE#INDEX`` in benchmarks/results/), and every figure of a sourced entry must appear in its cell (rounded
-  as the cell shows it, or inside the cell's range ``a–b``), else the build fails naming the row; a row
-  without a result file says so (``transcribed``: where its figures came from).
-* ``generality``: every ``generality-*.json`` (benchmarks/utility.py --dataset), one row per run, with the
-  set's role (development or confirmation), the device and the share of the set's non-private ceiling.
-* ``wall-time-*.json``: measured wall times, one row each.
-* ``files``: every file in benchmarks/results/, by what it measures and on which device, read from its name
-  (``<measure>-<subject>-<device>``); a file not named so fails the build.
+* a ``benchmarks/tables/*-summary-*.json``: a table whose rows summarize result entries. A row names its
+  ``sources`` (``SUITE.json:ROW#INDEX``: entry INDEX of that row's result in benchmarks/results/SUITE.json), and
+  every figure of a sourced entry must appear in its cell (rounded as the cell shows it, or inside the cell's range
+  ``a–b``), else the build fails naming the row; a row without a result says so (``transcribed``: where its
+  figures came from).
+* ``generality``: every row of the generality and other-methods suites (benchmarks/utility.py ``generality``),
+  one line per run, with the set's role (development or confirmation), the device and the share of the set's
+  non-private ceiling.
+* a ``benchmarks/tables/wall-time-*.json``: measured wall times, one row each.
+* ``files``: every result file, one per suite of benchmarks/suites.toml, with what it measures and its rows; a
+  file that is not a suite's fails the build (a run's result goes to its suite's file, under its row).
 
 Edit the template or the result files, never docs/results.md: the docs tests compare it with this build.
 """
@@ -28,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+TABLES = ROOT / "benchmarks" / "tables"
+SUITES = ROOT / "benchmarks" / "suites.toml"
 TEMPLATE = ROOT / "benchmarks" / "report.md.in"
 PAGE = ROOT / "docs" / "results.md"
 LINK = "../benchmarks/results/"  # the result files, relative to docs/
@@ -51,19 +55,35 @@ def shows(value: float, cell: str) -> bool:
     return any(float(a) <= round(value, _decimals(a)) <= float(b) for a, b in RANGE.findall(cell))
 
 
+def _result(source: str):
+    """``SUITE.json:ROW`` → that row's result."""
+    name, _, row = source.partition(":")
+    rows = json.loads((RESULTS / name).read_text())["rows"]
+    if row not in rows:
+        raise ValueError(f"{name} has no row {row!r}")
+    return rows[row]["result"]
+
+
 def _entry(source: str) -> dict:
-    name, _, index = source.partition("#")
-    data = json.loads((RESULTS / name).read_text())
-    return (data["rows"] if isinstance(data, dict) else data)[int(index)]
+    """``SUITE.json:ROW#INDEX`` → entry INDEX of that row's result."""
+    where, _, index = source.partition("#")
+    result = _result(where)
+    return (result["rows"] if isinstance(result, dict) else result)[int(index)]
 
 
 def _link(name: str, text: str | None = None) -> str:
     return f"[{text or name}]({LINK}{name})"
 
 
+def _cite(source: str) -> str:
+    """``SUITE.json:ROW`` as a link to the suite's file, naming the row."""
+    name, _, row = source.partition("#")[0].partition(":")
+    return _link(name) + (f" `{row}`" if row else "")
+
+
 def summary_table(name: str) -> str:
     """A ``*-summary-*.json``'s table, each sourced figure checked against its result entry."""
-    spec = json.loads((RESULTS / name).read_text())
+    spec = json.loads((TABLES / name).read_text())
     lines = [f"*Measures:* {spec['what']}. *Dataset:* {spec['dataset']}. *Device:* {spec['device']}.", "",
              "| " + " | ".join([*spec["columns"], "held-out set", "result file"]) + " |",
              "|" + "---|" * (len(spec["columns"]) + 2)]
@@ -79,9 +99,9 @@ def summary_table(name: str) -> str:
                     raise ValueError(f"{name}: the row {cells[0][:60]!r} shows {cell!r} for {key}, "
                                      f"but {source} has {entry[key]!r}")
         files = list(dict.fromkeys(s.partition("#")[0] for s in row.get("sources", [])))
-        where = ", ".join(_link(f) for f in files)
+        where = ", ".join(_cite(f) for f in files)
         if "transcribed" in row:
-            where = "; ".join(filter(None, [where, f"{row['transcribed']} ({_link(name, 'summary')})"]))
+            where = "; ".join(filter(None, [where, f"{row['transcribed']} ([summary](../benchmarks/tables/{name}))"]))
         lines.append("| " + " | ".join([*cells, row.get("set", "—"), where]) + " |")
     return "\n".join(lines)
 
@@ -91,91 +111,75 @@ def _fmt(value, digits: int) -> str:
 
 
 def _device(data: dict) -> str:
-    device = data.get("device", "")
+    device = data.get("device") or data.get("machine", "")
     # a named GPU first (a GPU machine's text names its CPU cores too); a device text naming no GPU but a CPU: CPU
     return next((gpu for gpu in ("H200", "H100") if gpu in device), "CPU" if not device or "CPU" in device else "GPU")
 
 
+GENERALITY_SUITES = ("generality", "other-methods")  # their rows' results: a set's description and its runs
+
+
 def generality_table() -> str:
-    """Every generality run (benchmarks/utility.py --dataset): its set, role, recipe, device and figures."""
+    """Every generality run (benchmarks/utility.py ``generality``): its set, role, recipe, device and figures."""
     lines = ["| dataset (role) | recipe | row | ε target | ε audited | CNN gen2real | % of ceiling | "
-             "fid_classifier (real-vs-real) | CPU-min | device | result file |", "|" + "---|" * 11]
-    for path in sorted(RESULTS.glob("generality-*.json")):
-        data = json.loads(path.read_text())
-        ceiling = next((r["cnn_gen2real"] for r in data["rows"] if r.get("row") == "ceiling"), None)
-        for r in data["rows"]:
-            recipe = r["recipe"].removeprefix("configs/") if r.get("row") != "ceiling" else "real training records"
-            if "error" in r:
-                figures = ["failed (see the file)", "", "", "", "", ""]
-            else:
-                cnn = r.get("cnn_gen2real")
-                share = "—" if ceiling is None or cnn is None else f"{100 * cnn / ceiling:.0f}%"
-                fid = r.get("fid_classifier")
-                fid_s = "—" if fid is None else f"{fid:.1f} ({r['frechet_real_vs_real']:.1f})"
-                figures = [_fmt(r.get("epsilon_audited"), 3), _fmt(cnn, 3), share, fid_s, _fmt(r.get("cpu_min"), 1)]
-            eps = "—" if r.get("epsilon_target") is None else f"{r['epsilon_target']:g}"
-            lines.append(f"| {data['dataset']} ({data['role']}) | {recipe} | {r.get('what', r.get('row'))} | {eps} | "
-                         + " | ".join(figures[:5]) + f" | {_device(data)} | {_link(path.name)} |")
+             "fid_classifier (real-vs-real) | CPU-min | device | result |", "|" + "---|" * 11]
+    for suite in GENERALITY_SUITES:
+        for row, record in json.loads((RESULTS / f"{suite}.json").read_text())["rows"].items():
+            data = record["result"]
+            ceiling = next((r["cnn_gen2real"] for r in data["rows"] if r.get("row") == "ceiling"), None)
+            for r in data["rows"]:
+                recipe = r["recipe"].removeprefix("configs/") if r.get("row") != "ceiling" else "real training records"
+                if "error" in r:
+                    figures = ["failed (see the file)", "", "", "", "", ""]
+                else:
+                    cnn = r.get("cnn_gen2real")
+                    share = "—" if ceiling is None or cnn is None else f"{100 * cnn / ceiling:.0f}%"
+                    fid = r.get("fid_classifier")
+                    fid_s = "—" if fid is None else f"{fid:.1f} ({r['frechet_real_vs_real']:.1f})"
+                    figures = [_fmt(r.get("epsilon_audited"), 3), _fmt(cnn, 3), share, fid_s, _fmt(r.get("cpu_min"), 1)]
+                eps = "—" if r.get("epsilon_target") is None else f"{r['epsilon_target']:g}"
+                dataset = data.get("dataset", r.get("dataset"))
+                role = data.get("role", r.get("role", ""))
+                lines.append(f"| {dataset} ({role}) | {recipe} | {r.get('what', r.get('row'))} | {eps} | "
+                             + " | ".join(figures[:5]) + f" | {_device({**record, **data})} | "
+                             f"{_cite(f'{suite}.json:{row}')} |")
     return "\n".join(lines)
 
 
 def wall_time_table(name: str) -> str:
     """A ``wall-time-*.json``: what was timed, on which device, how long, and what it implies."""
-    spec = json.loads((RESULTS / name).read_text())
-    lines = ["| config | what was timed | device | measured | implies | result file |", "|---|---|---|---|---|---|"]
+    spec = json.loads((TABLES / name).read_text())
+    lines = ["| config | what was timed | device | measured | implies | result |", "|---|---|---|---|---|---|"]
     for r in spec["rows"]:
-        where = ", ".join(filter(None, [r["see"] and _link(r["see"]), _link(name, "transcribed from the config")]))
+        where = ", ".join(filter(None, [r["see"] and _cite(r["see"]),
+                                        f"[transcribed from the config](../benchmarks/tables/{name})"]))
         lines.append(f"| `{r['config']}` | {r['what']} | {r['device']} | {r['measured']} | {r['implies']} | {where} |")
     return "\n".join(lines)
 
 
-MEASURES = {  # a result file's name: <measure>-<subject>-<device>[-<replicate>].<ext>
-    "utility": "CNN/logreg accuracy on real held-out records of a classifier trained on released synthetic "
-               "images, fid_classifier, IS, audited ε, CPU-minutes (benchmarks/utility.py)",
-    "generality": "the same, on image sets other than MNIST (benchmarks/utility.py --dataset)",
-    "empirical-audit": "the empirical audit's lower bound ε_lower against the accounted ε (benchmarks/empirical_audit.py)",
-    "speed": "time of one private discriminator step against the non-private step (benchmarks/dp_discriminator_step.py)",
-    "scaling": "steps/s and bytes exchanged by 1 and 2 ranks, data-parallel or federated "
-               "(benchmarks/distributed_scaling.py, benchmarks/gswgan_federated.py)",
-    "wall-time": "wall time of a recipe's steps or slices, measured when its config was written",
-}
-DEVICES = {"h100-cpu": "NVIDIA H100, CPU", "cpu": "CPU", "h100": "NVIDIA H100", "gpu": "GPU (see the file)"}  # longest first
-
-
 def files_table() -> str:
-    """Every file in benchmarks/results/, by what it measures, its subject and device (read from its name)."""
-    stems: dict[str, list[str]] = {}
+    """Every file in benchmarks/results/: one per suite of benchmarks/suites.toml, with what it measures and its
+    rows (the latest run of each). A file that is not a suite's fails the build."""
+    import tomllib
+
+    suites = tomllib.loads(SUITES.read_text())
+    lines = ["| suite (`benchmarks/run.py SUITE`) | measures | rows | file |", "|---|---|---|---|"]
     for path in sorted(RESULTS.iterdir()):
-        stems.setdefault(re.sub(r"\.[a-z]+$", "", path.name), []).append(path.name)
-    lines = ["| measure | subject | device | files |", "|---|---|---|---|"]
-    for stem, names in stems.items():
-        measure = next((m for m in sorted(MEASURES, key=len, reverse=True) if stem.startswith(m + "-")), None)
-        if measure is None:
-            raise ValueError(f"{names[0]}: not named <measure>-<subject>-<device> with a measure of {sorted(MEASURES)}")
-        subject = stem[len(measure) + 1:]
-        key = next((k for k in DEVICES if re.search(rf"-{k}(-\d+)?$", subject)), None)
-        if key is None and measure != "generality":  # generality-* files are named by benchmarks/utility.py
-            raise ValueError(f"{names[0]}: no device at the end of its name (one of {list(DEVICES)})")
-        device = DEVICES[key] if key else "CPU"
-        if key:
-            subject = re.sub(rf"-{key}(-\d+)?$", lambda m: m.group(1) or "", subject)
-        files = ", ".join(_link(n, n.rpartition(".")[2]) for n in names)
-        lines.append(f"| {measure} | {subject} | {device} | {files} |")
+        if path.suffix != ".json" or path.stem not in suites:
+            raise ValueError(f"{path.name}: not the result file of a suite of benchmarks/suites.toml "
+                             f"(a run's result goes to SUITE.json, under its row)")
+        rows = json.loads(path.read_text())["rows"]
+        lines.append(f"| {path.stem} | {suites[path.stem].get('about', '')} | {len(rows)} | {_link(path.name)} |")
     return "\n".join(lines)
-
-
-def measures_table() -> str:
-    return "\n".join(["| measure | what it measures |", "|---|---|",
-                      *(f"| {m} | {what} |" for m, what in MEASURES.items())])
 
 
 def table(name: str) -> str:
     if name == "files":
-        return measures_table() + "\n\n" + files_table()
+        return files_table()
     if name == "generality":
         return generality_table()
-    if not (RESULTS / name).is_file():
-        raise ValueError(f"the template names {name}, which is not a file in benchmarks/results/")
+    if not (TABLES / name).is_file():
+        raise ValueError(f"the template names {name}, which is not a file in benchmarks/tables/")
     return wall_time_table(name) if name.startswith("wall-time-") else summary_table(name)
 
 

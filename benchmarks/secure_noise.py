@@ -10,16 +10,16 @@ and the median over rounds of (secure time / default time in the same round):
 * ``step``: one whole DPGAN discriminator step (``methods/dpgan.d_step``: Poisson mask,
   B fakes, per-example clipping, noise, Adam) on 600 MNIST records at the given width and batch.
 
-    python benchmarks/secure_noise.py [--width 128] [--batch-size 64] [--repeats 7] [--json PATH]
+    .venv/stage/bin/python benchmarks/run.py secure-noise   # the suite in benchmarks/suites.toml; arguments: measure()
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -48,15 +48,9 @@ def interleaved(fns: dict, *, repeats: int, warmup: int) -> dict:
             "secure_over_default": statistics.median(ratios), "repeats": repeats}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json")
-    args = ap.parse_args()
+def measure(*, width: int = 128, batch_size: int = 64, repeats: int = 7, warmup: int = 2, threads: int = 2) -> dict:
+    """The noise draw and one D step with default and with secure randomness, interleaved."""
+    args = SimpleNamespace(width=width, batch_size=batch_size, repeats=repeats, warmup=warmup, threads=threads)
     torch.set_num_threads(args.threads)
 
     D = Discriminator(num_classes=10, width=128)
@@ -81,9 +75,4 @@ def main() -> None:
 
     report = {"noise": noise, "step": step, "threads": args.threads, "torch": torch.__version__}
     print(json.dumps(report, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return report

@@ -31,16 +31,16 @@ It asks which of the real records' properties a release must carry for the CNN t
 releases of the generic recipe (class means and variation directions, smooth by construction) lack.
 Only the development set letters-rgb is drawn: no setting may be read off a confirmation set.
 
-    python benchmarks/transfer_targets.py --json benchmarks/results/utility-transfer-targets-letters-rgb-cpu.json
+    .venv/stage/bin/python benchmarks/run.py transfer-targets   # the suite in benchmarks/suites.toml; arguments: measure()
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -164,14 +164,10 @@ def drawn(variant: str, n: int, seed: int, means: torch.Tensor | None = None,
     return ImageDataset([str(i) for i in range(n)], labels.astype(np.int64), images, None, len(LETTERS), variant)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("variants", nargs="*", default=VARIANTS, help=f"of {', '.join(VARIANTS)} (default: all)")
-    ap.add_argument("--n", type=int, default=4800, help="training records per variant (letters-rgb's training "
-                                                        "records in the pipeline: 4,818)")
-    ap.add_argument("--test", type=int, default=1000, help="real test records")
-    ap.add_argument("--json", type=Path, help="write the rows here")
-    a = ap.parse_args()
+def measure(*, variants: tuple[str, ...] = tuple(VARIANTS), n: int = 4800, test: int = 1000) -> dict:
+    """The CNN on real test records after training on each of ``variants``, ``n`` training records each
+    (letters-rgb's training records in the pipeline: 4,818), ``test`` real test records."""
+    a = SimpleNamespace(variants=list(variants), n=n, test=test)
     torch.set_num_threads(1)
     cfg = load_config(ROOT / "configs/dpgan-generic-cpu.yaml")  # its evaluate section: the evaluate stage's CNN
     test, fit_real = drawn("real", a.test, 999), drawn("real", 500, 998)  # fit_real: evaluate()'s "real" column
@@ -191,11 +187,5 @@ def main() -> None:
                      "validation_accuracy": result["model_selection"].get("validation_accuracy"),
                      "cpu_s": round(time.process_time() - start, 1)})
         print(json.dumps(rows[-1]), flush=True)
-    if a.json:
-        a.json.write_text(json.dumps({"dataset": "letters-rgb", "role": "development", "train_records": a.n,
-                                      "test_records": a.test, "classifier": "cnn (evaluate stage)",
-                                      "rows": rows}, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return {"dataset": "letters-rgb", "role": "development", "train_records": a.n, "test_records": a.test,
+            "classifier": "cnn (evaluate stage)", "rows": rows}

@@ -12,27 +12,26 @@ audited ε, CPU-minutes and wall time. Beside them, on the same held-out test re
 * ``real``: the same CNN trained on the real training records (the ceiling);
 * the published figures of each method's paper (CNN accuracy on MNIST at ε = 10 unless noted).
 
-Results go to ``benchmarks/results/utility-every-method-mnist-cpu.json`` and ``.md``. Not a test: it takes tens of CPU-minutes
-per recipe. Run ``make bench-utility`` (all recipes, ε ∈ {1, 10}) or pick with ``--recipes``/``--epsilons``.
+:func:`recipes` runs them (the suite ``utility``: ``make bench-utility``, all recipes at ε ∈ {1, 10}; a row of
+benchmarks/suites.toml picks ``recipes``/``epsilons``). Not a test: it takes tens of CPU-minutes per recipe.
 
-Generality (``--dataset NAME``, a name of ``benchmarks/datasets.py``: letters, shapes, shapes-rgb, letters-rgb — development —
+Generality (:func:`generality`, ``dataset=NAME``, a name of ``benchmarks/datasets.py``: letters, shapes, shapes-rgb, letters-rgb — development —
 and symbols-rgb, greek — confirmation — or ``mnist``): the dataset is drawn by the benchmark (deterministic from
-``--seed``), written as an image folder and imported with ``dpsynth data import`` as a user would, then the
-rows of ``--rows``: ``default`` (the default recipe at each ε), ``ceiling`` (the same CNN on the real training
+``seed``), written as an image folder and imported with ``dpsynth data import`` as a user would, then the
+rows of ``rows``: ``default`` (the default recipe at each ε), ``ceiling`` (the same CNN on the real training
 records), ``warmup`` (the warm-up alone: one private D step, fewer than n_D, so G is never stepped after its
-fit), ``gan`` (the GAN phase alone: ``warmup.central_images=false``). Results go to
-``benchmarks/results/generality-NAME.json`` and ``.md`` (naming the set's role), sample grids to
-``docs/images/generality-NAME-ROW.png``.
+fit), ``gan`` (the GAN phase alone: ``warmup.central_images=false``). It returns the set's description (naming
+its role) and one entry per run; sample grids go to ``OUT/images/generality-NAME-ROW.png``. The suites
+``generality``, ``keys`` and the recipe studies of benchmarks/suites.toml call it.
 
 Every training attempt is charged to a privacy ledger, which gives no budget by default. The benchmark
 keeps its own (``OUT/ledger.db``) and population (``mnist-bench``), and sets that population's budget
 explicitly, with a reason, to what the planned runs need on top of what it has already charged
-(:func:`budget_for`); a lifetime δ ≥ 1/n (too many runs on one ledger) is refused: use a new ``--out``.
+(:func:`budget_for`); a lifetime δ ≥ 1/n (too many runs on one ledger) is refused: use a new ``out``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import subprocess
@@ -59,7 +58,7 @@ RECIPES = {
     "gswgan-warmup": "configs/gswgan-warmup-mnist-cpu.yaml",
     "dpac-warmup": "configs/dpac-warmup-mnist-cpu.yaml",
 }
-# Paper-scale recipes for one GPU (not in the default --recipes): `--recipes dpgan-gpu --set train.steps=N`
+# Paper-scale recipes for one GPU (not in the default recipes): recipes="dpgan-gpu", overrides=["train.steps=N"]
 GPU_RECIPES = {f"{m}-gpu": f"configs/{m}-mnist-gpu.yaml" for m in ("dpgan", "gswgan", "dpac", "zhang")}
 # The recipe with no digit-specific settings (#32), chosen on the generality benchmark's development sets
 # and the digit recipe, `make run`'s until 2026-11-28 (style templates sheared and thickened, a contrast layer)
@@ -149,7 +148,7 @@ def heldout_split(run_dir: Path, cfg):
     return heldout.subset(fit_idx), heldout.subset(test_idx)
 
 
-def baselines(run_dir: Path, recipe: str, steps: int) -> list[dict]:
+def baselines_for(run_dir: Path, recipe: str, steps: int) -> list[dict]:
     """Non-private DPGAN models on the same step budget, and real data, on the run's test records."""
     import numpy as np
 
@@ -264,43 +263,42 @@ def import_dataset(name: str, out: Path, *, n: int, seed: int) -> tuple[Path, di
     return parquet, info
 
 
-def generality(a) -> None:
-    """The rows of ``--rows`` on the benchmark's dataset ``a.dataset`` (see the module's docstring)."""
+def generality(*, dataset: str, recipe: str = "dpgan", rows: str = ",".join(ROWS), epsilons: str = "10,1", n: int = 6000,
+               seed: int = 0, overrides: list[str] = (), out: str = str(ROOT / "outputs/bench-generality"),
+               images: str | None = None) -> dict:
+    """The ``rows`` (of ROWS; ``none``: only draw and import the set) of ``recipe`` on the benchmark's dataset
+    ``dataset`` (mnist, or a name of datasets.py; ``n`` records drawn with ``seed``), ``overrides`` the --set items
+    of every run; sample grids to ``images`` (default: OUT/images). Returns the set's description and its rows
+    (see the module's docstring)."""
     import shutil
 
-    name = a.dataset
-    out = Path(a.out) / name
+    if recipe not in ALL_RECIPES:
+        raise ValueError(f"recipe: {recipe!r} is not one of {', '.join(ALL_RECIPES)}")
+    name = dataset
+    out = Path(out) / name
+    images = Path(images) if images else out / "images"
     out.mkdir(parents=True, exist_ok=True)
-    dataset, info = import_dataset(name, out, n=a.n, seed=a.seed)
+    dataset, info = import_dataset(name, out, n=n, seed=seed)
     # the label set is public and declared, never read off the records (data.num_classes, #33): the benchmark
     # drew the set, so it knows its classes
     classes = [f"data.num_classes={read_parquet(str(dataset)).num_classes}"]
-    extra = ([] if name == "mnist" else GENERATED_EXTRA) + classes + a.extra
-    rows_wanted = a.rows.split(",")
+    extra = ([] if name == "mnist" else GENERATED_EXTRA) + classes + list(overrides)
+    rows_wanted = rows.split(",")
     if rows_wanted == ["none"]:  # only draw and import the set
         print(json.dumps(info))
-        return
+        return info
     unknown = sorted(set(rows_wanted) - set(ROWS))
     if unknown:
-        raise SystemExit(f"--rows: unknown {unknown}; choose from {', '.join(ROWS)}")
-    epsilons = [float(e) for e in a.epsilons.split(",")]
+        raise ValueError(f"rows: unknown {unknown}; choose from {', '.join(ROWS)}")
+    epsilons = [float(e) for e in epsilons.split(",")]
     runs = [("default", eps) for eps in epsilons if "default" in rows_wanted]
     runs += [(r, 10.0) for r in ("warmup", "gan") if r in rows_wanted]
     if "ceiling" in rows_wanted and not runs:
         runs = [("default", 10.0)]  # the ceiling needs a run's partition
-    recipe = a.recipe
     budget_for(out, dataset, [(ALL_RECIPES[recipe], eps) for _, eps in runs], extra)
     suffix = "" if recipe == "dpgan" else f"-{recipe}"
-    results = (Path(a.results) if a.results != DEFAULT_RESULTS
-               else ROOT / f"benchmarks/results/generality-{name}{suffix}")
-    images = Path(a.images)
     images.mkdir(parents=True, exist_ok=True)
     rows = []
-
-    def save():
-        results.with_suffix(".json").write_text(json.dumps({**info, "rows": rows}, indent=2) + "\n")
-        results.with_suffix(".md").write_text(f"Dataset `{name}`, {info['role']} set: {json.dumps(info)}\n\n"
-                                              + generality_markdown(rows))
 
     for row, eps in runs:
         tag = "" if row == "default" else f"-{row}"
@@ -312,69 +310,48 @@ def generality(a) -> None:
             r["grid"] = str(grid.relative_to(ROOT)) if grid.is_relative_to(ROOT) else str(grid)
         print(json.dumps(r), flush=True)
         rows.append(r)
-        save()
         if "ceiling" in rows_wanted and not any(x.get("row") == "ceiling" for x in rows) and "error" not in r:
             c = {"dataset": name, "role": info["role"], "row": "ceiling",
                  **ceiling(Path(r["run_dir"]), ALL_RECIPES[recipe], extra)}
             print(json.dumps(c), flush=True)
             rows.append(c)
-            save()
         if row == "default" and eps == 10.0 and "default" not in rows_wanted:
             rows.remove(r)  # run only for the ceiling's partition
-            save()
     print(generality_markdown(rows))
+    return {**info, "rows": rows}
 
 
-DEFAULT_RESULTS = str(ROOT / "benchmarks/results/utility-every-method-mnist-cpu")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--recipes", default=",".join(RECIPES),
-                    help=f"comma-separated, of {', '.join(ALL_RECIPES)} (default: all but the -gpu ones)")
-    ap.add_argument("--epsilons", default="10,1")
-    ap.add_argument("--dataset", default=str(ROOT / "outputs/data/mnist.parquet"),
-                    help="a Parquet file (the recipe rows), or a generality dataset: mnist, or a name of "
-                         "benchmarks/datasets.py (letters, shapes, shapes-rgb, letters-rgb, symbols-rgb, greek)")
-    ap.add_argument("--recipe", default="dpgan", choices=list(ALL_RECIPES),
-                    help="generality: the recipe of the default/warmup/gan rows (dpgan: the default config)")
-    ap.add_argument("--rows", default=",".join(ROWS), help=f"generality rows, of {', '.join(ROWS)} (none: only import the set)")
-    ap.add_argument("--images", default=str(ROOT / "docs/images"), help="where generality sample grids go")
-    ap.add_argument("--n", type=int, default=6000, help="records drawn for a generated dataset")
-    ap.add_argument("--seed", type=int, default=0, help="its seed")
-    ap.add_argument("--out", default=str(ROOT / "outputs/bench-utility"))
-    ap.add_argument("--baselines", action="store_true", help="also the non-private and real-data rows")
-    ap.add_argument("--set", dest="extra", action="append", default=[], help="extra --set for every run")
-    ap.add_argument("--results", default=DEFAULT_RESULTS,
-                    help="results path without suffix (generality: benchmarks/results/generality-NAME)")
-    a = ap.parse_args()
-    import datasets
-
-    if a.dataset == "mnist" or a.dataset in datasets.DATASETS:
-        return generality(a)
-    out = Path(a.out)
+def recipes(*, recipes: str = ",".join(RECIPES), epsilons: str = "10,1", dataset: str | None = None,
+            out: str = str(ROOT / "outputs/bench-utility"), baselines: bool = False,
+            overrides: list[str] = ()) -> list[dict]:
+    """Each of ``recipes`` (comma-separated, of ALL_RECIPES) at each of ``epsilons`` through the pipeline on
+    ``dataset`` (a Parquet file; default: the bundled MNIST, imported into OUT/data), ``overrides`` the --set items
+    of every run; ``baselines``: also the non-private and real-data rows. Returns one row per run."""
+    unknown = sorted(set(recipes.split(",")) - set(ALL_RECIPES))
+    if unknown:
+        raise ValueError(f"recipes: {unknown} not of {', '.join(ALL_RECIPES)}")
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if dataset is None:
+        dataset = out / "data/mnist.parquet"
+        if not dataset.exists():
+            dataset.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([*DPSYNTH, "data", "import", str(ROOT / "data/mnist"), str(dataset)], cwd=ROOT, check=True)
+    extra = list(overrides)
     rows = []
-    plan = [(ALL_RECIPES[name], float(e)) for name in a.recipes.split(",") for e in a.epsilons.split(",")]
-    balance = budget_for(out, Path(a.dataset), plan, a.extra)
+    plan = [(ALL_RECIPES[name], float(e)) for name in recipes.split(",") for e in epsilons.split(",")]
+    balance = budget_for(out, Path(dataset), plan, extra)
     print(f"ledger {ledger_url(out)}: population {POPULATION} budget ε={balance['budget']:g}, "
           f"δ={balance['delta']:g} (remaining ε={balance['remaining']:g})", flush=True)
-    for name in a.recipes.split(","):
-        for eps in (float(e) for e in a.epsilons.split(",")):
-            row = run_pipeline(name, eps, out, Path(a.dataset), a.extra)
+    for name in recipes.split(","):
+        for eps in (float(e) for e in epsilons.split(",")):
+            row = run_pipeline(name, eps, out, Path(dataset), extra)
             print(json.dumps(row), flush=True)
             rows.append(row)
-        if a.baselines and name == "dpgan" and "error" not in rows[-1]:
+        if baselines and name == "dpgan" and "error" not in rows[-1]:
             cfg = load_config(ROOT / RECIPES[name])
-            for row in baselines(Path(rows[-1]["run_dir"]), RECIPES[name], cfg.train.steps):
+            for row in baselines_for(Path(rows[-1]["run_dir"]), RECIPES[name], cfg.train.steps):
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    results = Path(a.results)
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
-    results.with_suffix(".md").write_text(markdown(rows))
     print(markdown(rows))
-
-
-if __name__ == "__main__":
-    main()
+    return rows

@@ -1,7 +1,7 @@
 """Warm-start fan-out: wall time of `dpsynth warmstart` (GS-WGAN, K shards) with 1 and with N local
 worker processes, on the bundled MNIST, in one process (the ratio is what to read).
 
-    .venv/stage/bin/python benchmarks/warmstart_fanout.py [--shards 4] [--iterations 20] [--workers 2]
+    .venv/stage/bin/python benchmarks/run.py warmstart-fanout   # the suite in benchmarks/suites.toml; arguments: measure()
 
 Each configuration warm-starts every shard from scratch in a fresh run directory (partition once,
 copied); the fan-in is timed end to end: process start-up, data loading and training. With one
@@ -11,7 +11,6 @@ cpu_count // N torch threads. The discriminator files of both runs are compared 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -19,18 +18,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shards", type=int, default=4, help="K (default 4)")
-    ap.add_argument("--iterations", type=int, default=20, help="T_w per shard (default 20)")
-    ap.add_argument("--workers", type=int, default=2, help="parallel workers to compare with 1 (default 2)")
-    ap.add_argument("--width", type=int, default=32, help="gswgan.d_width and g_width (default 32)")
-    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    args = ap.parse_args(argv)
+def measure(*, shards: int = 4, iterations: int = 20, workers: int = 2, width: int = 32) -> dict:
+    """The warm-start stage of ``shards`` shards × ``iterations`` iterations (gswgan.d_width = g_width = ``width``)
+    on 1 worker and on ``workers``."""
+    args = SimpleNamespace(shards=shards, iterations=iterations, workers=workers, width=width)
 
     from dpsynth.config import load_config
     from dpsynth.data import import_source, write_parquet
@@ -66,10 +62,4 @@ def main(argv: list[str] | None = None) -> dict:
               "speedup": one["seconds"] / many["seconds"],
               "identical_discriminators": one["files"] == many["files"]}
     print(json.dumps(report, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-if __name__ == "__main__":
-    main()

@@ -2,13 +2,13 @@
 
 Makes the default recipe's warm-up releases once (``dpsynth.training.warmup.release``, fresh secret noise:
 a measurement, nothing is released or logged) on the training shard of a finished ``utility.py`` run
-directory, then fits ``--fits`` generators to that same release (``warmup.fit_generator``, post-processing;
+directory, then fits ``fits`` generators to that same release (``warmup.fit_generator``, post-processing;
 generator seeds 0 … K − 1) and scores each, and the mixture that draws record i from generator
 ⌊i / 10⌋ mod K (10,000 records, classes balanced), as the evaluate stage scores a release: the CNN trained
 on the synthetic records (epoch chosen on synthetic validation), tested on the held-out half of the
 partition's hold-out. No private GAN step is taken: these are warm-up generators.
 
-    .venv/stage/bin/python benchmarks/warmup_refits.py RUN_DIR --fits 4 [--config configs/dpgan-mnist-cpu.yaml]
+    .venv/stage/bin/python benchmarks/run.py warmup-refits   # the suite in benchmarks/suites.toml; arguments: measure()
 
 RUN_DIR is a ``utility.py --out`` run directory (…/dpgan-mnist-cpu-eps10): its
 ``sensitive/partition/{shard-*,heldout}.parquet`` are read. Results (2026-11-26) are in
@@ -17,11 +17,11 @@ RUN_DIR is a ``utility.py --out`` run directory (…/dpgan-mnist-cpu-eps10): its
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -38,13 +38,11 @@ from dpsynth.stages.sample import synthesize
 from utility import ROOT, heldout_split  # the evaluate stage's halves of a run's hold-out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--fits", type=int, default=4)
-    ap.add_argument("--config", type=Path, default=ROOT / "configs/dpgan-mnist-cpu.yaml")
-    ap.add_argument("--json", type=Path, help="append the rows here as JSON lines")
-    a = ap.parse_args()
+def measure(*, run_dir: str, fits: int = 4, config: str = "configs/dpgan-mnist-cpu.yaml") -> list[dict]:
+    """The warm-up release of ``config`` on a utility run's training records (``run_dir``), ``fits`` generators
+    fitted to it, and a mixture of their samples, each scored on the run's held-out records."""
+    a = SimpleNamespace(run_dir=Path(run_dir), fits=fits, config=ROOT / config)
+    rows = []
     torch.set_num_threads(1)
     cfg = load_config(a.config)
     t, w = cfg.train, cfg.warmup
@@ -62,9 +60,7 @@ def main() -> None:
     def emit(row: dict) -> None:
         row = {"run_dir": str(a.run_dir), **row}
         print(json.dumps(row), flush=True)
-        if a.json:
-            with a.json.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+        rows.append(row)
 
     sets = []
     for k in range(a.fits):
@@ -81,7 +77,4 @@ def main() -> None:
     mixture = ImageDataset(record_ids=[f"mixture:{i:07d}" for i in range(10000)], labels=sets[0].labels,
                            images=images, splits=None, num_classes=10, source=f"a mixture of {a.fits} warm-up fits")
     emit({"mixture": a.fits, "cnn_gen2real": score(mixture)})
-
-
-if __name__ == "__main__":
-    main()
+    return rows

@@ -12,18 +12,17 @@ numbers in context: the same classifier fit on the public records alone (what th
 give without any private training) and on the private records themselves (no privacy).
 Time: wall-clock seconds of each training (warm start reported separately), in one process.
 
-    python benchmarks/zhang_vs_dpgan.py [--epsilon 4] [--steps 600] [--batch-size 64] [--width 32]
-        [--variants dpgan,zhang,zhang-no-warm] [--samples 5000] [--json PATH]
+    .venv/stage/bin/python benchmarks/run.py zhang-vs-dpgan   # the suite in benchmarks/suites.toml; arguments: measure()
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -110,19 +109,12 @@ def run_variant(name: str, args, private, public, workdir: Path) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--epsilon", type=float, default=4.0)
-    ap.add_argument("--delta", type=float, default=1e-5)
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--width", type=int, default=32)
-    ap.add_argument("--samples", type=int, default=5000)
-    ap.add_argument("--variants", default="dpgan,zhang,zhang-no-warm")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
+def measure(*, epsilon: float = 4.0, delta: float = 1e-5, steps: int = 600, batch_size: int = 64, width: int = 32,
+            samples: int = 5000, variants: str = "dpgan,zhang,zhang-no-warm", threads: int = 2, seed: int = 0) -> dict:
+    """Each of ``variants`` at (``epsilon``, ``delta``) for ``steps`` private steps; logistic regression on
+    ``samples`` synthetic images, tested on held-out real images."""
+    args = SimpleNamespace(epsilon=epsilon, delta=delta, steps=steps, batch_size=batch_size, width=width,
+                           samples=samples, variants=variants, threads=threads, seed=seed)
     torch.set_num_threads(args.threads)
     started = time.monotonic()
 
@@ -152,12 +144,4 @@ def main(argv=None) -> int:
             print(f"{r['variant']:34s} {r['accuracy']:8.3f}")
     wall = time.monotonic() - started
     print(f"wall time {wall:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows, "wall_seconds": wall,
-                                               "torch": torch.__version__, "python": platform.python_version()},
-                                              indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return {"rows": rows, "wall_seconds": wall, "torch": torch.__version__, "python": platform.python_version()}

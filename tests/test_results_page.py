@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -34,19 +35,14 @@ def test_check_mode_fails_on_a_stale_page(tmp_path, monkeypatch, capsys):
     assert "make results" in capsys.readouterr().err
 
 
-def test_a_figure_that_disagrees_with_its_result_file_fails_the_build(tmp_path, monkeypatch, capsys):
-    results = tmp_path / "results"
-    results.mkdir()
+def test_a_figure_that_disagrees_with_its_result_file_fails_the_build(tmp_path, monkeypatch):
     name = "utility-summary-mnist-cpu.json"
-    spec = json.loads((report.RESULTS / name).read_text())
-    for row in spec["rows"]:
-        for source in row.get("sources", []):
-            file = source.partition("#")[0]
-            (results / file).write_text((report.RESULTS / file).read_text())
+    spec = json.loads((report.TABLES / name).read_text())
     default = next(r for r in spec["rows"] if r.get("cells", [""])[0].startswith("**default recipe**"))
-    default["cells"][2] = "**0.952**"  # the file says 0.9532...
-    (results / name).write_text(json.dumps(spec))
-    monkeypatch.setattr(report, "RESULTS", results)
+    assert default["sources"] == ["utility.json:contrast-layer-mnist-cpu#2"]
+    default["cells"][2] = "**0.952**"  # the result says 0.9532...
+    (tmp_path / name).write_text(json.dumps(spec))
+    monkeypatch.setattr(report, "TABLES", tmp_path)
     with pytest.raises(ValueError, match="cnn_gen2real"):
         report.summary_table(name)
 
@@ -60,20 +56,21 @@ def test_shows(value, cell, shown):
     assert report.shows(value, cell) is shown
 
 
-def test_every_result_file_on_the_page_exists_and_every_generality_file_is_shown():
+def test_every_generality_run_is_on_the_page_with_its_file_and_row():
     page = (REPO / "docs" / "results.md").read_text()
-    for path in sorted(report.RESULTS.glob("generality-*.json")):
+    for suite in report.GENERALITY_SUITES:
+        rows = json.loads((report.RESULTS / f"{suite}.json").read_text())["rows"]
+        for row in rows:
+            assert report._cite(f"{suite}.json:{row}") in page, (suite, row)
+
+
+def test_every_result_file_is_a_suites_and_the_page_lists_it(tmp_path, monkeypatch):
+    page = (REPO / "docs" / "results.md").read_text()
+    for path in report.RESULTS.iterdir():
         assert f"({report.LINK}{path.name})" in page, path.name
-
-
-def test_a_result_file_named_after_an_episode_fails_the_build(tmp_path, monkeypatch):
-    (tmp_path / "utility-default-mnist-cpu.json").write_text("[]")
+    (tmp_path / "speed.json").write_text(json.dumps({"suite": "speed", "rows": {}}))
     monkeypatch.setattr(report, "RESULTS", tmp_path)
-    assert "| utility | default-mnist | CPU |" in report.files_table()
-    (tmp_path / "utility-default-rerun.json").write_text("[]")
-    with pytest.raises(ValueError, match="utility-default-rerun.json: no device at the end of its name"):
-        report.files_table()
-    (tmp_path / "utility-default-rerun.json").unlink()
-    (tmp_path / "default-after-gpu-fix.json").write_text("[]")
-    with pytest.raises(ValueError, match="default-after-gpu-fix.json: not named <measure>-<subject>-<device>"):
+    assert "| speed |" in report.files_table()
+    (tmp_path / "speed-after-gpu-fix.json").write_text("{}")  # an episode's file, not a suite's
+    with pytest.raises(ValueError, match="speed-after-gpu-fix.json: not the result file of a suite"):
         report.files_table()

@@ -31,7 +31,7 @@ def tone(cfg: RunConfig, channels: int) -> bool:
     """Whether the DCGAN generator ends with the tone layer (``train.g_tone``): on single-channel images only. On
     colour images one monotone map of every channel together, matched to the intensities of all channels pooled,
     cannot give colours, and at a low ε it stretched a nearly flat generator's noise into coloured static
-    (benchmarks/README.md, "The tone layer")."""
+    (docs/results.md, "The tone layer")."""
     return cfg.train.g_tone and channels == 1
 
 

@@ -36,7 +36,7 @@ def register(subparsers) -> None:
             "RUN_DIR/sensitive/train (output.dir is not used) with a manifest and an MLflow child run. Under "
             "torchrun (`torchrun --nproc-per-node N -m dpsynth train ...`) dpgan and zhang train data-parallel "
             "and gswgan and dpac spread their shards over the ranks, with or without --run-dir: rank 0 alone is "
-            "charged and writes (docs/data_parallel.md). gswgan_federated always runs as a torchrun job of K + 1 ranks "
+            "charged and writes (docs/distributed.md). gswgan_federated always runs as a torchrun job of K + 1 ranks "
             "(server, K clients): --run-dir in one process starts it."
         ),
         epilog=methods_text(),
