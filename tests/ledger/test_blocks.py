@@ -83,7 +83,7 @@ def per_record_epsilon(ledger: Ledger, record_blocks: dict[str, int]) -> dict[st
     return {rid: per_block.get(b, 0.0) for rid, b in record_blocks.items()}
 
 
-def test_26_weekly_retrains_on_blocks_where_one_population_budget_stops_after_9(db, tmp_path):
+def test_26_weekly_retrains_on_blocks_where_one_population_budget_stops_after_9(db, tmp_path, capsys):
     dst = tmp_path / "data" / "clinic.parquet"
     ledger = Ledger(db)
     ledger.set_budget(POP, epsilon=BLOCK_BUDGET, delta=1e-4, reason="each block's lifetime budget")
@@ -108,6 +108,10 @@ def test_26_weekly_retrains_on_blocks_where_one_population_budget_stops_after_9(
     assert max(eps.values()) <= BLOCK_BUDGET
     assert max(eps.values()) == pytest.approx(3 * spent)
     assert ledger.balance(POP)["remaining"] >= 0
+    capsys.readouterr()
+    assert main(["ledger", "show", POP, "--db", db]) == 0
+    shown = capsys.readouterr().out
+    assert "per privacy block" in shown and shown.count("\n25 ") == 1  # the newest block, on its line
     # the forecast matched what the runs then charged, to the block
     for week, plan in forecasts.items():
         assert plan["next"]["blocks"] == reads[week]
@@ -284,3 +288,32 @@ def test_the_partition_and_train_stages_read_and_charge_the_window(tmp_path, cap
                    *settings(uri, *window, "privacy.epsilon=40")) == 2
     assert "block 2 of population 'mnist600', the newest, cannot fund" in capsys.readouterr().err
     assert not (tmp_path / "run2").exists() and len(Ledger(url).history("mnist600")) == 1
+
+
+def test_the_ledger_page_and_the_card_show_each_block(tmp_path):
+    """The auditor's views (#54 item 5): the Privacy ledger page lists each block's charge and the reservations that
+    charged it; the release card, per block the run read, what it charged there, before, and what is left."""
+    from dpsynth.release.card import _block_facts
+    from dpsynth_mlflow.ledger_view import gather, render
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ledger = Ledger(url)
+    ledger.set_budget(POP, epsilon=30.0, delta=1e-4, reason="each block's lifetime budget")
+    for run, read, spent in (("p1", [0, 1], 9.0), ("p2", [1, 2], 8.0)):
+        rid = ledger.reserve(POP, epsilon=10.0, delta=1e-6, dataset_sha256="ab" * 32, pipeline_run_id=run,
+                             accountant="rdp", records=1000, blocks=read)
+        ledger.commit(rid, epsilon_spent=spent)
+    ledger.release(ledger.reserve(POP, epsilon=10.0, delta=1e-6, dataset_sha256="ab" * 32, pipeline_run_id="p3",
+                                  accountant="rdp", records=1000, blocks=[2]), note="failed before training")
+    data = gather(ledger_url=url, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (pop,) = data["populations"]
+    assert [(b["block"], b["committed"], b["remaining"]) for b in pop["blocks"]] == [
+        (0, 9.0, 21.0), (1, 17.0, 13.0), (2, 8.0, 22.0)]
+    page = render(data)
+    assert "<tr data-block='1'><td>1</td><td>17</td>" in page and "<td>#1, #2</td>" in page
+    assert "on blocks 1, 2" in page
+    history = ledger.history(POP)
+    charged = lambda r: r["epsilon_spent"] if r["status"] == "committed" else 0.0  # noqa: E731
+    assert _block_facts([history[1]], [history[0]], ledger.balance(POP), charged) == [
+        {"block": 1, "this_run": 8.0, "committed_before": 9.0, "remaining": 13.0},
+        {"block": 2, "this_run": 8.0, "committed_before": 0.0, "remaining": 22.0}]

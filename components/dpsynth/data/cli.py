@@ -79,10 +79,10 @@ def run_import(args: argparse.Namespace) -> int:
             from dpsynth.data import versions
 
             versions.record(args.dst, version["version"])
-    if version:  # the block of the records arriving for the first time (#54): public, like n
+    if version:  # records arriving for the first time form the next privacy block (#54)
         from dpsynth.data import blocks
 
-        version["block"] = blocks.record_import(args.dst, version["version"], ds.record_ids)
+        blocks.record_import(args.dst, version["version"], ds.record_ids)
     summary = {**_basics(ds), "uri": str(args.dst), **version}
     if args.outside:
         summary = {"uri": str(args.dst), "shape": summary["shape"], **version}

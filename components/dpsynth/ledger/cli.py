@@ -120,6 +120,10 @@ def run_show(args: argparse.Namespace) -> int:
         print(f"no populations yet; add one with `{commands.dpsynth('ledger', 'set-budget', 'POPULATION --epsilon E --delta D')}`")
     else:
         print(_table(rows, ["population_id", "budget", "committed", "reserved", "remaining", "delta", "delta_used"]))
+        for row in rows:  # privacy blocks (#54): the line above is the most charged block's
+            if [b["block"] for b in row["blocks"]] not in ([], [0]):
+                print(f"\npopulation {row['population_id']}, per privacy block (each with the budget above):")
+                print(_table(row["blocks"], ["block", "committed", "reserved", "remaining", "delta_used"]))
     return 0
 
 
