@@ -173,6 +173,9 @@ def test_a_record_keeps_the_block_of_its_first_arrival(tmp_path):
     ids = [f"patient-{i:04d}" for i in range(2 * PER_WEEK)]
     assert blocks.of_records(uri, ids) == [0] * PER_WEEK + [1] * PER_WEEK
     assert set(blocks.arrivals(uri)[1]) == {"block", "arrived_at", "records"}  # public: no version id, no record
+    from dpsynth.privacy.statement import ARRIVAL, statement
+
+    assert ARRIVAL in statement(adjacency="add/remove", noise="Gaussian")["assumptions"]  # every statement says so
 
 
 def test_an_attempt_reserves_on_every_block_it_reads_atomically(db):
@@ -270,7 +273,7 @@ def test_the_partition_and_train_stages_read_and_charge_the_window(tmp_path, cap
 
     uri = versions.uri(str(dst), versions.latest(str(dst)))
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    Ledger(url).set_budget("mnist600", epsilon=30.0, delta=1e-4, reason="each block's lifetime budget")
+    Ledger(url).set_budget("mnist600", epsilon=30.0, delta=1e-3, reason="each block's lifetime budget")
     run = tmp_path / "run"
     window = ["ledger.window=2", f"ledger.url={url}", "data.heldout_fraction=0.1"]
     for name in ("partition", "warmstart", "train"):
@@ -283,6 +286,15 @@ def test_the_partition_and_train_stages_read_and_charge_the_window(tmp_path, cap
     assert kept == set(mnist.record_ids[200:])  # blocks 1 and 2: the records of the 2nd and 3rd imports
     [res] = Ledger(url).history("mnist600")
     assert res["blocks"] == [1, 2] and res["status"] == "committed" and 0 < res["epsilon_spent"] <= 10
+    # a wider window (every block) holds out the same records of blocks 1 and 2: held out for life, by id alone
+    assert dpsynth("partition", "--run-dir", tmp_path / "wide", *settings(uri, *window[1:])) == 0
+    wide = manifest(tmp_path / "wide", "sensitive", "partition")
+    assert wide["details"]["blocks"] == [0, 1, 2]
+
+    def held(m):
+        return {rid for o in m["outputs"] if o["role"] == "heldout" for rid in read_parquet(o["uri"]).record_ids}
+
+    assert held(part) and held(wide) & kept == held(part)
     capsys.readouterr()
     assert dpsynth("pipeline", "start", "--run-dir", tmp_path / "run2", "--pipeline-run-id", "p2",
                    *settings(uri, *window, "privacy.epsilon=40")) == 2
