@@ -247,6 +247,12 @@ class LedgerConfig:
     stale_after_hours: Float = Field(
         48.0, gt=0, description="An open reservation whose attempt has not written a checkpoint (its heartbeat) for "
                                 "this long is settled at its whole amount by the next attempt on the population.")
+    window: Int | None = Field(
+        None, ge=1,
+        description="Retraining on privacy blocks (data imported with `dpsynth data import --versioned`; "
+                    "docs/privacy.md, \"Privacy blocks\"): a run reads the last WINDOW blocks (null: every block), "
+                    "less those whose budget left cannot pay its (ε, δ), chosen before anything is read. The "
+                    "population's budget is each block's lifetime budget.")
 
 
 @dataclass(frozen=True, config=SECTION)

@@ -1,7 +1,8 @@
 """What the Privacy ledger page shows, gathered read-only from the ledger, MLflow and the stage manifests.
 
 :func:`gather` returns plain data (also served as JSON); :func:`render` turns it into the HTML page.
-Per population: lifetime budget, ε spent (committed), reserved, remaining and δ. Per pipeline run
+Per population: lifetime budget, ε spent (committed), reserved, remaining and δ (the most charged privacy block's),
+and with several blocks each block's, with the reservations that charged it. Per pipeline run
 charged to it: the ledger's reservations — one per training attempt (a killed attempt and its
 resumption, a ``--force`` restart, a retried task: each its own), their ε summed —, ε per stage and the
 audit decision from its MLflow runs, and the lineage chain dataset → shards → train run → generator →
@@ -71,7 +72,8 @@ class LedgerView:
                 runs = [_run(rows, self._mlflow_part(client, self._parents.get(run_id)), aliases)
                         for run_id, rows in by_run.items()]
                 populations.append({**{k: pop[k] for k in ("population_id", "budget", "committed", "reserved",
-                                                           "remaining", "delta", "delta_used")}, "runs": runs})
+                                                           "remaining", "delta", "delta_used", "blocks")},
+                                    "runs": runs})
             return {"format": "dpsynth.privacy_ledger/2", "populations": populations}
 
     def _refresh(self, client) -> None:
@@ -133,6 +135,7 @@ def _attempt(res: dict) -> dict[str, Any]:
     return {"reservation_id": res["id"], "stage": res["stage"], "status": res["status"],
             "epsilon_reserved": res["epsilon_reserved"], "epsilon_charged": _charged(res), "delta": res["delta"],
             "resumes_id": res.get("resumes_id"), "steps": res.get("steps"), "created_at": res["created_at"],
+            "blocks": res.get("blocks", [0]),
             "closed_at": res.get("closed_at"), "note": res.get("note")}
 
 
@@ -315,6 +318,14 @@ def render(data: dict[str, Any]) -> str:
                    f"<td data-field='reserved'>{_f(pop['reserved'])}</td>"
                    f"<td data-field='remaining'>{_f(pop['remaining'])}</td><td>{_e(pop['delta'])}</td>"
                    f"<td>{pop['delta_used']:.3g}</td></tr></table>")
+        if len(pop.get("blocks") or []) > 1:  # privacy blocks (#54): each block's charge, the history's per block
+            out.append("<table class='blocks'><tr><th>block</th><th>spent ε</th><th>reserved ε</th><th>remaining ε</th>"
+                       "<th>δ charged</th><th>charged by reservations</th></tr>" + "".join(
+                           f"<tr data-block='{b['block']}'><td>{b['block']}</td><td>{_f(b['committed'])}</td>"
+                           f"<td>{_f(b['reserved'])}</td><td>{_f(b['remaining'])}</td><td>{b['delta_used']:.3g}</td>"
+                           "<td>" + ", ".join(f"#{a['reservation_id']}" for r in pop["runs"] for a in r["attempts"]
+                                              if b["block"] in a["blocks"] and a["status"] != "released")
+                           + "</td></tr>" for b in pop["blocks"]) + "</table>")
         out.append("<table class='runs'><tr><th>pipeline run</th><th>ledger (attempts)</th><th>ε charged</th>"
                    + "".join(f"<th>ε {s}</th>" for s in STAGES) + "<th>audit</th><th>ε_lower (empirical audit)</th>"
                    "<th>dataset version</th><th>released (Model Registry)</th><th>release card</th></tr>")
@@ -327,6 +338,7 @@ def render(data: dict[str, Any]) -> str:
             attempts = "".join(
                 f"<li data-reservation='{a['reservation_id']}' title='{_e(a['note'])}'>#{a['reservation_id']} "
                 f"{_e(a['stage'])} {_e(a['status'])} ε {_f(a['epsilon_charged'])}"
+                + (f" on blocks {', '.join(map(str, a['blocks']))}" if a["blocks"] != [0] else "")
                 + (f" (resumes #{a['resumes_id']})" if a["resumes_id"] else "") + "</li>" for a in run["attempts"])
             name = (_run_link(m.get('experiment_id'), m.get('parent_run_id'), run['pipeline_run_id'])
                     if m.get("parent_run_id") else _e(run["pipeline_run_id"]))

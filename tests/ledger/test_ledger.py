@@ -232,7 +232,7 @@ from sqlalchemy import event
 from dpsynth.errors import PrivacyError
 from dpsynth.ledger.store import Ledger
 
-url, sync, name, eps, attempts, then, sha = sys.argv[1:8]
+url, sync, name, eps, attempts, then, sha, blocks = sys.argv[1:9]
 ledger = Ledger(url)
 if then == "hang":
     @event.listens_for(ledger.engine, "commit")
@@ -251,7 +251,8 @@ results = []
 for i in range(int(attempts)):
     try:
         rid = ledger.reserve("mnist", epsilon=float(eps), delta=1e-9, dataset_sha256=sha,
-                             pipeline_run_id=f"{name}-{i}", accountant="rdp", records=1000)
+                             pipeline_run_id=f"{name}-{i}", accountant="rdp", records=1000,
+                             blocks=json.loads(blocks))
     except PrivacyError:
         results.append("refused")
         continue
@@ -262,8 +263,9 @@ print(json.dumps(results))
 """
 
 
-def spawn(url, sync, name, *, eps, attempts=1, then="hold"):
-    return subprocess.Popen([sys.executable, "-c", CHILD, url, str(sync), name, str(eps), str(attempts), then, SHA],
+def spawn(url, sync, name, *, eps, attempts=1, then="hold", blocks=None):
+    return subprocess.Popen([sys.executable, "-c", CHILD, url, str(sync), name, str(eps), str(attempts), then, SHA,
+                             json.dumps(blocks)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -323,6 +325,26 @@ def test_twenty_processes_racing_for_one_budget_neither_overspend_nor_deadlock(r
     history = Ledger(url).history(POP)
     assert len(history) == 8 and len({r["id"] for r in history}) == 8
     assert sorted(r["pipeline_run_id"] for r in history) == sorted(f"{n}-0" for n, rs in results.items() if rs == ["ok"])
+
+
+def test_retrains_racing_on_overlapping_blocks_never_overspend_one(race_url, tmp_path):
+    """#54: twelve processes, each three retrains on two neighbouring blocks of four (a window overlapping the
+    others'), let go at once; demands are served first-come. No block over its budget, no reservation left open,
+    and each refused demand could no longer be met (one of its blocks lacks the ε)."""
+    url = race_url
+    Ledger(url).set_budget(POP, epsilon=1.0, delta=1e-5, reason="each block's lifetime budget")
+    pairs = {f"w{i:02d}": [i % 4, (i + 1) % 4] for i in range(12)}
+    children = {name: {"eps": 0.25, "attempts": 3, "then": "commit", "blocks": pair} for name, pair in pairs.items()}
+    results = race(url, tmp_path, children)
+    history = Ledger(url).history(POP)
+    assert {r["status"] for r in history} == {"committed"}  # 0 open
+    assert sum(rs.count("ok") for rs in results.values()) == len(history) <= 8  # 4 blocks × 1.0 / (2 × 0.25)
+    blocks = {b["block"]: b for b in Ledger(url).balance(POP)["blocks"]}
+    assert all(b["committed"] <= 1.0 + 1e-12 and b["reserved"] == 0 for b in blocks.values())
+    assert sum(b["committed"] for b in blocks.values()) == pytest.approx(0.5 * len(history))
+    for name, rs in results.items():
+        if "refused" in rs:
+            assert min(blocks[b]["remaining"] for b in pairs[name]) < 0.25 - 1e-12, name
 
 
 def test_a_process_killed_mid_transaction_leaves_nothing(race_url, tmp_path):
@@ -389,6 +411,26 @@ def test_an_attempt_without_heartbeat_expires_and_a_late_commit_keeps_the_larger
     assert ledger.reservation(old)["epsilon_spent"] == 4.0
     ledger.commit(old, epsilon_spent=5.0)  # ... unless it spent more
     assert ledger.reservation(old)["epsilon_spent"] == 5.0
+
+
+def test_only_the_attempt_that_opened_a_reservation_gives_any_of_it_back(url, ledger):
+    """#52 finding 6 (the SQLite side; the PostgreSQL trigger: test_ledger_roles.py): another process may settle an
+    open reservation at its whole ε, never release it, commit it below that, or lower its bound."""
+    rid = reserve(ledger, 2.0)
+    ledger.raise_bound(rid, epsilon=4.0, why="as_published: no guard")
+    other = Ledger(url)
+    for close in (lambda: other.release(rid, note="not mine"), lambda: other.commit(rid, epsilon_spent=1.0),
+                  lambda: other.commit(rid, epsilon_spent=3.9)):
+        with pytest.raises(PrivacyError, match=rf"reservation_id: reservation {rid} .*is held by another attempt: only "
+                                               r"the attempt that opened it may .*ledger settle"):
+            close()
+    other.raise_bound(rid, epsilon=3.0, why="lower")
+    assert ledger.reservation(rid)["epsilon_bound"] == 4.0 and ledger.reservation(rid)["status"] == "reserved"
+    other.commit(rid, epsilon_spent=4.0)  # at its whole ε: anyone may
+    assert charged(ledger) == (4.0, 0.0, 6.0)
+    mine = reserve(ledger, 1.0, run="b")
+    ledger.release(mine, note="failed before training")  # the holder gives it back
+    assert ledger.reservation(mine)["status"] == "released"
 
 
 def test_settle_by_an_operator_records_the_reason(ledger):

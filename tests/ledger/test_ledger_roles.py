@@ -94,6 +94,40 @@ def test_no_role_reopens_a_closed_reservation_or_lowers_what_it_charged(zones):
     assert Ledger(admin).balance("mnist")["committed"] == pytest.approx(3.9)
 
 
+def test_the_stage_role_cannot_give_back_another_attempts_open_reservation(zones):
+    """#52 finding 6: the trigger guards open reservations too. Another process sharing the stage role may settle a
+    dead attempt's reservation at its whole ε, never release it, commit it below that, or lower its bound."""
+    admin, stage_url, _ = zones
+    holder = Ledger(stage_url)
+    rid, _ = holder.open_attempt("mnist", epsilon=2.0, delta=1e-6, dataset_sha256=SHA, pipeline_run_id="run-1",
+                                 accountant="rdp", records=10_000, stage="train", attempt_id="a1", resumes_id=None,
+                                 stale_after_s=None)
+    holder.raise_bound(rid, epsilon=5.0, why="as_published: no guard")
+    other = Ledger(stage_url)
+    for sql in (f"UPDATE reservations SET status = 'released', closed_at = now() WHERE id = {rid}",
+                f"UPDATE reservations SET status = 'committed', closed_at = now(), epsilon_spent = 0 WHERE id = {rid}",
+                f"UPDATE reservations SET status = 'committed', closed_at = now(), epsilon_spent = 2 WHERE id = {rid}",
+                f"UPDATE reservations SET epsilon_bound = 0.5 WHERE id = {rid}",
+                f"UPDATE reservations SET epsilon_bound = NULL WHERE id = {rid}"):
+        for url in (stage_url, admin):
+            with Ledger(url).engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
+                conn.exec_driver_sql(sql)
+    with other.engine.begin() as conn, pytest.raises(Exception, match="held by another attempt"):  # a guessed secret
+        conn.exec_driver_sql("SELECT set_config('dpsynth.attempt_token', 'guess', true)")
+        conn.exec_driver_sql(f"UPDATE reservations SET status = 'released', closed_at = now() WHERE id = {rid}")
+    for close in (lambda: other.release(rid, note="not mine"), lambda: other.commit(rid, epsilon_spent=0.0)):
+        with pytest.raises(PrivacyError, match=f"reservation {rid} .*is held by another attempt"):
+            close()
+    other.raise_bound(rid, epsilon=1.0, why="lower")  # a lower bound is ignored: a bound only rises
+    assert Ledger(admin).reservation(rid)["epsilon_bound"] == 5.0
+    holder.heartbeat(rid, steps=3)
+    holder.commit(rid, epsilon_spent=1.5)  # the attempt that opened it closes it below its whole
+    assert Ledger(admin).reservation(rid)["epsilon_spent"] == 1.5
+    dead = holder.reserve("mnist", epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="run-2",
+                          accountant="rdp", records=10_000)
+    assert other.settle(dead, reason="its pod is gone")["epsilon_spent"] == 1.0  # anyone settles at the whole
+
+
 def test_the_auditor_role_reads_and_cannot_write(zones):
     admin, stage_url, auditor_url = zones
     Ledger(stage_url).reserve("mnist", epsilon=2.0, delta=1e-6, dataset_sha256=SHA, pipeline_run_id="run-1",
@@ -109,7 +143,7 @@ def test_the_auditor_role_reads_and_cannot_write(zones):
                         accountant="rdp", records=10_000)
     [row] = Ledger(admin).history("mnist")
     with pytest.raises(PrivacyError, match="permission denied"):
-        auditor.commit(row["id"], epsilon_spent=0.0)
+        auditor.commit(row["id"], epsilon_spent=2.0)  # at its whole ε: the database refuses the auditor
     with auditor.engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
         conn.exec_driver_sql("SELECT key FROM data_key")  # the ledger's key of data ids stays the platform's
 

@@ -53,7 +53,7 @@ def test_versioned_import_names_versions_by_keyed_id_and_skips_unchanged_data(tm
     back = imported(a)  # back to the first records: changed (from the newest), its version file reused
     assert back["changed"] and back["version"] == first["version"]
     assert sorted(p.name for p in (tmp_path / "data" / "mnist").iterdir()) == sorted(
-        [".version-key", "LATEST", f"{first['version']}.parquet", f"{second['version']}.parquet"])
+        [".version-key", "LATEST", "blocks.json", f"{first['version']}.parquet", f"{second['version']}.parquet"])
 
 
 FAKE_IMPORT = """\

@@ -51,7 +51,8 @@ def register(subparsers) -> None:
         "--versioned", action="store_true",
         help="also keep this version, immutable, at DST-without-.parquet/VERSION.parquet (VERSION: a keyed id of the "
         "records' content, never their raw hash) and print it with \"changed\" (false when VERSION is the newest "
-        "import to DST already: nothing is written)",
+        "import to DST already: nothing is written); records arriving for the first time form the next privacy block "
+        "(DST-without-.parquet/blocks.json; docs/privacy.md, \"Privacy blocks\")",
     )
     imp.set_defaults(func=run_import)
 
@@ -78,6 +79,10 @@ def run_import(args: argparse.Namespace) -> int:
             from dpsynth.data import versions
 
             versions.record(args.dst, version["version"])
+    if version:  # records arriving for the first time form the next privacy block (#54)
+        from dpsynth.data import blocks
+
+        blocks.record_import(args.dst, version["version"], ds.record_ids)
     summary = {**_basics(ds), "uri": str(args.dst), **version}
     if args.outside:
         summary = {"uri": str(args.dst), "shape": summary["shape"], **version}

@@ -83,9 +83,10 @@ class Attempt:
 
 def open_attempt(ledger, *, population_id: str, epsilon: float, delta: float, dataset_version: str,
                  pipeline_run_id: str, stage: str, records: int, accountant: str, lineage: dict | None,
-                 stale_after_s: float | None, content_sha256: str | None = None) -> Attempt:
+                 stale_after_s: float | None, content_sha256: str | None = None,
+                 blocks: list[int] | None = None) -> Attempt:
     """Adopt the checkpoint whose ``lineage`` (its reservation and trace, None: none to resume) is given, and
-    open this attempt's reservation."""
+    open this attempt's reservation on every one of ``blocks`` (None: the population as one block)."""
     found = lineage
     resumes, prefix = None, MechanismTrace()
     if found is not None:
@@ -99,11 +100,12 @@ def open_attempt(ledger, *, population_id: str, epsilon: float, delta: float, da
     rid, settled = ledger.open_attempt(
         population_id, epsilon=epsilon, delta=delta, dataset_sha256=dataset_version, pipeline_run_id=pipeline_run_id,
         accountant=accountant, records=records, stage=stage, attempt_id=attempt_id, resumes_id=resumes,
-        stale_after_s=stale_after_s, resumed_steps=prefix.steps, content_sha256=content_sha256)
+        stale_after_s=stale_after_s, resumed_steps=prefix.steps, content_sha256=content_sha256, blocks=blocks)
     for r in settled:
         log.warning("ledger: stale reservation %s (run %s) settled at its whole ε=%.4g: %s",
                     r["id"], r["pipeline_run_id"], r["epsilon_reserved"], r["note"])
-    log.info("ledger: attempt %s holds reservation %s (ε=%.4g, δ=%g of population %r)%s", attempt_id, rid,
-             epsilon, delta, population_id, f", resuming reservation {resumes}'s checkpoint" if resumes else "")
+    log.info("ledger: attempt %s holds reservation %s (ε=%.4g, δ=%g of population %r%s)%s", attempt_id, rid,
+             epsilon, delta, population_id, "" if blocks is None else f", on each of blocks {sorted(blocks)}",
+             f", resuming reservation {resumes}'s checkpoint" if resumes else "")
     return Attempt(ledger=ledger, reservation_id=rid, attempt_id=attempt_id, resumes_id=resumes, prefix=prefix,
                    epsilon_reserved=epsilon, delta=delta, settled=settled)

@@ -1,4 +1,5 @@
-"""``dpsynth ledger show | set-budget | history | settle``: the lifetime privacy-budget ledger."""
+"""``dpsynth ledger show | set-budget | history | settle | forecast | grant-roles``: the lifetime privacy-budget
+ledger."""
 
 from __future__ import annotations
 
@@ -80,6 +81,21 @@ def register(subparsers) -> None:
     roles.add_argument("--auditor-role", required=True, metavar="NAME", help="the ledger page's database role")
     roles.set_defaults(func=run_grant_roles)
 
+    forecast = actions.add_parser(
+        "forecast", parents=[common], help="what scheduled retrains each privacy block can still fund",
+        description="Play the retraining schedule of a configuration forward on POPULATION's privacy blocks (the "
+        "imports of its data.uri, docs/privacy.md \"Privacy blocks\"): the blocks the next run reads and what it "
+        "charges each, and per block how many more runs it funds and after which it retires, each run after the "
+        "next following one more import. Refuses (exit 2, naming the block) a schedule that would over-spend the "
+        "newest block. Reads the ledger and the blocks' arrivals only, never the records.",
+    )
+    forecast.add_argument("population", metavar="POPULATION", help="population id")
+    forecast.add_argument("--config", metavar="FILE", help="the retrain's YAML configuration (privacy.epsilon, "
+                          "privacy.delta, ledger.window, data.uri)")
+    forecast.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                          help="override one setting (repeatable)")
+    forecast.set_defaults(func=run_forecast)
+
     history = actions.add_parser(
         "history", parents=[common], help="every reservation, commit and release, and every budget change",
         description="List every charge to POPULATION (or to all populations), then every change of its "
@@ -104,6 +120,10 @@ def run_show(args: argparse.Namespace) -> int:
         print(f"no populations yet; add one with `{commands.dpsynth('ledger', 'set-budget', 'POPULATION --epsilon E --delta D')}`")
     else:
         print(_table(rows, ["population_id", "budget", "committed", "reserved", "remaining", "delta", "delta_used"]))
+        for row in rows:  # privacy blocks (#54): the line above is the most charged block's
+            if [b["block"] for b in row["blocks"]] not in ([], [0]):
+                print(f"\npopulation {row['population_id']}, per privacy block (each with the budget above):")
+                print(_table(row["blocks"], ["block", "committed", "reserved", "remaining", "delta_used"]))
     return 0
 
 
@@ -135,6 +155,34 @@ def run_settle(args: argparse.Namespace) -> int:
     else:
         print(f"reservation {row['id']} (population {row['population_id']}): committed at its whole "
               f"ε={_fmt(row['epsilon_spent'])}; {row['note']}")
+    return 0
+
+
+def run_forecast(args: argparse.Namespace) -> int:
+    from dpsynth.config import load_config
+    from dpsynth.data import blocks
+    from dpsynth.ledger.schedule import forecast
+    from dpsynth.ledger.store import DEFAULT_URL, Ledger
+
+    cfg = load_config(args.config, overrides=args.overrides)
+    ledger = Ledger(args.db or cfg.ledger.url or os.environ.get(ENV_URL) or DEFAULT_URL)
+    arrivals = (blocks.arrivals(cfg.data.uri) if cfg.data.uri else None) or [{"block": 0}]
+    plan = forecast(ledger.balance(args.population), [b["block"] for b in arrivals], epsilon=cfg.privacy.epsilon,
+                    delta=cfg.privacy.delta, last=cfg.ledger.window)
+    when = {b["block"]: b.get("arrived_at") for b in arrivals}
+    for row in plan["blocks"]:
+        row["arrived_at"] = when[row["block"]]
+    if args.json:
+        print(json.dumps(plan))
+        return 0
+    nxt = plan["next"]
+    print(f"population {plan['population_id']}: each block's lifetime budget ε={_fmt(plan['block_budget']['epsilon'])}, "
+          f"δ={_fmt(plan['block_budget']['delta'])}; a run charges ε={_fmt(plan['epsilon'])}, δ={_fmt(plan['delta'])} "
+          f"to each block it reads, the last {plan['window'] or 'every'} block(s) with budget left")
+    print(f"next run reads blocks {', '.join(map(str, nxt['blocks']))}"
+          + "".join(f"; leaves out block {b} ({why})" for b, why in nxt["left_out"].items()))
+    print(_table(plan["blocks"], ["block", "arrived_at", "epsilon_left", "delta_left", "funds", "retires_after", "why"]))
+    print(plan["steady_state_runs"])
     return 0
 
 
@@ -173,7 +221,8 @@ def run_history(args: argparse.Namespace) -> int:
             row["dataset_sha256"] = row["dataset_sha256"][:12]
             row["created_at"] = row["created_at"][:19]
             row["closed_at"] = row["closed_at"] and row["closed_at"][:19]
-        print(_table(rows, ["id", "population_id", "pipeline_run_id", "stage", "status", "epsilon_reserved",
+            row["blocks"] = ",".join(map(str, row["blocks"]))
+        print(_table(rows, ["id", "population_id", "blocks", "pipeline_run_id", "stage", "status", "epsilon_reserved",
                             "epsilon_spent", "delta", "accountant", "resumes_id", "steps", "dataset_sha256",
                             "created_at", "closed_at", "note"]))
     return 0

@@ -4,17 +4,21 @@ Run as the database's owner (the platform's role: the one that sets budgets), :f
 ledger's tables and its data key, then gives
 
 - the **stage** role (the stage pods' ``DPSYNTH_LEDGER_URL``) what an attempt needs and no more: reading the
-  budgets, reservations and data key; inserting reservations and updating only their closing columns (status,
+  budgets, reservations and data key; inserting reservations and the blocks each reads (never updating or deleting
+  those), and updating only a reservation's closing columns (status,
   spent ε, note, heartbeat, steps, bound); updating a population's ``data_id`` (tying it to its first data; the
   grant also lets it lock the population's row, ``SELECT … FOR UPDATE``). No write on a budget
   (``populations.epsilon_budget``/``delta``) or on the budget history: ``set-budget`` is refused;
-- the **auditor** role (the Privacy ledger page in MLflow) ``SELECT`` on populations, reservations and budget
-  history: no write at all, and not the data key (the page reads keyed data ids only).
+- the **auditor** role (the Privacy ledger page in MLflow) ``SELECT`` on populations, reservations, the blocks
+  they read and budget history: no write at all, and not the data key (the page reads keyed data ids only).
 
 Column grants cannot say *which* rows: a trigger (``reservations_closed_once``, for every role) keeps a closed
 reservation closed — its status and closing time fixed, a committed one's spent ε only ever raised (a stale
 reservation settled in full, then committed by its attempt, keeps the larger), a released one's never set — so no
-role can lower what an earlier attempt was charged or reopen it.
+role can lower what an earlier attempt was charged or reopen it. On an *open* reservation it lets ``epsilon_bound``
+only rise, and lets a release, or a commit below the reservation's whole ε, through only in a transaction that shows
+the secret of the attempt that opened it (``dpsynth.attempt_token``, whose sha256 the row keeps): another attempt
+sharing the stage role can settle a dead attempt's reservation at its whole ε, never give any of it back.
 
 Re-running it resets both roles' grants on the ledger to these (and sets their passwords: a rotation). A newer
 dpsynth's added columns are created by the owner here too (the stage role may not ``ALTER``): the chart runs it
@@ -33,15 +37,29 @@ from dpsynth.ledger.store import Ledger, _data_key
 
 # (table, privileges) of each role; a privilege with columns is granted on those columns only
 STAGE = (("populations", "SELECT"), ("reservations", "SELECT"), ("data_key", "SELECT"),
-         ("reservations", "INSERT"),
+         ("reservations", "INSERT"), ("reservation_blocks", "SELECT"), ("reservation_blocks", "INSERT"),
          ("reservations", "UPDATE (status, epsilon_spent, closed_at, note, steps, heartbeat_at, epsilon_bound)"),
          ("populations", "UPDATE (data_id)"))
-AUDITOR = (("populations", "SELECT"), ("reservations", "SELECT"), ("budget_history", "SELECT"))
+AUDITOR = (("populations", "SELECT"), ("reservations", "SELECT"), ("reservation_blocks", "SELECT"),
+           ("budget_history", "SELECT"))
 SEQUENCES = {"stage": ("reservations_id_seq",), "auditor": ()}  # ids of the rows a role inserts
-TABLES = ("populations", "reservations", "budget_history", "data_key")
+TABLES = ("populations", "reservations", "reservation_blocks", "budget_history", "data_key")
 CLOSED_ONCE = """
 CREATE OR REPLACE FUNCTION dpsynth_reservation_closed_once() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+  IF OLD.status = 'reserved' AND OLD.epsilon_bound IS NOT NULL
+     AND (NEW.epsilon_bound IS NULL OR NEW.epsilon_bound < OLD.epsilon_bound) THEN
+    RAISE EXCEPTION 'permission denied: reservation % is open: its epsilon_bound may only rise', OLD.id
+          USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  IF OLD.status = 'reserved' AND (NEW.status = 'released' OR (NEW.status = 'committed' AND (NEW.epsilon_spent IS NULL
+       OR NEW.epsilon_spent < GREATEST(OLD.epsilon_reserved, COALESCE(OLD.epsilon_bound, 0)) - 1e-9)))
+     AND (OLD.token_sha256 IS NULL OR OLD.token_sha256 IS DISTINCT FROM encode(sha256(convert_to(
+          COALESCE(current_setting('dpsynth.attempt_token', true), ''), 'UTF8')), 'hex')) THEN
+    RAISE EXCEPTION 'permission denied: reservation % is held by another attempt: only the attempt that opened it '
+                    'may release it or commit it below its whole epsilon (settle it at its whole instead)', OLD.id
+          USING ERRCODE = 'insufficient_privilege';
+  END IF;
   IF OLD.status <> 'reserved' AND (
        NEW.status IS DISTINCT FROM OLD.status OR NEW.closed_at IS DISTINCT FROM OLD.closed_at
        OR (OLD.status = 'released' AND NEW.epsilon_spent IS NOT NULL)

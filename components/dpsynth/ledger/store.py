@@ -1,8 +1,12 @@
-"""The lifetime privacy-budget ledger: every attempt at a private stage is charged to its population.
+"""The lifetime privacy-budget ledger: every attempt at a private stage is charged to the blocks it reads.
 
 It holds :class:`Ledger` (populations and their budgets, reservations, commits, releases, stale
-settlements) on SQLite or PostgreSQL. How attempts compose, when a reservation is refused, and why
-concurrent attempts cannot overspend: docs/privacy.md, "The ledger's composition and transactions".
+settlements) on SQLite or PostgreSQL. A population's records are split into **blocks** by arrival (the
+import in which a record first arrived, :mod:`dpsynth.data.blocks`); its ε and δ budget is every block's
+lifetime budget, and an attempt reserves on every block it reads. A population whose data has no blocks is
+one block, 0 (today's per-population budget; an older ledger's reservations all charge block 0). How attempts
+compose, when a reservation is refused, and why concurrent attempts cannot overspend: docs/privacy.md,
+"The ledger's composition and transactions" and "Privacy blocks".
 
 >>> import tempfile, os
 >>> ledger = Ledger(f"sqlite:///{tempfile.mkdtemp()}/ledger.db")
@@ -27,11 +31,11 @@ import socket
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from sqlalchemy import (
     CheckConstraint, Column, DateTime, Float, ForeignKey, Integer, MetaData, String, Table, Text,
-    case, create_engine, event, func, insert, inspect, or_, select, text, update,
+    case, create_engine, event, func, insert, inspect, literal, or_, select, text, update,
 )
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
@@ -42,6 +46,7 @@ from dpsynth.privacy.checks import as_real, check_delta_range, check_epsilon
 
 DEFAULT_URL = "sqlite:///outputs/ledger.db"
 STATUSES = ("reserved", "committed", "released")
+SINGLE_BLOCK = (0,)  # the blocks read by an attempt on data without blocks: the whole population, one block
 STALE = "stale, settled at its whole reservation: "  # the note of a reservation settled for a dead attempt
 INSUFFICIENT_PRIVILEGE = "42501"  # PostgreSQL's SQLSTATE for "permission denied"
 TOLERANCE = 1e-9  # floating-point slack: on ε spent vs reserved (absolute), on budgets (relative)
@@ -87,6 +92,9 @@ reservations_table = Table(
     # as_published run): what it is charged at least, however it ends (see Ledger.raise_bound)
     Column("epsilon_bound", Float, nullable=True),
     Column("data_id", String(64), nullable=True),  # the data charged (see populations.data_id)
+    # sha256 of the secret only the process that opened it holds: closing it below its whole ε (a release, a
+    # commit under its reservation) needs that secret; settling it at its whole ε does not
+    Column("token_sha256", String(64), nullable=True),
     CheckConstraint("status IN ('reserved', 'committed', 'released')", name="ck_reservations_status"),
     CheckConstraint("epsilon_reserved > 0", name="ck_reservations_epsilon"),
     sqlite_autoincrement=True,  # ids are never reused, even after a rolled-back insert
@@ -105,6 +113,13 @@ budget_history_table = Table(
     Column("reason", Text, nullable=False),
     sqlite_autoincrement=True,
 )
+# the blocks each reservation reads (a reservation counts, in ε and δ, on every one of them)
+reservation_blocks_table = Table(
+    "reservation_blocks", metadata,
+    Column("reservation_id", Integer, ForeignKey("reservations.id"), primary_key=True),
+    Column("block", Integer, primary_key=True),
+    CheckConstraint("block >= 0", name="ck_reservation_blocks_block"),
+)
 # the ledger's own secret key of data ids (one row; read by no method that returns rows)
 data_key_table = Table(
     "data_key", metadata,
@@ -112,7 +127,8 @@ data_key_table = Table(
     Column("key", String(64), nullable=False),
 )
 # columns added since the first ledger schema: an older database gets them (all nullable) on open
-_ADDED_COLUMNS = {"reservations": ("attempt_id", "resumes_id", "steps", "heartbeat_at", "epsilon_bound", "data_id"),
+_ADDED_COLUMNS = {"reservations": ("attempt_id", "resumes_id", "steps", "heartbeat_at", "epsilon_bound", "data_id",
+                                    "token_sha256"),
                   "populations": ("data_id", "shared_data_reason")}
 
 
@@ -134,8 +150,10 @@ class Ledger:
         self.engine = create_engine(url, connect_args=connect_args)
         if self._sqlite:
             _take_sqlite_transactions(self.engine)
+        self._tokens: dict[int, str] = {}  # the secret of each reservation this object opened
         with self._transaction(write=False) as conn:
-            missing = not all(inspect(conn).has_table(name) for name in metadata.tables) or bool(_missing_columns(conn))
+            missing = (not all(inspect(conn).has_table(name) for name in metadata.tables)
+                       or bool(_missing_columns(conn)) or _unblocked(conn))
         if missing:  # take the write lock only when there is something to create
             with self._transaction() as conn:
                 metadata.create_all(conn)
@@ -143,6 +161,7 @@ class Ledger:
                     col = metadata.tables[table].c[column]
                     conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} "
                                       f"{col.type.compile(dialect=conn.dialect)}"))
+                _migrate_to_blocks(conn)
 
     def set_budget(self, population_id: str, *, epsilon: float, delta: float, reason: str,
                    changed_by: str | None = None, records: int | None = None,
@@ -202,32 +221,37 @@ class Ledger:
             return [_row_dict(row) for row in conn.execute(query)]
 
     def reserve(self, population_id: str, *, epsilon: float, delta: float, dataset_sha256: str,
-                pipeline_run_id: str, accountant: str, records: int, stage: str = "train") -> int:
-        """Reserve (ε, δ) before touching the data; returns the reservation id.
+                pipeline_run_id: str, accountant: str, records: int, stage: str = "train",
+                blocks: Sequence[int] | None = None) -> int:
+        """Reserve (ε, δ) on every one of ``blocks`` (None: the single block 0) before touching the data; returns
+        the reservation id.
 
-        Atomic: under the lock, refuses (PrivacyError, nothing written) unless
-        committed + reserved + ``epsilon`` ≤ the ε budget, the δ's summed ≤ the δ budget, and the
-        lifetime δ < 1/``records``. Private stages use :meth:`open_attempt`, which also settles
-        stale attempts.
+        Atomic: under the lock, refuses (PrivacyError naming the block, nothing written) unless on every block read
+        committed + reserved + ``epsilon`` ≤ the ε budget and the δ's summed ≤ the δ budget, and the
+        lifetime δ < 1/``records``. Demands are served first-come: the population's row lock orders them.
+        Private stages use :meth:`open_attempt`, which also settles stale attempts.
         """
         return self.open_attempt(population_id, epsilon=epsilon, delta=delta, dataset_sha256=dataset_sha256,
                                  pipeline_run_id=pipeline_run_id, accountant=accountant, records=records,
                                  stage=stage, attempt_id=None, resumes_id=None, stale_after_s=None,
-                                 settle_stale=False)[0]
+                                 settle_stale=False, blocks=blocks)[0]
 
-    def check_affordable(self, population_id: str, *, epsilon: float, delta: float, records: int) -> dict[str, Any]:
+    def check_affordable(self, population_id: str, *, epsilon: float, delta: float, records: int,
+                         blocks: Sequence[int] | None = None) -> dict[str, Any]:
         """Refuse (PrivacyError) what :meth:`reserve` would refuse, writing nothing; the balance otherwise."""
         pid = _check_id(population_id, "population_id")
         eps, dlt = check_epsilon(epsilon, "epsilon"), check_delta_range(delta, "delta")
+        read = check_blocks(blocks)
         with self._transaction(write=False) as conn:
             row = conn.execute(select(populations_table).where(populations_table.c.population_id == pid)).first()
-            return self._affordable(conn, row, pid, eps, dlt, records, run_id=None)
+            return self._affordable(conn, row, pid, eps, dlt, records, run_id=None, blocks=read)
 
     def open_attempt(self, population_id: str, *, epsilon: float, delta: float, dataset_sha256: str,
                      pipeline_run_id: str, accountant: str, records: int, stage: str, attempt_id: str | None,
                      resumes_id: int | None, stale_after_s: float | None,
                      resumed_steps: int | None = None, settle_stale: bool = True,
-                     content_sha256: str | None = None) -> tuple[int, list[dict[str, Any]]]:
+                     content_sha256: str | None = None,
+                     blocks: Sequence[int] | None = None) -> tuple[int, list[dict[str, Any]]]:
         """Open the reservation of one attempt at a private stage: ``(reservation id, settled)``.
 
         In the same transaction, first settles (committed at its whole reservation, reason recorded)
@@ -235,7 +259,8 @@ class Ledger:
         attempt resumes (``resumes_id``: adopted — it must be of this population and stage), those of
         the same ``stage`` and ``pipeline_run_id`` (an earlier attempt of this stage in this pipeline
         run: only one runs at a time), and, given ``stale_after_s``, those whose last heartbeat is
-        older. ``settled`` lists them. Then reserves as :meth:`reserve` does.
+        older. ``settled`` lists them. Then reserves as :meth:`reserve` does, on every one of ``blocks``.
+        Only this object may then close the reservation below its whole ε (:meth:`commit`, :meth:`release`).
 
         ``content_sha256``: the sha256 of the records charged (the dataset's content). The ledger keeps it only
         as a keyed data id (HMAC with its own key), ties the population to the first it is charged for, and
@@ -252,6 +277,8 @@ class Ledger:
         stage = _check_id(stage, "stage")
         attempt = None if attempt_id is None else _check_id(attempt_id, "attempt_id")
         resumes = None if resumes_id is None else _check_reservation_id(resumes_id)
+        read = check_blocks(blocks)
+        token = secrets.token_hex(32)
         now = _now()
         with self._transaction() as conn:
             row = self._lock_population(conn, pid)
@@ -268,13 +295,17 @@ class Ledger:
                 _check_rows(conn, row)
                 settled = self._settle_stale(conn, pid, stage=stage, run_id=run_id, resumes=resumes,
                                              attempt=attempt, stale_after_s=stale_after_s, now=now)
-            self._affordable(conn, row, pid, eps, dlt, records, run_id=run_id)
+            self._affordable(conn, row, pid, eps, dlt, records, run_id=run_id, blocks=read)
             data_id = None if content_sha256 is None else self._tie_data(conn, row, _data_id(conn, content_sha256))
             result = conn.execute(insert(reservations_table).values(
                 population_id=pid, dataset_sha256=sha, pipeline_run_id=run_id, stage=stage,
                 epsilon_reserved=eps, delta=dlt, status="reserved", accountant=acct, created_at=now,
-                attempt_id=attempt, resumes_id=resumes, steps=resumed_steps, heartbeat_at=now, data_id=data_id))
-            return int(result.inserted_primary_key[0]), settled
+                attempt_id=attempt, resumes_id=resumes, steps=resumed_steps, heartbeat_at=now, data_id=data_id,
+                token_sha256=_token_sha256(token)))
+            rid = int(result.inserted_primary_key[0])
+            conn.execute(insert(reservation_blocks_table), [{"reservation_id": rid, "block": b} for b in read])
+        self._tokens[rid] = token
+        return rid, settled
 
     def check_data(self, population_id: str, *, content_sha256: str) -> None:
         """Refuse (PrivacyError, nothing written) what :meth:`open_attempt` would refuse for this data."""
@@ -322,8 +353,8 @@ class Ledger:
             raise PrivacyError(f"epsilon: must be a finite number >= 0, got {bound:g}")
         with self._transaction() as conn:
             row = self._lock_open_reservation(conn, reservation_id)
-            if bound <= row.epsilon_reserved + TOLERANCE:
-                return
+            if bound <= _whole(row) + TOLERANCE:
+                return  # a bound only ever rises
             note = (f"OVERDRAW: may spend the sound ε={bound:.6g} > reserved ε={row.epsilon_reserved:.6g} "
                     f"({_check_text(why, 'why')})")
             conn.execute(update(reservations_table).where(reservations_table.c.id == row.id)
@@ -359,12 +390,12 @@ class Ledger:
             else:
                 why = f"expired: no heartbeat for more than {stale_after_s:g} s"
             self._close(conn, r.id, status="committed", epsilon_spent=_whole(r), note=_stale_note(r, why))
-            settled.append({**_row_dict(r), "status": "committed", "note": why})
+            settled.append({**_with_blocks(conn, [r])[0], "status": "committed", "note": why})
         return settled
 
     @staticmethod
     def _affordable(conn: Connection, row, pid: str, eps: float, dlt: float, records: int,
-                    *, run_id: str | None) -> dict[str, Any]:
+                    *, run_id: str | None, blocks: tuple[int, ...] = SINGLE_BLOCK) -> dict[str, Any]:
         if row is None:
             raise PrivacyError(
                 f"population_id: the ledger has no budget for population {pid!r}, and it gives none by "
@@ -372,17 +403,26 @@ class Ledger:
         bal = _balance(conn, row)
         _check_lifetime_delta(pid, bal["delta"], records)
         what = f" for run {run_id!r}" if run_id else ""
-        if not _fits(bal["committed"] + bal["reserved"] + eps, bal["budget"]):
-            raise PrivacyError(
-                f"epsilon: population {pid!r} cannot afford ε={eps:g}{what}: "
-                f"lifetime budget ε={bal['budget']:g}, committed {bal['committed']:g}, "
-                f"reserved by attempts in progress {bal['reserved']:g}, remaining {bal['remaining']:g}; "
-                f"an operator may raise it with `{_set_budget_command(pid)}`")
-        if not _fits(bal["delta_used"] + dlt, bal["delta"]):
-            raise PrivacyError(
-                f"delta: population {pid!r} cannot afford δ={dlt:g}{what}: "
-                f"lifetime budget δ={bal['delta']:g}, already charged (committed + reserved) "
-                f"{bal['delta_used']:g}; under basic composition the δ's of all attempts add up")
+        charges = {b["block"]: b for b in bal["blocks"]}
+        for block in blocks:
+            b = charges.get(block, _unread_block(block, bal))
+            where = f"population {pid!r}" if blocks == SINGLE_BLOCK and len(charges) <= 1 else \
+                f"block {block} of population {pid!r}"
+            if not _fits(b["committed"] + b["reserved"] + eps, bal["budget"]):
+                raise PrivacyError(
+                    f"epsilon: {where} cannot afford ε={eps:g}{what}: "
+                    f"lifetime budget ε={bal['budget']:g}, committed {b['committed']:g}, "
+                    f"reserved by attempts in progress {b['reserved']:g}, remaining {b['remaining']:g}"
+                    + ("; demands on a block are served first-come (the attempts in progress came first)"
+                       if b["reserved"] > 0 else "")
+                    + f"; an operator may raise it with `{_set_budget_command(pid)}`"
+                    + ("" if where.startswith("population") else
+                       ", or leave the block out of the run's window (docs/privacy.md, \"Privacy blocks\")"))
+            if not _fits(b["delta_used"] + dlt, bal["delta"]):
+                raise PrivacyError(
+                    f"delta: {where} cannot afford δ={dlt:g}{what}: "
+                    f"lifetime budget δ={bal['delta']:g}, already charged (committed + reserved) "
+                    f"{b['delta_used']:g}; under basic composition the δ's of all attempts add up")
         return bal
 
     def commit(self, reservation_id: int, *, epsilon_spent: float, note: str | None = None) -> None:
@@ -405,6 +445,8 @@ class Ledger:
                     note=f"{row.note}; the attempt then committed ε={spent:.6g}" + (f" ({note})" if note else "")))
                 return
             row = self._lock_open_reservation(conn, rid)
+            if spent < _whole(row) - TOLERANCE:
+                self._check_holder(conn, row, f"commit it at ε={spent:.6g}, below its whole ε={_whole(row):.6g}")
             if spent > row.epsilon_reserved + TOLERANCE:
                 over = f"OVERDRAW: spent ε={spent:.6g} > reserved ε={row.epsilon_reserved:.6g}"
                 note = f"{over}; {note}" if note else over
@@ -414,6 +456,7 @@ class Ledger:
         """Give a failed run's whole reservation back; ``note`` says why."""
         with self._transaction() as conn:
             row = self._lock_open_reservation(conn, reservation_id)
+            self._check_holder(conn, row, "release it")
             self._close(conn, row.id, status="released", epsilon_spent=None, note=str(note))
 
     def balance(self, population_id: str) -> dict[str, Any]:
@@ -438,9 +481,9 @@ class Ledger:
         rid = _check_reservation_id(reservation_id)
         with self._transaction(write=False) as conn:
             row = conn.execute(select(reservations_table).where(reservations_table.c.id == rid)).first()
-        if row is None:
-            raise PrivacyError(f"reservation_id: no reservation {rid}")
-        return _row_dict(row)
+            if row is None:
+                raise PrivacyError(f"reservation_id: no reservation {rid}")
+            return _with_blocks(conn, [row])[0]
 
     def reservations(self, *, pipeline_run_id: str, status: str | None = None) -> list[dict[str, Any]]:
         """The reservations of one pipeline run (optionally only those with ``status``), oldest first."""
@@ -451,15 +494,15 @@ class Ledger:
                 raise PrivacyError(f"status: must be one of {', '.join(STATUSES)}, got {status!r}")
             query = query.where(table.c.status == status)
         with self._transaction(write=False) as conn:
-            return [_row_dict(row) for row in conn.execute(query.order_by(table.c.id))]
+            return _with_blocks(conn, conn.execute(query.order_by(table.c.id)).all())
 
     def history(self, population_id: str | None = None) -> list[dict[str, Any]]:
-        """Every reservation (of one population, or all), oldest first."""
+        """Every reservation (of one population, or all), oldest first, each with the ``blocks`` it reads."""
         query = select(reservations_table).order_by(reservations_table.c.id)
         if population_id is not None:
             query = query.where(reservations_table.c.population_id == _check_id(population_id, "population_id"))
         with self._transaction(write=False) as conn:
-            return [_row_dict(row) for row in conn.execute(query)]
+            return _with_blocks(conn, conn.execute(query).all())
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -482,6 +525,20 @@ class Ledger:
                 f"({str(exc.orig).strip().splitlines()[0]}): each zone has its own role (docs/cluster.md, "
                 "\"Ledger roles\"): stage pods reserve and commit, the auditors' page reads, and only the "
                 "platform's role (the ledger-admin Secret) sets budgets") from None
+
+    def _check_holder(self, conn: Connection, row, what: str) -> None:
+        """Refuse to ``what`` an open reservation (give ε back) unless this object opened it; on PostgreSQL, also
+        tell the ``reservations_closed_once`` trigger the secret (:mod:`dpsynth.ledger.roles`), which checks it
+        for every role."""
+        token = self._tokens.get(row.id)
+        if token is None or row.token_sha256 is None or not hmac.compare_digest(_token_sha256(token),
+                                                                                row.token_sha256):
+            raise PrivacyError(
+                f"reservation_id: reservation {row.id} (population {row.population_id!r}, run "
+                f"{row.pipeline_run_id!r}) is held by another attempt: only the attempt that opened it may {what}; "
+                f"if that attempt is dead, settle it at its whole ε with `{_settle_command(row.id)}`")
+        if not self._sqlite:
+            conn.execute(text("SELECT set_config('dpsynth.attempt_token', :token, true)"), {"token": token})
 
     @staticmethod
     def _lock_population(conn: Connection, pid: str):
@@ -541,25 +598,98 @@ def _take_sqlite_transactions(engine) -> None:
 
 
 def _balance(conn: Connection, population) -> dict[str, Any]:
-    """The population's balance, after checking every one of its rows (a hand-edited ledger is refused)."""
+    """The population's balance, after checking every one of its rows (a hand-edited ledger is refused):
+    ``blocks`` lists each charged block's; ``committed``, ``reserved`` and ``remaining`` are the most charged
+    block's (no record has less ε left than ``remaining``), ``delta_used`` the largest of any block."""
     _check_rows(conn, population)
-    table = reservations_table
-    charged = _charged(table)
-    sums = {status: (eps or 0.0, dlt or 0.0) for status, eps, dlt in conn.execute(
-        select(table.c.status, func.sum(charged), func.sum(table.c.delta))
-        .where(table.c.population_id == population.population_id, table.c.status != "released")
-        .group_by(table.c.status))}
-    committed, delta_committed = sums.get("committed", (0.0, 0.0))
-    reserved, delta_reserved = sums.get("reserved", (0.0, 0.0))
+    blocks = _block_charges(conn, population)
+    worst = max(blocks, key=lambda b: (b["committed"] + b["reserved"], -b["block"]),
+                default=_unread_block(0, {"budget": population.epsilon_budget}))
     return {
         "population_id": population.population_id,
         "budget": population.epsilon_budget,
-        "committed": committed,
-        "reserved": reserved,
-        "remaining": population.epsilon_budget - committed - reserved,
+        "committed": worst["committed"],
+        "reserved": worst["reserved"],
+        "remaining": population.epsilon_budget - worst["committed"] - worst["reserved"],
         "delta": population.delta,
-        "delta_used": delta_committed + delta_reserved,
+        "delta_used": max((b["delta_used"] for b in blocks), default=0.0),
+        "blocks": blocks,
     }
+
+
+def _block_charges(conn: Connection, population) -> list[dict[str, Any]]:
+    """Each block that any reservation of ``population`` reads: ε committed, reserved and remaining, δ used."""
+    table, links = reservations_table, reservation_blocks_table
+    block = func.coalesce(links.c.block, 0)  # a reservation with no block rows (none are written so) reads block 0
+    sums: dict[int, dict[str, float]] = {}
+    for b, status, eps, dlt in conn.execute(
+            select(block, table.c.status, func.sum(_charged(table)), func.sum(table.c.delta))
+            .select_from(table.outerjoin(links, links.c.reservation_id == table.c.id))
+            .where(table.c.population_id == population.population_id, table.c.status != "released")
+            .group_by(block, table.c.status)):
+        sums.setdefault(int(b), {})[status] = (eps or 0.0, dlt or 0.0)
+    out = []
+    for b in sorted(sums):
+        (committed, d_committed), (reserved, d_reserved) = (sums[b].get(s, (0.0, 0.0)) for s in ("committed", "reserved"))
+        out.append({"block": b, "committed": committed, "reserved": reserved,
+                    "remaining": population.epsilon_budget - committed - reserved, "delta_used": d_committed + d_reserved})
+    return out
+
+
+def _unread_block(block: int, bal: dict[str, Any]) -> dict[str, Any]:
+    return {"block": block, "committed": 0.0, "reserved": 0.0, "remaining": bal["budget"], "delta_used": 0.0}
+
+
+def check_blocks(blocks: Sequence[int] | None) -> tuple[int, ...]:
+    """The blocks an attempt reads, sorted, each once (None: the single block 0); PrivacyError naming ``blocks``."""
+    if blocks is None:
+        return SINGLE_BLOCK
+    try:
+        read = tuple(sorted({operator.index(b) for b in blocks if not isinstance(b, bool)}))
+        bad = len(read) != len(set(blocks)) or any(b < 0 for b in read)
+    except TypeError:
+        bad = True
+    if bad or not read:
+        raise PrivacyError(f"blocks: the blocks a run reads must be a non-empty list of integers >= 0, got {blocks!r}")
+    return read
+
+
+def _unblocked(conn: Connection) -> bool:
+    """Whether an older ledger has reservations that read no recorded block (they are migrated to block 0)."""
+    if not inspect(conn).has_table("reservation_blocks") or not inspect(conn).has_table("reservations"):
+        return inspect(conn).has_table("reservations")
+    table, links = reservations_table, reservation_blocks_table
+    return conn.execute(select(table.c.id).where(~select(links.c.reservation_id).where(
+        links.c.reservation_id == table.c.id).exists()).limit(1)).first() is not None
+
+
+def _migrate_to_blocks(conn: Connection) -> None:
+    """An older ledger's reservations (a per-population budget) each read block 0: the population as one block."""
+    table, links = reservations_table, reservation_blocks_table
+    conn.execute(insert(links).from_select(["reservation_id", "block"], select(table.c.id, literal(0)).where(
+        ~select(links.c.reservation_id).where(links.c.reservation_id == table.c.id).exists())))
+
+
+def _with_blocks(conn: Connection, rows) -> list[dict[str, Any]]:
+    """``rows`` of reservations as dicts, each with the sorted ``blocks`` it reads (the secret's hash left out)."""
+    links = reservation_blocks_table
+    read: dict[int, list[int]] = {}
+    ids = [row.id for row in rows]
+    for start in range(0, len(ids), 500):
+        for rid, block in conn.execute(select(links.c.reservation_id, links.c.block)
+                                       .where(links.c.reservation_id.in_(ids[start:start + 500]))):
+            read.setdefault(rid, []).append(block)
+    out = []
+    for row in rows:
+        d = _row_dict(row)
+        d.pop("token_sha256", None)
+        d["blocks"] = sorted(read.get(row.id, SINGLE_BLOCK))
+        out.append(d)
+    return out
+
+
+def _token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _charged(table):
@@ -605,8 +735,7 @@ def _check_rows(conn: Connection, population) -> None:
         if problem:
             raise PrivacyError(f"ledger: reservation {r.id} of population {pid!r} is corrupt ({problem}); "
                                "refusing to use the ledger until an operator repairs the row")
-    charged = conn.execute(select(func.sum(_charged(table)))
-                           .where(table.c.population_id == pid, table.c.status != "released")).scalar() or 0.0
+    charged = max((b["committed"] + b["reserved"] for b in _block_charges(conn, population)), default=0.0)
     overdrawn = conn.execute(select(func.count()).select_from(table).where(
         table.c.population_id == pid, table.c.note.like("%OVERDRAW%"))).scalar()
     if not _fits(charged, population.epsilon_budget) and not overdrawn:
@@ -631,6 +760,10 @@ def _check_lifetime_delta(pid: str, delta: float, records: int) -> None:
         raise PrivacyError(f"delta: the lifetime δ={delta:g} of population {pid!r} must be < 1/n = "
                            f"{1 / max(n, 1):.6g} for its n = {n} records, or one record may leak outright; "
                            f"lower it with `{_set_budget_command(pid)}`")
+
+
+def _settle_command(rid: int) -> str:
+    return commands.dpsynth("ledger", "settle", str(rid), "--reason TEXT")
 
 
 def _set_budget_command(pid: str) -> str:

@@ -101,12 +101,14 @@ def population_id(cfg: RunConfig) -> str:
 
 
 def check_budget(ctx: protocol.StageContext) -> dict:
-    """Refuse (PrivacyError, nothing written) a run whose target (ε, δ) the population cannot afford."""
+    """Refuse (PrivacyError, nothing written) a run whose target (ε, δ) the population (each block the run would
+    read) cannot afford."""
     cfg = ctx.cfg
     source = partition.load_source(cfg)
     ledger = charging.run_ledger(ctx)
+    read, blocks = charging.window(cfg, ledger, source)  # privacy blocks: the window this run would read (#54)
     bal = ledger.check_affordable(population_id(cfg), epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
-                                  records=len(source))
+                                  records=len(read), blocks=blocks)
     ledger.check_data(population_id(cfg), content_sha256=source.content_sha256())  # not another population's
     return bal
 

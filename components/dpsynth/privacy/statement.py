@@ -33,14 +33,18 @@ PUBLIC_FACTS = ("n and the label set are public: the number of training records 
                 "held-out records) is published — the trace's sampling rate q = B/n and σ calibrated from n, the audit "
                 "report's training_records — and the label set is the configuration's data.num_classes, not read off "
                 "the data; per-shard counts and the partition key are not published")
+ARRIVAL = ("a record's arrival is public, like n: the import that first brought it (its privacy block), each block's "
+           "import time and record count; the lifetime budget is per block, so a record's privacy loss over time is "
+           "the sum over the runs that read its block, which the ledger keeps at most the block's budget "
+           "(docs/privacy.md, \"Privacy blocks\")")
 TUNING = ("the settings (noise, steps, networks, warm-up) were chosen outside this guarantee: a hyperparameter search "
           "on the sensitive records is not covered by it (the shipped defaults were tuned on the bundled MNIST, the "
           "records the demo trains on)")
 
 
 def statement(*, adjacency: str, noise: str, assumptions=(), accounts=(), unprotected: str | None = None) -> dict:
-    """A method's statement; every one also states :data:`PUBLIC_FACTS` and :data:`TUNING`, last."""
-    return {"adjacency": adjacency, "noise": noise, "assumptions": [*assumptions, PUBLIC_FACTS, TUNING],
+    """A method's statement; every one also states :data:`ARRIVAL`, :data:`PUBLIC_FACTS` and :data:`TUNING`, last."""
+    return {"adjacency": adjacency, "noise": noise, "assumptions": [*assumptions, ARRIVAL, PUBLIC_FACTS, TUNING],
             "accounts": list(accounts), "unprotected": unprotected}
 
 

@@ -119,7 +119,16 @@ def ledger_facts(ctx: protocol.StageContext, *, population_id: str, train_run_id
                           "epsilon_spent": r["epsilon_spent"], "note": r.get("note") or "", "stage": r["stage"],
                           "created_at": str(r["created_at"])} for r in mine],
             "lifetime_attempts": len(history), "lifetime_by_status": statuses,
-            "pipeline_run_id": train_run_id}
+            "pipeline_run_id": train_run_id, "blocks": _block_facts(mine, before, balance, charged)}
+
+
+def _block_facts(mine: list[dict], before: list[dict], balance: dict, charged) -> list[dict]:
+    """Per privacy block this run read (#54): ε this run charged it, ε committed on it before, and what is left."""
+    now = {b["block"]: b for b in balance["blocks"]}
+    return [{"block": b, "this_run": sum(charged(r) for r in mine if b in r.get("blocks", [0])),
+             "committed_before": sum(charged(r) for r in before if r["status"] == "committed" and b in r.get("blocks", [0])),
+             "remaining": now[b]["remaining"] if b in now else balance["budget"]}
+            for b in sorted({b for r in mine for b in r.get("blocks", [0])})]
 
 
 def utility_facts(report: dict | None) -> dict | None:

@@ -51,6 +51,25 @@ def ledger_url(cfg: RunConfig, *, run_dir: str | None, tracking_uri: str | None)
     return f"sqlite:///{Path(storage.local_path(run_dir)).resolve().parent / 'ledger.db'}"
 
 
+def window(cfg: RunConfig, ledger, ds):
+    """``(ds restricted to the blocks this run reads, those blocks)`` (:func:`dpsynth.ledger.schedule.plan`: the
+    last ``ledger.window`` blocks less those without budget left, by public rules only), or ``(ds, None)`` when
+    ``data.uri`` keeps no blocks (the population is one block). A PrivacyError names a block the schedule would
+    over-spend."""
+    import numpy as np
+
+    from dpsynth.data import blocks
+    from dpsynth.ledger import schedule
+
+    of = blocks.of_records(cfg.data.uri, ds.record_ids)
+    if of is None:
+        return ds, None
+    arrived = [b["block"] for b in blocks.arrivals(cfg.data.uri)]  # every block, as the forecast counts them
+    read = schedule.plan(ledger.balance(population_id(cfg)), arrived, epsilon=cfg.privacy.epsilon,
+                         delta=cfg.privacy.delta, last=cfg.ledger.window)
+    return ds.subset(np.isin(np.asarray(of), read)), read
+
+
 def open_ledger(url: str):
     from dpsynth.ledger.store import Ledger
 
@@ -84,9 +103,10 @@ def run_ledger(ctx):
 
 @contextlib.contextmanager
 def attempt(cfg: RunConfig, *, ledger, dataset_version: str, pipeline_run_id: str, records: int, workdir: str,
-            content_sha256: str | None = None) -> Iterator[Charge]:
+            content_sha256: str | None = None, blocks: list[int] | None = None) -> Iterator[Charge]:
     """One charged training attempt around its body (:func:`charged`), adopting the checkpoint in
-    ``workdir/checkpoints``. ``content_sha256``: the dataset's content hash, which ties the population to its
+    ``workdir/checkpoints``, reserving on each of ``blocks`` (the partition's window; None: the population as one
+    block). ``content_sha256``: the dataset's content hash, which ties the population to its
     data in the ledger (kept there keyed only)::
 
         with charging.attempt(cfg, ledger=…, …) as charge:
@@ -100,7 +120,8 @@ def attempt(cfg: RunConfig, *, ledger, dataset_version: str, pipeline_run_id: st
         ledger, population_id=population_id(cfg), epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
         dataset_version=dataset_version, pipeline_run_id=pipeline_run_id, stage="train", records=records,
         accountant=cfg.privacy.accountant,
-        lineage=checkpoint.lineage(Path(workdir) / "checkpoints") if cfg.output.resume else None, stale_after_s=cfg.ledger.stale_after_hours * 3600, content_sha256=content_sha256)
+        lineage=checkpoint.lineage(Path(workdir) / "checkpoints") if cfg.output.resume else None,
+        stale_after_s=cfg.ledger.stale_after_hours * 3600, content_sha256=content_sha256, blocks=blocks)
     with charged(opened) as charge:
         yield charge
 

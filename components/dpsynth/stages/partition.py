@@ -91,6 +91,17 @@ def split(ds: ImageDataset, cfg) -> dict[str, ImageDataset]:
     return parts
 
 
+def _window(ctx: protocol.StageContext, ds: ImageDataset) -> tuple[ImageDataset, list[int] | None]:
+    """The records of the privacy blocks this run reads (:func:`dpsynth.stages.charging.window`; all, None: the
+    data keeps no blocks)."""
+    from dpsynth.data import blocks
+    from dpsynth.stages import charging
+
+    if blocks.arrivals(ctx.cfg.data.uri) is None:
+        return ds, None
+    return charging.window(ctx.cfg, charging.run_ledger(ctx), ds)
+
+
 def run(ctx: protocol.StageContext) -> protocol.Outcome:
     cfg = ctx.cfg
     ds, public_split = load_sources(cfg)
@@ -102,6 +113,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
     fp = protocol.fingerprint(cfg, SECTIONS)
     if (reused := protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=[source])) is not None:
         return reused
+    ds, blocks = _window(ctx, ds)  # the blocks this run reads (#54), before anything is trained on
     parts = split(ds, cfg)  # every check before the first write
     if cfg.data.public_source is not None:  # a separate source: never a record of the sensitive dataset
         from dpsynth.data.public import load_public_source
@@ -127,7 +139,8 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                    "public_records": rows.get("public", 0), "public_fraction": cfg.data.public_fraction,
                    "public_split": cfg.data.public_split, "public_source": cfg.data.public_source,
                    "num_classes": ds.num_classes, "image_shape": list(ds.shape),
-                   "key": protocol.redacted(cfg).partition.key, "assignment": "HMAC-SHA256(key, record_id)"}
+                   "key": protocol.redacted(cfg).partition.key, "assignment": "HMAC-SHA256(key, record_id)",
+                   **({} if blocks is None else {"blocks": blocks})}
         if run is not None:
             import mlflow
 

@@ -195,7 +195,8 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
         with checkpoint.mirroring(mirror), charging.attempt(  # one charged attempt (dpsynth.ledger.attempt)
                 tcfg, ledger=ledger, dataset_version=partition["dataset_sha256"], workdir=workdir,
                 pipeline_run_id=ctx.pipeline_run_id or f"stage-{uuid.uuid4().hex[:12]}",
-                records=partition["details"]["records"], content_sha256=source["content_sha256"]) as charge:
+                records=partition["details"]["records"], content_sha256=source["content_sha256"],
+                blocks=partition["details"].get("blocks")) as charge:
             trainer = charge.admit(method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id,
                                                           run_tags=ctx.run_tags(), **method_kwargs))
             # the one loop (the federated server's processes, methods.federated_processes, run it on their server)
