@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 
-from dpsynth import __version__, log, threads
+from dpsynth import __version__, log, termination, threads
 from dpsynth.errors import DpsynthError
 
 
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     log.configure(args.verbose - args.quiet)
     try:
         threads.configure(announce=args.command not in QUIET_COMMANDS)  # before torch or a BLAS starts its threads
+        termination.install()  # SIGTERM ends an attempt cleanly: checkpointed, charged, its reservation closed
         refuse_ranks(args.command)
         return int(args.func(args) or 0)
     except DpsynthError as exc:

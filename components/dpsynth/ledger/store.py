@@ -372,17 +372,18 @@ class Ledger:
         bal = _balance(conn, row)
         _check_lifetime_delta(pid, bal["delta"], records)
         what = f" for run {run_id!r}" if run_id else ""
+        stuck = (f". A reservation whose attempt is gone (killed, its pod deleted) stays open: find it with `{commands.dpsynth('ledger', 'history', pid)}` and close it with `{commands.dpsynth('ledger', 'settle', 'ID', '--reason TEXT')}`" if bal["reserved"] else "")
         if not _fits(bal["committed"] + bal["reserved"] + eps, bal["budget"]):
             raise PrivacyError(
                 f"epsilon: population {pid!r} cannot afford ε={eps:g}{what}: "
                 f"lifetime budget ε={bal['budget']:g}, committed {bal['committed']:g}, "
                 f"reserved by attempts in progress {bal['reserved']:g}, remaining {bal['remaining']:g}; "
-                f"an operator may raise it with `{_set_budget_command(pid)}`")
+                f"an operator may raise it with `{_set_budget_command(pid)}`{stuck}")
         if not _fits(bal["delta_used"] + dlt, bal["delta"]):
             raise PrivacyError(
                 f"delta: population {pid!r} cannot afford δ={dlt:g}{what}: "
                 f"lifetime budget δ={bal['delta']:g}, already charged (committed + reserved) "
-                f"{bal['delta_used']:g}; under basic composition the δ's of all attempts add up")
+                f"{bal['delta_used']:g}; under basic composition the δ's of all attempts add up{stuck}")
         return bal
 
     def commit(self, reservation_id: int, *, epsilon_spent: float, note: str | None = None) -> None:
