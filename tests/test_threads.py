@@ -87,3 +87,12 @@ def test_a_dpsynth_command_logs_and_applies_its_count():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.split() == ["3", "3", "3"], done.stderr
     assert done.stderr.count("threads: 3 (DPSYNTH_THREADS=3; DPSYNTH_THREADS overrides)") == 1
+
+
+def test_ranks_on_this_machine_share_its_threads(monkeypatch):
+    """torchrun's ranks started by dpsynth (the local federated job, --launch torchrun) divide the count: K + 1 ranks
+    of the parent's N threads each would be (K + 1) × N threads on N CPUs."""
+    monkeypatch.setattr(threads, "_configured", 8)
+    env = threads.environment_for(3)
+    assert [env[v] for v in (threads.OVERRIDE_VAR, *threads.LIBRARY_VARS)] == ["2"] * 4
+    assert threads.environment_for(20)[threads.OVERRIDE_VAR] == "1"

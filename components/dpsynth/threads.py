@@ -10,8 +10,8 @@ another job; one thread ran at 13 steps/s). So every ``dpsynth`` command that co
 - the cgroup's CPU quota, rounded up (v2 ``cpu.max``, on the process's own cgroup and each one above it;
   v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``); no quota means no limit.
 
-``DPSYNTH_THREADS`` overrides the count; so does ``OMP_NUM_THREADS`` when set (``torchrun`` sets it to 1
-for its ranks). The count goes to torch (``torch.set_num_threads``) and to ``OMP_NUM_THREADS``,
+``DPSYNTH_THREADS`` overrides the count; so does ``OMP_NUM_THREADS`` when set. Ranks that ``dpsynth`` starts
+under ``torchrun`` on this machine share its count (:func:`environment_for`). The count goes to torch (``torch.set_num_threads``) and to ``OMP_NUM_THREADS``,
 ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` for libraries and child processes yet to start, and the
 choice is logged once, with its reason.
 """
@@ -153,3 +153,10 @@ def configure(*, announce: bool = True) -> int:
 def count() -> int:
     """The count :func:`configure` chose (choosing it now, quietly, if nothing has)."""
     return _configured if _configured is not None else configure(announce=False)
+
+
+def environment_for(processes: int) -> dict[str, str]:
+    """This process's environment for ``processes`` children that share its CPUs (``torchrun``'s ranks): each gets
+    ``count() // processes`` threads (at least 1), through ``DPSYNTH_THREADS`` and the libraries' variables."""
+    share = str(max(1, count() // max(1, processes)))
+    return {**os.environ, OVERRIDE_VAR: share, **{var: share for var in LIBRARY_VARS}}
