@@ -127,7 +127,8 @@ class Trainer:
         w, s = self.cfg.warmup, self.state
         images, labels = records if records is not None else (self.images, self.labels)
         started = time.monotonic()
-        _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps (warmup.steps, whatever train.steps is)",
+        _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps "
+                  "(warmup.steps, whatever train.steps is)",
                   len(warmup_releases.events(self.cfg)), ", ".join(warmup_releases.release_names(self.cfg)), w.steps)
         if images.shape[1] > 1 and w.polarity_noise_multiplier is None:  # the channel count is public (the schema)
             _log.warning("colour images and no polarity release (warmup.polarity_noise_multiplier): the generator's "
