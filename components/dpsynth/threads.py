@@ -2,8 +2,8 @@
 
 torch's default is one thread per CPU the *machine* has. In a container with a CPU limit (a pod with
 ``limits.cpu: 2`` on a 64-core node) that is 64 threads sharing two CPUs' worth of time, and the fit
-slows to a crawl (measured here: a warm-up fit fell from 11.5 to 1.3 steps/s with two threads beside
-another job; one thread ran at 13 steps/s). So every ``dpsynth`` command that computes starts with
+slows to a crawl (issue #55 measured a warm-up fit falling from 11.5 to 1.3 steps/s with two threads beside
+another job on two cores; one thread ran at 13 steps/s). So every ``dpsynth`` command that computes starts with
 :func:`configure`, which takes the smallest of:
 
 - the CPUs the process may run on (``os.sched_getaffinity``: cpusets, ``taskset``);
@@ -11,9 +11,9 @@ another job; one thread ran at 13 steps/s). So every ``dpsynth`` command that co
   v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``); no quota means no limit.
 
 ``DPSYNTH_THREADS`` overrides the count; so does ``OMP_NUM_THREADS`` when set. Ranks that ``dpsynth`` starts
-under ``torchrun`` on this machine share its count (:func:`environment_for`). The count goes to torch (``torch.set_num_threads``) and to ``OMP_NUM_THREADS``,
-``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` for libraries and child processes yet to start, and the
-choice is logged once, with its reason.
+under ``torchrun`` on this machine share its count (:func:`environment_for`). The count goes to torch
+(``torch.set_num_threads``) and to ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` for
+libraries and child processes yet to start, and the choice is logged once, with its reason.
 """
 
 from __future__ import annotations

@@ -194,8 +194,8 @@ def start_run(
     tags: dict[str, str] | None = None,
     artifact_location: str | None = None,
 ) -> Iterator[object]:
-    """Start an MLflow run tagged with the stage and what code ran (:func:`lineage_tags`); with ``parent_run_id``, nested under
-    that run (MLflow sets the ``mlflow.parentRunId`` tag, after checking that the parent exists)."""
+    """Start an MLflow run tagged with the stage and what code ran (:func:`lineage_tags`); with ``parent_run_id``,
+    nested under that run (MLflow sets the ``mlflow.parentRunId`` tag, after checking that the parent exists)."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
