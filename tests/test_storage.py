@@ -1,4 +1,4 @@
-"""storage: local paths and s3:// URIs through one interface, against a real moto_server over loopback."""
+"""storage: local paths and s3:// (gs://, abfs://) URIs through one interface, against a real moto_server over loopback."""
 
 import hashlib
 import os
@@ -112,7 +112,9 @@ def test_missing_objects_raise_file_not_found_naming_the_uri(base, s3_env):
             call(no_bucket)
 
 
-@pytest.mark.parametrize("bad", ["s3://", "s3:///key", "s3://bucket", "s3://bucket/", "s3:/bucket/key", "gs://b/k"])
+@pytest.mark.parametrize(
+    "bad", ["s3://", "s3:///key", "s3://bucket", "s3://bucket/", "s3:/bucket/key", "gs:/b/k", "http://b/k", "gs://b"]
+)
 def test_bad_uris_raise_value_error_naming_them(bad):
     with pytest.raises(ValueError) as info:
         storage.read_bytes(bad)
@@ -146,7 +148,7 @@ def test_parquet_written_to_s3_reads_back_with_pyarrow(both):
 
 
 def test_endpoint_precedence(monkeypatch):
-    """boto3's own AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (boto3 applies them: nothing explicit), else MLflow's."""
+    """AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL (the AWS SDKs' own settings), else MLflow's, else AWS."""
     for var in (*storage.AWS_ENDPOINT_VARS, storage.MLFLOW_ENDPOINT_VAR):
         monkeypatch.delenv(var, raising=False)
     assert storage.endpoint_url() is None
@@ -154,8 +156,20 @@ def test_endpoint_precedence(monkeypatch):
     assert storage.endpoint_url() == "http://mlflow"
     for var, url in (("AWS_ENDPOINT_URL", "http://aws"), ("AWS_ENDPOINT_URL_S3", "http://aws-s3")):
         monkeypatch.setenv(var, url)
-        assert storage.endpoint_url() is None
-        assert storage._client().meta.endpoint_url == url  # boto3 resolved it (the S3-specific one wins)
+        assert storage.endpoint_url() == url  # the S3-specific one wins
+
+
+def test_gcs_and_azure_uris_go_through_the_same_calls():
+    """gs:// and abfs:// resolve to Arrow's GCS and Azure filesystems (no network: nothing is read)."""
+    from pyarrow import fs
+
+    filesystem, path, root = storage._remote("gs://bucket/run/data.parquet")
+    assert isinstance(filesystem, fs.GcsFileSystem) and (path, root) == ("bucket/run/data.parquet", "bucket")
+    filesystem, path, root = storage._remote("abfs://data@account.dfs.core.windows.net/run/x.pt")
+    assert isinstance(filesystem, fs.AzureFileSystem) and (path, root) == ("data/run/x.pt", "data")
+    assert storage.join("gs://bucket", "a", "b") == "gs://bucket/a/b"
+    z = storage.Zones.from_root("gs://bucket/p")
+    assert z.zone_of("gs://bucket/p/release/x") == "release"
 
 
 def test_mlflow_endpoint_alone_reaches_the_server(s3_bucket, moto_endpoint, monkeypatch):
@@ -165,24 +179,33 @@ def test_mlflow_endpoint_alone_reaches_the_server(s3_bucket, moto_endpoint, monk
     assert storage.read_bytes(f"s3://{s3_bucket}/m.bin") == b"m"
 
 
-def test_large_objects_go_up_in_parts_and_round_trip(s3_env, s3_bucket, monkeypatch, tmp_path):
-    """Above the multipart threshold the managed transfer uploads (and copies) in parts: the ETag of
-    a multipart object is "<md5 of the part md5s>-<number of parts>". 5 MiB is S3's smallest part."""
-    monkeypatch.setattr(storage, "MULTIPART_THRESHOLD", 5 * storage.MiB)
-    monkeypatch.setattr(storage, "MULTIPART_CHUNKSIZE", 5 * storage.MiB)
-    data = os.urandom(11 * storage.MiB)  # 3 parts: 5 + 5 + 1 MiB
+def test_large_objects_go_up_in_parts_and_round_trip(s3_env, s3_bucket, tmp_path):
+    """A large upload goes up in parts (Arrow's 10 MiB): the ETag of a multipart object is
+    "<md5 of the part md5s>-<number of parts>"."""
+    data = os.urandom(11 * storage.MiB)  # 2 parts: 10 + 1 MiB
     uri, copied = f"s3://{s3_bucket}/big/model.pt", f"s3://{s3_bucket}/big/copy.pt"
     with storage.atomic_write(uri) as fh:
         fh.write(data)
+    assert s3_env.head_object(Bucket=s3_bucket, Key="big/model.pt")["ETag"].strip('"').endswith("-2")
     storage.copy(uri, copied)  # S3 to S3, server-side
     for u in (uri, copied):
-        assert s3_env.head_object(Bucket=s3_bucket, Key=u.split("/", 3)[3])["ETag"].strip('"').endswith("-3"), u
         assert storage.sha256(u) == hashlib.sha256(data).hexdigest()
     storage.copy(uri, tmp_path / "local.pt")
     assert (tmp_path / "local.pt").read_bytes() == data
-    small = f"s3://{s3_bucket}/small.bin"
-    storage.write_bytes(small, b"x" * 100)  # below the threshold: one PutObject
-    assert "-" not in s3_env.head_object(Bucket=s3_bucket, Key="small.bin")["ETag"]
+
+
+def test_local_input_downloads_an_object_or_a_prefix(s3_bucket, tmp_path):
+    for name in ("d/a.bin", "d/sub/b.bin", "d2/c.bin"):
+        storage.write_bytes(f"s3://{s3_bucket}/{name}", name.encode())
+    with storage.local_input(f"s3://{s3_bucket}/d/a.bin") as path:
+        assert path.name == "a.bin" and path.read_bytes() == b"d/a.bin"
+    with storage.local_input(f"s3://{s3_bucket}/d") as path:
+        assert sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()) == ["a.bin", "sub/b.bin"]
+    assert not path.exists()  # removed after the block
+    with storage.local_input(f"s3://{s3_bucket}/nothing") as path:
+        assert not path.exists()
+    with storage.local_input(tmp_path) as path:
+        assert path == tmp_path
 
 
 def test_zones(tmp_path):

@@ -13,8 +13,11 @@ import json
 import logging
 import sys
 
-from dpsynth import __version__, log
+from dpsynth import __version__, log, termination, threads
 from dpsynth.errors import DpsynthError
+
+
+QUIET_COMMANDS = {"config", "ledger", "privacy", "release"}  # they compute little: their thread count is not logged
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     log.configure(args.verbose - args.quiet)
     try:
+        threads.configure(announce=args.command not in QUIET_COMMANDS)  # before torch or a BLAS starts its threads
+        termination.install()  # SIGTERM ends an attempt cleanly: checkpointed, charged, its reservation closed
         refuse_ranks(args.command)
         return int(args.func(args) or 0)
     except DpsynthError as exc:

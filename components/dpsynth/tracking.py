@@ -10,6 +10,7 @@ what it logs (:class:`LoggedKeys`) and the audit checks every run against that a
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -39,6 +40,8 @@ TAG_METHOD = "dpsynth.method"
 TAG_POPULATION = "dpsynth.population_id"
 TAG_LEDGER_RESERVATION = "dpsynth.ledger_reservation_id"
 TAG_IMAGE = "dpsynth.image"
+TAG_GIT_SHA = "dpsynth.git_sha"
+GIT_SHA_ENV = "DPSYNTH_GIT_SHA"  # the commit an image was built from (images/stage-*.Dockerfile set it)
 # Model Registry: each population/method's released generators, one version per passed audit
 TAG_TRACE_SHA256 = "dpsynth.trace_sha256"
 TAG_GENERATOR_SHA256 = "dpsynth.generator_sha256"
@@ -115,17 +118,49 @@ def default_tracking_uri(output_dir: str | os.PathLike) -> str:
     return f"sqlite:///{db}"
 
 
+@functools.lru_cache(maxsize=1)
+def _checkout_head() -> str | None:
+    """``git rev-parse HEAD`` of the checkout this package runs from (None outside one, or without git)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = done.stdout.strip()
+    return sha if done.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", sha) else None
+
+
+def git_sha() -> str | None:
+    """The commit of the code that runs: ``$DPSYNTH_GIT_SHA`` (an image's build sets it; its default
+    ``unknown`` counts as unset), else the checkout's ``HEAD``, else None."""
+    env = os.environ.get(GIT_SHA_ENV, "").strip().lower()
+    if re.fullmatch(r"[0-9a-f]{7,40}", env):
+        return env
+    return _checkout_head()
+
+
 def code_version() -> str:
+    """``VERSION+SHA12`` (the package version and the first 12 hex digits of :func:`git_sha`), or ``VERSION``
+    when the commit is unknown."""
     from dpsynth import __version__
 
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"{__version__}+{sha}" if sha else __version__
+    sha = git_sha()
+    return f"{__version__}+{sha[:12]}" if sha else __version__
+
+
+def lineage() -> dict[str, str | None]:
+    """What code ran: ``code_version``, ``git_sha`` and ``image`` (``$DPSYNTH_IMAGE``, the container image the
+    pod spec names; None outside a container). Every stage manifest, run, release card and registry version
+    records it."""
+    return {"code_version": code_version(), "git_sha": git_sha(),
+            "image": os.environ.get(ENV_CONTEXT[TAG_IMAGE], "").strip() or None}
+
+
+def lineage_tags() -> dict[str, str]:
+    """:func:`lineage` as MLflow tags (those known)."""
+    found = lineage()
+    tags = {TAG_CODE_VERSION: found["code_version"], TAG_GIT_SHA: found["git_sha"], TAG_IMAGE: found["image"]}
+    return {tag: value for tag, value in tags.items() if value}
 
 
 def experiment_name(dataset_name: str) -> str:
@@ -159,13 +194,13 @@ def start_run(
     tags: dict[str, str] | None = None,
     artifact_location: str | None = None,
 ) -> Iterator[object]:
-    """Start an MLflow run tagged with the stage and code version; with ``parent_run_id``, nested under
-    that run (MLflow sets the ``mlflow.parentRunId`` tag, after checking that the parent exists)."""
+    """Start an MLflow run tagged with the stage and what code ran (:func:`lineage_tags`); with ``parent_run_id``,
+    nested under that run (MLflow sets the ``mlflow.parentRunId`` tag, after checking that the parent exists)."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
     experiment_id = _ensure_experiment(mlflow, experiment, tracking_uri, artifact_location)
-    all_tags = {TAG_STAGE: stage, TAG_CODE_VERSION: code_version(), **(tags or {})}
+    all_tags = {TAG_STAGE: stage, **lineage_tags(), **(tags or {})}
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name or stage, tags=all_tags,
                           parent_run_id=parent_run_id or None) as run:
         yield run
@@ -180,7 +215,7 @@ def create_parent_run(*, tracking_uri: str, experiment: str, run_name: str, tags
 
     mlflow.set_tracking_uri(tracking_uri)
     experiment_id = _ensure_experiment(mlflow, experiment, tracking_uri, artifact_location)
-    all_tags = {TAG_STAGE: "pipeline", TAG_CODE_VERSION: code_version(), **tags}
+    all_tags = {TAG_STAGE: "pipeline", **lineage_tags(), **tags}
     return MlflowClient(tracking_uri).create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
 
 

@@ -21,5 +21,5 @@ class LineageContextProvider(RunContextProvider):
 
     def tags(self) -> dict[str, str]:
         tags = {tag: os.environ[name] for tag, name in tracking.ENV_CONTEXT.items() if os.environ.get(name)}
-        tags[tracking.TAG_CODE_VERSION] = tracking.code_version()
+        tags.update(tracking.lineage_tags())  # the code version, its commit and image
         return tags

@@ -21,3 +21,22 @@ def test_a_named_fit_draws_a_bar_with_its_batches(capsys):
 
 def test_an_unnamed_fit_stays_quiet(capsys):
     assert "batch" not in _fit(capsys)
+
+
+def test_the_reference_cnn_trains_about_feature_steps_batches_whatever_the_reference_size(capsys):
+    """#55 item 11: 7 real reference records trained 1,372 one-batch epochs (150 × 64 / 7) where 150 batches
+    were meant; references of a batch or more keep the epochs they had (ceil(150 × 64 / n))."""
+    import numpy as np
+
+    from dpsynth.data import ImageDataset
+
+    assert classifiers.reference_epochs(7, steps=150, batch_size=64) == 150
+    assert [classifiers.reference_epochs(n, steps=150, batch_size=64) for n in (64, 500, 1012, 20000)] == [
+        150, 20, 10, 1]
+    rng = np.random.default_rng(0)
+    tiny = ImageDataset(record_ids=[str(i) for i in range(7)], labels=np.arange(7) % 2,
+                        images=rng.integers(0, 256, (7, 28, 28, 1), dtype=np.uint8), splits=None, num_classes=2,
+                        source="seven records")
+    reference = classifiers.ReferenceClassifier(tiny, steps=20, seed=0)
+    assert reference.training["epochs"] == 20
+    assert "20/20" in capsys.readouterr().err  # its progress bar: 20 batches, not 20 × 64 / 7 = 183

@@ -34,7 +34,7 @@ def test_tags_from_the_environment(clean_env):
     assert tags == {tracking.TAG_PIPELINE_RUN_ID: "p-ctx", tracking.TAG_STAGE: "train",
                     tracking.TAG_DATASET_VERSION: "ab" * 32, tracking.TAG_POPULATION: "mnist",
                     tracking.TAG_IMAGE: "registry.example/dpsynth-stage:cpu",
-                    tracking.TAG_CODE_VERSION: tracking.code_version()}
+                    **tracking.lineage_tags()}
 
 
 @pytest.mark.skipif(not INSTALLED, reason="dpsynth-mlflow is not installed: pip install --no-deps -e mlflow_plugins")

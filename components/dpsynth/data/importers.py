@@ -35,31 +35,34 @@ def import_source(src: str | os.PathLike, *, num_classes: int | None = None, spl
     - a directory of class subfolders of PNG/JPEG images (see :func:`import_image_folder`);
     - a canonical ``.parquet`` file.
 
+    ``src`` is a local path or an object-store URI (``s3://``, ``gs://``, ``abfs://``): a file, or a
+    prefix standing for a directory.
+
     ``num_classes`` overrides (and is checked against) the labels; ``split`` sets every
     record's split, replacing any the source implies.
     """
-    path = storage.local_path(src)
-    if path.is_dir():
-        if _idx_image_files(path):
-            ds = import_idx_dir(path)
-        else:
-            ds = import_image_folder(path)
-    elif path.is_file() and path.suffix.lower() == ".npz":
-        ds = import_npz(path)
-    elif path.is_file() and path.suffix.lower() == ".parquet":
-        ds = read_parquet(path)
-    elif not path.exists():
-        raise DatasetError(f"source: {src} does not exist")
-    else:
-        raise DatasetError(
-            f"source: {src} is not an IDX directory, an .npz file, an image folder or a .parquet file"
-        )
+    with storage.local_input(src) as path:  # an object store's file or prefix: a temporary local copy
+        ds = _import_path(path, src)
+        if storage.is_remote(src):
+            ds = dataclasses.replace(ds, source=ds.source.replace(str(path.resolve()), str(src).rstrip("/")))
     if num_classes is not None:
         ds = dataclasses.replace(ds, num_classes=num_classes)
     if split is not None:
         ds = dataclasses.replace(ds, splits=[split] * len(ds))
     validate(ds, num_classes=num_classes)
     return ds
+
+
+def _import_path(path: Path, src: str | os.PathLike) -> ImageDataset:
+    if path.is_dir():
+        return import_idx_dir(path) if _idx_image_files(path) else import_image_folder(path)
+    if path.is_file() and path.suffix.lower() == ".npz":
+        return import_npz(path)
+    if path.is_file() and path.suffix.lower() == ".parquet":
+        return read_parquet(path)
+    if not path.exists():
+        raise DatasetError(f"source: {src} does not exist")
+    raise DatasetError(f"source: {src} is not an IDX directory, an .npz file, an image folder or a .parquet file")
 
 
 # --- IDX (MNIST / Fashion-MNIST) ------------------------------------------------------------

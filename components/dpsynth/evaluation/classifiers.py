@@ -6,8 +6,8 @@ ReLU units. ``fit`` keeps the epoch with the best accuracy on a validation set w
 given; the evaluate stage only ever passes held-out *generated* data there, so no model is
 selected on real (possibly sensitive) data.
 
-``ReferenceClassifier`` is the CNN trained on real reference data for a fixed number of
-number of steps (no selection): its penultimate features are the space of ``fid_classifier`` and
+``ReferenceClassifier`` is the CNN trained on real reference data for about ``evaluate.feature_steps`` batches
+(:func:`reference_epochs`; no selection): its penultimate features are the space of ``fid_classifier`` and
 the JS score, its class probabilities give the Inception Score (as GS-WGAN and dp-GAN use a
 dataset classifier), and it is real2gen's CNN.
 """
@@ -117,6 +117,13 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, seed
             "selection": "best epoch on held-out generated data"}
 
 
+def reference_epochs(records: int, *, steps: int, batch_size: int) -> int:
+    """Whole epochs of ``records`` that make about ``steps`` batches: ``ceil(steps × batch_size / records)``, at most
+    ``steps``, so the batches never exceed 2 × ``steps``, or one epoch. (Uncapped, a reference smaller than one batch trained
+    ``steps × batch_size / records`` one-batch epochs: 1,372 for 7 records where 150 batches were meant.)"""
+    return max(1, min(math.ceil(steps * batch_size / records), steps))
+
+
 class ReferenceClassifier:
     """The CNN trained on real reference data: features, class probabilities, predictions."""
 
@@ -124,7 +131,7 @@ class ReferenceClassifier:
         x, y = reference.to_tensors()
         self.shape, self.num_classes = reference.shape, reference.num_classes
         self.model = build("cnn", reference, seed=seed)
-        epochs = math.ceil(steps * batch_size / len(reference))  # about ``steps`` batches, whole epochs
+        epochs = reference_epochs(len(reference), steps=steps, batch_size=batch_size)
         self.training = fit(self.model, x, y, epochs=epochs, seed=seed, batch_size=batch_size,
                             desc="evaluate: reference CNN on real records")
 

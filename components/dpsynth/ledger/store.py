@@ -403,6 +403,7 @@ class Ledger:
         bal = _balance(conn, row)
         _check_lifetime_delta(pid, bal["delta"], records)
         what = f" for run {run_id!r}" if run_id else ""
+        stuck = (f". A reservation whose attempt is gone (killed, its pod deleted) stays open: find it with `{commands.dpsynth('ledger', 'history', pid)}` and close it with `{commands.dpsynth('ledger', 'settle', 'ID', '--reason TEXT')}`" if bal["reserved"] else "")
         charges = {b["block"]: b for b in bal["blocks"]}
         for block in blocks:
             b = charges.get(block, _unread_block(block, bal))
@@ -417,12 +418,14 @@ class Ledger:
                        if b["reserved"] > 0 else "")
                     + f"; an operator may raise it with `{_set_budget_command(pid)}`"
                     + ("" if where.startswith("population") else
-                       ", or leave the block out of the run's window (docs/privacy.md, \"Privacy blocks\")"))
+                       ", or leave the block out of the run's window (docs/privacy.md, \"Privacy blocks\")")
+                    + (stuck if b["reserved"] > 0 else ""))
             if not _fits(b["delta_used"] + dlt, bal["delta"]):
                 raise PrivacyError(
                     f"delta: {where} cannot afford δ={dlt:g}{what}: "
                     f"lifetime budget δ={bal['delta']:g}, already charged (committed + reserved) "
-                    f"{b['delta_used']:g}; under basic composition the δ's of all attempts add up")
+                    f"{b['delta_used']:g}; under basic composition the δ's of all attempts add up"
+                    + (stuck if b["reserved"] > 0 else ""))
         return bal
 
     def commit(self, reservation_id: int, *, epsilon_spent: float, note: str | None = None) -> None:

@@ -171,14 +171,13 @@ def facts(ctx: protocol.StageContext, *, release_files: list[dict] | None = None
         stages.append({"stage": stage, "zone": protocol.ZONE[stage], "status": m["status"] if m else "not run",
                        "epsilon": m["privacy"]["epsilon"] if m else None,
                        "mlflow_run_id": (m or {}).get("mlflow_run_id"),
-                       "code_version": (m or {}).get("code_version")})
+                       "code_version": (m or {}).get("code_version"), "image": (m or {}).get("image")})
     target = report["target"]
     out = {
         "format": FORMAT, "decision": "refused" if refused else "released",
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "pipeline_run_id": ctx.pipeline_run_id, "parent_run_id": ctx.parent_run_id,
-        "method": ctx.cfg.train.method, "code_version": tracking.code_version(),
-        "image": os.environ.get(tracking.ENV_CONTEXT[tracking.TAG_IMAGE]) or None,
+        "method": ctx.cfg.train.method, **tracking.lineage(),  # code_version, git_sha, image (this process's)
         "dataset_version": audited["dataset_sha256"], "stages": stages,
         "target": target, "epsilon": report["epsilon_upper_bound"], "delta": target["delta"],
         "epsilons": report.get("epsilons"), "accountants_note": report.get("accountants_note"),
@@ -191,6 +190,8 @@ def facts(ctx: protocol.StageContext, *, release_files: list[dict] | None = None
         "checks": [{"name": c["name"], "passed": c["passed"]} for c in report["checks"]],
         "trace_sha256": report["trace"]["sha256"], "generator_sha256": report["generator"]["sha256"],
     }
+    if out["image"] is None:  # this process ran outside a container (or its pod named none): the stages' image
+        out["image"] = next((row["image"] for row in stages if row.get("image")), None)
     trace_text = storage.read_bytes(report["trace"]["uri"]).decode() if report.get("trace") else None
     if trace_text is not None and _sha256_bytes(trace_text.encode()) == report["trace"]["sha256"]:
         from dpsynth.privacy import MechanismTrace

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from dpsynth import storage
+from dpsynth import storage, termination
 from dpsynth.config import RunConfig
 from dpsynth.errors import ConfigError
 from dpsynth.ledger.attempt import Attempt
@@ -116,13 +116,15 @@ def attempt(cfg: RunConfig, *, ledger, dataset_version: str, pipeline_run_id: st
     from dpsynth.ledger.attempt import open_attempt
     from dpsynth.training import checkpoint
 
-    opened = open_attempt(
-        ledger, population_id=population_id(cfg), epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
-        dataset_version=dataset_version, pipeline_run_id=pipeline_run_id, stage="train", records=records,
-        accountant=cfg.privacy.accountant,
-        lineage=checkpoint.lineage(Path(workdir) / "checkpoints") if cfg.output.resume else None,
-        stale_after_s=cfg.ledger.stale_after_hours * 3600, content_sha256=content_sha256, blocks=blocks)
-    with charged(opened) as charge:
+    with contextlib.ExitStack() as stack:
+        with termination.deferred():  # a SIGTERM while the reservation opens waits until charged() holds it
+            opened = open_attempt(
+                ledger, population_id=population_id(cfg), epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
+                dataset_version=dataset_version, pipeline_run_id=pipeline_run_id, stage="train", records=records,
+                accountant=cfg.privacy.accountant,
+                lineage=checkpoint.lineage(Path(workdir) / "checkpoints") if cfg.output.resume else None,
+                stale_after_s=cfg.ledger.stale_after_hours * 3600, content_sha256=content_sha256, blocks=blocks)
+            charge = stack.enter_context(charged(opened))
         yield charge
 
 
@@ -154,16 +156,18 @@ def charged(attempt: Attempt) -> Iterator[Charge]:
     try:
         with checkpoint.charging(attempt):
             yield charge
-    except BaseException as exc:
-        if charge.trainer is None:
-            attempt.release(f"failed before its first private step: {str(exc) or repr(exc)}")
-        else:
-            _charge_failure(attempt, charge.trainer, exc)
+    except BaseException as exc:  # a SIGTERM too (dpsynth.termination): the steps it ran are charged
+        with termination.deferred():  # the reservation closes whole, whatever signal comes meanwhile
+            if charge.trainer is None:
+                attempt.release(f"failed before its first private step: {str(exc) or repr(exc)}")
+            else:
+                _charge_failure(attempt, charge.trainer, exc)
         raise
     result = charge.result
     try:
-        attempt.commit(MechanismTrace.from_json(storage.read_bytes(result.trace_path).decode()),
-                       accountant=result.accountant)
+        with termination.deferred():
+            attempt.commit(MechanismTrace.from_json(storage.read_bytes(result.trace_path).decode()),
+                           accountant=result.accountant)
     except BaseException as exc:
         if not attempt.closed:
             attempt.charge_in_full(f"its trace could not be accounted ({str(exc) or repr(exc)})")

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from dpsynth import threads
 from dpsynth.errors import ConfigError, StageError
 
 LAUNCHES = ("torchrun", "trainjob")
@@ -104,7 +105,8 @@ def run_torchrun(cfg, args) -> int:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                str(cfg.train.gpus_per_node), "-m", "dpsynth", *stage_argv(args)]
     log.info("train: %d ranks on this machine: %s", cfg.train.gpus_per_node, " ".join(command))
-    return subprocess.run(command).returncode  # stdout and stderr are ours: rank 0's outcome and every log line
+    # stdout and stderr are ours: rank 0's outcome and every log line; the ranks share this process's CPUs
+    return subprocess.run(command, env=threads.environment_for(cfg.train.gpus_per_node)).returncode
 
 
 # --- Kubernetes: a Kubeflow Trainer TrainJob, or the older training operator's PyTorchJob -----------------------

@@ -49,7 +49,7 @@ def build(*, stage: str, status: str, fingerprint: str, dataset_sha256: str, inp
         "config_fingerprint": fingerprint, "dataset_sha256": dataset_sha256,
         "inputs": inputs, "outputs": outputs, "privacy": privacy, "details": details or {},
         "pipeline_run_id": pipeline_run_id, "parent_run_id": parent_run_id, "mlflow_run_id": mlflow_run_id,
-        "code_version": tracking.code_version(),
+        **tracking.lineage(),  # code_version, git_sha, image: what code ran
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 

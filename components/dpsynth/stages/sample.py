@@ -98,7 +98,7 @@ def register(ctx: protocol.StageContext, model_id: str, *, report: dict, audit: 
         tracking.TAG_AUDIT_RUN_ID: audit.get("mlflow_run_id") or "",
         tracking.TAG_TRAIN_RUN_ID: runs.get("train") or "",
         tracking.TAG_METHOD: ctx.cfg.train.method,
-        tracking.TAG_CODE_VERSION: tracking.code_version(),
+        **tracking.lineage_tags(),  # the code version, its commit and image
     }
     if "epsilon_lower" in release:
         tags[tracking.TAG_EPSILON_LOWER] = f"{release['epsilon_lower']:.6g}"

@@ -44,7 +44,7 @@ import types
 import uuid
 from pathlib import Path
 
-from dpsynth import storage, tracking
+from dpsynth import storage, threads, tracking
 from dpsynth.config import dump_config
 from dpsynth.data import read_parquet
 from dpsynth.errors import ConfigError, DpsynthError
@@ -268,10 +268,10 @@ def _federated_client(ctx) -> None:
     fed.client_main(ctx.cfg, shard, warm=warm[0] if warm else None, checkpoints=checkpoints)
 
 
-def _run_job(command: list[str]) -> tuple[str, int]:
+def _run_job(command: list[str], *, env: dict[str, str] | None = None) -> tuple[str, int]:
     """Run torchrun (stdout captured; stderr, every rank's log, passed through as it comes); stopped by SIGTERM
     (a task's time limit), this process stops torchrun first, which stops the ranks."""
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -308,7 +308,7 @@ def _federated_job(ctx) -> protocol.Outcome:
                                      force=ctx.force, json=True)
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                    str(fed.world_size(ctx.cfg)), "-m", "dpsynth", *stage_argv(args)]
-        stdout, returncode = _run_job(command)
+        stdout, returncode = _run_job(command, env=threads.environment_for(fed.world_size(ctx.cfg)))  # CPUs shared
     if returncode != 0:
         raise DpsynthError(f"train: the federated job (server and {ctx.cfg.partition.num_shards} clients under "
                            f"torchrun) failed with exit status {returncode}; the failing rank's error is above")

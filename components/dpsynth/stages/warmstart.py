@@ -18,12 +18,11 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import multiprocessing
-import os
 import tempfile
 import time
 from pathlib import Path
 
-from dpsynth import storage, tracking
+from dpsynth import storage, threads as dpsynth_threads, tracking
 from dpsynth.data import read_parquet
 from dpsynth.errors import StageError
 from dpsynth.methods import registry
@@ -129,7 +128,7 @@ def _run_missing(ctx: protocol.StageContext, indices: list[int]) -> None:
         for i in indices:
             run_shard(ctx, i)
         return
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = max(1, dpsynth_threads.count() // workers)  # the CPUs this process really has (threads.py)
     spawn = multiprocessing.get_context("spawn")  # torch and fork do not mix
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
         for future in concurrent.futures.as_completed([pool.submit(_run_shard_in_worker, ctx, i, threads)

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dpsynth import storage, tracking
+from dpsynth import storage, termination, tracking
 from dpsynth.config import RunConfig
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
@@ -127,15 +127,17 @@ class Trainer:
         w, s = self.cfg.warmup, self.state
         images, labels = records if records is not None else (self.images, self.labels)
         started = time.monotonic()
-        _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps",
+        _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps "
+                  "(warmup.steps, whatever train.steps is)",
                   len(warmup_releases.events(self.cfg)), ", ".join(warmup_releases.release_names(self.cfg)), w.steps)
         if images.shape[1] > 1 and w.polarity_noise_multiplier is None:  # the channel count is public (the schema)
             _log.warning("colour images and no polarity release (warmup.polarity_noise_multiplier): the generator's "
                          "slots are class means, flat grey where a class's colours vary (recipes without it scored at "
                          "chance on the colour sets measured: docs/results.md); configs/dpgan-generic-cpu.yaml's "
                          "polarity release keeps shapes in any colour")
-        slots, directions, hist = warmup.release(self.cfg, images, labels, num_classes=self.num_classes,
-                                                 randomness=s.mechanism, trace=self.trace)
+        with termination.deferred():  # the releases and their events in the trace end whole
+            slots, directions, hist = warmup.release(self.cfg, images, labels, num_classes=self.num_classes,
+                                                     randomness=s.mechanism, trace=self.trace)
         _log.info("warm-up: released in %.0f s; fitting the generator to them (post-processing)",
                   time.monotonic() - started)
         warmup.fit_generator(s.G, slots, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=s.rng,
@@ -236,23 +238,32 @@ def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | N
             if stop_after is not None and trainer.step >= stop_after:
                 bar.close()
                 return None
-            if not trainer.can_step():
-                break
-            trainer.train_step()
-            bar.update(1)
-            step = trainer.step
-            if o.log_every and step % o.log_every == 0:
-                log_progress(trainer, bar, run)
-            if o.sample_every and step % o.sample_every == 0:  # sensitive zone only, never MLflow
-                artifacts.write_grid(trainer.out / "grids" / f"step-{step:07d}.png", trainer.grid())
-            if o.checkpoint_every and step % o.checkpoint_every == 0:
-                if getattr(trainer.state, "keeps_snapshots", False):  # DPGAN's: the generator so far, with the ε
-                    # spent so far (before the checkpoint: a resumed run has the snapshot of every checkpoint it
-                    # resumes; one past it is dropped)
-                    checkpoint.save_snapshot(ckpt_dir, step, generator_file(trainer, trainer.epsilon_spent()))
-                checkpoint.save(ckpt_dir, data_parallel.checkpoint_state(trainer))
+            with termination.deferred():  # a SIGTERM waits for the step, its event in the trace, its checkpoint
+                if not trainer.can_step():
+                    break
+                trainer.train_step()
+                bar.update(1)
+                step = trainer.step
+                if o.log_every and step % o.log_every == 0:
+                    log_progress(trainer, bar, run)
+                if o.sample_every and step % o.sample_every == 0:  # sensitive zone only, never MLflow
+                    artifacts.write_grid(trainer.out / "grids" / f"step-{step:07d}.png", trainer.grid())
+                if o.checkpoint_every and step % o.checkpoint_every == 0:
+                    save_checkpoint(trainer, ckpt_dir, step)
+                if termination.requested():  # it is raised when this block ends: checkpoint the last step first
+                    if o.checkpoint_every and step % o.checkpoint_every:
+                        save_checkpoint(trainer, ckpt_dir, step)
+                    _log.warning("stopped by SIGTERM after step %d%s; the attempt is charged for the steps it ran",
+                                 step, ", checkpoint written" if o.checkpoint_every else "")
         bar.close()
         return finish(trainer, run, started)
+
+
+def save_checkpoint(trainer: Trainer, ckpt_dir, step: int) -> None:
+    if getattr(trainer.state, "keeps_snapshots", False):  # DPGAN's: the generator so far, with the ε spent so far
+        # (before the checkpoint: a resumed run has the snapshot of every checkpoint it resumes; one past it is dropped)
+        checkpoint.save_snapshot(ckpt_dir, step, generator_file(trainer, trainer.epsilon_spent()))
+    checkpoint.save(ckpt_dir, data_parallel.checkpoint_state(trainer))
 
 
 def log_progress(trainer: Trainer, bar, run) -> None:

@@ -1,0 +1,67 @@
+"""SIGTERM (what Kubernetes sends before it kills a pod) ends a training attempt cleanly (#55 item 10): a real
+``dpsynth train`` process stopped mid-training writes a checkpoint, commits the ε of the steps it ran, closes its
+reservation and exits 143; the next run is not refused and resumes that checkpoint. A refusal that names open
+reservations says how to settle a stuck one."""
+
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from dpsynth.errors import PrivacyError
+from dpsynth.ledger.store import Ledger
+from tests.stages.helpers import manifest, settings, stages
+from tests.stages.test_train_attempts import LONG, cli
+
+
+def test_sigterm_mid_training_checkpoints_charges_and_closes_the_reservation(tmp_path, source, ledger_with_budget):
+    run = tmp_path / "run"
+    stages(run, source, "partition", "warmstart", overrides=LONG)
+    args = cli("train", "--run-dir", run, *settings(source, *LONG))
+    ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert ckpt.exists(), "no checkpoint appeared"
+    proc.send_signal(signal.SIGTERM)  # past the first checkpoint, mid-training
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr[-3000:]  # 128 + SIGTERM, not killed by the signal
+
+    found = re.search(r"stopped by SIGTERM after step (\d+), checkpoint written", stderr)
+    assert found, stderr[-3000:]
+    stopped_at = int(found[1])
+    assert 20 <= stopped_at < 300
+    assert torch.load(ckpt, weights_only=False)["step"] == stopped_at  # the checkpoint of the last step run
+    (first,) = ledger_with_budget.history("mnist600")
+    assert first["status"] == "committed", first  # closed: nothing left reserved
+    assert "stopped by SIGTERM" in first["note"] and f"{stopped_at} private steps" in first["note"]
+    assert 0 < first["epsilon_spent"] < 9.8  # what its steps spent, not the whole reservation (10)
+    assert ledger_with_budget.balance("mnist600")["reserved"] == 0
+
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)  # the orchestrator's retry
+    assert done.returncode == 0, done.stderr[-3000:]
+    first_again, second = ledger_with_budget.history("mnist600")
+    assert first_again == first  # charged once, by itself: not settled again at its whole reservation
+    assert second["status"] == "committed" and second["resumes_id"] == first["id"]
+    assert f"added to the {stopped_at} of reservation {first['id']}" in second["note"]
+    assert manifest(run, "sensitive", "train")["details"]["steps"] == 300
+
+
+def test_a_refusal_naming_open_reservations_says_how_to_settle_them(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    ledger.set_budget("pop", epsilon=10.0, delta=1e-3, reason="test")
+    kwargs = dict(delta=1e-5, dataset_sha256="0" * 64, accountant="rdp", records=100)
+    ledger.reserve("pop", epsilon=8.0, pipeline_run_id="killed", **kwargs)  # its process is gone: stays open
+    with pytest.raises(PrivacyError) as refused:
+        ledger.reserve("pop", epsilon=5.0, pipeline_run_id="next", **kwargs)
+    message = str(refused.value)
+    assert "reserved by attempts in progress 8" in message
+    assert "ledger history pop" in message and "ledger settle ID --reason TEXT" in message
+    ledger.set_budget("other", epsilon=10.0, delta=1e-3, reason="test")
+    with pytest.raises(PrivacyError) as refused:  # nothing open: no word about settling
+        ledger.reserve("other", epsilon=11.0, pipeline_run_id="next", **kwargs)
+    assert "settle" not in str(refused.value)
