@@ -26,8 +26,8 @@ Tasks pass only plain values: the run directory URI, the MLflow parent run id (a
 ``--set section.field=value``. A settings input left empty (None) keeps the config's value: no ``--set`` at
 all (``dsl.IfPresentPlaceholder``), so a run with only the dataset filled in trains the recipe ``make run``
 trains (``config``'s default: the image's copy of ``configs/dpgan-mnist-cpu.yaml``, ``CONFIG``). ``extra``
-(``section.field=value`` items) is applied last; the governance settings (:data:`GOVERNED`) are refused
-there: they are the platform's (the stage Secret and ConfigMap), not the trigger's.
+(``section.field=value`` items) is applied last; only the recipe's settings (``dpsynth.config.RUN_SETTINGS``, an
+allow-list) are accepted there: every other is the platform's (the stage Secret and ConfigMap, the base config).
 
 The train stage on several ranks: with ``train_nodes`` × ``train_gpus_per_node`` > 1 (``train-distributed``
 decides, :func:`dpsynth.stages.launch.shape`) the ``train-job`` task runs instead of ``train``:
@@ -78,17 +78,15 @@ YAML = Path(__file__).with_name("dpsynth_pipeline.yaml")
 # configs/ to /opt/dpsynth/configs). "" : none (the models' defaults).
 CONFIG = os.environ.get("DPSYNTH_CONFIG", "/opt/dpsynth/configs/dpgan-mnist-cpu.yaml")
 LOCAL_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "dpgan-mnist-cpu.yaml")
-# Settings only the platform sets (who triggers a run must not choose where, or against which budget, it is
-# charged and tracked): refused in ``extra`` (stage_program.GOVERNED). ledger.population_id is compiled in
-# (POPULATION_ID).
+# A run's ``extra`` may name only the recipe's settings (dpsynth.config.RUN_SETTINGS): the container program refuses any
+# other, naming who sets it. ledger.population_id is compiled in (POPULATION_ID).
 #
 # The container's program (stage_program.py, its text run as `python -c`): resolves the pseudo-options of _cli_args,
-# refuses a governance setting in the extra settings, runs dpsynth, records a verdict (exit 2) so that a retry does not
+# refuses a setting that is not a run's in the extra settings, runs dpsynth, records a verdict (exit 2) so that a retry does not
 # run the command again, writes the task's output parameter (`pipeline start`) and output artifacts.
 _RUN = Path(__file__).with_name("stage_program.py").read_text()
 _PROGRAM: dict = {"__name__": "dpsynth_stage_program"}
 exec(_RUN, _PROGRAM)  # noqa: S102 (our own file: its constants, here and in the container alike)
-GOVERNED = _PROGRAM["GOVERNED"]
 # The population every run of the compiled pipeline charges (ledger.population_id): a platform setting, given at
 # compile time (the chart's pipeline.populationId for Airflow), never a run input.
 POPULATION_ID = os.environ.get("DPSYNTH_POPULATION_ID", "").strip()
@@ -124,8 +122,9 @@ TEMPLATE_ENV = "DPSYNTH_TRAINJOB_TEMPLATE"  # in the stage ConfigMap: the chart'
 INPUTS = {"run_dir": "Root URI of the pipeline run (s3:// on a cluster): run_dir/sensitive, run_dir/release.",
           "config": "Base YAML config of the run, a path in the stage image (default: the recipe make run trains, "
                     f"{CONFIG}); empty: none, the models' defaults.",
-          "extra": "More settings, section.field=value, applied last (not the platform's: "
-                   f"{', '.join(GOVERNED)}).",
+          "extra": "More settings, section.field=value, applied last: only the recipe's (train.*, the method's "
+                   "sections, privacy.epsilon/delta/noise_multiplier/max_grad_norm, …: dpsynth.config.RUN_SETTINGS); "
+                   "any other is the platform's and refused.",
           "population_id": "ledger.population_id, the population whose budget the run charges (the local flavour "
                            "only: on a cluster it is the platform's, DPSYNTH_POPULATION_ID at compile time).",
           **{name: f"{field}: {setting_schema(field).get('description', '')}"
