@@ -697,7 +697,7 @@ RUN_SETTINGS = ("data.uri", "privacy.epsilon", "privacy.delta", "privacy.noise_m
                 "sample.*", "evaluate.classifier", "evaluate.suite", "evaluate.max_iter", "evaluate.epochs",
                 "evaluate.feature_steps", "evaluate.validation_fraction", "evaluate.max_train_records",
                 "evaluate.mia", "evaluate.mia_records", "evaluate.mia_generated", "evaluate.curve_samples",
-                "evaluate.seed", "audit.empirical")
+                "evaluate.seed", "audit.empirical", "output.checkpoint_every", "output.sample_every", "output.log_every")
 # Who sets a setting a run may not: the first entry naming it or its section ("": any other).
 SETTING_OWNERS = {
     "ledger.population_id": "the platform (the chart's pipeline.populationId; KFP: DPSYNTH_POPULATION_ID when "

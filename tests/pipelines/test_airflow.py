@@ -24,9 +24,11 @@ STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
 RELEASE = sorted([f"sample/{n}" for n in ("audit.json", "audit.md", "generator.pt", "manifest.json", "samples.png",
                                           "synthetic.parquet")] + ["evaluate/manifest.json", "evaluate/report.html", "evaluate/report.json"])
 TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=15", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
-        "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.experiment=airflow-test",
-        "evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200",
-        "partition.key=dpsynth-partition-v1", "data.num_classes=10"]
+        "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0",
+        "evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200"]
+# the platform's settings of these runs (DPSYNTH_STAGE_CONFIG, the chart's stage.config): no trigger's to give (#55)
+PLATFORM = {"tracking": {"experiment": "airflow-test"}, "partition": {"key": "dpsynth-partition-v1"},
+            "data": {"num_classes": 10}}
 
 pytestmark = pytest.mark.skipif(not (AIRFLOW_BIN / "airflow").exists(),
                                 reason=".venv/airflow is missing: `make test` creates it from requirements/airflow.lock")
@@ -491,7 +493,8 @@ def test_train_dag_end_to_end(airflow_db, tmp_path, ranks):
             "pipeline_run_id": "af-e2e", "population_id": "mnist600", "overrides": [*TINY, f"train.gpus_per_node={ranks}"]}
     airflow = str(AIRFLOW_BIN / "airflow")
     # timeout: a hang guard (over 300 s were seen on 2 shared, busy cores)
-    env = {**airflow_db, "DPSYNTH_TRACKING_URI": mlflow_uri}  # a platform setting, not on the form (#34)
+    env = {**airflow_db, "DPSYNTH_TRACKING_URI": mlflow_uri,  # a platform setting, not on the form (#34)
+           "DPSYNTH_STAGE_CONFIG": json.dumps(PLATFORM)}
     proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr

@@ -334,7 +334,8 @@ def pod_settings(stage: str) -> dict:
     from kubernetes.client import models as k8s
 
     gpu = stage in setting("DPSYNTH_GPU_STAGES", "warmstart,train").split(",")
-    kw: dict = {"image": setting("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest"),
+    image = setting("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:cpu")
+    kw: dict = {"image": (setting("DPSYNTH_GPU_IMAGE") or image) if gpu else image,  # the CUDA image on GPU nodes
                 "namespace": setting("DPSYNTH_K8S_NAMESPACE", "dpsynth"),
                 "labels": {"app.kubernetes.io/name": "dpsynth", "dpsynth.stage": stage,
                            # Kueue admits the pod through this LocalQueue (DPSYNTH_KUEUE_QUEUE; unset: no Kueue)
@@ -349,13 +350,24 @@ def pod_settings(stage: str) -> dict:
         kw["node_selector"] = json.loads(setting("DPSYNTH_GPU_NODE_SELECTOR", '{"nvidia.com/gpu.present": "true"}'))
         kw["tolerations"] = [k8s.V1Toleration(**t) for t in json.loads(setting(
             "DPSYNTH_GPU_TOLERATIONS", '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]'))]
+    if gpu and (pool := setting("DPSYNTH_GPU_POOL")):  # an Airflow pool: at most its slots of GPU pods at once
+        kw["pool"] = pool
     # PodSecurity "restricted": non-root (the stage image's uid 10001), no privilege escalation, no capabilities,
-    # the runtime's seccomp profile
+    # the runtime's seccomp profile; the XCom sidecar the operator adds as well (it has none of its own)
     kw["security_context"] = k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=10001,
                                                       seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
-    kw["container_security_context"] = k8s.V1SecurityContext(
-        allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"]))
+    kw["container_security_context"] = restricted_container()
+    kw["xcom_sidecar_container_security_context"] = restricted_container()
+    if secrets := [s for s in (setting("DPSYNTH_IMAGE_PULL_SECRETS") or "").split(",") if s]:
+        kw["image_pull_secrets"] = [k8s.V1LocalObjectReference(name=s) for s in secrets]
     kw["env_vars"] = [k8s.V1EnvVar(name="DPSYNTH_IMAGE", value=kw["image"])]  # MLflow lineage: the code that ran
+    if stage == "partition" and (key_secret := setting("DPSYNTH_PARTITION_KEY_SECRET")):
+        # the platform's partition key, to the partition pod only; without it (or with the demo's public key) the
+        # stage refuses to run (DPSYNTH_REQUIRE_PARTITION_KEY)
+        kw["env_vars"] += [
+            k8s.V1EnvVar(name="DPSYNTH_PARTITION_KEY", value_from=k8s.V1EnvVarSource(secret_key_ref=k8s.V1SecretKeySelector(
+                name=key_secret, key="DPSYNTH_PARTITION_KEY", optional=True))),
+            k8s.V1EnvVar(name="DPSYNTH_REQUIRE_PARTITION_KEY", value="true")]
     if account := setting("DPSYNTH_STAGE_SERVICE_ACCOUNT"):  # workload identity: S3 without static keys
         kw["service_account_name"] = account
     kw["env_from"] = []
@@ -370,6 +382,13 @@ def pod_settings(stage: str) -> dict:
     if stage == "train-job" and (account := setting("DPSYNTH_TRAIN_LAUNCHER_SERVICE_ACCOUNT")):
         kw["service_account_name"] = account  # may create and follow TrainJobs (the chart's Role)
     return kw
+
+
+def restricted_container():
+    """A container's securityContext under PodSecurity "restricted" (with the pod's non-root user and seccomp)."""
+    from kubernetes.client import models as k8s
+
+    return k8s.V1SecurityContext(allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"]))
 
 
 def stage_pod_operator(task_id: str, stage: str, arguments, *, mapped: bool = False, **kwargs):
