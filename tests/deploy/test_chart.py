@@ -125,7 +125,7 @@ def test_default_values_render_no_secret_and_cpu_settings():
 @tools
 def test_gpu_values_reach_airflow_env():
     env = find(render(*VARIANTS["gpu"]), "ConfigMap", "-airflow-env")["data"]
-    assert env["DPSYNTH_STAGE_IMAGE"] == "dpsynth-stage:cuda"
+    assert env["DPSYNTH_STAGE_IMAGE"] == "dpsynth-stage:cpu" and env["DPSYNTH_GPU_IMAGE"] == "dpsynth-stage:cuda"
     assert env["DPSYNTH_K8S_NAMESPACE"] == "dpsynth-stages"
     assert env["DPSYNTH_GPU_STAGES"] == "warmstart,train,evaluate"
     assert env["DPSYNTH_GPU_LIMIT"] == "1"  # one process per pod; several GPUs: a TrainJob
