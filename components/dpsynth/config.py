@@ -712,6 +712,7 @@ SETTING_OWNERS = {
 }
 
 
+@functools.cache
 def run_settings() -> tuple[str, ...]:
     """:data:`RUN_SETTINGS` with each "section.*" spelled out: every setting a run's trigger may choose."""
     schema = _adapter().json_schema()
