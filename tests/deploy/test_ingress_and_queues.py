@@ -55,3 +55,12 @@ def test_trainjobs_and_kfp_pods_get_the_kueue_queue(tmp_path):
     executors = list(yaml.safe_load_all(out.read_text()))[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     for name, executor in executors.items():
         assert executor["podMetadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-gpu", name
+
+
+@tools
+def test_the_partition_key_is_never_a_chart_value():
+    """#55 item 6: stage.config reaches Airflow as a ConfigMap: a partition key there would be plain text."""
+    proc = subprocess.run([str(HELM), "template", "dpsynth", str(CHART), *REQUIRED, "--set",
+                           "stage.config.partition.key=our-secret"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "'/stage': 'not' failed" in proc.stderr, proc.stderr
+    assert find(render("--set", "stage.config.partition.num_shards=4"), "ConfigMap", "-airflow-env")
