@@ -15,6 +15,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
     VIRTUAL_ENV=/opt/dpsynth PATH=/opt/dpsynth/bin:$PATH \
     MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true
 
+# Headless Chromium prints the release card's PDF (dpsynth.release.card.pdf; without it the card is HTML only).
+# CHROMIUM="" leaves it out (a base without apt, or an image that never runs the sample stage).
+ARG CHROMIUM="chromium fonts-dejavu-core"
+RUN if [ -n "${CHROMIUM}" ]; then apt-get update && apt-get install -y --no-install-recommends ${CHROMIUM} && \
+        rm -rf /var/lib/apt/lists/*; fi
+
 RUN python3 -m venv /opt/dpsynth
 # The production lock: stage.lock without the test-only packages (scripts/prod_lock.py)
 COPY requirements/stage-prod.lock /tmp/stage.lock

@@ -3,6 +3,8 @@
 # Build from the repository root:  buildah bud --isolation chroot -f images/stage-cuda.Dockerfile -t dpsynth-stage:cuda .
 ARG BASE_IMAGE=docker.io/nvidia/cuda:12.8.1-runtime-ubuntu24.04
 FROM ${BASE_IMAGE}
+# No Chromium here (Ubuntu ships it as a snap only): the release card's PDF is printed by the sample stage, which runs
+# in the CPU image (values-gpu.yaml gives this image to the GPU stages only).
 
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 ARG PYTHON=python3.11

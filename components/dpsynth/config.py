@@ -694,10 +694,72 @@ def _adapter() -> TypeAdapter:
     return TypeAdapter(RunConfig)
 
 
+# --- who sets what -------------------------------------------------------------------------------------------
+# The settings whoever triggers a run may choose (the Airflow form's fields and its extra settings, the KFP
+# pipeline's inputs and ``extra``): the recipe. "section.*" is every setting of the section. Every other setting
+# is the platform's (an allow-list: a setting added to the models is the platform's until it is listed here).
+RUN_SETTINGS = ("data.uri", "privacy.epsilon", "privacy.delta", "privacy.noise_multiplier", "privacy.max_grad_norm",
+                "train.*", "zhang.*", "gswgan.*", "dpac.*", "warmup.*", "warmstart.*", "partition.num_shards",
+                "sample.*", "evaluate.classifier", "evaluate.suite", "evaluate.max_iter", "evaluate.epochs",
+                "evaluate.feature_steps", "evaluate.validation_fraction", "evaluate.max_train_records",
+                "evaluate.mia", "evaluate.mia_records", "evaluate.mia_generated", "evaluate.curve_samples",
+                "evaluate.seed", "audit.empirical", "output.checkpoint_every", "output.sample_every", "output.log_every")
+# Who sets a setting a run may not: the first entry naming it or its section ("": any other).
+SETTING_OWNERS = {
+    "ledger.population_id": "the platform (the chart's pipeline.populationId; KFP: DPSYNTH_POPULATION_ID when "
+                            "compiling)",
+    "ledger": "the platform (the stage Secret's DPSYNTH_LEDGER_URL and the ledger's budgets)",
+    "tracking": "the platform (its MLflow: DPSYNTH_TRACKING_URI, the Connection dpsynth_mlflow)",
+    "partition.key": "the platform (the partition-key Secret, DPSYNTH_PARTITION_KEY, given to the partition stage "
+                     "only)",
+    "output": "the pipeline (each stage's directory under the run's)",
+    "pipeline": "the pipeline (the run root and the pipeline run id)",
+    "": "the platform (the base config in the stage image, or the chart's stage.config)",
+}
+
+
+@functools.cache
+def run_settings() -> tuple[str, ...]:
+    """:data:`RUN_SETTINGS` with each "section.*" spelled out: every setting a run's trigger may choose."""
+    schema = _adapter().json_schema()
+    names = []
+    for section, ref in schema["properties"].items():
+        fields = schema["$defs"][ref["$ref"].rsplit("/", 1)[1]]["properties"]
+        names += [f"{section}.{f}" for f in fields if f"{section}.*" in RUN_SETTINGS or f"{section}.{f}" in RUN_SETTINGS]
+    return tuple(names)
+
+
+def owner(name: str) -> str:
+    """Who sets ``name`` (``section.field``) when a run may not (:data:`SETTING_OWNERS`)."""
+    section = name.split(".", 1)[0]
+    return SETTING_OWNERS.get(name) or SETTING_OWNERS.get(section) or SETTING_OWNERS[""]
+
+
+def refusal(item: str) -> str | None:
+    """None when a trigger may give ``item`` (``section.field=value`` or a name), else one line naming the setting
+    and who sets it."""
+    name = str(item).split("=", 1)[0].strip()
+    if name in run_settings():
+        return None
+    if name not in _all_settings():
+        return f"{name}: no such setting (`dpsynth config schema` lists them)"
+    return f"{name}: not a run's setting; {owner(name)} sets it"
+
+
+@functools.cache
+def _all_settings() -> frozenset[str]:
+    schema = _adapter().json_schema()
+    return frozenset(f"{section}.{f}" for section, ref in schema["properties"].items()
+                     for f in schema["$defs"][ref["$ref"].rsplit("/", 1)[1]]["properties"])
+
+
 @functools.cache
 def _schema() -> dict:
+    # x-dpsynth-run-settings / x-dpsynth-owners: who may set what, for the orchestrators that cannot import dpsynth
+    # (the Airflow DAGs read this schema's JSON file); JSON Schema validators ignore x- keywords
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "dpsynth-config.schema.json",
-            **_adapter().json_schema()}
+            **_adapter().json_schema(), "x-dpsynth-run-settings": list(run_settings()),
+            "x-dpsynth-owners": SETTING_OWNERS}
 
 
 def json_schema() -> dict:

@@ -26,8 +26,8 @@ Tasks pass only plain values: the run directory URI, the MLflow parent run id (a
 ``--set section.field=value``. A settings input left empty (None) keeps the config's value: no ``--set`` at
 all (``dsl.IfPresentPlaceholder``), so a run with only the dataset filled in trains the recipe ``make run``
 trains (``config``'s default: the image's copy of ``configs/dpgan-mnist-cpu.yaml``, ``CONFIG``). ``extra``
-(``section.field=value`` items) is applied last; the governance settings (:data:`GOVERNED`) are refused
-there: they are the platform's (the stage Secret and ConfigMap), not the trigger's.
+(``section.field=value`` items) is applied last; only the recipe's settings (``dpsynth.config.RUN_SETTINGS``, an
+allow-list) are accepted there: every other is the platform's (the stage Secret and ConfigMap, the base config).
 
 The train stage on several ranks: with ``train_nodes`` × ``train_gpus_per_node`` > 1 (``train-distributed``
 decides, :func:`dpsynth.stages.launch.shape`) the ``train-job`` task runs instead of ``train``:
@@ -68,27 +68,37 @@ from kfp import compiler, dsl
 from dpsynth.config import setting_schema
 from dpsynth.errors import ConfigError
 
-STAGE_IMAGE = os.environ.get("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest")
+# The compile environment takes the names (and JSON) of the chart's Airflow ConfigMap <release>-airflow-env, so that
+# exporting that ConfigMap (docs/cluster.md, "Kubeflow Pipelines") compiles pods that match the chart's values.
+STAGE_IMAGE = os.environ.get("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:cpu")
+GPU_IMAGE = os.environ.get("DPSYNTH_GPU_IMAGE", "dpsynth-stage:cuda")  # the CUDA image, for the GPU stages' pods
 ACCELERATOR = "nvidia.com/gpu"  # KFP accelerator type → resources.limits["nvidia.com/gpu"] on the pod
-GPU_STAGES = ("warmstart shard", "train")  # the per-shard warm starts and the private training
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+# The stages whose pods get a GPU (the chart's stage.gpu.stages): "warmstart" is the per-shard warm starts
+GPU_STAGES = tuple(os.environ.get("DPSYNTH_GPU_STAGES", "warmstart,train").split(","))
+GPU_LIMIT = int(os.environ.get("DPSYNTH_GPU_LIMIT", "1"))
+GPU_TOLERATIONS = json.loads(os.environ.get("DPSYNTH_GPU_TOLERATIONS") or
+                             '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]')
+GPU_NODE_SELECTOR = json.loads(os.environ.get("DPSYNTH_GPU_NODE_SELECTOR") or '{"nvidia.com/gpu.present": "true"}')
+IMAGE_PULL_SECRETS = [s for s in os.environ.get("DPSYNTH_IMAGE_PULL_SECRETS", "").split(",") if s]
+KUEUE_QUEUE = os.environ.get("DPSYNTH_KUEUE_QUEUE", "")  # a Kueue LocalQueue: every pod gets its label
+# The platform's partition key: a Secret (key DPSYNTH_PARTITION_KEY) given to the partition pod only; the stage then
+# refuses to run without it, or with the demo's public key (DPSYNTH_REQUIRE_PARTITION_KEY)
+PARTITION_KEY_SECRET = os.environ.get("DPSYNTH_PARTITION_KEY_SECRET", "dpsynth-partition-key")
+RUN_AS_USER = 10001  # the stage images' user (PodSecurity "restricted": non-root)
 YAML = Path(__file__).with_name("dpsynth_pipeline.yaml")
 # The base config of a run: the recipe `make run` trains, as the stage images ship it (images/*.Dockerfile copy
 # configs/ to /opt/dpsynth/configs). "" : none (the models' defaults).
 CONFIG = os.environ.get("DPSYNTH_CONFIG", "/opt/dpsynth/configs/dpgan-mnist-cpu.yaml")
 LOCAL_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "dpgan-mnist-cpu.yaml")
-# Settings only the platform sets (who triggers a run must not choose where, or against which budget, it is
-# charged and tracked): refused in ``extra`` (stage_program.GOVERNED). ledger.population_id is compiled in
-# (POPULATION_ID).
+# A run's ``extra`` may name only the recipe's settings (dpsynth.config.RUN_SETTINGS): the container program refuses any
+# other, naming who sets it. ledger.population_id is compiled in (POPULATION_ID).
 #
 # The container's program (stage_program.py, its text run as `python -c`): resolves the pseudo-options of _cli_args,
-# refuses a governance setting in the extra settings, runs dpsynth, records a verdict (exit 2) so that a retry does not
+# refuses a setting that is not a run's in the extra settings, runs dpsynth, records a verdict (exit 2) so that a retry does not
 # run the command again, writes the task's output parameter (`pipeline start`) and output artifacts.
 _RUN = Path(__file__).with_name("stage_program.py").read_text()
 _PROGRAM: dict = {"__name__": "dpsynth_stage_program"}
 exec(_RUN, _PROGRAM)  # noqa: S102 (our own file: its constants, here and in the container alike)
-GOVERNED = _PROGRAM["GOVERNED"]
 # The population every run of the compiled pipeline charges (ledger.population_id): a platform setting, given at
 # compile time (the chart's pipeline.populationId for Airflow), never a run input.
 POPULATION_ID = os.environ.get("DPSYNTH_POPULATION_ID", "").strip()
@@ -124,8 +134,9 @@ TEMPLATE_ENV = "DPSYNTH_TRAINJOB_TEMPLATE"  # in the stage ConfigMap: the chart'
 INPUTS = {"run_dir": "Root URI of the pipeline run (s3:// on a cluster): run_dir/sensitive, run_dir/release.",
           "config": "Base YAML config of the run, a path in the stage image (default: the recipe make run trains, "
                     f"{CONFIG}); empty: none, the models' defaults.",
-          "extra": "More settings, section.field=value, applied last (not the platform's: "
-                   f"{', '.join(GOVERNED)}).",
+          "extra": "More settings, section.field=value, applied last: only the recipe's (train.*, the method's "
+                   "sections, privacy.epsilon/delta/noise_multiplier/max_grad_norm, …: dpsynth.config.RUN_SETTINGS); "
+                   "any other is the platform's and refused.",
           "population_id": "ledger.population_id, the population whose budget the run charges (the local flavour "
                            "only: on a cluster it is the platform's, DPSYNTH_POPULATION_ID at compile time).",
           **{name: f"{field}: {setting_schema(field).get('description', '')}"
@@ -192,12 +203,27 @@ def _container(command: str):
     def fn(*args):
         p = dict(zip([q.name for q in params], args))
         out = p.pop("parent_run_id") if command == "pipeline start" else ""
-        return dsl.ContainerSpec(image=STAGE_IMAGE, command=["python", "-c", _RUN, out, "dpsynth"],
+        return dsl.ContainerSpec(image=image(command), command=["python", "-c", _RUN, out, "dpsynth"],
                                  args=_cli_args(command, p, {n: p[n] for n in outputs}))
 
     fn.__signature__ = inspect.Signature(params)
     fn.__name__ = "dpsynth_" + command.replace("pipeline ", "").replace(" ", "_")
     return dsl.container_component(fn)
+
+
+# The stage (chart's names: stage.gpu.stages, stage.resources.stages) of each command's pod; the warm start's fan-in
+# only reads what the per-shard pods wrote (a CPU pod)
+STAGE_OF = {"pipeline start": "start", "warmstart shard": "warmstart", "warmstart": "warmstart-fan-in",
+            "train job": "train-job", "pipeline finish": "finish"}
+
+
+def stage_of(command: str) -> str:
+    return STAGE_OF.get(command, command)
+
+
+def image(command: str) -> str:
+    """The image of a command's pod: the CUDA image (``DPSYNTH_GPU_IMAGE``) for a GPU stage, else the stage image."""
+    return GPU_IMAGE if stage_of(command) in GPU_STAGES else STAGE_IMAGE
 
 
 CONTAINER = {c: _container(c) for c in ("pipeline start", "partition", "warmstart shard", "warmstart", "train", "train job",
@@ -301,14 +327,22 @@ def _stages(step, p: dict, common: dict, settings: dict, finish, *, cluster: boo
     sample = step("sample", **ids).after(audit)
     evaluate = step("evaluate", **ids).after(sample)
     if cluster:
-        named = {"start": start, "partition": partition, "warmstart": per_shard, "warmstart ": warm, "train": train,
-                 "train-job": job, "audit": audit, "sample": sample, "evaluate": evaluate, "finish": finish}
+        named = {"start": start, "partition": partition, "warmstart": per_shard, "warmstart-fan-in": warm,
+                 "train": train, "train-job": job, "audit": audit, "sample": sample, "evaluate": evaluate,
+                 "finish": finish}
         for stage, task in named.items():  # audit: one draw; finish: the verdict
-            _on_cluster(task, stage.strip(), gpu=task in (per_shard, train), retry=task not in (audit, finish))
+            _on_cluster(task, stage, gpu=stage in GPU_STAGES, retry=task not in (audit, finish))
         for small in (shards, distributed):
             small.set_cpu_request("100m").set_memory_request("256Mi").set_memory_limit("512Mi")
+            _pod_basics(small)
         if kubernetes is not None:  # the TrainJob launcher finds the chart's template by the stage ConfigMap
             kubernetes.use_config_map_as_env(job, STAGE_CONFIG_MAP, config_map_key_to_env={TEMPLATE_ENV: TEMPLATE_ENV})
+            # the partition key: the platform's Secret, to the partition pod only; without it (or with the demo's
+            # public key) the stage refuses to run
+            kubernetes.use_secret_as_env(partition, PARTITION_KEY_SECRET,
+                                         secret_key_to_env={"DPSYNTH_PARTITION_KEY": "DPSYNTH_PARTITION_KEY"},
+                                         optional=True)
+            partition.set_env_variable("DPSYNTH_REQUIRE_PARTITION_KEY", "true")
 
 
 def _uncached(step):
@@ -324,12 +358,13 @@ def _on_cluster(task, stage: str, *, gpu: bool, retry: bool) -> None:
         if resource in r.get(kind, {}):
             set_it(str(r[kind][resource]))
     if gpu:
-        task.set_accelerator_type(ACCELERATOR).set_accelerator_limit(1)
+        task.set_accelerator_type(ACCELERATOR).set_accelerator_limit(GPU_LIMIT)
     if retry:
         # KFP's default backoff_max_duration (1 h, counted from the first attempt) would forbid retrying
         # a stage that failed after an hour: allow every attempt its full time limit.
         task.set_retry(RETRIES, backoff_duration=RETRY_BACKOFF,
                        backoff_max_duration=f"{(RETRIES + 1) * TIMEOUT_SECONDS}s")
+    _pod_basics(task)
     if kubernetes is None:
         return
     kubernetes.use_secret_as_env(task, STAGE_SECRET, secret_key_to_env={k: k for k in SECRET_ENV})
@@ -338,9 +373,29 @@ def _on_cluster(task, stage: str, *, gpu: bool, retry: bool) -> None:
                                      optional=True)
     kubernetes.set_timeout(task, TIMEOUT_SECONDS)
     if gpu:
-        kubernetes.add_toleration(task, **GPU_TOLERATION)
+        for toleration in GPU_TOLERATIONS:
+            kubernetes.add_toleration(task, **{k: v for k, v in toleration.items()
+                                               if k in ("key", "operator", "value", "effect", "toleration_seconds")})
         for label, value in GPU_NODE_SELECTOR.items():
-            kubernetes.add_node_selector(task, label_key=label, label_value=value)
+            if value is not None:
+                kubernetes.add_node_selector(task, label_key=label, label_value=value)
+
+
+def _pod_basics(task) -> None:
+    """What every pod of the compiled pipeline gets: its image named in its environment (MLflow lineage:
+    ``DPSYNTH_IMAGE``; the image itself sets ``DPSYNTH_GIT_SHA``), a non-root user (PodSecurity "restricted"; KFP's
+    compiler adds no privilege escalation, no capabilities and the runtime's seccomp profile), the registry's pull
+    Secrets and the Kueue queue's label."""
+    spec = task.container_spec
+    if spec is not None:
+        task.set_env_variable("DPSYNTH_IMAGE", spec.image)
+    if kubernetes is None:
+        return
+    kubernetes.set_security_context(task, run_as_user=RUN_AS_USER, run_as_non_root=True)
+    if IMAGE_PULL_SECRETS:
+        kubernetes.set_image_pull_secrets(task, IMAGE_PULL_SECRETS)
+    if KUEUE_QUEUE:
+        kubernetes.add_pod_label(task, "kueue.x-k8s.io/queue-name", KUEUE_QUEUE)
 
 
 def _documented(pipeline):

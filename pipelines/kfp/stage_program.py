@@ -3,7 +3,8 @@
 It runs ``dpsynth ARGS`` after resolving the pseudo-options ``dpsynth_pipeline._cli_args`` puts in ARGS:
 
 - ``--config-file PATH``: ``--config PATH``, or nothing when PATH is empty;
-- ``--extra-settings JSON``: ``--set ITEM`` per item, a governance setting (``GOVERNED``) refused (exit 2, naming it);
+- ``--extra-settings JSON``: ``--set ITEM`` per item; a setting that is not a run's (``dpsynth.config.refusal``: an
+  allow-list of recipe settings) is refused (exit 2, one line naming it and who sets it);
 - ``--kfp-artifact NAME PATH`` (repeated) and ``--kfp-executor-output PATH``: the task's KFP output artifacts
   (:data:`ARTIFACTS`), written from the stage's ``--json`` outcome after it succeeded: a small JSON file at the
   artifact's local path and the same fields as the artifact's metadata in KFP's executor output file (the launcher
@@ -26,7 +27,6 @@ import signal
 import subprocess
 import sys
 
-GOVERNED = ("ledger.url", "ledger.population_id", "ledger.stale_after_hours", "tracking.uri", "privacy.accounting")
 VERDICT = 2  # dpsynth's exit status for a DpsynthError
 # KFP output artifact name -> (manifest list, entry role), or None: the stage's numeric details (a Metrics artifact)
 ARTIFACTS = {"dataset": ("inputs", "source"), "model": ("outputs", "generator"),
@@ -42,12 +42,13 @@ def resolve(argv):
             path = next(it)
             out += ["--config", path] if path else []
         elif a == "--extra-settings":
-            for item in json.loads(next(it) or "[]"):
-                name = str(item).split("=", 1)[0].strip()
-                if name in GOVERNED:
-                    sys.exit(f"dpsynth: error: extra settings: {name} is a platform setting (the stage Secret and "
-                             f"ConfigMap set it), not a run's: remove it")
-                out += ["--set", str(item)]
+            from dpsynth.config import refusal
+
+            items = [str(item) for item in json.loads(next(it) or "[]")]
+            if refused := [line for item in items if (line := refusal(item))]:
+                print("\n".join(f"dpsynth: error: extra settings: {line}" for line in refused), file=sys.stderr)
+                sys.exit(VERDICT)
+            out += [a for item in items for a in ("--set", item)]
         elif a == "--kfp-artifact":
             OPTIONS.setdefault("artifacts", []).append((next(it), next(it)))
         elif a == "--kfp-executor-output":

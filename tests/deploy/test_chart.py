@@ -25,10 +25,13 @@ TOOLS = REPO / ".venv" / "tools" / "bin"
 HELM, VALIDATE = TOOLS / "helm", TOOLS / "kubernetes-validate"
 K8S_VERSION = "1.33.0"  # validate against a version most clusters run; the chart needs >=1.27
 # what every install must give (#34: stage pods share no disk)
-REQUIRED = ["--set", "pipeline.runRoot=s3://dpsynth/runs", "--set", "pipeline.datasetUri=s3://dpsynth/data/mnist.parquet"]
+REQUIRED = ["--set", "pipeline.runRoot=s3://dpsynth/runs", "--set", "pipeline.datasetUri=s3://dpsynth/data/mnist.parquet",
+            "--set", "pipeline.populationId=mnist"]
 CREDENTIALS = ["--set", "credentials.create=true", "--set", "credentials.awsAccessKeyId=minio",
                "--set", "credentials.awsSecretAccessKey=minio-secret", "--set", "credentials.postgresPassword=p@ss/word",
-               "--set", "credentials.ledgerStagePassword=st@ge/pw1", "--set", "credentials.ledgerAuditorPassword=auditor-pw2"]
+               "--set", "credentials.ledgerStagePassword=st@ge/pw1", "--set", "credentials.ledgerAuditorPassword=auditor-pw2",
+               "--set", "credentials.mlflowAccessKeyId=mlflow", "--set", "credentials.mlflowSecretAccessKey=mlflow-secret",
+               "--set", "credentials.partitionKey=a-key-of-ours"]
 VARIANTS = {"default": [], "gpu": ["-f", str(CHART / "values-gpu.yaml")],
             "secrets": CREDENTIALS,
             "external": ["--set", "postgresql.enabled=false", "--set", "postgresql.external.host=db.example.org",
@@ -122,7 +125,7 @@ def test_default_values_render_no_secret_and_cpu_settings():
 @tools
 def test_gpu_values_reach_airflow_env():
     env = find(render(*VARIANTS["gpu"]), "ConfigMap", "-airflow-env")["data"]
-    assert env["DPSYNTH_STAGE_IMAGE"] == "dpsynth-stage:cuda"
+    assert env["DPSYNTH_STAGE_IMAGE"] == "dpsynth-stage:cpu" and env["DPSYNTH_GPU_IMAGE"] == "dpsynth-stage:cuda"
     assert env["DPSYNTH_K8S_NAMESPACE"] == "dpsynth-stages"
     assert env["DPSYNTH_GPU_STAGES"] == "warmstart,train,evaluate"
     assert env["DPSYNTH_GPU_LIMIT"] == "1"  # one process per pod; several GPUs: a TrainJob
@@ -199,7 +202,10 @@ def test_mlflow_reads_credentials_from_the_secret():
     [container] = find(docs, "Deployment", "-mlflow")["spec"]["template"]["spec"]["containers"]
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
     assert set(refs) == {"POSTGRES_PASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LEDGER_AUDITOR_PASSWORD"}
-    assert {r["name"] for r in refs.values()} == {"dpsynth-credentials"}
+    # #52 finding 7: MLflow's object-store key is its own (the MLflow bucket only), not the stage pods'
+    assert {k: r["name"] for k, r in refs.items()} == {
+        "POSTGRES_PASSWORD": "dpsynth-credentials", "LEDGER_AUDITOR_PASSWORD": "dpsynth-credentials",
+        "AWS_ACCESS_KEY_ID": "dpsynth-mlflow-s3", "AWS_SECRET_ACCESS_KEY": "dpsynth-mlflow-s3"}
     assert not any("value" in e and "PASSWORD" in e["name"] for e in container["env"])
     args = " ".join(container["args"])
     assert "--backend-store-uri=postgresql+psycopg2://dpsynth:$(POSTGRES_PASSWORD)@dpsynth-postgresql.dpsynth.svc:5432/mlflow" in args

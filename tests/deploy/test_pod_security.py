@@ -4,7 +4,8 @@ bucket Job, the helm test — and the stage pods Airflow builds pass the Pod Sec
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.util  # noqa: F401
+import json
 
 import pytest
 
@@ -76,19 +77,91 @@ def test_every_rendered_pod_is_restricted(variant):
     assert {name: violations(spec) for name, spec in specs.items() if violations(spec)} == {}
 
 
-@tools
-@pytest.mark.parametrize("stage", ["start", "partition", "warmstart", "train", "train-job", "audit", "finish", "import"])
-def test_the_stage_pods_airflow_builds_are_restricted(monkeypatch, stage):
-    pytest.importorskip("kubernetes")
-    from kubernetes.client import ApiClient
+def airflow_pods(env: dict) -> dict[str, dict]:
+    """Every pod the Airflow DAGs create on Kubernetes, as the KubernetesPodOperator itself builds it (its
+    ``build_pod_request_obj``: the base container and the XCom sidecar it adds), in the Airflow venv with the chart's
+    rendered Airflow env: {task id: pod spec}."""
+    from tests.pipelines.test_airflow import AIRFLOW_BIN, DAGS, KUBECONFIG, in_airflow
 
-    for k, v in find(render(*VARIANTS["gpu"]), "ConfigMap", "-airflow-env")["data"].items():
-        monkeypatch.setenv(k, v)
-    spec = importlib.util.spec_from_file_location("dpsynth_pods_psa", REPO / "pipelines" / "airflow" / "dags" / "dpsynth_pods.py")
-    pods = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pods)
-    kw = pods.pod_settings(stage)
-    api = ApiClient()
-    pod = {"securityContext": api.sanitize_for_serialization(kw["security_context"]),
-           "containers": [{"name": "base", "securityContext": api.sanitize_for_serialization(kw["container_security_context"])}]}
-    assert violations(pod) == []
+    if not (AIRFLOW_BIN / "airflow").exists():
+        pytest.skip(".venv/airflow is missing")
+    import tempfile
+    home = tempfile.mkdtemp(prefix="psa-airflow-")
+    with open(f"{home}/kubeconfig", "w") as f:
+        f.write(KUBECONFIG)
+    env = {**{k: v for k, v in __import__("os").environ.items() if not k.startswith(("AIRFLOW", "DPSYNTH_"))}, **env,
+           "AIRFLOW_HOME": home, "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db", "DPSYNTH_K8S_CONFIG_FILE": f"{home}/kubeconfig"}
+    return in_airflow("""
+    import copy, json
+    from airflow.dag_processing.dagbag import DagBag
+    from kubernetes.client import ApiClient
+    bag = DagBag()
+    assert not bag.import_errors, bag.import_errors
+    out = {}
+    for dag in bag.dags.values():
+        for task in dag.tasks:
+            cls = getattr(task, "operator_class", type(task))  # a mapped task: its operator's class
+            if getattr(cls, "__name__", "") != "StagePodOperator":
+                continue
+            if hasattr(task, "partial_kwargs"):  # mapped (per shard): one of its pods
+                kwargs = {k: v for k, v in task.partial_kwargs.items() if k not in ("map_index_template",)}
+                op = cls(task_id=task.task_id, arguments=["dpsynth", "x"], **kwargs)
+            else:
+                op = copy.copy(task)
+                op.arguments = ["dpsynth", "x"]  # the argv comes from an XCom at run time
+            pod = op.build_pod_request_obj(context=None)
+            out[f"{dag.dag_id}.{task.task_id}"] = ApiClient().sanitize_for_serialization(pod)["spec"]
+            out[f"{dag.dag_id}.{task.task_id}"]["x-pool"] = op.pool
+    print(json.dumps(out))
+    """, env)
+
+
+@tools
+@pytest.mark.parametrize("variant", ["default", "gpu"])
+def test_every_pod_the_airflow_dags_create_is_restricted_sidecar_included(variant):
+    """#55 item 2: every container of every stage pod, the XCom sidecar included (it had no securityContext; the
+    check before looked at the base container only), passes restricted; GPU stages take the CUDA image, the GPU
+    pool and the node pool's placement; the partition pod alone gets the partition key's Secret."""
+    env = find(render(*VARIANTS[variant], "--set", "imagePullSecrets={regcred}"), "ConfigMap", "-airflow-env")["data"]
+    pods = airflow_pods(env)
+    train = {k.split(".", 1)[1]: v for k, v in pods.items() if k.startswith("dpsynth_train.")}
+    assert set(train) == {"start", "partition", "warmstart_shard", "warmstart", "train", "train_job", "audit", "sample",
+                          "evaluate", "finish"}
+    assert "dpsynth_import_data.import_data" in pods
+    for name, spec in pods.items():
+        assert [c["name"] for c in spec["containers"]] == ["base", "airflow-xcom-sidecar"], name
+        assert violations(spec) == [], name
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}], name
+    gpu_stages = env["DPSYNTH_GPU_STAGES"].split(",")
+    for task, spec in train.items():
+        stage = {"warmstart_shard": "warmstart", "train_job": "train-job"}.get(task, task)
+        gpu = stage in gpu_stages
+        assert spec["containers"][0]["image"] == (env["DPSYNTH_GPU_IMAGE"] if gpu else env["DPSYNTH_STAGE_IMAGE"]), task
+        assert spec["x-pool"] == ("dpsynth_gpu" if gpu else "default_pool"), task
+        if gpu:
+            assert spec["nodeSelector"] == json.loads(env["DPSYNTH_GPU_NODE_SELECTOR"]), task
+        names = {e["name"]: e for e in spec["containers"][0].get("env") or []}
+        assert ("DPSYNTH_PARTITION_KEY" in names) == (task == "partition"), task
+    key = {e["name"]: e for e in train["partition"]["containers"][0]["env"]}
+    assert key["DPSYNTH_PARTITION_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "dpsynth-partition-key"
+    assert key["DPSYNTH_REQUIRE_PARTITION_KEY"]["value"] == "true"
+
+
+@tools
+@pytest.mark.parametrize("variant", ["default", "gpu"])
+def test_the_trainjob_pods_are_restricted(variant):
+    """#55 item 2: the TrainJob's pods (the chart's template, after the launcher filled it in, CPU ranks included)
+    carry the restricted securityContext through their own runtime patch."""
+    from dpsynth.config import load_config
+    from dpsynth.stages import launch
+    from tests.stages.test_launch import chart_template
+
+    template = chart_template(*VARIANTS[variant])
+    for device in ("cuda", "cpu"):
+        cfg = load_config(overrides=["train.nodes=2", f"train.device={device}"])
+        job = launch.trainjob_manifest(template, cfg, ["train"], name="x", namespace="dpsynth", pipeline_run_id="r")
+        [security] = [p for p in job["spec"]["runtimePatches"] if p["manager"] == "dpsynth.io/pod-security"]
+        [node] = security["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        pod = node["template"]["spec"]["template"]["spec"]
+        assert violations(pod) == [], (variant, device)

@@ -88,13 +88,16 @@ def test_gpu_trainjob_requests_gpus_and_the_gpu_pool():
     t = doc["spec"]["trainer"]
     assert t["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "4" and t["numProcPerNode"] == 4
     assert t["args"][:2] == ["--set", "train.device=cuda"]
-    [patch] = doc["spec"]["runtimePatches"]
+    security, patch = doc["spec"]["runtimePatches"]
+    assert security["manager"] == "dpsynth.io/pod-security" and patch["manager"] == "dpsynth.io/chart"
+    assert t["image"] == "dpsynth-stage:cuda"  # GPU ranks: the CUDA image
     [node] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     pod = node["template"]["spec"]["template"]["spec"]
     assert node["name"] == "node" and pod["nodeSelector"]["dpsynth.io/pool"] == "gpu"
     assert {t["key"] for t in pod["tolerations"]} == {"nvidia.com/gpu", "dpsynth.io/pool"}
     cpu = trainjob()  # no GPU: no GPU limit, no pool
-    assert "resourcesPerNode" not in cpu["spec"]["trainer"] and "runtimePatches" not in cpu["spec"]
+    assert "resourcesPerNode" not in cpu["spec"]["trainer"] and cpu["spec"]["trainer"]["image"] == "dpsynth-stage:cpu"
+    assert [p["manager"] for p in cpu["spec"]["runtimePatches"]] == ["dpsynth.io/pod-security"]
 
 
 def changed(job: dict, path: tuple, value) -> dict:

@@ -24,9 +24,11 @@ STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
 RELEASE = sorted([f"sample/{n}" for n in ("audit.json", "audit.md", "generator.pt", "manifest.json", "samples.png",
                                           "synthetic.parquet")] + ["evaluate/manifest.json", "evaluate/report.html", "evaluate/report.json"])
 TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=15", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
-        "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.experiment=airflow-test",
-        "evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200",
-        "partition.key=dpsynth-partition-v1", "data.num_classes=10"]
+        "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0",
+        "evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200"]
+# the platform's settings of these runs (DPSYNTH_STAGE_CONFIG, the chart's stage.config): no trigger's to give (#55)
+PLATFORM = {"tracking": {"experiment": "airflow-test"}, "partition": {"key": "dpsynth-partition-v1"},
+            "data": {"num_classes": 10}}
 
 pytestmark = pytest.mark.skipif(not (AIRFLOW_BIN / "airflow").exists(),
                                 reason=".venv/airflow is missing: `make test` creates it from requirements/airflow.lock")
@@ -75,7 +77,7 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     def refused(call):  # what a caller that skips the form's validation gets
         try:
             call()
-        except ValueError as exc:
+        except Exception as exc:  # AirflowFailException: a verdict on the trigger, not retried
             return str(exc)
     def rejected(**values):  # as the trigger form and `dags trigger --conf` do
         try:
@@ -134,8 +136,13 @@ def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(a
 
     platform = {"privacy": {"epsilon": 3}, "train": {"n_d": 5, "lr_g": 1e-4}, "warmup": {"central_images": True}}
     out = in_airflow(LOAD + """
-    import copy, dpsynth_pipeline
+    import copy, dpsynth_pipeline, dpsynth_pods
     from airflow.sdk.exceptions import ParamValidationError
+    def refused(call):
+        try:
+            call()
+        except Exception as exc:
+            return str(exc)
     def rejected(**values):
         try:
             params = copy.deepcopy(bag.dags["dpsynth_train"].params)
@@ -149,10 +156,13 @@ def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(a
         "form": {k: form.get_param(k).serialize() for k in form},
         "retrain": {k: p.serialize() for k, p in bag.dags["dpsynth_retrain_on_new_data"].params.items()},
         "settings": dpsynth_pipeline.SETTINGS,
-        "overrides": {o: rejected(overrides=[o]) for o in ["train.stepz=3", "bogus.x=1", "warmup.styles=3",
-                                                           "privacy.noise_multiplier=2", "ledger.url=sqlite:///x.db",
-                                                           "tracking.uri=x", "privacy.accounting=x",
-                                                           "ledger.population_id=x"]},
+        # the form checks an item's shape; which settings a run may name, the plan task (one line each, below)
+        "overrides": {o: rejected(overrides=[o]) for o in ["train.steps 3", "Train.steps=3", "warmup.styles=3",
+                                                           "privacy.noise_multiplier=2", "ledger.url=sqlite:///x.db"]},
+        "plan": {o: refused(lambda: dpsynth_pods.overrides({"overrides": [o]}))
+                 for o in ["train.stepz=3", "bogus.x=1", "warmup.styles=3", "privacy.noise_multiplier=2",
+                           "ledger.url=sqlite:///x.db", "tracking.uri=x", "privacy.accounting=x",
+                           "ledger.population_id=x", "privacy.epsilon=x"]},
     }))
     """, {**airflow_env, "DPSYNTH_STAGE_CONFIG": json.dumps(platform)})
     form, settings = out["form"], out["settings"]
@@ -177,9 +187,13 @@ def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(a
     assert {k: form[k]["value"] for k in ("epsilon", "n_d", "delta", "steps", "method")} == {
         "epsilon": 3, "n_d": "5", "delta": None, "steps": None, "method": None}  # platform, else the config's
     assert form["overrides"]["value"] == ["train.lr_g=0.0001", "warmup.central_images=true"]
-    assert out["overrides"] == {"train.stepz=3": True, "bogus.x=1": True, "warmup.styles=3": False,
-                                "privacy.noise_multiplier=2": False, "ledger.url=sqlite:///x.db": True,
-                                "tracking.uri=x": True, "privacy.accounting=x": True, "ledger.population_id=x": True}
+    assert out["overrides"] == {"train.steps 3": True, "Train.steps=3": True, "warmup.styles=3": False,
+                                "privacy.noise_multiplier=2": False, "ledger.url=sqlite:///x.db": False}
+    refused = {k: v for k, v in out["plan"].items() if v}
+    assert sorted(refused) == ["bogus.x=1", "ledger.population_id=x", "ledger.url=sqlite:///x.db",
+                               "privacy.accounting=x", "tracking.uri=x", "train.stepz=3"]
+    assert refused["train.stepz=3"] == "extra settings: train.stepz: no such setting (`dpsynth config schema` lists them)"
+    assert refused["tracking.uri=x"].startswith("extra settings: tracking.uri: not a run's setting; the platform (")
     assert out["retrain"] == form
 
 
@@ -479,7 +493,8 @@ def test_train_dag_end_to_end(airflow_db, tmp_path, ranks):
             "pipeline_run_id": "af-e2e", "population_id": "mnist600", "overrides": [*TINY, f"train.gpus_per_node={ranks}"]}
     airflow = str(AIRFLOW_BIN / "airflow")
     # timeout: a hang guard (over 300 s were seen on 2 shared, busy cores)
-    env = {**airflow_db, "DPSYNTH_TRACKING_URI": mlflow_uri}  # a platform setting, not on the form (#34)
+    env = {**airflow_db, "DPSYNTH_TRACKING_URI": mlflow_uri,  # a platform setting, not on the form (#34)
+           "DPSYNTH_STAGE_CONFIG": json.dumps(PLATFORM)}
     proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr

@@ -154,7 +154,8 @@ def test_retrain_gate_skips_every_later_task_when_start_found_the_release(airflo
     if executor == "kubernetes":
         (tmp_path / "kubeconfig").write_text(KUBECONFIG)
         env.update(DPSYNTH_EXECUTOR="kubernetes", DPSYNTH_K8S_CONFIG_FILE=str(tmp_path / "kubeconfig"),
-                   DPSYNTH_RUN_ROOT="s3://b/runs", DPSYNTH_DATASET_URI="s3://b/data/mnist.parquet")
+                   DPSYNTH_RUN_ROOT="s3://b/runs", DPSYNTH_DATASET_URI="s3://b/data/mnist.parquet",
+                   DPSYNTH_POPULATION_ID="mnist")  # a cluster's runs charge the platform's population (#55)
     out = in_airflow(LOAD + """
     import types
     import dpsynth_pipeline

@@ -26,6 +26,10 @@ from tests.pipelines.test_airflow import AIRFLOW_BIN, LOAD, in_airflow, airflow_
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = "configs/dpgan-mnist-cpu.yaml"
 DATASET, POPULATION, TRACKING = "s3://bucket/data/mnist.parquet", "mnist", "http://mlflow.example:5000"
+# #55 item 5: settings the form used to accept that are the platform's (tracking.enabled=false came after the
+# platform's true, so the run went untracked)
+REFUSED = ("tracking.enabled=false", "partition.key=mine", "audit.confidence=0.5",
+           "data.public_fraction_unprotected=true")
 
 
 def show(*args: str) -> dict:
@@ -70,7 +74,7 @@ def airflow_argvs(airflow_env):  # noqa: F811
     event = types.SimpleNamespace(timestamp=1, extra={{"dataset_uri": DATASET, "sha256": "x", "rows": 1}})
     refused = []
     for item in ("ledger.url=sqlite:////tmp/fresh.db", "tracking.uri=file:/tmp/x", "privacy.accounting=paper",
-                 "ledger.population_id=other", "train.steps=5"):
+                 "ledger.population_id=other", *{REFUSED!r}, "train.steps=5"):
         try:
             plan_of("dpsynth_train", {{"dataset_uri": DATASET, "overrides": [item]}})
             refused.append(None)
@@ -100,11 +104,19 @@ def test_make_run_triggers_like_the_ui():
                                                    "population_id"}
 
 
-def test_airflow_refuses_governance_settings_in_the_extra_settings(airflow_argvs):
-    *governed, allowed = airflow_argvs["refused"]
+def test_airflow_extra_settings_accept_only_the_recipe_settings(airflow_argvs):
+    """#55 item 5: the plan task (the run's first: nothing reserved) refuses every setting that is not on the
+    allow-list with one line naming it and who sets it (before: a governance deny-list, and a 3,591-character
+    pattern as the form's message), and never retries (AirflowFailException)."""
+    *refused, allowed = airflow_argvs["refused"]
     assert allowed is None
-    for item, message in zip(("ledger.url", "tracking.uri", "privacy.accounting", "ledger.population_id"), governed):
-        assert message and "ParamValidationError" in message or f"{item} is a platform setting" in message, message
+    names = ("ledger.url", "tracking.uri", "privacy.accounting", "ledger.population_id",
+             *(item.split("=")[0] for item in REFUSED))
+    for name, message in zip(names, refused, strict=True):
+        kind, _, text = message.partition(": ")
+        assert kind == "AirflowFailException", message
+        assert "\n" not in text and len(text) < 200, text
+        assert text.startswith(f"extra settings: {name}: not a run's setting; ") and text.endswith(" sets it"), text
 
 
 # --- KFP -----------------------------------------------------------------------------------------
@@ -158,11 +170,25 @@ def test_kfp_pipeline_with_only_its_required_inputs_trains_the_make_run_recipe()
     # KFP stage pods track through MLFLOW_TRACKING_URI (the stage ConfigMap), not a setting
     expected["tracking"]["uri"] = None
     assert got == expected
-    # the extra settings: applied, except the governance settings, refused naming the setting
+    # the extra settings: only the recipe's (an allow-list); any other refused, exit 2, one line naming who sets it
     assert "train.steps=5" in program["resolve"](["--extra-settings", json.dumps(["train.steps=5"])])
-    for item in ("ledger.url=sqlite:////tmp/fresh.db", "tracking.uri=x", "privacy.accounting=paper"):
-        with pytest.raises(SystemExit, match=f"extra settings: {item.split('=')[0]} is a platform setting"):
-            program["resolve"](["--extra-settings", json.dumps([item])])
+
+
+@pytest.mark.parametrize("item", ["ledger.url=sqlite:////tmp/fresh.db", "tracking.uri=x", "privacy.accounting=paper",
+                                  *REFUSED])
+def test_kfp_extra_accepts_only_the_recipe_settings(item, capsys):
+    """#55 item 5 on KFP: the container program refuses a setting that is not on the allow-list, exit 2 (a verdict,
+    not retried), with one line naming it and who sets it."""
+    compiled = next(yaml.safe_load_all(kfp_module().YAML.read_text()))
+    program = {"__name__": "dpsynth_run"}
+    exec(compiled["deploymentSpec"]["executors"]["exec-dpsynth-train"]["container"]["command"][2], program)
+    with pytest.raises(SystemExit) as exited:
+        program["resolve"](["--extra-settings", json.dumps(["train.steps=5", item])])
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    name = item.split("=")[0]
+    assert len(lines) == 1 and lines[0].startswith(f"dpsynth: error: extra settings: {name}: not a run's setting; ")
+    assert lines[0].endswith(" sets it") and len(lines[0]) < 200
 
 
 def test_kubernetes_plan_refuses_local_uris_and_empty_config_means_none(airflow_env, tmp_path):  # noqa: F811
@@ -172,7 +198,8 @@ def test_kubernetes_plan_refuses_local_uris_and_empty_config_means_none(airflow_
     from tests.pipelines.test_airflow import KUBECONFIG
     kubeconfig.write_text(KUBECONFIG)
     env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(kubeconfig),
-           "DPSYNTH_CONFIG": "", "DPSYNTH_RUN_ROOT": "s3://b/runs", "DPSYNTH_DATASET_URI": "s3://b/d.parquet"}
+           "DPSYNTH_CONFIG": "", "DPSYNTH_RUN_ROOT": "s3://b/runs", "DPSYNTH_DATASET_URI": "s3://b/d.parquet",
+           "DPSYNTH_POPULATION_ID": POPULATION}
     out = in_airflow(LOAD + """
     import copy, dpsynth_pipeline
     dag = bag.dags["dpsynth_train"]
@@ -209,3 +236,34 @@ def test_a_platform_population_cannot_be_changed_by_a_trigger(airflow_env):  # n
                       "default": bag.dags["dpsynth_train"].params["population_id"]}))
     """, {**airflow_env, "DPSYNTH_POPULATION_ID": "mnist"})
     assert out == {"same": False, "other": True, "default": "mnist"}
+
+
+def test_platform_settings_come_after_the_trigger_and_a_cluster_needs_the_population(airflow_env, tmp_path):  # noqa: F811
+    """#55 item 5: the platform's settings that are not a run's (the chart's stage.config: audit.confidence here),
+    the tracking URI and the population are given after the trigger's, so nothing a trigger passes replaces them;
+    with the Kubernetes executor a run without the platform's population (pipeline.populationId) is refused."""
+    from tests.pipelines.test_airflow import KUBECONFIG
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(tmp_path / "kubeconfig"),
+           "DPSYNTH_RUN_ROOT": "s3://b/runs", "DPSYNTH_DATASET_URI": "s3://b/d.parquet", "DPSYNTH_TRACKING_URI": TRACKING,
+           "DPSYNTH_STAGE_CONFIG": json.dumps({"audit": {"confidence": 0.99}, "train": {"lr_g": 0.0001}})}
+    code = LOAD + """
+    import copy, dpsynth_pipeline
+    dag = bag.dags["dpsynth_train"]
+    params = copy.deepcopy(dag.params)
+    params.update({"epsilon": 4.0})
+    try:
+        argv = dpsynth_pipeline.plan.function(params=params.dump(), run_id="r")["argv"]["train"]
+    except Exception as exc:
+        argv = [type(exc).__name__, str(exc)]
+    print(json.dumps({"argv": argv, "extra": dag.params["overrides"]}))
+    """
+    with_population = in_airflow(code, {**env, "DPSYNTH_POPULATION_ID": POPULATION})
+    sets = [with_population["argv"][i + 1] for i, a in enumerate(with_population["argv"]) if a == "--set"]
+    assert sets == ["data.uri=s3://b/d.parquet", "privacy.epsilon=4.0", "train.lr_g=0.0001", "audit.confidence=0.99",
+                    "tracking.enabled=true",
+                    f"tracking.uri={TRACKING}", f"ledger.population_id={POPULATION}"]
+    assert with_population["extra"] == ["train.lr_g=0.0001"]  # the form shows only the run settings as its default
+    without = in_airflow(code, env)["argv"]
+    assert without[0] == "AirflowFailException" and without[1].startswith(
+        "DPSYNTH_POPULATION_ID (ledger.population_id): not set; on a cluster every run charges the platform's")

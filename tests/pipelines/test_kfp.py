@@ -74,7 +74,11 @@ def test_gpu_stages_and_fan_out(compiled):
         assert (resources["resourceCpuRequest"], resources["resourceMemoryRequest"], resources["resourceMemoryLimit"]) == (
             "1", "4Gi", "8Gi")
     assert executors["exec-dpsynth-train"]["container"]["resources"]["resourceMemoryLimit"] == "32Gi"
-    assert all(e["container"]["image"] == kp.STAGE_IMAGE for e in executors.values())
+    # the CUDA image for the GPU stages' pods, the CPU image for the others (#55 item 4: the CPU image was given to all)
+    for name, e in executors.items():
+        gpu = name in ("exec-dpsynth-warmstart-shard", "exec-dpsynth-train")
+        assert e["container"]["image"] == (kp.GPU_IMAGE if gpu else kp.STAGE_IMAGE) == (
+            "dpsynth-stage:cuda" if gpu else "dpsynth-stage:cpu"), name
 
     dag = run_group(compiled)
     loop_name, branches_name = group(dag, "for-loop-"), group(dag, "condition-branches-")
@@ -142,8 +146,10 @@ def test_stage_pods_get_configuration_retries_and_time_limits(compiled, document
     stages = ["start", "partition", "warmstart-shard", "warmstart", "train", "audit", "sample", "evaluate", "finish"]
     for stage in stages:
         config = configs[f"exec-dpsynth-{stage}"]
-        [secret] = config["secretAsEnv"]
+        secret, *key = config["secretAsEnv"]
         assert secret["secretName"] == "dpsynth-stage" and not secret["optional"]
+        # the partition key's Secret: the partition pod only (#55 item 6)
+        assert [k["secretName"] for k in key] == (["dpsynth-partition-key"] if stage == "partition" else [])
         assert {e["envVar"] for e in secret["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                                              "DPSYNTH_LEDGER_URL"}
         required, endpoints = config["configMapAsEnv"]

@@ -42,8 +42,9 @@ def test_a_run_cannot_choose_the_population(tmp_path):
               "config": str(REPO / "configs" / "dpgan-mnist-gpu.yaml"), "extra": []}  # its own population: mnist-train
     argv = program["resolve"](render_args(container["args"], inputs))
     assert resolved(argv)["ledger"]["population_id"] == "cohort-a"  # the compiled one wins over the config file's
-    with pytest.raises(SystemExit, match="ledger.population_id is a platform setting"):
+    with pytest.raises(SystemExit) as refused:  # exit 2: "extra settings: ledger.population_id: not a run's setting"
         program["resolve"](render_args(container["args"], {**inputs, "extra": ["ledger.population_id=fresh"]}))
+    assert refused.value.code == 2
     for executor in compiled["deploymentSpec"]["executors"].values():
         args = json.dumps(executor.get("container", {}).get("args", []))
         assert "inputs.parameters['population_id']" not in args

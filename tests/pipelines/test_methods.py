@@ -23,7 +23,9 @@ from tests.stages.helpers import manifest, release_files
 
 COMMON = ["sample.num_samples=200", "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0",
           "evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=5", "evaluate.epochs=1",
-          "evaluate.curve_samples=0", "partition.key=dpsynth-partition-v1", "data.num_classes=10"]
+          "evaluate.curve_samples=0"]
+# the platform's settings (Airflow: DPSYNTH_STAGE_CONFIG; a trigger may not give them, #55 item 5)
+PLATFORM = ["partition.key=dpsynth-partition-v1", "data.num_classes=10"]
 GSWGAN = ["gswgan.warmstart_iterations=2", "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4",
           "gswgan.latent_dim=4", "train.n_d=1"]
 TINY = {
@@ -85,7 +87,8 @@ def test_airflow(method, source, airflow_env, tmp_path):
             "num_shards": 2, "n_d": "2", "seed": 0, "run_root": str(tmp_path / "runs"), "config": None,
             "pipeline_run_id": f"af-{method}", "population_id": "mnist600", "overrides": [*COMMON, *TINY[method]]}
     # the tracking store and the ledger beside it are platform settings, not the form's (#34)
-    env = {**airflow_env, "DPSYNTH_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    env = {**airflow_env, "DPSYNTH_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           "DPSYNTH_STAGE_CONFIG": json.dumps({"partition": {"key": "dpsynth-partition-v1"}, "data": {"num_classes": 10}})}
     subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=120)
     proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -104,7 +107,7 @@ def test_kfp(method, source, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     run = tmp_path / "run"
     ledger, ledger_url = budgeted(tmp_path)
-    run_local.run(dataset=source, run_dir=str(run), extra=[*COMMON, *TINY[method], "tracking.enabled=false", *ledger_url],
+    run_local.run(dataset=source, run_dir=str(run), extra=[*COMMON, *PLATFORM, *TINY[method], "tracking.enabled=false", *ledger_url],
                   pipeline_root=str(tmp_path / "kfp"), population_id="mnist600", method=method, epsilon=10.0,
                   delta=1e-4, steps=STEPS[method], num_shards=2, n_d="2", seed=0)
     check_release(run, method)

@@ -123,14 +123,16 @@ def test_trainjob_from_the_charts_template_validates_against_the_crd():
         assert (t["numNodes"], t["numProcPerNode"], t["resourcesPerNode"]["limits"]["nvidia.com/gpu"]) == (2, 4, "4")
         assert job["metadata"]["name"] == launch.trainjob_name("r1")
         assert job["metadata"]["annotations"][launch.ANNOTATION] == "r1"
-        [patch] = job["spec"]["runtimePatches"]  # the chart's GPU pool placement
+        patches = {p["manager"]: p for p in job["spec"]["runtimePatches"]}
+        patch = patches["dpsynth.io/chart"]  # the chart's GPU pool placement
         [node] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
         pod = node["template"]["spec"]["template"]["spec"]
         assert pod["tolerations"] and pod["nodeSelector"]
         env = {e["name"] for e in t["env"]}
         assert {"DPSYNTH_LEDGER_URL", "MLFLOW_TRACKING_URI", "AWS_ACCESS_KEY_ID"} <= env
         cpu, _ = trainjob_for(template, "train.device=cpu")  # CPU ranks: no GPU, no GPU pool
-        assert errors(cpu) == [] and "runtimePatches" not in cpu["spec"]
+        # the pod security patch stays (#55 item 2); the GPU pool's placement goes
+        assert errors(cpu) == [] and [p["manager"] for p in cpu["spec"]["runtimePatches"]] == ["dpsynth.io/pod-security"]
         assert "nvidia.com/gpu" not in (cpu["spec"]["trainer"].get("resourcesPerNode") or {}).get("limits", {})
     bad = copy.deepcopy(job)
     bad["spec"]["trainer"]["numNodes"] = "two"

@@ -97,3 +97,44 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $hosts = concat $hosts .Values.mlflow.allowedHosts -}}
 {{- join "," (uniq $hosts) -}}
 {{- end -}}
+
+{{/* A dpsynth image, imageRegistry/repository:tag: include "dpsynth.image" (list . .Values.stage.image) */}}
+{{- define "dpsynth.image" -}}
+{{- $ := index . 0 -}}
+{{- $image := index . 1 -}}
+{{- with $.Values.imageRegistry }}{{ trimSuffix "/" . }}/{{ end }}{{ $image.repository }}:{{ $image.tag }}
+{{- end -}}
+
+{{/* imagePullSecrets of a pod spec (nothing when none are set): include "dpsynth.pullSecrets" . | nindent N */}}
+{{- define "dpsynth.pullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "dpsynth.partitionKeySecret" -}}
+{{- default (printf "%s-partition-key" (include "dpsynth.fullname" .)) .Values.partitionKey.secret -}}
+{{- end -}}
+
+{{- define "dpsynth.mlflowS3Secret" -}}
+{{- default (printf "%s-mlflow-s3" (include "dpsynth.fullname" .)) .Values.mlflow.s3Secret -}}
+{{- end -}}
+
+{{- define "dpsynth.airflowMetadataSecret" -}}
+{{- default (printf "%s-airflow-metadata" (include "dpsynth.fullname" .)) .Values.airflow.metadataSecret -}}
+{{- end -}}
+
+{{/* The bucket of mlflow.artifactRoot (s3://BUCKET/prefix): the only one MLflow's object-store key may use. */}}
+{{- define "dpsynth.mlflowBucket" -}}
+{{- index (splitList "/" (trimPrefix "s3://" .Values.mlflow.artifactRoot)) 0 -}}
+{{- end -}}
+
+{{/* A stage image pod's securityContext under PodSecurity "restricted" (the stage images' uid 10001). */}}
+{{- define "dpsynth.podSecurity" -}}
+runAsNonRoot: true
+runAsUser: 10001
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}

@@ -60,6 +60,32 @@ def public_mask(ds: ImageDataset, cfg) -> np.ndarray:
 DEMO_KEY = "dpsynth-partition-v1"  # the key the shipped configs set: the bundled MNIST demo's, public
 
 
+KEY_ENV = "DPSYNTH_PARTITION_KEY"  # the platform's key: a Kubernetes Secret given to the partition pod only
+REQUIRE_ENV = "DPSYNTH_REQUIRE_PARTITION_KEY"  # "true" on a cluster: the key must come from that Secret
+
+
+def with_platform_key(cfg):
+    """``cfg`` with ``partition.key`` from ``$DPSYNTH_PARTITION_KEY`` when that is set (the platform's Secret: on a
+    cluster the key never passes through a config, a form or a ConfigMap). With ``$DPSYNTH_REQUIRE_PARTITION_KEY``
+    true (the orchestrators set it on the partition pod), a key missing from the environment, or the demo's public
+    :data:`DEMO_KEY`, is refused: a real population's records would be assigned by a key anyone can read."""
+    import dataclasses
+    import os
+
+    key = os.environ.get(KEY_ENV, "").strip()
+    if os.environ.get(REQUIRE_ENV, "").lower() == "true":
+        if not key:
+            raise ConfigError(f"partition.key: this platform sets it from its Secret ({KEY_ENV}, the chart's "
+                              "partitionKey.secret), which the partition pod did not get: create that Secret "
+                              "(docs/cluster.md, Install)")
+        if key == DEMO_KEY:
+            raise ConfigError(f"partition.key: the Secret's {KEY_ENV} is {DEMO_KEY!r}, the bundled MNIST demo's "
+                              "public key: set a secret key of your own for this population")
+    if not key:
+        return cfg
+    return dataclasses.replace(cfg, partition=dataclasses.replace(cfg.partition, key=key))
+
+
 def partition_key(cfg) -> str:
     """``partition.key``, which the operator must set: there is no default (the shipped demo configs set
     :data:`DEMO_KEY`, public). ConfigError naming the field when it is unset."""

@@ -26,7 +26,7 @@ import numpy as np
 
 from dpsynth import storage, tracking
 from dpsynth.data import ImageDataset, import_source, read_parquet, validate, versions, write_parquet
-from dpsynth.data.assignment import HELDOUT, PUBLIC, assign, partition_key, public_mask  # noqa: F401 (re-exported)
+from dpsynth.data.assignment import HELDOUT, PUBLIC, assign, partition_key, public_mask, with_platform_key  # noqa: F401
 from dpsynth.data.validation import with_public_classes
 from dpsynth.errors import DatasetError
 from dpsynth.stages import protocol, manifest
@@ -103,7 +103,7 @@ def _window(ctx: protocol.StageContext, ds: ImageDataset) -> tuple[ImageDataset,
 
 
 def run(ctx: protocol.StageContext) -> protocol.Outcome:
-    cfg = ctx.cfg
+    cfg = with_platform_key(ctx.cfg)  # a cluster's key comes from its Secret, never from a config or a form
     ds, public_split = load_sources(cfg)
     content = ds.content_sha256()
     versions.check(cfg.data.uri, content)  # a versioned import's file: still the version its name says

@@ -76,17 +76,27 @@ def param(name: str, value=None, **keywords):
 
 
 def extra_settings(shown: set[str]) -> list[str]:
-    """The platform's settings the form shows no field for, as ``section.field=value`` (JSON is YAML); not the
-    governance settings (``dpsynth_pods.GOVERNED``), which reach the stages from the platform itself."""
+    """The platform's settings that are a run's (``dpsynth_pods.RUN_SETTINGS``) and that the form shows no field
+    for, as ``section.field=value`` (JSON is YAML): the default of the extra settings. The platform's other settings
+    are not the trigger's to keep or drop: ``dpsynth_pods.overrides`` gives them to every stage after the trigger's."""
     return [f"{section}.{field}={json.dumps(value)}" for section, fields in platform().items()
             for field, value in fields.items() if f"{section}.{field}" not in shown
-            and f"{section}.{field}" not in pods.GOVERNED]
+            and f"{section}.{field}" in pods.RUN_SETTINGS]
 
 
-def settings_pattern() -> str:
-    """A pattern for ``section.field=value`` that names a setting the schema knows and is not a governance
-    setting (``dpsynth_pods.GOVERNED``: the platform's, refused on the form)."""
-    sections = [f"{section}\\.({'|'.join(SCHEMA['$defs'][ref['$ref'].rsplit('/', 1)[1]]['properties'])})"
-                for section, ref in SCHEMA["properties"].items()]
-    refused = "|".join(re.escape(name) + r"\s*=" for name in pods.GOVERNED)
-    return f"^(?!({refused}))({'|'.join(sections)})=.*$"
+# What the extra settings' items look like; which settings they may name (the allow-list) is checked by the plan
+# task, the run's first, with one line per refused setting naming who sets it (a JSON Schema pattern of the list
+# would be refused by Airflow with the whole pattern, 3,591 characters, as its message).
+SETTING_ITEM = r"^[a-z_]+\.[a-z0-9_]+\s*=.*$"
+
+
+def run_settings_text() -> str:
+    """The run settings in words, for the extra settings' description: "train.*, privacy.epsilon, …"."""
+    sections: dict[str, list[str]] = {}
+    for name in sorted(pods.RUN_SETTINGS):
+        section, field = name.split(".")
+        sections.setdefault(section, []).append(field)
+    every = {section for section, ref in SCHEMA["properties"].items()
+             if len(SCHEMA["$defs"][ref["$ref"].rsplit("/", 1)[1]]["properties"]) == len(sections.get(section, ()))}
+    return ", ".join(f"{section}.*" if section in every else ", ".join(f"{section}.{f}" for f in fields)
+                     for section, fields in sections.items())

@@ -37,9 +37,9 @@ SETTINGS = pods.SETTINGS
 def params(dataset_uri: str = DATASET_URI) -> dict:
     """The trigger form (JSON schema validated when a run is triggered). A setting's field takes its type,
     bounds, choices and description from dpsynth's config schema (``dpsynth_form``); its default is the
-    platform's value (``DPSYNTH_STAGE_CONFIG``), else empty: the base config's. The governance settings
-    (``dpsynth_pods.GOVERNED``: ledger URL, tracking URI, accounting) have no field and are refused in the
-    extra settings; the tracking URI is the platform's ``DPSYNTH_TRACKING_URI``, read when a run starts."""
+    platform's value (``DPSYNTH_STAGE_CONFIG``), else empty: the base config's. Only the run settings
+    (``dpsynth_pods.RUN_SETTINGS``, an allow-list) are a trigger's; the plan task refuses any other in the extra
+    settings. The tracking URI is the platform's ``DPSYNTH_TRACKING_URI``, read when a run starts."""
     population = form.setting("ledger.population_id")["description"]
     platform_population = pods.setting("DPSYNTH_POPULATION_ID")
     return {
@@ -61,9 +61,11 @@ def params(dataset_uri: str = DATASET_URI) -> dict:
                         description="path in the stage environment (the stage image: /opt/dpsynth/configs/…); "
                                     "empty: none, the models' defaults"),
         "overrides": Param(form.extra_settings(set(SETTINGS.values())), type="array",
-                           items={"type": "string", "pattern": form.settings_pattern()}, title="Extra settings",
-                           description="section.field=value, applied last (default: the platform's settings, "
-                                       "DPSYNTH_STAGE_CONFIG, that have no field above)"),
+                           items={"type": "string", "pattern": form.SETTING_ITEM}, title="Extra settings",
+                           description="section.field=value, applied after the fields above (default: the "
+                                       "platform's settings, DPSYNTH_STAGE_CONFIG, that have no field above). A run "
+                                       f"may set these: {form.run_settings_text()}. Any other is the platform's: "
+                                       "the run fails at once, naming it and who sets it."),
         "pipeline_run_id": Param(None, type=["null", "string"], title="Pipeline run id (default: from the DAG run)"),
     }
 

@@ -40,9 +40,15 @@ from pathlib import Path
 STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
 VERDICT = 2  # dpsynth's exit status for a verdict (DpsynthError: bad input, refused budget, failed audit)
 NO_RETRY = ("audit", "finish")  # tasks run once: the audit's gates draw randomness; finish's failure is the verdict
-# audit.empirical's choices, from the exported config schema beside this file (dpsynth_config.schema.json)
-AUDIT_EMPIRICAL = tuple(json.loads(Path(__file__).with_name("dpsynth_config.schema.json").read_text(encoding="utf-8"))
-                        ["$defs"]["AuditConfig"]["properties"]["empirical"]["enum"])
+# The exported config schema beside this file (dpsynth_config.schema.json; the Airflow environment has no dpsynth)
+_SCHEMA = json.loads(Path(__file__).with_name("dpsynth_config.schema.json").read_text(encoding="utf-8"))
+AUDIT_EMPIRICAL = tuple(_SCHEMA["$defs"]["AuditConfig"]["properties"]["empirical"]["enum"])  # audit.empirical's choices
+# The settings a trigger may choose (dpsynth.config.RUN_SETTINGS, spelled out): the recipe. Every other setting is the
+# platform's; who sets each: OWNERS (dpsynth.config.SETTING_OWNERS).
+RUN_SETTINGS = frozenset(_SCHEMA["x-dpsynth-run-settings"])
+OWNERS = _SCHEMA["x-dpsynth-owners"]
+KNOWN = frozenset(f"{section}.{field}" for section, ref in _SCHEMA["properties"].items()
+                  for field in _SCHEMA["$defs"][ref["$ref"].rsplit("/", 1)[1]]["properties"])
 REPO = Path(os.environ.get("DPSYNTH_REPO", Path(__file__).resolve().parents[3]))
 XCOM_FILE = "/airflow/xcom/return.json"  # what KubernetesPodOperator's sidecar pushes as XCom
 # The stage pods' entrypoint: a constant script that runs its positional arguments ("$@", the argv of
@@ -135,6 +141,9 @@ def require_remote(params: dict) -> None:
     disk is its own and goes with it. Raises ``AirflowFailException`` (no retry), naming the field."""
     if executor() != "kubernetes":
         return
+    if not population():
+        raise refused_error("DPSYNTH_POPULATION_ID (ledger.population_id): not set; on a cluster every run charges the "
+                            "platform's population: set the chart's pipeline.populationId")
     for field, setting_name in (("run_root", "DPSYNTH_RUN_ROOT"), ("dataset_uri", "data.uri")):
         value = str(params.get(field) or "")
         if "://" not in value or value.startswith("file://"):
@@ -167,31 +176,64 @@ SETTINGS = {"dataset_uri": "data.uri", "population_id": "ledger.population_id", 
             "epsilon": "privacy.epsilon", "delta": "privacy.delta", "steps": "train.steps",
             "num_shards": "partition.num_shards", "n_d": "train.n_d", "seed": "train.seed",
             "audit_empirical": "audit.empirical"}
-# Settings only the platform sets (Variables / the chart), never whoever triggers a run: where and against
-# which lifetime budget attempts are charged, where runs are tracked, how ε is accounted. Refused in the
-# extra settings (the population has its own field, whose default is the platform's DPSYNTH_POPULATION_ID).
-GOVERNED = ("ledger.url", "ledger.population_id", "ledger.stale_after_hours", "tracking.uri", "privacy.accounting")
 
 
-def governed(item: str) -> str | None:
-    """The governance setting an extra ``section.field=value`` item names, or None."""
+def refusal(item: str) -> str | None:
+    """None when a trigger may give ``item`` (``section.field=value``), else one line naming the setting and who
+    sets it (``dpsynth.config.refusal``, from the schema's copy of its lists)."""
     name = str(item).split("=", 1)[0].strip()
-    return name if name in GOVERNED else None
+    if name in RUN_SETTINGS:
+        return None
+    if name not in KNOWN:
+        return f"{name}: no such setting (`dpsynth config schema` lists them)"
+    return f"{name}: not a run's setting; {OWNERS.get(name) or OWNERS.get(name.split('.')[0]) or OWNERS['']} sets it"
+
+
+def refused_error(message: str) -> Exception:
+    """``AirflowFailException`` (a verdict on the trigger: never retried); ValueError outside Airflow."""
+    try:
+        from airflow.sdk.exceptions import AirflowFailException
+    except ImportError:
+        return ValueError(message)
+    return AirflowFailException(message)
+
+
+def platform_settings() -> list[str]:
+    """The platform's settings (``DPSYNTH_STAGE_CONFIG``: the chart's stage.config) that are not a run's, as
+    ``section.field=value``: given to every stage after the trigger's (the run settings among them are the form's
+    defaults instead)."""
+    given = json.loads(setting("DPSYNTH_STAGE_CONFIG") or "{}")
+    return [f"{section}.{field}={json.dumps(value)}" for section, fields in given.items()
+            for field, value in fields.items() if f"{section}.{field}" not in RUN_SETTINGS]
+
+
+def population() -> str | None:
+    """The platform's population (``DPSYNTH_POPULATION_ID``, the chart's pipeline.populationId): every run charges
+    it. Required with the Kubernetes executor (:func:`require_remote`); unset locally: the form's, else the config's."""
+    return setting("DPSYNTH_POPULATION_ID")
 
 
 def overrides(params: dict) -> list[str]:
-    """The trigger form's values as ``section.field=value`` settings (extra ones last, so they win). An empty
-    field (None or "") is left out: the config's value."""
-    sets = [f"{field}={params[name]}" for name, field in SETTINGS.items() if params.get(name) not in (None, "")]
+    """The trigger's settings as ``section.field=value`` (the form's fields, then its extra settings), then the
+    platform's (:func:`platform_settings`, the tracking URI, the population), which no trigger can change. An empty
+    field (None or "") is left out: the config's value. Only :data:`RUN_SETTINGS` are a trigger's: any other is
+    refused with one line naming it and who sets it."""
+    sets = [f"{field}={params[name]}" for name, field in SETTINGS.items()
+            if params.get(name) not in (None, "") and field != "ledger.population_id"]
     if (audit := params.get("audit_empirical")) and audit not in AUDIT_EMPIRICAL:
-        raise ValueError(f"audit_empirical (audit.empirical): must be one of {', '.join(AUDIT_EMPIRICAL)}, got {audit!r}")
+        raise refused_error(f"audit_empirical (audit.empirical): must be one of {', '.join(AUDIT_EMPIRICAL)}, "
+                            f"got {audit!r}")
+    extra = [str(item) for item in params.get("overrides") or []]
+    if refused := [line for item in extra if (line := refusal(item))]:
+        raise refused_error("\n".join(f"extra settings: {line}" for line in refused))
+    platform = platform_settings()
     if params.get("tracking_uri"):  # the platform's (DPSYNTH_TRACKING_URI), not on the form
-        sets += ["tracking.enabled=true", f"tracking.uri={params['tracking_uri']}"]
-    extra = list(params.get("overrides") or [])
-    if refused := [name for item in extra if (name := governed(item))]:
-        raise ValueError(f"overrides (extra settings): {', '.join(refused)} is a platform setting (an Airflow "
-                         f"Variable or the chart's values), not a run's: remove it")
-    return sets + extra
+        platform += ["tracking.enabled=true", f"tracking.uri={params['tracking_uri']}"]
+    chosen = population() or params.get("population_id")
+    if params.get("population_id") not in (None, "", chosen):
+        raise refused_error(f"population_id (ledger.population_id): {params['population_id']!r} is not this "
+                            f"platform's population {chosen!r}; {OWNERS['ledger.population_id']} sets it")
+    return sets + extra + platform + ([f"ledger.population_id={chosen}"] if chosen else [])
 
 
 def plan(params: dict, pipeline_run_id: str) -> dict:
@@ -292,7 +334,8 @@ def pod_settings(stage: str) -> dict:
     from kubernetes.client import models as k8s
 
     gpu = stage in setting("DPSYNTH_GPU_STAGES", "warmstart,train").split(",")
-    kw: dict = {"image": setting("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:latest"),
+    image = setting("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:cpu")
+    kw: dict = {"image": (setting("DPSYNTH_GPU_IMAGE") or image) if gpu else image,  # the CUDA image on GPU nodes
                 "namespace": setting("DPSYNTH_K8S_NAMESPACE", "dpsynth"),
                 "labels": {"app.kubernetes.io/name": "dpsynth", "dpsynth.stage": stage,
                            # Kueue admits the pod through this LocalQueue (DPSYNTH_KUEUE_QUEUE; unset: no Kueue)
@@ -307,13 +350,24 @@ def pod_settings(stage: str) -> dict:
         kw["node_selector"] = json.loads(setting("DPSYNTH_GPU_NODE_SELECTOR", '{"nvidia.com/gpu.present": "true"}'))
         kw["tolerations"] = [k8s.V1Toleration(**t) for t in json.loads(setting(
             "DPSYNTH_GPU_TOLERATIONS", '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]'))]
+    if gpu and (pool := setting("DPSYNTH_GPU_POOL")):  # an Airflow pool: at most its slots of GPU pods at once
+        kw["pool"] = pool
     # PodSecurity "restricted": non-root (the stage image's uid 10001), no privilege escalation, no capabilities,
-    # the runtime's seccomp profile
+    # the runtime's seccomp profile; the XCom sidecar the operator adds as well (it has none of its own)
     kw["security_context"] = k8s.V1PodSecurityContext(run_as_non_root=True, run_as_user=10001,
                                                       seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"))
-    kw["container_security_context"] = k8s.V1SecurityContext(
-        allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"]))
+    kw["container_security_context"] = restricted_container()
+    kw["xcom_sidecar_container_security_context"] = restricted_container()
+    if secrets := [s for s in (setting("DPSYNTH_IMAGE_PULL_SECRETS") or "").split(",") if s]:
+        kw["image_pull_secrets"] = [k8s.V1LocalObjectReference(name=s) for s in secrets]
     kw["env_vars"] = [k8s.V1EnvVar(name="DPSYNTH_IMAGE", value=kw["image"])]  # MLflow lineage: the code that ran
+    if stage == "partition" and (key_secret := setting("DPSYNTH_PARTITION_KEY_SECRET")):
+        # the platform's partition key, to the partition pod only; without it (or with the demo's public key) the
+        # stage refuses to run (DPSYNTH_REQUIRE_PARTITION_KEY)
+        kw["env_vars"] += [
+            k8s.V1EnvVar(name="DPSYNTH_PARTITION_KEY", value_from=k8s.V1EnvVarSource(secret_key_ref=k8s.V1SecretKeySelector(
+                name=key_secret, key="DPSYNTH_PARTITION_KEY", optional=True))),
+            k8s.V1EnvVar(name="DPSYNTH_REQUIRE_PARTITION_KEY", value="true")]
     if account := setting("DPSYNTH_STAGE_SERVICE_ACCOUNT"):  # workload identity: S3 without static keys
         kw["service_account_name"] = account
     kw["env_from"] = []
@@ -328,6 +382,13 @@ def pod_settings(stage: str) -> dict:
     if stage == "train-job" and (account := setting("DPSYNTH_TRAIN_LAUNCHER_SERVICE_ACCOUNT")):
         kw["service_account_name"] = account  # may create and follow TrainJobs (the chart's Role)
     return kw
+
+
+def restricted_container():
+    """A container's securityContext under PodSecurity "restricted" (with the pod's non-root user and seccomp)."""
+    from kubernetes.client import models as k8s
+
+    return k8s.V1SecurityContext(allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"]))
 
 
 def stage_pod_operator(task_id: str, stage: str, arguments, *, mapped: bool = False, **kwargs):

@@ -49,8 +49,9 @@ def dataset_event(imported: dict) -> dict:
     return {"dataset_uri": imported["versioned_uri"], "version": imported["version"]}
 
 
+# is_paused_upon_creation=False: a paused DAG drops the asset events an import emits, and the retrain never runs
 @dag(dag_id="dpsynth_import_data", schedule=None, catchup=False, tags=["dpsynth"], doc_md=__doc__,
-     default_args=pods.default_args(),
+     default_args=pods.default_args(), is_paused_upon_creation=False,
      params={"source": Param("data/mnist", type="string", minLength=1,
                              description="anything `dpsynth data import` reads (local path or s3://)")})
 def dpsynth_import_data():
@@ -77,7 +78,8 @@ def dpsynth_import_data():
 
 
 @dag(dag_id="dpsynth_retrain_on_new_data", schedule=[DATASET], catchup=False, params=params(DATASET_URI),
-     tags=["dpsynth"], doc_md=__doc__, max_active_runs=1, default_args=pods.default_args())
+     tags=["dpsynth"], doc_md=__doc__, max_active_runs=1, default_args=pods.default_args(),
+     is_paused_upon_creation=False)
 def dpsynth_retrain_on_new_data():
     pipeline()
 

@@ -17,7 +17,7 @@ from dpsynth_pipeline import params, pipeline  # noqa: E402
 
 
 @dag(dag_id="dpsynth_train", schedule=None, catchup=False, params=params(), tags=["dpsynth"],
-     doc_md=__doc__, max_active_runs=4, default_args=pods.default_args())
+     doc_md=__doc__, max_active_runs=4, default_args=pods.default_args(), is_paused_upon_creation=False)
 def dpsynth_train():
     pipeline()
 
