@@ -101,8 +101,12 @@ DETAILS = {  # every stage's manifest details, one allow-list (a stage's new det
     "ran_here": "how many shards this task warm-started (K, or fewer when an earlier task did some)",
     "workers": "warmstart.workers (configuration)",
     "fan_in_seconds": "the whole stage's wall time (as MLflow's run duration shows it)",
+    "shard_seconds_total": WITHHELD,  # the shards' times (the sensitive manifest keeps them: benchmarks read them)
+    "shard_seconds_max": WITHHELD,  # one shard's time: depends on its size when it is smaller than the batch
     "iterations": "the public warm start's iterations (configuration)",
     "iterations_per_second": "the public warm start's speed (public data only)",
+    "critic_steps_per_iteration": "train.n_d, dp-GAN's n_critic (configuration)",
+    "seconds": "the public warm start's wall time (dp-GAN: public data only)",
     # train
     "method": "train.method (configuration)",
     "ranks": "train.nodes × train.gpus_per_node (configuration)",
@@ -183,8 +187,22 @@ START = {  # ``dpsynth pipeline start --json``
     "train": Free("where the train stage runs: nodes, gpus_per_node, ranks (configuration)"),
 }
 
+TRACE = {  # the mechanism trace the trainer logs to its MLflow run
+    "format": "the trace format's name (code)",
+    "events": PRIVACY["events"],
+    "steps": "the steps the plan fixed (configuration and the public n)",
+}
+
+EVALUATION = {  # the evaluate stage's report.json (release zone, logged to MLflow after the audit passed)
+    name: Free("the evaluate stage's report: published after the audit; its statistics of held-out real records "
+               "are stated as outside ε (docs/privacy.md, the evaluate stage), membership inference is kept in the "
+               "sensitive zone")
+    for name in ("format", "classifier_accuracy", "utility", "quality", "epsilon_curve", "membership_inference",
+                 "reference", "labels", "model_selection", "privacy", "train", "test", "heldout_data")
+}
+
 SHAPES: dict[str, Mapping] = {"manifest": MANIFEST, "outcome": OUTCOME, "shard": SHARD, "summary": SUMMARY,
-                              "start": START}
+                              "start": START, "trace": TRACE, "evaluation": EVALUATION}
 
 
 # --- the gate ------------------------------------------------------------------------------------------------
