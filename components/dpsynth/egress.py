@@ -205,6 +205,13 @@ SHAPES: dict[str, Mapping] = {"manifest": MANIFEST, "outcome": OUTCOME, "shard":
                               "start": START, "trace": TRACE, "evaluation": EVALUATION}
 
 
+# The commands whose output is for the data owner's own terminal, inside the sensitive zone, on purpose: no
+# orchestrator runs them (tests/stages/test_egress.py checks both), and their output goes through no gate.
+INSIDE = {
+    "data info": "a dataset's rows, class counts, splits and content sha256: the data owner's look at their records",
+}
+
+
 # --- the gate ------------------------------------------------------------------------------------------------
 
 

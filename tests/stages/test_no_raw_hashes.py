@@ -68,14 +68,27 @@ def runs(tmp_path_factory, source):
             return dpsynth("pipeline", "run", "--run-dir", run, "--pipeline-run-id", run_id,
                            *settings(source, *tracked, *overrides))
 
-        assert pipeline("failed", "privacy.accounting=as_published") == 2  # the audit fails: nothing released
-        failed = {"store": store_texts(base), "sensitive": sensitive_hashes(run)}
+        # the paper's own account (with a fixed σ, which as_published needs; 5 fits 4 steps in ε = 10): training
+        # succeeds, the audit refuses it — a failed audit, reached (#52 item 4: without σ it failed at train)
+        assert pipeline("failed", "privacy.accounting=as_published", "privacy.noise_multiplier=5") == 2
+        failed = {"store": store_texts(base), "sensitive": sensitive_hashes(run),
+                  "audit": manifest(run, "sensitive", "audit"), "released": (run / "release" / "sample").exists()}
         assert pipeline("passed") == 0
     return {"base": base, "run": run, "mlflow_uri": mlflow_uri, "failed": failed}
 
 
 def test_a_failed_audit_leaves_no_raw_hash_of_the_sensitive_zone_in_mlflow(runs):
+    from mlflow import MlflowClient
+
     failed = runs["failed"]
+    # the audit ran and refused (not an earlier stage's failure), and nothing was released
+    assert failed["audit"]["status"] == "failed" and failed["audit"]["pipeline_run_id"] == "failed"
+    assert not failed["released"]
+    client = MlflowClient(runs["mlflow_uri"])
+    exp = client.get_experiment_by_name("no-raw-hashes")
+    audit_runs = client.search_runs([exp.experiment_id], filter_string="tags.`dpsynth.stage` = 'audit' and "
+                                    "tags.`dpsynth.pipeline_run_id` = 'failed'")
+    assert [r.data.tags.get("dpsynth.stage_status") for r in audit_runs] == ["failed"]  # MLflow holds the refusal
     assert any("discriminator.pt" in what for what in failed["sensitive"].values())  # D_k's hashes are looked for
     assert hits(failed["store"], failed["sensitive"]) == []
 
