@@ -113,6 +113,7 @@ def test_the_release_states_what_is_public_and_what_the_settings_were_tuned_on(r
     release = runs["run"] / "release" / "sample"
     for text in ((release / "audit.md").read_text(), json.dumps(manifest(runs["run"], "release", "sample"))):
         assert "n and the label set are public" in text and "hyperparameter search" in text
+        assert "version history is public" in text  # #52 item 2: whether and when the records changed
     statement = json.loads((release / "audit.json").read_text())["statement"]
     assert statement["assumptions"][-2:] == [PUBLIC_FACTS, TUNING]
 

@@ -75,5 +75,9 @@ def test_a_label_outside_the_public_set_is_refused(tmp_path, source, capsys):
 def test_the_docs_say_what_is_public_and_what_the_settings_were_tuned_on():
     text = " ".join((REPO / "docs" / "privacy.md").read_text().split())
     assert "n and the label set are public" in text
+    assert "The dataset's version history is public" in text  # and every statement says it (#52 item 2)
+    from dpsynth.privacy.statement import PUBLIC_FACTS
+
+    assert "version history is public" in PUBLIC_FACTS and "What the gate lets out" in text
     assert "A hyperparameter search on the sensitive records is outside the guarantee" in text
     assert "tuned on the bundled MNIST" in text

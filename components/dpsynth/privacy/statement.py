@@ -32,7 +32,10 @@ REPLACE_BY_GROUP_PRIVACY = ("replacing one record (remove one, add another) is c
 PUBLIC_FACTS = ("n and the label set are public: the number of training records n (and the counts of all and of "
                 "held-out records) is published — the trace's sampling rate q = B/n and σ calibrated from n, the audit "
                 "report's training_records — and the label set is the configuration's data.num_classes, not read off "
-                "the data; per-shard counts and the partition key are not published")
+                "the data; per-shard counts and the partition key are not published. The dataset's version history "
+                "is public too: whether and when the records changed (a new keyed version id in data.uri, the asset "
+                "events and XCom, the retrain that runs or is skipped), so with n public a same-size edit, a "
+                "replacement or a revert is visible, though not which records")
 TUNING = ("the settings (noise, steps, networks, warm-up) were chosen outside this guarantee: a hyperparameter search "
           "on the sensitive records is not covered by it (the shipped defaults were tuned on the bundled MNIST, the "
           "records the demo trains on)")
