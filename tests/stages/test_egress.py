@@ -13,8 +13,9 @@ One small GS-WGAN run (K = 3 shards warm-started one task each, the richest in p
 command once, in process, in the order an orchestrator runs them (the stages as Airflow's and KFP's tasks do, each
 with ``--json``; the TrainJob launcher against a stand-in cluster whose job has finished, so it reads and prints the
 train stage's outcome; ``train --launch torchrun`` as a real torchrun of one rank, the train stage skipped). What
-it collects: each command's stdout and stderr (the XCom / ``return.json`` / pod log), everything MLflow holds (its
-database and every artifact), and the release zone (card included).
+it collects: each command's stdout and stderr (the XCom / ``return.json`` / pod log), the KFP container program's
+output artifacts made from each stage's outcome, everything MLflow holds (its database and every artifact), the
+auditor's Privacy ledger page (its JSON API and its HTML), and the release zone (card included).
 """
 
 from __future__ import annotations
@@ -197,7 +198,29 @@ def walked(tmp_path_factory, source):
                     "--delta", "1e-5", "--json") == 0
         assert call("config", "show", *stage_settings, "--json") == 0
         assert call("config", "schema") == 0
-    return {"base": base, "run": run, "ran": ran, "source": source, "imported": imported}
+        beyond = {"ledger page (JSON API)": ..., "ledger page (HTML)": ..., **kfp_artifacts(ran)}
+        from dpsynth_mlflow.ledger_view import gather, render  # the auditor's page, as the MLflow server serves it
+
+        page = gather(ledger_url=ledger, tracking_uri=mlflow_uri)
+        beyond["ledger page (JSON API)"] = json.dumps(page, default=str).encode()
+        beyond["ledger page (HTML)"] = render(page).encode()
+    return {"base": base, "run": run, "ran": ran, "source": source, "imported": imported, "beyond": beyond}
+
+
+def kfp_artifacts(ran) -> dict[str, bytes]:
+    """What the KFP container program (pipelines/kfp/stage_program.py, the text the containers run) makes of each
+    stage's --json outcome: its output artifacts (dataset, model, synthetic data, the Metrics of the stage's numeric
+    details), which KFP's UI and metadata store keep."""
+    program = {"__name__": "dpsynth_stage_program"}
+    exec((PIPELINES / "kfp" / "stage_program.py").read_text(), program)  # noqa: S102 — what the containers run
+    program["OPTIONS"]["artifacts"] = [(name, f"/unused/{name}") for name in program["ARTIFACTS"]]
+    out = {}
+    for i, (argv, code, stdout, _) in enumerate(ran):
+        if code == 0 and argv[0] in ("partition", "warmstart", "train", "audit", "sample", "evaluate") \
+                and "--shard" not in argv:
+            for name, _, fields in program["artifacts"](json.loads(stdout)):
+                out[f"{i} {argv[0]}: KFP artifact {name}"] = json.dumps(fields).encode()
+    return out
 
 
 def test_the_walk_covers_every_entry_point(walked):
@@ -213,6 +236,9 @@ def test_the_walk_covers_every_entry_point(walked):
     for argv, code, out, _ in walked["ran"]:  # each --json command that succeeded printed its JSON (walked for real)
         if code == 0 and "--json" in argv:
             assert isinstance(json.loads(out), (dict, list)), argv
+    beyond = walked["beyond"]  # the ways out past the commands' own output, walked for real too
+    assert b"mnist600" in beyond["ledger page (HTML)"] and b"mnist600" in beyond["ledger page (JSON API)"]
+    assert {k.rsplit(" ", 1)[-1] for k in beyond if "KFP artifact" in k} == {"dataset", "model", "synthetic", "metrics"}
     missing = {cmd: sorted(opts - run_with.get(cmd, set())) for cmd, opts in orchestrated().items()}
     assert {c: o for c, o in missing.items() if o} == {}, "options the orchestrators pass that the walk does not"
     assert not inside & set(orchestrated()), "a command the orchestrators run prints inside-only data"
@@ -238,6 +264,7 @@ def emitted(walked) -> dict[str, bytes]:
     for i, (argv, code, out, err) in enumerate(walked["ran"]):
         name = " ".join(a for a in argv[:3] if not a.startswith("/"))
         texts[f"{i} {name} (stdout)"], texts[f"{i} {name} (stderr)"] = out.encode(), err.encode()
+    texts |= walked["beyond"]
     texts["mlflow.db"] = (base / "mlflow.db").read_bytes()
     texts |= {str(p.relative_to(base)): p.read_bytes() for p in (base / "artifacts").rglob("*") if p.is_file()}
     texts |= {str(p.relative_to(run)): p.read_bytes() for p in (run / "release").rglob("*") if p.is_file()}
@@ -273,7 +300,7 @@ def json_documents(walked) -> dict[str, object]:
     """Every JSON document that left: each command's --json stdout, MLflow's JSON artifacts, the release zone's."""
     docs = {}
     for where, text in emitted(walked).items():
-        if where.endswith("(stdout)") or where.endswith(".json"):
+        if where.endswith(("(stdout)", ".json", "(JSON API)")) or "KFP artifact" in where:
             try:
                 docs[where] = json.loads(text)
             except ValueError:
