@@ -187,6 +187,14 @@ START = {  # ``dpsynth pipeline start --json``
     "train": Free("where the train stage runs: nodes, gpus_per_node, ranks (configuration)"),
 }
 
+IMPORT = {  # ``dpsynth data import --outside --json``: the import DAG's XCom and asset event
+    "uri": "the import's destination (configuration)",
+    "shape": "the image shape H×W×C (public)",
+    "version": "the import's keyed version id: the version history is public (docs/privacy.md)",
+    "versioned_uri": "where this version is kept (the destination and the version id)",
+    "changed": "whether this import is a new version (the version history is public)",
+}
+
 TRACE = {  # the mechanism trace the trainer logs to its MLflow run
     "format": "the trace format's name (code)",
     "events": PRIVACY["events"],
@@ -202,7 +210,7 @@ EVALUATION = {  # the evaluate stage's report.json (release zone, logged to MLfl
 }
 
 SHAPES: dict[str, Mapping] = {"manifest": MANIFEST, "outcome": OUTCOME, "shard": SHARD, "summary": SUMMARY,
-                              "start": START, "trace": TRACE, "evaluation": EVALUATION}
+                              "start": START, "trace": TRACE, "evaluation": EVALUATION, "import": IMPORT}
 
 
 # The commands whose output is for the data owner's own terminal, inside the sensitive zone, on purpose: no
