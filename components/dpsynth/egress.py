@@ -124,6 +124,8 @@ DETAILS = {  # every stage's manifest details, one allow-list (a stage's new det
     # sample and evaluate (release zone: published after the audit)
     "num_samples": "sample.num_samples (configuration)",
     "release": Free("the release's ε, δ, audit verdict and privacy statement (text the code writes)"),
+    "trainer_claim": Free("the released generator's own privacy record: ε, δ, the accountant, and the sha256 and "
+                          "steps of the audited trace it is bound to (published with the release)"),
     "metrics_status": Free("which metrics are releasable (code)"),
     "frechet": "the Fréchet feature's name (configuration)",
     "accuracy": "the CNN's accuracy on held-out records: an exact statistic, stated as not covered by ε "
@@ -165,7 +167,8 @@ SHARD = {  # ``dpsynth warmstart --shard K --json``: one fan-out task's record
     "input_sha256": KEYED,
     "output": ENTRY,
     "seconds": WITHHELD,  # one shard's time: depends on its size when it is smaller than the batch (#52 item 8)
-    "details": {"shard": "K (configuration)", "iterations": "gswgan.warmstart_iterations (configuration)"},
+    "details": {"shard": "K (configuration)", "iterations": "gswgan.warmstart_iterations (configuration)",
+                "seconds": WITHHELD, "iterations_per_second": WITHHELD},  # one shard's time and speed (#52 item 8)
 }
 
 STAGE_ROW = {

@@ -331,3 +331,26 @@ def test_no_per_shard_or_per_class_count_leaves(walked):
             if isinstance(v, dict) and v.get("zone") not in (None, "release") and v.get("rows") is not None:
                 found.append(f"{where}: rows of {v.get('uri')}")
     assert found == []
+
+
+def test_every_field_that_leaves_is_declared(walked):
+    """The gate dropped nothing on the walk: every field the commands emit is one egress.py names (a new field is
+    declared there, with the reason it may leave, or withheld by name — not dropped unnoticed)."""
+    warned = [f"{' '.join(argv[:2])}: {line}" for argv, _, _, err in walked["ran"] for line in err.splitlines()
+              if "egress: withheld field" in line]
+    assert warned == [], "\n".join(warned)
+
+
+def test_the_gate_is_an_allow_list():
+    """A field no shape names does not leave, whatever it holds; a hash outside the release zone leaves keyed, a
+    release-zone file's as it is; a count of a sensitive file is withheld."""
+    entry = {"role": "shard", "uri": "run/sensitive/partition/shard-0.parquet", "zone": "sensitive", "rows": 181,
+             "sha256": "a" * 64, "record_ids": ["t10k:00001"]}
+    released = {**entry, "uri": "run/release/sample/synthetic.parquet", "zone": "release", "role": "synthetic"}
+    out = egress.let_out({"stage": "partition", "status": "succeeded", "outputs": [entry, released],
+                          "details": {"training_records": 550, "shard_sizes": [181, 185, 184]}},
+                         "manifest", key=lambda h: "k" * 64)
+    assert out["outputs"][0] == {"role": "shard", "uri": entry["uri"], "zone": "sensitive", "rows": None,
+                                 "sha256": "k" * 64}
+    assert out["outputs"][1]["sha256"] == "a" * 64 and out["outputs"][1]["rows"] == 181
+    assert out["details"] == {"training_records": 550}
