@@ -35,6 +35,7 @@ LONGEST_FIRST = [
     "tests/ledger/test_attempt.py",
     "tests/pipelines/test_airflow.py",
     "tests/stages/test_logged_keys.py",
+    "tests/stages/test_egress.py",
 ]
 
 

@@ -246,10 +246,14 @@ def log_privacy(*, epsilon: float, delta: float, accountant: str, step: int | No
     mlflow.set_tags({TAG_EPSILON_SPENT: f"{epsilon:.6g}", TAG_DELTA: f"{delta:.3g}", TAG_ACCOUNTANT: accountant})
 
 
-def log_json(obj: dict, artifact_file: str) -> None:
+def log_json(obj: dict, artifact_file: str, *, shape: str, key=None) -> None:
+    """Log ``obj`` as a JSON artifact, through the egress gate (:func:`dpsynth.egress.let_out` with ``shape``, one
+    of :data:`dpsynth.egress.SHAPES`; ``key``: the run's keyer of sensitive-zone hashes)."""
     import mlflow
 
-    mlflow.log_text(json.dumps(obj, indent=2, sort_keys=True), artifact_file)
+    from dpsynth import egress
+
+    mlflow.log_text(json.dumps(egress.let_out(obj, shape, key=key), indent=2, sort_keys=True), artifact_file)
 
 
 def log_png(image, artifact_file: str) -> None:

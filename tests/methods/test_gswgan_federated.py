@@ -290,7 +290,7 @@ def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(t
                            *[a for o in overrides for a in ("--set", o)]],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert f"{d_1}: sha256" in done.stderr and "differs from the manifest" in done.stderr  # client 1's own error
+    assert f"{d_1}: its sha256" in done.stderr and "differs from the one its manifest records" in done.stderr  # client 1's own error
     assert "federated job (server and 2 clients under torchrun) failed" in done.stderr
     train_dir = run / "sensitive" / "train"
     assert not (train_dir / "manifest.json").exists() and not (train_dir / "result.json").exists()

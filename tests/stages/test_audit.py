@@ -78,16 +78,19 @@ def test_a_trace_over_the_target_fails_and_nothing_is_released(trained, source, 
     assert release_files(trained) == []
 
 
-def test_each_failed_check_fails_the_audit(trained, source):
+def test_each_failed_check_fails_the_audit(trained, source, capsys):
     def failed_checks():
         return {c["name"] for c in read(trained, "audit.json")["checks"] if not c["passed"]}
 
     assert stage("audit", trained, source, "privacy.delta=0.01") == 2  # δ must be < 1/n
     assert "delta" in failed_checks()
     rewrite_trace(trained, lambda t: t.update(steps=6) or t["events"][0].update(count=6), update_manifest=False)
+    capsys.readouterr()
     assert stage("audit", trained, source) == 2  # not the trace training recorded (and understating it)
     # and the trainer's ε, the plan and the generator's trace binding no longer match it
     assert failed_checks() == {"trace_sha256", "claim", "plan", "generator_trace"}
+    err = capsys.readouterr().err  # the refusal names the files and the checks, never a hash (#52 item 3)
+    assert "trace_sha256" in err and not re.search(r"[0-9a-f]{64}", err)
     assert release_files(trained) == []
 
 

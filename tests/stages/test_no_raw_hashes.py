@@ -68,14 +68,27 @@ def runs(tmp_path_factory, source):
             return dpsynth("pipeline", "run", "--run-dir", run, "--pipeline-run-id", run_id,
                            *settings(source, *tracked, *overrides))
 
-        assert pipeline("failed", "privacy.accounting=as_published") == 2  # the audit fails: nothing released
-        failed = {"store": store_texts(base), "sensitive": sensitive_hashes(run)}
+        # the paper's own account (with a fixed σ, which as_published needs; 5 fits 4 steps in ε = 10): training
+        # succeeds, the audit refuses it — a failed audit, reached (#52 item 4: without σ it failed at train)
+        assert pipeline("failed", "privacy.accounting=as_published", "privacy.noise_multiplier=5") == 2
+        failed = {"store": store_texts(base), "sensitive": sensitive_hashes(run),
+                  "audit": manifest(run, "sensitive", "audit"), "released": (run / "release" / "sample").exists()}
         assert pipeline("passed") == 0
     return {"base": base, "run": run, "mlflow_uri": mlflow_uri, "failed": failed}
 
 
 def test_a_failed_audit_leaves_no_raw_hash_of_the_sensitive_zone_in_mlflow(runs):
+    from mlflow import MlflowClient
+
     failed = runs["failed"]
+    # the audit ran and refused (not an earlier stage's failure), and nothing was released
+    assert failed["audit"]["status"] == "failed" and failed["audit"]["pipeline_run_id"] == "failed"
+    assert not failed["released"]
+    client = MlflowClient(runs["mlflow_uri"])
+    exp = client.get_experiment_by_name("no-raw-hashes")
+    audit_runs = client.search_runs([exp.experiment_id], filter_string="tags.`dpsynth.stage` = 'audit' and "
+                                    "tags.`dpsynth.pipeline_run_id` = 'failed'")
+    assert [r.data.tags.get("dpsynth.stage_status") for r in audit_runs] == ["failed"]  # MLflow holds the refusal
     assert any("discriminator.pt" in what for what in failed["sensitive"].values())  # D_k's hashes are looked for
     assert hits(failed["store"], failed["sensitive"]) == []
 
@@ -100,6 +113,7 @@ def test_the_release_states_what_is_public_and_what_the_settings_were_tuned_on(r
     release = runs["run"] / "release" / "sample"
     for text in ((release / "audit.md").read_text(), json.dumps(manifest(runs["run"], "release", "sample"))):
         assert "n and the label set are public" in text and "hyperparameter search" in text
+        assert "version history is public" in text  # #52 item 2: whether and when the records changed
     statement = json.loads((release / "audit.json").read_text())["statement"]
     assert statement["assumptions"][-2:] == [PUBLIC_FACTS, TUNING]
 
@@ -153,6 +167,9 @@ def test_the_json_outcomes_an_orchestrator_logs_hold_no_raw_hash_or_shard_count(
     assert stage("warmstart", run, source, *GSWGAN, flags=("--shard", "0", "--json")) == 0
     shard = json.loads(capsys.readouterr().out)
     assert shard["status"] == "succeeded"
+    # no per-shard warm-start time reaches the XCom (#52 item 8): one shard's time depends on its size
+    assert shard["seconds"] is None and shard["details"]["seconds"] is None
+    assert shard["details"]["iterations_per_second"] is None
     printed = {"partition": json.dumps(partition).encode(), "warmstart --shard 0": json.dumps(shard).encode()}
     assert hits(printed, sensitive_hashes(run)) == []
     assert all(o.get("rows") is None for o in partition["manifest"]["outputs"])

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,9 @@ def test_the_label_set_is_the_configs_not_the_datas(tmp_path, mnist600, keep, ca
     write_parquet(without_top_class(mnist600, keep), path)
     assert read_parquet(path).num_classes == 10 - (keep == 0)  # what the data alone would say
     assert stage("partition", tmp_path / "unset", str(path), UNSET_CLASSES) == 2
-    assert "data.num_classes: not set" in capsys.readouterr().err and nothing_written(tmp_path / "unset")
+    err = capsys.readouterr().err
+    assert "data.num_classes: not set" in err and nothing_written(tmp_path / "unset")
+    assert "declares" not in err  # never the data's own count, max(label) + 1: what this test hides (#52 item 3)
     assert stage("partition", tmp_path / "run", str(path)) == 0  # TINY sets data.num_classes=10
     shards = [o for o in manifest(tmp_path / "run", "sensitive", "partition")["outputs"] if o["role"] == "shard"]
     assert {read_parquet(o["uri"]).num_classes for o in shards} == {10}  # G's embedding: 10 classes either way
@@ -64,11 +67,17 @@ def test_the_label_set_is_the_configs_not_the_datas(tmp_path, mnist600, keep, ca
 def test_a_label_outside_the_public_set_is_refused(tmp_path, source, capsys):
     assert stage("partition", tmp_path / "run", source, "data.num_classes=5") == 2
     err = capsys.readouterr().err
-    assert "data.num_classes: 5 classes, but record_id" in err and nothing_written(tmp_path / "run")
+    assert "data.num_classes: 5 classes, but a record's label lies outside [0, 4]" in err
+    assert nothing_written(tmp_path / "run")
+    assert "record_id" not in err and not re.search(r"label [5-9]\b", err)  # no record, no label (#52 item 3)
 
 
 def test_the_docs_say_what_is_public_and_what_the_settings_were_tuned_on():
     text = " ".join((REPO / "docs" / "privacy.md").read_text().split())
     assert "n and the label set are public" in text
+    assert "The dataset's version history is public" in text  # and every statement says it (#52 item 2)
+    from dpsynth.privacy.statement import PUBLIC_FACTS
+
+    assert "version history is public" in PUBLIC_FACTS and "What the gate lets out" in text
     assert "A hyperparameter search on the sensitive records is outside the guarantee" in text
     assert "tuned on the bundled MNIST" in text

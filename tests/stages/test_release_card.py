@@ -121,6 +121,7 @@ def test_verify_recomputes_and_signature_fails_when_a_byte_changes(released, tmp
     assert dpsynth("release", "verify", rel, "--public-key", public) == 0
     out = capsys.readouterr().out
     assert "ok   signature" in out and "ok   epsilon rdp" in out and "ok   epsilon prv" in out and "FAIL" not in out
+    assert "ok   headline epsilon" in out
     if shutil.which("openssl"):  # the same signature, checked without dpsynth
         subprocess.run(["openssl", "pkeyutl", "-verify", "-pubin", "-inkey", public, "-rawin", "-in",
                         rel / "card" / "card.json", "-sigfile", rel / "card" / "card.json.sig"], check=True)
@@ -141,6 +142,12 @@ def test_verify_recomputes_and_signature_fails_when_a_byte_changes(released, tmp
         return data[:i] + bytes([data[i] ^ 1]) + data[i + 1:]
 
     assert tampered(rel / "card" / "card.json", flip) == {"signature"}
+
+    def headline(data: bytes) -> bytes:  # the card's headline ε edited, nothing else (#52 item 9)
+        card = json.loads(data)
+        return (json.dumps({**card, "epsilon": card["epsilon"] / 2}, indent=2) + "\n").encode()
+
+    assert tampered(rel / "card" / "card.json", headline) == {"signature", "headline epsilon"}
     assert tampered(rel / "sample" / "synthetic.parquet", lambda d: d[:-1] + bytes([d[-1] ^ 1])) == \
         {"sha256 sample/synthetic.parquet"}
     looser = MechanismTrace([MechanismEvent(**{**e, "noise_multiplier": e["noise_multiplier"] * 2})

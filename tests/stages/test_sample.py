@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 
 import numpy as np
 
@@ -16,7 +17,9 @@ def test_refuses_without_a_passed_audit_of_this_generator(trained, source, capsy
     with open(trained / "sensitive" / "train" / "generator.pt", "ab") as fh:
         fh.write(b"\0")  # changed after the audit
     assert stage("sample", trained, source) == 2
-    assert "not the audited generator" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is not the audited generator's" in err
+    assert not re.search(r"[0-9a-f]{64}", err)  # neither hash: the refusal names the file and the check (#52 item 3)
     assert release_files(trained) == []
 
 

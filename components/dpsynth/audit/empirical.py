@@ -764,8 +764,10 @@ def markdown(result: dict | None) -> str:
            "|---|---|---|---|---|---|---|\n" + parts +
            "\npassed: the test could have failed and did not; failed: the code does not implement the accounted "
            "mechanism; inconclusive: with m canaries no one-run audit can prove an ε as large as the accounted "
-           "one, so nothing was shown. The warm-up releases are also tested against the plan's σ and bound "
-           "directly (noise and bound tests, which can fail at any ε).\n")
+           "one, so nothing was shown. The warm-up's class-mean, style and variation releases are also tested against "
+           "the plan's σ and bound directly (noise and bound tests, which can fail at any ε). The intensity histogram "
+           "and the polarity shapes (the generic recipe's first releases) have no audit run here: their noise and "
+           "bound are checked by the test suite only (tests/mechanisms/test_warmup_noise_and_bound.py).\n")
     training = next((p for p in result["components"] if p["name"] == "training"), None)
     if training:
         rows = "".join(f"| {a['name']} | {a['epsilon_lower']:.4g} | {a['ceiling']:.3g} | {a['canaries']} | "

@@ -233,9 +233,10 @@ def generator_trace_check(generator_record: dict | None, trace_text: str) -> dic
         steps = None
     rec = generator_record or {}
     ok = rec.get("trace_sha256") == sha and rec.get("trace_steps") == steps and steps is not None
+    same = "the same" if rec.get("trace_sha256") == sha else "another"  # no hash in a check's detail (#52 item 3)
     return _check("generator_trace", ok,
-                  f"the generator file records trace sha256 {rec.get('trace_sha256')} and {rec.get('trace_steps')} "
-                  f"steps; the audited trace has {sha} and {steps}")
+                  f"the generator file records {same} trace sha256 as the audited trace's, and "
+                  f"{rec.get('trace_steps')} steps; the audited trace has {steps}")
 
 
 def pipeline_runs(tracking_uri: str, *, run_ids: list[str], parent_run_id: str | None):
@@ -537,7 +538,10 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
     if (reused := protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
     integrity = [_check(f"{role}_sha256", current[role]["sha256"] == recorded[role]["sha256"],
-                        f"{current[role]['sha256']} (train manifest: {recorded[role]['sha256']})") for role in recorded]
+                        f"{current[role]['uri']}: its sha256 "  # neither hash: the detail reaches stderr (#52 item 3)
+                        + ("is the one the train manifest records" if current[role]["sha256"] == recorded[role]["sha256"]
+                           else "differs from the one the train manifest records (the file changed after training)"))
+                 for role in recorded]
     n = sum(s["rows"] for s in manifest.outputs(partition, "shard"))
     trace_text = storage.read_bytes(recorded["trace"]["uri"]).decode()
     try:

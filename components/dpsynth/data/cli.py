@@ -84,8 +84,10 @@ def run_import(args: argparse.Namespace) -> int:
 
         blocks.record_import(args.dst, version["version"], ds.record_ids)
     summary = {**_basics(ds), "uri": str(args.dst), **version}
-    if args.outside:
-        summary = {"uri": str(args.dst), "shape": summary["shape"], **version}
+    if args.outside:  # what the import DAG keeps (XCom, the asset event): through the egress gate
+        from dpsynth import egress
+
+        summary = egress.let_out({"uri": str(args.dst), "shape": summary["shape"], **version}, "import")
         done = "wrote" if version.get("changed", True) else "unchanged (the newest version already):"
         print(json.dumps(summary) if args.json else f"{done} a dataset of shape {_shape_text(ds)} to {args.dst}"
               + (f", version {version['version']}" if version else ""))

@@ -15,6 +15,7 @@ import numpy as np
 from dpsynth import storage
 from dpsynth.data.dataset import ImageDataset, read_parquet
 from dpsynth.data.validation import validate
+from dpsynth.egress import refusal
 from dpsynth.errors import DatasetError
 
 IDX_IMAGES_MAGIC = 0x00000803  # unsigned bytes, 3 dimensions (N, H, W)
@@ -256,16 +257,10 @@ def _uint8_images(images: np.ndarray, ids: list[str]) -> np.ndarray:
     if kind == "f":
         finite = np.isfinite(per_record).all(axis=1)
         if not finite.all():
-            i = int(np.flatnonzero(~finite)[0])
-            bad = per_record[i][~np.isfinite(per_record[i])][0]
-            raise DatasetError(f"image: {bad} (NaN/inf) pixel at record_id {ids[i]!r}")
+            raise DatasetError(refusal("image", "a record has a NaN or infinite pixel"))
     low, high = images.min(), images.max()
     if low < 0 or high > 255:
-        i = int(np.flatnonzero((per_record.min(axis=1) < 0) | (per_record.max(axis=1) > 255))[0])
-        raise DatasetError(
-            f"image: values must lie in [0, 1] or [0, 255]; record_id {ids[i]!r} "
-            f"has values in [{per_record[i].min()}, {per_record[i].max()}]"
-        )
+        raise DatasetError(refusal("image", "pixel values must lie in [0, 1] or [0, 255]; a record's do not"))
     if kind == "f":
         scale = 255.0 if high <= 1.0 else 1.0
         images = np.rint(images.astype(np.float64) * scale)
@@ -280,10 +275,7 @@ def _integer_labels(labels: np.ndarray, ids: list[str]) -> np.ndarray:
         raise DatasetError(f"label: dtype {labels.dtype} is not an integer type; labels must be class indices")
     whole = np.isfinite(labels) & (labels == np.round(labels))
     if not whole.all():
-        i = int(np.flatnonzero(~whole)[0])
-        raise DatasetError(
-            f"label: non-integer value {labels[i]} at record_id {ids[i]!r}; labels must be class indices"
-        )
+        raise DatasetError(refusal("label", "a record's label is not a whole number; labels must be class indices"))
     return labels.astype(np.int64)
 
 

@@ -1,4 +1,6 @@
-"""The rules a dataset must satisfy. Each failure is a DatasetError naming the field and a record."""
+"""The rules a dataset must satisfy. Each failure is a DatasetError naming the field and the check that failed —
+never a value read from the data (a record id, a label, a count the data declares): these messages reach the
+orchestrators' logs (:func:`dpsynth.egress.refusal`; issue #52 item 3)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dpsynth.egress import refusal
 from dpsynth.errors import ConfigError, DatasetError
 
 # ``ImageDataset`` in the annotations is dpsynth.data.dataset's, which imports this module (so this one does not).
@@ -33,22 +36,22 @@ def validate(ds: ImageDataset, *, num_classes: int | None = None) -> None:
     if ds.splits is not None:
         if len(ds.splits) != n:
             raise DatasetError(f"split: {len(ds.splits)} entries but {n} images")
-        for rid, split in zip(ids, ds.splits):
+        for split in ds.splits:
             if split is not None and (not isinstance(split, str) or not split):
-                raise DatasetError(f"split: {split!r} is not a non-empty string or None at record_id {rid!r}")
+                raise DatasetError(refusal("split", "a record's split is not a non-empty string or None"))
     if not isinstance(ds.source, str):
         raise DatasetError(f"source: expected a string, got {type(ds.source).__name__}")
 
 
 def _check_record_ids(ids: list[str], n: int) -> None:
     if len(ids) != n:
-        raise DatasetError(f"record_id: {len(ids)} ids but {n} images")
+        raise DatasetError(refusal("record_id", "not one id per image"))
     seen: dict[str, int] = {}
     for i, rid in enumerate(ids):
         if not isinstance(rid, str) or not rid:
-            raise DatasetError(f"record_id: {rid!r} at index {i} is not a non-empty string")
+            raise DatasetError(refusal("record_id", "a record's id is not a non-empty string"))
         if rid in seen:
-            raise DatasetError(f"record_id: duplicate {rid!r} at indices {seen[rid]} and {i}")
+            raise DatasetError(refusal("record_id", "two records share an id; ids must be unique"))
         seen[rid] = i
 
 
@@ -63,12 +66,10 @@ def _check_labels(labels: np.ndarray, ids: list[str], n: int, declared: int, req
         raise DatasetError(f"label: dtype {labels.dtype} is not an integer type; labels must be class indices")
     if labels.shape != (n,):
         raise DatasetError(f"label: expected shape ({n},), got {labels.shape}")
-    bad = np.flatnonzero((labels < 0) | (labels >= k))
-    if bad.size:
-        i = int(bad[0])
-        raise DatasetError(f"label: values out of range [0, {k - 1}]: found {labels[i]} at record_id {ids[i]!r}")
+    if ((labels < 0) | (labels >= k)).any():
+        raise DatasetError(refusal("label", f"a record's label lies outside the label set [0, {k - 1}]"))
     if declared != k:
-        raise DatasetError(f"num_classes: {k} required but the dataset declares {declared}")
+        raise DatasetError(refusal("num_classes", f"{k} required, but the dataset declares another class count"))
 
 
 def _is_positive_int(value) -> bool:
@@ -77,34 +78,23 @@ def _is_positive_int(value) -> bool:
 
 def validate_table(table: pa.Table, *, where: str) -> tuple[int, int, int]:
     """Check a table already cast to the canonical schema; return the common ``(H, W, C)``."""
-    ids = table.column("record_id")
     for name in ("record_id", "label", "image", "height", "width", "channels"):
         col = table.column(name)
         if col.null_count:
-            i = int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
-            raise DatasetError(f"{name}: null at row {i} (record_id {ids[i].as_py()!r}) in {where}")
+            raise DatasetError(refusal(f"{name} in {where}", "a record has no value"))
     if table.num_rows == 0:
         raise DatasetError(f"dataset is empty: {where} has no rows")
     shape = []
     for name in ("height", "width", "channels"):
         values = table.column(name).to_numpy()
-        odd = np.flatnonzero((values != values[0]) | (values < 1))
-        if odd.size or values[0] < 1:
-            i = int(odd[0]) if odd.size else 0
-            raise DatasetError(
-                f"{name}: {values[i]} at record_id {ids[i].as_py()!r} in {where}, "
-                f"but every image must share one positive {name} (first row has {values[0]})"
-            )
+        if ((values != values[0]) | (values < 1)).any():
+            raise DatasetError(refusal(f"{name} in {where}", f"every image must share one positive {name}"))
         shape.append(int(values[0]))
     expected = shape[0] * shape[1] * shape[2]
     lengths = pc.binary_length(table.column("image")).to_numpy()
-    wrong = np.flatnonzero(lengths != expected)
-    if wrong.size:
-        i = int(wrong[0])
-        raise DatasetError(
-            f"image: {lengths[i]} bytes but height*width*channels = {expected} "
-            f"at record_id {ids[i].as_py()!r} in {where}"
-        )
+    if (lengths != expected).any():
+        raise DatasetError(refusal(f"image in {where}", f"a record's image is not height*width*channels = "
+                                                        f"{expected} bytes"))
     return shape[0], shape[1], shape[2]
 
 
@@ -118,11 +108,10 @@ def with_public_classes(ds: ImageDataset, num_classes: int | None, *, field: str
     if num_classes is None:
         raise ConfigError(f"{field}: not set. The label set shapes the release (the generator's class embedding, the "
                           "warm-up's per-class releases) and is public: set it from what is known of the population "
-                          f"(10 for MNIST), not from the data (this dataset declares {ds.num_classes})")
+                          "(10 for MNIST), not from the data")
     labels = np.asarray(ds.labels)
-    bad = np.flatnonzero((labels < 0) | (labels >= num_classes)) if labels.dtype.kind in "iu" else []
-    if len(bad):
-        i = int(bad[0])
-        raise ConfigError(f"{field}: {num_classes} classes, but record_id {ds.record_ids[i]!r} has label {labels[i]} "
-                          f"(labels must lie in [0, {num_classes - 1}])")
+    if labels.dtype.kind in "iu" and ((labels < 0) | (labels >= num_classes)).any():
+        raise ConfigError(refusal(field, f"{num_classes} classes, but a record's label lies outside [0, "
+                                         f"{num_classes - 1}] (the label-set check; the record is not named: "
+                                         "messages reach the orchestrators' logs)"))
     return dataclasses.replace(ds, num_classes=num_classes)

@@ -14,6 +14,7 @@ import shlex
 import sys
 
 from dpsynth.config import RunConfig, load_config
+from dpsynth.egress import let_out
 
 HELP = {
     "partition": "validate the dataset, hold out records for evaluation, split the rest into K shards (sensitive zone)",
@@ -116,16 +117,13 @@ def context(args, cfg: RunConfig | None = None):
 
 
 def _outside_record(ctx, record: dict) -> dict:
-    """A warm-start shard's record as ``--json`` prints it: its shard and D_k by keyed version ids (a raw hash of
-    D_k, deterministic given train.seed and the shard, is a membership test)."""
-    from dpsynth.stages.protocol import dataset_version, outside_view
+    """A warm-start shard's record as ``--json`` prints it (an XCom on Airflow): through the egress gate
+    (:data:`dpsynth.egress.SHARD`): its shard and D_k by keyed version ids (a raw hash of D_k, deterministic given
+    train.seed and the shard, is a membership test), no seconds (one shard's time depends on its size)."""
+    from dpsynth import egress
+    from dpsynth.stages.protocol import key_of
 
-    out = dict(record)
-    if out.get("input_sha256"):
-        out["input_sha256"] = dataset_version(ctx, out["input_sha256"])
-    if isinstance(out.get("output"), dict):
-        out["output"] = outside_view(ctx, [out["output"]])[0]
-    return out
+    return egress.let_out(record, "shard", key=key_of(ctx))
 
 
 def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
@@ -154,10 +152,11 @@ def report(args, ctx, outcome) -> int:
     """Print a stage command's outcome (``--json``: as an orchestrator reads it); returns its exit status, 0."""
     stage, m = outcome.stage, outcome.manifest
     if args.json:  # what an orchestrator logs: no raw hash or per-shard count of the sensitive zone (#33)
-        from dpsynth.stages.protocol import outside_manifest
+        from dpsynth.stages.protocol import outside_outcome
 
-        print(json.dumps({"stage": stage, "status": outcome.status, "manifest_uri": outcome.manifest_uri,
-                          "mlflow_run_id": outcome.mlflow_run_id, "manifest": outside_manifest(ctx, m)}, indent=2))
+        print(json.dumps(outside_outcome(ctx, {"stage": stage, "status": outcome.status, "manifest_uri":
+                                               outcome.manifest_uri, "mlflow_run_id": outcome.mlflow_run_id,
+                                               "manifest": m}), indent=2))
     else:
         print(f"{stage}: {outcome.status}, ε consumed {m['privacy']['epsilon']:.4g}, {len(m['outputs'])} outputs; "
               f"manifest {outcome.manifest_uri}")
@@ -216,7 +215,7 @@ def run_pipeline_command(args) -> int:
     cfg = load_config(args.config, overrides=args.overrides)
     ctx, s = run_pipeline(cfg, run_dir=args.run_dir, pipeline_run_id=args.pipeline_run_id, force=args.force)
     if args.json:
-        print(json.dumps(s, indent=2))
+        print(json.dumps(let_out(s, "summary"), indent=2))
     else:
         print(table(s))
         print(_where(ctx))
@@ -233,13 +232,13 @@ def start_command(args) -> int:
 
     cfg = load_config(args.config, overrides=args.overrides)
     if args.unless_released and (why := unchanged_since_release(cfg)):
-        print(json.dumps({"skipped": why, "parent_run_id": None, "pipeline_run_id": args.pipeline_run_id,
-                          "run_dir": args.run_dir, "train": shape(cfg)}))
+        print(json.dumps(let_out({"skipped": why, "parent_run_id": None, "pipeline_run_id": args.pipeline_run_id,
+                                  "run_dir": args.run_dir, "train": shape(cfg)}, "start")))
         return 0
     ctx = start(cfg, run_dir=args.run_dir, pipeline_run_id=args.pipeline_run_id)
     # "train": where the train stage runs (the orchestrators launch it on several ranks when "distributed")
-    print(json.dumps({"parent_run_id": ctx.parent_run_id, "pipeline_run_id": ctx.pipeline_run_id, "run_dir": ctx.run_dir,
-                      "train": shape(ctx.cfg)}))
+    print(json.dumps(let_out({"parent_run_id": ctx.parent_run_id, "pipeline_run_id": ctx.pipeline_run_id,
+                              "run_dir": ctx.run_dir, "train": shape(ctx.cfg)}, "start")))
     return 0
 
 
@@ -254,7 +253,7 @@ def finish_command(args) -> int:
     if not ctx.parent_run_id:  # an exit task (KFP ExitHandler) has no upstream output: find start's parent run
         ctx = dataclasses.replace(ctx, parent_run_id=find_parent_run(ctx))
     s = finish(ctx)
-    print(json.dumps(s, indent=2) if args.json else table(s) + "\n" + _where(ctx))
+    print(json.dumps(let_out(s, "summary"), indent=2) if args.json else table(s) + "\n" + _where(ctx))
     return 0
 
 
@@ -264,7 +263,7 @@ def show_command(args) -> int:
     ctx = context(args)
     s = summary(ctx)
     if args.json:
-        print(json.dumps(s, indent=2))
+        print(json.dumps(let_out(s, "summary"), indent=2))
     else:
         print(table(s))
         if ctx.cfg.tracking.enabled:

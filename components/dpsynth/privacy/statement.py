@@ -32,7 +32,10 @@ REPLACE_BY_GROUP_PRIVACY = ("replacing one record (remove one, add another) is c
 PUBLIC_FACTS = ("n and the label set are public: the number of training records n (and the counts of all and of "
                 "held-out records) is published — the trace's sampling rate q = B/n and σ calibrated from n, the audit "
                 "report's training_records — and the label set is the configuration's data.num_classes, not read off "
-                "the data; per-shard counts and the partition key are not published")
+                "the data; per-shard counts and the partition key are not published. The dataset's version history "
+                "is public too: whether and when the records changed (a new keyed version id in data.uri, the asset "
+                "events and XCom, the retrain that runs or is skipped), so with n public a same-size edit, a "
+                "replacement or a revert is visible, though not which records")
 ARRIVAL = ("a record's arrival is public, like n: the import that first brought it (its privacy block), each block's "
            "import time and record count; the lifetime budget is per block, so a record's privacy loss over time is "
            "the sum over the runs that read its block, which the ledger keeps at most the block's budget "

@@ -421,7 +421,7 @@ def verify(release_dir: str, *, public_key: str | None = None) -> list[dict]:
     (a PEM file) when given. Returns ``[{"name", "passed", "detail"}]``."""
     from dpsynth.training.artifacts import generator_privacy
     from dpsynth.privacy import MechanismTrace
-    from dpsynth.audit.stage import recompute
+    from dpsynth.audit.stage import recompute, upper_bound
 
     root = str(release_dir).rstrip("/")
     checks: list[dict] = []
@@ -465,6 +465,15 @@ def verify(release_dir: str, *, public_key: str | None = None) -> list[dict]:
         within = mine <= target * (1 + 1e-9) + (value["eps_error"] if isinstance(value, dict) else 0)
         check(f"epsilon {name}", ok and within, f"recomputed from trace.json at δ = {delta:g}: {mine:.6g} (± {tol:.2g}); "
               f"card {stated[0]}, audit report {stated[1]}; target {target:g}")
+    # the headline ε (the card's "epsilon", the audit report's upper bound) is the largest recomputed bound: a card
+    # whose headline was edited fails here even unsigned (#52 item 9)
+    if again:
+        bound = upper_bound(again)
+        tol = max(v["eps_error"] if isinstance(v, dict) else 1e-9 * max(abs(v), 1e-12) for v in again.values())
+        headline = [card.get("epsilon"), audit.get("epsilon_upper_bound")]
+        check("headline epsilon", all(isinstance(h, (int, float)) and abs(h - bound) <= tol for h in headline),
+              f"the largest bound recomputed from trace.json: {bound:.6g} (± {tol:.2g}); card's headline "
+              f"{headline[0]}, audit report's {headline[1]}")
     sig_uri = storage.join(root, DIR, "card.json.sig")
     if public_key is not None:
         from cryptography.exceptions import InvalidSignature

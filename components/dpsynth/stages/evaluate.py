@@ -320,7 +320,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                              "dpsynth.evaluate.metrics_status": report["reference"]["status"],
                              "dpsynth.evaluate.frechet": report["quality"]["frechet"]["name"]})
             mlflow.log_text(page, "report.html")
-            tracking.log_json(report, "report.json")
+            tracking.log_json(report, "report.json", shape="evaluation")
             images = list(grids.values())
             tracking.log_png(images[0], "grids/synthetic_by_class.png")
             if report["epsilon_curve"]:

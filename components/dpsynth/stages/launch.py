@@ -366,9 +366,11 @@ def _run_trainjob(cfg, args, *, cluster, poll_s: float, grace_s: float) -> int:
     m = manifest.read(uri)
     if m.get("status") != "succeeded":
         raise StageError(f"train: {what} {kind.succeeded.lower()} but {uri} records status {m.get('status')!r}")
-    outcome = {"stage": "train", "status": m["status"], "manifest_uri": uri, "mlflow_run_id": m.get("mlflow_run_id"),
-               "manifest": m, "trainjob": {"kind": kind.kind, "name": name, "namespace": cluster.namespace,
-                                           **shape(cfg)}}
+    # what the orchestrators keep (Airflow: return.json and an XCom; KFP: the pod log): through the egress gate, as
+    # every stage's --json (no raw hash of a shard, a manifest or D_k, no per-shard count: #52 item 1)
+    outcome = protocol.outside_outcome(ctx, {
+        "stage": "train", "status": m["status"], "manifest_uri": uri, "mlflow_run_id": m.get("mlflow_run_id"),
+        "manifest": m, "trainjob": {"kind": kind.kind, "name": name, "namespace": cluster.namespace, **shape(cfg)}})
     if args.json:
         print(json.dumps(outcome, indent=2))
     else:

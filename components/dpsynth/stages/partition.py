@@ -121,7 +121,8 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
         public_split = load_public_source(cfg.data.public_source, shape=ds.shape)
         shared = set(public_split.record_ids) & set(ds.record_ids)
         if shared:
-            raise DatasetError(f"data.public_source: {len(shared)} record ids are also in data.uri")
+            raise DatasetError("data.public_source: shares record ids with data.uri (the overlap check; neither "
+                               "the ids nor their count are shown)")
     if public_split is not None:
         parts["public"] = public_split.subset(np.argsort(np.array(public_split.record_ids, dtype=object), kind="stable"))
     with protocol.child_run(ctx, STAGE) as run:

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
-from dpsynth import storage, tracking
+from dpsynth import egress, storage, tracking
 from dpsynth.config import RunConfig, dump_config, without_launch
 from dpsynth.data import ImageDataset
 from dpsynth.data.versions import keyed_version
@@ -146,8 +147,14 @@ def write_version_key(ctx: StageContext, key: bytes) -> None:
     storage.write_bytes(storage.join(ctx.zones.sensitive, VERSION_KEY), key)
 
 
+def key_of(ctx: StageContext) -> Callable[[str], str]:
+    """The egress gate's key for this run: a raw hash → its keyed version id (:func:`dataset_version`)."""
+    return functools.partial(dataset_version, ctx)
+
+
 def outside_view(ctx: StageContext, items: list[dict]) -> list[dict]:
-    """Manifest entries as they may appear outside the sensitive zone (MLflow, release-zone manifests).
+    """Manifest entries as they may appear outside the sensitive zone (MLflow, release-zone manifests): through the
+    egress gate (:func:`dpsynth.egress.let_out`).
 
     No raw hash of a file outside the release zone leaves the sensitive zone: every such entry (the source, the
     shards, the held-out and public records, the warm-started discriminators — deterministic given train.seed and
@@ -157,23 +164,26 @@ def outside_view(ctx: StageContext, items: list[dict]) -> list[dict]:
     row count (``rows`` is null): a per-shard count tells D from D ∪ {x} once the partition key is known; the counts that are
     public (n, the held-out count: docs/privacy.md) are in the partition manifest's details. Release-zone entries
     are shown as they are."""
-    out = []
-    for item in items:
-        if ctx.zones.zone_of(item["uri"]) != "release":
-            item = {**item, **({"rows": None} if "rows" in item else {})}  # a data file, its count withheld
-            for field in ("sha256", "content_sha256"):
-                if item.get(field):
-                    item[field] = dataset_version(ctx, item[field])
-        out.append(item)
-    return out
+    return egress.let_out({"items": items}, {"items": egress.Each(egress.ENTRY)}, key=key_of(ctx))["items"]
+
+
+def key_for(ctx: StageContext, m: dict) -> Callable[[str], str] | None:
+    """The gate's ``key`` for manifest ``m``: None for a release-zone manifest, whose entries were keyed when it was
+    written (:func:`release_inputs`), this run's key otherwise."""
+    return None if ZONE[m["stage"]] == "release" else key_of(ctx)
 
 
 def outside_manifest(ctx: StageContext, m: dict) -> dict:
     """A stage's manifest as it may leave the sensitive zone (MLflow, the ``--json`` outcome an orchestrator logs):
-    its entries through :func:`outside_view`; a release-zone manifest is that view already."""
-    if ZONE[m["stage"]] == "release":
-        return m
-    return {**m, "inputs": outside_view(ctx, m["inputs"]), "outputs": outside_view(ctx, m["outputs"])}
+    through the egress gate (:data:`dpsynth.egress.MANIFEST`)."""
+    return egress.let_out(m, "manifest", key=key_for(ctx, m))
+
+
+def outside_outcome(ctx: StageContext, outcome: dict) -> dict:
+    """A stage command's ``--json`` outcome (``{"stage", "status", "manifest_uri", "mlflow_run_id", "manifest"}``,
+    the launcher's also ``"trainjob"``) as the orchestrators keep it: through the egress gate
+    (:data:`dpsynth.egress.OUTCOME`)."""
+    return egress.let_out(outcome, "outcome", key=key_for(ctx, outcome["manifest"]))
 
 
 def release_inputs(ctx: StageContext, stage: str, inputs: list[dict]) -> list[dict]:
@@ -256,7 +266,7 @@ def _log_manifest(ctx: StageContext, m: dict, *, epsilon: float, status: str) ->
         tracking.TAG_ACCOUNTANT: m["privacy"]["accountant"],
         TAG_STATUS: status,
     })
-    tracking.log_json(view, "manifest.json")
+    tracking.log_json(view, "manifest.json", shape="manifest")  # the view is keyed: the gate passes it as it is
 
 
 def finish(ctx: StageContext, stage: str, run, *, status: str = "succeeded", **fields) -> Outcome:

@@ -20,6 +20,7 @@ import torch
 
 from dpsynth import storage, tracking
 from dpsynth.data import ImageDataset, versions, write_parquet
+from dpsynth.egress import refusal
 from dpsynth.errors import StageError
 from dpsynth.grids import class_grid
 from dpsynth.training.artifacts import load_generator  # noqa: F401 (the stages' reader of generator files)
@@ -112,8 +113,8 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
     audit, report, audit_inputs = require_passed_audit(ctx)
     generator_item = ctx.entry(report["generator"]["uri"], role="generator")
     if generator_item["sha256"] != report["generator"]["sha256"]:
-        raise StageError(f"{generator_item['uri']}: sha256 {generator_item['sha256']} is not the audited "
-                         f"generator's {report['generator']['sha256']}; run the audit again")
+        raise StageError(refusal(generator_item["uri"], "its sha256 is not the audited generator's (the audit "
+                                 "report's)", fix="run the audit again"))
     inputs = [*audit_inputs, generator_item]
     fp = protocol.fingerprint(cfg, SECTIONS)
     if (reused := protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
@@ -121,8 +122,8 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
     generator, claimed = load_generator(generator_item["uri"])
     audited_trace = (report.get("trace") or {}).get("sha256")
     if not audited_trace or claimed.get("trace_sha256") != audited_trace:
-        raise StageError(f"{generator_item['uri']}: bound to trace {claimed.get('trace_sha256')}, not the audited "
-                         f"trace {audited_trace}; nothing is released")
+        raise StageError(refusal(generator_item["uri"], "bound to another trace than the audited one (the "
+                                 "trace-binding check)", fix="nothing is released"))
     synthetic = synthesize(generator, num_samples=cfg.sample.num_samples, seed=cfg.sample.seed)
     grid = class_grid(generator, num_classes=generator.num_classes, per_class=cfg.sample.per_class, seed=cfg.sample.seed)
     with protocol.child_run(ctx, STAGE) as run:

@@ -326,6 +326,6 @@ def finish(trainer: Trainer, run, started: float) -> TrainResult:
             mlflow.log_metrics(metrics)
         if params := {k: v for k, v in logged.items() if k.startswith("derived.")}:
             mlflow.log_params(params)
-        tracking.log_json(json.loads(trainer.trace.to_json()), "privacy/mechanism_trace.json")
+        tracking.log_json(json.loads(trainer.trace.to_json()), "privacy/mechanism_trace.json", shape="trace")
     storage.write_text(out / "result.json", json.dumps(asdict(result), indent=2))
     return result
