@@ -232,7 +232,10 @@ def _outside(run_dir: str):
     from dpsynth.stages.protocol import VERSION_KEY, keyed_version
 
     uri = storage.join(run_dir, "sensitive", VERSION_KEY)
-    key = storage.read_bytes(uri) if storage.exists(uri) else None
+    try:
+        key = storage.read_bytes(uri) if storage.exists(uri) else None
+    except Exception:  # MLflow's own object-store key cannot read the sensitive zone (the chart's dpsynth-mlflow-s3)
+        key = None
     return lambda sha: keyed_version(key, sha) if key else "unavailable"
 
 
