@@ -44,8 +44,8 @@ def assert_same_models(a: dict, b: dict, **tol) -> None:
 
 
 # --- the ranks' shares, without a process group -------------------------------------------------------
-# The 2-rank jobs of (a)–(c) below, in one spawn: each spawn starts two interpreters that import torch and
-# dpsynth, most of a small job's time. Each job writes under a folder of its own; the tests only read them.
+# The 2-rank jobs of (a)–(c) below, on the same two ranks, one after the other. Each job writes under a folder of
+# its own; the tests only read them.
 DPGAN_STEPS = 3
 NOISE = dict(sigma=2.0, bound=0.5, draws=60, seed=123)
 ZHANG_STEPS = 4  # n_critic = 2: two generator steps between them
