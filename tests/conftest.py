@@ -17,25 +17,26 @@ def small_mnist():
     return import_source(str(MNIST)).subset(np.arange(600))
 
 
-# The quick tier's longest modules (a minute or more of one worker each on two busy cores, measured with
-# --durations), longest first. `make test` hands whole modules to its two workers in collection order
-# (--dist loadscope --no-loadscope-reorder); these go first so that the run does not end on one of them alone on
-# one worker while the other has nothing left (xdist's own order, by number of tests, put them last).
+# The quick tier's longest modules (half a minute or more of CPU each, counting every process a module starts:
+# tests/methods/distributed_workers.py forks its ranks, torchrun and the Airflow CLI start their own), longest
+# first, as measured with --durations and a CPU count per module on the busy 2-core machine (#53). `make test`
+# hands whole modules to its two workers in collection order (--dist loadscope --no-loadscope-reorder); these go
+# first so that the run does not end on one of them alone on one worker while the other has nothing left
+# (xdist's own order, by number of tests, put them last).
 LONGEST_FIRST = [
     "tests/methods/test_gswgan_federated.py",
     "tests/methods/test_distributed.py",
+    "tests/pipelines/test_airflow.py",
     "tests/stages/test_train_torchrun.py",
-    "tests/methods/test_contract.py",
     "tests/stages/test_train_attempts.py",
-    "tests/pipelines/test_kfp.py",
-    "tests/methods/test_warmup.py",
     "tests/audit/test_empirical.py",
+    "tests/methods/test_contract.py",
+    "tests/methods/test_warmup.py",
     "tests/stages/test_audit_empirical.py",
     "tests/stages/test_pipeline.py",
-    "tests/ledger/test_attempt.py",
-    "tests/pipelines/test_airflow.py",
     "tests/stages/test_logged_keys.py",
     "tests/stages/test_egress.py",
+    "tests/ledger/test_attempt.py",
 ]
 
 

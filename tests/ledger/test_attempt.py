@@ -1,12 +1,12 @@
-"""Every training attempt is charged: a killed attempt, its resumption and a fresh restart, as real processes
-(the refusals before training, in this process).
+"""Every training attempt is charged: a killed attempt (a real process, SIGKILLed), its resumption and a fresh
+restart, and the refusals before training (`dpsynth train` in this process: starting a Python process that imports
+torch costs more than a tiny run, and nothing of a finished attempt is left in this process to be reused).
 
 The reference is Opacus' RDP accountant on the steps that may have run, computed here independently of
 dpsynth's accountants.
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,14 +37,21 @@ def train_args(data, out, url, *extra):
     return [sys.executable, "-m", "dpsynth.cli", "train", "--json", *[a for s in settings for a in ("--set", s)]]
 
 
-def refused(args: list[str], capsys) -> tuple[int, str]:
-    """A refusal that comes before training, in this process (``dpsynth.cli.main`` on the same argv): the
-    exit code and stderr. Starting a Python process that imports torch costs more than the rest of the check."""
+def in_process(args: list[str], capsys) -> tuple[int, str, str]:
+    """``dpsynth.cli.main`` on the argv of ``args`` (``[python, -m, dpsynth.cli, train, ...]``) in this process: the
+    exit code, stdout and stderr."""
     from dpsynth.cli import main
 
     capsys.readouterr()
-    code = main(args[3:])  # [python, -m, dpsynth.cli, train, ...]
-    return code, capsys.readouterr().err
+    code = main(args[3:])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def refused(args: list[str], capsys) -> tuple[int, str]:
+    """A refusal that comes before training: the exit code and stderr."""
+    code, _, err = in_process(args, capsys)
+    return code, err
 
 
 def opacus_epsilon(steps: int, sigma: float, q: float) -> float:
@@ -55,7 +62,7 @@ def opacus_epsilon(steps: int, sigma: float, q: float) -> float:
     return acc.get_epsilon(DELTA)
 
 
-def test_a_killed_attempt_then_its_resumption_are_charged_at_least_what_ran(tmp_path, data):
+def test_a_killed_attempt_then_its_resumption_are_charged_at_least_what_ran(tmp_path, data, capsys):
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     ledger = Ledger(url)
     ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="test")
@@ -67,9 +74,9 @@ def test_a_killed_attempt_then_its_resumption_are_charged_at_least_what_ran(tmp_
     resumed_at = torch.load(ckpt, weights_only=False)["step"]
     assert 0 < resumed_at < STEPS
 
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    code, out, err = in_process(args, capsys)  # the resumption
+    assert code == 0, err
+    result = json.loads(out)
     assert result["steps"] == STEPS
     first, second = ledger.history("mnist600")
     assert first["id"] == killed["id"] and first["status"] == "committed" and "adopted" in first["note"]
@@ -95,10 +102,9 @@ def test_a_fresh_restart_is_charged_again(tmp_path, data, capsys):
     out = tmp_path / "run"
     short = ("train.steps=40",)
     for extra in ((), ("output.resume=false",)):  # the second discards the finished run's checkpoint
-        done = subprocess.run(train_args(data, out, url, *short, *extra), capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+        code, stdout, err = in_process(train_args(data, out, url, *short, *extra), capsys)
+        assert code == 0, err
+    result = json.loads(stdout)
     reference = opacus_epsilon(40, result["noise_multiplier"], result["sample_rate"])
     first, second = ledger.history("mnist600")
     assert first["resumes_id"] is None and second["resumes_id"] is None

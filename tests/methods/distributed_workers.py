@@ -1,4 +1,4 @@
-"""The ranks of tests/methods/test_distributed.py: module-level functions (torch.multiprocessing spawns them),
+"""The ranks of tests/methods/test_distributed.py: module-level functions (a fork server starts them),
 each a rank of a gloo job on CPU. Workers write what the test compares to files under the test's tmp_path."""
 
 from __future__ import annotations
@@ -11,21 +11,39 @@ import torch
 import torch.distributed as dist
 
 
-def run_ranks(world: int, tmp: Path, fn, *args) -> None:
-    """Run ``fn(rank, *args)`` on ``world`` spawned ranks of one gloo process group (a file store in ``tmp``)."""
+# The modules a rank uses, imported once per test process by the fork server that forks the ranks: a spawned
+# rank is a fresh interpreter that imports torch, dpsynth and MLflow (most of a small job's time, several seconds
+# of CPU per rank); a forked one starts from the server's imports and nothing else (no test's state: the server
+# forked from nothing but a fresh interpreter that imported these).
+PRELOAD = [
+    __name__, "tests.methods.gswgan_helpers", "dpsynth.config", "dpsynth.data", "dpsynth.methods.dpgan",
+    "dpsynth.methods.zhang", "dpsynth.methods.gswgan", "dpsynth.methods.dpac", "dpsynth.methods.federated_processes",
+    "dpsynth.stages.train", "dpsynth.pipeline.run", "mlflow",
+]
+
+
+def _start(world: int, store: str, fn, args) -> None:
+    """``fn(rank, *args)`` on ``world`` new processes of one gloo group, forked by the fork server; each rank gets
+    this process's environment as it is now (the server's is the one it started with)."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
+    multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts (the first call), ignored after
+    mp.start_processes(_entry, args=(world, store, dict(os.environ), fn, args), nprocs=world, join=True,
+                       start_method="forkserver")
+
+
+def run_ranks(world: int, tmp: Path, fn, *args) -> None:
+    """Run ``fn(rank, *args)`` on ``world`` new ranks of one gloo process group (a file store in ``tmp``)."""
     store = Path(tmp) / f"pg-{fn.__name__}-{os.getpid()}-{len(list(Path(tmp).glob('pg-*')))}"
-    mp.spawn(_entry, args=(world, str(store), fn, args), nprocs=world, join=True)
+    _start(world, str(store), fn, args)
 
 
 def run_ranks_many(world: int, tmp: Path, jobs: list) -> None:
-    """``run_ranks`` for several ``(fn, *args)`` in one spawn, one after the other in the same process group:
-    each spawn starts ``world`` interpreters that import torch and dpsynth, most of a small job's time."""
-    import torch.multiprocessing as mp
-
+    """``run_ranks`` for several ``(fn, *args)`` on the same ranks, one after the other in the same process group."""
     store = Path(tmp) / f"pg-many-{os.getpid()}-{len(list(Path(tmp).glob('pg-*')))}"
-    mp.spawn(_entry, args=(world, str(store), _in_turn, (jobs,)), nprocs=world, join=True)
+    _start(world, str(store), _in_turn, (jobs,))
 
 
 def _in_turn(rank: int, jobs: list) -> None:
@@ -34,8 +52,9 @@ def _in_turn(rank: int, jobs: list) -> None:
         dist.barrier()
 
 
-def _entry(rank: int, world: int, store: str, fn, args) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+def _entry(rank: int, world: int, store: str, environ: dict, fn, args) -> None:
+    os.environ.clear()
+    os.environ.update(environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:

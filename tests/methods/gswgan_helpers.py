@@ -67,7 +67,7 @@ def watch_inputs(module_types):
 
 def run_federated(cfg, shards, *, warm: dict[int, bytes] | None = None, stop_after: int | None = None,
                   mechanism_seed: int | None = None, **server_kwargs):
-    """The federated GS-WGAN's K + 1 ranks, spawned here as one gloo job (a file store; what torchrun does for
+    """The federated GS-WGAN's K + 1 ranks, started here as one gloo job (a file store; what torchrun does for
     ``dpsynth train --run-dir``): rank 0 the server, :class:`dpsynth.methods.federated_processes.FederatedProcesses` given n only,
     rank k + 1 client k (:func:`dpsynth.methods.federated_processes.client_main` with shard k and D_k). Returns the server's
     result (None when stopped part-way). ``mechanism_seed``: the master seed of

@@ -3,7 +3,7 @@
 A method added to :data:`dpsynth.methods.registry.METHODS` gets these checks with no new test code:
 its trainer is built as the train stage builds it (``Trainer(cfg, data, **inputs)``, the inputs of its
 warm-start kind, see :mod:`dpsynth.methods.registry`; the federated GS-WGAN's server as rank 0 of its K + 1
-ranks, spawned by ``tests.methods.gswgan_helpers.run_federated``) on a tiny configuration, and
+ranks, started by ``tests.methods.gswgan_helpers.run_federated``) on a tiny configuration, and
 
 * the trace it writes is the registry's plan (``Method.mechanism.plan(cfg, n).trace``), and its ε ≤ the target;
 * with a fixed noise multiplier and a budget that allows only 4 steps, it stops after 4 (``stopped_by="budget"``);
@@ -139,7 +139,8 @@ def test_the_trace_is_the_plan_and_within_the_target(name, tracked, inputs):
     assert result.epsilon <= cfg.privacy.epsilon
 
 
-# a multi-process method spends ~20 s starting its processes: one such run (``tracked``) in the quick suite
+# a multi-process method starts K + 1 ranks per run (forked, see distributed_workers.py): one such run (``tracked``)
+# in the quick suite
 SPAWNING = [pytest.param(n, marks=pytest.mark.slow) if n == "gswgan_federated" else n for n in METHODS]
 
 

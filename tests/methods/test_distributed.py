@@ -44,8 +44,8 @@ def assert_same_models(a: dict, b: dict, **tol) -> None:
 
 
 # --- the ranks' shares, without a process group -------------------------------------------------------
-# The 2-rank jobs of (a)–(c) below, in one spawn: each spawn starts two interpreters that import torch and
-# dpsynth, most of a small job's time. Each job writes under a folder of its own; the tests only read them.
+# The 2-rank jobs of (a)–(c) below, on the same two ranks, one after the other. Each job writes under a folder of
+# its own; the tests only read them.
 DPGAN_STEPS = 3
 NOISE = dict(sigma=2.0, bound=0.5, draws=60, seed=123)
 ZHANG_STEPS = 4  # n_critic = 2: two generator steps between them
@@ -370,7 +370,7 @@ def test_torchrun_job_is_one_ledger_attempt(tmp_path, small_mnist, monkeypatch):
     assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(result["epsilon"], rel=1e-6)
 
 
-def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnist, monkeypatch):
+def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnist, monkeypatch, capsys):
     """SIGKILL to the whole 2-rank job after its first checkpoint; `dpsynth train` in one process adopts the
     checkpoint (the ledger's lineage: rank 0 wrote it under the job's reservation) and finishes the trace."""
     from dpsynth.data import write_parquet
@@ -391,10 +391,13 @@ def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnis
                        env=env, timeout_s=180, start_new_session=True)
     step_at_kill = torch.load(ckpt, weights_only=False)["step"]
     assert 0 < step_at_kill < 300 and not (out / "result.json").exists()
-    done = subprocess.run([sys.executable, "-m", "dpsynth", *train, "--json"], capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+    from dpsynth.cli import main
+
+    capsys.readouterr()
+    code = main([*train, "--json"])  # in this process: one process, as the job's ranks were not
+    done = capsys.readouterr()
+    assert code == 0, done.err[-3000:]
+    result = json.loads(done.out)
     trace = json.loads(Path(result["trace_path"]).read_text())
     assert result["steps"] == 300 and trace["events"][0]["count"] == 300
     assert result["epsilon"] == pytest.approx(rdp_epsilon(result["noise_multiplier"], 32 / 600, 300), rel=1e-9)

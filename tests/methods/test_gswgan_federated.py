@@ -273,25 +273,22 @@ def test_the_stage_server_reads_no_shard_and_each_client_only_its_own(tmp_path, 
     assert_charged_once(stage_ledger, trained)
 
 
-def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(tmp_path, stage_ledger):
+def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(tmp_path, stage_ledger, capfd):
     """Client 1's warm D_k altered after the warmstart: client 1 (rank 2) refuses it; torchrun stops the job
-    and `dpsynth train --run-dir` (which started it) exits non-zero with the client's error; the train stage
-    wrote no outputs and the release zone is empty."""
-    import subprocess
-    import sys
-
-    from tests.stages.helpers import manifest, release_files
+    and `dpsynth train --run-dir` (which started it; here in this process, the job's ranks in their own) exits
+    non-zero with the client's error; the train stage wrote no outputs and the release zone is empty."""
+    from tests.stages.helpers import dpsynth, manifest, release_files
 
     run, overrides = _stage_run_dir(tmp_path)
     (d_1,) = [o["uri"] for o in manifest(run, "sensitive", "warmstart")["outputs"]
               if o["role"] == "discriminator" and int(o["shard"]) == 1]
     Path(d_1).write_bytes(b"not a discriminator")
-    done = subprocess.run([sys.executable, "-m", "dpsynth", "train", "--run-dir", str(run),
-                           *[a for o in overrides for a in ("--set", o)]],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert f"{d_1}: its sha256" in done.stderr and "differs from the one its manifest records" in done.stderr  # client 1's own error
-    assert "federated job (server and 2 clients under torchrun) failed" in done.stderr
+    capfd.readouterr()
+    code = dpsynth("train", "--run-dir", run, *[a for o in overrides for a in ("--set", o)])
+    stderr = capfd.readouterr().err  # this process's and the job's (torchrun's ranks write to the same stderr)
+    assert code == 2, stderr[-3000:]
+    assert f"{d_1}: its sha256" in stderr and "differs from the one its manifest records" in stderr  # client 1's own error
+    assert "federated job (server and 2 clients under torchrun) failed" in stderr
     train_dir = run / "sensitive" / "train"
     assert not (train_dir / "manifest.json").exists() and not (train_dir / "result.json").exists()
     assert not (train_dir / "generator.pt").exists() and release_files(run) == []

@@ -1,5 +1,7 @@
-"""The train stage across attempts, as real processes: a killed attempt's leftovers are never released (#33 item 6)
-and a re-run of a killed run resumes its checkpoint under the killed attempt's reservation (#34 item 3)."""
+"""The train stage across attempts: a killed attempt's leftovers are never released (#33 item 6) and a re-run of a
+killed run resumes its checkpoint under the killed attempt's reservation (#34 item 3). The killed attempt is a real
+process, SIGKILLed; the re-run is the same command line, through the CLI's ``main`` in this process (starting a
+Python process that imports torch costs more than the rest of a re-run)."""
 
 import signal
 import subprocess
@@ -10,13 +12,20 @@ import torch
 
 from dpsynth import storage
 from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
-from tests.stages.helpers import manifest, settings, stages
+from tests.stages.helpers import dpsynth, manifest, settings, stages
 
 LONG = ("train.steps=300", "output.checkpoint_every=20")
 
 
 def cli(*argv):
     return [sys.executable, "-m", "dpsynth.cli", *map(str, argv)]
+
+
+def rerun(args, capsys) -> None:
+    """The command line ``args`` (``cli(...)``) again, in this process; it succeeds."""
+    capsys.readouterr()
+    code = dpsynth(*args[3:])
+    assert code == 0, capsys.readouterr().err[-3000:]
 
 
 def kill_once(args, path, *, timeout=300):
@@ -40,7 +49,7 @@ def killed_then_resumed(ledger, *, adopted_steps: int) -> None:
     assert second["epsilon_spent"] < 9.8  # the steps it added: not the 9.89 of all 300 steps again
 
 
-def test_snapshots_of_an_earlier_attempt_are_not_listed(tmp_path, source, ledger_with_budget):
+def test_snapshots_of_an_earlier_attempt_are_not_listed(tmp_path, source, ledger_with_budget, capsys):
     run = tmp_path / "run"
     stages(run, source, "partition", "warmstart", overrides=LONG)
     train_dir = run / "sensitive" / "train"
@@ -51,8 +60,7 @@ def test_snapshots_of_an_earlier_attempt_are_not_listed(tmp_path, source, ledger
     # a restart that does not resume, checkpointing every 50 steps (100 steps are enough: the killed attempt's
     # snapshots, every 20 steps from 20 on, include ones that are no multiple of 50)
     again = settings(source, "train.steps=100", "output.checkpoint_every=50", "output.resume=false")
-    done = subprocess.run(cli("train", "--run-dir", run, *again), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    rerun(cli("train", "--run-dir", run, *again), capsys)
     listed = manifest(run, "sensitive", "train")["outputs"]
     snaps = [o["uri"] for o in listed if o["role"] == "generator_snapshot"]
     steps = sorted(int(u.rsplit("generator-", 1)[1][:-3]) for u in snaps)
@@ -63,19 +71,19 @@ def test_snapshots_of_an_earlier_attempt_are_not_listed(tmp_path, source, ledger
     assert not [p for p in stale if p.exists() and int(p.stem.split("-")[1]) % 50]
 
 
-def test_a_rerun_of_a_killed_pipeline_resumes_its_checkpoint(tmp_path, source, ledger_with_budget):
+def test_a_rerun_of_a_killed_pipeline_resumes_its_checkpoint(tmp_path, source, ledger_with_budget, capsys):
     run = tmp_path / "run"
     args = cli("pipeline", "run", "--run-dir", run, *settings(source, *LONG, "evaluate.curve_samples=0"))
     ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
     kill_once(args, ckpt)  # past its first checkpoint
     at = torch.load(ckpt, weights_only=False)["step"]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900)  # the same command again
-    assert done.returncode == 0, done.stderr[-3000:]
+    rerun(args, capsys)  # the same command again
     killed_then_resumed(ledger_with_budget, adopted_steps=at)
     assert manifest(run, "sensitive", "train")["details"]["steps"] == 300
 
 
-def test_a_retry_of_a_killed_train_stage_on_s3_resumes_its_checkpoint(s3_bucket, tmp_path, source, ledger_with_budget):
+def test_a_retry_of_a_killed_train_stage_on_s3_resumes_its_checkpoint(s3_bucket, tmp_path, source, ledger_with_budget,
+                                                                      capsys):
     run = f"s3://{s3_bucket}/runs/r1"
     stages(run, source, "partition", "warmstart", overrides=LONG)
     args = cli("train", "--run-dir", run, *settings(source, *LONG))
@@ -85,8 +93,7 @@ def test_a_retry_of_a_killed_train_stage_on_s3_resumes_its_checkpoint(s3_bucket,
     storage.copy(mirrored, local)
     at = torch.load(local, weights_only=False)["step"]
     assert 0 < at < 300
-    done = subprocess.run(args, capture_output=True, text=True, timeout=600)  # the orchestrator's retry
-    assert done.returncode == 0, done.stderr[-3000:]
+    rerun(args, capsys)  # the orchestrator's retry
     killed_then_resumed(ledger_with_budget, adopted_steps=at)
     trained = manifest(run, "sensitive", "train")
     assert trained["details"]["steps"] == 300

@@ -16,7 +16,7 @@ import pytest
 
 from dpsynth.ledger.store import Ledger
 from tests.methods import distributed_workers as workers
-from tests.stages.helpers import TINY, manifest, settings, stages
+from tests.stages.helpers import TINY, dpsynth, manifest, settings, stages
 
 GSWGAN = ("train.method=gswgan", "partition.num_shards=3", "gswgan.d_width=4", "gswgan.g_width=4",
           "gswgan.latent_dim=8", "gswgan.batch_size=16", "gswgan.warmstart_iterations=2", "train.n_d=2",
@@ -100,7 +100,7 @@ def torchrun_train(run_dir: Path, source: str, tracking_uri: str, *extra: str) -
     return subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def test_torchrun_train_stage_end_to_end(tmp_path, source, ledger_with_budget):
+def test_torchrun_train_stage_end_to_end(tmp_path, source, ledger_with_budget, capfd):
     """`torchrun --nproc-per-node 2 -m dpsynth train --run-dir RUN` (dp-GAN, after partition and warmstart): one
     JSON outcome on stdout, the manifest, one ledger attempt, one MLflow child run, a passed audit; run again,
     through `dpsynth train --launch torchrun` (what the local orchestrators run), the stage is skipped (rank 0
@@ -123,12 +123,12 @@ def test_torchrun_train_stage_end_to_end(tmp_path, source, ledger_with_budget):
     stages(run, source, "audit", overrides=ZHANG)
     assert json.loads((run / "sensitive" / "audit" / "audit.json").read_text())["decision"] == "passed"
 
-    again = subprocess.run([sys.executable, "-m", "dpsynth", "train", "--launch", "torchrun", "--run-dir", str(run),
-                            "--pipeline-run-id", "torchrun-e2e",
-                            *settings(source, *ZHANG, "tracking.enabled=true", f"tracking.uri={uri}",
-                                      "train.gpus_per_node=2"), "--json"],
-                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert again.returncode == 0, again.stderr[-4000:]
-    assert json.loads(again.stdout)["status"] == "skipped"
+    capfd.readouterr()  # the launcher in this process; torchrun and its ranks in their own, writing to our stdout
+    code = dpsynth("train", "--launch", "torchrun", "--run-dir", run, "--pipeline-run-id", "torchrun-e2e",
+                   *settings(source, *ZHANG, "tracking.enabled=true", f"tracking.uri={uri}", "train.gpus_per_node=2"),
+                   "--json")
+    again = capfd.readouterr()
+    assert code == 0, again.err[-4000:]
+    assert json.loads(again.out)["status"] == "skipped"
     assert len(ledger_with_budget.history("mnist600")) == 1  # nothing trained, nothing charged
     assert manifest(run, "sensitive", "train") == trained
