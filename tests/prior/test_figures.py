@@ -5,7 +5,9 @@ import inspect
 import numpy as np
 import pytest
 
-from dpsynth.prior import STATEMENT, VERSION, figures, paint as paint_module
+import dpsynth.prior.figures as figures
+import dpsynth.prior.paint as paint_module
+from dpsynth.prior import STATEMENT, VERSION
 from dpsynth.prior.figures import EXCLUDED, GLYPHS, MAX_PARTS, excluded, masks, random_figures, vary
 from dpsynth.prior.paint import paint
 
@@ -73,3 +75,10 @@ def test_the_statement_names_what_the_prior_is():
     text = STATEMENT.format(version=VERSION)
     assert "reads no record" in text and "DejaVu" in text and "never Greek" in text
     assert EXCLUDED  # the blocks the statement promises
+
+
+def test_doctests():
+    import doctest
+
+    for module in (figures, paint_module):
+        assert doctest.testmod(module).failed == 0

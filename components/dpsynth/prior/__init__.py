@@ -12,15 +12,6 @@ of the Unicode "Miscellaneous Symbols" and "Dingbats" blocks), so that image set
 confirm what the prior could not have seen (docs/prior.md).
 """
 
-from dpsynth.lazy import attributes
-
-_WHERE = {
-    **dict.fromkeys(["Figure", "Part", "random_figures", "vary", "masks", "GLYPHS", "EXCLUDED"], "figures"),
-    **dict.fromkeys(["paint"], "paint"),
-}
-
-__getattr__ = attributes(__name__, _WHERE)
-
 STATEMENT = (
     "The public prior is rendered by code from a public seed and reads no record: masks of filled and outlined "
     "polygons, ellipses, strokes, and Latin letters and digits in the DejaVu fonts that ship with matplotlib "
@@ -30,4 +21,4 @@ STATEMENT = (
 )
 VERSION = "1"
 
-__all__ = ["EXCLUDED", "Figure", "GLYPHS", "Part", "STATEMENT", "VERSION", "masks", "paint", "random_figures", "vary"]
+__all__ = ["STATEMENT", "VERSION"]
