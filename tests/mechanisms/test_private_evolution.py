@@ -116,6 +116,14 @@ def test_a_canarys_measured_loss_stays_below_the_accounted_epsilon_and_the_noise
     assert _canary_loss(0.02) > 5.0  # positive control: nearly without noise the canary is plainly seen
 
 
+def test_the_noise_on_every_bin_has_std_sigma_and_is_fresh_each_round():
+    r = MechanismRandomness(seed=4)
+    a = pe.noisy_votes(np.zeros(20000), noise_multiplier=1.7, randomness=r)
+    b = pe.noisy_votes(np.zeros(20000), noise_multiplier=1.7, randomness=r)
+    assert a.std() == pytest.approx(1.7, rel=0.02) and abs(a.mean()) < 0.05
+    assert abs(np.corrcoef(a, b)[0, 1]) < 0.03
+
+
 def test_noise_needs_the_secret_randomness_and_a_nonnegative_sigma():
     with pytest.raises(PrivacyError, match="secret randomness"):
         pe.noisy_votes(np.zeros(3), noise_multiplier=1.0, randomness=None)
