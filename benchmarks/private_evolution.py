@@ -57,13 +57,27 @@ def records(name: str, out: Path, n: int, seed: int):
     return cfg, train, parts["heldout"].subset(fit_idx), parts["heldout"].subset(test_idx), info
 
 
-def score(cfg, synthetic: ImageDataset, fit_real, test_real) -> dict:
+def score(cfg, synthetic: ImageDataset, fit_real, test_real, *, frechet: bool = False) -> dict:
+    """The evaluate stage's CNN and logistic regression (and, with ``frechet``, its fid_classifier and real-vs-real
+    floor: ``stages.evaluate.quality`` with its reference classifier) on ``synthetic``."""
     val, tr = _split(len(synthetic), fraction=cfg.evaluate.validation_fraction, seed=cfg.evaluate.seed)
     u = accuracy.utility(cfg, synthetic=synthetic.subset(tr), validation=synthetic.subset(val), fit_real=fit_real,
                          test_real=test_real, names=("cnn", "logreg"))
     rows = {r["classifier"]: r for r in u["classifiers"]}
-    return {"cnn_gen2real": rows["cnn"]["gen2real"], "logreg_gen2real": rows["logreg"]["gen2real"],
-            "cnn_model_selection": rows["cnn"].get("model_selection")}
+    out = {"cnn_gen2real": rows["cnn"]["gen2real"], "logreg_gen2real": rows["logreg"]["gen2real"],
+           "cnn_model_selection": rows["cnn"].get("model_selection")}
+    if frechet:
+        from dpsynth.evaluation import fid
+        from dpsynth.evaluation.classifiers import ReferenceClassifier
+        from dpsynth.stages.evaluate import quality
+
+        e = cfg.evaluate
+        classifier = ReferenceClassifier(fit_real, steps=e.feature_steps, seed=e.seed)
+        q = quality(cfg, synthetic=synthetic, fit_real=fit_real, test_real=test_real, classifier=classifier,
+                    space=fid.feature_space(e.inception_weights, classifier))
+        out.update({q["frechet"]["name"]: q["frechet"]["value"], "frechet_real_vs_real": q["frechet"]["real_vs_real"],
+                    "inception_score": q["inception_score"]["mean"]})
+    return out
 
 
 def grid(images: np.ndarray, labels: np.ndarray, k: int, path: Path, per_class: int = 10) -> None:
@@ -89,6 +103,7 @@ def main() -> None:
     ap.add_argument("--prior-seed", type=int, default=0, help="the public seed of the prior and the variations")
     ap.add_argument("--noiseless", action="store_true", help="σ = 0 (not private): the mechanism's upper bound")
     ap.add_argument("--ceiling", action="store_true")
+    ap.add_argument("--frechet", action="store_true", help="also the evaluate stage's fid_classifier and its floor")
     ap.add_argument("--out", default=str(ROOT / "outputs/bench-private-evolution"))
     ap.add_argument("--results", required=True)
     ap.add_argument("--grid", default=None)
@@ -125,7 +140,7 @@ def main() -> None:
     cpu_release = (time.process_time() - cpu0) / 60
     synthetic = ImageDataset(record_ids=[f"s{i}" for i in range(len(labels))], labels=labels, images=images,
                              splits=None, num_classes=train.num_classes, source="private evolution")
-    scores = score(cfg, synthetic, fit_real, test_real)
+    scores = score(cfg, synthetic, fit_real, test_real, frechet=a.frechet)
     eps = {name: (get_accountant(name).epsilon(trace, delta=delta) if sigma > 0 else float("inf"))
            for name in ("rdp", "prv")}
     if a.grid:

@@ -208,8 +208,7 @@ def sample(evolution: Evolution, n: int, *, size: int, channels: int, seed: int 
     figs = []
     for y in labels:
         pop = evolution.figures[y]
-        figs.append(vary(pop[rng.choice(len(pop), p=evolution.weights[y])], jitter, rng) if jitter > 0
-                    else pop[rng.choice(len(pop), p=evolution.weights[y])])
+        figs.append(vary(pop[rng.choice(len(pop), p=evolution.weights[y])], jitter, rng))
     return paint(masks(figs, size), rng, channels=channels), labels.astype(np.int64)
 
 
