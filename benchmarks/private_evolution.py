@@ -10,7 +10,7 @@ PRV); its release (``sample.num_samples`` records) is scored by the evaluate sta
 half). ``--ceiling`` adds the same classifiers trained on the real training records.
 
     nice .venv/stage/bin/python benchmarks/private_evolution.py --dataset letters-rgb --ceiling \
-        --results benchmarks/results/private-evolution-letters-rgb-cpu.json
+        --results benchmarks/results/utility-private-evolution-letters-rgb-cpu.json
 
 Results are appended (one row per run) to ``--results``; the sample grid goes to ``--grid``.
 """
