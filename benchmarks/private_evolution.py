@@ -86,7 +86,7 @@ def grid(images: np.ndarray, labels: np.ndarray, k: int, path: Path, per_class: 
     rows = [images[np.flatnonzero(labels == c)[:per_class]] for c in range(k)]
     h, w, c = images.shape[1:]
     g = np.concatenate([np.concatenate(list(r), axis=1) for r in rows], axis=0)
-    Image.fromarray(g if c == 3 else g[..., 0]).resize((g.shape[1] * 2, g.shape[0] * 2), Image.NEAREST).save(path)
+    Image.fromarray(g if c == 3 else g[..., 0]).save(path, optimize=True)
 
 
 def main() -> None:
