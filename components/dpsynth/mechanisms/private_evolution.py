@@ -1,0 +1,221 @@
+"""Private Evolution on the public prior: the user's records vote, by Gaussian histograms, for figures of the prior.
+
+After Lin et al., "Differentially Private Synthetic Data via Foundation Model APIs 1: Images" (ICLR 2024), with a
+simulator in place of the foundation model as in Lin et al., "… APIs 3" (Sim-PE, 2025): the candidates are figures
+of :mod:`dpsynth.prior.figures` (parameters a renderer draws), their variations the renderer's parameters moved.
+
+Per class (the label set is public schema; each record votes within its own class), for ``rounds`` rounds:
+
+1. every candidate figure of the class is drawn as a mask and mapped by :func:`figure_map`;
+2. every private record is mapped by the same :func:`figure_map` and votes for its nearest candidate (largest
+   cosine) of its own class: **one vote, in one bin** of the histogram stacked over every class's candidates;
+3. the histogram is released by the Gaussian mechanism: N(0, σ²) on every bin (:func:`noisy_votes`). Adding or
+   removing one record moves the stacked histogram by exactly one vote in one bin, so its L2 (and L1) sensitivity
+   is 1 under add/remove adjacency: each round is one ``full_batch_gaussian(σ)`` event of the trace
+   (:func:`events`), and the accountants compose the rounds (RDP: T·α/(2σ²));
+4. post-processing of the released histogram: bins below the threshold H are zeroed, and the next round's
+   candidates are drawn from the class's candidates in proportion to what is left and varied
+   (:func:`dpsynth.prior.figures.vary`, a step shrinking geometrically from round to round), plus a share of
+   fresh draws from the prior.
+
+The release (:func:`sample`) draws figures of the last round in proportion to its thresholded noisy votes and paints
+them in the prior's random colours (:func:`dpsynth.prior.paint.paint`): post-processing, no further privacy.
+
+The feature ignores colour and polarity: each pixel's distance (Euclidean over the channels) from the background
+colour field, a plane per channel fitted to the image's 2-pixel border; pooled to :data:`GRID` × :data:`GRID`,
+blurred, less its mean, unit norm. It is public and data-independent (a fixed function each record computes alone).
+A candidate's feature is the same function of its mask drawn white on black.
+
+Only the noise uses the mechanism's secret coins (:class:`dpsynth.mechanisms.randomness.MechanismRandomness`); the
+prior's draws, the resampling and the variations use a public seed, which only ever meets released values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dpsynth.errors import PrivacyError
+from dpsynth.privacy.events import MechanismTrace, full_batch_gaussian
+from dpsynth.prior import STATEMENT as PRIOR_STATEMENT, VERSION as PRIOR_VERSION
+from dpsynth.prior.figures import Figure, masks, random_figures, vary
+from dpsynth.prior.paint import paint
+
+GRID = 16  # the feature's side
+BORDER = 2  # pixels of the border ring the background plane is fitted to
+
+
+def _plane_fit(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """The basis [1, x, y] over all pixels (HW × 3) and its least-squares fit on the border ring (3 × ring)."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    basis = np.stack([np.ones(h * w), xx.ravel() / max(w - 1, 1) - 0.5, yy.ravel() / max(h - 1, 1) - 0.5], 1)
+    ring = ((yy < BORDER) | (yy >= h - BORDER) | (xx < BORDER) | (xx >= w - BORDER)).ravel()
+    return basis, ring
+
+
+def figure_map(images: np.ndarray, *, grid: int = GRID, batch: int = 2048) -> np.ndarray:
+    """The colour-blind feature of uint8 images (N × H × W × C): N × grid² float32, unit norm (see the module).
+
+    >>> x = np.zeros((2, 8, 8, 3), np.uint8); x[0, 2:6, 2:6] = (255, 0, 0); x[1, 2:6, 2:6] = (0, 0, 90)
+    >>> x[1, :, :, 1] += 200                                  # another colour, on another background
+    >>> f = figure_map(x, grid=4); round(float(f[0] @ f[1]), 6)  # the same square: the same feature
+    1.0
+    """
+    n, h, w, c = images.shape
+    basis, ring = _plane_fit(h, w)
+    fit = np.linalg.pinv(basis[ring])  # 3 × ring
+    out = np.empty((n, grid * grid), np.float32)
+    for lo in range(0, n, batch):
+        x = images[lo:lo + batch].reshape(-1, h * w, c).astype(np.float64) / 255.0
+        coef = np.einsum("kr,nrc->nkc", fit, x[:, ring])
+        d = np.sqrt(((x - basis @ coef) ** 2).sum(-1)).reshape(-1, 1, h, w)
+        t = F.adaptive_avg_pool2d(torch.from_numpy(d), grid)
+        k = torch.tensor([1.0, 2.0, 1.0], dtype=t.dtype) / 4
+        t = F.conv2d(F.pad(t, (1, 1, 1, 1), mode="replicate"), (k[:, None] * k[None, :]).view(1, 1, 3, 3))
+        t = t.flatten(1)
+        t = t - t.mean(1, keepdim=True)
+        out[lo:lo + batch] = (t / t.norm(dim=1, keepdim=True).clamp(min=1e-8)).numpy()
+    return out
+
+
+def mask_features(figures: list[Figure], size: int) -> np.ndarray:
+    """:func:`figure_map` of every figure's mask (size × size), drawn white on black."""
+    m = masks(figures, size)
+    return figure_map(np.round(m * 255).astype(np.uint8)[..., None])
+
+
+def votes(record_features: np.ndarray, labels: np.ndarray, candidate_features: np.ndarray,
+          candidate_classes: np.ndarray) -> np.ndarray:
+    """The noiseless query: for every candidate, how many records of its class have it nearest (largest cosine).
+    Every record adds one vote to one bin. Raises PrivacyError when a record's class has no candidate."""
+    counts = np.zeros(len(candidate_features), np.float64)
+    labels, candidate_classes = np.asarray(labels), np.asarray(candidate_classes)
+    for c in np.unique(labels):
+        idx = np.flatnonzero(candidate_classes == c)
+        if len(idx) == 0:
+            raise PrivacyError(f"private_evolution: class {int(c)} has no candidate")
+        nearest = (record_features[labels == c] @ candidate_features[idx].T).argmax(1)
+        counts += np.bincount(idx[nearest], minlength=len(counts))
+    return counts
+
+
+def noisy_votes(counts: np.ndarray, *, noise_multiplier: float, randomness) -> np.ndarray:
+    """The Gaussian mechanism on a histogram of sensitivity 1: N(0, σ²) on every bin (σ = 0: none, not private)."""
+    if noise_multiplier < 0:
+        raise PrivacyError(f"private_evolution.noise_multiplier: must be >= 0, got {noise_multiplier}")
+    if noise_multiplier == 0:
+        return counts.astype(np.float64)
+    if randomness is None:
+        raise PrivacyError("private_evolution: noise needs the mechanism's secret randomness")
+    noise = randomness.standard_normal((len(counts),), dtype=torch.float64).cpu().numpy()
+    return counts + noise_multiplier * noise
+
+
+def events(rounds: int, noise_multiplier: float) -> list:
+    """The mechanism's events: one full-batch Gaussian of add/remove sensitivity 1 per round."""
+    return [full_batch_gaussian(noise_multiplier) for _ in range(rounds)]
+
+
+def calibrate(*, epsilon: float, delta: float, rounds: int, accountant: str = "rdp") -> float:
+    """The per-round σ for which ``rounds`` histograms spend at most ``epsilon`` at ``delta``."""
+    from dpsynth.privacy.calibration import calibrate_noise
+
+    return calibrate_noise(target_epsilon=epsilon, delta=delta, sample_rate=1.0, steps=rounds,
+                           sampling="full_batch", accountant=accountant)
+
+
+def statement(*, rounds: int, candidates: int, noise_multiplier: float, threshold: float) -> str:
+    """What the release is, for a privacy statement: the prior, the rounds, the sensitivity and the noise."""
+    return (PRIOR_STATEMENT.format(version=PRIOR_VERSION)
+            + f" Private Evolution moves it to the records in {rounds} rounds, the trace's events #0–#{rounds - 1}, "
+            f"each one full-batch Gaussian (q = 1): every record votes for the nearest of its class's {candidates} "
+            "candidate figures in a colour-blind feature (each pixel's distance from the record's own background "
+            "plane), one vote in one bin of the histogram stacked over all classes, so adding or removing a record "
+            f"moves it by 1 in L2; noise σ = {noise_multiplier:g} on every bin. Bins below {threshold:g} votes are "
+            "zeroed; resampling, variations of the figures and their colours are post-processing of the released "
+            "histograms.")
+
+
+@dataclass
+class Evolution:
+    """What Private Evolution released and derived from it: the last round's figures of every class, their
+    thresholded noisy votes (the weights :func:`sample` draws by), and every round's raw noisy histogram."""
+
+    figures: list[list[Figure]]
+    weights: list[np.ndarray]
+    histograms: list[np.ndarray] = field(default_factory=list)
+
+
+def _weights(noisy: np.ndarray, threshold: float) -> np.ndarray:
+    w = np.where(noisy >= threshold, noisy, 0.0)
+    return w / w.sum() if w.sum() > 0 else np.full(len(w), 1.0 / len(w))  # nothing above H: the class unchanged
+
+
+def evolve(images: np.ndarray, labels: np.ndarray, *, num_classes: int, rounds: int, candidates: int,
+           noise_multiplier: float, threshold: float, randomness, trace: MechanismTrace | None,
+           seed: int = 0, steps: tuple[float, float] = (0.3, 0.05), fresh: float = 0.05, observe=None) -> Evolution:
+    """Private Evolution on the records (``images`` uint8 N × H × W × C, H = W; ``labels`` in [0, num_classes)):
+    ``rounds`` noisy histograms over ``candidates`` figures per class, each recorded in ``trace`` as
+    ``full_batch_gaussian(noise_multiplier)``. ``threshold`` (votes) zeroes the bins below it; ``steps`` is the
+    variation step of the first and the last round (geometric in between); a share ``fresh`` of every class's next
+    candidates are new draws from the prior. ``seed`` seeds the public coins (prior, resampling, variations).
+    ``observe(round, noisy, query)``, when given, sees each raw release and its noiseless query (tests and audits)."""
+    if rounds < 1 or candidates < 1:
+        raise PrivacyError(f"private_evolution: rounds and candidates must be >= 1, got {rounds}, {candidates}")
+    rng = np.random.default_rng(seed)
+    size = images.shape[1]
+    labels = np.asarray(labels)
+    records = figure_map(images)
+    population = [random_figures(rng, candidates) for _ in range(num_classes)]
+    classes = np.repeat(np.arange(num_classes), candidates)
+    histograms: list[np.ndarray] = []
+    for t in range(rounds):
+        flat = [f for pop in population for f in pop]
+        query = votes(records, labels, mask_features(flat, size), classes)
+        noisy = noisy_votes(query, noise_multiplier=noise_multiplier, randomness=randomness)
+        if trace is not None:
+            trace.record(full_batch_gaussian(noise_multiplier))
+        if observe is not None:
+            observe(t, noisy, query)
+        histograms.append(noisy)
+        if t == rounds - 1:
+            break
+        step = steps[0] * (steps[1] / steps[0]) ** ((t + 1) / max(rounds - 1, 1))
+        n_fresh = int(round(fresh * candidates))
+        nxt = []
+        for c in range(num_classes):
+            w = _weights(noisy[c * candidates:(c + 1) * candidates], threshold)
+            parents = rng.choice(candidates, candidates - n_fresh, p=w)
+            nxt.append([vary(population[c][i], step, rng) for i in parents] + random_figures(rng, n_fresh))
+        population = nxt
+    last = histograms[-1]
+    weights = [_weights(last[c * candidates:(c + 1) * candidates], threshold) for c in range(num_classes)]
+    return Evolution(figures=population, weights=weights, histograms=histograms)
+
+
+def sample(evolution: Evolution, n: int, *, size: int, channels: int, seed: int = 0,
+           jitter: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` synthetic records (classes balanced): figures of the last round drawn by their weights, each varied by
+    a small step ``jitter`` and painted in the prior's random colours. Post-processing. Returns (uint8 N × size ×
+    size × channels, int64 labels)."""
+    rng = np.random.default_rng(seed)
+    k = len(evolution.figures)
+    labels = np.arange(n) % k
+    figs = []
+    for y in labels:
+        pop = evolution.figures[y]
+        figs.append(vary(pop[rng.choice(len(pop), p=evolution.weights[y])], jitter, rng))
+    return paint(masks(figs, size), rng, channels=channels), labels.astype(np.int64)
+
+
+def rounds_epsilon(rounds: int, noise_multiplier: float, *, delta: float, accountant: str = "rdp") -> float:
+    """ε of ``rounds`` rounds at ``delta`` (the accountant on :func:`events`)."""
+    from dpsynth.privacy.registry import epsilon
+
+    if not math.isfinite(noise_multiplier) or noise_multiplier <= 0:
+        return math.inf
+    return epsilon(MechanismTrace(events(rounds, noise_multiplier)), delta=delta, accountant=accountant)
