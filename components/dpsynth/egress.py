@@ -107,6 +107,8 @@ DETAILS = {  # every stage's manifest details, one allow-list (a stage's new det
     "iterations_per_second": "the public warm start's speed (public data only)",
     "critic_steps_per_iteration": "train.n_d, dp-GAN's n_critic (configuration)",
     "seconds": "the public warm start's wall time (dp-GAN: public data only)",
+    "blocks": "the privacy blocks the run reads (its window: chosen by public rules from the blocks' arrival and "
+              "the ledger's charges, before any record is read; docs/privacy.md, \"Privacy blocks\")",
     # train
     "method": "train.method (configuration)",
     "ranks": "train.nodes × train.gpus_per_node (configuration)",
@@ -145,6 +147,8 @@ MANIFEST = {
     "details": DETAILS,
     **_RUN_IDS,
     "code_version": "the package version and commit",
+    "git_sha": "the commit the code was built from (DPSYNTH_GIT_SHA or the checkout's HEAD: code)",
+    "image": "the stage image the run used (DPSYNTH_IMAGE: deployment)",
     "created_at": "when the manifest was written",
 }
 

@@ -190,6 +190,7 @@ def walked(tmp_path_factory, source):
         assert call("release", "keygen", "--out", base / "key.pem") == 0
         for action in ("show", "history"):
             assert call("ledger", action, "--json") == 0
+        assert call("ledger", "forecast", "mnist600", *stage_settings, "--json") == 0  # the retrain's plan (#54)
         call("ledger", "settle", "1", "--reason", "egress walk", "--json")  # refused: it is closed (its message)
         call("ledger", "grant-roles", "--stage-role", "s", "--auditor-role", "a", "--json")  # PostgreSQL only
         assert call("privacy", "epsilon", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "10",
