@@ -32,10 +32,12 @@ TINY = {
     "gswgan": GSWGAN,
     "gswgan_federated": GSWGAN,
     "dpac": [*GSWGAN, "dpac.start_iteration=2", "dpac.n_f=1", "dpac.n_r=1", "dpac.c_width=4"],
-    "zhang": ["data.public_source=sklearn:digits", "train.d_width=4", "train.g_width=4", "train.latent_dim=8",
+    "zhang": ["train.d_width=4", "train.g_width=4", "train.latent_dim=8",
               "train.batch_size=32", "train.n_d=2", "zhang.warm_start_iterations=2", "zhang.public_batch_size=16",
               "zhang.num_groups=2"],
 }
+# the public data dp-GAN warm-starts on: a data.* setting, so the platform's (a trigger may give only data.uri)
+PUBLIC = {"zhang": {"public_source": "sklearn:digits"}}
 STEPS = {"gswgan": 4, "gswgan_federated": 3, "dpac": 4, "zhang": 6}
 SLOW = pytest.mark.slow
 
@@ -88,7 +90,8 @@ def test_airflow(method, source, airflow_env, tmp_path):
             "pipeline_run_id": f"af-{method}", "population_id": "mnist600", "overrides": [*COMMON, *TINY[method]]}
     # the tracking store and the ledger beside it are platform settings, not the form's (#34)
     env = {**airflow_env, "DPSYNTH_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-           "DPSYNTH_STAGE_CONFIG": json.dumps({"partition": {"key": "dpsynth-partition-v1"}, "data": {"num_classes": 10}})}
+           "DPSYNTH_STAGE_CONFIG": json.dumps({"partition": {"key": "dpsynth-partition-v1"},
+                                               "data": {"num_classes": 10, **PUBLIC.get(method, {})}})}
     subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=120)
     proc = subprocess.run([airflow, "dags", "test", "dpsynth_train", "-c", json.dumps(conf)], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -107,7 +110,8 @@ def test_kfp(method, source, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     run = tmp_path / "run"
     ledger, ledger_url = budgeted(tmp_path)
-    run_local.run(dataset=source, run_dir=str(run), extra=[*COMMON, *PLATFORM, *TINY[method], "tracking.enabled=false", *ledger_url],
+    run_local.run(dataset=source, run_dir=str(run), extra=[*COMMON, *PLATFORM, *[f"data.{k}={v}" for k, v in PUBLIC.get(method, {}).items()],
+                                                          *TINY[method], "tracking.enabled=false", *ledger_url],
                   pipeline_root=str(tmp_path / "kfp"), population_id="mnist600", method=method, epsilon=10.0,
                   delta=1e-4, steps=STEPS[method], num_shards=2, n_d="2", seed=0)
     check_release(run, method)
