@@ -217,9 +217,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run: no row of {a.suite} matches {a.rows}", file=sys.stderr)
         return 2
     for item in a.arg:
-        key, _, value = item.partition("=")
+        key, eq, value = item.partition("=")
+        if not eq:
+            print(f"run: --arg {item!r}: give NAME=VALUE", file=sys.stderr)
+            return 2
+        try:  # a TOML value (2000, true, "text", ["a", "b"]); a bare word is the text it spells
+            value = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            pass
         for r in chosen:
-            spec["rows"][r]["args"][key] = tomllib.loads(f"v = {value}")["v"]
+            spec["rows"][r]["args"][key] = value
     if a.list or a.dry_run:
         for r in chosen:
             row = spec["rows"][r]

@@ -92,6 +92,12 @@ def test_the_command_line_lists_dry_runs_and_refuses_an_unknown_suite(capsys, mo
     assert run.main(["no-such-suite"]) == 2
     assert "no suite 'no-such-suite'" in capsys.readouterr().err
     assert run.main(["speed", "no-such-row"]) == 2
+    capsys.readouterr()
+    # --arg takes a TOML value or a bare word (the text it spells); no "=": refused in one line, not a traceback
+    assert run.main(["generality", "greek", "--arg", "rows=default", "--arg", "epsilons=\"10\"", "--dry-run"]) == 0
+    assert "rows='default', epsilons='10'" in capsys.readouterr().out
+    assert run.main(["generality", "greek", "--arg", "rows", "--dry-run"]) == 2
+    assert "--arg 'rows': give NAME=VALUE" in capsys.readouterr().err
 
 
 def test_another_machines_rows_merge_into_the_suites_file(tmp_path):
