@@ -31,7 +31,8 @@ CREDENTIALS = ["--set", "credentials.create=true", "--set", "credentials.awsAcce
                "--set", "credentials.awsSecretAccessKey=minio-secret", "--set", "credentials.postgresPassword=p@ss/word",
                "--set", "credentials.ledgerStagePassword=st@ge/pw1", "--set", "credentials.ledgerAuditorPassword=auditor-pw2",
                "--set", "credentials.mlflowAccessKeyId=mlflow", "--set", "credentials.mlflowSecretAccessKey=mlflow-secret",
-               "--set", "credentials.partitionKey=a-key-of-ours"]
+               "--set", "credentials.partitionKey=a-key-of-ours", "--set", "credentials.mlflowAdminPassword=mlflow-admin-pw3",
+               "--set", "credentials.mlflowServerSecretKey=csrf-key-4"]
 VARIANTS = {"default": [], "gpu": ["-f", str(CHART / "values-gpu.yaml")],
             "secrets": CREDENTIALS,
             "external": ["--set", "postgresql.enabled=false", "--set", "postgresql.external.host=db.example.org",
