@@ -231,7 +231,10 @@ def test_secrets_rendered_when_asked():
     assert set(creds) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POSTGRES_PASSWORD", "LEDGER_STAGE_PASSWORD",
                           "LEDGER_AUDITOR_PASSWORD"}
     stage = find(docs, "Secret", "-stage")["stringData"]
-    assert set(stage) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL"}
+    # and MLflow's login (mlflow.auth, on by default: #55 item 8)
+    assert set(stage) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL", "MLFLOW_TRACKING_USERNAME",
+                          "MLFLOW_TRACKING_PASSWORD"}
+    assert stage["MLFLOW_TRACKING_PASSWORD"] == "mlflow-admin-pw3"
     # the stage pods' ledger role (#34: reserve and commit, not set-budget), not the database owner
     assert stage["DPSYNTH_LEDGER_URL"] == ("postgresql+psycopg2://dpsynth_stage:st%40ge%2Fpw1@"
                                            "dpsynth-postgresql.dpsynth.svc:5432/ledger")
