@@ -202,11 +202,12 @@ def test_mlflow_reads_credentials_from_the_secret():
     docs = render()
     [container] = find(docs, "Deployment", "-mlflow")["spec"]["template"]["spec"]["containers"]
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
-    assert set(refs) == {"POSTGRES_PASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LEDGER_AUDITOR_PASSWORD"}
-    # #52 finding 7: MLflow's object-store key is its own (the MLflow bucket only), not the stage pods'
+    # #52 finding 7: MLflow's object-store key is its own (the MLflow bucket only), not the stage pods'; #55 item 8:
+    # its login's admin password and CSRF key from the auth Secret
     assert {k: r["name"] for k, r in refs.items()} == {
         "POSTGRES_PASSWORD": "dpsynth-credentials", "LEDGER_AUDITOR_PASSWORD": "dpsynth-credentials",
-        "AWS_ACCESS_KEY_ID": "dpsynth-mlflow-s3", "AWS_SECRET_ACCESS_KEY": "dpsynth-mlflow-s3"}
+        "AWS_ACCESS_KEY_ID": "dpsynth-mlflow-s3", "AWS_SECRET_ACCESS_KEY": "dpsynth-mlflow-s3",
+        "MLFLOW_AUTH_ADMIN_PASSWORD": "dpsynth-mlflow-auth", "MLFLOW_FLASK_SERVER_SECRET_KEY": "dpsynth-mlflow-auth"}
     assert not any("value" in e and "PASSWORD" in e["name"] for e in container["env"])
     args = " ".join(container["args"])
     assert "--backend-store-uri=postgresql+psycopg2://dpsynth:$(POSTGRES_PASSWORD)@dpsynth-postgresql.dpsynth.svc:5432/mlflow" in args
