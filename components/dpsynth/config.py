@@ -328,8 +328,9 @@ class WarmupConfig:
                                                        "(the same event; about K times the signal for the same "
                                                        "noise: what pays at a low ε). warmup.fit_epsilon sets it "
                                                        "where the per-class release does not fit.")
-    steps: Int = Field(800, ge=0, description="Generator regression steps on the deformed central images (no data "
-                                              "access).")
+    steps: Int | None = Field(None, ge=0, description="Generator regression steps on the deformed central images (no "
+                                                      "data access). null: 40 × train.steps, at most 4,000 (a small "
+                                                      "run's fit is small; the shipped recipes' 100+ steps give 4,000).")
     batch_size: Int = Field(128, ge=1)
     lr: Float = Field(1e-3, gt=0)
     fit_epsilon: Bool = Field(False, description="true: where the releases do not fit privacy.epsilon, they are "

@@ -4,11 +4,12 @@ The page (``/dpsynth/ledger``, JSON at ``/dpsynth/ledger.json``) reads the ledge
 ``$DPSYNTH_LEDGER_URL`` and the server's own tracking store, read-only.
 
 Authentication: with ``DPSYNTH_LEDGER_AUTH=basic`` the app is MLflow's own basic-auth app (what
-``--app-name basic-auth`` serves: users and permissions in its database, ``$MLFLOW_AUTH_CONFIG_PATH``)
-with the ledger routes on it, so the page asks for the same login as MLflow; with
-``MLFLOW_BASIC_AUTH_FAIL_CLOSED=true`` MLflow denies non-admin users every route it has no permission
-rule for, the ledger's included (it shows every population: an auditor's page). Without it the page is as
-open as the server (put an authenticating proxy in front, as for MLflow itself).
+``--app-name basic-auth`` serves: users and permissions in its database, ``$MLFLOW_AUTH_CONFIG_PATH``; it needs
+the ``mlflow[auth]`` extra, Flask-WTF, which the stage lock has) with the ledger routes on it, so the page asks for
+the same login as MLflow; MLflow fails closed (``MLFLOW_BASIC_AUTH_FAIL_CLOSED``, the chart sets it) and denies
+non-admin users every route it has no permission rule for, the ledger's included (it shows every population: an
+auditor's page). The chart's ``mlflow.auth`` (on by default) runs it so. Without it the page is as open as the
+server (put an authenticating proxy in front, as for MLflow itself).
 """
 
 from __future__ import annotations

@@ -21,8 +21,12 @@ Two flavours of one wiring (``_wire``), so they cannot drift apart:
 - ``local_pipeline``: lightweight Python components that run the same CLI with the current
   interpreter (``sys.executable -m dpsynth.cli``), for ``kfp.local.SubprocessRunner`` (``run_local.py``).
 
-Tasks pass only plain values: the run directory URI, the MLflow parent run id (an output of
-``start``), the pipeline run id (KFP's job id), the base ``config`` file and the settings, as
+Each stage takes its upstream's output artifact as an ``Input[...]`` (``INPUTS_OF``: warm start and train take
+partition's Dataset, audit and sample the train stage's Model (``dsl.OneOf`` of the two train branches), evaluate
+sample's Dataset); the container program checks that it names a manifest of this run that the upstream stage
+wrote (``stage_program.check_inputs``) before the stage runs. Besides, tasks pass plain values: the run directory
+URI, the MLflow parent run id (an output of ``start``), the pipeline run id (KFP's job id), the base ``config``
+file and the settings, as
 ``--set section.field=value``. A settings input left empty (None) keeps the config's value: no ``--set`` at
 all (``dsl.IfPresentPlaceholder``), so a run with only the dataset filled in trains the recipe ``make run``
 trains (``config``'s default: the image's copy of ``configs/dpgan-mnist-cpu.yaml``, ``CONFIG``). ``extra``
@@ -47,7 +51,7 @@ afford.
 
 On a cluster (``dpsynth_pipeline``; kfp-kubernetes) every stage pod gets its configuration from the
 dpsynth chart's objects in the run's namespace: the Secret ``STAGE_SECRET`` (AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY, DPSYNTH_LEDGER_URL) and the ConfigMap ``STAGE_CONFIG_MAP`` (MLFLOW_TRACKING_URI;
+AWS_SECRET_ACCESS_KEY, DPSYNTH_LEDGER_URL; MLFLOW_TRACKING_USERNAME/PASSWORD where MLflow asks for a login) and the ConfigMap ``STAGE_CONFIG_MAP`` (MLFLOW_TRACKING_URI;
 AWS_ENDPOINT_URL_S3 and MLFLOW_S3_ENDPOINT_URL where an S3-compatible endpoint is used), as environment;
 CPU/memory requests and limits (``RESOURCES``, per stage), ``RETRIES`` retries with backoff
 (the stages skip work their manifests record; not ``finish``, whose failure is the verdict) and a
@@ -109,6 +113,8 @@ STAGE_SECRET = os.environ.get("DPSYNTH_STAGE_SECRET", "dpsynth-stage")
 STAGE_CONFIG_MAP = os.environ.get("DPSYNTH_STAGE_CONFIG_MAP", "dpsynth-stage-config")
 SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL")
 CONFIG_ENV = ("MLFLOW_TRACKING_URI",)
+# MLflow's login (the chart's mlflow.auth, on by default): in the stage Secret when MLflow asks for one
+LOGIN_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL")  # optional: absent for AWS S3 itself
 # CPU/memory of the stage pods, as the chart's stage.resources ({"cpu", "gpu", "stages": {stage: …}}, JSON in
 # DPSYNTH_STAGE_RESOURCES at compile time; a stage listed replaces its default whole).
@@ -151,7 +157,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 # --- container flavour: `dpsynth <command>` in the stage image --------------------------------------
 
-def _cli_args(command: str, p: dict, outputs: dict | None = None) -> list:
+def _cli_args(command: str, p: dict, outputs: dict | None = None, inputs: dict | None = None) -> list:
     """The arguments of :data:`_RUN` for one command: ``dpsynth`` argv (after the program), with the pseudo-options
     ``--config-file PATH`` (dropped when empty) and ``--extra-settings JSON`` (``extra``, a list) that ``_RUN``
     resolves. ``p`` holds the task's inputs (placeholders); a setting that is None is left out
@@ -170,6 +176,8 @@ def _cli_args(command: str, p: dict, outputs: dict | None = None) -> list:
         if name == "dataset_uri" and POPULATION_ID:  # the platform's, compiled in: no run input can change it
             args += ["--set", f"ledger.population_id={POPULATION_ID}"]
     args += ["--extra-settings", p["extra"]]
+    for name, artifact in (inputs or {}).items():  # the upstream task's artifact, as KFP's launcher downloaded it
+        args += ["--kfp-input", name, artifact.path]
     for name, artifact in (outputs or {}).items():
         args += ["--kfp-artifact", name, artifact.path]
     return [*args, "--kfp-executor-output", dsl.PIPELINE_TASK_EXECUTOR_OUTPUT_PATH_PLACEHOLDER] if outputs else args
@@ -178,6 +186,14 @@ def _cli_args(command: str, p: dict, outputs: dict | None = None) -> list:
 # KFP output artifacts per command (names: stage_program.ARTIFACTS): what the lineage view shows of a run.
 OUTPUTS = {"partition": {"dataset": dsl.Dataset}, "train": {"model": dsl.Model}, "train job": {"model": dsl.Model},
            "sample": {"synthetic": dsl.Dataset, "model": dsl.Model}, "evaluate": {"metrics": dsl.Metrics}}
+
+# KFP input artifacts per command: the upstream task's output artifact (OUTPUTS), the edge a stage takes its input
+# by (``partitioned``: partition's dataset; ``trained``: the train stage's model, from whichever branch ran;
+# ``sampled``: sample's synthetic dataset). The container program checks it names a manifest of this run's
+# (stage_program.check_inputs) before the stage runs.
+INPUTS_OF = {"warmstart shard": {"partitioned": dsl.Dataset}, "warmstart": {"partitioned": dsl.Dataset},
+             "train": {"partitioned": dsl.Dataset}, "train job": {"partitioned": dsl.Dataset},
+             "audit": {"trained": dsl.Model}, "sample": {"trained": dsl.Model}, "evaluate": {"sampled": dsl.Dataset}}
 
 
 def _container(command: str):
@@ -196,6 +212,9 @@ def _container(command: str):
     params += [P(n, P.POSITIONAL_OR_KEYWORD, default=None, annotation=Optional[_SETTING_TYPES.get(n, str)])
                for n in settings if n not in names]
     outputs = OUTPUTS.get(command, {})
+    inputs = INPUTS_OF.get(command, {})
+    params[len(names):len(names)] = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=dsl.Input[t]) for n, t in inputs.items()]
+    names += list(inputs)
     if command == "pipeline start":
         params.insert(len(names), P("parent_run_id", P.POSITIONAL_OR_KEYWORD, annotation=dsl.OutputPath(str)))
     params[len(names):len(names)] = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=dsl.Output[t]) for n, t in outputs.items()]
@@ -204,7 +223,7 @@ def _container(command: str):
         p = dict(zip([q.name for q in params], args))
         out = p.pop("parent_run_id") if command == "pipeline start" else ""
         return dsl.ContainerSpec(image=image(command), command=["python", "-c", _RUN, out, "dpsynth"],
-                                 args=_cli_args(command, p, {n: p[n] for n in outputs}))
+                                 args=_cli_args(command, p, {n: p[n] for n in outputs}, {n: p[n] for n in inputs}))
 
     fn.__signature__ = inspect.Signature(params)
     fn.__name__ = "dpsynth_" + command.replace("pipeline ", "").replace(" ", "_")
@@ -311,21 +330,26 @@ def _stages(step, p: dict, common: dict, settings: dict, finish, *, cluster: boo
     ids = dict(common, parent_run_id=start.outputs["parent_run_id"])
 
     partition = step("partition", **ids)
+    # the artifact edges (cluster flavour: INPUTS_OF; kfp.local's lightweight flavour passes the order only)
+    partitioned = {"partitioned": partition.outputs["dataset"]} if cluster else {}
     shards = shard_indices(**{k: v for k, v in settings.items() if k == "num_shards"},
                            parent_run_id=ids["parent_run_id"], config=p["config"], extra=p["extra"])
     shards.after(partition).set_caching_options(False)
     with dsl.ParallelFor(shards.output, parallelism=WARMSTART_PARALLELISM) as shard:
-        per_shard = step("warmstart shard", shard_index=shard.shard, **dict(ids, parent_run_id=shard.parent_run_id))
-    warm = step("warmstart", **ids).after(per_shard)  # fan-in: after every iteration of the loop
+        per_shard = step("warmstart shard", shard_index=shard.shard, **partitioned,
+                         **dict(ids, parent_run_id=shard.parent_run_id))
+    warm = step("warmstart", **partitioned, **ids).after(per_shard)  # fan-in: after every iteration of the loop
     shape = {name: p[name] for name in LAUNCH if name in p}
     distributed = train_distributed(**shape, config=p["config"], extra=p["extra"]).after(warm).set_caching_options(False)
     with dsl.If(distributed.output == True, "several ranks"):  # noqa: E712 (a KFP condition, not a Python test)
-        job = step("train job", **shape, **ids)
+        job = step("train job", **shape, **partitioned, **ids)
     with dsl.Else():
-        train = step("train", **ids)
-    audit = step("audit", **ids).after(job, train)
-    sample = step("sample", **ids).after(audit)
-    evaluate = step("evaluate", **ids).after(sample)
+        train = step("train", **partitioned, **ids)
+    trained = {"trained": dsl.OneOf(job.outputs["model"], train.outputs["model"])} if cluster else {}
+    audit = step("audit", **trained, **ids).after(job, train)
+    sample = step("sample", **trained, **ids).after(audit)
+    sampled = {"sampled": sample.outputs["synthetic"]} if cluster else {}
+    evaluate = step("evaluate", **sampled, **ids).after(sample)
     if cluster:
         named = {"start": start, "partition": partition, "warmstart": per_shard, "warmstart-fan-in": warm,
                  "train": train, "train-job": job, "audit": audit, "sample": sample, "evaluate": evaluate,
@@ -368,6 +392,7 @@ def _on_cluster(task, stage: str, *, gpu: bool, retry: bool) -> None:
     if kubernetes is None:
         return
     kubernetes.use_secret_as_env(task, STAGE_SECRET, secret_key_to_env={k: k for k in SECRET_ENV})
+    kubernetes.use_secret_as_env(task, STAGE_SECRET, secret_key_to_env={k: k for k in LOGIN_ENV}, optional=True)
     kubernetes.use_config_map_as_env(task, STAGE_CONFIG_MAP, config_map_key_to_env={k: k for k in CONFIG_ENV})
     kubernetes.use_config_map_as_env(task, STAGE_CONFIG_MAP, config_map_key_to_env={k: k for k in ENDPOINT_ENV},
                                      optional=True)

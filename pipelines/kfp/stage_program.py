@@ -5,6 +5,9 @@ It runs ``dpsynth ARGS`` after resolving the pseudo-options ``dpsynth_pipeline._
 - ``--config-file PATH``: ``--config PATH``, or nothing when PATH is empty;
 - ``--extra-settings JSON``: ``--set ITEM`` per item; a setting that is not a run's (``dpsynth.config.refusal``: an
   allow-list of recipe settings) is refused (exit 2, one line naming it and who sets it);
+- ``--kfp-input NAME PATH`` (repeated): an upstream task's output artifact, this task's ``Input[...]``
+  (:data:`UPSTREAM`), checked before the stage runs (:func:`check_inputs`): it must name a manifest of the upstream
+  stage in this run's directory that exists; otherwise exit 2, naming the input;
 - ``--kfp-artifact NAME PATH`` (repeated) and ``--kfp-executor-output PATH``: the task's KFP output artifacts
   (:data:`ARTIFACTS`), written from the stage's ``--json`` outcome after it succeeded: a small JSON file at the
   artifact's local path and the same fields as the artifact's metadata in KFP's executor output file (the launcher
@@ -31,7 +34,9 @@ VERDICT = 2  # dpsynth's exit status for a DpsynthError
 # KFP output artifact name -> (manifest list, entry role), or None: the stage's numeric details (a Metrics artifact)
 ARTIFACTS = {"dataset": ("inputs", "source"), "model": ("outputs", "generator"),
              "synthetic": ("outputs", "synthetic"), "metrics": None}
-OPTIONS = {}  # the pseudo-options resolve() took out: "artifacts" [(name, path)], "executor_output"
+# KFP input artifact name -> the stage whose manifest it names (dpsynth_pipeline.INPUTS_OF)
+UPSTREAM = {"partitioned": "partition", "trained": "train", "sampled": "sample"}
+OPTIONS = {}  # the pseudo-options resolve() took out: "inputs", "artifacts" [(name, path)], "executor_output"
 
 
 def resolve(argv):
@@ -49,6 +54,8 @@ def resolve(argv):
                 print("\n".join(f"dpsynth: error: extra settings: {line}" for line in refused), file=sys.stderr)
                 sys.exit(VERDICT)
             out += [a for item in items for a in ("--set", item)]
+        elif a == "--kfp-input":
+            OPTIONS.setdefault("inputs", []).append((next(it), next(it)))
         elif a == "--kfp-artifact":
             OPTIONS.setdefault("artifacts", []).append((next(it), next(it)))
         elif a == "--kfp-executor-output":
@@ -73,6 +80,29 @@ def verdict_record(argv):
     head = argv[1:argv.index("--json")] if "--json" in argv else argv[1:2]
     command = "-".join(a.lstrip("-") for a in head)
     return storage.join(storage.Zones.from_root(run_dir.rstrip("/")).sensitive, "verdicts", run_id, command)
+
+
+def check_inputs(argv):
+    """The problem with this task's input artifacts (one line), or None: each must be the JSON an upstream task
+    wrote (:func:`write_artifacts`) for the stage :data:`UPSTREAM` names, with a manifest under this run's directory
+    that exists (a run's task cannot consume another run's output)."""
+    from dpsynth import storage
+
+    run_dir = _option(argv, "--run-dir").rstrip("/")
+    for name, path in OPTIONS.get("inputs", []):
+        try:
+            fields = json.loads(pathlib.Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            return f"input artifact {name}: unreadable ({exc})"
+        uri = str(fields.get("manifest_uri") or "")
+        if fields.get("stage") != UPSTREAM[name]:
+            return f"input artifact {name}: from stage {fields.get('stage')!r}, expected {UPSTREAM[name]!r}"
+        if not (run_dir and uri.startswith(run_dir + "/")):
+            return f"input artifact {name}: its manifest {uri or '(none)'} is not in this run's directory {run_dir}"
+        if not storage.exists(uri):
+            return f"input artifact {name}: its manifest {uri} does not exist"
+        print(f"dpsynth: input {name}: the {fields['stage']} stage's manifest {uri}", file=sys.stderr)
+    return None
 
 
 def artifacts(outcome):
@@ -126,6 +156,9 @@ def main(args):
             print(f"dpsynth: an earlier attempt of this task exited {VERDICT} (a verdict, recorded at {record}): "
                   "not run again", file=sys.stderr)
             return VERDICT
+    if problem := check_inputs(argv):
+        print(f"dpsynth: error: {problem}", file=sys.stderr)
+        return VERDICT
     code, stdout = run(argv, capture=bool(out or OPTIONS.get("artifacts")))
     if code == VERDICT and record is not None:
         try:

@@ -31,7 +31,8 @@ CREDENTIALS = ["--set", "credentials.create=true", "--set", "credentials.awsAcce
                "--set", "credentials.awsSecretAccessKey=minio-secret", "--set", "credentials.postgresPassword=p@ss/word",
                "--set", "credentials.ledgerStagePassword=st@ge/pw1", "--set", "credentials.ledgerAuditorPassword=auditor-pw2",
                "--set", "credentials.mlflowAccessKeyId=mlflow", "--set", "credentials.mlflowSecretAccessKey=mlflow-secret",
-               "--set", "credentials.partitionKey=a-key-of-ours"]
+               "--set", "credentials.partitionKey=a-key-of-ours", "--set", "credentials.mlflowAdminPassword=mlflow-admin-pw3",
+               "--set", "credentials.mlflowServerSecretKey=csrf-key-4"]
 VARIANTS = {"default": [], "gpu": ["-f", str(CHART / "values-gpu.yaml")],
             "secrets": CREDENTIALS,
             "external": ["--set", "postgresql.enabled=false", "--set", "postgresql.external.host=db.example.org",
@@ -201,11 +202,12 @@ def test_mlflow_reads_credentials_from_the_secret():
     docs = render()
     [container] = find(docs, "Deployment", "-mlflow")["spec"]["template"]["spec"]["containers"]
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
-    assert set(refs) == {"POSTGRES_PASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LEDGER_AUDITOR_PASSWORD"}
-    # #52 finding 7: MLflow's object-store key is its own (the MLflow bucket only), not the stage pods'
+    # #52 finding 7: MLflow's object-store key is its own (the MLflow bucket only), not the stage pods'; #55 item 8:
+    # its login's admin password and CSRF key from the auth Secret
     assert {k: r["name"] for k, r in refs.items()} == {
         "POSTGRES_PASSWORD": "dpsynth-credentials", "LEDGER_AUDITOR_PASSWORD": "dpsynth-credentials",
-        "AWS_ACCESS_KEY_ID": "dpsynth-mlflow-s3", "AWS_SECRET_ACCESS_KEY": "dpsynth-mlflow-s3"}
+        "AWS_ACCESS_KEY_ID": "dpsynth-mlflow-s3", "AWS_SECRET_ACCESS_KEY": "dpsynth-mlflow-s3",
+        "MLFLOW_AUTH_ADMIN_PASSWORD": "dpsynth-mlflow-auth", "MLFLOW_FLASK_SERVER_SECRET_KEY": "dpsynth-mlflow-auth"}
     assert not any("value" in e and "PASSWORD" in e["name"] for e in container["env"])
     args = " ".join(container["args"])
     assert "--backend-store-uri=postgresql+psycopg2://dpsynth:$(POSTGRES_PASSWORD)@dpsynth-postgresql.dpsynth.svc:5432/mlflow" in args
@@ -230,7 +232,10 @@ def test_secrets_rendered_when_asked():
     assert set(creds) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POSTGRES_PASSWORD", "LEDGER_STAGE_PASSWORD",
                           "LEDGER_AUDITOR_PASSWORD"}
     stage = find(docs, "Secret", "-stage")["stringData"]
-    assert set(stage) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL"}
+    # and MLflow's login (mlflow.auth, on by default: #55 item 8)
+    assert set(stage) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DPSYNTH_LEDGER_URL", "MLFLOW_TRACKING_USERNAME",
+                          "MLFLOW_TRACKING_PASSWORD"}
+    assert stage["MLFLOW_TRACKING_PASSWORD"] == "mlflow-admin-pw3"
     # the stage pods' ledger role (#34: reserve and commit, not set-budget), not the database owner
     assert stage["DPSYNTH_LEDGER_URL"] == ("postgresql+psycopg2://dpsynth_stage:st%40ge%2Fpw1@"
                                            "dpsynth-postgresql.dpsynth.svc:5432/ledger")

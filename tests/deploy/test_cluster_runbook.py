@@ -234,6 +234,10 @@ def test_every_secret_a_pod_reads_is_created_by_a_step(walked):
     stages = env["DPSYNTH_K8S_NAMESPACE"]
     need(stages, env["DPSYNTH_STAGE_SECRET"], "DPSYNTH_LEDGER_URL", "stage pods")
     need(stages, env["DPSYNTH_PARTITION_KEY_SECRET"], "DPSYNTH_PARTITION_KEY", "the partition pod")
+    [mlflow] = [d for d in walked.docs() if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-mlflow")]
+    if any(e["name"] == "MLFLOW_AUTH_CONFIG_PATH" for e in mlflow["spec"]["template"]["spec"]["containers"][0]["env"]):
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):  # MLflow asks the stage pods for a login
+            need(stages, env["DPSYNTH_STAGE_SECRET"], key, "stage pods (MLflow's login)")
     for name in env.get("DPSYNTH_IMAGE_PULL_SECRETS", "").split(","):
         need(stages, name, None, "stage pods' imagePullSecrets")
     [template] = [d for d in walked.docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-trainjob")]

@@ -1,4 +1,5 @@
-"""#55 items 8 and 9: MLflow's Ingress needs an authenticating proxy; Kueue's label on TrainJobs and KFP pods."""
+"""#55 items 8 and 9: MLflow's Ingress leads to a login (MLflow's basic auth, or an authenticating proxy); Kueue's
+label on TrainJobs and KFP pods."""
 
 from __future__ import annotations
 
@@ -15,16 +16,29 @@ AUTH = ["--set", "mlflow.ingress.enabled=true", "--set", "mlflow.ingressHost=mlf
 
 
 @tools
-def test_an_ingress_without_an_auth_proxy_is_refused():
-    proc = subprocess.run([str(HELM), "template", "dpsynth", str(CHART), *REQUIRED, *AUTH], capture_output=True,
-                          text=True)
-    assert proc.returncode != 0 and "mlflow.ingress.authUrl is required" in proc.stderr
+def test_an_ingress_leads_only_to_a_login():
+    """On by default, MLflow's basic auth guards every route the Ingress serves (one path, /, to the MLflow Service,
+    whose server asks for the login: tests/deploy/test_mlflow_hosts.py); with it off, an Ingress without an auth
+    proxy is refused."""
     assert not [d for d in render() if d["kind"] == "Ingress"]  # off by default
+    docs = render(*AUTH)
+    ingress = find(docs, "Ingress", "-mlflow")
+    backends = {p["backend"]["service"]["name"] for r in ingress["spec"]["rules"] for p in r["http"]["paths"]}
+    assert backends == {"dpsynth-mlflow"}  # no other Service: nothing reaches MLflow or the ledger page around it
+    [mlflow] = find(docs, "Deployment", "-mlflow")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in mlflow["env"]}
+    assert "--app-name=dpsynth-ledger" in mlflow["args"] and env["DPSYNTH_LEDGER_AUTH"] == "basic"
+    assert env["MLFLOW_BASIC_AUTH_FAIL_CLOSED"] == "true"
+    proc = subprocess.run([str(HELM), "template", "dpsynth", str(CHART), *REQUIRED, *AUTH, "--set", "mlflow.auth.enabled=false"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "mlflow.ingress: with mlflow.auth.enabled=false" in proc.stderr
+    [plain] = find(render("--set", "mlflow.ledgerPage=false"), "Deployment", "-mlflow")["spec"]["template"]["spec"]["containers"]
+    assert "--app-name=basic-auth" in plain["args"]  # without the ledger page: MLflow's own basic-auth app
 
 
 @tools
 def test_the_ingress_sends_every_request_through_the_proxy(tmp_path):
-    docs = render(*AUTH, "--set", "mlflow.ingress.authUrl=https://oauth2.example.org/oauth2/auth",
+    docs = render(*AUTH, "--set", "mlflow.auth.enabled=false", "--set", "mlflow.ingress.authUrl=https://oauth2.example.org/oauth2/auth",
                   "--set", "mlflow.ingress.authSignin=https://oauth2.example.org/oauth2/start", "--set",
                   "mlflow.ingress.className=nginx")
     ingress = find(docs, "Ingress", "-mlflow")

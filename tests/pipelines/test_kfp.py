@@ -146,8 +146,11 @@ def test_stage_pods_get_configuration_retries_and_time_limits(compiled, document
     stages = ["start", "partition", "warmstart-shard", "warmstart", "train", "audit", "sample", "evaluate", "finish"]
     for stage in stages:
         config = configs[f"exec-dpsynth-{stage}"]
-        secret, *key = config["secretAsEnv"]
+        secret, login, *key = config["secretAsEnv"]
         assert secret["secretName"] == "dpsynth-stage" and not secret["optional"]
+        # MLflow's login (#55 item 8, the chart's mlflow.auth): from the same Secret, where MLflow asks for one
+        assert login["secretName"] == "dpsynth-stage" and login["optional"]
+        assert [e["envVar"] for e in login["keyToEnv"]] == ["MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"]
         # the partition key's Secret: the partition pod only (#55 item 6)
         assert [k["secretName"] for k in key] == (["dpsynth-partition-key"] if stage == "partition" else [])
         assert {e["envVar"] for e in secret["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",

@@ -65,3 +65,36 @@ def test_a_refusal_naming_open_reservations_says_how_to_settle_them(tmp_path):
     with pytest.raises(PrivacyError) as refused:  # nothing open: no word about settling
         ledger.reserve("other", epsilon=11.0, pipeline_run_id="next", **kwargs)
     assert "settle" not in str(refused.value)
+
+
+@pytest.mark.slow
+def test_sigterm_under_torchrun_ends_every_rank_cleanly(tmp_path, source, ledger_with_budget):
+    """#55 item 10 under torchrun (2 gloo ranks on CPU, `dpsynth train --launch torchrun`): SIGTERM to the launcher
+    (what the pod's main process gets) reaches torchrun, which passes it to the ranks; rank 0 checkpoints, commits
+    what its steps spent and closes the reservation; the launcher exits 143; the retry resumes."""
+    run = tmp_path / "run"
+    ranks = ("train.gpus_per_node=2", "train.device=cpu")
+    stages(run, source, "partition", "warmstart", overrides=LONG)
+    args = cli("train", "--launch", "torchrun", "--run-dir", run, *settings(source, *LONG, *ranks))
+    ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert ckpt.exists(), "no checkpoint appeared"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 143, stderr[-3000:]
+    found = re.search(r"stopped by SIGTERM after step (\d+), checkpoint written", stderr)
+    assert found, "\n".join(l for l in stderr.splitlines() if re.search("(?i)sig|stop|error|warn|exit", l))[-3000:]
+    stopped_at = int(found[1])
+    assert torch.load(ckpt, weights_only=False)["step"] == stopped_at
+    (first,) = ledger_with_budget.history("mnist600")
+    assert first["status"] == "committed" and f"{stopped_at} private steps" in first["note"], first
+    assert 0 < first["epsilon_spent"] < 9.8 and ledger_with_budget.balance("mnist600")["reserved"] == 0
+
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, second = ledger_with_budget.history("mnist600")
+    assert second["status"] == "committed" and second["resumes_id"] == first["id"]
+    assert manifest(run, "sensitive", "train")["details"]["steps"] == 300

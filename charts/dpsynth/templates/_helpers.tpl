@@ -119,6 +119,10 @@ imagePullSecrets:
 {{- default (printf "%s-partition-key" (include "dpsynth.fullname" .)) .Values.partitionKey.secret -}}
 {{- end -}}
 
+{{- define "dpsynth.mlflowAuthSecret" -}}
+{{- default (printf "%s-mlflow-auth" (include "dpsynth.fullname" .)) .Values.mlflow.auth.secret -}}
+{{- end -}}
+
 {{- define "dpsynth.mlflowS3Secret" -}}
 {{- default (printf "%s-mlflow-s3" (include "dpsynth.fullname" .)) .Values.mlflow.s3Secret -}}
 {{- end -}}

@@ -106,7 +106,33 @@ def run_torchrun(cfg, args) -> int:
                str(cfg.train.gpus_per_node), "-m", "dpsynth", *stage_argv(args)]
     log.info("train: %d ranks on this machine: %s", cfg.train.gpus_per_node, " ".join(command))
     # stdout and stderr are ours: rank 0's outcome and every log line; the ranks share this process's CPUs
-    return subprocess.run(command, env=threads.environment_for(cfg.train.gpus_per_node)).returncode
+    child = subprocess.Popen(command, env=threads.environment_for(cfg.train.gpus_per_node))
+    return wait_forwarding_sigterm(child)
+
+
+def wait_forwarding_sigterm(child: subprocess.Popen) -> int:
+    """``child``'s exit status, or 143 when this process got SIGTERM meanwhile. A SIGTERM (the pod's grace period
+    begins) is passed on to ``child`` (torchrun, which passes it on to every rank: rank 0 checkpoints, commits what
+    its steps spent and closes its reservation, dpsynth.termination) and this process waits for it to end. Killing
+    torchrun instead (what an exception in ``subprocess.run`` does) left the ranks running to the end, charging the
+    whole run after the attempt had been reported stopped."""
+    got: list[int] = []
+
+    def forward(signum, frame):
+        got.append(signum)
+        child.send_signal(signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, forward) if main else None
+    try:
+        code = child.wait()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if got:
+        log.error("train: stopped by SIGTERM; the ranks ended with status %s", code)
+        return 128 + got[0]
+    return code
 
 
 # --- Kubernetes: a Kubeflow Trainer TrainJob, or the older training operator's PyTorchJob -----------------------

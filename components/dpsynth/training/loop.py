@@ -127,9 +127,10 @@ class Trainer:
         w, s = self.cfg.warmup, self.state
         images, labels = records if records is not None else (self.images, self.labels)
         started = time.monotonic()
-        _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps "
-                  "(warmup.steps, whatever train.steps is)",
-                  len(warmup_releases.events(self.cfg)), ", ".join(warmup_releases.release_names(self.cfg)), w.steps)
+        fit = warmup.fit_steps(self.cfg)
+        _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps (%s)",
+                  len(warmup_releases.events(self.cfg)), ", ".join(warmup_releases.release_names(self.cfg)), fit,
+                  "warmup.steps" if w.steps is not None else "null warmup.steps: 40 × train.steps, at most 4,000")
         if images.shape[1] > 1 and w.polarity_noise_multiplier is None:  # the channel count is public (the schema)
             _log.warning("colour images and no polarity release (warmup.polarity_noise_multiplier): the generator's "
                          "slots are class means, flat grey where a class's colours vary (recipes without it scored at "
@@ -140,7 +141,7 @@ class Trainer:
                                                      randomness=s.mechanism, trace=self.trace)
         _log.info("warm-up: released in %.0f s; fitting the generator to them (post-processing)",
                   time.monotonic() - started)
-        warmup.fit_generator(s.G, slots, steps=w.steps, batch_size=w.batch_size, lr=w.lr, generator=s.rng,
+        warmup.fit_generator(s.G, slots, steps=fit, batch_size=w.batch_size, lr=w.lr, generator=s.rng,
                              directions=directions, progress=True)
         if getattr(s.G, "tone", False):  # G's pixels take the released histogram's tones (post-processing)
             warmup.match_tones(s.G, hist, generator=s.rng)

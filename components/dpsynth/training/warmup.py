@@ -138,6 +138,16 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
     return slots, directions, hist
 
 
+FIT_STEPS_PER_TRAIN_STEP, FIT_STEPS_MAX = 40, 4000
+
+
+def fit_steps(cfg) -> int:
+    """How many steps the generator's fit runs: ``warmup.steps``, or when it is null 40 × ``train.steps``, at most
+    4,000 (the shipped recipes, 100 or more private steps: 4,000; a 12-step trial: 480)."""
+    steps = cfg.warmup.steps
+    return steps if steps is not None else min(FIT_STEPS_MAX, FIT_STEPS_PER_TRAIN_STEP * cfg.train.steps)
+
+
 def style_slots(cfg) -> int:
     """How many style slots per class the generator needs: s × s with styles, 2 with polarity groups, else 1."""
     w = cfg.warmup
