@@ -72,11 +72,12 @@ def check_window_run(run: Path, population: dict, uri: str, tracking_uri: str, t
     assert held and not trained & held and trained | held == set(population["ids"][PER_IMPORT:])
     # the held-out split is the one a run on every block holds out, restricted to the window: stable for life
     wide = tmp_path / "wide"
-    assert dpsynth("partition", "--run-dir", wide, "--set", f"data.uri={uri}", "--set", f"ledger.url={population['url']}",
-                   "--set", f"ledger.population_id={POP}", *(a for s in PUBLIC for a in ("--set", s))) == 0
+    sets = [f"data.uri={uri}", f"ledger.url={population['url']}", f"ledger.population_id={POP}", *PUBLIC]
+    assert dpsynth("partition", "--run-dir", wide, *(a for s in sets for a in ("--set", s))) == 0
     wide_part = manifest(wide, "sensitive", "partition")
     assert wide_part["details"]["blocks"] == [0, 1, 2]
-    wide_held = {rid for o in wide_part["outputs"] if o["role"] == "heldout" for rid in read_parquet(o["uri"]).record_ids}
+    wide_held = {rid for o in wide_part["outputs"] if o["role"] == "heldout"
+                 for rid in read_parquet(o["uri"]).record_ids}
     assert wide_held & set(population["ids"][PER_IMPORT:]) == held
     # the release card: per block read, what this run charged it and what is left
     release = run / "release"

@@ -590,10 +590,10 @@ def _tie_series(conn: Connection, row, series: str | None, *, blocks: Sequence[i
     if series is not None and not isinstance(series, str) or series == "":
         raise PrivacyError(f"block_series: must be a non-empty text or None, got {series!r}")
     if tied is not None and series != tied:
-        moved = (f"its data.uri keeps no privacy blocks, so the run would charge block 0 alone for records of every "
-                 f"block" if series is None or blocks is None else
-                 f"its blocks are numbered by another import folder (they restart at block 0 there: its records "
-                 f"would be charged again under fresh block budgets)")
+        moved = ("its data.uri keeps no privacy blocks, so the run would charge block 0 alone for records of every "
+                 "block" if series is None or blocks is None else
+                 "its blocks are numbered by another import folder (they restart at block 0 there: its records "
+                 "would be charged again under fresh block budgets)")
         raise PrivacyError(
             f"data.uri: population {pid!r} is charged on the privacy blocks of one import folder; {moved}. Train on "
             "a version of the folder its blocks started in (keep importing there with `dpsynth data import "

@@ -495,7 +495,7 @@ def verify(release_dir: str, *, public_key: str | None = None) -> list[dict]:
     return checks
 
 
-# the note of an attempt committed at its trace's ε (dpsynth.ledger.attempt.Attempt.commit): the accountant is its last word
+# the note of an attempt committed at its trace's ε (dpsynth.ledger.attempt.Attempt.commit): its accountant, last
 CHARGED_BY = re.compile(r"private steps(?: added to the \d+ of reservation \d+'s checkpoint)?, ε by (\w+)$")
 
 
@@ -520,7 +520,9 @@ def _block_charges_check(ledger: dict, trace, delta: float) -> tuple[bool, str]:
         return False, f"the released trace's ε cannot be recomputed by {name!r}: {exc}"
     tol = 1e-6 * max(abs(from_trace), 1.0)
     resumed = final.get("resumes_id") is not None
-    final_ok = (final["epsilon_spent"] <= from_trace + tol) if resumed else abs(final["epsilon_spent"] - from_trace) <= tol
+    spent = final["epsilon_spent"]
+    final_ok = isinstance(spent, (int, float)) and (spent <= from_trace + tol if resumed
+                                                    else abs(spent - from_trace) <= tol)
 
     def charge(a) -> float:
         if a is final and not resumed:

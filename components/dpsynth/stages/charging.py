@@ -107,8 +107,8 @@ def attempt(cfg: RunConfig, *, ledger, dataset_version: str, pipeline_run_id: st
             block_series: str | None = None) -> Iterator[Charge]:
     """One charged training attempt around its body (:func:`charged`), adopting the checkpoint in
     ``workdir/checkpoints``, reserving on each of ``blocks`` (the partition's window; None: the population as one
-    block) numbered by ``block_series`` (:func:`dpsynth.data.blocks.series`). ``content_sha256``: the dataset's content hash, which ties the population to its
-    data in the ledger (kept there keyed only)::
+    block) numbered by ``block_series`` (:func:`dpsynth.data.blocks.series`). ``content_sha256``: the dataset's
+    content hash, which ties the population to its data in the ledger (kept there keyed only)::
 
         with charging.attempt(cfg, ledger=…, …) as charge:
             trainer = charge.admit(make_trainer())
