@@ -318,6 +318,8 @@ def test_the_partition_and_train_stages_read_and_charge_the_window(tmp_path, cap
     assert kept == set(mnist.record_ids[200:])  # blocks 1 and 2: the records of the 2nd and 3rd imports
     [res] = Ledger(url).history("mnist600")
     assert res["blocks"] == [1, 2] and res["status"] == "committed" and 0 < res["epsilon_spent"] <= 10
+    with sqlite3.connect(tmp_path / "ledger.db") as db:  # the train stage tied the population to the folder's blocks
+        assert db.execute("SELECT block_series FROM populations").fetchall() == [(blocks.series(uri),)]
     # a wider window (every block) holds out the same records of blocks 1 and 2: held out for life, by id alone
     assert dpsynth("partition", "--run-dir", tmp_path / "wide", *settings(uri, *window[1:])) == 0
     wide = manifest(tmp_path / "wide", "sensitive", "partition")
