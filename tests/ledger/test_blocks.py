@@ -62,7 +62,7 @@ def one_run(cfg, ledger, run: str, workdir: Path) -> list[int] | None:
     ds = read_parquet(cfg.data.uri)
     read, window = charging.window(cfg, ledger, ds)
     with charging.attempt(cfg, ledger=ledger, dataset_version="ab" * 32, pipeline_run_id=run, records=len(read),
-                          workdir=str(workdir), blocks=window) as charge:
+                          workdir=str(workdir), blocks=window, block_series=blocks.series(cfg.data.uri)) as charge:
         trainer = charge.admit(object())  # no plan: the guard of a sound run holds it to its reservation
         trace = MechanismTrace()
         trace.record(full_batch_gaussian(SIGMA), 1)
@@ -178,6 +178,38 @@ def test_a_record_keeps_the_block_of_its_first_arrival(tmp_path):
     assert ARRIVAL in statement(adjacency="add/remove", noise="Gaussian")["assumptions"]  # every statement says so
 
 
+def test_a_population_moved_to_a_new_import_folder_cannot_restart_its_blocks(tmp_path, capsys):
+    """Blocks are numbered per import folder: the same records imported into a new folder start again at block 0,
+    and charging them there would give them fresh block budgets. The ledger ties the population to the numbering it
+    was first charged on and refuses another, and data without blocks; a folder moved whole keeps its numbering."""
+    import shutil
+
+    from dpsynth.data import versions
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    for week in range(3):
+        uri = import_week(tmp_path, week, dst=tmp_path / "data" / "clinic.parquet")
+    ledger = Ledger(url)
+    ledger.set_budget(POP, epsilon=BLOCK_BUDGET, delta=1e-4, reason="each block's lifetime budget")
+    assert one_run(config(uri, url), ledger, "first", tmp_path) == [0, 1, 2]
+    moved = import_week(tmp_path, 2, dst=tmp_path / "moved" / "clinic.parquet")  # the same records, a new folder
+    assert [b["block"] for b in blocks.arrivals(moved)] == [0] and blocks.series(moved) != blocks.series(uri)
+    with pytest.raises(PrivacyError, match=r"data.uri: population 'clinic' is charged on the privacy blocks of one "
+                                           r"import folder; its blocks are numbered by another import folder"):
+        one_run(config(moved, url), ledger, "moved", tmp_path)
+    flat = tmp_path / "flat.parquet"  # the same records without blocks: charged to block 0 alone
+    assert main(["data", "import", str(tmp_path / "week02.npz"), str(flat), "--num-classes", "2"]) == 0
+    with pytest.raises(PrivacyError, match="data.uri: population 'clinic' .* keeps no privacy blocks"):
+        one_run(config(str(flat), url), ledger, "flat", tmp_path)
+    with pytest.raises(PrivacyError, match="numbered by another import folder"):  # refused at plan time as well
+        ledger.check_affordable(POP, epsilon=EPS, delta=DELTA, records=10, blocks=[0],
+                                block_series=blocks.series(moved))
+    assert [r["pipeline_run_id"] for r in ledger.history(POP)] == ["first"]  # nothing else charged
+    shutil.copytree(tmp_path / "data", tmp_path / "elsewhere")  # the folder moved whole, blocks.json with it
+    dst = str(tmp_path / "elsewhere" / "clinic.parquet")
+    assert one_run(config(versions.uri(dst, versions.latest(dst)), url), ledger, "whole", tmp_path) == [0, 1, 2]
+
+
 def test_an_attempt_reserves_on_every_block_it_reads_atomically(db):
     ledger = Ledger(db)
     ledger.set_budget(POP, epsilon=10.0, delta=1e-5, reason="block budget")
@@ -286,6 +318,8 @@ def test_the_partition_and_train_stages_read_and_charge_the_window(tmp_path, cap
     assert kept == set(mnist.record_ids[200:])  # blocks 1 and 2: the records of the 2nd and 3rd imports
     [res] = Ledger(url).history("mnist600")
     assert res["blocks"] == [1, 2] and res["status"] == "committed" and 0 < res["epsilon_spent"] <= 10
+    with sqlite3.connect(tmp_path / "ledger.db") as db:  # the train stage tied the population to the folder's blocks
+        assert db.execute("SELECT block_series FROM populations").fetchall() == [(blocks.series(uri),)]
     # a wider window (every block) holds out the same records of blocks 1 and 2: held out for life, by id alone
     assert dpsynth("partition", "--run-dir", tmp_path / "wide", *settings(uri, *window[1:])) == 0
     wide = manifest(tmp_path / "wide", "sensitive", "partition")

@@ -60,6 +60,24 @@ def test_the_stage_role_reserves_and_commits_but_cannot_set_a_budget(zones):
     assert len(Ledger(admin).budget_history("mnist")) == 1
 
 
+def test_the_stage_role_ties_a_population_to_its_blocks_and_no_role_unties_it(zones):
+    """#54: the stage role records the numbering of blocks a population is first charged on (a column grant), and the
+    trigger keeps it: no role may clear or change it, which would let a new import folder restart at block 0."""
+    admin, stage_url, _ = zones
+    stage = Ledger(stage_url)
+    rid = stage.reserve("mnist", epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="run-1",
+                        accountant="rdp", records=10_000, blocks=[0, 1], block_series="series-a")
+    stage.commit(rid, epsilon_spent=1.0)
+    with pytest.raises(PrivacyError, match="data.uri: population 'mnist' .* numbered by another import folder"):
+        stage.reserve("mnist", epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="run-2",
+                      accountant="rdp", records=10_000, blocks=[0], block_series="series-b")
+    for url in (stage_url, admin):
+        engine = Ledger(url).engine
+        for value in ("NULL", "'series-b'"):
+            with pytest.raises(Exception, match="permission denied"), engine.begin() as conn:
+                conn.exec_driver_sql(f"UPDATE populations SET block_series = {value} WHERE population_id = 'mnist'")
+
+
 def test_the_stage_role_cannot_rewrite_what_a_reservation_charges(zones):
     _, stage_url, _ = zones
     stage = Ledger(stage_url)

@@ -121,7 +121,7 @@ def test_verify_recomputes_and_signature_fails_when_a_byte_changes(released, tmp
     assert dpsynth("release", "verify", rel, "--public-key", public) == 0
     out = capsys.readouterr().out
     assert "ok   signature" in out and "ok   epsilon rdp" in out and "ok   epsilon prv" in out and "FAIL" not in out
-    assert "ok   headline epsilon" in out
+    assert "ok   headline epsilon" in out and "ok   epsilon per privacy block" in out
     if shutil.which("openssl"):  # the same signature, checked without dpsynth
         subprocess.run(["openssl", "pkeyutl", "-verify", "-pubin", "-inkey", public, "-rawin", "-in",
                         rel / "card" / "card.json", "-sigfile", rel / "card" / "card.json.sig"], check=True)
@@ -148,6 +148,21 @@ def test_verify_recomputes_and_signature_fails_when_a_byte_changes(released, tmp
         return (json.dumps({**card, "epsilon": card["epsilon"] / 2}, indent=2) + "\n").encode()
 
     assert tampered(rel / "card" / "card.json", headline) == {"signature", "headline epsilon"}
+
+    def per_block(data: bytes) -> bytes:  # the ε the card says this run charged its block edited (#54 item 5)
+        card = json.loads(data)
+        card["ledger"]["blocks"][0]["this_run"] /= 2
+        return (json.dumps(card, indent=2) + "\n").encode()
+
+    assert tampered(rel / "card" / "card.json", per_block) == {"signature", "epsilon per privacy block"}
+
+    def whole_charge(data: bytes) -> bytes:  # the attempt's charge and the block's edited alike: the trace disagrees
+        card = json.loads(data)
+        card["ledger"]["blocks"][0]["this_run"] /= 2
+        card["ledger"]["attempts"][-1]["epsilon_spent"] /= 2
+        return (json.dumps(card, indent=2) + "\n").encode()
+
+    assert tampered(rel / "card" / "card.json", whole_charge) == {"signature", "epsilon per privacy block"}
     assert tampered(rel / "sample" / "synthetic.parquet", lambda d: d[:-1] + bytes([d[-1] ^ 1])) == \
         {"sha256 sample/synthetic.parquet"}
     looser = MechanismTrace([MechanismEvent(**{**e, "noise_multiplier": e["noise_multiplier"] * 2})

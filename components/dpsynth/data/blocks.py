@@ -9,11 +9,17 @@ block. An import that brings no new record opens none.
 
 A block's number, its import's time and its record count are public, like n: the arrival of a record is public
 metadata (docs/privacy.md, "Privacy blocks"). Which record is in which block stays in the sensitive zone.
+
+Blocks are numbered per import folder. The folder's numbering has a random id (``series``) that the ledger ties its
+population to: a population moved to a new folder would restart at block 0 there, and its records would be charged
+again under fresh block budgets, so the ledger refuses blocks of another series. Moving the folder whole (its
+``blocks.json`` with it) keeps the series.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import datetime, timezone
 
 from dpsynth import storage
@@ -28,14 +34,17 @@ def _at(folder: str) -> str:
 
 
 def load(folder: str) -> dict | None:
-    """``{"blocks": [{"block", "arrived_at", "version", "records"}, …], "records": {record_id: block}}`` of the
-    versions in ``folder`` (None: no import there kept blocks)."""
+    """``{"series", "blocks": [{"block", "arrived_at", "version", "records"}, …], "records": {record_id: block}}`` of
+    the versions in ``folder`` (None: no import there kept blocks). ``series``: the id of this numbering of blocks,
+    random, made by the import that opened block 0 (a map written before it had one: its block 0's import time)."""
     at = _at(folder)
     if not storage.exists(at):
         return None
     try:
         state = json.loads(storage.read_bytes(at))
-        return {"blocks": list(state["blocks"]), "records": {str(k): int(v) for k, v in state["records"].items()}}
+        found = list(state["blocks"])
+        return {"series": str(state.get("series") or f"arrived-{found[0]['arrived_at']}"), "blocks": found,
+                "records": {str(k): int(v) for k, v in state["records"].items()}}
     except (ValueError, KeyError, TypeError):
         raise DatasetError(f"data.uri: {at} is not a block map written by `dpsynth data import --versioned`; "
                            "restore it from a backup (its blocks are what the ledger charged)") from None
@@ -47,7 +56,7 @@ def record_import(dst: str, version: str, record_ids: list[str], *, now: datetim
     folder = versions.root(dst)
     state = load(folder)
     if state is None:
-        state = {"blocks": [], "records": {}}
+        state = {"series": uuid.uuid4().hex, "blocks": [], "records": {}}
         seen = set()  # block 0: every record of an earlier version as well
         for uri in storage.list_uris(folder):
             if uri.endswith(".parquet") and uri.rsplit("/", 1)[-1] != f"{version}.parquet":
@@ -78,6 +87,15 @@ def of_records(uri: str, record_ids: list[str]) -> list[int] | None:
         raise DatasetError(f"data.uri: {len(missing)} records of {uri} are in no block of its import folder's "
                            f"{FILE}; import the data again with `dpsynth data import --versioned`")
     return [state["records"][rid] for rid in record_ids]
+
+
+def series(uri: str) -> str | None:
+    """The id of the numbering of blocks of the import folder of ``uri`` (None: it keeps none). The ledger ties a
+    population to the first it is charged on: blocks numbered afresh in another folder (restarting at 0) are refused
+    (:meth:`dpsynth.ledger.store.Ledger.open_attempt`). Public: a random id, made before any record is read."""
+    found = versions.version_of(uri)
+    state = None if found is None else load(found[0])
+    return None if state is None else state["series"]
 
 
 def arrivals(uri: str) -> list[dict] | None:

@@ -84,9 +84,10 @@ class Attempt:
 def open_attempt(ledger, *, population_id: str, epsilon: float, delta: float, dataset_version: str,
                  pipeline_run_id: str, stage: str, records: int, accountant: str, lineage: dict | None,
                  stale_after_s: float | None, content_sha256: str | None = None,
-                 blocks: list[int] | None = None) -> Attempt:
+                 blocks: list[int] | None = None, block_series: str | None = None) -> Attempt:
     """Adopt the checkpoint whose ``lineage`` (its reservation and trace, None: none to resume) is given, and
-    open this attempt's reservation on every one of ``blocks`` (None: the population as one block)."""
+    open this attempt's reservation on every one of ``blocks`` (None: the population as one block), numbered by
+    ``block_series`` (:meth:`dpsynth.ledger.store.Ledger.open_attempt`)."""
     found = lineage
     resumes, prefix = None, MechanismTrace()
     if found is not None:
@@ -100,7 +101,8 @@ def open_attempt(ledger, *, population_id: str, epsilon: float, delta: float, da
     rid, settled = ledger.open_attempt(
         population_id, epsilon=epsilon, delta=delta, dataset_sha256=dataset_version, pipeline_run_id=pipeline_run_id,
         accountant=accountant, records=records, stage=stage, attempt_id=attempt_id, resumes_id=resumes,
-        stale_after_s=stale_after_s, resumed_steps=prefix.steps, content_sha256=content_sha256, blocks=blocks)
+        stale_after_s=stale_after_s, resumed_steps=prefix.steps, content_sha256=content_sha256, blocks=blocks,
+        block_series=block_series)
     for r in settled:
         log.warning("ledger: stale reservation %s (run %s) settled at its whole ε=%.4g: %s",
                     r["id"], r["pipeline_run_id"], r["epsilon_reserved"], r["note"])

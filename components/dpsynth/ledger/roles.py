@@ -6,8 +6,9 @@ ledger's tables and its data key, then gives
 - the **stage** role (the stage pods' ``DPSYNTH_LEDGER_URL``) what an attempt needs and no more: reading the
   budgets, reservations and data key; inserting reservations and the blocks each reads (never updating or deleting
   those), and updating only a reservation's closing columns (status,
-  spent ε, note, heartbeat, steps, bound); updating a population's ``data_id`` (tying it to its first data; the
-  grant also lets it lock the population's row, ``SELECT … FOR UPDATE``). No write on a budget
+  spent ε, note, heartbeat, steps, bound); updating a population's ``data_id`` and ``block_series`` (tying it to its
+  first data and to its first numbering of privacy blocks; the grant also lets it lock the population's row,
+  ``SELECT … FOR UPDATE``). No write on a budget
   (``populations.epsilon_budget``/``delta``) or on the budget history: ``set-budget`` is refused;
 - the **auditor** role (the Privacy ledger page in MLflow) ``SELECT`` on populations, reservations, the blocks
   they read and budget history: no write at all, and not the data key (the page reads keyed data ids only).
@@ -18,7 +19,9 @@ reservation settled in full, then committed by its attempt, keeps the larger), a
 role can lower what an earlier attempt was charged or reopen it. On an *open* reservation it lets ``epsilon_bound``
 only rise, and lets a release, or a commit below the reservation's whole ε, through only in a transaction that shows
 the secret of the attempt that opened it (``dpsynth.attempt_token``, whose sha256 the row keeps): another attempt
-sharing the stage role can settle a dead attempt's reservation at its whole ε, never give any of it back.
+sharing the stage role can settle a dead attempt's reservation at its whole ε, never give any of it back. A second
+trigger (``populations_block_series_once``) keeps a population's ``block_series`` once set: no role can untie it
+from the numbering of blocks it was charged on (which would let a new import folder restart at block 0).
 
 Re-running it resets both roles' grants on the ledger to these (and sets their passwords: a rotation). A newer
 dpsynth's added columns are created by the owner here too (the stage role may not ``ALTER``): the chart runs it
@@ -39,7 +42,7 @@ from dpsynth.ledger.store import Ledger, _data_key
 STAGE = (("populations", "SELECT"), ("reservations", "SELECT"), ("data_key", "SELECT"),
          ("reservations", "INSERT"), ("reservation_blocks", "SELECT"), ("reservation_blocks", "INSERT"),
          ("reservations", "UPDATE (status, epsilon_spent, closed_at, note, steps, heartbeat_at, epsilon_bound)"),
-         ("populations", "UPDATE (data_id)"))
+         ("populations", "UPDATE (data_id, block_series)"))
 AUDITOR = (("populations", "SELECT"), ("reservations", "SELECT"), ("reservation_blocks", "SELECT"),
            ("budget_history", "SELECT"))
 SEQUENCES = {"stage": ("reservations_id_seq",), "auditor": ()}  # ids of the rows a role inserts
@@ -73,6 +76,17 @@ END $$;
 DROP TRIGGER IF EXISTS reservations_closed_once ON reservations;
 CREATE TRIGGER reservations_closed_once BEFORE UPDATE ON reservations
   FOR EACH ROW EXECUTE FUNCTION dpsynth_reservation_closed_once();
+CREATE OR REPLACE FUNCTION dpsynth_block_series_once() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF OLD.block_series IS NOT NULL AND NEW.block_series IS DISTINCT FROM OLD.block_series THEN
+    RAISE EXCEPTION 'permission denied: population % is charged on the privacy blocks numbered %: its block_series '
+                    'stays', OLD.population_id, OLD.block_series USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS populations_block_series_once ON populations;
+CREATE TRIGGER populations_block_series_once BEFORE UPDATE ON populations
+  FOR EACH ROW EXECUTE FUNCTION dpsynth_block_series_once();
 """
 
 

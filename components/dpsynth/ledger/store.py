@@ -64,6 +64,9 @@ populations_table = Table(
     Column("data_id", String(64), nullable=True),
     # an operator's reason for charging it for data already charged to another population (None: refused)
     Column("shared_data_reason", Text, nullable=True),
+    # the numbering of privacy blocks it was first charged on (dpsynth.data.blocks.series: its import folder's; None:
+    # not yet charged on blocks): blocks of another numbering, restarting at 0 elsewhere, are refused
+    Column("block_series", String(64), nullable=True),
     CheckConstraint("epsilon_budget > 0", name="ck_populations_epsilon"),
     CheckConstraint("delta > 0 AND delta < 1", name="ck_populations_delta"),
 )
@@ -129,7 +132,7 @@ data_key_table = Table(
 # columns added since the first ledger schema: an older database gets them (all nullable) on open
 _ADDED_COLUMNS = {"reservations": ("attempt_id", "resumes_id", "steps", "heartbeat_at", "epsilon_bound", "data_id",
                                     "token_sha256"),
-                  "populations": ("data_id", "shared_data_reason")}
+                  "populations": ("data_id", "shared_data_reason", "block_series")}
 
 
 class Ledger:
@@ -222,7 +225,7 @@ class Ledger:
 
     def reserve(self, population_id: str, *, epsilon: float, delta: float, dataset_sha256: str,
                 pipeline_run_id: str, accountant: str, records: int, stage: str = "train",
-                blocks: Sequence[int] | None = None) -> int:
+                blocks: Sequence[int] | None = None, block_series: str | None = None) -> int:
         """Reserve (ε, δ) on every one of ``blocks`` (None: the single block 0) before touching the data; returns
         the reservation id.
 
@@ -234,24 +237,26 @@ class Ledger:
         return self.open_attempt(population_id, epsilon=epsilon, delta=delta, dataset_sha256=dataset_sha256,
                                  pipeline_run_id=pipeline_run_id, accountant=accountant, records=records,
                                  stage=stage, attempt_id=None, resumes_id=None, stale_after_s=None,
-                                 settle_stale=False, blocks=blocks)[0]
+                                 settle_stale=False, blocks=blocks, block_series=block_series)[0]
 
     def check_affordable(self, population_id: str, *, epsilon: float, delta: float, records: int,
-                         blocks: Sequence[int] | None = None) -> dict[str, Any]:
+                         blocks: Sequence[int] | None = None, block_series: str | None = None) -> dict[str, Any]:
         """Refuse (PrivacyError) what :meth:`reserve` would refuse, writing nothing; the balance otherwise."""
         pid = _check_id(population_id, "population_id")
         eps, dlt = check_epsilon(epsilon, "epsilon"), check_delta_range(delta, "delta")
         read = check_blocks(blocks)
         with self._transaction(write=False) as conn:
             row = conn.execute(select(populations_table).where(populations_table.c.population_id == pid)).first()
-            return self._affordable(conn, row, pid, eps, dlt, records, run_id=None, blocks=read)
+            bal = self._affordable(conn, row, pid, eps, dlt, records, run_id=None, blocks=read)
+            _tie_series(conn, row, block_series, blocks=blocks, write=False)
+            return bal
 
     def open_attempt(self, population_id: str, *, epsilon: float, delta: float, dataset_sha256: str,
                      pipeline_run_id: str, accountant: str, records: int, stage: str, attempt_id: str | None,
                      resumes_id: int | None, stale_after_s: float | None,
                      resumed_steps: int | None = None, settle_stale: bool = True,
-                     content_sha256: str | None = None,
-                     blocks: Sequence[int] | None = None) -> tuple[int, list[dict[str, Any]]]:
+                     content_sha256: str | None = None, blocks: Sequence[int] | None = None,
+                     block_series: str | None = None) -> tuple[int, list[dict[str, Any]]]:
         """Open the reservation of one attempt at a private stage: ``(reservation id, settled)``.
 
         In the same transaction, first settles (committed at its whole reservation, reason recorded)
@@ -267,6 +272,12 @@ class Ledger:
         refuses (PrivacyError naming ``ledger.population_id``) data already charged to another population —
         a new id for the same records would start a fresh budget — unless an operator allowed it
         (:meth:`set_budget` ``allow_shared_data``).
+
+        ``block_series``: the id of the numbering of ``blocks`` (:func:`dpsynth.data.blocks.series`, its import
+        folder's). The population is tied to the first it is charged on; blocks of another numbering (a new import
+        folder, restarting at block 0: its records would be charged again under fresh block budgets), or a run on
+        data without blocks once it has some (charged to block 0 alone for records of every block), are refused,
+        naming ``data.uri``.
         """
         pid = _check_id(population_id, "population_id")
         eps = check_epsilon(epsilon, "epsilon")
@@ -297,6 +308,7 @@ class Ledger:
                                              attempt=attempt, stale_after_s=stale_after_s, now=now)
             self._affordable(conn, row, pid, eps, dlt, records, run_id=run_id, blocks=read)
             data_id = None if content_sha256 is None else self._tie_data(conn, row, _data_id(conn, content_sha256))
+            _tie_series(conn, row, block_series, blocks=blocks)
             result = conn.execute(insert(reservations_table).values(
                 population_id=pid, dataset_sha256=sha, pipeline_run_id=run_id, stage=stage,
                 epsilon_reserved=eps, delta=dlt, status="reserved", accountant=acct, created_at=now,
@@ -477,7 +489,8 @@ class Ledger:
         """Every population with its budget and balance, by id."""
         with self._transaction(write=False) as conn:
             rows = conn.execute(select(populations_table).order_by(populations_table.c.population_id)).all()
-            return [{**_row_dict(row), **_balance(conn, row)} for row in rows]
+            return [{**{k: v for k, v in _row_dict(row).items() if k != "block_series"}, **_balance(conn, row)}
+                    for row in rows]
 
     def reservation(self, reservation_id: int) -> dict[str, Any]:
         """One reservation, as :meth:`history` lists it."""
@@ -568,6 +581,27 @@ class Ledger:
                             .values(status=status, epsilon_spent=epsilon_spent, closed_at=_now(), note=note))
         if done.rowcount != 1:  # cannot happen under the row lock; refuse rather than double-close
             raise PrivacyError(f"reservation_id: reservation {rid} was closed concurrently")
+
+
+def _tie_series(conn: Connection, row, series: str | None, *, blocks: Sequence[int] | None, write: bool = True) -> None:
+    """Refuse blocks numbered by another series than the one ``row``'s population was first charged on (or data
+    without blocks once it has them); record ``series`` as its first when it has none (:meth:`Ledger.open_attempt`)."""
+    pid, tied = row.population_id, row.block_series
+    if series is not None and not isinstance(series, str) or series == "":
+        raise PrivacyError(f"block_series: must be a non-empty text or None, got {series!r}")
+    if tied is not None and series != tied:
+        moved = ("its data.uri keeps no privacy blocks, so the run would charge block 0 alone for records of every "
+                 "block" if series is None or blocks is None else
+                 "its blocks are numbered by another import folder (they restart at block 0 there: its records "
+                 "would be charged again under fresh block budgets)")
+        raise PrivacyError(
+            f"data.uri: population {pid!r} is charged on the privacy blocks of one import folder; {moved}. Train on "
+            "a version of the folder its blocks started in (keep importing there with `dpsynth data import "
+            "--versioned`; a folder moved whole, blocks.json with it, keeps its numbering), or charge the new "
+            "folder to a new population (docs/privacy.md, \"Privacy blocks\")")
+    if write and tied is None and series is not None:
+        conn.execute(update(populations_table).where(populations_table.c.population_id == pid)
+                     .values(block_series=series))
 
 
 def _data_id(conn: Connection, content_sha256: str) -> str:

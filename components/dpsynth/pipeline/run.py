@@ -31,6 +31,7 @@ import uuid
 from dpsynth import storage, tracking
 from dpsynth.config import RunConfig, dump_config
 from dpsynth.errors import DpsynthError
+from dpsynth.data import blocks as data_blocks
 from dpsynth.audit import stage as audit
 from dpsynth.stages import protocol, evaluate, manifest, partition, sample, train, warmstart
 from dpsynth.stages import charging
@@ -108,7 +109,7 @@ def check_budget(ctx: protocol.StageContext) -> dict:
     ledger = charging.run_ledger(ctx)
     read, blocks = charging.window(cfg, ledger, source)  # privacy blocks: the window this run would read (#54)
     bal = ledger.check_affordable(population_id(cfg), epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
-                                  records=len(read), blocks=blocks)
+                                  records=len(read), blocks=blocks, block_series=data_blocks.series(cfg.data.uri))
     ledger.check_data(population_id(cfg), content_sha256=source.content_sha256())  # not another population's
     return bal
 

@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -117,7 +118,8 @@ def ledger_facts(ctx: protocol.StageContext, *, population_id: str, train_run_id
             "reserved_open": balance["reserved"], "remaining": balance["remaining"], "committed": balance["committed"],
             "attempts": [{"id": r["id"], "status": r["status"], "epsilon_reserved": r["epsilon_reserved"],
                           "epsilon_spent": r["epsilon_spent"], "note": r.get("note") or "", "stage": r["stage"],
-                          "created_at": str(r["created_at"])} for r in mine],
+                          "created_at": str(r["created_at"]), "blocks": r.get("blocks", [0]),
+                          "resumes_id": r.get("resumes_id")} for r in mine],
             "lifetime_attempts": len(history), "lifetime_by_status": statuses,
             "pipeline_run_id": train_run_id, "blocks": _block_facts(mine, before, balance, charged)}
 
@@ -474,6 +476,9 @@ def verify(release_dir: str, *, public_key: str | None = None) -> list[dict]:
         check("headline epsilon", all(isinstance(h, (int, float)) and abs(h - bound) <= tol for h in headline),
               f"the largest bound recomputed from trace.json: {bound:.6g} (± {tol:.2g}); card's headline "
               f"{headline[0]}, audit report's {headline[1]}")
+    if isinstance(card.get("ledger"), dict) and card["ledger"].get("blocks"):
+        check("epsilon per privacy block", *_block_charges_check(card["ledger"], MechanismTrace.from_json(trace_text),
+                                                                delta))
     sig_uri = storage.join(root, DIR, "card.json.sig")
     if public_key is not None:
         from cryptography.exceptions import InvalidSignature
@@ -488,6 +493,56 @@ def verify(release_dir: str, *, public_key: str | None = None) -> list[dict]:
         except (InvalidSignature, ValueError, TypeError, AttributeError) as exc:
             check("signature", False, f"card.json.sig does not verify with {public_key} ({type(exc).__name__})")
     return checks
+
+
+# the note of an attempt committed at its trace's ε (dpsynth.ledger.attempt.Attempt.commit): its accountant, last
+CHARGED_BY = re.compile(r"private steps(?: added to the \d+ of reservation \d+'s checkpoint)?, ε by (\w+)$")
+
+
+def _block_charges_check(ledger: dict, trace, delta: float) -> tuple[bool, str]:
+    """The ε the card says this run charged each privacy block it read (#54), recomputed: per block, the sum over the
+    run's attempts that read it of each one's charge, where the attempt that committed the released trace is charged
+    that trace's ε, recomputed by the accountant it was charged by (a resumed one, at least the ε its steps add:
+    the chain it continues is listed too), a released attempt nothing, and any other what the ledger recorded (a
+    whole reservation). A card whose per-block figure, or the charge of the attempt behind the trace, was edited
+    fails; so does one whose blocks are not the ones its attempts read."""
+    from dpsynth.privacy import get_accountant
+
+    attempts = ledger.get("attempts") or []
+    final = next((a for a in reversed(attempts) if a.get("status") == "committed"
+                  and CHARGED_BY.search(a.get("note") or "")), None)
+    if final is None:
+        return False, "no attempt of this run committed the released trace's ε (the card lists no such charge)"
+    name = CHARGED_BY.search(final["note"]).group(1)
+    try:
+        from_trace = get_accountant(name).epsilon(trace, delta=delta) if trace.steps else 0.0
+    except Exception as exc:  # noqa: BLE001 — an accountant the trace does not fit: the check fails
+        return False, f"the released trace's ε cannot be recomputed by {name!r}: {exc}"
+    tol = 1e-6 * max(abs(from_trace), 1.0)
+    resumed = final.get("resumes_id") is not None
+    spent = final["epsilon_spent"]
+    final_ok = isinstance(spent, (int, float)) and (spent <= from_trace + tol if resumed
+                                                    else abs(spent - from_trace) <= tol)
+
+    def charge(a) -> float:
+        if a is final and not resumed:
+            return from_trace
+        return {"committed": a.get("epsilon_spent") or 0.0, "reserved": a.get("epsilon_reserved") or 0.0}.get(
+            a.get("status"), 0.0)
+
+    read = sorted({b for a in attempts for b in a.get("blocks", [0])})
+    mine = {b: sum(charge(a) for a in attempts if b in a.get("blocks", [0])) for b in read}
+    stated = {row.get("block"): row.get("this_run") for row in ledger["blocks"]}
+    bad = [b for b in sorted(set(mine) | set(stated), key=str) if not isinstance(stated.get(b), (int, float))
+           or b not in mine or abs(stated[b] - mine[b]) > tol]
+    if resumed:  # every block the chain read is charged at least the whole trace's ε
+        bad += [b for b in read if mine[b] < from_trace - tol and b not in bad]
+    detail = (f"recomputed from trace.json by {name} at δ = {delta:g}: ε = {from_trace:.6g} charged to the attempt "
+              f"behind it (card: {final['epsilon_spent']}); per block, recomputed "
+              + ", ".join(f"{b}: {v:.6g}" for b, v in mine.items()) + "; card "
+              + ", ".join(f"{b}: {v}" for b, v in stated.items())
+              + (f"; these differ: block {', '.join(map(str, bad))}" if bad else ""))
+    return final_ok and not bad, detail
 
 
 def keygen(private_path: str) -> bytes:

@@ -14,7 +14,9 @@ def register(subparsers) -> None:
         description="Check RELEASE_DIR (RUN_DIR/release) from its files alone: every file card/card.json lists has "
         "its sha256 and nothing unlisted was released; card/trace.json is the audited trace and the one the "
         "generator is bound to; ε recomputed from it (RDP and PRV, or WOR) equals the card's and the audit "
-        "report's, the largest of them equals the card's headline ε, and it is within the target; with --public-key, card/card.json.sig verifies. Exit 2 unless all pass.")
+        "report's, the largest of them equals the card's headline ε, and it is within the target; the ε the card "
+        "says the run charged each privacy block it read is recomputed from the trace and the attempts it lists; "
+        "with --public-key, card/card.json.sig verifies. Exit 2 unless all pass.")
     verify.add_argument("release_dir", metavar="RELEASE_DIR")
     verify.add_argument("--public-key", metavar="PEM", help="the ed25519 public key the card must be signed with")
     verify.add_argument("--json", action="store_true", help="print the checks as JSON")

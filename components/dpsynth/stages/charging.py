@@ -103,11 +103,12 @@ def run_ledger(ctx):
 
 @contextlib.contextmanager
 def attempt(cfg: RunConfig, *, ledger, dataset_version: str, pipeline_run_id: str, records: int, workdir: str,
-            content_sha256: str | None = None, blocks: list[int] | None = None) -> Iterator[Charge]:
+            content_sha256: str | None = None, blocks: list[int] | None = None,
+            block_series: str | None = None) -> Iterator[Charge]:
     """One charged training attempt around its body (:func:`charged`), adopting the checkpoint in
     ``workdir/checkpoints``, reserving on each of ``blocks`` (the partition's window; None: the population as one
-    block). ``content_sha256``: the dataset's content hash, which ties the population to its
-    data in the ledger (kept there keyed only)::
+    block) numbered by ``block_series`` (:func:`dpsynth.data.blocks.series`). ``content_sha256``: the dataset's
+    content hash, which ties the population to its data in the ledger (kept there keyed only)::
 
         with charging.attempt(cfg, ledger=…, …) as charge:
             trainer = charge.admit(make_trainer())
@@ -123,7 +124,8 @@ def attempt(cfg: RunConfig, *, ledger, dataset_version: str, pipeline_run_id: st
                 dataset_version=dataset_version, pipeline_run_id=pipeline_run_id, stage="train", records=records,
                 accountant=cfg.privacy.accountant,
                 lineage=checkpoint.lineage(Path(workdir) / "checkpoints") if cfg.output.resume else None,
-                stale_after_s=cfg.ledger.stale_after_hours * 3600, content_sha256=content_sha256, blocks=blocks)
+                stale_after_s=cfg.ledger.stale_after_hours * 3600, content_sha256=content_sha256, blocks=blocks,
+                block_series=block_series)
             charge = stack.enter_context(charged(opened))
         yield charge
 

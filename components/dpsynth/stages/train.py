@@ -46,7 +46,7 @@ from pathlib import Path
 
 from dpsynth import storage, threads, tracking
 from dpsynth.config import dump_config
-from dpsynth.data import read_parquet
+from dpsynth.data import blocks as data_blocks, read_parquet
 from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.training import checkpoint, data_parallel, loop
 from dpsynth.methods import registry
@@ -196,7 +196,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                 tcfg, ledger=ledger, dataset_version=partition["dataset_sha256"], workdir=workdir,
                 pipeline_run_id=ctx.pipeline_run_id or f"stage-{uuid.uuid4().hex[:12]}",
                 records=partition["details"]["records"], content_sha256=source["content_sha256"],
-                blocks=partition["details"].get("blocks")) as charge:
+                blocks=partition["details"].get("blocks"), block_series=data_blocks.series(source["uri"])) as charge:
             trainer = charge.admit(method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id,
                                                           run_tags=ctx.run_tags(), **method_kwargs))
             # the one loop (the federated server's processes, methods.federated_processes, run it on their server)
