@@ -27,6 +27,7 @@ import copy
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import sys
@@ -202,10 +203,26 @@ def walked(tmp_path_factory, source):
         beyond = {"ledger page (JSON API)": ..., "ledger page (HTML)": ..., **kfp_artifacts(ran)}
         from dpsynth_mlflow.ledger_view import gather, render  # the auditor's page, as the MLflow server serves it
 
-        page = gather(ledger_url=ledger, tracking_uri=mlflow_uri)
+        with logged_by("dpsynth.egress") as page_log:
+            page = gather(ledger_url=ledger, tracking_uri=mlflow_uri)
         beyond["ledger page (JSON API)"] = json.dumps(page, default=str).encode()
         beyond["ledger page (HTML)"] = render(page).encode()
-    return {"base": base, "run": run, "ran": ran, "source": source, "imported": imported, "beyond": beyond}
+    return {"base": base, "run": run, "ran": ran, "source": source, "imported": imported, "beyond": beyond,
+            "page_log": page_log}
+
+
+@contextlib.contextmanager
+def logged_by(name: str):
+    """The messages logger ``name`` emits inside the block."""
+    got: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: got.append(record.getMessage())
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    try:
+        yield got
+    finally:
+        logger.removeHandler(handler)
 
 
 def kfp_artifacts(ran) -> dict[str, bytes]:
@@ -339,6 +356,7 @@ def test_every_field_that_leaves_is_declared(walked):
     declared there, with the reason it may leave, or withheld by name — not dropped unnoticed)."""
     warned = [f"{' '.join(argv[:2])}: {line}" for argv, _, _, err in walked["ran"] for line in err.splitlines()
               if "egress: withheld field" in line]
+    warned += [f"ledger page: {line}" for line in walked["page_log"] if "egress: withheld field" in line]
     assert warned == [], "\n".join(warned)
 
 

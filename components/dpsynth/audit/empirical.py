@@ -785,8 +785,6 @@ def log_mlflow(result: dict | None, *, tracking_uri: str | None = None, also: Se
     """The empirical figures on the active (audit) MLflow run; its tags also on the runs ``also`` names."""
     if not result:
         return
-    import mlflow
-
     from dpsynth import tracking
 
     parts = {p["name"]: p for p in result["components"]}
@@ -800,9 +798,6 @@ def log_mlflow(result: dict | None, *, tracking_uri: str | None = None, also: Se
     warm = [p["epsilon_lower"] for name, p in parts.items() if name.startswith("warmup.")]
     if warm:
         metrics["epsilon_lower_warmup"] = max(warm)
-    mlflow.log_metrics(metrics)
-    mlflow.set_tags(tracking.empirical_tags(result))
-    client = mlflow.MlflowClient(tracking_uri)
+    tracking.log_run(tracking.LoggedKeys(metrics=MLFLOW_METRICS), metrics=metrics, tags=tracking.empirical_tags(result))
     for run_id in dict.fromkeys(r for r in also if r):
-        for k, v in tracking.empirical_tags(result).items():
-            client.set_tag(run_id, k, v)
+        tracking.log_run(None, tags=tracking.empirical_tags(result), run_id=run_id, tracking_uri=tracking_uri)
