@@ -194,7 +194,7 @@ START = {  # ``dpsynth pipeline start --json``
     "train": Free("where the train stage runs: nodes, gpus_per_node, ranks (configuration)"),
 }
 
-IMPORT = {  # ``dpsynth data import --outside --json``: the import DAG's XCom and asset event
+IMPORT = {  # ``dpsynth data import --json`` (``--outside``, the default): the import DAG's XCom and asset event
     "uri": "the import's destination (configuration)",
     "shape": "the image shape H×W×C (public)",
     "version": "the import's keyed version id: the version history is public (docs/privacy.md)",
@@ -393,6 +393,8 @@ def let_out_run(keys, *, metrics: Mapping | None = None, params: Mapping | None 
 # orchestrator runs them (tests/stages/test_egress.py checks both), and their output goes through no gate.
 INSIDE = {
     "data info": "a dataset's rows, class counts, splits and content sha256: the data owner's look at their records",
+    "data import --inside": "the import's rows, classes and content sha256, asked for by name: the data owner's "
+                            "view (without --inside, data import prints only what IMPORT names)",
 }
 
 
@@ -446,3 +448,42 @@ def refusal(what: str, check: str, *, fix: str = "") -> str:
     """A refusal about a sensitive file or dataset: ``what`` (the file, or the field) failed ``check`` — never a value
     read from the data (a record id, a label, a hash, a count). ``fix``: what to do."""
     return f"{what}: {check}" + (f"; {fix}" if fix else "")
+
+
+# --- what docs/privacy.md states (its "What is public" lists exactly this; tests/stages/test_egress.py compares) ---
+
+
+def public_fields() -> str:
+    """Every field the gate lets out, shape by shape, as the Markdown list docs/privacy.md holds between its
+    ``egress:fields`` markers: ``(keyed)`` leaves as a keyed version id outside the release zone, ``(null)`` leaves
+    as null outside it, ``(whole)`` leaves whole (text and numbers the code writes); a shared sub-shape is listed
+    once, by name."""
+    named = {"entry": ENTRY, "privacy": PRIVACY, "details": DETAILS, "manifest": MANIFEST, "balance": _BALANCE,
+             "reservation": _RESERVATION, "page run": _PAGE_RUN}
+
+    def fields(shape) -> str:
+        out = []
+        for name, rule in shape.items():
+            inner = rule.shape if isinstance(rule, Each) else rule
+            mark = "[]" if isinstance(rule, Each) else ""
+            ref = next((n for n, s in named.items() if s is inner), None)
+            if ref is not None:
+                out.append(f"`{name}{mark}` → {ref}")
+            elif isinstance(inner, dict):
+                out.append(f"`{name}{mark}` {{{fields(inner)}}}")
+            else:
+                out.append(f"`{name}{mark}`" + {KEYED: " (keyed)", WITHHELD: " (null)"}.get(inner, "")
+                           + (" (whole)" if isinstance(inner, Free) else ""))
+        return ", ".join(out)
+
+    def top(shape) -> str:
+        inner, mark = (shape.shape, "[] ") if isinstance(shape, Each) else (shape, "")
+        ref = next((n for n, s in named.items() if s is inner), None)
+        return f"{mark}→ {ref}" if ref else mark + fields(inner) if isinstance(inner, dict) else "(whole)"
+
+    lines = [f"- **{name}**: {fields(shape)}" for name, shape in named.items()]
+    lines += [f"- **{name}**: {top(shape)}" for name, shape in SHAPES.items() if shape is not named.get(name)]
+    lines.append("- **MLflow tags** (every run and registered version): " + ", ".join(f"`{t}`" for t in TAGS))
+    lines.append("- **MLflow metrics and parameters**: those the run's stage declares (its `MLFLOW_KEYS`, a trainer's "
+                 "for the train run), each with its reason")
+    return "\n".join(lines) + "\n"
