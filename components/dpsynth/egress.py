@@ -2,8 +2,10 @@
 
 Whatever leaves a stage for a place an orchestrator, an operator or an auditor reads — the ``--json`` outcome of
 every ``dpsynth`` command (Airflow keeps it as ``return.json`` and XCom, KFP echoes it into the pod log), the
-manifests logged to MLflow, the release zone's manifests — passes through :func:`let_out` with its
-:data:`SHAPES` entry. The gate is an **allow-list**: a field leaves only when its shape names it, with the reason it
+manifests logged to MLflow, the release zone's manifests, the audit report's MLflow and released copies, the release
+card, the ``ledger`` commands' ``--json`` and the auditor's ledger page — passes through :func:`let_out` with its
+:data:`SHAPES` entry; every MLflow tag, metric and parameter through :func:`let_out_run` (``tracking.log_run`` and
+``tracking.run_tags``, the only code that writes them). The gate is an **allow-list**: a field leaves only when its shape names it, with the reason it
 may; every other field is dropped (its path, never its value, is logged as a warning, so a new field is noticed and
 then declared here, with its reason). Three rules for the fields that name data:
 
