@@ -93,7 +93,54 @@ class LoggedKeys:
 
 
 def _declared(name: str, declared: Mapping[str, str]) -> bool:
-    return name in declared or any(d.endswith("*") and name.startswith(d[:-1]) for d in declared)
+    from dpsynth import egress
+
+    return egress.declared(name, declared)
+
+
+def log_run(keys: LoggedKeys | None, *, metrics: Mapping | None = None, params: Mapping | None = None,
+            tags: Mapping | None = None, step: int | None = None, run_id: str | None = None,
+            tracking_uri: str | None = None) -> None:
+    """The one way a tag, metric or parameter reaches MLflow: through the egress gate
+    (:func:`dpsynth.egress.let_out_run`: metrics and parameters ``keys`` — the stage's ``MLFLOW_KEYS`` — declares,
+    tags :data:`dpsynth.egress.TAGS` names; anything else is dropped and its name logged). On the active run, or
+    on ``run_id`` (through a client of ``tracking_uri``)."""
+    import mlflow
+
+    from dpsynth import egress
+
+    metrics, params, tags = egress.let_out_run(keys, metrics=metrics, params=params, tags=tags)
+    if run_id is None:
+        if metrics:
+            mlflow.log_metrics(metrics, step=step)
+        if params:
+            mlflow.log_params(params)
+        if tags:
+            mlflow.set_tags(tags)
+        return
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.utils.time import get_current_time_millis
+
+    now = get_current_time_millis()
+    mlflow.MlflowClient(tracking_uri).log_batch(
+        run_id, metrics=[Metric(k, float(v), now, step or 0) for k, v in metrics.items()],
+        params=[Param(k, str(v)) for k, v in params.items()], tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
+def tag_version(name: str, version: str, *, tags: Mapping, tracking_uri: str) -> None:
+    """Tag a registered model version, through the egress gate (:data:`dpsynth.egress.TAGS`)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    for tag, value in run_tags(tags).items():
+        client.set_model_version_tag(name, version, tag, value)
+
+
+def run_tags(tags: Mapping | None) -> dict[str, str]:
+    """The tags a run or a registered version starts with, through the egress gate (:data:`dpsynth.egress.TAGS`)."""
+    from dpsynth import egress
+
+    return egress.let_out_run(None, tags=tags)[2]
 
 
 def config_params() -> LoggedKeys:
@@ -200,7 +247,7 @@ def start_run(
 
     mlflow.set_tracking_uri(tracking_uri)
     experiment_id = _ensure_experiment(mlflow, experiment, tracking_uri, artifact_location)
-    all_tags = {TAG_STAGE: stage, **lineage_tags(), **(tags or {})}
+    all_tags = run_tags({TAG_STAGE: stage, **lineage_tags(), **(tags or {})})
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name or stage, tags=all_tags,
                           parent_run_id=parent_run_id or None) as run:
         yield run
@@ -215,7 +262,7 @@ def create_parent_run(*, tracking_uri: str, experiment: str, run_name: str, tags
 
     mlflow.set_tracking_uri(tracking_uri)
     experiment_id = _ensure_experiment(mlflow, experiment, tracking_uri, artifact_location)
-    all_tags = {TAG_STAGE: "pipeline", **lineage_tags(), **tags}
+    all_tags = run_tags({TAG_STAGE: "pipeline", **lineage_tags(), **tags})
     return MlflowClient(tracking_uri).create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
 
 
@@ -240,10 +287,8 @@ def log_dataset_input(*, uri: str, digest: str, name: str, context: str = "train
 
 
 def log_privacy(*, epsilon: float, delta: float, accountant: str, step: int | None = None) -> None:
-    import mlflow
-
-    mlflow.log_metric("epsilon", epsilon, step=step)
-    mlflow.set_tags({TAG_EPSILON_SPENT: f"{epsilon:.6g}", TAG_DELTA: f"{delta:.3g}", TAG_ACCOUNTANT: accountant})
+    log_run(LoggedKeys(metrics={"epsilon": "accounted"}), metrics={"epsilon": epsilon}, step=step,
+            tags={TAG_EPSILON_SPENT: f"{epsilon:.6g}", TAG_DELTA: f"{delta:.3g}", TAG_ACCOUNTANT: accountant})
 
 
 def log_json(obj: dict, artifact_file: str, *, shape: str, key=None) -> None:
@@ -332,7 +377,7 @@ def register_release(*, tracking_uri: str, model_id: str, population_id: str, me
                                "letters, digits or ._- characters")
         logged = client.get_logged_model(model_id)  # as mlflow.register_model("models:/<id>") does, by this client
         version = client.create_model_version(name, source=f"models:/{model_id}", run_id=logged.source_run_id,
-                                              tags=dict(tags), model_id=model_id)
+                                              tags=run_tags(tags), model_id=model_id)
         client.set_registered_model_alias(name, RELEASED_ALIAS, version.version)
     except MlflowException as exc:
         raise DpsynthError(f"tracking.uri: cannot register the released generator in the MLflow Model Registry at "

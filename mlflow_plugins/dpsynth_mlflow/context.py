@@ -22,4 +22,4 @@ class LineageContextProvider(RunContextProvider):
     def tags(self) -> dict[str, str]:
         tags = {tag: os.environ[name] for tag, name in tracking.ENV_CONTEXT.items() if os.environ.get(name)}
         tags.update(tracking.lineage_tags())  # the code version, its commit and image
-        return tags
+        return tracking.run_tags(tags)  # through the egress gate (dpsynth.egress.TAGS)

@@ -25,7 +25,7 @@ import threading
 import urllib.parse
 from typing import Any
 
-from dpsynth import storage, tracking
+from dpsynth import egress, storage, tracking
 
 STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
 ZONE = {"partition": "sensitive", "warmstart": "sensitive", "train": "sensitive", "audit": "sensitive",
@@ -74,7 +74,8 @@ class LedgerView:
                 populations.append({**{k: pop[k] for k in ("population_id", "budget", "committed", "reserved",
                                                            "remaining", "delta", "delta_used", "blocks")},
                                     "runs": runs})
-            return {"format": "dpsynth.privacy_ledger/2", "populations": populations}
+            # what the page shows, as JSON and as HTML: through the egress gate (dpsynth.egress.LEDGER_PAGE)
+            return egress.let_out({"format": "dpsynth.privacy_ledger/2", "populations": populations}, "ledger page")
 
     def _refresh(self, client) -> None:
         """Parent runs started since the watermark (every experiment), and those not yet terminal, read again."""

@@ -27,7 +27,7 @@ def run(capsys):
 
 def test_import_writes_parquet_and_prints_a_summary(run, mnist, tmp_path):
     dst = tmp_path / "out" / "mnist.parquet"
-    code, out = run("import", MNIST_DIR, dst)
+    code, out = run("import", MNIST_DIR, dst, "--inside")
     assert code == 0 and dst.is_file()
     assert out.count("\n") == 1
     for part in ("10000 rows", "10 classes", "28x28x1", mnist.content_sha256(), str(dst)):
@@ -35,7 +35,7 @@ def test_import_writes_parquet_and_prints_a_summary(run, mnist, tmp_path):
 
 
 def test_import_json_summary(run, mnist, tmp_path):
-    code, out = run("import", MNIST_DIR, tmp_path / "m.parquet", "--json", "--split", "test")
+    code, out = run("import", MNIST_DIR, tmp_path / "m.parquet", "--json", "--split", "test", "--inside")
     summary = json.loads(out)
     assert code == 0
     assert summary["rows"] == 10_000 and summary["num_classes"] == 10 and summary["shape"] == [28, 28, 1]
@@ -44,9 +44,10 @@ def test_import_json_summary(run, mnist, tmp_path):
 
 
 def test_import_outside_prints_no_digest_or_count(run, mnist, tmp_path):
-    """What an orchestrator logs (#33): no content sha256 and no record count, in text or JSON."""
-    for extra in ((), ("--json",)):
-        code, out = run("import", MNIST_DIR, tmp_path / "o.parquet", "--outside", *extra)
+    """What an orchestrator logs (#33), and what any log gets unless the data owner asks for ``--inside`` (#52 item
+    3): no content sha256 and no record count, in text or JSON."""
+    for extra in ((), ("--json",), ("--outside",), ("--outside", "--json")):
+        code, out = run("import", MNIST_DIR, tmp_path / "o.parquet", *extra)
         assert code == 0 and (tmp_path / "o.parquet").is_file()
         assert mnist.content_sha256() not in out and "10000" not in out and "10,000" not in out
         assert str(tmp_path / "o.parquet") in out and "28" in out

@@ -2,10 +2,9 @@
 bound they are accounted with (issue #52 item 5): each check with a positive control that it catches a release that
 does not.
 
-These two releases have no canary audit run of the empirical audit (its warm-up runs cover the class means, the
-style groups and the variation directions: ``dpsynth.mechanisms.warmup_releases.RELEASES``); these tests are what
-checks them, beside the brute-force sensitivity tests of tests/methods/test_warmup_intensity.py and
-tests/methods/test_warmup_polarity.py.
+Beside their canary runs in the empirical audit (tests/audit/test_empirical_warmup_generic.py; the histogram's has
+only 16 coordinates) and the brute-force sensitivity tests of tests/methods/test_warmup_intensity.py and
+tests/methods/test_warmup_polarity.py, these tests check their noise over many releases.
 
 The noise test is the empirical audit's own (docs/privacy.md, "the noise test"): the output less the noiseless query,
 divided by the accounted σ·bound, has a mean square that N(0, 1) noise would make that small (or that large) with

@@ -127,11 +127,12 @@ def test_the_generic_recipe_releases_the_polarity_shapes():
     assert warmup_releases.release_names(cfg) == ["intensity_histogram", "class_means", "polarity_shapes", "variations"]
 
 
-@pytest.mark.parametrize("name", ["class_means", "variations"])
+@pytest.mark.parametrize("name", ["intensity", "class_means", "polarity", "variations"])
 def test_the_canary_audits_run_with_the_polarity_shapes_before_them(tmp_path, name):
     from dpsynth.audit import empirical
     cfg = tiny(tmp_path, *POLARITY, "warmup.variations=2", "warmup.variations_noise_multiplier=1", "train.latent_dim=9")
     r = empirical.audit_warmup_release(cfg, name, image_shape=[16, 16, 3], num_classes=4, canaries=200,
                                        confidence=0.95)
     assert r["verdict"] == "passed" and r["noise_test"]["passed"] and r["bound_test"]["passed"]
-    assert [n for n, _, _ in empirical.audited_releases(cfg)] == ["class_means", "variations"]
+    # every release has its audit run, the histogram and the polarity shapes too (#52 item 5)
+    assert [n for n, _, _ in empirical.audited_releases(cfg)] == ["intensity", "class_means", "polarity", "variations"]

@@ -27,6 +27,7 @@ import copy
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import sys
@@ -49,6 +50,9 @@ REPO = Path(__file__).resolve().parents[2]
 PIPELINES = REPO / "pipelines"
 GSWGAN = ("train.method=gswgan", "partition.num_shards=3", "gswgan.d_width=4", "gswgan.g_width=4",
           "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.warmstart_iterations=2", "train.steps=4")
+# Planted on every channel before the walk (:func:`plant`): a field no allow-list names, whose value must leave nowhere
+CANARY = "planted-egress-canary-0c6d"
+PLANTED_METRIC = "planted_metric_egress"
 COMMON = {"-h", "--help", "--json", "--config", "--set", "--run-dir", "--pipeline-run-id", "--parent-run-id", "--db"}
 
 
@@ -154,6 +158,7 @@ def walked(tmp_path_factory, source):
     ran: list[tuple[list[str], int, str, str]] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DPSYNTH_LEDGER_URL", ledger)
+        plant(mp)
 
         def call(*argv) -> int:
             with captured() as got:
@@ -164,6 +169,8 @@ def walked(tmp_path_factory, source):
         imported = base / "import" / "mnist600.parquet"
         assert call("data", "import", "--json", "--outside", "--versioned", "--", source, imported) == 0
         data = json.loads(ran[-1][2])["versioned_uri"]
+        assert call("data", "import", "--json", "--", source, base / "import" / "plain.parquet") == 0  # the default
+        assert call("data", "import", "--", source, base / "import" / "plain.parquet") == 0
         stage_settings = settings(data, *tracked)
         assert call("ledger", "set-budget", "mnist600", "--epsilon", "1000", "--delta", "1e-3", "--records", "600",
                     "--reason", "egress walk", "--json") == 0
@@ -199,13 +206,105 @@ def walked(tmp_path_factory, source):
                     "--delta", "1e-5", "--json") == 0
         assert call("config", "show", *stage_settings, "--json") == 0
         assert call("config", "schema") == 0
-        beyond = {"ledger page (JSON API)": ..., "ledger page (HTML)": ..., **kfp_artifacts(ran)}
+        beyond = {"ledger page (JSON API)": ..., "ledger page (HTML)": ..., **kfp_artifacts(ran), **airflow_values(ran)}
         from dpsynth_mlflow.ledger_view import gather, render  # the auditor's page, as the MLflow server serves it
 
-        page = gather(ledger_url=ledger, tracking_uri=mlflow_uri)
+        with logged_by("dpsynth.egress") as page_log:
+            page = gather(ledger_url=ledger, tracking_uri=mlflow_uri)
         beyond["ledger page (JSON API)"] = json.dumps(page, default=str).encode()
         beyond["ledger page (HTML)"] = render(page).encode()
-    return {"base": base, "run": run, "ran": ran, "source": source, "imported": imported, "beyond": beyond}
+    return {"base": base, "run": run, "ran": ran, "source": source, "imported": imported, "beyond": beyond,
+            "page_log": page_log}
+
+
+@contextlib.contextmanager
+def logged_by(name: str):
+    """The messages logger ``name`` emits inside the block."""
+    got: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: got.append(record.getMessage())
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    try:
+        yield got
+    finally:
+        logger.removeHandler(handler)
+
+
+def plant(mp) -> None:
+    """A field no allow-list names, planted where each channel's data is made: the lineage every manifest and the card
+    state, the tags every MLflow run and registered version starts with, a trainer's final metrics and parameters,
+    the audit report (its MLflow copy and the released one), the ledger's rows (``ledger * --json``, the ledger page).
+    The gate must drop each, and log its path."""
+    from dpsynth import tracking
+    from dpsynth.audit import stage as audit_stage
+    from dpsynth.ledger.store import Ledger
+    from dpsynth.methods.gswgan import GSWGANTrainer
+
+    def wrap(owner, name, add):
+        original = getattr(owner, name)
+        mp.setattr(owner, name, lambda *a, **k: add(original(*a, **k)))
+
+    wrap(tracking, "lineage", lambda found: {**found, "planted": CANARY})
+    wrap(tracking, "lineage_tags", lambda found: {**found, "dpsynth.planted": CANARY})
+    wrap(GSWGANTrainer, "final_metrics", lambda found: {**found, PLANTED_METRIC: 1.0, "derived.planted": CANARY})
+    wrap(audit_stage, "evaluate", lambda report: {**report, "planted": CANARY})
+    for name in ("history", "populations"):
+        wrap(Ledger, name, lambda rows: [{**r, "planted": CANARY} for r in rows])
+    for name in ("balance", "settle"):
+        wrap(Ledger, name, lambda row: {**row, "planted": CANARY})
+
+
+def dag_function(path: Path, name: str):
+    """A plain function of a DAG file, without importing Airflow (the stage environment has none)."""
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    found: dict = {}
+    exec(compile(ast.Module([node], []), str(path), "exec"), found)  # noqa: S102 — the DAG's own code
+    return found[name]
+
+
+def airflow_values(ran) -> dict[str, bytes]:
+    """What the Airflow DAGs' own Python makes of the commands' --json output and keeps: each stage task's XCom
+    (``dpsynth_pods.summarise``), the import's asset event ``extra`` (``dpsynth_retrain.dataset_event``), which the
+    retrain's ``plan`` returns as its XCom and prints."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dpsynth_pods", PIPELINES / "airflow" / "dags" / "dpsynth_pods.py")
+    pods = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pods)
+    event = dag_function(PIPELINES / "airflow" / "dags" / "dpsynth_retrain.py", "dataset_event")
+    out = {}
+    for i, (argv, code, stdout, _) in enumerate(ran):
+        if code != 0 or "--json" not in argv:
+            continue
+        if argv[0] in ("partition", "warmstart", "train", "audit", "sample", "evaluate") and "--shard" not in argv:
+            out[f"{i} {argv[0]}: Airflow XCom"] = json.dumps(pods.summarise(json.loads(stdout))).encode()
+        if argv[:2] == ["data", "import"] and "--versioned" in argv:
+            out[f"{i} data import: asset event extra"] = json.dumps(event(json.loads(stdout))).encode()
+    return out
+
+
+def test_the_dags_own_values_come_from_the_gated_output(walked):
+    """Every value the DAGs' Python keeps (XCom, asset event) is one the command's gated --json output printed."""
+    ran, beyond = walked["ran"], walked["beyond"]
+    kept = {k: v for k, v in beyond.items() if "Airflow XCom" in k or "asset event" in k}
+    assert any("asset event" in k for k in kept) and sum("Airflow XCom" in k for k in kept) >= 6
+    for where, text in kept.items():
+        printed = [v for _, v in strings_and_numbers(json.loads(ran[int(where.split()[0])][2]))]
+        for path, value in strings_and_numbers(json.loads(text)):  # a value printed, or part of one (a shard's name)
+            assert value in printed or any(isinstance(p, str) and str(value) in p for p in printed), (where, path, value)
+
+
+def strings_and_numbers(obj, path=""):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from strings_and_numbers(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from strings_and_numbers(v, f"{path}[]")
+    elif isinstance(obj, (str, int, float)) and not isinstance(obj, bool):
+        yield path, obj
 
 
 def kfp_artifacts(ran) -> dict[str, bytes]:
@@ -226,8 +325,12 @@ def kfp_artifacts(ran) -> dict[str, bytes]:
 
 def test_the_walk_covers_every_entry_point(walked):
     commands = cli_commands()
-    inside = set(egress.INSIDE)
+    inside = {name for name in egress.INSIDE if " --" not in name}  # whole commands; the rest an option of one
     assert inside <= set(commands), "egress.INSIDE names a command that does not exist"
+    words = pipeline_strings()
+    for name in set(egress.INSIDE) - inside:  # an option that asks for the inside view: never an orchestrator's
+        cmd, option = name.split(" --")
+        assert f"--{option}" in commands[cmd] and f"--{option}" not in words, name
     run_with: dict[str, set[str]] = {}
     for argv, *_ in walked["ran"]:
         words = [a for a in argv if not a.startswith("-")]
@@ -334,12 +437,34 @@ def test_no_per_shard_or_per_class_count_leaves(walked):
     assert found == []
 
 
+def withheld(walked) -> dict[str, set[str]]:
+    """Each command's (and the ledger page's) fields the gate dropped, by path, from its warnings."""
+    found: dict[str, set[str]] = {}
+    logs = [(" ".join(argv[:2]), err) for argv, _, _, err in walked["ran"]] + [("ledger page", "\n".join(walked["page_log"]))]
+    for where, text in logs:
+        for names in re.findall(r"egress: withheld field\(s\) no allow-list names: (.*) \(dpsynth/egress\.py\)", text):
+            found.setdefault(where, set()).update(names.split(", "))
+    return found
+
+
 def test_every_field_that_leaves_is_declared(walked):
-    """The gate dropped nothing on the walk: every field the commands emit is one egress.py names (a new field is
-    declared there, with the reason it may leave, or withheld by name — not dropped unnoticed)."""
-    warned = [f"{' '.join(argv[:2])}: {line}" for argv, _, _, err in walked["ran"] for line in err.splitlines()
-              if "egress: withheld field" in line]
-    assert warned == [], "\n".join(warned)
+    """The gate dropped nothing on the walk but the planted fields: every field the commands emit is one egress.py
+    names (a new field is declared there, with the reason it may leave, or withheld by name — not dropped
+    unnoticed)."""
+    unplanted = {where: sorted(n for n in names if "planted" not in n) for where, names in withheld(walked).items()}
+    assert {where: names for where, names in unplanted.items() if names} == {}
+
+
+def test_a_planted_field_leaves_by_no_channel(walked):
+    """What :func:`plant` planted leaves nowhere — no command's output, no MLflow tag, metric, parameter or artifact,
+    no release file, not the card, not the ledger's --json or page — and the gate named each by its path."""
+    texts = emitted(walked)
+    assert [where for where, text in texts.items() if CANARY.encode() in text] == []
+    assert PLANTED_METRIC.encode() not in texts["mlflow.db"] and b"dpsynth.planted" not in texts["mlflow.db"]
+    dropped = set().union(*withheld(walked).values())
+    for path in ("planted", "manifest.planted", "tag dpsynth.planted", f"metric {PLANTED_METRIC}",
+                 "param derived.planted", "[].planted", "reservations[].planted"):
+        assert path in dropped, (path, sorted(dropped))
 
 
 def test_the_gate_is_an_allow_list():
@@ -355,3 +480,53 @@ def test_the_gate_is_an_allow_list():
                                  "sha256": "k" * 64}
     assert out["outputs"][1]["sha256"] == "a" * 64 and out["outputs"][1]["rows"] == 181
     assert out["details"] == {"training_records": 550}
+
+
+MLFLOW_WRITES = {"log_metric", "log_metrics", "log_param", "log_params", "set_tag", "set_tags", "log_batch",
+                 "set_model_version_tag", "set_registered_model_tag"}
+
+
+def test_every_mlflow_tag_metric_and_parameter_passes_the_gate():
+    """One choke point per channel: no code but dpsynth/tracking.py (whose log_run, run_tags and tag_version call
+    the gate) writes an MLflow tag, metric or parameter; a run's start tags go through tracking.run_tags."""
+    found = []
+    for root in ("components", "mlflow_plugins", "pipelines"):
+        for path in (REPO / root).rglob("*.py"):
+            if path == REPO / "components" / "dpsynth" / "tracking.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MLFLOW_WRITES:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.func.attr}")
+    assert found == []
+
+
+def test_the_mlflow_gate_drops_what_no_stage_declares(tmp_path, caplog):
+    """tracking.log_run: a metric or parameter the stage's keys do not declare, and a tag egress.TAGS does not name,
+    reach no run; the warning names them, never their values."""
+    import mlflow
+
+    from dpsynth import tracking
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    keys = tracking.LoggedKeys(metrics={"epsilon": "accounted"}, params={"train.seed": "configuration"})
+    with tracking.start_run(tracking_uri=uri, experiment="gate", stage="partition",
+                            tags={"dpsynth.shard_sizes": "181,185"}) as run:
+        tracking.log_run(keys, metrics={"epsilon": 1.5, "shard_0_rows": 181.0},
+                         params={"train.seed": 3, "derived.record_id": "t10k:00001"},
+                         tags={tracking.TAG_AUDIT: "passed", "dpsynth.dataset_sha256_raw": "ab" * 32})
+    data = mlflow.MlflowClient(uri).get_run(run.info.run_id).data
+    assert data.metrics == {"epsilon": 1.5} and data.params == {"train.seed": "3"}
+    assert {t for t in data.tags if t.startswith("dpsynth.")} >= {tracking.TAG_AUDIT, tracking.TAG_STAGE}
+    assert not {"dpsynth.shard_sizes", "dpsynth.dataset_sha256_raw"} & set(data.tags)
+    text = caplog.text
+    assert "metric shard_0_rows" in text and "param derived.record_id" in text and "tag dpsynth.shard_sizes" in text
+    assert "181" not in text and "t10k:00001" not in text and "ab" * 32 not in text
+
+
+def test_privacy_md_lists_exactly_what_the_gate_lets_out():
+    """docs/privacy.md's "What is public" holds the gate's own list (egress.public_fields): a field the gate lets out
+    that the doc does not list, or one the doc lists that the gate does not let out, fails."""
+    doc = (REPO / "docs" / "privacy.md").read_text()
+    listed = re.search(r"<!-- egress:fields[^>]*-->\n(.*?)<!-- /egress:fields -->", doc, re.S)
+    assert listed, "docs/privacy.md has no egress:fields list"
+    assert listed.group(1) == egress.public_fields()

@@ -41,11 +41,17 @@ def register(subparsers) -> None:
         help="set every record's split (e.g. train, test, public), replacing any the source implies",
     )
     imp.add_argument("--json", action="store_true", help="print the summary as JSON")
-    imp.add_argument(
+    view = imp.add_mutually_exclusive_group()
+    view.add_argument(
         "--outside", action="store_true",
-        help="print only what may leave the sensitive zone (destination and image shape): no content sha256, "
-        "no counts; for orchestrators whose logs and messages others read (a raw digest of the records is a "
-        "membership test for anyone who knows the other records)",
+        help="print only what may leave the sensitive zone (destination, image shape, the keyed version): no "
+        "content sha256, no counts; the default, named by the orchestrators whose logs others read (a raw digest of "
+        "the records is a membership test for anyone who knows the other records)",
+    )
+    view.add_argument(
+        "--inside", action="store_true",
+        help="the data owner's view: also the rows, the classes and the content sha256 (for your own terminal, "
+        "never a log others read; dpsynth/egress.py INSIDE)",
     )
     imp.add_argument(
         "--versioned", action="store_true",
@@ -84,7 +90,7 @@ def run_import(args: argparse.Namespace) -> int:
 
         blocks.record_import(args.dst, version["version"], ds.record_ids)
     summary = {**_basics(ds), "uri": str(args.dst), **version}
-    if args.outside:  # what the import DAG keeps (XCom, the asset event): through the egress gate
+    if not args.inside:  # what the import DAG keeps (XCom, the asset event), and any log: through the egress gate
         from dpsynth import egress
 
         summary = egress.let_out({"uri": str(args.dst), "shape": summary["shape"], **version}, "import")

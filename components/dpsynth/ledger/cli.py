@@ -115,7 +115,7 @@ def run_show(args: argparse.Namespace) -> int:
     ledger = open_ledger(args)
     rows = [ledger.balance(args.population)] if args.population else ledger.populations()
     if args.json:
-        print(json.dumps(rows if not args.population else rows[0]))
+        print(_json(rows[0], "balance") if args.population else _json(rows, "populations"))
     elif not rows:
         print(f"no populations yet; add one with `{commands.dpsynth('ledger', 'set-budget', 'POPULATION --epsilon E --delta D')}`")
     else:
@@ -140,7 +140,7 @@ def run_set_budget(args: argparse.Namespace) -> int:
         balance = ledger.set_budget(args.population, epsilon=args.epsilon, delta=args.delta, reason=args.reason,
                                     records=args.records, allow_shared_data=args.allow_shared_data)
     if args.json:
-        print(json.dumps(balance))
+        print(_json(balance, "balance"))
     elif not (args.if_new and args.population.strip() in known):
         print(f"population {balance['population_id']}: lifetime budget ε={_fmt(balance['budget'])}, "
               f"δ={_fmt(balance['delta'])}; committed {_fmt(balance['committed'])}, "
@@ -151,7 +151,7 @@ def run_set_budget(args: argparse.Namespace) -> int:
 def run_settle(args: argparse.Namespace) -> int:
     row = open_ledger(args).settle(args.reservation, reason=args.reason)
     if args.json:
-        print(json.dumps(row))
+        print(_json(row, "reservation"))
     else:
         print(f"reservation {row['id']} (population {row['population_id']}): committed at its whole "
               f"ε={_fmt(row['epsilon_spent'])}; {row['note']}")
@@ -173,7 +173,7 @@ def run_forecast(args: argparse.Namespace) -> int:
     for row in plan["blocks"]:
         row["arrived_at"] = when[row["block"]]
     if args.json:
-        print(json.dumps(plan))
+        print(_json(plan, "forecast"))
         return 0
     nxt = plan["next"]
     print(f"population {plan['population_id']}: each block's lifetime budget ε={_fmt(plan['block_budget']['epsilon'])}, "
@@ -194,7 +194,7 @@ def run_grant_roles(args: argparse.Namespace) -> int:
                        stage_role=args.stage_role, stage_password=os.environ.get(STAGE_PASSWORD, ""),
                        auditor_role=args.auditor_role, auditor_password=os.environ.get(AUDITOR_PASSWORD, ""))
     if args.json:
-        print(json.dumps({"stage_role": args.stage_role, "auditor_role": args.auditor_role, "statements": done}))
+        print(_json({"stage_role": args.stage_role, "auditor_role": args.auditor_role, "statements": done}, "roles"))
     else:
         print("\n".join(done))
         print(f"ledger roles: {args.stage_role} (stage pods: reserve and commit), {args.auditor_role} (auditors: read)")
@@ -205,7 +205,7 @@ def run_history(args: argparse.Namespace) -> int:
     ledger = open_ledger(args)
     rows, changes = ledger.history(args.population), ledger.budget_history(args.population)
     if args.json:
-        print(json.dumps({"reservations": rows, "budget_changes": changes}))
+        print(_json({"reservations": rows, "budget_changes": changes}, "history"))
         return 0
     if changes:
         for row in changes:
@@ -226,6 +226,13 @@ def run_history(args: argparse.Namespace) -> int:
                             "epsilon_spent", "delta", "accountant", "resumes_id", "steps", "dataset_sha256",
                             "created_at", "closed_at", "note"]))
     return 0
+
+
+def _json(obj, shape: str) -> str:
+    """``--json``'s output: through the egress gate (:data:`dpsynth.egress.LEDGER`'s ``shape``)."""
+    from dpsynth import egress
+
+    return json.dumps(egress.let_out(obj, egress.LEDGER[shape]))
 
 
 def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:

@@ -207,16 +207,19 @@ def intensity_sums(images: torch.Tensor, *, bins: int = INTENSITY_BINS) -> torch
 
 
 def intensity_histogram(images: torch.Tensor, *, noise_multiplier: float, randomness: MechanismRandomness | None,
-                        trace: MechanismTrace | None = None, bins: int = INTENSITY_BINS) -> torch.Tensor:
+                        trace: MechanismTrace | None = None, bins: int = INTENSITY_BINS, observe=None) -> torch.Tensor:
     """The share of pixels in each intensity bin over the whole dataset: the Gaussian mechanism on
     :func:`intensity_sums` (sensitivity 1, noise N(0, σ²) per bin), then — post-processing — clamped at 0 and
-    normalised. One event, ``full_batch_gaussian(noise_multiplier)``, recorded in ``trace`` (None: records nothing)."""
+    normalised. One event, ``full_batch_gaussian(noise_multiplier)``, recorded in ``trace`` (None: records nothing).
+    ``observe(noisy, query)`` sees the raw output and the noiseless query (the empirical audit's run only)."""
     if noise_multiplier <= 0:
         raise PrivacyError(f"warmup.intensity_noise_multiplier: must be > 0, got {noise_multiplier}")
     if randomness is None:
         raise PrivacyError("central images: noise needs the mechanism's secret randomness")
-    sums = intensity_sums(images, bins=bins)
-    sums = sums + noise_multiplier * randomness.standard_normal((bins,), dtype=torch.float64).cpu()
+    query = intensity_sums(images, bins=bins)
+    sums = query + noise_multiplier * randomness.standard_normal((bins,), dtype=torch.float64).cpu()
+    if observe is not None:
+        observe(sums, query)
     if trace is not None:
         trace.record(full_batch_gaussian(noise_multiplier))
     sums = sums.clamp(min=0)

@@ -79,7 +79,8 @@ def statement(cfg) -> str:
     return out
 
 
-RELEASES = ("class_means", "styles", "variations")  # the releases with a canary audit, in order
+# the releases with a canary audit (every one: the intensity histogram and the polarity shapes too, #52 item 5)
+RELEASES = ("intensity", "class_means", "polarity", "styles", "variations")
 
 
 def release_names(cfg) -> list[str]:

@@ -283,16 +283,15 @@ def finish(ctx: protocol.StageContext, outcomes: dict[str, protocol.Outcome] | N
         from mlflow import MlflowClient
 
         client, run_id = MlflowClient(ctx.tracking_uri), ctx.parent_run_id
-        client.log_metric(run_id, "epsilon_total", s["epsilon_total"])
+        metrics = {"epsilon_total": s["epsilon_total"]}
         tags = {tracking.TAG_EPSILON_SPENT: f"{s['epsilon_total']:.6g}", tracking.TAG_AUDIT: s["audit"]}
         part = _manifest_or_none(ctx, "partition")
         if part:
             tags[tracking.TAG_DATASET_SHA256] = part["dataset_sha256"]
         if s["ledger"]:
             tags[tracking.TAG_LEDGER_RESERVATION] = ",".join(map(str, s["ledger"]["reservation_ids"]))
-            client.log_metric(run_id, "ledger_epsilon_charged", s["ledger"]["epsilon_charged"])
-        for key, value in tags.items():
-            client.set_tag(run_id, key, value)
+            metrics["ledger_epsilon_charged"] = s["ledger"]["epsilon_charged"]
+        tracking.log_run(MLFLOW_KEYS, metrics=metrics, tags=tags, run_id=run_id, tracking_uri=ctx.tracking_uri)
         columns = ("stage", "status", "epsilon", "outputs", "where", "mlflow_run_id")
         client.log_table(run_id, {c: [r[c] for r in s["stages"]] for c in columns}, "pipeline/stages.json")
         client.log_text(run_id, table(s) + "\n", "pipeline/stages.md")

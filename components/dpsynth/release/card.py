@@ -34,7 +34,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from dpsynth import commands, storage, tracking
+from dpsynth import commands, egress, storage, tracking
 from dpsynth.errors import DpsynthError
 from dpsynth.stages import protocol, manifest
 
@@ -206,7 +206,7 @@ def facts(ctx: protocol.StageContext, *, release_files: list[dict] | None = None
         out["ledger"] = {"error": str(exc)}
     if refused:
         out["refused_because"] = [f"{c['name']}: {c['detail']}" for c in report["checks"] if c["passed"] is False]
-        return out
+        return egress.let_out(out, "card")
     details = sampled.get("details", {})
     rel = details.get("release", {})
     synthetic = manifest.output(sampled, "synthetic")
@@ -222,7 +222,7 @@ def facts(ctx: protocol.StageContext, *, release_files: list[dict] | None = None
     report_items = manifest.outputs(evaluated, "report") if evaluated and evaluated["status"] == "succeeded" else []
     out["utility"] = utility_facts(json.loads(storage.read_bytes(report_items[0]["uri"])) if report_items else None)
     out["files"] = release_files or []
-    return out
+    return egress.let_out(out, "card")  # the card states only what the egress gate lets out (dpsynth.egress.CARD)
 
 
 def _empirical(measured: dict | None) -> dict | None:
@@ -403,9 +403,10 @@ def _log_mlflow(ctx: protocol.StageContext, card: dict, where: str, *, html_sha2
             model_id = getattr(version, "model_id", None) or (source[len("models:/"):] if source.startswith("models:/") else None)
             if model_id:  # the logged model behind the version: its artifacts show on the version's page
                 client.log_model_artifacts(model_id, tmp, "release_card")
-            client.set_model_version_tag(reg["name"], reg["version"], TAG_CARD, f"runs:/{ctx.parent_run_id}/{DIR}/card.html")
-            client.set_model_version_tag(reg["name"], reg["version"], TAG_CARD_SHA256, html_sha256)
-    client.set_tag(ctx.parent_run_id, TAG_CARD, f"runs:/{ctx.parent_run_id}/{DIR}/card.html")
+            tracking.tag_version(reg["name"], reg["version"], tracking_uri=ctx.tracking_uri, tags={
+                TAG_CARD: f"runs:/{ctx.parent_run_id}/{DIR}/card.html", TAG_CARD_SHA256: html_sha256})
+    tracking.log_run(None, tags={TAG_CARD: f"runs:/{ctx.parent_run_id}/{DIR}/card.html"}, run_id=ctx.parent_run_id,
+                     tracking_uri=ctx.tracking_uri)
 
 
 TAG_CARD = "dpsynth.release_card"

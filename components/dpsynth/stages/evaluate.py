@@ -315,10 +315,10 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
         if run is not None:
             import mlflow
 
-            mlflow.log_metrics(metrics)
-            mlflow.set_tags({"dpsynth.evaluate.reference": reference_info["kind"],
-                             "dpsynth.evaluate.metrics_status": report["reference"]["status"],
-                             "dpsynth.evaluate.frechet": report["quality"]["frechet"]["name"]})
+            tracking.log_run(MLFLOW_KEYS, metrics=metrics, tags={
+                "dpsynth.evaluate.reference": reference_info["kind"],
+                "dpsynth.evaluate.metrics_status": report["reference"]["status"],
+                "dpsynth.evaluate.frechet": report["quality"]["frechet"]["name"]})
             mlflow.log_text(page, "report.html")
             tracking.log_json(report, "report.json", shape="evaluation")
             images = list(grids.values())
@@ -326,7 +326,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
             if report["epsilon_curve"]:
                 tracking.log_png(images[1], "curves/epsilon_vs_metrics.png")
                 for step, point in enumerate(report["epsilon_curve"]):
-                    mlflow.log_metrics({f"curve.{k}": v for k, v in point.items()}, step=step)
+                    tracking.log_run(MLFLOW_KEYS, metrics={f"curve.{k}": v for k, v in point.items()}, step=step)
         details = {"metrics_status": report["labels"], "frechet": report["quality"]["frechet"]["name"],
                    "accuracy": report["classifier_accuracy"]["accuracy"], "suite": cfg.evaluate.suite}
         note = (f"0 for the training records. {REFERENCE_NOTES[reference_info['kind']]}"

@@ -143,10 +143,9 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                    "key": protocol.redacted(cfg).partition.key, "assignment": "HMAC-SHA256(key, record_id)",
                    **({} if blocks is None else {"blocks": blocks})}
         if run is not None:
-            import mlflow
-
-            mlflow.log_metrics({"records": len(ds), "training_records": rows["shard"],
-                                "heldout_records": rows.get("heldout", 0), "public_records": rows.get("public", 0)})
+            tracking.log_run(MLFLOW_KEYS, metrics={"records": len(ds), "training_records": rows["shard"],
+                                                   "heldout_records": rows.get("heldout", 0),
+                                                   "public_records": rows.get("public", 0)})
         return protocol.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=protocol.dataset_version(ctx, content), inputs=[source], outputs=outputs, details=details,
             privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="no release: the assignment is a keyed hash "

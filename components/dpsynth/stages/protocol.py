@@ -252,14 +252,11 @@ def child_run(ctx: StageContext, stage: str, *, run_id: str | None = None) -> It
 
 
 def _log_manifest(ctx: StageContext, m: dict, *, epsilon: float, status: str) -> None:
-    import mlflow
-
     view = outside_manifest(ctx, m)
     for item in view["inputs"]:
         if "rows" in item:  # datasets: lineage by URI and keyed version id (never the raw file hash)
             tracking.log_dataset_input(uri=item["uri"], digest=item["sha256"], name=item["role"], context=m["stage"])
-    mlflow.log_metric("epsilon_spent", epsilon)
-    mlflow.set_tags({
+    tracking.log_run(STAGE_RUN_KEYS, metrics={"epsilon_spent": epsilon}, tags={
         tracking.TAG_DATASET_VERSION: m["dataset_sha256"],  # the dataset version id (keyed), on every stage
         tracking.TAG_EPSILON_SPENT: f"{epsilon:.6g}",
         tracking.TAG_DELTA: f"{m['privacy']['delta']:.3g}",
@@ -278,6 +275,8 @@ def finish(ctx: StageContext, stage: str, run, *, status: str = "succeeded", **f
     for item in m["outputs"]:
         if item.get("zone") != ZONE[stage]:
             raise StageError(f"stage {stage}: output {item['uri']} is outside the {ZONE[stage]} zone")
+    if ZONE[stage] == "release":  # the release zone is outside: its manifest as the gate lets it out (entries keyed)
+        m = egress.let_out(m, "manifest")
     uri = ctx.manifest_uri(stage)
     manifest.write(uri, m)
     if run is not None:
@@ -296,9 +295,7 @@ def reuse(ctx: StageContext, stage: str, *, fingerprint: str, inputs: list[dict]
         return None
     with child_run(ctx, stage) as run:
         if run is not None:
-            import mlflow
-
-            mlflow.set_tag(TAG_REUSED_RUN, old.get("mlflow_run_id") or "")
+            tracking.log_run(None, tags={TAG_REUSED_RUN: old.get("mlflow_run_id") or ""})
             _log_manifest(ctx, old, epsilon=0.0, status="skipped")
     return Outcome(stage=stage, status="skipped", manifest=old, manifest_uri=uri,
                    mlflow_run_id=run.info.run_id if run is not None else None)

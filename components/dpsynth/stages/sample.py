@@ -18,7 +18,7 @@ import json
 import numpy as np
 import torch
 
-from dpsynth import storage, tracking
+from dpsynth import egress, storage, tracking
 from dpsynth.data import ImageDataset, versions, write_parquet
 from dpsynth.egress import refusal
 from dpsynth.errors import StageError
@@ -128,8 +128,10 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
     grid = class_grid(generator, num_classes=generator.num_classes, per_class=cfg.sample.per_class, seed=cfg.sample.seed)
     with protocol.child_run(ctx, STAGE) as run:
         storage.copy(generator_item["uri"], ctx.uri(STAGE, "generator.pt"))
-        for item, name in zip(audit_inputs[1:], ("audit.json", "audit.md")):
-            storage.copy(item["uri"], ctx.uri(STAGE, name))
+        # the released audit report: through the egress gate (dpsynth.egress.AUDIT; released, so the audited
+        # generator's and trace's hashes are published as they are); its markdown page as the audit wrote it
+        storage.write_text(ctx.uri(STAGE, "audit.json"), json.dumps(egress.let_out(report, "audit"), indent=2) + "\n")
+        storage.copy(audit_inputs[2]["uri"], ctx.uri(STAGE, "audit.md"))
         write_parquet(synthetic, ctx.uri(STAGE, "synthetic.parquet"))
         with storage.atomic_write(ctx.uri(STAGE, "samples.png")) as fh:
             grid.save(fh, format="PNG")
@@ -147,10 +149,8 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
         if run is not None:
             import mlflow
 
-            mlflow.set_tag(tracking.TAG_AUDIT, "passed")
-            if measured:
-                mlflow.set_tags(tracking.empirical_tags(measured))
-            mlflow.log_metric("release_epsilon", release["epsilon"])
+            tracking.log_run(MLFLOW_KEYS, metrics={"release_epsilon": release["epsilon"]},
+                             tags={tracking.TAG_AUDIT: "passed", **(tracking.empirical_tags(measured) if measured else {})})
             tracking.log_png(grid, "grids/samples.png")
             model = tracking.log_generator(exportable(generator))  # the audited generator, as an MLflow model (pt2)
             version = register(ctx, model.model_id, report=report, audit=audit, generator_sha256=generator_item["sha256"],

@@ -191,10 +191,8 @@ def run(ctx: protocol.StageContext, *, shard: int | None = None) -> protocol.Out
         outputs, details = [], {"performed": False, "reason": f"method {method.name!r} does not warm-start"}
     with protocol.child_run(ctx, STAGE) as run:
         if run is not None and outputs:
-            import mlflow
-
             public = egress.let_out(details, egress.DETAILS)  # the gate: no per-shard figure (#52 item 8)
-            mlflow.log_metrics({k: v for k, v in public.items() if isinstance(v, (int, float))})
+            tracking.log_run(MLFLOW_KEYS, metrics={k: v for k, v in public.items() if isinstance(v, (int, float))})
         return protocol.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=partition["dataset_sha256"], inputs=inputs,
             outputs=outputs, details={"performed": bool(outputs), **details},

@@ -274,9 +274,7 @@ def log_progress(trainer: Trainer, bar, run) -> None:
     postfix, metrics = trainer.progress()
     bar.set_postfix(eps=f"{eps:.3f}", **postfix)
     if run is not None:
-        import mlflow
-
-        mlflow.log_metrics({"epsilon": eps, **metrics}, step=trainer.step)
+        tracking.log_run(trainer.MLFLOW_KEYS, metrics={"epsilon": eps, **metrics}, step=trainer.step)
 
 
 def generator_file(trainer: Trainer, eps: float, **privacy) -> bytes:
@@ -315,18 +313,13 @@ def finish(trainer: Trainer, run, started: float) -> TrainResult:
         mlflow_run_id=run.info.run_id if run is not None else None, seconds=time.monotonic() - started,
         accounting=accounting, epsilon_as_published_unsound=published, details=details)
     if run is not None:
-        import mlflow
-
         tracking.log_privacy(epsilon=eps, delta=p.delta, accountant=trainer.accountant.name, step=trainer.step)
-        mlflow.set_tag("dpsynth.accounting", accounting)
         logged = trainer.final_metrics()
         metrics = {k: v for k, v in logged.items() if not k.startswith("derived.")}
         if published is not None:
             metrics["epsilon_as_published_unsound"] = published
-        if metrics:
-            mlflow.log_metrics(metrics)
-        if params := {k: v for k, v in logged.items() if k.startswith("derived.")}:
-            mlflow.log_params(params)
+        tracking.log_run(trainer.MLFLOW_KEYS, metrics=metrics, tags={"dpsynth.accounting": accounting},
+                         params={k: v for k, v in logged.items() if k.startswith("derived.")})
         tracking.log_json(json.loads(trainer.trace.to_json()), "privacy/mechanism_trace.json", shape="trace")
     storage.write_text(out / "result.json", json.dumps(asdict(result), indent=2))
     return result

@@ -78,7 +78,7 @@ def mlflow_run(trainer, *, derived: dict) -> Iterator[object | None]:
                             stage="train", run_name=f"train-{cfg.train.method}", parent_run_id=trainer.parent_run_id,
                             tags={tracking.TAG_METHOD: cfg.train.method, **trainer.run_tags},
                             artifact_location=tr.artifact_location) as run:
-        mlflow.log_params(flatten(cfg.to_dict()))
-        mlflow.log_params({f"derived.{k}": v for k, v in derived.items()})
+        tracking.log_run(trainer.MLFLOW_KEYS, params={**flatten(cfg.to_dict()),
+                                                      **{f"derived.{k}": v for k, v in derived.items()}})
         mlflow.log_text(dump_config(cfg), "config.yaml")
         yield run

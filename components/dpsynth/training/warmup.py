@@ -98,8 +98,8 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
 
     tidy, centre, spread, hist = clean, 0.0, None, None
     if w.intensity_noise_multiplier is not None:  # clean only two-tone images: ink on a dark background
-        hist = central_images.intensity_histogram(images, noise_multiplier=w.intensity_noise_multiplier,
-                                                  randomness=randomness, trace=trace)
+        hist = central_images.intensity_histogram(data("intensity")[0], noise_multiplier=w.intensity_noise_multiplier,
+                                                  randomness=randomness, trace=trace, observe=seen("intensity"))
         tidy = clean if two_tone(hist) else (lambda x: x)
         centre = mean_intensity(hist)  # the releases' sums are taken around it (post-processing: public)
         spread = intensity_spread(hist)
@@ -110,8 +110,8 @@ def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int
     slots, slot_classes = means, torch.arange(num_classes)  # one image per slot, and its class
     if w.polarity_noise_multiplier is not None:  # two slots per class: shape lighter / darker than around it
         shapes, counts = central_images.polarity_shapes(
-            images, labels, num_classes=num_classes, clip=w.clip, noise_multiplier=w.polarity_noise_multiplier,
-            randomness=randomness, trace=trace)
+            *data("polarity"), num_classes=num_classes, clip=w.clip, noise_multiplier=w.polarity_noise_multiplier,
+            randomness=randomness, trace=trace, observe=seen("polarity"))
         slots = tidy(polarity_slots(shapes, counts, means, centre=centre, spread=spread))
         slot_classes = torch.arange(num_classes).repeat_interleave(2)
 
