@@ -137,6 +137,17 @@ def calibrate(*, epsilon: float, delta: float, rounds: int, accountant: str = "r
                            sampling="full_batch", accountant=accountant)
 
 
+def calibrating_accountants(accountant: str) -> tuple[str, ...]:
+    """The accountants σ is calibrated by: ``accountant`` and every RDP-curve one that accounts a full-batch Gaussian
+    (the audit requires each accountant that applies to the trace to find ≤ ε; "rdp" and "wor" differ in their
+    orders, PRV is tighter than both)."""
+    from dpsynth.privacy.registry import ACCOUNTANTS
+
+    probe = full_batch_gaussian(1.0)
+    return tuple(dict.fromkeys([accountant, *(name for name, cls in ACCOUNTANTS.items()
+                                               if name != "prv" and cls().supports(probe))]))
+
+
 def statement(*, rounds: int, candidates: int, noise_multiplier: float, threshold: float) -> str:
     """What the release is, for a privacy statement: the prior, the rounds, the sensitivity and the noise."""
     return (PRIOR_STATEMENT.format(version=PRIOR_VERSION)
@@ -280,8 +291,9 @@ class EvolutionHistograms(Mechanism):
         p, rounds = cfg.privacy, cfg.evolution.rounds
         check_delta(p.delta, n)
         sigma = p.noise_multiplier
-        if sigma is None:
-            sigma = calibrate(epsilon=p.epsilon, delta=p.delta, rounds=rounds, accountant=p.accountant)
+        if sigma is None:  # every accountant the audit applies to full-batch events must find ≤ ε: the largest σ
+            sigma = max(calibrate(epsilon=p.epsilon, delta=p.delta, rounds=rounds, accountant=name)
+                        for name in calibrating_accountants(p.accountant))
         event = full_batch_gaussian(sigma)
         guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=p.accountant, event=event)
         steps = min(rounds, guard.remaining(MechanismTrace()))

@@ -62,7 +62,11 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 
 def run_train(args) -> int:
+    from dpsynth.stages.protocol import resolve_method
+
+    # train.method auto: picked from the data's public schema before anything else reads it
     cfg = load_config(args.config, overrides=args.overrides)
+    cfg = resolve_method(cfg, args.run_dir or cfg.pipeline.run_dir)
     if args.launch:  # the stage on several ranks, started and waited for (dpsynth.stages.launch)
         from dpsynth.stages import launch
 
