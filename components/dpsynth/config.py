@@ -739,7 +739,7 @@ def _adapter() -> TypeAdapter:
 # pipeline's inputs and ``extra``): the recipe. "section.*" is every setting of the section. Every other setting
 # is the platform's (an allow-list: a setting added to the models is the platform's until it is listed here).
 RUN_SETTINGS = ("data.uri", "privacy.epsilon", "privacy.delta", "privacy.noise_multiplier", "privacy.max_grad_norm",
-                "train.*", "zhang.*", "gswgan.*", "dpac.*", "warmup.*", "warmstart.*", "partition.num_shards",
+                "train.*", "zhang.*", "gswgan.*", "dpac.*", "warmup.*", "evolution.*", "warmstart.*", "partition.num_shards",
                 "sample.*", "evaluate.classifier", "evaluate.suite", "evaluate.max_iter", "evaluate.epochs",
                 "evaluate.feature_steps", "evaluate.validation_fraction", "evaluate.max_train_records",
                 "evaluate.mia", "evaluate.mia_records", "evaluate.mia_generated", "evaluate.curve_samples",
