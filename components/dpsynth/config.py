@@ -60,7 +60,7 @@ METHOD_NAMES = ("dpgan", "gswgan", "dpac", "zhang", "gswgan_federated", "private
 AUTO = "auto"
 MethodName = Literal[METHOD_NAMES + (AUTO,)]
 # the methods whose mechanism the empirical audit can audit (the registry's Method.empirical_audit; the same test)
-EMPIRICALLY_AUDITED = ("dpgan", "gswgan", "dpac", "zhang")
+EMPIRICALLY_AUDITED = ("dpgan", "gswgan", "dpac", "zhang", "private-evolution")
 
 
 def _require(ok: bool, name: str, message: str) -> None:

@@ -373,7 +373,7 @@ def test_a_private_evolution_run_leaves_only_declared_fields_and_no_raw_hash(tmp
     source = tmp_path / "symbols-rgb.parquet"
     write_parquet(import_source(folder), source)
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the ledger: conftest's, with mnist600's budget
-    tracked = [*SMALL, "tracking.enabled=true", f"tracking.uri={mlflow_uri}", "tracking.experiment=egress-pe",
+    tracked = [*SMALL, "audit.empirical=auto", "audit.canaries=100", "tracking.enabled=true", f"tracking.uri={mlflow_uri}", "tracking.experiment=egress-pe",
                f"tracking.artifact_location={tmp_path / 'artifacts'}"]
     stage_settings = ["--config", DEFAULT, *[a for item in (f"data.uri={source}", *tracked) for a in ("--set", item)]]
     run, ran = tmp_path / "run", []

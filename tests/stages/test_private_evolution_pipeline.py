@@ -65,13 +65,17 @@ def test_the_default_config_picks_by_the_public_schema(tmp_path, rgb_source, sou
 
 def test_a_colour_run_of_the_default_releases_private_evolution(tmp_path, rgb_source, capsys):
     run = tmp_path / "run"
-    assert dpsynth("pipeline", "run", "--config", DEFAULT, "--run-dir", run, *_set(rgb_source)) == 0
+    assert dpsynth("pipeline", "run", "--config", DEFAULT, "--run-dir", run,
+                   *_set(rgb_source, "audit.empirical=auto", "audit.canaries=100")) == 0
     train = manifest(run, "sensitive", "train")
     assert train["details"]["method"] == "private-evolution"
     trace = json.loads(storage.read_bytes(run / "sensitive" / "train" / "trace.json"))
     events = trace["events"]
     assert sum(e.get("count", 1) for e in events) == 2  # T rounds
     assert all(e["sampling"] == "full_batch" and e["sample_rate"] == 1.0 for e in events)
+    audit = json.loads((run / "sensitive" / "audit" / "audit.json").read_text())
+    (part,) = audit["empirical"]["components"]  # the histogram canaries (no warm-up release)
+    assert part["attacks"][0]["name"] == "votes" and part["verdict"] in ("passed", "inconclusive")
     stored = (run / "sensitive" / "train" / "config.yaml").read_text()
     assert "method: private-evolution" in stored
     synthetic = read_parquet(run / "release" / "sample" / "synthetic.parquet")

@@ -46,7 +46,8 @@ class Method:
     # the warm start, imported when called (shard: per shard; public: on the public records); None: "none"
     warm_start_function: Callable[[], Callable] | None = None
     # The white-box canaries of the empirical audit (dpsynth.audit.empirical): "gradient" (per-example gradients
-    # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's InputGradientSanitizer of ∂ℓ/∂G(z)); "" not audited yet.
+    # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's InputGradientSanitizer of ∂ℓ/∂G(z)), "votes"
+    # (Private Evolution's histogram bins); "" not audited yet.
     empirical_audit: str = ""
 
     @property
@@ -117,7 +118,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _federated, "shard", ("gswgan",), FEDERATED, _shard_warm_start),
     Method("private-evolution", "Private Evolution (Lin et al. 2024) with the public prior as its simulator (Sim-PE): "
            "Gaussian histograms of the records' votes for rendered figures", _private_evolution, "none",
-           ("evolution",), PRIVATE_EVOLUTION),
+           ("evolution",), PRIVATE_EVOLUTION, empirical_audit="votes"),
 )}
 
 
