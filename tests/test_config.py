@@ -98,7 +98,7 @@ def test_private_evolution_reads_no_warm_up():
 
 def test_private_evolution_sigma_is_calibrated_from_epsilon_for_every_accountant_of_the_audit():
     """σ from ε by calibrate(), the largest the accountants that account full-batch releases need; H = threshold·σ."""
-    from dpsynth.mechanisms.private_evolution import PRIVATE_EVOLUTION, calibrate, rounds_epsilon
+    from dpsynth.mechanisms.histograms import PRIVATE_EVOLUTION, calibrate, rounds_epsilon
 
     cfg = load_config(overrides=["train.method=private-evolution", "privacy.epsilon=10", "privacy.delta=1e-5"])
     plan = PRIVATE_EVOLUTION.plan(cfg, 8000)

@@ -5,7 +5,7 @@ One step is one round: every private training record votes for its nearest candi
 histogram of votes is released with Gaussian noise (one full-batch event in the trace), and the next candidates
 are drawn by the thresholded noisy votes and varied (post-processing). The algorithm, its feature, its query and
 its noise: :mod:`dpsynth.mechanisms.private_evolution`; its plan and statement: its
-:data:`~dpsynth.mechanisms.private_evolution.PRIVATE_EVOLUTION` mechanism. The release is the last round's figures
+:data:`~dpsynth.mechanisms.histograms.PRIVATE_EVOLUTION` mechanism. The release is the last round's figures
 and thresholded noisy votes, as a :class:`dpsynth.prior.release.FigurePainter` (the generator file's model); the
 sample stage paints from it with a public seed.
 """
@@ -20,7 +20,7 @@ from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.mechanisms import private_evolution as pe
-from dpsynth.mechanisms.private_evolution import PRIVATE_EVOLUTION
+from dpsynth.mechanisms.histograms import PRIVATE_EVOLUTION
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from dpsynth.prior.release import FigurePainter
 from dpsynth.training import checkpoint

@@ -30,7 +30,7 @@ from dpsynth.errors import ConfigError
 from dpsynth.mechanisms.discriminator import DPGAN, ZHANG
 from dpsynth.mechanisms.generator_gradient import FEDERATED, GSWGAN
 from dpsynth.mechanisms.mechanism import Mechanism
-from dpsynth.mechanisms.private_evolution import PRIVATE_EVOLUTION
+from dpsynth.mechanisms.histograms import PRIVATE_EVOLUTION
 
 WarmStart = Literal["none", "shard", "public"]
 
@@ -116,8 +116,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _zhang, "public", ("zhang",), ZHANG, _public_warm_start, empirical_audit="gradient"),
     Method("gswgan_federated", "federated GS-WGAN: server and K clients, the ranks of one torchrun job (gloo)",
            _federated, "shard", ("gswgan",), FEDERATED, _shard_warm_start),
-    Method("private-evolution", "Private Evolution (Lin et al. 2024) with the public prior as its simulator (Sim-PE): "
-           "Gaussian histograms of the records' votes for rendered figures", _private_evolution, "none",
+    Method("private-evolution", "Private Evolution (Lin et al. 2024) on the public prior (Sim-PE): noisy votes for "
+           "rendered figures", _private_evolution, "none",
            ("evolution",), PRIVATE_EVOLUTION, empirical_audit="votes"),
 )}
 

@@ -10,8 +10,10 @@ from dpsynth.config import load_config
 from dpsynth.methods import registry
 from dpsynth.pipeline import cli as stage_cli
 
-# train.method -> one line for `dpsynth --help` and `dpsynth train --help`: the registry's
-METHODS = {name: m.description for name, m in registry.METHODS.items()}
+# train.method -> one line for `dpsynth --help` and `dpsynth train --help`: the registry's, and auto (its rule)
+METHODS = {**{name: m.description for name, m in registry.METHODS.items()},
+           "auto": f"picked from the data's public schema before anything private runs: colour (3 channels) "
+                   f"{registry.COLOUR_METHOD}, else {registry.GREY_METHOD}"}
 
 
 def methods_text() -> str:
