@@ -66,3 +66,50 @@ def test_the_old_names_are_refused_with_the_new_one(tmp_path, old):
     f.write_text(f"{section}:\n  {field}: 5\n")
     with pytest.raises(ConfigError, match=rf"^{old}: renamed train\.n_d"):
         load_config(f)
+
+
+# --- Private Evolution's section (#51) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override,field", [
+    ("evolution.rounds=0", "evolution.rounds"),
+    ("evolution.rounds=2.5", "evolution.rounds"),
+    ("evolution.candidates=1", "evolution.candidates"),
+    ("evolution.threshold=-1", "evolution.threshold"),
+    ("evolution.step_first=0", "evolution.step_first"),
+    ("evolution.step_last=0.5", "evolution.step_last"),  # above step_first (0.3)
+    ("evolution.fresh=1", "evolution.fresh"),
+    ("evolution.jitter=2", "evolution.jitter"),
+    ("evolution.seed=-1", "evolution.seed"),
+    ("evolution.temperature=1", "evolution.temperature"),
+    ("train.method=private_evolution", "train.method"),
+])
+def test_bad_evolution_settings_are_refused_naming_the_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(overrides=["train.method=private-evolution", override])
+
+
+def test_private_evolution_reads_no_warm_up():
+    with pytest.raises(ConfigError, match=r"warmup\.central_images"):
+        load_config(overrides=["train.method=private-evolution", "warmup.central_images=true"])
+    cfg = load_config(overrides=["train.method=private-evolution"])
+    assert (cfg.evolution.rounds, cfg.evolution.candidates, cfg.evolution.threshold) == (10, 200, 2.0)
+
+
+def test_private_evolution_sigma_is_calibrated_from_epsilon_for_every_accountant_of_the_audit():
+    """σ from ε by calibrate(), the largest the accountants that account full-batch releases need; H = threshold·σ."""
+    from dpsynth.mechanisms.histograms import PRIVATE_EVOLUTION, calibrate, rounds_epsilon
+
+    cfg = load_config(overrides=["train.method=private-evolution", "privacy.epsilon=10", "privacy.delta=1e-5"])
+    plan = PRIVATE_EVOLUTION.plan(cfg, 8000)
+    sigma = plan.noise_multiplier
+    assert sigma == max(calibrate(epsilon=10, delta=1e-5, rounds=10, accountant=a) for a in ("rdp", "wor"))
+    assert plan.steps == 10 and plan.event.sampling == "full_batch" and plan.event.sample_rate == 1.0
+    for accountant in ("rdp", "wor"):
+        assert rounds_epsilon(10, sigma, delta=1e-5, accountant=accountant) <= 10
+    assert PRIVATE_EVOLUTION.threshold(cfg, plan) == pytest.approx(2 * sigma)
+    fixed = load_config(overrides=["train.method=private-evolution", "privacy.noise_multiplier=0.5"])
+    from dpsynth.errors import PrivacyError
+
+    with pytest.raises(PrivacyError, match=r"privacy\.noise_multiplier"):
+        PRIVATE_EVOLUTION.plan(fixed, 8000)  # 10 rounds at σ = 0.5 spend far more than ε = 10

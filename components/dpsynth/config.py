@@ -54,10 +54,13 @@ Bool = StrictBool
 
 # train.method: the names of the method registry's table (dpsynth.methods.registry, which this module does not import:
 # the configuration is the ground floor; tests/methods/test_registry.py keeps the two equal)
-METHOD_NAMES = ("dpgan", "gswgan", "dpac", "zhang", "gswgan_federated")
-MethodName = Literal[METHOD_NAMES]
+METHOD_NAMES = ("dpgan", "gswgan", "dpac", "zhang", "gswgan_federated", "private-evolution")
+# train.method: auto picks the method from the data's public schema before anything private runs (the rule:
+# dpsynth.methods.registry.for_schema; the stages resolve it, and store and log the method it picked)
+AUTO = "auto"
+MethodName = Literal[METHOD_NAMES + (AUTO,)]
 # the methods whose mechanism the empirical audit can audit (the registry's Method.empirical_audit; the same test)
-EMPIRICALLY_AUDITED = ("dpgan", "gswgan", "dpac", "zhang")
+EMPIRICALLY_AUDITED = ("dpgan", "gswgan", "dpac", "zhang", "private-evolution")
 
 
 def _require(ok: bool, name: str, message: str) -> None:
@@ -157,7 +160,10 @@ class TrainConfig:
         "dpgan", description="dpgan: Bie et al.; gswgan / dpac: GS-WGAN and DP-GAN-DPAC (one warm-started "
                              "discriminator per shard; sections gswgan, dpac); gswgan_federated: GS-WGAN with each "
                              "shard a client process; zhang: dp-GAN of Zhang, Ji & Wang (section zhang; needs "
-                             "public data, data.public_*).")
+                             "public data, data.public_*); private-evolution: Private Evolution on the public prior "
+                             "(section evolution; docs/prior.md); auto: picked from the data's public schema before "
+                             "anything private runs, colour (3 channels) private-evolution, else dpgan (the run's "
+                             "stored configuration and its MLflow parameters show the method picked).")
     steps: Int = Field(2000, ge=1, description="Private steps T, one event each (what a step is per method: "
                                                "training/loop.py); fewer at the ε budget.")
     batch_size: Int = Field(128, ge=1, description="Expected Poisson batch size B; q = B / n.")
@@ -426,6 +432,34 @@ class ZhangConfig:
 
 
 @dataclass(frozen=True, config=SECTION)
+class EvolutionConfig:
+    """Private Evolution on the public prior (``train.method: private-evolution``; docs/prior.md): ``rounds``
+    Gaussian histograms of the records' votes over ``candidates`` figures per class, σ from ``privacy`` (calibrated
+    to ε unless privacy.noise_multiplier is set). The defaults are the settings frozen before the confirmation runs."""
+
+    rounds: Int = Field(10, ge=1, description="T: rounds, one Gaussian histogram each (one full-batch event of "
+                                              "the trace).")
+    candidates: Int = Field(200, ge=2, description="M: candidate figures per class in every round.")
+    threshold: Float = Field(2.0, ge=0, description="H in units of the noise σ: a candidate whose noisy votes fall "
+                                                    "below H·σ gets no offspring (post-processing).")
+    step_first: Float = Field(0.3, gt=0, le=1, description="The variation step after the first round.")
+    step_last: Float = Field(0.05, gt=0, le=1, description="The variation step before the last round (geometric "
+                                                           "in between); at most step_first.")
+    fresh: Float = Field(0.05, ge=0, lt=1, description="Share of every class's next candidates drawn fresh from "
+                                                       "the prior.")
+    jitter: Float = Field(0.05, ge=0, le=1, description="The release's variation step: each sample is its drawn "
+                                                        "figure varied by this step, then painted.")
+    seed: Int = Field(0, ge=0, description="The public coins: the prior's draws, resampling and variations (never "
+                                           "the noise: that is the mechanism's secret randomness).")
+
+    @model_validator(mode="after")
+    def _steps(self) -> EvolutionConfig:
+        _require(self.step_last <= self.step_first, "evolution.step_last",
+                 f"must be at most evolution.step_first ({self.step_first}), got {self.step_last}")
+        return self
+
+
+@dataclass(frozen=True, config=SECTION)
 class SampleConfig:
     """What ``dpsynth sample`` writes after a passed audit."""
 
@@ -529,6 +563,7 @@ class RunConfig:
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     gswgan: GSWGANConfig = Field(default_factory=GSWGANConfig)
     dpac: DPACConfig = Field(default_factory=DPACConfig)
+    evolution: EvolutionConfig = Field(default_factory=EvolutionConfig)
     sample: SampleConfig = Field(default_factory=SampleConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
@@ -541,7 +576,12 @@ class RunConfig:
         _require(self.audit.empirical in ("off", "auto") or self.train.method in audited, "audit.empirical",
                  f"the empirical audit supports train.method in {list(audited)}, not "
                  f"{self.train.method!r} (yet); set audit.empirical=off")
-        method = self.train.method
+        # auto is checked as the method it picks for grey data (dpgan): it must run as written there; where it picks
+        # private-evolution, the settings that method does not read are reset (registry.resolve)
+        method = "dpgan" if self.train.method == AUTO else self.train.method
+        _require(method != "private-evolution" or not self.warmup.central_images, "warmup.central_images",
+                 "Private Evolution spends ε on its own rounds and reads no warm-up; set warmup.central_images=false "
+                 "(train.method=auto does so where it picks private-evolution)")
         _require(method != "zhang" or self.train.grad_sample_mode != "ghost_two_pass", "train.grad_sample_mode",
                  "'ghost_two_pass' cannot differentiate through dp-GAN's gradient penalty; use 'ghost' (or "
                  "'ew'/'hooks': per-unit gradients by torch.func)")
@@ -700,7 +740,7 @@ def _adapter() -> TypeAdapter:
 # pipeline's inputs and ``extra``): the recipe. "section.*" is every setting of the section. Every other setting
 # is the platform's (an allow-list: a setting added to the models is the platform's until it is listed here).
 RUN_SETTINGS = ("data.uri", "privacy.epsilon", "privacy.delta", "privacy.noise_multiplier", "privacy.max_grad_norm",
-                "train.*", "zhang.*", "gswgan.*", "dpac.*", "warmup.*", "warmstart.*", "partition.num_shards",
+                "train.*", "zhang.*", "gswgan.*", "dpac.*", "warmup.*", "evolution.*", "warmstart.*", "partition.num_shards",
                 "sample.*", "evaluate.classifier", "evaluate.suite", "evaluate.max_iter", "evaluate.epochs",
                 "evaluate.feature_steps", "evaluate.validation_fraction", "evaluate.max_train_records",
                 "evaluate.mia", "evaluate.mia_records", "evaluate.mia_generated", "evaluate.curve_samples",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 from PIL import Image
@@ -9,7 +11,7 @@ from PIL import Image
 
 @torch.no_grad()
 def class_grid(generator, *, num_classes: int, per_class: int = 10, seed: int = 0, scale: int = 2) -> Image.Image:
-    device = next(generator.parameters()).device
+    device = next(itertools.chain(generator.parameters(), generator.buffers())).device  # a painter has buffers only
     rng = torch.Generator(device=device).manual_seed(seed)
     labels = torch.arange(num_classes, device=device).repeat_interleave(per_class)
     was_training = generator.training

@@ -337,6 +337,22 @@ def log_generator(generator, *, name: str = "generator"):
     )
 
 
+def log_generator_file(data: bytes, *, name: str = "generator"):
+    """Log a release that is no network ``torch.export`` takes (Private Evolution's figures and their weights:
+    :class:`dpsynth.prior.release.FigurePainter`) as an MLflow logged model holding its ``dpsynth.generator/1``
+    file, ``generator.pt`` (tensors only, read back by ``torch.load(weights_only=True)``: no pickle of code), under
+    the active run. Returns the ``LoggedModel`` (its ``model_id`` is what :func:`register_release` registers)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    run = mlflow.active_run()
+    model = mlflow.initialize_logged_model(name=name, source_run_id=run.info.run_id if run else None,
+                                           model_type="dpsynth.generator/1")
+    with _temp_file(data, "generator.pt") as path:
+        MlflowClient().log_model_artifact(model.model_id, str(path))
+    return mlflow.finalize_logged_model(model.model_id, "READY")
+
+
 def registered_model_name(population_id: str, method: str) -> str:
     """The registered model of a population's released generators by one method: ``dpsynth-<population>-<method>``
     (characters outside ``A-Za-z0-9._-`` become ``-``; the population id itself is a tag of the model)."""

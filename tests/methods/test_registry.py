@@ -26,7 +26,9 @@ TINY = ["train.steps=2", "train.d_width=4", "train.g_width=4", "train.latent_dim
 def test_the_config_literal_is_the_registry():
     from dpsynth.config import EMPIRICALLY_AUDITED
 
-    assert list(get_args(get_type_hints(TrainConfig)["method"])) == list(registry.METHODS)
+    from dpsynth.config import AUTO
+
+    assert list(get_args(get_type_hints(TrainConfig)["method"])) == [*registry.METHODS, AUTO]
     assert EMPIRICALLY_AUDITED == registry.empirical_audit_methods()
 
 
@@ -95,7 +97,7 @@ def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path,
 
     ledger = budgeted_ledger(tmp_path, monkeypatch, load_config(config).ledger.population_id)
     out = tmp_path / "out"
-    method = load_config(config).train.method
+    method = registry.resolve(load_config(config), channels=1).train.method  # MNIST is grey: auto picks dpgan
     # the warm-up's generator regression is post-processing (no event, no ε): 20 of the recipe's 4000 steps do
     fit = ["warmup.steps=20"] if method == "dpgan" else []
     argv = ["train", "--config", str(config), "--json", "--set", f"data.uri={source}",
@@ -130,7 +132,23 @@ def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path,
 
 
 def test_every_method_has_its_papers_discriminator_steps():
-    """train.n_d's default is set for exactly the registry's methods (methods/discriminator_steps.DEFAULTS)."""
+    """train.n_d's default is set for exactly the registry's GAN methods (methods/discriminator_steps.DEFAULTS):
+    Private Evolution has no discriminator."""
     from dpsynth.methods import discriminator_steps
 
-    assert set(discriminator_steps.DEFAULTS) == set(registry.METHODS)
+    gans = {name for name, m in registry.METHODS.items() if m.mechanism.clipped != "votes"}
+    assert set(discriminator_steps.DEFAULTS) == gans and gans == set(registry.METHODS) - {"private-evolution"}
+
+
+def test_auto_picks_by_the_public_schema_and_resets_what_private_evolution_does_not_read():
+    cfg = load_config(REPO / "configs" / "dpgan-mnist-cpu.yaml")
+    assert cfg.train.method == "auto"
+    grey, colour = registry.resolve(cfg, channels=1), registry.resolve(cfg, channels=3)
+    assert grey == load_config(REPO / "configs" / "dpgan-mnist-cpu.yaml", overrides=["train.method=dpgan"])
+    assert colour.train.method == "private-evolution" and not colour.warmup.central_images
+    assert (colour.train.g_warp, colour.train.g_tone, colour.train.g_contrast) == (False, False, 0.0)
+    assert registry.resolve(colour, channels=1) is colour  # only auto is resolved
+    from dpsynth.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.method: 'auto'"):
+        registry.get("auto")

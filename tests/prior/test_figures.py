@@ -39,10 +39,15 @@ def test_drawing_and_painting_are_deterministic_in_the_public_seed():
 
 
 def test_the_prior_reads_no_record():
-    """Nothing in the prior takes data: its functions' arguments are figures, sizes, steps and a numpy Generator."""
+    """Nothing in the prior takes data: its functions' arguments are figures, sizes, steps and a numpy Generator;
+    the release's painter (prior/release.py) takes the released figures, their weights (released noisy votes), the
+    labels to draw (public: the label set) and its encoded state."""
+    from dpsynth.prior import release
+
     allowed = {"rng", "n", "kind", "figure", "figures", "size", "step", "part", "masks", "channels", "min_contrast",
-               "char", "canvas", "cells", "bg", "index", "px", "cx", "cy", "rx", "ry", "theta"}
-    for module in (figures, paint_module):
+               "char", "canvas", "cells", "bg", "index", "px", "cx", "cy", "rx", "ry", "theta",
+               "weights", "labels", "jitter", "parts", "params", "sizes"}
+    for module in (figures, paint_module, release):
         for name, fn in inspect.getmembers(module, inspect.isfunction):
             if fn.__module__ == module.__name__:
                 assert set(inspect.signature(fn).parameters) <= allowed | {"n"}, name

@@ -530,3 +530,46 @@ def test_privacy_md_lists_exactly_what_the_gate_lets_out():
     listed = re.search(r"<!-- egress:fields[^>]*-->\n(.*?)<!-- /egress:fields -->", doc, re.S)
     assert listed, "docs/privacy.md has no egress:fields list"
     assert listed.group(1) == egress.public_fields()
+
+
+# --- Private Evolution's pass: its train and sample outcomes, and MLflow, through the same gate (#51) -------------
+
+
+def test_a_private_evolution_run_leaves_only_declared_fields_and_no_raw_hash(tmp_path):
+    """Private Evolution's stages (a colour source: `train.method: auto` picks it) with --json and MLflow on: no
+    field the gate does not name (its train details, its generator-file model in MLflow), no raw hash of the
+    sensitive zone in what the commands print or MLflow holds."""
+    from tests.stages.test_no_raw_hashes import store_texts
+    from tests.stages.test_private_evolution_pipeline import DEFAULT, SMALL, datasets
+    from dpsynth.data import import_source, write_parquet
+
+    folder = tmp_path / "symbols-rgb"
+    datasets.write_folder("symbols-rgb", folder, n=120, seed=0)
+    source = tmp_path / "symbols-rgb.parquet"
+    write_parquet(import_source(folder), source)
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the ledger: conftest's, with mnist600's budget
+    tracked = [*SMALL, "audit.empirical=auto", "audit.canaries=100", "tracking.enabled=true", f"tracking.uri={mlflow_uri}", "tracking.experiment=egress-pe",
+               f"tracking.artifact_location={tmp_path / 'artifacts'}"]
+    stage_settings = ["--config", DEFAULT, *[a for item in (f"data.uri={source}", *tracked) for a in ("--set", item)]]
+    run, ran = tmp_path / "run", []
+    on = ["--run-dir", run, "--pipeline-run-id", "pe1", *stage_settings, "--json"]
+    with captured() as got:
+        assert dpsynth("pipeline", "start", *on) == 0
+    ran.append(("pipeline start", got["out"], got["err"]))
+    on += ["--parent-run-id", json.loads(got["out"])["parent_run_id"]]
+    for stage in ("partition", "warmstart", "train", "audit", "sample", "evaluate"):
+        with captured() as got:
+            assert dpsynth(stage, *on) == 0, stage
+        ran.append((stage, got["out"], got["err"]))
+    with captured() as got:
+        assert dpsynth("pipeline", "finish", *on) == 0
+    ran.append(("pipeline finish", got["out"], got["err"]))
+    assert manifest(run, "sensitive", "train")["details"]["method"] == "private-evolution"
+    warned = [f"{stage}: {line}" for stage, _, err in ran for line in err.splitlines() if "egress: withheld field" in line]
+    assert warned == []
+    printed = {f"{stage} stdout": out.encode() for stage, out, _ in ran} | store_texts(tmp_path)
+    sensitive = sensitive_hashes(run)
+    released = file_hashes(run / "release")
+    bound_trace = json.loads((run / "release" / "sample" / "audit.json").read_text())["trace"]["sha256"]
+    private = {h: what for h, what in sensitive.items() if h not in released and h != bound_trace}
+    assert hits(printed, private) == []

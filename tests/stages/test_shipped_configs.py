@@ -32,7 +32,11 @@ SHORT = (
 
 def test_every_shipped_config_names_a_registered_method():
     assert CONFIGS
-    assert {load_config(c).train.method for c in CONFIGS} <= set(registry.METHODS)
+    from dpsynth.config import AUTO
+
+    assert {load_config(c).train.method for c in CONFIGS} <= set(registry.METHODS) | {AUTO}
+    for c in CONFIGS:  # auto names a registered method for every schema
+        assert {registry.resolve(load_config(c), channels=k).train.method for k in (1, 3)} <= set(registry.METHODS)
 
 
 @pytest.mark.slow

@@ -394,6 +394,9 @@ def evaluate(cfg, *, trace_text: str, n: int, integrity: list[dict], claimed: di
         if names == ("wor",):
             note = ("without-replacement (shard / fixed-size) sampling: only the Wang–Balle–Kasiviswanathan "
                     "bound ('wor') applies; RDP and PRV of the Poisson-subsampled Gaussian do not")
+        elif all(e.sampling == "full_batch" for e in trace.events):
+            note = ("full-batch Gaussian releases (no sampling): every accountant applies, RDP and the "
+                    "without-replacement bound (rigorous upper bounds, at their own orders) and PRV")
         else:
             note = "Poisson sampling: two independent accountants, RDP (rigorous upper bound) and PRV"
         epsilons = recompute(trace, delta=p.delta, accountants=names, prv_time_limit_s=prv_time_limit_s)

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from dpsynth.privacy.events import MechanismTrace
     from dpsynth.privacy.plan import PrivacyPlan
 
-Sampling = Literal["poisson", "without_replacement"]
-Clipped = Literal["parameter_gradients", "input_gradients"]
+Sampling = Literal["poisson", "without_replacement", "full_batch"]
+# what bounds one record's contribution: its clipped parameter gradients, its clipped ∂ℓ_i/∂G(z_i), or one vote
+Clipped = Literal["parameter_gradients", "input_gradients", "votes"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,8 @@ class Mechanism:
 
     sampled: str  # what one step samples, and how (in words, for a reader and the docs)
     sampling: Sampling  # the trace's sampling scheme
-    clipped: Clipped  # what the sanitizer clips: per-example parameter gradients, or ∂ℓ_i/∂G(z_i)
+    clipped: Clipped  # what the sanitizer clips: per-example parameter gradients, or ∂ℓ_i/∂G(z_i); "votes": nothing
+    # is clipped, each record adds one vote to one bin (Private Evolution)
     fold: str  # which releases one step folds into its event (σ/√releases)
     noise: str  # the noise convention: σ in units of which bound
 

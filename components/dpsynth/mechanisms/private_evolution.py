@@ -32,18 +32,16 @@ prior's draws, the resampling and the variations use a public seed, which only e
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from dpsynth.errors import PrivacyError
+from dpsynth.mechanisms.histograms import (  # noqa: F401 (the mechanism's privacy, re-exported for its users)
+    PRIVATE_EVOLUTION, calibrate, calibrating_accountants, events, rounds_epsilon, statement)
 from dpsynth.privacy.events import MechanismTrace, full_batch_gaussian
-from dpsynth.prior import STATEMENT as PRIOR_STATEMENT, VERSION as PRIOR_VERSION
 from dpsynth.prior.figures import Figure, masks, random_figures, vary
-from dpsynth.prior.paint import paint
+from dpsynth.prior.paint import paint_figures
 
 GRID = 16  # the feature's side
 BORDER = 2  # pixels of the border ring the background plane is fitted to
@@ -65,6 +63,9 @@ def figure_map(images: np.ndarray, *, grid: int = GRID, batch: int = 2048) -> np
     >>> f = figure_map(x, grid=4); round(float(f[0] @ f[1]), 6)  # the same square: the same feature
     1.0
     """
+    import torch
+    import torch.nn.functional as F
+
     n, h, w, c = images.shape
     basis, ring = _plane_fit(h, w)
     fit = np.linalg.pinv(basis[ring])  # 3 × ring
@@ -111,33 +112,10 @@ def noisy_votes(counts: np.ndarray, *, noise_multiplier: float, randomness) -> n
         return counts.astype(np.float64)
     if randomness is None:
         raise PrivacyError("private_evolution: noise needs the mechanism's secret randomness")
+    import torch
+
     noise = randomness.standard_normal((len(counts),), dtype=torch.float64).cpu().numpy()
     return counts + noise_multiplier * noise
-
-
-def events(rounds: int, noise_multiplier: float) -> list:
-    """The mechanism's events: one full-batch Gaussian of add/remove sensitivity 1 per round."""
-    return [full_batch_gaussian(noise_multiplier) for _ in range(rounds)]
-
-
-def calibrate(*, epsilon: float, delta: float, rounds: int, accountant: str = "rdp") -> float:
-    """The per-round σ for which ``rounds`` histograms spend at most ``epsilon`` at ``delta``."""
-    from dpsynth.privacy.calibration import calibrate_noise
-
-    return calibrate_noise(target_epsilon=epsilon, delta=delta, sample_rate=1.0, steps=rounds,
-                           sampling="full_batch", accountant=accountant)
-
-
-def statement(*, rounds: int, candidates: int, noise_multiplier: float, threshold: float) -> str:
-    """What the release is, for a privacy statement: the prior, the rounds, the sensitivity and the noise."""
-    return (PRIOR_STATEMENT.format(version=PRIOR_VERSION)
-            + f" Private Evolution moves it to the records in {rounds} rounds, the trace's events #0–#{rounds - 1}, "
-            f"each one full-batch Gaussian (q = 1): every record votes for the nearest of its class's {candidates} "
-            "candidate figures in a colour-blind feature (each pixel's distance from the record's own background "
-            "plane), one vote in one bin of the histogram stacked over all classes, so adding or removing a record "
-            f"moves it by 1 in L2; noise σ = {noise_multiplier:g} on every bin. Bins below {threshold:g} votes are "
-            "zeroed; resampling, variations of the figures and their colours are post-processing of the released "
-            "histograms.")
 
 
 @dataclass
@@ -155,6 +133,65 @@ def _weights(noisy: np.ndarray, threshold: float) -> np.ndarray:
     return w / w.sum() if w.sum() > 0 else np.full(len(w), 1.0 / len(w))  # nothing above H: the class unchanged
 
 
+@dataclass
+class Population:
+    """Where Private Evolution stands between rounds: every class's candidate figures, the public coins, the rounds
+    done and their released (noisy) histograms. Everything in it is public or released."""
+
+    figures: list[list[Figure]]
+    rng: np.random.Generator  # the public coins: prior draws, resampling, variations
+    round: int = 0
+    histograms: list[np.ndarray] = field(default_factory=list)
+
+
+def start(*, num_classes: int, candidates: int, seed: int = 0) -> Population:
+    """Round 0's candidates: ``candidates`` figures of the prior per class, drawn from the public ``seed``."""
+    if candidates < 1:
+        raise PrivacyError(f"private_evolution: candidates must be >= 1, got {candidates}")
+    rng = np.random.default_rng(seed)
+    return Population(figures=[random_figures(rng, candidates) for _ in range(num_classes)], rng=rng)
+
+
+def evolve_round(pop: Population, records: np.ndarray, labels: np.ndarray, *, rounds: int, noise_multiplier: float,
+                 threshold: float, randomness, trace: MechanismTrace | None, size: int,
+                 steps: tuple[float, float] = (0.3, 0.05), fresh: float = 0.05, observe=None) -> None:
+    """One round on the records' features (``records``: :func:`figure_map` of the images, ``labels``): the noisy
+    histogram of their votes (one ``full_batch_gaussian(noise_multiplier)`` event in ``trace``), then, unless it is
+    the last of ``rounds``, the next candidates drawn by the thresholded votes and varied (post-processing)."""
+    classes = np.repeat(np.arange(len(pop.figures)), [len(f) for f in pop.figures])
+    flat = [f for figs in pop.figures for f in figs]
+    query = votes(records, labels, mask_features(flat, size), classes)
+    noisy = noisy_votes(query, noise_multiplier=noise_multiplier, randomness=randomness)
+    if trace is not None:
+        trace.record(full_batch_gaussian(noise_multiplier))
+    t = pop.round
+    if observe is not None:
+        observe(t, noisy, query)
+    pop.histograms.append(noisy)
+    pop.round += 1
+    if pop.round >= rounds:
+        return
+    step = steps[0] * (steps[1] / steps[0]) ** ((t + 1) / max(rounds - 1, 1))
+    rng, nxt, at = pop.rng, [], 0
+    for figs in pop.figures:
+        m = len(figs)
+        n_fresh = int(round(fresh * m))
+        w = _weights(noisy[at:at + m], threshold)
+        parents = rng.choice(m, m - n_fresh, p=w)
+        nxt.append([vary(figs[i], step, rng) for i in parents] + random_figures(rng, n_fresh))
+        at += m
+    pop.figures = nxt
+
+
+def released(pop: Population, threshold: float) -> Evolution:
+    """The release after the last round: its figures and their thresholded noisy votes (post-processing)."""
+    last, at, weights = pop.histograms[-1], 0, []
+    for figs in pop.figures:
+        weights.append(_weights(last[at:at + len(figs)], threshold))
+        at += len(figs)
+    return Evolution(figures=pop.figures, weights=weights, histograms=list(pop.histograms))
+
+
 def evolve(images: np.ndarray, labels: np.ndarray, *, num_classes: int, rounds: int, candidates: int,
            noise_multiplier: float, threshold: float, randomness, trace: MechanismTrace | None,
            seed: int = 0, steps: tuple[float, float] = (0.3, 0.05), fresh: float = 0.05, observe=None) -> Evolution:
@@ -166,56 +203,22 @@ def evolve(images: np.ndarray, labels: np.ndarray, *, num_classes: int, rounds: 
     ``observe(round, noisy, query)``, when given, sees each raw release and its noiseless query (tests and audits)."""
     if rounds < 1 or candidates < 1:
         raise PrivacyError(f"private_evolution: rounds and candidates must be >= 1, got {rounds}, {candidates}")
-    rng = np.random.default_rng(seed)
-    size = images.shape[1]
     labels = np.asarray(labels)
     records = figure_map(images)
-    population = [random_figures(rng, candidates) for _ in range(num_classes)]
-    classes = np.repeat(np.arange(num_classes), candidates)
-    histograms: list[np.ndarray] = []
-    for t in range(rounds):
-        flat = [f for pop in population for f in pop]
-        query = votes(records, labels, mask_features(flat, size), classes)
-        noisy = noisy_votes(query, noise_multiplier=noise_multiplier, randomness=randomness)
-        if trace is not None:
-            trace.record(full_batch_gaussian(noise_multiplier))
-        if observe is not None:
-            observe(t, noisy, query)
-        histograms.append(noisy)
-        if t == rounds - 1:
-            break
-        step = steps[0] * (steps[1] / steps[0]) ** ((t + 1) / max(rounds - 1, 1))
-        n_fresh = int(round(fresh * candidates))
-        nxt = []
-        for c in range(num_classes):
-            w = _weights(noisy[c * candidates:(c + 1) * candidates], threshold)
-            parents = rng.choice(candidates, candidates - n_fresh, p=w)
-            nxt.append([vary(population[c][i], step, rng) for i in parents] + random_figures(rng, n_fresh))
-        population = nxt
-    last = histograms[-1]
-    weights = [_weights(last[c * candidates:(c + 1) * candidates], threshold) for c in range(num_classes)]
-    return Evolution(figures=population, weights=weights, histograms=histograms)
+    pop = start(num_classes=num_classes, candidates=candidates, seed=seed)
+    while pop.round < rounds:
+        evolve_round(pop, records, labels, rounds=rounds, noise_multiplier=noise_multiplier, threshold=threshold,
+                     randomness=randomness, trace=trace, size=images.shape[1], steps=steps, fresh=fresh,
+                     observe=observe)
+    return released(pop, threshold)
 
 
 def sample(evolution: Evolution, n: int, *, size: int, channels: int, seed: int = 0,
            jitter: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
     """``n`` synthetic records (classes balanced): figures of the last round drawn by their weights, each varied by
-    a small step ``jitter`` and painted in the prior's random colours. Post-processing. Returns (uint8 N × size ×
-    size × channels, int64 labels)."""
-    rng = np.random.default_rng(seed)
-    k = len(evolution.figures)
-    labels = np.arange(n) % k
-    figs = []
-    for y in labels:
-        pop = evolution.figures[y]
-        figs.append(vary(pop[rng.choice(len(pop), p=evolution.weights[y])], jitter, rng))
-    return paint(masks(figs, size), rng, channels=channels), labels.astype(np.int64)
-
-
-def rounds_epsilon(rounds: int, noise_multiplier: float, *, delta: float, accountant: str = "rdp") -> float:
-    """ε of ``rounds`` rounds at ``delta`` (the accountant on :func:`events`)."""
-    from dpsynth.privacy.registry import epsilon
-
-    if not math.isfinite(noise_multiplier) or noise_multiplier <= 0:
-        return math.inf
-    return epsilon(MechanismTrace(events(rounds, noise_multiplier)), delta=delta, accountant=accountant)
+    a small step ``jitter`` and painted in the prior's random colours (:func:`dpsynth.prior.paint.paint_figures`).
+    Post-processing. Returns (uint8 N × size × size × channels, int64 labels)."""
+    labels = np.arange(n) % len(evolution.figures)
+    images = paint_figures(evolution.figures, evolution.weights, labels, size=size, channels=channels,
+                           rng=np.random.default_rng(seed), jitter=jitter)
+    return images, labels.astype(np.int64)

@@ -30,6 +30,7 @@ from dpsynth.errors import ConfigError
 from dpsynth.mechanisms.discriminator import DPGAN, ZHANG
 from dpsynth.mechanisms.generator_gradient import FEDERATED, GSWGAN
 from dpsynth.mechanisms.mechanism import Mechanism
+from dpsynth.mechanisms.histograms import PRIVATE_EVOLUTION
 
 WarmStart = Literal["none", "shard", "public"]
 
@@ -45,7 +46,8 @@ class Method:
     # the warm start, imported when called (shard: per shard; public: on the public records); None: "none"
     warm_start_function: Callable[[], Callable] | None = None
     # The white-box canaries of the empirical audit (dpsynth.audit.empirical): "gradient" (per-example gradients
-    # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's InputGradientSanitizer of ∂ℓ/∂G(z)); "" not audited yet.
+    # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's InputGradientSanitizer of ∂ℓ/∂G(z)), "votes"
+    # (Private Evolution's histogram bins); "" not audited yet.
     empirical_audit: str = ""
 
     @property
@@ -88,6 +90,11 @@ def _federated() -> type:
     return FederatedProcesses
 
 
+def _private_evolution() -> type:
+    from dpsynth.methods.private_evolution import PrivateEvolutionTrainer
+    return PrivateEvolutionTrainer
+
+
 def _shard_warm_start() -> Callable:
     from dpsynth.methods.warm_starts import warm_start_shard
     return warm_start_shard
@@ -109,6 +116,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _zhang, "public", ("zhang",), ZHANG, _public_warm_start, empirical_audit="gradient"),
     Method("gswgan_federated", "federated GS-WGAN: server and K clients, the ranks of one torchrun job (gloo)",
            _federated, "shard", ("gswgan",), FEDERATED, _shard_warm_start),
+    Method("private-evolution", "Private Evolution (Lin et al. 2024) on the public prior (Sim-PE): noisy votes for "
+           "rendered figures", _private_evolution, "none",
+           ("evolution",), PRIVATE_EVOLUTION, empirical_audit="votes"),
 )}
 
 
@@ -123,6 +133,9 @@ def get(name: str) -> Method:
     try:
         return METHODS[name]
     except KeyError:
+        if name == "auto":
+            raise ConfigError("train.method: 'auto' is picked from the data's public schema by the pipeline's stages "
+                              "(registry.resolve) before a method is read; this command needs it resolved") from None
         raise ConfigError(f"train.method: unknown method {name!r} (known: {', '.join(METHODS)})") from None
 
 
@@ -137,3 +150,36 @@ def standalone_or_refuse(name: str) -> Method:
             f"run it; use `dpsynth pipeline run --config CONFIG --run-dir RUN_DIR` (or `dpsynth train --run-dir "
             f"RUN_DIR` after `dpsynth partition` and `dpsynth warmstart`)")
     return method
+
+
+# --- train.method: auto -----------------------------------------------------------------------------------------
+# the method auto picks by the data's public schema: colour images get Private Evolution on the rendered prior (the
+# generic warm-up and DP-GAN give blurred averages there: docs/prior.md); grey ones the warm-up and DP-GAN
+COLOUR_METHOD, GREY_METHOD = "private-evolution", "dpgan"
+
+
+def for_schema(channels: int) -> str:
+    """The method ``train.method: auto`` picks for images of ``channels`` channels (public schema).
+
+    >>> for_schema(3), for_schema(1)
+    ('private-evolution', 'dpgan')
+    """
+    return COLOUR_METHOD if channels == 3 else GREY_METHOD
+
+
+def resolve(cfg, *, channels: int):
+    """``cfg`` with ``train.method: auto`` replaced by :func:`for_schema`'s method for ``channels`` (public);
+    any other ``cfg`` unchanged. Where it picks Private Evolution, the settings of the grey recipe it does not read
+    are reset (the warm-up off; no warp, contrast or tone layer): the stored configuration states what ran."""
+    import dataclasses
+
+    from dpsynth.config import AUTO
+
+    if cfg.train.method != AUTO:
+        return cfg
+    method = for_schema(channels)
+    if method == GREY_METHOD:
+        return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method=method))
+    return dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, method=method, g_warp=False, g_contrast=0.0, g_tone=False),
+        warmup=dataclasses.replace(cfg.warmup, central_images=False))

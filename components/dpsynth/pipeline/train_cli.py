@@ -10,8 +10,10 @@ from dpsynth.config import load_config
 from dpsynth.methods import registry
 from dpsynth.pipeline import cli as stage_cli
 
-# train.method -> one line for `dpsynth --help` and `dpsynth train --help`: the registry's
-METHODS = {name: m.description for name, m in registry.METHODS.items()}
+# train.method -> one line for `dpsynth --help` and `dpsynth train --help`: the registry's, and auto (its rule)
+METHODS = {**{name: m.description for name, m in registry.METHODS.items()},
+           "auto": f"picked from the data's public schema before anything private runs: colour (3 channels) "
+                   f"{registry.COLOUR_METHOD}, else {registry.GREY_METHOD}"}
 
 
 def methods_text() -> str:
@@ -62,7 +64,11 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 
 def run_train(args) -> int:
+    from dpsynth.stages.protocol import resolve_method
+
+    # train.method auto: picked from the data's public schema before anything else reads it
     cfg = load_config(args.config, overrides=args.overrides)
+    cfg = resolve_method(cfg, args.run_dir or cfg.pipeline.run_dir)
     if args.launch:  # the stage on several ranks, started and waited for (dpsynth.stages.launch)
         from dpsynth.stages import launch
 

@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+from dpsynth.prior.figures import Figure, masks, vary
+
 LUMA = np.array([0.299, 0.587, 0.114])
 
 
@@ -89,3 +91,14 @@ def paint(masks: np.ndarray, rng: np.random.Generator, *, channels: int, min_con
             img = (img @ LUMA)[..., None]
         out[i] = np.clip(img * 255 + 0.5, 0, 255).astype(np.uint8)
     return out
+
+
+def paint_figures(figures: list[list[Figure]], weights: list[np.ndarray], labels: np.ndarray, *, size: int,
+                  channels: int, rng: np.random.Generator, jitter: float) -> np.ndarray:
+    """One image per label (uint8 N × size × size × channels): a figure of the label's class drawn by its weight,
+    varied by a step ``jitter``, painted in the prior's random colours (post-processing, ``rng`` public)."""
+    figs = []
+    for y in labels:
+        pop = figures[int(y)]
+        figs.append(vary(pop[rng.choice(len(pop), p=weights[int(y)])], jitter, rng))
+    return paint(masks(figs, size), rng, channels=channels)

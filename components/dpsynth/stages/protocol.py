@@ -82,7 +82,8 @@ class StageContext:
         if not run_dir:
             raise ConfigError("pipeline.run_dir: required by the pipeline stages; set it or pass --run-dir")
         run_dir = str(run_dir).rstrip("/")
-        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, run_dir=run_dir))
+        cfg = dataclasses.replace(resolve_method(cfg, run_dir), pipeline=dataclasses.replace(cfg.pipeline,
+                                                                                             run_dir=run_dir))
         return cls(cfg=cfg, run_dir=run_dir, parent_run_id=parent_run_id, pipeline_run_id=pipeline_run_id, force=force)
 
     @property
@@ -119,6 +120,34 @@ class StageContext:
     def run_tags(self) -> dict[str, str]:
         return {tracking.TAG_PIPELINE_RUN_ID: self.pipeline_run_id or "", tracking.TAG_METHOD: self.cfg.train.method,
                 tracking.TAG_DELTA: f"{self.cfg.privacy.delta:.3g}"}
+
+
+def public_channels(cfg: RunConfig, run_dir: str | None) -> int:
+    """The channels of the data's images (public schema): the partition manifest's ``image_shape`` once the
+    partition stage has recorded it under ``run_dir``, else the source's (``data.uri``, read as the partition stage
+    reads it)."""
+    if run_dir:
+        uri = storage.join(storage.Zones.from_root(str(run_dir).rstrip("/")).sensitive, "partition", manifest.NAME)
+        if storage.exists(uri):
+            shape = manifest.read(uri).get("details", {}).get("image_shape")
+            if shape:
+                return int(shape[2])
+    from dpsynth.data import import_source, read_parquet
+
+    uri = cfg.data.uri
+    return (read_parquet(uri) if storage.is_remote(uri) else import_source(uri)).shape[2]
+
+
+def resolve_method(cfg: RunConfig, run_dir: str | None = None) -> RunConfig:
+    """``cfg`` with ``train.method: auto`` resolved from the data's public schema (:func:`public_channels`) by the
+    method registry's rule (:func:`dpsynth.methods.registry.resolve`): before any stage reads the method, so every
+    stage, its stored configuration and its MLflow parameters name the method that ran."""
+    from dpsynth.config import AUTO
+    from dpsynth.methods import registry
+
+    if cfg.train.method != AUTO:
+        return cfg
+    return registry.resolve(cfg, channels=public_channels(cfg, run_dir))
 
 
 VERSION_KEY = "dataset-version.key"  # under the run's sensitive zone: 32 random bytes

@@ -152,7 +152,10 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
             tracking.log_run(MLFLOW_KEYS, metrics={"release_epsilon": release["epsilon"]},
                              tags={tracking.TAG_AUDIT: "passed", **(tracking.empirical_tags(measured) if measured else {})})
             tracking.log_png(grid, "grids/samples.png")
-            model = tracking.log_generator(exportable(generator))  # the audited generator, as an MLflow model (pt2)
+            if hasattr(generator, "latent_dim"):  # the audited generator, as an MLflow model (pt2)
+                model = tracking.log_generator(exportable(generator))
+            else:  # Private Evolution's figures and weights: its generator file, as a logged model
+                model = tracking.log_generator_file(storage.read_bytes(generator_item["uri"]))
             version = register(ctx, model.model_id, report=report, audit=audit, generator_sha256=generator_item["sha256"],
                                release=release)
             release["registered_model"] = {"name": version.name, "version": str(version.version),

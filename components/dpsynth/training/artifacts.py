@@ -27,7 +27,10 @@ GENERATOR_FORMAT = "dpsynth.generator/1"
 # The generator classes a generator file may name (an allow-list: the file is data, not code).
 # Each is built with the file's "model" keywords and is a dpsynth.models.dcgan.ConditionalGenerator: a
 # ``num_classes`` attribute and ``sample(n, labels=, generator=) -> (images in [-1, 1] NCHW, labels)``.
-GENERATOR_CLASSES = ("dpsynth.models.dcgan.Generator", "dpsynth.models.gswgan_networks.Generator")
+# Private Evolution's release (dpsynth.prior.release.FigurePainter) has the same interface; its state is the released
+# figures and their weights, no network (it is not an nn graph torch.export takes: tracking.log_generator)
+GENERATOR_CLASSES = ("dpsynth.models.dcgan.Generator", "dpsynth.models.gswgan_networks.Generator",
+                     "dpsynth.prior.release.FigurePainter")
 
 
 def trace_bytes(trace) -> bytes:

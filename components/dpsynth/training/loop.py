@@ -113,6 +113,11 @@ class Trainer:
     def total_steps(self) -> int:
         return self.plan.steps
 
+    @property
+    def configured_steps(self) -> int:
+        """The steps the configuration asks for (``train.steps``; Private Evolution: ``evolution.rounds``)."""
+        return self.cfg.train.steps
+
     # --- method: the algorithm ------------------------------------------------------------------
     def train_step(self) -> None:
         """*method*: draw the batch and call the step functions: one private step (its sanitizer records its
@@ -308,7 +313,7 @@ def finish(trainer: Trainer, run, started: float) -> TrainResult:
         epsilon=eps, delta=p.delta, accountant=trainer.accountant.name, steps=trainer.step,
         generator_steps=trainer.g_steps, noise_multiplier=trainer.MECHANISM.reported_noise_multiplier(trainer.plan),
         sample_rate=trainer.event.sample_rate,
-        stopped_by="steps" if trainer.total_steps == cfg.train.steps else "budget",
+        stopped_by="steps" if trainer.total_steps == trainer.configured_steps else "budget",
         output_dir=str(out), generator_path=str(generator_path), trace_path=str(trace_path), grid_path=str(grid_path),
         mlflow_run_id=run.info.run_id if run is not None else None, seconds=time.monotonic() - started,
         accounting=accounting, epsilon_as_published_unsound=published, details=details)
