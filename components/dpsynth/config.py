@@ -439,11 +439,17 @@ class EvaluateConfig:
     """``dpsynth evaluate`` (see dpsynth.evaluation). ``suite``: quick runs ``classifier`` only;
     full runs every classifier of GS-WGAN's Tables A1–A2 (minutes on CPU)."""
 
-    classifier: Literal["logreg", "cnn", "mlp", "random_forest", "gaussian_nb", "bernoulli_nb", "linear_svc",
-                        "decision_tree", "lda", "adaboost", "bagging", "gbm", "xgboost"] = Field(
+    classifier: Literal["logreg", "cnn", "resnet", "mlp", "random_forest", "gaussian_nb", "bernoulli_nb",
+                        "linear_svc", "decision_tree", "lda", "adaboost", "bagging", "gbm", "xgboost"] = Field(
         "cnn", description="The headline gen2real classifier (trained on synthetic data, tested on real reference "
-                           "data): the CNN of the DPImageBench protocol. The quick suite runs it and logistic "
-                           "regression (a fast extra).")
+                           "data): cnn, the small CNN of GS-WGAN's supplement, or resnet, a small ResNet trained "
+                           "with random-crop augmentation (stronger on colour sets, several times the CPU time; docs/results.md). The "
+                           "quick suite runs it and logistic regression (a fast extra).")
+    resnet_epochs: Int = Field(15, ge=1, description="resnet: passes over the training data (augmented batches "
+                                                     "converge later than the CNN's; the best epoch is chosen on "
+                                                     "held-out synthetic data).")
+    flip: Bool = Field(False, description="resnet: also mirror training images left-right (only for classes that "
+                                          "are mirror-invariant; glyphs and digits are not).")
     suite: Literal["quick", "full"] = "quick"
     max_iter: Int = Field(200, ge=1, description="logreg: solver iterations.")
     epochs: Int = Field(5, ge=1, description="cnn / mlp: passes over the synthetic data (the best epoch is chosen "
