@@ -448,6 +448,10 @@ class EvaluateConfig:
     resnet_epochs: Int = Field(15, ge=1, description="resnet: passes over the training data (augmented batches "
                                                      "converge later than the CNN's; the best epoch is chosen on "
                                                      "held-out synthetic data).")
+    ceiling: Bool = Field(True, description="Train the headline classifier on the private training records too and "
+                                            "test it on the held-out records: the ceiling the release is a share "
+                                            "of, written to the operator's report in the sensitive zone "
+                                            "(evaluate/operator.json), never released.")
     flip: Bool = Field(False, description="resnet: also mirror training images left-right (only for classes that "
                                           "are mirror-invariant; glyphs and digits are not).")
     suite: Literal["quick", "full"] = "quick"

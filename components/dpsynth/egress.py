@@ -213,7 +213,7 @@ EVALUATION = {  # the evaluate stage's report.json (release zone, logged to MLfl
                "are stated as outside ε (docs/privacy.md, the evaluate stage), membership inference is kept in the "
                "sensitive zone")
     for name in ("format", "classifier_accuracy", "utility", "quality", "epsilon_curve", "membership_inference",
-                 "reference", "labels", "model_selection", "privacy", "train", "test", "heldout_data")
+                 "reference", "labels", "model_selection", "privacy", "train", "test", "heldout_data", "operator")
 }
 
 SHAPES: dict[str, Mapping] = {"manifest": MANIFEST, "outcome": OUTCOME, "shard": SHARD, "summary": SUMMARY,
@@ -224,6 +224,16 @@ SHAPES: dict[str, Mapping] = {"manifest": MANIFEST, "outcome": OUTCOME, "shard":
 # orchestrator runs them (tests/stages/test_egress.py checks both), and their output goes through no gate.
 INSIDE = {
     "data info": "a dataset's rows, class counts, splits and content sha256: the data owner's look at their records",
+}
+
+# The files a stage writes to the sensitive zone for the operator on purpose (under the run's sensitive zone): exact
+# statistics of sensitive records, read there and never copied out; the release, MLflow and every --json outcome
+# carry only their path and status (tests/stages/test_egress.py checks that none of their figures leaves).
+INSIDE_FILES = {
+    "evaluate/operator.json": "the ceiling (the release's classifier trained on the training records, tested on the "
+                              "held-out records), the release's share of it, and per-class accuracies (a null there "
+                              "says a class has no held-out record): the operator's reading of the release",
+    "evaluate/membership_inference.json": "membership inference on training and held-out records: the auditor's",
 }
 
 
