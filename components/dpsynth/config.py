@@ -431,6 +431,9 @@ class SampleConfig:
     num_samples: Int = Field(10000, ge=1, description="Synthetic records written by `dpsynth sample`, classes "
                                                       "balanced.")
     per_class: Int = Field(10, ge=1, description="Columns of the sample grid (one row per class).")
+    screen: Float | None = Field(0.35, ge=0, le=1, description="Drop a released sample whose neighbouring-pixel "
+                                                               "correlation is below this (a patch of noise; reads "
+                                                               "the samples only, docs/privacy.md); null: keep all.")
     seed: Int = Field(0, ge=0)
 
 

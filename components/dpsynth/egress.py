@@ -124,7 +124,9 @@ DETAILS = {  # every stage's manifest details, one allow-list (a stage's new det
     "epsilon_lower": "the empirical audit's lower bound (measured on public stand-ins, never on the records)",
     "empirical": "the empirical audit's verdict",
     # sample and evaluate (release zone: published after the audit)
-    "num_samples": "sample.num_samples (configuration)",
+    "num_samples": "the released samples' count (sample.num_samples less those the screen dropped)",
+    "screened": Free("the sample screen's rule and the count of released samples it dropped (a function of the "
+                     "released samples alone)"),
     "release": Free("the release's ε, δ, audit verdict and privacy statement (text the code writes)"),
     "trainer_claim": Free("the released generator's own privacy record: ε, δ, the accountant, and the sha256 and "
                           "steps of the audited trace it is bound to (published with the release)"),
