@@ -133,6 +133,29 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((apply(model, x).argmax(1) == y).float().mean())
 
 
+def settle_batch_norm(model: nn.Module, x: torch.Tensor, gen: torch.Generator, *, limit: int = 2048,
+                      batch_size: int = 256) -> None:
+    """The batch-norm layers' statistics recomputed as plain averages over up to ``limit`` training images (in
+    train mode, no gradient): after few steps their running averages still hold their start values, and a model
+    that learnt its task predicts one class in eval mode (600 MNIST records, 30 steps: 0.49 accurate in train mode,
+    0.12 in eval). A model without batch norm (the CNN, the MLP) is left as it is."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over the batches below
+    model.train()
+    idx = torch.randperm(len(x), generator=gen)[:limit]
+    with torch.no_grad():
+        for part in idx.split(batch_size):
+            model(x[part])
+    for m, momentum in zip(norms, momenta):
+        m.momentum = momentum
+    model.eval()
+
+
 def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, seed: int,
         validation: tuple[torch.Tensor, torch.Tensor] | None = None, batch_size: int = 128, lr: float = 1e-3,
         desc: str | None = None, augmented: bool = False, flip: bool = False) -> dict:
@@ -157,6 +180,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, seed
             loss.backward()
             opt.step()
             bar.update()
+        settle_batch_norm(model, x, gen)
         if validation is not None:
             acc = accuracy(model, *validation)
             if acc > best[0]:
