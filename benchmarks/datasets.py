@@ -16,6 +16,7 @@ upright objects was missing to choose the RGB settings on.
 | letters-rgb | development | RGB 32×32 | 10 capital letters | 8 fonts, size, rotation, shift, in random colours and fill textures on coloured gradient backgrounds |
 | symbols-rgb | confirmation | RGB 32×32 | 12 font symbols (♠ ★ ☂ ♪ ✈ …) | font, size, rotation, shift, colours, background texture |
 | greek | confirmation | grey 28×28 | 10 Greek letters | font, size, rotation, shift, stroke brightness, light noise |
+| mnist-photo | confirmation | RGB 32×32 | 10 handwritten digits | MNIST test digits (real handwriting) cut out of one photograph crop and laid, with a drop shadow, on another (three photographs that ship in scikit-learn and matplotlib) |
 
 The benchmarks draw them through ``utility.generality`` (``dataset=NAME``); by hand:
 ``write_folder("letters", "/tmp/letters", n=6000, seed=0)`` writes one folder per class.
@@ -212,6 +213,79 @@ def greek(rng, label: int) -> np.ndarray:
     return np.clip(img * 255, 0, 255).astype(np.uint8)
 
 
+def _photographs() -> list[np.ndarray]:
+    """The three photographs that ship in installed packages (no download): scikit-learn's ``china.jpg`` and
+    ``flower.jpg`` (``load_sample_images``) and matplotlib's ``grace_hopper.jpg``, as float RGB in [0, 1]. The
+    prior (components/dpsynth/prior/) must never draw them (docs/prior.md)."""
+    import matplotlib.cbook
+    import sklearn.datasets
+
+    paths = [Path(sklearn.datasets.__file__).parent / "images" / f for f in ("china.jpg", "flower.jpg")]
+    paths.append(Path(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)))
+    return [np.asarray(Image.open(p).convert("RGB"), dtype=np.float64) / 255.0 for p in paths]
+
+
+def _photo_crop(rng, photos: list[np.ndarray], size: int) -> np.ndarray:
+    """A random square crop (side 40–160 pixels) of a random photograph, resized to ``size``, maybe mirrored."""
+    photo = photos[rng.integers(len(photos))]
+    h, w, _ = photo.shape
+    side = int(rng.integers(40, 161))
+    top, left = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
+    crop = Image.fromarray((photo[top:top + side, left:left + side] * 255).astype(np.uint8))
+    crop = np.asarray(crop.resize((size, size), Image.LANCZOS), dtype=np.float64) / 255.0
+    return crop[:, ::-1] if rng.random() < 0.5 else crop
+
+
+class MnistPhoto:
+    """``mnist-photo``: a real handwritten MNIST test digit (``data/mnist``, the 10,000-record test set, each digit
+    used at most once per drawn set) scaled, turned and shifted into 32 × 32, its stroke cut out of one photograph
+    crop (lightened or darkened away from the background's luminance) and laid with a soft drop shadow on a crop of
+    another: a look (photographic texture in both figure and ground, a shadow) that the prior's painter never makes.
+    Stateful: each ``write_folder`` call draws from a fresh copy (``fresh()``), so no digit repeats within a set."""
+
+    def __init__(self):
+        self._pool = None
+
+    def fresh(self) -> MnistPhoto:
+        return MnistPhoto()
+
+    def _load(self, rng):
+        from dpsynth.data.importers import import_idx_dir
+
+        ds = import_idx_dir(Path(__file__).resolve().parents[1] / "data/mnist")
+        images, labels = ds.images[..., 0], ds.labels
+        self._digits = images
+        self._pool = {k: list(rng.permutation(np.flatnonzero(labels == k))) for k in range(10)}
+        self._photos = _photographs()
+
+    def __call__(self, rng, label: int) -> np.ndarray:
+        if self._pool is None:
+            self._load(rng)
+        if not self._pool[label]:
+            raise ValueError(f"mnist-photo: no unused MNIST test digit {label} left (draw fewer records)")
+        digit = Image.fromarray(self._digits[self._pool[label].pop()])
+        big = 32 * 4
+        scale = rng.uniform(0.8, 1.1)
+        side = int(big * scale)
+        canvas = Image.new("L", (big, big), 0)
+        canvas.paste(digit.resize((side, side), Image.BICUBIC), ((big - side) // 2, (big - side) // 2))
+        canvas = canvas.rotate(rng.uniform(-15, 15), resample=Image.BILINEAR,
+                               translate=tuple(rng.uniform(-0.08, 0.08, 2) * big))
+        m = (np.asarray(canvas.resize((32, 32), Image.LANCZOS)) / 255.0)[..., None]
+        shadow = np.asarray(canvas.filter(ImageFilter.GaussianBlur(6)).resize((32, 32), Image.LANCZOS)) / 255.0
+        dy, dx = rng.integers(1, 3, 2) * rng.choice([-1, 1], 2)
+        shadow = np.roll(shadow, (int(dy), int(dx)), axis=(0, 1))[..., None]
+        ground, figure = _photo_crop(rng, self._photos, 32), _photo_crop(rng, self._photos, 32)
+        lum = lambda a: a.mean()  # noqa: E731
+        if lum(ground) > 0.5:  # the figure darker than a light ground, lighter than a dark one
+            figure = figure * rng.uniform(0.2, 0.45)
+        else:
+            figure = 1 - (1 - figure) * rng.uniform(0.2, 0.45)
+        ground = ground * (1 - 0.6 * np.clip(shadow * 1.5, 0, 1))
+        img = ground * (1 - m) + figure * m
+        return np.clip(img * 255, 0, 255).astype(np.uint8)
+
+
 # name: (role, draw(rng, label) -> uint8 H×W[×3], class names)
 DATASETS = {
     "letters": (DEVELOPMENT, letters, list(LETTERS)),
@@ -224,6 +298,7 @@ DATASETS = {
                                                 "plane", "phone", "anchor", "yinyang", "sun"]),
     "greek": (CONFIRMATION, greek, ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "lambda",
                                     "pi"]),
+    "mnist-photo": (CONFIRMATION, MnistPhoto(), [str(d) for d in range(10)]),
 }
 
 
@@ -231,6 +306,7 @@ def write_folder(name: str, root: str | Path, *, n: int, seed: int = 0) -> dict:
     """Draw ``n`` images of dataset ``name`` (classes balanced, in a seeded random order) into the image
     folder ``root/CLASS/NNNNN.png``; returns its description (role, shape, classes, sha256 of the pixels)."""
     role, draw, classes = DATASETS[name]
+    draw = draw.fresh() if hasattr(draw, "fresh") else draw
     root = Path(root)
     rng = np.random.default_rng([seed, int.from_bytes(name.encode(), "little") % 2**32])
     labels = rng.permutation(np.arange(n) % len(classes))

@@ -40,14 +40,14 @@ from dpsynth.stages.partition import split  # noqa: E402
 RECIPE = "configs/dpgan-generic-cpu.yaml"  # its data, partition, sample and evaluate settings
 
 
-def records(name: str, out: Path, n: int, seed: int):
-    """(cfg, private training records, fit_real, test_real, the set's description)."""
+def records(name: str, out: Path, n: int, seed: int, overrides=()):
+    """(cfg, private training records, fit_real, test_real, the set's description); ``overrides``: --set items."""
     import utility
 
     parquet, info = utility.import_dataset(name, out / name, n=n, seed=seed)
     ds = read_parquet(str(parquet))
     cfg = load_config(ROOT / RECIPE, overrides=[f"data.uri={parquet}", *utility.GENERATED_EXTRA,
-                                                f"data.num_classes={ds.num_classes}"])
+                                                f"data.num_classes={ds.num_classes}", *overrides])
     parts = split(ds, cfg)
     shards = [v for k, v in sorted(parts.items()) if k.startswith("shard-")]
     train = shards[0] if len(shards) == 1 else ImageDataset.concat(shards)
@@ -55,15 +55,18 @@ def records(name: str, out: Path, n: int, seed: int):
     return cfg, train, parts["heldout"].subset(fit_idx), parts["heldout"].subset(test_idx), info
 
 
-def score(cfg, synthetic: ImageDataset, fit_real, test_real, *, frechet: bool = False) -> dict:
-    """The evaluate stage's CNN and logistic regression (and, with ``frechet``, its fid_classifier and real-vs-real
+def score(cfg, synthetic: ImageDataset, fit_real, test_real, *, frechet: bool = False,
+          classifiers: tuple[str, ...] = ("cnn",)) -> dict:
+    """The evaluate stage's ``classifiers`` (cnn, resnet) and logistic regression (and, with ``frechet``, its fid_classifier and real-vs-real
     floor: ``stages.evaluate.quality`` with its reference classifier) on ``synthetic``."""
     val, tr = _split(len(synthetic), fraction=cfg.evaluate.validation_fraction, seed=cfg.evaluate.seed)
     u = accuracy.utility(cfg, synthetic=synthetic.subset(tr), validation=synthetic.subset(val), fit_real=fit_real,
-                         test_real=test_real, names=("cnn", "logreg"))
-    rows = {r["classifier"]: r for r in u["classifiers"]}
-    out = {"cnn_gen2real": rows["cnn"]["gen2real"], "logreg_gen2real": rows["logreg"]["gen2real"],
-           "cnn_model_selection": rows["cnn"].get("model_selection")}
+                         test_real=test_real, names=(*classifiers, "logreg"))
+    out = {}
+    for r in u["classifiers"]:
+        out[f"{r['classifier']}_gen2real"] = r["gen2real"]
+        if r["classifier"] != "logreg":
+            out[f"{r['classifier']}_model_selection"] = r.get("model_selection")
     if frechet:
         from dpsynth.evaluation import fid
         from dpsynth.evaluation.classifiers import ReferenceClassifier
@@ -90,23 +93,30 @@ def grid(images: np.ndarray, labels: np.ndarray, k: int, path: Path, per_class: 
 def measure(*, dataset: str = "letters-rgb", n: int = 6000, seed: int = 0, epsilon: float = 10.0, rounds: int = 10,
             candidates: int = 200, threshold: float = 2.0, steps: tuple[float, float] = (0.3, 0.05),
             jitter: float = 0.05, prior_seed: int = 0, noiseless: bool = False, ceiling: bool = False,
-            frechet: bool = False, grid_path: str | None = None,
+            frechet: bool = False, grid_path: str | None = None, classifiers: tuple[str, ...] = ("cnn",),
+            release: bool = True, overrides: tuple[str, ...] = (),
             out: str = str(ROOT / "outputs/bench-private-evolution")) -> dict:
     """Private Evolution on ``dataset`` (``n`` records drawn with ``seed``) at ``epsilon``: ``rounds`` rounds of
     ``candidates`` figures a class, the threshold H = ``threshold`` × σ, the variation step from ``steps[0]`` to
     ``steps[1]``, the release varied by ``jitter``, the prior's public seed ``prior_seed`` (``noiseless``: σ = 0, not
     private, the mechanism's upper bound); ``ceiling`` adds the classifiers trained on the real training records,
-    ``frechet`` the evaluate stage's fid_classifier; the sample grid to ``grid_path``. About 3 CPU-minutes and
+    ``frechet`` the evaluate stage's fid_classifier; the sample grid to ``grid_path``; ``classifiers`` score every
+    row (cnn, resnet: ``accuracy.utility``'s), ``release`` false runs the ceiling only, ``overrides`` are --set items
+    of the recipe (e.g. ``evaluate.resnet_epochs=15``). About 3 CPU-minutes and
     1.5 GB a row. Returns the set's description and its rows."""
     torch.set_num_threads(1)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg, train, fit_real, test_real, info = records(dataset, out, n, seed)
+    cfg, train, fit_real, test_real, info = records(dataset, out, n, seed, overrides)
+    classifiers = tuple(classifiers)
     rows = []
     if ceiling:
         cpu0 = time.process_time()
         rows.append({"row": "ceiling", "what": f"real training records ({len(train)})",
-                     **score(cfg, train, fit_real, test_real), "cpu_min": (time.process_time() - cpu0) / 60})
+                     **score(cfg, train, fit_real, test_real, classifiers=classifiers),
+                     "cpu_min": (time.process_time() - cpu0) / 60})
+    if not release:
+        return {**info, "recipe_settings": RECIPE, "rows": rows}
     delta = cfg.privacy.delta
     sigma = 0.0 if noiseless else pe.calibrate(epsilon=epsilon, delta=delta, rounds=rounds)
     votes = threshold * sigma if sigma > 0 else 0.5
@@ -122,7 +132,7 @@ def measure(*, dataset: str = "letters-rgb", n: int = 6000, seed: int = 0, epsil
     cpu_release = (time.process_time() - cpu0) / 60
     synthetic = ImageDataset(record_ids=[f"s{i}" for i in range(len(labels))], labels=labels, images=images,
                              splits=None, num_classes=train.num_classes, source="private evolution")
-    scores = score(cfg, synthetic, fit_real, test_real, frechet=frechet)
+    scores = score(cfg, synthetic, fit_real, test_real, frechet=frechet, classifiers=classifiers)
     eps = {name: (get_accountant(name).epsilon(trace, delta=delta) if sigma > 0 else float("inf"))
            for name in ("rdp", "prv")}
     if grid_path:

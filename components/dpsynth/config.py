@@ -466,6 +466,9 @@ class SampleConfig:
     num_samples: Int = Field(10000, ge=1, description="Synthetic records written by `dpsynth sample`, classes "
                                                       "balanced.")
     per_class: Int = Field(10, ge=1, description="Columns of the sample grid (one row per class).")
+    screen: Float | None = Field(0.35, ge=0, le=1, description="Drop a released sample whose neighbouring-pixel "
+                                                               "correlation is below this (a patch of noise; reads "
+                                                               "the samples only, docs/privacy.md); null: keep all.")
     seed: Int = Field(0, ge=0)
 
 
@@ -474,11 +477,21 @@ class EvaluateConfig:
     """``dpsynth evaluate`` (see dpsynth.evaluation). ``suite``: quick runs ``classifier`` only;
     full runs every classifier of GS-WGAN's Tables A1–A2 (minutes on CPU)."""
 
-    classifier: Literal["logreg", "cnn", "mlp", "random_forest", "gaussian_nb", "bernoulli_nb", "linear_svc",
-                        "decision_tree", "lda", "adaboost", "bagging", "gbm", "xgboost"] = Field(
+    classifier: Literal["logreg", "cnn", "resnet", "mlp", "random_forest", "gaussian_nb", "bernoulli_nb",
+                        "linear_svc", "decision_tree", "lda", "adaboost", "bagging", "gbm", "xgboost"] = Field(
         "cnn", description="The headline gen2real classifier (trained on synthetic data, tested on real reference "
-                           "data): the CNN of the DPImageBench protocol. The quick suite runs it and logistic "
-                           "regression (a fast extra).")
+                           "data): cnn, the small CNN of GS-WGAN's supplement, or resnet, a small ResNet trained "
+                           "with random-crop augmentation (stronger on colour sets, several times the CPU time; docs/results.md). The "
+                           "quick suite runs it and logistic regression (a fast extra).")
+    resnet_epochs: Int = Field(15, ge=1, description="resnet: passes over the training data (augmented batches "
+                                                     "converge later than the CNN's; the best epoch is chosen on "
+                                                     "held-out synthetic data).")
+    ceiling: Bool = Field(True, description="Train the headline classifier on the private training records too and "
+                                            "test it on the held-out records: the ceiling the release is a share "
+                                            "of, written to the operator's report in the sensitive zone "
+                                            "(evaluate/operator.json), never released.")
+    flip: Bool = Field(False, description="resnet: also mirror training images left-right (only for classes that "
+                                          "are mirror-invariant; glyphs and digits are not).")
     suite: Literal["quick", "full"] = "quick"
     max_iter: Int = Field(200, ge=1, description="logreg: solver iterations.")
     epochs: Int = Field(5, ge=1, description="cnn / mlp: passes over the synthetic data (the best epoch is chosen "

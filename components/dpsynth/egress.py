@@ -126,7 +126,9 @@ DETAILS = {  # every stage's manifest details, one allow-list (a stage's new det
     "epsilon_lower": "the empirical audit's lower bound (measured on public stand-ins, never on the records)",
     "empirical": "the empirical audit's verdict",
     # sample and evaluate (release zone: published after the audit)
-    "num_samples": "sample.num_samples (configuration)",
+    "num_samples": "the released samples' count (sample.num_samples less those the screen dropped)",
+    "screened": Free("the sample screen's rule and the count of released samples it dropped (a function of the "
+                     "released samples alone)"),
     "release": Free("the release's ε, δ, audit verdict and privacy statement (text the code writes)"),
     "trainer_claim": Free("the released generator's own privacy record: ε, δ, the accountant, and the sha256 and "
                           "steps of the audited trace it is bound to (published with the release)"),
@@ -215,7 +217,7 @@ EVALUATION = {  # the evaluate stage's report.json (release zone, logged to MLfl
                "are stated as outside ε (docs/privacy.md, the evaluate stage), membership inference is kept in the "
                "sensitive zone")
     for name in ("format", "classifier_accuracy", "utility", "quality", "epsilon_curve", "membership_inference",
-                 "reference", "labels", "model_selection", "privacy", "train", "test", "heldout_data")
+                 "reference", "labels", "model_selection", "privacy", "train", "test", "heldout_data", "operator")
 }
 
 AUDIT = {  # the audit report as MLflow keeps it (audit.json, and audit.md rendered from this view)
@@ -397,6 +399,16 @@ INSIDE = {
     "data info": "a dataset's rows, class counts, splits and content sha256: the data owner's look at their records",
     "data import --inside": "the import's rows, classes and content sha256, asked for by name: the data owner's "
                             "view (without --inside, data import prints only what IMPORT names)",
+}
+
+# The files a stage writes to the sensitive zone for the operator on purpose (under the run's sensitive zone): exact
+# statistics of sensitive records, read there and never copied out; the release, MLflow and every --json outcome
+# carry only their path and status (tests/stages/test_egress.py checks that none of their figures leaves).
+INSIDE_FILES = {
+    "evaluate/operator.json": "the ceiling (the release's classifier trained on the training records, tested on the "
+                              "held-out records), the release's share of it, and per-class accuracies (a null there "
+                              "says a class has no held-out record): the operator's reading of the release",
+    "evaluate/membership_inference.json": "membership inference on training and held-out records: the auditor's",
 }
 
 

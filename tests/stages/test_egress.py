@@ -573,3 +573,30 @@ def test_a_private_evolution_run_leaves_only_declared_fields_and_no_raw_hash(tmp
     bound_trace = json.loads((run / "release" / "sample" / "audit.json").read_text())["trace"]["sha256"]
     private = {h: what for h, what in sensitive.items() if h not in released and h != bound_trace}
     assert hits(printed, private) == []
+
+
+def keys(obj):
+    """Every key of a JSON value, at any depth."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield k
+            yield from keys(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from keys(v)
+
+
+def test_the_operator_files_stay_inside(walked):
+    """The files egress.INSIDE_FILES declares are written in the sensitive zone, and nothing that left holds their
+    figures: no ceiling and no per-class accuracy in any JSON, only the operator report's path and status."""
+    run = walked["run"]
+    assert (run / "sensitive" / "evaluate" / "operator.json").is_file()
+    assert set(egress.INSIDE_FILES) >= {"evaluate/operator.json"}
+    operator = json.loads((run / "sensitive" / "evaluate" / "operator.json").read_text())
+    assert "ceiling" in operator and operator["gen2real_per_class"]
+    inside = {"gen2real_per_class", "per_class_accuracy", "release_gen2real"}  # the operator report's own keys
+    leaked = {where: sorted({k for k in keys(doc) if k in inside or k.startswith("accuracy_class")})
+              for where, doc in json_documents(walked).items()}
+    assert {w: k for w, k in leaked.items() if k} == {}
+    report = json.loads((run / "release" / "evaluate" / "report.json").read_text())
+    assert set(report["operator"]) == {"status", "kept_in", "note"}

@@ -22,7 +22,7 @@ import numpy as np
 from dpsynth.data import ImageDataset
 from dpsynth.evaluation import classifiers
 
-TORCH = ("cnn", "mlp")
+TORCH = ("cnn", "mlp", "resnet")
 
 
 def _sklearn(cfg) -> dict[str, Callable]:
@@ -73,6 +73,12 @@ def flat(ds: ImageDataset) -> np.ndarray:
     return ds.images.reshape(len(ds), -1).astype(np.float32) / 255.0
 
 
+def epochs(name: str, cfg) -> int:
+    """Passes over the training data: ``evaluate.resnet_epochs`` for the ResNet (augmented batches converge
+    later), ``evaluate.epochs`` for the CNN and the MLP."""
+    return cfg.evaluate.resnet_epochs if name == "resnet" else cfg.evaluate.epochs
+
+
 class Trained:
     """One classifier trained on one dataset: ``predict(ds)`` and what training chose."""
 
@@ -82,9 +88,10 @@ class Trained:
         if name in TORCH:
             self.model = classifiers.build(name, train, seed=cfg.evaluate.seed)
             x, y = train.to_tensors()
-            self.training = classifiers.fit(self.model, x, y, epochs=cfg.evaluate.epochs, seed=cfg.evaluate.seed,
+            self.training = classifiers.fit(self.model, x, y, epochs=epochs(name, cfg), seed=cfg.evaluate.seed,
                                             validation=validation.to_tensors() if validation is not None else None,
-                                            desc=what and f"evaluate: {name} on {what}")
+                                            desc=what and f"evaluate: {name} on {what}",
+                                            augmented=name in classifiers.AUGMENTED, flip=cfg.evaluate.flip)
         else:
             self.model = _sklearn(cfg)[name]()
             self.model.fit(flat(train), train.labels)

@@ -88,6 +88,13 @@ def _quality(q: dict, status: str) -> str:
     return f"<h2>Quality {_tag(status)}</h2>" + _table(["metric", "value", "how"], rows)
 
 
+def _operator(o: dict | None) -> str:
+    if not o:
+        return ""
+    return (f"<h2>Ceiling and per-class accuracy {_tag('internal')}</h2><p class=note>{escape(o['note'])}</p>"
+            f"<p class=note>The operator reads them in the sensitive zone: <code>{escape(o['kept_in'])}</code>.</p>")
+
+
 def _mia(m: dict) -> str:
     if "skipped" in m:
         return f"<h2>Membership inference</h2><p>skipped: {escape(m['skipped'])}</p>"
@@ -111,4 +118,5 @@ def html(report: dict, *, grids: dict[str, object]) -> str:
             f"release's (ε, δ): for auditors, not for publication. No model is selected on real data.</p>"
             + _privacy(report["privacy"]) + _reference(report["reference"])
             + _utility(report["utility"], labels["utility"]) + _quality(report["quality"], labels["quality"])
-            + _mia(report["membership_inference"]) + f"<h2>Samples</h2>{imgs}</body></html>\n")
+            + _operator(report.get("operator")) + _mia(report["membership_inference"])
+            + f"<h2>Samples</h2>{imgs}</body></html>\n")

@@ -17,7 +17,14 @@ data (CNN/MLP epochs are chosen on held-out generated data), so the only real-da
 the exact metrics themselves. Metrics on public or held-out reference data are labelled
 "releasable"; on reference data declared sensitive, and membership inference always (it reads
 training records), "internal": an auditor's diagnostic, not covered by the release's (ε, δ).
-Outputs (release zone): report.json, report.html, manifest.json.
+
+The ceiling (``evaluate.ceiling``): the headline classifier trained on the private *training* records (its epoch
+chosen on a split of them) and tested on the same held-out test half as gen2real, with the release's gen2real as a
+share of it, and every classifier's gen2real per class: exact statistics of sensitive records, so they are written
+to the operator's report in the sensitive zone (``evaluate/operator.json``), never to the release zone, MLflow or the
+stage's ``--json`` (a per-class figure, even a null, says which classes the held-out records hold).
+Outputs (release zone): report.json, report.html, manifest.json; (sensitive zone) operator.json and
+membership_inference.json.
 """
 
 from __future__ import annotations
@@ -57,6 +64,10 @@ REFERENCE_NOTES = {
                  "them may select a model or be published unless that use is accounted.",
 }
 MIA_FILE = "membership_inference.json"  # under the run's sensitive zone, evaluate/
+OPERATOR_FILE = "operator.json"  # under the run's sensitive zone, evaluate/: the ceiling and per-class figures
+CEILING_NOTE = ("The ceiling (the same classifier trained on the private training records, tested on the same held-out "
+                "records) and the per-class accuracies are exact statistics of sensitive records: they are written to "
+                "the operator's report in the sensitive zone only, never to the release zone or MLflow.")
 MIA_KEPT = (" So its results are written to the sensitive zone only (for the auditor), never to the release zone "
             "or MLflow.")
 MIA_NOTE = ("Membership inference reads training records (held-in) and held-out records: its numbers are exact "
@@ -161,10 +172,30 @@ def membership(cfg, *, generator, members: ImageDataset | None, nonmembers: Imag
     return {**result, "status": "internal", "note": MIA_NOTE}
 
 
+def ceiling(cfg, *, training: ImageDataset, test_real: ImageDataset, release: dict) -> dict:
+    """The headline classifier trained on the private training records (its epoch chosen on a
+    ``evaluate.validation_fraction`` split of them, at most ``evaluate.max_train_records``), tested on ``test_real``;
+    ``release`` (the headline's utility row) as a share of it. Exact statistics of sensitive records: internal."""
+    e = cfg.evaluate
+    val_idx, train_idx = _split(len(training), fraction=e.validation_fraction, seed=e.seed)
+    train = _cap(training.subset(train_idx), e.max_train_records, seed=e.seed)
+    trained = accuracy.Trained(e.classifier, cfg, train, training.subset(val_idx),
+                               what="the private training records (the ceiling)")
+    correct = trained.predict(test_real) == test_real.labels
+    value, gen2real = float(correct.mean()), release.get("gen2real")
+    return {"classifier": e.classifier, "accuracy": value, "release_gen2real": gen2real,
+            "share": gen2real / value if gen2real is not None and value > 0 else None,
+            "per_class": accuracy.per_class(correct, test_real.labels, test_real.num_classes),
+            "records": {"train": len(train), "validation": len(val_idx), "test": len(test_real)},
+            "model_selection": trained.training}
+
+
 def evaluate(cfg, *, synthetic: ImageDataset, reference: ImageDataset, reference_info: dict, generator,
              members: ImageDataset | None, nonmembers: ImageDataset | None,
-             snapshots: list[tuple[float, object]] = ()) -> dict:
-    """Every metric, as the report.json dict (privacy and provenance are added by ``run``)."""
+             snapshots: list[tuple[float, object]] = (), training: ImageDataset | None = None) -> dict:
+    """Every metric, as the report.json dict (privacy and provenance are added by ``run``), and under ``operator``
+    what only the operator may see (``run`` writes it to the sensitive zone): each classifier's gen2real per class
+    and, given the private ``training`` records, the ceiling."""
     e = cfg.evaluate
     if synthetic.shape != reference.shape or synthetic.num_classes != reference.num_classes:
         raise StageError(f"evaluate: synthetic data ({synthetic.shape}, {synthetic.num_classes} classes) does not match "
@@ -193,9 +224,14 @@ def evaluate(cfg, *, synthetic: ImageDataset, reference: ImageDataset, reference
     attack = membership(cfg, generator=generator, members=members, nonmembers=nonmembers)
     status = "internal" if reference_info["kind"] == "sensitive" else "releasable"
     first = utility["classifiers"][0]
-    compat = {"classifier": first["classifier"], "accuracy": first.get("gen2real"),
-              "per_class_accuracy": first.get("gen2real_per_class")}
-    return {
+    per_class = {r["classifier"]: r.pop("gen2real_per_class") for r in utility["classifiers"]
+                 if "gen2real_per_class" in r}  # a null there would say a class has no held-out record
+    operator = {"status": "internal", "note": CEILING_NOTE, "gen2real_per_class": per_class}
+    if training is not None and e.ceiling:
+        log.info("evaluate: the ceiling (%s on the private training records)", e.classifier)
+        operator["ceiling"] = ceiling(cfg, training=training, test_real=test_real, release=first)
+    compat = {"classifier": first["classifier"], "accuracy": first.get("gen2real")}
+    return {"operator": operator,
         "format": FORMAT, "classifier_accuracy": compat, "utility": utility, "quality": sample_quality,
         "epsilon_curve": curve, "membership_inference": attack,
         "reference": {**reference_info, "records": len(reference), "status": status,
@@ -209,7 +245,7 @@ def evaluate(cfg, *, synthetic: ImageDataset, reference: ImageDataset, reference
 _SYNTHETIC = ("computed from the audited, released generator (post-processing) against the held-out or "
               "public reference records, after the gate")
 MLFLOW_KEYS = protocol.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
-    **{k: _SYNTHETIC for k in ("accuracy", "accuracy_class_*", "gen2real.*", "real.*", "calibrated.*", "real2gen.*",
+    **{k: _SYNTHETIC for k in ("accuracy", "gen2real.*", "real.*", "calibrated.*", "real2gen.*",
                                "fid", "fid_real_vs_real", "fid_classifier", "fid_classifier_real_vs_real",
                                "inception_score", "inception_score_std", "js_score", "curve.*")},
 })
@@ -219,8 +255,7 @@ def mlflow_metrics(report: dict) -> dict[str, float]:
     m = {}
     compat = report["classifier_accuracy"]
     if compat["accuracy"] is not None:
-        m["accuracy"] = compat["accuracy"]
-        m.update({f"accuracy_class_{k}": a for k, a in enumerate(compat["per_class_accuracy"]) if a is not None})
+        m["accuracy"] = compat["accuracy"]  # never per class: see CEILING_NOTE
     u = report["utility"]
     for row in u["classifiers"]:
         for key in ("gen2real", "real", "calibrated", "real2gen"):
@@ -266,10 +301,11 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
     generator_item = manifest.verify(manifest.output(sampled, "generator"))
     audit_item = manifest.verify(manifest.output(audited, "report"))
     mia_items = []
-    if cfg.evaluate.mia and heldout:  # training shards (held-in) and held-out records (if not the reference)
+    reads_shards = (cfg.evaluate.mia and heldout) or cfg.evaluate.ceiling  # the training records: MIA, the ceiling
+    if reads_shards:
         mia_items = [manifest.verify(s) for s in manifest.outputs(partition, "shard")]
-        if cfg.evaluate.reference_uri is not None:
-            mia_items.append(manifest.verify(heldout[0]))
+    if cfg.evaluate.mia and heldout and cfg.evaluate.reference_uri is not None:  # held-out records, not the reference
+        mia_items.append(manifest.verify(heldout[0]))
     # generator snapshots the trainer left (sensitive; role generator_snapshot): the ε-vs-metric curve
     snapshot_items = ([manifest.verify(s) for s in manifest.outputs(trained, "generator_snapshot")]
                       if cfg.evaluate.curve_samples else [])
@@ -280,16 +316,22 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
         return reused
     synthetic, reference = read_parquet(synthetic_item["uri"]), read_parquet(reference_item["uri"])
     generator, _ = load_generator(generator_item["uri"])
-    members = nonmembers = None
-    if mia_items:
-        members = protocol.concat([read_parquet(s["uri"]) for s in manifest.outputs(partition, "shard")])
-        nonmembers = read_parquet(heldout[0]["uri"])
+    members = nonmembers = training = None
+    if reads_shards:
+        training = protocol.concat([read_parquet(s["uri"]) for s in manifest.outputs(partition, "shard")])
+    if cfg.evaluate.mia and heldout:
+        members, nonmembers = training, read_parquet(heldout[0]["uri"])
     snapshots = []
     for item in snapshot_items:
         snapshot, claim = load_generator(item["uri"])
         snapshots.append((float(claim["epsilon"]), snapshot))
     report = evaluate(cfg, synthetic=synthetic, reference=reference, reference_info=reference_info, generator=generator,
-                      members=members, nonmembers=nonmembers, snapshots=snapshots)
+                      members=members, nonmembers=nonmembers, snapshots=snapshots, training=training)
+    # exact statistics of training and held-out records (the ceiling, per-class figures): the operator's, kept in
+    # the sensitive zone, never in the release, MLflow or the --json outcome (dpsynth.egress.INSIDE_FILES)
+    operator_uri = storage.join(ctx.zones.sensitive, STAGE, OPERATOR_FILE)
+    storage.write_text(operator_uri, json.dumps(report.pop("operator"), indent=2) + "\n")
+    report["operator"] = {"status": "internal", "kept_in": operator_uri, "note": CEILING_NOTE}
     if "auc" in report["membership_inference"]:
         # exact statistics of training records: kept in the sensitive zone, never in the release or MLflow
         mia_uri = storage.join(ctx.zones.sensitive, STAGE, MIA_FILE)

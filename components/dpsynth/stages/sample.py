@@ -8,7 +8,10 @@ label distribution would be a statistic of the sensitive data. Everything is com
 the first write. With MLflow on, the generator is logged as an MLflow model and registered as a new
 version of ``dpsynth-<population>-<method>`` in the Model Registry, with its ε, δ, accountants, audit
 decision and lineage as version tags, and the alias ``released`` moved to it (:func:`register`): the
-registry holds audited generators only. ε consumed: 0 (post-processing of the generator).
+registry holds audited generators only. ε consumed: 0 (post-processing of the generator). Before anything is
+written, the samples that are patches of noise are dropped by a rule that reads the samples alone
+(:mod:`dpsynth.evaluation.screen`, ``sample.screen``); the count dropped is in the details, and the grid shows the
+screened release.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dpsynth import egress, storage, tracking
 from dpsynth.data import ImageDataset, versions, write_parquet
 from dpsynth.egress import refusal
 from dpsynth.errors import StageError
-from dpsynth.grids import class_grid
+from dpsynth.evaluation import screen
 from dpsynth.training.artifacts import load_generator  # noqa: F401 (the stages' reader of generator files)
 from dpsynth.stages import protocol, manifest
 
@@ -125,7 +128,8 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
         raise StageError(refusal(generator_item["uri"], "bound to another trace than the audited one (the "
                                  "trace-binding check)", fix="nothing is released"))
     synthetic = synthesize(generator, num_samples=cfg.sample.num_samples, seed=cfg.sample.seed)
-    grid = class_grid(generator, num_classes=generator.num_classes, per_class=cfg.sample.per_class, seed=cfg.sample.seed)
+    synthetic, screened = screen.screen(synthetic, min_correlation=cfg.sample.screen)  # reads the samples only
+    grid = screen.grid(synthetic, per_class=cfg.sample.per_class)
     with protocol.child_run(ctx, STAGE) as run:
         storage.copy(generator_item["uri"], ctx.uri(STAGE, "generator.pt"))
         # the released audit report: through the egress gate (dpsynth.egress.AUDIT; released, so the audited
@@ -163,6 +167,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
         outcome = protocol.finish(
             ctx, STAGE, run, fingerprint=fp, dataset_sha256=audit["dataset_sha256"], inputs=inputs, outputs=outputs,
             details={"num_samples": len(synthetic), "num_classes": synthetic.num_classes, "release": release,
+                     "screened": screened,
                      "trainer_claim": claimed},
             privacy=manifest.no_privacy(delta=cfg.privacy.delta, note="post-processing of the audited generator"),
         )
