@@ -1,11 +1,22 @@
 """Fixtures shared across test folders."""
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 MNIST = Path(__file__).resolve().parents[1] / "data" / "mnist"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Once a test process has imported MLflow's store, its new SQLite stores start from one migrated schema
+    (tests/mlflow_template.py: MLflow's migrations run once per process instead of once per store)."""
+    if "mlflow.store.db.utils" in sys.modules:
+        from tests import mlflow_template
+
+        mlflow_template.install()
 
 
 @pytest.fixture(scope="session")
