@@ -448,7 +448,10 @@ def test_a_variable_in_the_metadata_db_reaches_dag_parsing(airflow_env, migrated
     import zlib
 
     env = {**airflow_env, "AIRFLOW_HOME": str(tmp_path),
-           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}"}
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
+           # a DAG file's parse was seen to take over the default 50 s on the busy 2-core machine: the processor
+           # then kills it and serializes nothing (the test failed with no DAGs)
+           "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "300", "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "300"}
     airflow = str(AIRFLOW_BIN / "airflow")
     shutil.copyfile(migrated_db, tmp_path / "airflow.db")  # `airflow db migrate`'s database, not yet used
     for args in (["variables", "set", "DPSYNTH_TASK_RETRIES", "7"], ["dag-processor", "-n", "1"]):
