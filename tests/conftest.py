@@ -28,26 +28,27 @@ def small_mnist():
     return import_source(str(MNIST)).subset(np.arange(600))
 
 
-# The quick tier's longest modules (half a minute or more of CPU each, counting every process a module starts:
+# The quick tier's longest modules (about half a minute of CPU or more, counting every process a module starts:
 # tests/methods/distributed_workers.py forks its ranks, torchrun and the Airflow CLI start their own), longest
-# first, as measured with --durations and a CPU count per module on the busy 2-core machine (#53). `make test`
-# hands whole modules to its two workers in collection order (--dist loadscope --no-loadscope-reorder); these go
-# first so that the run does not end on one of them alone on one worker while the other has nothing left
-# (xdist's own order, by number of tests, put them last).
+# first, as measured by CPU seconds per module (user + system, children included, each module alone with
+# -p no:xdist) on the busy 2-core machine (#53, 2026-11-29). `make test` hands whole modules to its two workers in
+# collection order (--dist loadscope --no-loadscope-reorder); these go first so that the run does not end on one
+# of them alone on one worker while the other has nothing left (xdist's own order, by number of tests, put them
+# last).
 LONGEST_FIRST = [
-    "tests/methods/test_gswgan_federated.py",
-    "tests/methods/test_distributed.py",
-    "tests/pipelines/test_airflow.py",
-    "tests/stages/test_train_torchrun.py",
-    "tests/stages/test_train_attempts.py",
-    "tests/audit/test_empirical.py",
-    "tests/methods/test_contract.py",
-    "tests/methods/test_warmup.py",
-    "tests/stages/test_audit_empirical.py",
-    "tests/stages/test_pipeline.py",
-    "tests/stages/test_logged_keys.py",
-    "tests/stages/test_egress.py",
-    "tests/ledger/test_attempt.py",
+    "tests/methods/test_gswgan_federated.py",    # 72 CPU-s
+    "tests/stages/test_train_attempts.py",       # ≈ 70
+    "tests/stages/test_train_torchrun.py",       # 61-66
+    "tests/audit/test_empirical.py",             # 60
+    "tests/pipelines/test_airflow.py",           # 49-54 (84 before its fork server)
+    "tests/methods/test_distributed.py",         # 50
+    "tests/methods/test_warmup.py",              # 48
+    "tests/stages/test_audit_empirical.py",      # 45
+    "tests/stages/test_pipeline.py",             # 42-45
+    "tests/stages/test_egress.py",               # 43
+    "tests/methods/test_contract.py",            # 38
+    "tests/ledger/test_attempt.py",              # 32
+    "tests/stages/test_logged_keys.py",          # 31-34
 ]
 
 
