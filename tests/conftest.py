@@ -37,13 +37,13 @@ def small_mnist():
 # last).
 LONGEST_FIRST = [
     "tests/methods/test_gswgan_federated.py",    # 72 CPU-s
-    "tests/stages/test_train_attempts.py",       # ≈ 70
+    "tests/stages/test_train_attempts.py",       # 71
     "tests/stages/test_train_torchrun.py",       # 61-66
     "tests/audit/test_empirical.py",             # 60
     "tests/pipelines/test_airflow.py",           # 49-54 (84 before its fork server)
-    "tests/methods/test_distributed.py",         # 50
+    "tests/methods/test_distributed.py",         # 50-52
     "tests/methods/test_warmup.py",              # 48
-    "tests/stages/test_audit_empirical.py",      # 45
+    "tests/stages/test_audit_empirical.py",      # 45-46
     "tests/stages/test_pipeline.py",             # 42-45
     "tests/stages/test_egress.py",               # 43
     "tests/methods/test_contract.py",            # 38
