@@ -36,17 +36,21 @@ def small_mnist():
 # of them alone on one worker while the other has nothing left (xdist's own order, by number of tests, put them
 # last).
 LONGEST_FIRST = [
-    "tests/methods/test_gswgan_federated.py",    # 72 CPU-s
+    "tests/pipelines/test_entry_points.py",      # 108 CPU-s
+    "tests/methods/test_gswgan_federated.py",    # 72
     "tests/stages/test_train_attempts.py",       # 71
     "tests/stages/test_train_torchrun.py",       # 61-66
+    "tests/ledger/test_ledger.py",               # 61
     "tests/audit/test_empirical.py",             # 60
     "tests/pipelines/test_airflow.py",           # 49-54 (84 before its fork server)
     "tests/methods/test_distributed.py",         # 50-52
     "tests/methods/test_warmup.py",              # 48
     "tests/stages/test_audit_empirical.py",      # 45-46
+    "tests/stages/test_launch.py",               # 45
     "tests/stages/test_pipeline.py",             # 42-45
     "tests/stages/test_egress.py",               # 43
     "tests/methods/test_contract.py",            # 38
+    "tests/stages/test_sigterm.py",              # 38
     "tests/ledger/test_attempt.py",              # 32
     "tests/stages/test_logged_keys.py",          # 31-34
 ]
