@@ -1,11 +1,22 @@
 """Fixtures shared across test folders."""
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 MNIST = Path(__file__).resolve().parents[1] / "data" / "mnist"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Once a test process has imported MLflow's store, its new SQLite stores start from one migrated schema
+    (tests/mlflow_template.py: MLflow's migrations run once per process instead of once per store)."""
+    if "mlflow.store.db.utils" in sys.modules:
+        from tests import mlflow_template
+
+        mlflow_template.install()
 
 
 @pytest.fixture(scope="session")
@@ -17,26 +28,31 @@ def small_mnist():
     return import_source(str(MNIST)).subset(np.arange(600))
 
 
-# The quick tier's longest modules (half a minute or more of CPU each, counting every process a module starts:
+# The quick tier's longest modules (about half a minute of CPU or more, counting every process a module starts:
 # tests/methods/distributed_workers.py forks its ranks, torchrun and the Airflow CLI start their own), longest
-# first, as measured with --durations and a CPU count per module on the busy 2-core machine (#53). `make test`
-# hands whole modules to its two workers in collection order (--dist loadscope --no-loadscope-reorder); these go
-# first so that the run does not end on one of them alone on one worker while the other has nothing left
-# (xdist's own order, by number of tests, put them last).
+# first, as measured by CPU seconds per module (user + system, children included, each module alone with
+# -p no:xdist) on the busy 2-core machine (#53, 2026-11-29). `make test` hands whole modules to its two workers in
+# collection order (--dist loadscope --no-loadscope-reorder); these go first so that the run does not end on one
+# of them alone on one worker while the other has nothing left (xdist's own order, by number of tests, put them
+# last).
 LONGEST_FIRST = [
-    "tests/methods/test_gswgan_federated.py",
-    "tests/methods/test_distributed.py",
-    "tests/pipelines/test_airflow.py",
-    "tests/stages/test_train_torchrun.py",
-    "tests/stages/test_train_attempts.py",
-    "tests/audit/test_empirical.py",
-    "tests/methods/test_contract.py",
-    "tests/methods/test_warmup.py",
-    "tests/stages/test_audit_empirical.py",
-    "tests/stages/test_pipeline.py",
-    "tests/stages/test_logged_keys.py",
-    "tests/stages/test_egress.py",
-    "tests/ledger/test_attempt.py",
+    "tests/pipelines/test_entry_points.py",      # 108 CPU-s
+    "tests/methods/test_gswgan_federated.py",    # 72
+    "tests/stages/test_train_attempts.py",       # 71
+    "tests/stages/test_train_torchrun.py",       # 61-66
+    "tests/ledger/test_ledger.py",               # 61
+    "tests/audit/test_empirical.py",             # 60
+    "tests/pipelines/test_airflow.py",           # 49-54 (84 before its fork server)
+    "tests/methods/test_distributed.py",         # 50-52
+    "tests/methods/test_warmup.py",              # 48
+    "tests/stages/test_audit_empirical.py",      # 45-46
+    "tests/stages/test_launch.py",               # 45
+    "tests/stages/test_pipeline.py",             # 42-45
+    "tests/stages/test_egress.py",               # 43
+    "tests/methods/test_contract.py",            # 38
+    "tests/stages/test_sigterm.py",              # 38
+    "tests/ledger/test_attempt.py",              # 32
+    "tests/stages/test_logged_keys.py",          # 31-34
 ]
 
 

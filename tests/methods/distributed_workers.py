@@ -18,7 +18,7 @@ import torch.distributed as dist
 PRELOAD = [
     __name__, "tests.methods.gswgan_helpers", "dpsynth.config", "dpsynth.data", "dpsynth.methods.dpgan",
     "dpsynth.methods.zhang", "dpsynth.methods.gswgan", "dpsynth.methods.dpac", "dpsynth.methods.federated_processes",
-    "dpsynth.stages.train", "dpsynth.pipeline.run", "mlflow",
+    "dpsynth.stages.train", "dpsynth.pipeline.run", "mlflow", "mlflow.store.db.utils", "tests.mlflow_template",
 ]
 
 
@@ -56,6 +56,9 @@ def _entry(rank: int, world: int, store: str, environ: dict, fn, args) -> None:
     os.environ.clear()
     os.environ.update(environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
+    from tests import mlflow_template
+
+    mlflow_template.install()  # a rank's new MLflow store: the test process's migrated schema (its environment)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         fn(rank, *args)

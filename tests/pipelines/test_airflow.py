@@ -6,11 +6,14 @@ with AIRFLOW_HOME in a temporary directory (SQLite, no examples).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -53,12 +56,52 @@ def airflow_env(tmp_path_factory) -> dict:
     return env
 
 
+# The Airflow venv's fork servers of this test process (tests/pipelines/airflow_server.py), one per environment
+# that Airflow reads when imported: the rest of a snippet's environment (the DAGs' DPSYNTH_* settings, Airflow
+# Variables, the fake CLI's log) is read while the DAGs are parsed, which each snippet does afresh in its child.
+_SERVERS: dict[str, subprocess.Popen] = {}
+_PARSE_TIME_ENV = ("DPSYNTH_", "AIRFLOW_VAR_", "FAKE_")
+
+
+def _server(env: dict) -> subprocess.Popen:
+    key = json.dumps(sorted((k, v) for k, v in env.items() if not k.startswith(_PARSE_TIME_ENV)))
+    server = _SERVERS.get(key)
+    if server is None or server.poll() is not None:
+        server = _SERVERS[key] = subprocess.Popen(
+            [str(AIRFLOW_BIN / "python"), str(Path(__file__).with_name("airflow_server.py"))], cwd=REPO, text=True,
+            env={k: v for k, v in env.items() if not k.startswith(_PARSE_TIME_ENV)}, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        atexit.register(_stop, server)
+    return server
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """End a fork server: its input closed, it returns once its last child has ended."""
+    server.stdin.close()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
 def in_airflow(code: str, env: dict) -> dict:
-    """Run CODE with the Airflow venv's python; it prints one JSON document as its last line."""
-    proc = subprocess.run([str(AIRFLOW_BIN / "python"), "-c", textwrap.dedent(code)], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Run CODE with the Airflow venv's python and ENV (in a child of a fork server that has imported Airflow);
+    it prints one JSON document as its last line."""
+    server = _server(env)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        server.stdin.write(json.dumps({"code": textwrap.dedent(code), "env": env, "stdout": str(out),
+                                       "stderr": str(err)}) + "\n")
+        server.stdin.flush()
+        ready, _, _ = select.select([server.stdout], [], [], 120)
+        if not ready:
+            server.kill()
+        assert ready, "the snippet ran past 120 s"
+        reply = server.stdout.readline()
+        assert reply, "the Airflow fork server ended"
+        assert json.loads(reply)["rc"] == 0, err.read_text()[-5000:]
+        return json.loads(out.read_text().strip().splitlines()[-1])
 
 
 LOAD = """
@@ -398,16 +441,20 @@ def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env
     assert not list(marks.iterdir()), "a hostile value ran a command"
 
 
-def test_a_variable_in_the_metadata_db_reaches_dag_parsing(airflow_env, tmp_path):
+def test_a_variable_in_the_metadata_db_reaches_dag_parsing(airflow_env, migrated_db, tmp_path):
     """`airflow variables set DPSYNTH_TASK_RETRIES 7`, then one pass of the real dag-processor: the
     serialized DAGs carry retries=7 (Airflow 3 serves Variables to parsing through its supervisor)."""
     import sqlite3
     import zlib
 
     env = {**airflow_env, "AIRFLOW_HOME": str(tmp_path),
-           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}"}
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
+           # a DAG file's parse was seen to take over the default 50 s on the busy 2-core machine: the processor
+           # then kills it and serializes nothing (the test failed with no DAGs)
+           "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "300", "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "300"}
     airflow = str(AIRFLOW_BIN / "airflow")
-    for args in (["db", "migrate"], ["variables", "set", "DPSYNTH_TASK_RETRIES", "7"], ["dag-processor", "-n", "1"]):
+    shutil.copyfile(migrated_db, tmp_path / "airflow.db")  # `airflow db migrate`'s database, not yet used
+    for args in (["variables", "set", "DPSYNTH_TASK_RETRIES", "7"], ["dag-processor", "-n", "1"]):
         subprocess.run([airflow, *args], env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
     db = sqlite3.connect(tmp_path / "airflow.db")
     retries = {}
@@ -420,10 +467,19 @@ def test_a_variable_in_the_metadata_db_reaches_dag_parsing(airflow_env, tmp_path
 
 
 @pytest.fixture(scope="module")
-def airflow_db(airflow_env) -> dict:
+def migrated_db(airflow_env, tmp_path_factory) -> Path:
+    """A metadata database just migrated by `airflow db migrate` (once a module: each user takes a copy)."""
+    home = tmp_path_factory.mktemp("airflow_migrated")
+    env = {**airflow_env, "AIRFLOW_HOME": str(home),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}"}
+    subprocess.run([str(AIRFLOW_BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+    return home / "airflow.db"
+
+
+@pytest.fixture(scope="module")
+def airflow_db(airflow_env, migrated_db) -> dict:
     """``airflow_env`` with its metadata database migrated."""
-    subprocess.run([str(AIRFLOW_BIN / "airflow"), "db", "migrate"], env=airflow_env, check=True, capture_output=True,
-                   timeout=300)
+    shutil.copyfile(migrated_db, Path(airflow_env["AIRFLOW_HOME"]) / "airflow.db")
     return airflow_env
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dpsynth.data import import_source, write_parquet
-from tests.pipelines.test_airflow import AIRFLOW_BIN, LOAD, REPO, airflow_db, airflow_env, in_airflow  # noqa: F401
+from tests.pipelines.test_airflow import AIRFLOW_BIN, LOAD, REPO, airflow_db, airflow_env, in_airflow, migrated_db  # noqa: F401
 from tests.stages.helpers import MNIST, dpsynth
 
 
