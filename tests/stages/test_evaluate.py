@@ -89,6 +89,19 @@ def test_per_class_accuracies_stay_with_the_operator(released, source):
     assert weighted == pytest.approx(report["classifier_accuracy"]["accuracy"])
 
 
+def test_the_released_report_passes_the_gate(released, source, monkeypatch):
+    """report.json and report.html in the release zone are the gate's view (egress.EVALUATION), as MLflow's copy is:
+    a field the allow-list does not name is not written there (it was, before: only MLflow's copy was gated)."""
+    from dpsynth.stages import evaluate
+
+    real = evaluate.evaluate
+    monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: {**real(*a, **k), "planted_record_count": 123457})
+    assert stage("evaluate", released, source, *FAST, "evaluate.classifier=logreg", flags=["--force"]) == 0
+    released_text = "".join(p.read_text() for p in (released / "release" / "evaluate").glob("*.*"))
+    assert "planted_record_count" not in released_text and "123457" not in released_text
+    assert report_of(released)["classifier_accuracy"]["classifier"] == "logreg"
+
+
 def test_the_ceiling_is_trained_on_the_training_records(released, source):
     """The operator's ceiling: the headline classifier trained on the private training records (not on the few
     held-out ones), tested on the same held-out test half as gen2real, the release a share of it."""

@@ -36,7 +36,7 @@ import math
 import numpy as np
 import torch
 
-from dpsynth import storage, tracking
+from dpsynth import egress, storage, tracking
 from dpsynth.data import ImageDataset, read_parquet
 from dpsynth.errors import StageError
 from dpsynth.evaluation import accuracy, fid, mia, report as html_report, scores
@@ -344,6 +344,8 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                    "test": {"uri": reference_item["uri"], "records": report["utility"]["records"]["real_test"],
                             "kind": f"real, {reference_info['kind']}"},
                    "heldout_data": REFERENCE_NOTES[reference_info["kind"]]})
+    # the report leaves the sensitive zone (release zone, its page, MLflow): one gated view for all three
+    report = egress.let_out(report, "evaluation")
     per_class = cfg.sample.per_class
     grids = {"synthetic records by class (one row per class)": tile(class_rows(synthetic, per_class=per_class),
                                                                    rows=synthetic.num_classes, cols=per_class, scale=2)}
