@@ -133,7 +133,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
     with protocol.child_run(ctx, STAGE) as run:
         storage.copy(generator_item["uri"], ctx.uri(STAGE, "generator.pt"))
         # the released audit report: through the egress gate (dpsynth.egress.AUDIT; released, so the audited
-        # generator's and trace's hashes are published as they are); its markdown page as the audit wrote it
+        # generator's and trace's hashes are published as they are); its markdown page as the audit rendered it from that view
         storage.write_text(ctx.uri(STAGE, "audit.json"), json.dumps(egress.let_out(report, "audit"), indent=2) + "\n")
         storage.copy(audit_inputs[2]["uri"], ctx.uri(STAGE, "audit.md"))
         write_parquet(synthetic, ctx.uri(STAGE, "synthetic.parquet"))
