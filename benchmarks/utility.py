@@ -306,6 +306,10 @@ def generality(*, dataset: str, recipe: str = "dpgan", rows: str = ",".join(ROWS
         r = run_pipeline(recipe, eps, out, dataset, [*extra, *ROW_SETTINGS[row]], tag=tag)
         r = {"dataset": name, "role": info["role"], "row": row, "what": ROW_TEXT[row], **r}
         if "error" not in r:
+            r["method"] = json.loads((Path(r["run_dir"]) / "sensitive/train/manifest.json").read_text())["details"]["method"]
+            if r["method"] == "private-evolution":  # what train.method: auto picked for a colour schema: name the prior
+                from dpsynth import prior
+                r["what"] += f" (Private Evolution on the public prior, version {prior.VERSION})"
             grid = images / f"generality-{name}{suffix}-{row}-eps{eps:g}.png"
             shutil.copyfile(Path(r["run_dir"]) / "release/sample/samples.png", grid)
             r["grid"] = str(grid.relative_to(ROOT)) if grid.is_relative_to(ROOT) else str(grid)
