@@ -370,7 +370,7 @@ def test_the_method_is_wired_into_config_stages_and_airflow():
     # the Airflow form offers what the registry knows, through the exported config schema
     path = Path(__file__).resolve().parents[2] / "pipelines" / "airflow" / "dags" / "dpsynth_config.schema.json"
     schema = json.loads(path.read_text())
-    assert set(schema["$defs"]["TrainConfig"]["properties"]["method"]["enum"]) == set(registry.METHODS)
+    assert set(schema["$defs"]["TrainConfig"]["properties"]["method"]["enum"]) == {*registry.METHODS, "auto"}
 
 
 def test_the_server_records_one_event_per_iteration_of_received_releases():

@@ -83,11 +83,13 @@ def test_every_method_has_a_mechanism_and_each_mechanism_says_what_it_is():
 
     for m in registry.METHODS.values():
         assert isinstance(m.mechanism, Mechanism)
-        assert m.mechanism.sampling in ("poisson", "without_replacement") and m.mechanism.sampled
-        assert m.mechanism.clipped in ("parameter_gradients", "input_gradients")
-        # the empirical audit's white-box canaries sit where the mechanism clips
-        assert m.empirical_audit in ("", {"parameter_gradients": "gradient", "input_gradients": "input_gradient"}[
-            m.mechanism.clipped])
+        assert m.mechanism.sampling in ("poisson", "without_replacement", "full_batch") and m.mechanism.sampled
+        assert m.mechanism.clipped in ("parameter_gradients", "input_gradients", "votes")
+        # the empirical audit's white-box canaries sit where the mechanism clips (Private Evolution's: its votes,
+        # each record's one vote being the query's sensitivity, nothing clipped)
+        assert m.empirical_audit in ("", {"parameter_gradients": "gradient", "input_gradients": "input_gradient",
+                                          "votes": "votes"}[m.mechanism.clipped])
+    assert {m.mechanism.sampling for m in registry.METHODS.values()} == {"poisson", "without_replacement", "full_batch"}
 
 
 def test_the_old_privacy_functions_are_gone_from_the_method_files():

@@ -20,7 +20,7 @@ import pytest
 from dpsynth import storage
 from dpsynth.data import import_source, read_parquet, versions, write_parquet
 from dpsynth.ledger.store import Ledger
-from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_db, airflow_env  # noqa: F401 (fixtures)
+from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_db, airflow_env, migrated_db  # noqa: F401 (fixtures)
 from tests.stages.helpers import MNIST, dpsynth, manifest
 
 POP, PER_IMPORT, WINDOW = "clinic", 200, 2

@@ -19,7 +19,7 @@ import numpy as np
 import yaml
 
 from dpsynth.data import import_source, write_parquet
-from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_db, airflow_env  # noqa: F401 (fixtures)
+from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_db, airflow_env, migrated_db  # noqa: F401 (fixtures)
 
 MNIST = REPO / "data" / "mnist"
 

@@ -25,6 +25,7 @@ METHOD_SETTINGS = {  # small, fast plans for every registered method
     "gswgan": ["partition.num_shards=100", "train.steps=200", "gswgan.batch_size=8"],
     "dpac": ["partition.num_shards=100", "train.steps=200", "gswgan.batch_size=8"],
     "gswgan_federated": ["partition.num_shards=100", "train.steps=200", "gswgan.batch_size=8", "train.n_d=2"],
+    "private-evolution": ["warmup.central_images=false", "evolution.rounds=4", "evolution.candidates=20"],
 }
 
 

@@ -79,7 +79,14 @@ def test_sigterm_under_torchrun_ends_every_rank_cleanly(tmp_path, source, ledger
     ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
-    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
+
+    def private_steps_checkpointed() -> bool:  # the warm-up writes one at step 0; wait for one of the loop's
+        try:
+            return ckpt.exists() and torch.load(ckpt, weights_only=False)["step"] > 0
+        except Exception:  # being replaced
+            return False
+
+    while not private_steps_checkpointed() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     assert ckpt.exists(), "no checkpoint appeared"
     proc.send_signal(signal.SIGTERM)

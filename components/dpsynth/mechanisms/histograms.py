@@ -48,12 +48,13 @@ def calibrating_accountants(accountant: str) -> tuple[str, ...]:
 
 def statement(*, rounds: int, candidates: int, noise_multiplier: float, threshold: float) -> str:
     """What the release is, for a privacy statement: the prior, the rounds, the sensitivity and the noise."""
-    return (PRIOR_STATEMENT.format(version=PRIOR_VERSION)
+    return (f"σ·Δ with Δ = 1 (a record's one vote per round): N(0, σ²), σ = {noise_multiplier:g}, on every bin of each "
+            f"round's histogram. " + PRIOR_STATEMENT.format(version=PRIOR_VERSION)
             + f" Private Evolution moves it to the records in {rounds} rounds, the trace's events #0–#{rounds - 1}, "
             f"each one full-batch Gaussian (q = 1): every record votes for the nearest of its class's {candidates} "
             "candidate figures in a colour-blind feature (each pixel's distance from the record's own background "
             "plane), one vote in one bin of the histogram stacked over all classes, so adding or removing a record "
-            f"moves it by 1 in L2; noise σ = {noise_multiplier:g} on every bin. Bins below {threshold:g} votes are "
+            f"moves it by 1 in L2. Bins below {threshold:g} votes are "
             "zeroed; resampling, variations of the figures and their colours are post-processing of the released "
             "histograms.")
 

@@ -12,7 +12,8 @@ it to the mechanism trace, and the audit, sample and evaluate stages treat it as
 tensors only (``torch.load(weights_only=True)`` reads it back):
 
 * ``parts``: int64 P × 5, one row per part of every figure: (figure, kind, glyph, font, erase);
-* ``params``: float64 P × L, each part's numbers, padded with NaN;
+* ``params``: float64 P × L, each part's numbers, padded with +inf (a part's numbers are finite; NaN padding
+  would make a state unequal to itself under ``torch.equal``);
 * ``sizes``: int64, the number of figures of each class; ``weights``: float64, every figure's weight.
 
 >>> import numpy as np
@@ -47,7 +48,7 @@ def _encode(figures: list[list[Figure]]) -> tuple[torch.Tensor, torch.Tensor, to
                          int(part.erase)))
             params.append(part.p)
     width = max((len(p) for p in params), default=0)
-    table = np.full((len(params), width), np.nan)
+    table = np.full((len(params), width), np.inf)
     for r, p in enumerate(params):
         table[r, :len(p)] = p
     sizes = torch.tensor([len(pop) for pop in figures], dtype=torch.int64)
@@ -57,7 +58,7 @@ def _encode(figures: list[list[Figure]]) -> tuple[torch.Tensor, torch.Tensor, to
 def _decode(parts: torch.Tensor, params: torch.Tensor, sizes: torch.Tensor) -> list[list[Figure]]:
     flat: list[list[Part]] = [[] for _ in range(int(sizes.sum()))]
     for (i, kind, glyph, font, erase), p in zip(parts.tolist(), params.numpy()):
-        flat[i].append(Part(kind=KINDS[kind], p=tuple(float(v) for v in p[~np.isnan(p)]),
+        flat[i].append(Part(kind=KINDS[kind], p=tuple(float(v) for v in p[np.isfinite(p)]),
                             glyph=GLYPHS[glyph] if glyph >= 0 else "", font=font, erase=bool(erase)))
     out, at = [], 0
     for n in sizes.tolist():
