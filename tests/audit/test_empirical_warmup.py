@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dpsynth.config import load_config
-from dpsynth.mechanisms import central_images
+from dpsynth.warmup import central_images
 from dpsynth.audit import empirical
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from dpsynth.audit import stage as audit
@@ -111,7 +111,7 @@ def test_without_noise_the_one_run_bound_alone_fails_a_low_epsilon_release(name,
 
 def test_warmup_canaries_join_the_audited_release_alone():
     """The releases before the audited one see no canary, so the templates they give do not depend on the coins."""
-    from dpsynth.training import warmup
+    from dpsynth.warmup import fit as warmup
 
     cfg = load_config(DEFAULT)
     images, labels, _ = empirical.dirac_records(20, SHAPE, 10, value=1.0)
@@ -232,7 +232,7 @@ def test_with_styles_along_the_variations_the_style_release_fails_without_noise_
 def test_with_styles_along_the_variations_the_style_canaries_join_it_alone():
     """The variation release now comes before the style release and reads no canary: the templates moved along its
     directions do not depend on the coins."""
-    from dpsynth.training import warmup
+    from dpsynth.warmup import fit as warmup
 
     cfg = load_config(DEFAULT, overrides=ALONG)
     images, labels, _ = empirical.dirac_records(20, SHAPE, 10, value=1.0)

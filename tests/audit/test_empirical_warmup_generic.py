@@ -7,7 +7,7 @@ import torch
 
 from dpsynth.audit import empirical
 from dpsynth.config import load_config
-from dpsynth.mechanisms import central_images
+from dpsynth.warmup import central_images
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.audit.test_empirical_warmup import no_noise, seeded_noise
 
@@ -66,7 +66,7 @@ def test_unnormalised_polarity_features_fail_the_bound_test(monkeypatch):
 
 
 def test_canaries_join_the_audited_release_alone():
-    from dpsynth.training import warmup
+    from dpsynth.warmup import fit as warmup
 
     cfg = load_config(GENERIC)
     for name in NEW:

@@ -10,12 +10,12 @@ from opacus.accountants import RDPAccountant
 
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
-from dpsynth.training import warmup
-from dpsynth.mechanisms import warmup_releases
+from dpsynth.warmup import fit as warmup
+from dpsynth.warmup import releases as warmup_releases
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.models.dcgan import deform
 from dpsynth.privacy import MechanismTrace, full_batch_gaussian
-from dpsynth.mechanisms import central_images as ci
+from dpsynth.warmup import central_images as ci
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from dpsynth.audit.stage import mechanism_check
 from tests.methods.test_warmup import tiny  # the same tiny warm-up config

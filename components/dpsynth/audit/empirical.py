@@ -562,7 +562,7 @@ def _reached(result: dict) -> str:
     return "" if reach >= 1 else f" when {reach:.0%} of the included canaries are ever sampled in {result['steps']} steps"
 
 
-# --- the warm-up's Gaussian releases (training/warmup.py, mechanisms/central_images.py) -----------------------
+# --- the warm-up's Gaussian releases (warmup/fit.py, warmup/central_images.py) -----------------------
 NOISE_TEST_ALPHA = 1e-6  # the noise test fails a release whose noise is this improbably small under the plan's σ
 
 
@@ -570,7 +570,7 @@ def audited_releases(cfg) -> list[tuple[str, float, float]]:
     """The warm-up's releases as (name, σ, scale): the noise std on every coordinate of the query is σ·scale
     (scale = C for the class, polarity and style sums, C_v² for the moment matrices, 1 for the intensity
     histogram's). :func:`pixel_bound` says how far one record may move a pixel's (a bin's) coordinate."""
-    from dpsynth.mechanisms import warmup_releases
+    from dpsynth.warmup import releases as warmup_releases
 
     w = cfg.warmup
     if not w.central_images:
@@ -624,7 +624,7 @@ def dirac_records(m: int, image_shape: Sequence[int], num_classes: int, *, value
 def flat_records(m: int, image_shape: Sequence[int], num_classes: int):
     """m ≤ bins canary records for the intensity histogram: canary i a flat image at the centre of bin i (so its
     own histogram is bin i alone, the most it can move it: 1), of class i mod K. Returns (images, labels, bins)."""
-    from dpsynth.mechanisms.central_images import INTENSITY_BINS
+    from dpsynth.warmup.central_images import INTENSITY_BINS
 
     h, w, c = (int(d) for d in image_shape)
     bins = torch.arange(min(m, INTENSITY_BINS))
@@ -652,9 +652,9 @@ def audit_warmup_release(cfg, name: str, *, image_shape: Sequence[int], num_clas
       (clipping missing or looser than accounted).
 
     The noise and bound tests can fail at any ε; the one-run bound only below its ceiling, which says so."""
-    from dpsynth.training import warmup
+    from dpsynth.warmup import fit as warmup
     from dpsynth.privacy import MechanismTrace, full_batch_gaussian, get_accountant
-    from dpsynth.mechanisms import central_images
+    from dpsynth.warmup import central_images
     from dpsynth.mechanisms.randomness import MechanismRandomness
 
     started = time.process_time()
