@@ -10,7 +10,7 @@ from dpsynth.audit import empirical
 from dpsynth.audit import statistics
 from dpsynth.audit import warmup as warmup_audit
 from dpsynth.mechanisms.randomness import MechanismRandomness
-from dpsynth.audit import stage as audit
+from dpsynth.stages import audit
 
 DEFAULT = "configs/dpgan-digits-cpu.yaml"  # the digit recipe (`make run`'s until 2026-11-28): σ = 5, 0.75, 0.8 for the three releases
 RELEASES = ("class_means", "styles", "variations")

@@ -12,7 +12,7 @@ from dpsynth.training import artifacts
 from dpsynth.warmup import fit as warmup
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
-from dpsynth.audit.stage import mechanism_check
+from dpsynth.stages.audit import mechanism_check
 
 
 def tiny(tmp_path, *extra):

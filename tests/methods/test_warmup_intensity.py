@@ -14,7 +14,7 @@ from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
 from dpsynth.warmup import central_images as ci
 from dpsynth.mechanisms.randomness import MechanismRandomness
-from dpsynth.audit.stage import mechanism_check
+from dpsynth.stages.audit import mechanism_check
 from tests.methods.test_warmup import tiny  # the same tiny warm-up config
 
 

@@ -17,7 +17,7 @@ from dpsynth.models.dcgan import deform
 from dpsynth.privacy import MechanismTrace, full_batch_gaussian
 from dpsynth.warmup import central_images as ci
 from dpsynth.mechanisms.randomness import MechanismRandomness
-from dpsynth.audit.stage import mechanism_check
+from dpsynth.stages.audit import mechanism_check
 from tests.methods.test_warmup import tiny  # the same tiny warm-up config
 
 POLARITY = ("warmup.intensity_noise_multiplier=20", "warmup.polarity_noise_multiplier=3")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-from dpsynth.audit.stage import mechanism_check
+from dpsynth.stages.audit import mechanism_check
 from dpsynth.config import REPO_ROOT, load_config
 from dpsynth.errors import ConfigError
 from dpsynth.warmup import central_images
