@@ -53,7 +53,7 @@ RECIPES = {
     "zhang": "configs/zhang-mnist-cpu.yaml",
     "gswgan": "configs/gswgan-mnist-cpu.yaml",
     "dpac": "configs/dpac-mnist-cpu.yaml",
-    # the same methods after the private warm-up of the default recipe (dpsynth.training.warmup)
+    # the same methods after the private warm-up of the default recipe (dpsynth.warmup.fit)
     "zhang-warmup": "configs/zhang-warmup-mnist-cpu.yaml",
     "gswgan-warmup": "configs/gswgan-warmup-mnist-cpu.yaml",
     "dpac-warmup": "configs/dpac-warmup-mnist-cpu.yaml",

@@ -1,6 +1,6 @@
 """How much of a run's utility is the generator's fit, not the release? (CPU, one thread; not a test)
 
-Makes the default recipe's warm-up releases once (``dpsynth.training.warmup.release``, fresh secret noise:
+Makes the default recipe's warm-up releases once (``dpsynth.warmup.fit.release``, fresh secret noise:
 a measurement, nothing is released or logged) on the training shard of a finished ``utility.py`` run
 directory, then fits ``fits`` generators to that same release (``warmup.fit_generator``, post-processing;
 generator seeds 0 … K − 1) and scores each, and the mixture that draws record i from generator
@@ -29,7 +29,7 @@ import torch
 from dpsynth.config import load_config
 from dpsynth.data.dataset import ImageDataset, read_parquet
 from dpsynth.evaluation import accuracy
-from dpsynth.training import warmup
+from dpsynth.warmup import fit as warmup
 from dpsynth.models.dcgan import Generator
 from dpsynth.privacy import MechanismTrace
 from dpsynth.mechanisms.randomness import MechanismRandomness

@@ -2,7 +2,7 @@
 
 Releases the class means (σ₀), then, per round, assigns every training record to the nearest centre of
 its class and releases the groups' noisy means (σ of that round; Gaussian, sensitivity C, the stacked
-query of dpsynth.mechanisms.central_images). Centres start from the released class means, deformed at
+query of dpsynth.warmup.central_images). Centres start from the released class means, deformed at
 random (`init random`, k per class) or on a shear × stroke-width grid (`init grid`, the shipped
 `warmup.styles`), or are the k-means centres (k per class) of a public set's digits (`init public`:
 scikit-learn's 1,797 digits resized as `data.public_source=sklearn:digits` resizes them; `public-sharp`:
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from dpsynth.data import read_parquet
 from dpsynth.evaluation import classifiers
-from dpsynth.training import warmup
+from dpsynth.warmup import fit as warmup
 from dpsynth.privacy import MechanismTrace, full_batch_gaussian
 from dpsynth.privacy.registry import get_accountant
 def measure(*, k: int = 8, data: str = "outputs/data/mnist.parquet", save: str | None = None, sigmas: str = "5,3,3,1.5",

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import torch
 from dpsynth.data import read_parquet
 from dpsynth.evaluation import classifiers
-from dpsynth.training import warmup
-from dpsynth.mechanisms import warmup_releases
+from dpsynth.warmup import fit as warmup
+from dpsynth.warmup import releases as warmup_releases
 from dpsynth.models.dcgan import Generator
 from dpsynth.config import load_config
 from dpsynth.privacy import MechanismTrace, get_accountant

@@ -126,3 +126,27 @@ def test_the_documented_floors_hold():
           for a, bs in room_edges(imports(mods)).items() for b in bs
           if a in floor_of and b in floor_of and floor_of[b] >= floor_of[a]]
     assert up == [], "imports that do not go down a floor"
+
+
+# what stages/ may hold besides the six stages: the protocol they all run through and its manifests, and the train
+# stage's launch on several ranks (while it is there)
+STAGE_PLUMBING = {"__init__", "protocol", "manifest", "launch"}
+
+
+def test_the_six_stages_are_in_stages_and_nothing_else_is():
+    """Each of the six stages (``protocol.STAGES``) is a module of stages/ named after it that declares it (``STAGE``),
+    and stages/ holds nothing else but their plumbing (#53 item 2: the audit stage once lived in audit/, and the
+    ledger's charging in stages/)."""
+    folder = PACKAGE / "stages"
+    names = {p.stem for p in folder.glob("*.py")}
+    protocol = ast.parse((folder / "protocol.py").read_text(encoding="utf-8"))
+    stages = next(ast.literal_eval(n.value) for n in protocol.body if isinstance(n, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "STAGES" for t in n.targets))
+    assert sorted(stages) == sorted(("partition", "warmstart", "train", "audit", "sample", "evaluate"))
+    declared = {}
+    for name in names & set(stages):
+        tree = ast.parse((folder / f"{name}.py").read_text(encoding="utf-8"))
+        declared[name] = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                               and any(isinstance(t, ast.Name) and t.id == "STAGE" for t in n.targets)), None)
+    assert declared == {s: s for s in stages}, "a stage that is not stages/<stage>.py declaring STAGE"
+    assert sorted(names - set(stages) - STAGE_PLUMBING) == [], "modules in stages/ that are not stages"

@@ -287,7 +287,7 @@ class WarmstartConfig:
 
 @dataclass(frozen=True, config=SECTION)
 class WarmupConfig:
-    """The private warm-up before training (``dpsynth.training.warmup``; Li et al. 2025): one Gaussian
+    """The private warm-up before training (``dpsynth.warmup``; Li et al. 2025): one Gaussian
     release of every class's mean image (ε composed with training in the same trace), then the
     generator fitted to deformations of those central images (post-processing, free)."""
 
@@ -645,6 +645,8 @@ class RunConfig:
         _require(not w.central_images or latent >= 6, "warmup.central_images",
                  f"the warm-up's deformations read z[:, :6]: {where} must be >= 6, got {latent}")
         if w.central_images and w.fit_epsilon:
+            from dpsynth.warmup.epsilon import fit_epsilon
+
             fitted = fit_epsilon(w, self.privacy)
             return self if fitted == w else dataclasses.replace(self, warmup=fitted)
         return self
@@ -659,78 +661,6 @@ class RunConfig:
         """sha256 of the settings that determine the training result (what resume must match)."""
         d = {k: v for k, v in without_launch(self.to_dict()).items() if k not in exclude}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
-
-
-# what warmup.fit_epsilon leaves out, in this order (the last in the trace first): the setting that turns it off
-LEFT_OUT = (("variations", "variations", 0), ("styles", "styles", 0),
-            ("polarity_shapes", "polarity_noise_multiplier", None))
-RELEASE_SHARE = 0.75  # warmup.fit_epsilon, where the releases as configured do not fit: their share of ε
-
-
-def fit_epsilon(w: WarmupConfig, p: PrivacyConfig) -> WarmupConfig:
-    """``warmup.fit_epsilon``: the warm-up section ``w`` refitted to ``p.epsilon``, from the configuration alone
-    (public); :class:`RunConfig`'s validator applies it, so every stage and the audit read the same releases:
-
-    1. the releases as configured spend less than ε (under ``p.accountant``): kept as they are; else a style
-       release along the variation directions (``styles_along_variations``: the last in the trace, and it needs the
-       per-class directions) is left out first, and the rest kept where they then fit;
-    2. else, with variations (and no styles): the releases are given :data:`RELEASE_SHARE` of ε, training the rest.
-       Full-batch Gaussians compose as one Gaussian whose ρ = 1/(2σ²) is the sum of theirs, so ρ is split in
-       closed form: the intensity histogram keeps its σ; the polarity shapes theirs, if with the histogram and
-       the class means they take at most half of ρ, else they are left out; the class means take at most half of
-       what is left (their σ raised if need be); the variation release, shared by every class
-       (``variations_shared``: K times the signal for the same noise), takes the rest;
-    3. else (or where nothing is left for the variations): releases are left out, the last in the trace first
-       (:data:`LEFT_OUT`), until the rest spend less than ε.
-
-    Where even the histogram and the class means do not fit, they stay: the warm-up's trace prefix
-    (:func:`dpsynth.mechanisms.warmup_releases.prefix`) refuses, naming the settings.
-
-    >>> cfg = load_config(REPO_ROOT / "configs/dpgan-generic-cpu.yaml", overrides=["privacy.epsilon=1"])
-    >>> [n for n, _ in cfg.warmup.releases()], cfg.warmup.variations_shared, round(cfg.warmup.variations_noise_multiplier, 1)
-    (['intensity_histogram', 'class_means', 'variations'], True, 7.8)
-    """
-    from dpsynth.errors import PrivacyError
-    from dpsynth.privacy import MechanismTrace, calibrate_noise, full_batch_gaussian, get_accountant
-
-    accountant = get_accountant(p.accountant)
-
-    def fits(section: WarmupConfig) -> bool:
-        events = [full_batch_gaussian(sigma) for _, sigma in section.releases()]
-        return accountant.epsilon(MechanismTrace(events), delta=p.delta) < p.epsilon
-
-    if fits(w):
-        return w
-    if w.styles_along_variations:  # the last release in the trace, and it needs the per-class directions: out first
-        w = dataclasses.replace(w, styles=0)
-        if fits(w):
-            return w
-    try:  # the σ of one full-batch Gaussian that spends the releases' share (None: none can be certified)
-        sigma = calibrate_noise(target_epsilon=RELEASE_SHARE * p.epsilon, delta=p.delta, sample_rate=1.0, steps=1,
-                                sampling="full_batch", accountant=p.accountant)
-    except PrivacyError:
-        sigma = None
-    if w.variations and not w.styles and sigma is not None:
-        total, rho = 1 / (2 * sigma ** 2), (lambda s: 1 / (2 * s ** 2))
-        fixed = rho(w.intensity_noise_multiplier) if w.intensity_noise_multiplier is not None else 0.0
-        polarity = w.polarity_noise_multiplier
-        if polarity is not None and fixed + rho(polarity) + rho(w.noise_multiplier) > total / 2:
-            polarity = None
-        fixed += rho(polarity) if polarity is not None else 0.0
-        means = min(rho(w.noise_multiplier), (total - fixed) / 2)
-        left = total - fixed - means
-        if left > 0:
-            fitted = dataclasses.replace(
-                w, polarity_noise_multiplier=polarity, noise_multiplier=max(w.noise_multiplier, (2 * means) ** -0.5),
-                variations_noise_multiplier=(2 * left) ** -0.5, variations_shared=True)
-            if fits(fitted):
-                return fitted
-    for name, setting, off in LEFT_OUT:
-        if fits(w):
-            break
-        if name in dict(w.releases()):
-            w = dataclasses.replace(w, **{setting: off})
-    return w
 
 
 # train.* fields that place the train stage's ranks, not what it computes: a checkpoint resumes, and the stage's

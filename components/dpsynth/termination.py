@@ -5,7 +5,7 @@ grace period (30 s by default). Python's default for SIGTERM is to die on the sp
 ledger reservation open: the next run was refused until an operator ran ``dpsynth ledger settle``. So
 :func:`install` (called by the ``dpsynth`` command at start) turns SIGTERM into :class:`Terminated`, a
 ``SystemExit`` with status 143 raised in the main thread, which unwinds like any failure: the training attempt
-commits the ε of the steps its trace holds and closes its reservation (``dpsynth.stages.charging``).
+commits the ε of the steps its trace holds and closes its reservation (``dpsynth.ledger.charging``).
 
 Some blocks must not be cut in two: a private step and its event in the trace, a checkpoint, a ledger
 transaction. Inside :func:`deferred` a SIGTERM waits for the block to end and is raised then; the training

@@ -14,6 +14,8 @@ from dpsynth.errors import ConfigError
 from dpsynth.methods import registry
 from dpsynth.mechanisms import dpsgd
 from dpsynth.audit import empirical
+from dpsynth.audit import canaries
+from dpsynth.audit import statistics
 from dpsynth.mechanisms.dpsgd import GradientSanitizer
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.torch_threads import one_torch_thread  # noqa: F401
@@ -33,21 +35,21 @@ def brute_p_value(m, r, v, eps, delta):
     (80, 20, 3, 0.1, 1e-3), (10, 10, 0, 1.0, 1e-3),
 ])
 def test_p_value_matches_brute_force(m, r, v, eps, delta):
-    assert empirical.p_value(m, r, v, eps, delta) == pytest.approx(brute_p_value(m, r, v, eps, delta), rel=1e-9, abs=1e-15)
+    assert statistics.p_value(m, r, v, eps, delta) == pytest.approx(brute_p_value(m, r, v, eps, delta), rel=1e-9, abs=1e-15)
 
 
 def test_epsilon_lower_is_the_largest_epsilon_rejected_by_brute_force():
     m, r, v, delta = 60, 50, 44, 1e-4
     grid = np.arange(0, 6, 0.001)
     rejected = [e for e in grid if brute_p_value(m, r, v, e, delta) < 0.05]
-    assert empirical.epsilon_lower_bound(m, r, v, delta=delta) == pytest.approx(max(rejected), abs=1.5e-3)
+    assert statistics.epsilon_lower_bound(m, r, v, delta=delta) == pytest.approx(max(rejected), abs=1.5e-3)
 
 
 def test_published_ceilings():
     # Steinke, Nasr & Jagielski 2023: all guesses right, 95 %: about 5.8 with 1,000 canaries, 8.1 with 10,000
-    assert empirical.epsilon_lower_bound(1000, 1000, 1000, delta=0) == pytest.approx(5.8, abs=0.05)
-    assert empirical.epsilon_lower_bound(10000, 10000, 10000, delta=0) == pytest.approx(8.1, abs=0.05)
-    assert empirical.epsilon_lower_bound(1000, 1000, 500, delta=0) == 0.0  # chance level proves nothing
+    assert statistics.epsilon_lower_bound(1000, 1000, 1000, delta=0) == pytest.approx(5.8, abs=0.05)
+    assert statistics.epsilon_lower_bound(10000, 10000, 10000, delta=0) == pytest.approx(8.1, abs=0.05)
+    assert statistics.epsilon_lower_bound(1000, 1000, 500, delta=0) == 0.0  # chance level proves nothing
 
 
 def test_sound_and_nearly_tight_on_randomized_response():
@@ -59,22 +61,22 @@ def test_sound_and_nearly_tight_on_randomized_response():
     over = 0
     for _ in range(trials):
         correct = int((rng.random(m) < q).sum())
-        over += empirical.epsilon_lower_bound(m, m, correct, delta=0) > eps
+        over += statistics.epsilon_lower_bound(m, m, correct, delta=0) > eps
     assert over <= 0.05 * trials + 3 * math.sqrt(0.05 * 0.95 * trials)
     eps = 2.0
     correct = int((rng.random(10000) < 1 / (1 + math.exp(-eps))).sum())
-    assert 1.7 < empirical.epsilon_lower_bound(10000, 10000, correct, delta=0) <= eps + 0.1
+    assert 1.7 < statistics.epsilon_lower_bound(10000, 10000, correct, delta=0) <= eps + 0.1
 
 
 def test_guess_and_bound_uses_the_grid_with_bonferroni():
     m = 1000
     included = np.arange(m) % 2 == 0
-    perfect = empirical.guess_and_bound(included.astype(float), included, delta=0)
+    perfect = statistics.guess_and_bound(included.astype(float), included, delta=0)
     assert perfect["guesses"] == m and perfect["correct"] == m
     # the best grid point, at confidence 1 - 0.05/6: a little below the single-test ceiling of 5.8
-    assert 5.0 < perfect["epsilon_lower"] < empirical.epsilon_lower_bound(m, m, m, delta=0)
+    assert 5.0 < perfect["epsilon_lower"] < statistics.epsilon_lower_bound(m, m, m, delta=0)
     assert perfect["ceiling"] == pytest.approx(perfect["epsilon_lower"])
-    assert empirical.guess_and_bound(np.zeros(m), included, delta=0)["epsilon_lower"] == 0.0
+    assert statistics.guess_and_bound(np.zeros(m), included, delta=0)["epsilon_lower"] == 0.0
 
 
 def test_the_gate_says_when_it_cannot_fail():
@@ -98,7 +100,7 @@ def test_the_audited_methods_come_from_the_registry():
     # every white-box kind of a trainer's sanitizer has its black-box score; Private Evolution's histogram canaries
     # ("votes") are the one attack of its audit (its release is a released histogram, no private network)
     kinds = {m.empirical_audit for m in registry.METHODS.values() if m.empirical_audit}
-    assert empirical.BLACK_BOX.keys() == kinds - {"votes"} and "votes" in empirical.ATTACKS
+    assert canaries.BLACK_BOX.keys() == kinds - {"votes"} and "votes" in canaries.ATTACKS
 
 
 def test_off_is_a_setting_not_a_boolean(tmp_path):
@@ -142,7 +144,7 @@ def test_real_sanitizer_passes():
     assert result["accounted_epsilon"] <= 1.0 and result["steps"] == 100 and result["canaries"] == 1000
     assert result["accountant"] == "rdp" and result["epsilon_lower"] <= result["accounted_epsilon"]
     assert [a["name"] for a in result["attacks"]] == ["gradient", "discriminator"]
-    assert result["attacks"][1]["canaries"] == 600 // empirical.BLACK_BOX_SHARE
+    assert result["attacks"][1]["canaries"] == 600 // canaries.BLACK_BOX_SHARE
     assert empirical.gate(result)["passed"]
 
 
@@ -243,8 +245,8 @@ def test_dpac_real_sanitizer_passes_and_without_noise_fails(monkeypatch):
 def test_black_box_scores_rank_memorized_canaries_first():
     """A discriminator that saw the included canaries, and a generator that reproduces them: both scores put
     the included canaries on top, and the bound says so (the attack is weak on a private model, not blind)."""
-    canaries = empirical.InputCanaries(200, (28, 28, 1), 10, randomness=MechanismRandomness(seed=1))
-    members = canaries.images[canaries.included]
+    planted = canaries.InputCanaries(200, (28, 28, 1), 10, randomness=MechanismRandomness(seed=1))
+    members = planted.images[planted.included]
 
     class Remembers(torch.nn.Module):
         def forward(self, x, y):
@@ -254,7 +256,7 @@ def test_black_box_scores_rank_memorized_canaries_first():
         num_classes, latent_dim = 10, 1
 
         def sample(self, n, *, labels, generator=None):
-            pool = [members[canaries.labels[canaries.included] == k] for k in range(10)]
+            pool = [members[planted.labels[planted.included] == k] for k in range(10)]
             return torch.stack([pool[k][(i // 10) % len(pool[k])] if len(pool[k]) else torch.zeros(1, 28, 28)
                                 for i, k in enumerate(labels.tolist())]), labels  # labels cycle 0, 1, …, 9
 
@@ -266,6 +268,6 @@ def test_black_box_scores_rank_memorized_canaries_first():
             return Reproduces(), {}
 
     for kind in ("discriminator", "generator"):
-        scores = empirical._black_box_scores(kind, Trainer(), canaries, seed=0)
-        result = empirical.guess_and_bound(scores, canaries.included.numpy(), delta=0)
+        scores = canaries.black_box_scores(kind, Trainer(), planted, seed=0)
+        result = statistics.guess_and_bound(scores, planted.included.numpy(), delta=0)
         assert result["epsilon_lower"] > 2, kind

@@ -5,10 +5,12 @@ import pytest
 import torch
 
 from dpsynth.config import load_config
-from dpsynth.mechanisms import central_images
+from dpsynth.warmup import central_images
 from dpsynth.audit import empirical
+from dpsynth.audit import statistics
+from dpsynth.audit import warmup as warmup_audit
 from dpsynth.mechanisms.randomness import MechanismRandomness
-from dpsynth.audit import stage as audit
+from dpsynth.stages import audit
 
 DEFAULT = "configs/dpgan-digits-cpu.yaml"  # the digit recipe (`make run`'s until 2026-11-28): σ = 5, 0.75, 0.8 for the three releases
 RELEASES = ("class_means", "styles", "variations")
@@ -41,8 +43,8 @@ def no_clip(monkeypatch):
 
 
 def release_audit(cfg, name, canaries=1000):
-    return empirical.audit_warmup_release(cfg, name, image_shape=SHAPE, num_classes=10, canaries=canaries,
-                                          confidence=0.95)
+    return warmup_audit.audit_warmup_release(cfg, name, image_shape=SHAPE, num_classes=10, canaries=canaries,
+                                             confidence=0.95)
 
 
 def test_a_quick_audit_is_part_of_every_default_run():
@@ -55,7 +57,7 @@ def test_a_quick_audit_is_part_of_every_default_run():
     assert empirical.mode_for(load_config(overrides=["train.method=gswgan"])) == "quick"
     assert empirical.mode_for(load_config(overrides=["train.method=gswgan_federated"])) is None  # has none (yet)
     assert empirical.mode_for(load_config(overrides=["audit.empirical=off"])) is None
-    assert [r[0] for r in empirical.audited_releases(load_config(DEFAULT))] == list(RELEASES)
+    assert [r[0] for r in warmup_audit.audited_releases(load_config(DEFAULT))] == list(RELEASES)
 
 
 def test_inconclusive_is_neither_passed_nor_failed_in_the_report():
@@ -71,7 +73,7 @@ def test_inconclusive_is_neither_passed_nor_failed_in_the_report():
 def test_the_default_warmup_release_passes(name, monkeypatch):
     seeded_noise(monkeypatch)
     r = release_audit(load_config(DEFAULT), name)
-    assert r["verdict"] == "passed" and empirical.warmup_check(r)["passed"]
+    assert r["verdict"] == "passed" and warmup_audit.warmup_check(r)["passed"]
     assert r["epsilon_lower"] <= r["accounted_epsilon"]
     assert 0.97 < r["noise_test"]["noise_std_over_planned"] < 1.03
     assert r["bound_test"]["largest_canary_coordinate"] <= r["bound_test"]["bound"] * (1 + 1e-6)
@@ -83,7 +85,7 @@ def test_without_noise_the_default_warmup_release_fails(name, monkeypatch):
     noise test catches it."""
     no_noise(monkeypatch)
     r = release_audit(load_config(DEFAULT), name)
-    check = empirical.warmup_check(r)
+    check = warmup_audit.warmup_check(r)
     assert r["verdict"] == "failed" and not check["passed"] and not r["noise_test"]["passed"]
     assert "adds less noise than accounted" in check["detail"]
 
@@ -92,7 +94,7 @@ def test_without_noise_the_default_warmup_release_fails(name, monkeypatch):
 def test_without_clipping_the_warmup_release_fails(name, monkeypatch):
     no_clip(monkeypatch)
     r = release_audit(load_config(DEFAULT), name)
-    check = empirical.warmup_check(r)
+    check = warmup_audit.warmup_check(r)
     assert r["verdict"] == "failed" and not r["bound_test"]["passed"] and "not clipped" in check["detail"]
 
 
@@ -111,10 +113,10 @@ def test_without_noise_the_one_run_bound_alone_fails_a_low_epsilon_release(name,
 
 def test_warmup_canaries_join_the_audited_release_alone():
     """The releases before the audited one see no canary, so the templates they give do not depend on the coins."""
-    from dpsynth.training import warmup
+    from dpsynth.warmup import fit as warmup
 
     cfg = load_config(DEFAULT)
-    images, labels, _ = empirical.dirac_records(20, SHAPE, 10, value=1.0)
+    images, labels, _ = warmup_audit.dirac_records(20, SHAPE, 10, value=1.0)
     seen = {}
     warmup.release(cfg, torch.empty(0, 1, 28, 28), torch.empty(0, dtype=torch.long), num_classes=10,
                    randomness=MechanismRandomness(), trace=None, canaries=("styles", images, labels),
@@ -127,9 +129,9 @@ def test_warmup_canaries_join_the_audited_release_alone():
 def test_the_largest_provable_epsilon_counts_only_the_canaries_the_sampling_reaches():
     """A noiseless sanitizer's canaries that no step samples leave no trace: the audit's ceiling at reach 1 is the
     all-correct one, and far lower at the default's 76 % (100 steps at q = 0.0142), where it cannot pass."""
-    full = empirical.guess_and_bound([1.0] * 500 + [0.0] * 500, [True] * 500 + [False] * 500, delta=1e-5,
-                                     confidence=0.975)["ceiling"]
-    at = [empirical.reachable_ceiling(1000, r, delta=1e-5, confidence=0.975) for r in (1.0, 0.99, 0.76, 0.5)]
+    full = statistics.guess_and_bound([1.0] * 500 + [0.0] * 500, [True] * 500 + [False] * 500, delta=1e-5,
+                                      confidence=0.975)["ceiling"]
+    at = [statistics.reachable_ceiling(1000, r, delta=1e-5, confidence=0.975) for r in (1.0, 0.99, 0.76, 0.5)]
     assert at[0] == pytest.approx(full, rel=1e-6) and at == sorted(at, reverse=True) and at[2] < 2.0
     attacks = [{"name": "gradient", "epsilon_lower": 0.2, "canaries": 1000, "correct": 60, "guesses": 100,
                 "reach": 0.76}]
@@ -173,7 +175,7 @@ def test_each_release_is_compared_with_its_own_epsilon_when_the_warmup_opens_wit
     seeded_noise(monkeypatch)
     r = release_audit(cfg, name)
     assert r["accounted_epsilon"] == pytest.approx(acc.get_epsilon(delta=cfg.privacy.delta), rel=1e-3)
-    assert r["verdict"] == "passed" and empirical.warmup_check(r)["passed"]
+    assert r["verdict"] == "passed" and warmup_audit.warmup_check(r)["passed"]
 
 
 SHARED = ["warmup.variations_shared=true"]  # one moment matrix over every class (warmup.fit_epsilon's low-ε release)
@@ -183,7 +185,7 @@ def test_the_shared_variation_release_passes_with_canaries_on_distinct_pixels(mo
     seeded_noise(monkeypatch)
     r = release_audit(load_config(DEFAULT, overrides=SHARED), "variations")
     assert r["canaries"] == 784  # at most one per pixel: every canary lands in the one matrix
-    assert r["verdict"] == "passed" and empirical.warmup_check(r)["passed"]
+    assert r["verdict"] == "passed" and warmup_audit.warmup_check(r)["passed"]
     assert 0.97 < r["noise_test"]["noise_std_over_planned"] < 1.03
     assert r["noise_test"]["coordinates"] == 784 * 785 // 2  # one matrix's upper triangle, not ten
 
@@ -220,7 +222,7 @@ ALONG = ["warmup.styles_along=variations"]  # the style templates move along the
 def test_with_styles_along_the_variations_each_release_passes(name, monkeypatch):
     seeded_noise(monkeypatch)
     r = release_audit(load_config(DEFAULT, overrides=ALONG), name)
-    assert r["verdict"] == "passed" and empirical.warmup_check(r)["passed"]
+    assert r["verdict"] == "passed" and warmup_audit.warmup_check(r)["passed"]
     assert 0.97 < r["noise_test"]["noise_std_over_planned"] < 1.03
 
 
@@ -232,10 +234,10 @@ def test_with_styles_along_the_variations_the_style_release_fails_without_noise_
 def test_with_styles_along_the_variations_the_style_canaries_join_it_alone():
     """The variation release now comes before the style release and reads no canary: the templates moved along its
     directions do not depend on the coins."""
-    from dpsynth.training import warmup
+    from dpsynth.warmup import fit as warmup
 
     cfg = load_config(DEFAULT, overrides=ALONG)
-    images, labels, _ = empirical.dirac_records(20, SHAPE, 10, value=1.0)
+    images, labels, _ = warmup_audit.dirac_records(20, SHAPE, 10, value=1.0)
     seen = {}
     warmup.release(cfg, torch.empty(0, 1, 28, 28), torch.empty(0, dtype=torch.long), num_classes=10,
                    randomness=MechanismRandomness(), trace=None, canaries=("styles", images, labels),

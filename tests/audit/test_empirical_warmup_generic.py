@@ -5,9 +5,9 @@ or without the normalisation that bounds a record's contribution, the run fails.
 import pytest
 import torch
 
-from dpsynth.audit import empirical
+from dpsynth.audit import warmup as warmup_audit
 from dpsynth.config import load_config
-from dpsynth.mechanisms import central_images
+from dpsynth.warmup import central_images
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.audit.test_empirical_warmup import no_noise, seeded_noise
 
@@ -16,12 +16,12 @@ NEW = ("intensity", "polarity")
 
 
 def audit_run(name, shape=(28, 28, 1)):
-    return empirical.audit_warmup_release(load_config(GENERIC), name, image_shape=shape, num_classes=10,
-                                          canaries=1000, confidence=0.95)
+    return warmup_audit.audit_warmup_release(load_config(GENERIC), name, image_shape=shape, num_classes=10,
+                                             canaries=1000, confidence=0.95)
 
 
 def test_the_generic_recipe_audits_every_release_it_makes():
-    assert [r[0] for r in empirical.audited_releases(load_config(GENERIC))] == \
+    assert [r[0] for r in warmup_audit.audited_releases(load_config(GENERIC))] == \
         ["intensity", "class_means", "polarity", "variations"]
 
 
@@ -30,7 +30,7 @@ def test_the_generic_recipe_audits_every_release_it_makes():
 def test_the_release_passes_its_audit_run(name, shape, monkeypatch):
     seeded_noise(monkeypatch)
     r = audit_run(name, shape)
-    assert r["verdict"] == "passed" and empirical.warmup_check(r)["passed"]
+    assert r["verdict"] == "passed" and warmup_audit.warmup_check(r)["passed"]
     assert r["epsilon_lower"] <= r["accounted_epsilon"]
     assert r["bound_test"]["largest_canary_coordinate"] <= r["bound_test"]["bound"] * (1 + 1e-6)
     assert r["canaries"] == (central_images.INTENSITY_BINS if name == "intensity" else 1000)
@@ -40,7 +40,7 @@ def test_the_release_passes_its_audit_run(name, shape, monkeypatch):
 def test_without_noise_the_release_fails(name, monkeypatch):
     no_noise(monkeypatch)
     r = audit_run(name)
-    check = empirical.warmup_check(r)
+    check = warmup_audit.warmup_check(r)
     assert r["verdict"] == "failed" and not r["noise_test"]["passed"] and "adds less noise than accounted" in check["detail"]
 
 
@@ -54,7 +54,7 @@ def test_an_unnormalised_histogram_fails_the_bound_test(monkeypatch):
     monkeypatch.setattr(central_images, "intensity_sums", raw_counts)
     r = audit_run("intensity")
     assert r["verdict"] == "failed" and not r["bound_test"]["passed"]
-    assert "not clipped" in empirical.warmup_check(r)["detail"]
+    assert "not clipped" in warmup_audit.warmup_check(r)["detail"]
 
 
 def test_unnormalised_polarity_features_fail_the_bound_test(monkeypatch):
@@ -66,14 +66,14 @@ def test_unnormalised_polarity_features_fail_the_bound_test(monkeypatch):
 
 
 def test_canaries_join_the_audited_release_alone():
-    from dpsynth.training import warmup
+    from dpsynth.warmup import fit as warmup
 
     cfg = load_config(GENERIC)
     for name in NEW:
         if name == "intensity":
-            images, labels, _ = empirical.flat_records(16, (28, 28, 1), 10)
+            images, labels, _ = warmup_audit.flat_records(16, (28, 28, 1), 10)
         else:
-            images, labels, _ = empirical.dirac_records(20, (28, 28, 1), 10, value=1.0)
+            images, labels, _ = warmup_audit.dirac_records(20, (28, 28, 1), 10, value=1.0)
         seen = {}
         warmup.release(cfg, torch.empty(0, 1, 28, 28), torch.empty(0, dtype=torch.long), num_classes=10,
                        randomness=MechanismRandomness(), trace=None, canaries=(name, images, labels),

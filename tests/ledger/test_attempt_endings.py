@@ -6,7 +6,7 @@ import pytest
 from dpsynth.methods.gswgan import GSWGANTrainer
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.ledger.attempt import open_attempt
-from dpsynth.stages.charging import charged
+from dpsynth.ledger.charging import charged
 from dpsynth.training import loop
 from dpsynth.ledger.store import Ledger
 from tests.methods.conftest import shards  # noqa: F401 (fixture)

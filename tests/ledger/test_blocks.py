@@ -2,7 +2,7 @@
 migration from a per-population budget — on SQLite and on a real PostgreSQL server (tests/pg_fixtures.py).
 
 The simulation charges each run through the train stage's own code: the window of the partition stage
-(:func:`dpsynth.stages.charging.window`) and the charged attempt around training (:func:`dpsynth.stages.charging.
+(:func:`dpsynth.ledger.charging.window`) and the charged attempt around training (:func:`dpsynth.ledger.charging.
 attempt`, committing the ε of the trace the run recorded); only the GAN is left out."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dpsynth.errors import PrivacyError
 from dpsynth.ledger import schedule
 from dpsynth.ledger.store import Ledger
 from dpsynth.privacy.events import MechanismTrace, full_batch_gaussian
-from dpsynth.stages import charging
+from dpsynth.ledger import charging
 from tests.pg_fixtures import pg_server  # noqa: F401 (fixture: a real PostgreSQL server)
 
 WEEKS, PER_WEEK, EPS, DELTA, BLOCK_BUDGET, WINDOW = 26, 6, 10.0, 1e-6, 30.0, 4

@@ -1,4 +1,4 @@
-"""The central-image release (dpsynth.mechanisms.central_images) against first principles."""
+"""The central-image release (dpsynth.warmup.central_images) against first principles."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch
 
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy import MechanismTrace, full_batch_gaussian, get_accountant
-from dpsynth.mechanisms.central_images import (central_images, class_sums, group_sums, nearest_template,
+from dpsynth.warmup.central_images import (central_images, class_sums, group_sums, nearest_template,
                                            residual_second_moments, style_images, symmetric_noise,
                                            variation_directions)
 from dpsynth.mechanisms.randomness import MechanismRandomness

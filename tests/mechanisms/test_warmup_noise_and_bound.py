@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from dpsynth.mechanisms import central_images as ci
+from dpsynth.warmup import central_images as ci
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.methods.test_warmup_polarity import coloured_squares
 

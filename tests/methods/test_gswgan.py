@@ -19,7 +19,7 @@ from dpsynth.mechanisms.dpsgd import InputGradientSanitizer as Sanitizer, saniti
 from dpsynth.models.gswgan_networks import Classifier, Discriminator, Generator
 from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dpsynth.mechanisms.randomness import MechanismRandomness
-from dpsynth.audit.stage import accounting_check, mechanism_check
+from dpsynth.stages.audit import accounting_check, mechanism_check
 from tests.methods.gswgan_helpers import K, record_owner, shards_drawn, tiny, warm_files, watch_inputs
 from tests.privacy.test_without_replacement import autodp_acct, autodp_mechanism_epsilon
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)

@@ -25,7 +25,7 @@ from dpsynth.methods.gswgan_federated import (
 )
 from dpsynth.models.gswgan_networks import Discriminator
 from dpsynth.privacy import MechanismTrace, gswgan_event
-from dpsynth.audit.stage import mechanism_check
+from dpsynth.stages.audit import mechanism_check
 from dpsynth.stages.partition import assign
 from tests.jobs import descendants, kill_at_checkpoint
 from tests.ledger_fixtures import assert_charged_once

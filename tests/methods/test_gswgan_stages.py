@@ -9,7 +9,7 @@ import pytest
 
 from dpsynth import storage
 from dpsynth.data import import_source, read_parquet, write_parquet
-from dpsynth.audit.stage import mechanism_check
+from dpsynth.stages.audit import mechanism_check
 from dpsynth.privacy import MechanismTrace
 from tests.ledger_fixtures import assert_charged_once
 from tests.stages.helpers import MNIST, manifest, stage

@@ -114,7 +114,7 @@ def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path,
         # the shipped recipe opens with its private warm-up releases (full batch: class means, then style
         # groups and variation directions when configured; the trace merges equal consecutive ones), and
         # nothing else
-        from dpsynth.mechanisms import warmup_releases
+        from dpsynth.warmup import releases as warmup_releases
         from dpsynth.privacy import MechanismTrace
 
         planned = MechanismTrace(warmup_releases.events(load_config(config))).events

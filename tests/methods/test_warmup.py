@@ -9,10 +9,10 @@ from opacus.accountants import RDPAccountant
 
 from dpsynth.config import load_config
 from dpsynth.training import artifacts
-from dpsynth.training import warmup
+from dpsynth.warmup import fit as warmup
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
-from dpsynth.audit.stage import mechanism_check
+from dpsynth.stages.audit import mechanism_check
 
 
 def tiny(tmp_path, *extra):

@@ -7,7 +7,7 @@ from opacus.accountants import RDPAccountant
 
 from dpsynth.config import REPO_ROOT, dump_config, load_config
 from dpsynth.errors import PrivacyError
-from dpsynth.mechanisms import warmup_releases
+from dpsynth.warmup import releases as warmup_releases
 
 GENERIC = REPO_ROOT / "configs" / "dpgan-generic-cpu.yaml"
 YAML_SIGMAS = {"intensity_histogram": 20.0, "class_means": 5.0, "polarity_shapes": 3.0, "variations": 0.6}

@@ -8,13 +8,13 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-from dpsynth.training import warmup
-from dpsynth.mechanisms import warmup_releases
+from dpsynth.warmup import fit as warmup
+from dpsynth.warmup import releases as warmup_releases
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
-from dpsynth.mechanisms import central_images as ci
+from dpsynth.warmup import central_images as ci
 from dpsynth.mechanisms.randomness import MechanismRandomness
-from dpsynth.audit.stage import mechanism_check
+from dpsynth.stages.audit import mechanism_check
 from tests.methods.test_warmup import tiny  # the same tiny warm-up config
 
 

@@ -9,7 +9,7 @@ import yaml
 
 from dpsynth.config import load_config
 from dpsynth.methods.dpgan import DPGANTrainer
-from dpsynth.training import warmup
+from dpsynth.warmup import fit as warmup
 from tests.methods.test_warmup import tiny
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

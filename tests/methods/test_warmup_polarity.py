@@ -10,14 +10,14 @@ from opacus.accountants import RDPAccountant
 
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
-from dpsynth.training import warmup
-from dpsynth.mechanisms import warmup_releases
+from dpsynth.warmup import fit as warmup
+from dpsynth.warmup import releases as warmup_releases
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.models.dcgan import deform
 from dpsynth.privacy import MechanismTrace, full_batch_gaussian
-from dpsynth.mechanisms import central_images as ci
+from dpsynth.warmup import central_images as ci
 from dpsynth.mechanisms.randomness import MechanismRandomness
-from dpsynth.audit.stage import mechanism_check
+from dpsynth.stages.audit import mechanism_check
 from tests.methods.test_warmup import tiny  # the same tiny warm-up config
 
 POLARITY = ("warmup.intensity_noise_multiplier=20", "warmup.polarity_noise_multiplier=3")
@@ -129,10 +129,10 @@ def test_the_generic_recipe_releases_the_polarity_shapes():
 
 @pytest.mark.parametrize("name", ["intensity", "class_means", "polarity", "variations"])
 def test_the_canary_audits_run_with_the_polarity_shapes_before_them(tmp_path, name):
-    from dpsynth.audit import empirical
+    from dpsynth.audit import warmup as warmup_audit
     cfg = tiny(tmp_path, *POLARITY, "warmup.variations=2", "warmup.variations_noise_multiplier=1", "train.latent_dim=9")
-    r = empirical.audit_warmup_release(cfg, name, image_shape=[16, 16, 3], num_classes=4, canaries=200,
-                                       confidence=0.95)
+    r = warmup_audit.audit_warmup_release(cfg, name, image_shape=[16, 16, 3], num_classes=4, canaries=200,
+                                          confidence=0.95)
     assert r["verdict"] == "passed" and r["noise_test"]["passed"] and r["bound_test"]["passed"]
     # every release has its audit run, the histogram and the polarity shapes too (#52 item 5)
-    assert [n for n, _, _ in empirical.audited_releases(cfg)] == ["intensity", "class_means", "polarity", "variations"]
+    assert [n for n, _, _ in warmup_audit.audited_releases(cfg)] == ["intensity", "class_means", "polarity", "variations"]

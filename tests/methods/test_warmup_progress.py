@@ -4,8 +4,8 @@ generator fit as a progress bar with its step count and time left (stderr: the t
 import torch
 
 from dpsynth.models.dcgan import Generator
-from dpsynth.training import warmup
-from dpsynth.mechanisms import warmup_releases
+from dpsynth.warmup import fit as warmup
+from dpsynth.warmup import releases as warmup_releases
 
 
 def fit(progress: bool, steps: int = 7) -> None:

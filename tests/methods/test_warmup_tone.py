@@ -12,7 +12,8 @@ from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.models.dcgan import TONE_KNOTS, Generator, tone_map
-from dpsynth.training import artifacts, warmup
+from dpsynth.training import artifacts
+from dpsynth.warmup import fit as warmup
 
 
 def tiny(tmp_path, *extra):

@@ -10,13 +10,14 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-from dpsynth.audit.stage import mechanism_check
+from dpsynth.stages.audit import mechanism_check
 from dpsynth.config import REPO_ROOT, load_config
 from dpsynth.errors import ConfigError
-from dpsynth.mechanisms import central_images, warmup_releases
+from dpsynth.warmup import central_images
+from dpsynth.warmup import releases as warmup_releases
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
-from dpsynth.training import warmup
+from dpsynth.warmup import fit as warmup
 from tests.methods.test_warmup import tiny as warmup_tiny
 
 ALONG = ("warmup.styles=2", "warmup.styles_along=variations", "warmup.styles_noise_multiplier=3",

@@ -21,7 +21,7 @@ from dpsynth.models.dcgan import Discriminator
 from dpsynth.privacy import MechanismTrace
 from dpsynth.mechanisms import grouping
 from dpsynth.mechanisms.dpsgd import GradientSanitizer
-from dpsynth.audit.stage import accounting_check, mechanism_check
+from dpsynth.stages.audit import accounting_check, mechanism_check
 from dpsynth.stages.partition import public_mask
 from tests.ledger_fixtures import assert_charged_once
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)

@@ -13,7 +13,7 @@ from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dataclasses import replace
 
 from dpsynth.methods import registry
-from dpsynth.audit import stage as audit
+from dpsynth.stages import audit
 from tests.privacy.test_without_replacement import autodp_mechanism_epsilon
 from tests.stages.helpers import manifest, release_files, stage, stages
 

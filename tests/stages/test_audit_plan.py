@@ -14,7 +14,7 @@ from dpsynth.training import artifacts
 from dpsynth.methods import registry
 from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dpsynth.privacy.accountants import prv_bounds_or_rdp
-from dpsynth.audit import stage as audit
+from dpsynth.stages import audit
 from tests.stages.helpers import manifest, release_files, stage
 
 N = 60_000

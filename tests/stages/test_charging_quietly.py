@@ -4,7 +4,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from dpsynth.errors import ConfigError
-from dpsynth.stages import charging
+from dpsynth.ledger import charging
 
 
 def fail(exc):

@@ -237,7 +237,7 @@ def plant(mp) -> None:
     the audit report (its MLflow copy and the released one), the ledger's rows (``ledger * --json``, the ledger page).
     The gate must drop each, and log its path."""
     from dpsynth import tracking
-    from dpsynth.audit import stage as audit_stage
+    from dpsynth.stages import audit as audit_stage
     from dpsynth.ledger.store import Ledger
     from dpsynth.methods.gswgan import GSWGANTrainer
 

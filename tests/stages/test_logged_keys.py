@@ -12,7 +12,7 @@ import pytest
 
 from dpsynth import storage, tracking
 from dpsynth.methods.gswgan import GSWGANTrainer
-from dpsynth.audit.stage import logged_keys
+from dpsynth.stages.audit import logged_keys
 from tests.stages.helpers import dpsynth, release_files, settings
 
 EVALUATE = ("evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=5",
@@ -117,7 +117,7 @@ def assert_released_once(client, run_dir, *, method, sample_run, pipeline_run_id
 
 def test_a_key_no_stage_declared_fails_the_audit_whatever_its_name(tmp_path, source):
     from dpsynth.config import load_config
-    from dpsynth.audit import stage as audit
+    from dpsynth.stages import audit
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = load_config(overrides=["tracking.enabled=true", f"tracking.uri={uri}"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dpsynth.ledger.store import Ledger
-from dpsynth.audit import stage as audit
+from dpsynth.stages import audit
 from dpsynth.stages import protocol
 from tests.stages.helpers import TINY, dpsynth, manifest, settings
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dpsynth.privacy import MechanismEvent, MechanismTrace
-from dpsynth.audit import stage as audit
+from dpsynth.stages import audit
 from tests.stages.helpers import dpsynth, manifest, release_files, settings, stage
 
 DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"

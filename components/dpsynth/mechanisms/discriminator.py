@@ -41,7 +41,7 @@ class DiscriminatorDPSGD(Mechanism):
         train.steps events spend ≤ ε; ``event`` the sound per-step event (σ/√k); as_published (dp-GAN only):
         ``published_event`` the paper's per-step event (σ), which ``guard`` then guards instead."""
         from dpsynth.errors import PrivacyError
-        from dpsynth.mechanisms import warmup_releases
+        from dpsynth.warmup import releases as warmup_releases
         from dpsynth.privacy import BudgetGuard, MechanismEvent, calibrate_noise, check_delta
         from dpsynth.privacy.plan import PrivacyPlan
 
@@ -92,7 +92,7 @@ class DiscriminatorDPSGD(Mechanism):
                                  randomness=randomness, module=module, trace=trace, event=plan.event)
 
     def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
-        from dpsynth.mechanisms import warmup_releases
+        from dpsynth.warmup import releases as warmup_releases
         from dpsynth.privacy.statement import REPLACE_BY_GROUP_PRIVACY, statement
 
         return statement(
@@ -130,7 +130,7 @@ class GroupedCriticDPSGD(DiscriminatorDPSGD):
     def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
         """What dp-GAN's (ε, δ) means; ``unprotected`` names the sensitive records used as public, if any."""
         from dpsynth.data.public import describe as public_source_statement, unprotected_statement
-        from dpsynth.mechanisms import warmup_releases
+        from dpsynth.warmup import releases as warmup_releases
         from dpsynth.privacy.statement import REPLACE_BY_GROUP_PRIVACY, statement
 
         return statement(

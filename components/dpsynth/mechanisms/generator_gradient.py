@@ -81,7 +81,7 @@ class ShardGeneratorGradient(Mechanism):
         σ, the noise std / C of each sanitized release; under as_published ``published_epsilon`` the authors'
         (unsound) account of ``steps`` iterations."""
         from dpsynth.errors import ConfigError, PrivacyError
-        from dpsynth.mechanisms import warmup_releases
+        from dpsynth.warmup import releases as warmup_releases
         from dpsynth.privacy import BudgetGuard, calibrate_noise, check_delta, fold_releases, gswgan_event
         from dpsynth.privacy.plan import PrivacyPlan
 
@@ -147,7 +147,7 @@ class ShardGeneratorGradient(Mechanism):
     def statement(self, cfg: RunConfig, plan: PrivacyPlan, n: int) -> dict:
         """Add/remove adjacency at 1/K, the shard-state assumption, and beside it the account with the shard
         choice revealed (no amplification by the choice)."""
-        from dpsynth.mechanisms import warmup_releases
+        from dpsynth.warmup import releases as warmup_releases
         from dpsynth.privacy.statement import revealed_choice_account, statement
 
         K = cfg.partition.num_shards

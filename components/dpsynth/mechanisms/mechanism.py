@@ -6,7 +6,7 @@ n before the first step) and Opacus' optimizer-step hook (the sanitizer records 
 noisy release, so noise and accounting cannot come apart). A method names its mechanism in the registry
 (:mod:`dpsynth.methods.registry`); its trainer plans with it and builds its sanitizer from it, and the audit
 recomputes the same plan from the configuration and n and requires the trace to equal it
-(:func:`dpsynth.audit.stage.plan_check`): the trace is the plan's, event by event, or the audit fails.
+(:func:`dpsynth.stages.audit.plan_check`): the trace is the plan's, event by event, or the audit fails.
 
 Importing this package loads no torch (``dpsynth --help`` reads the registry): what a mechanism needs to
 plan or sanitize is imported when it plans or sanitizes.

@@ -208,7 +208,7 @@ class GSWGANTrainer(Trainer):
             data_parallel.join(self)
 
     def warm_up(self, records=None) -> None:
-        """The private warm-up (:mod:`dpsynth.training.warmup`) on the union of the shards; G_ema starts at the warm G."""
+        """The private warm-up (:mod:`dpsynth.warmup.fit`) on the union of the shards; G_ema starts at the warm G."""
         super().warm_up(data_parallel.every_record(self.own, self.shards))
         self.state.G_ema.load_state_dict(self.state.G.state_dict())
 

@@ -16,7 +16,7 @@ from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError
 from dpsynth.models.dcgan import Discriminator as DCGANDiscriminator, Generator as DCGANGenerator
 from dpsynth.models.gswgan_networks import Discriminator
-from dpsynth.training import warmup
+from dpsynth.warmup import fit as warmup
 from dpsynth.training.artifacts import build_generator, read_model_file
 from dpsynth.training.seeds import derived_seed, init_with_seed
 

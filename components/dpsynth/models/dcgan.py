@@ -89,12 +89,12 @@ class Generator(ConditionalGenerator):
     ``tone`` ends G (after the warp and any contrast) with a fixed monotone piecewise-linear map of [-1, 1]
     (:func:`tone_map`, TONE_KNOTS segments, its knots the buffers ``tone_x`` → ``tone_y``; the identity until set).
     The private warm-up sets it after its fit so that G's pixels have the intensity histogram the warm-up
-    released (:func:`dpsynth.training.warmup.match_tones`): what the contrast layer does for two-tone digits, read
+    released (:func:`dpsynth.warmup.fit.match_tones`): what the contrast layer does for two-tone digits, read
     off the data's own released tones instead of assumed. The GAN steps train through it.
 
     ``styles`` > 1 gives every class that many learned 4×4 maps instead of one, and z[:, 6] picks which
     (a discrete choice, uniform over the slots): the private warm-up fits one released style image per
-    slot (``dpsynth.training.warmup``). The interface is unchanged: G(z, y) with y the class.
+    slot (``dpsynth.warmup.fit``). The interface is unchanged: G(z, y) with y the class.
     """
 
     def __init__(self, *, num_classes: int, channels: int = 1, image_size: int = 28, width: int = 128,

@@ -32,9 +32,8 @@ from dpsynth import storage, tracking
 from dpsynth.config import RunConfig, dump_config
 from dpsynth.errors import DpsynthError
 from dpsynth.data import blocks as data_blocks
-from dpsynth.audit import stage as audit
-from dpsynth.stages import protocol, evaluate, manifest, partition, sample, train, warmstart
-from dpsynth.stages import charging
+from dpsynth.stages import audit, protocol, evaluate, manifest, partition, sample, train, warmstart
+from dpsynth.ledger import charging
 
 MODULES = {m.STAGE: m for m in (partition, warmstart, train, audit, sample, evaluate)}
 assert tuple(MODULES) == protocol.STAGES

@@ -109,7 +109,7 @@ def _standalone(args, cfg, ranks) -> int:
     import secrets
     from pathlib import Path
 
-    from dpsynth.stages import charging
+    from dpsynth.ledger import charging
     from dpsynth.stages.partition import load_source
     from dpsynth.training import loop
 

@@ -35,7 +35,7 @@ TRACE_FORMAT = "dpsynth.mechanism_trace/1"
 
 def full_batch_gaussian(noise_multiplier: float) -> MechanismEvent:
     """One Gaussian release on the whole dataset (no sampling) of add/remove sensitivity its clip: each warm-up
-    release (:mod:`dpsynth.mechanisms.central_images`, and ``config.fit_epsilon`` planning them)."""
+    release (:mod:`dpsynth.warmup.central_images`, and ``warmup.epsilon.fit_epsilon`` planning them)."""
     return MechanismEvent(sampling="full_batch", sample_rate=1.0, noise_multiplier=noise_multiplier,
                           sensitivity="add_remove")
 

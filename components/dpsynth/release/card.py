@@ -78,7 +78,7 @@ def events(trace, delta: float) -> list[dict]:
     """Each event of the trace with what it is and its own ε (alone, at δ): the events before the last are the
     warm-up's releases, the last the training steps (a passed audit's trace is its plan: prefix, then steps)."""
     from dpsynth.privacy import MechanismTrace, get_accountant
-    from dpsynth.audit.stage import accountants_for
+    from dpsynth.stages.audit import accountants_for
 
     rows = []
     for i, e in enumerate(trace.events):
@@ -96,7 +96,7 @@ def events(trace, delta: float) -> list[dict]:
 def ledger_facts(ctx: protocol.StageContext, *, population_id: str, train_run_id: str | None) -> dict:
     """The population's lifetime ledger around the training run that made this release (``train_run_id``: the
     pipeline run whose train attempts are charged for it)."""
-    from dpsynth.stages import charging
+    from dpsynth.ledger import charging
 
     ledger = charging.run_ledger(ctx)
     history = ledger.history(population_id)
@@ -156,7 +156,7 @@ def public_sources(cfg) -> list[str]:
 def facts(ctx: protocol.StageContext, *, release_files: list[dict] | None = None) -> dict | None:
     """Everything the card states, read from the run's files and the ledger; None when there is nothing to state
     (no audit ran, or it passed and nothing was released)."""
-    from dpsynth.stages import charging
+    from dpsynth.ledger import charging
 
     audited = _manifest_or_none(ctx, "audit")
     if audited is None:
@@ -424,7 +424,7 @@ def verify(release_dir: str, *, public_key: str | None = None) -> list[dict]:
     (a PEM file) when given. Returns ``[{"name", "passed", "detail"}]``."""
     from dpsynth.training.artifacts import generator_privacy
     from dpsynth.privacy import MechanismTrace
-    from dpsynth.audit.stage import recompute, upper_bound
+    from dpsynth.stages.audit import recompute, upper_bound
 
     root = str(release_dir).rstrip("/")
     checks: list[dict] = []

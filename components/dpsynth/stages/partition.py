@@ -92,10 +92,10 @@ def split(ds: ImageDataset, cfg) -> dict[str, ImageDataset]:
 
 
 def _window(ctx: protocol.StageContext, ds: ImageDataset) -> tuple[ImageDataset, list[int] | None]:
-    """The records of the privacy blocks this run reads (:func:`dpsynth.stages.charging.window`; all, None: the
+    """The records of the privacy blocks this run reads (:func:`dpsynth.ledger.charging.window`; all, None: the
     data keeps no blocks)."""
     from dpsynth.data import blocks
-    from dpsynth.stages import charging
+    from dpsynth.ledger import charging
 
     if blocks.arrivals(ctx.cfg.data.uri) is None:
         return ds, None

@@ -86,7 +86,7 @@ def register(ctx: protocol.StageContext, model_id: str, *, report: dict, audit: 
     moved to it; called only past :func:`require_passed_audit` and the generator and trace checks. Its tags
     state the release (ε, δ, the accountants behind ε, the audit decision) and its lineage (trace and generator
     sha256, the pipeline run, its parent, audit and train MLflow runs, the keyed dataset version)."""
-    from dpsynth.stages import charging
+    from dpsynth.ledger import charging
 
     runs = report.get("runs") or {}
     tags = {
@@ -177,7 +177,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
 def _released(cfg, outcome: protocol.Outcome) -> protocol.Outcome:
     """``outcome``, after recording a versioned import's data as its population's last release
     (:func:`dpsynth.data.versions.record_release`: a retrain on the same version then opens no run, spends no ε)."""
-    from dpsynth.stages import charging
+    from dpsynth.ledger import charging
 
     versions.record_release(cfg.data.uri, charging.population_id(cfg))
     return outcome

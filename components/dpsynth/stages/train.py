@@ -50,7 +50,7 @@ from dpsynth.data import blocks as data_blocks, read_parquet
 from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.training import checkpoint, data_parallel, loop
 from dpsynth.methods import registry
-from dpsynth.stages import charging
+from dpsynth.ledger import charging
 from dpsynth.stages import protocol, manifest
 
 STAGE = "train"

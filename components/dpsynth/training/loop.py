@@ -51,8 +51,7 @@ from dpsynth.config import RunConfig
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
 from dpsynth.training import artifacts, checkpoint, result, data_parallel
-from dpsynth.training import warmup
-from dpsynth.mechanisms import warmup_releases
+from dpsynth.warmup import fit as warmup
 from dpsynth.training.result import TrainResult, resolve_device
 from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
@@ -126,30 +125,13 @@ class Trainer:
 
     def warm_up(self, records: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """The private warm-up before the first step, when ``warmup.central_images`` is on
-        (:mod:`dpsynth.training.warmup`): the central-image releases on ``records`` (images in [-1, 1], labels;
+        (:func:`dpsynth.warmup.fit.warm_up`): the central-image releases on ``records`` (images in [-1, 1], labels;
         None: the trainer's ``images`` and ``labels``), with the mechanism's secret coins, each recording its event
         in the trace; then G is fitted to them (post-processing)."""
-        w, s = self.cfg.warmup, self.state
+        s = self.state
         images, labels = records if records is not None else (self.images, self.labels)
-        started = time.monotonic()
-        fit = warmup.fit_steps(self.cfg)
-        _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps (%s)",
-                  len(warmup_releases.events(self.cfg)), ", ".join(warmup_releases.release_names(self.cfg)), fit,
-                  "warmup.steps" if w.steps is not None else "null warmup.steps: 40 × train.steps, at most 4,000")
-        if images.shape[1] > 1 and w.polarity_noise_multiplier is None:  # the channel count is public (the schema)
-            _log.warning("colour images and no polarity release (warmup.polarity_noise_multiplier): the generator's "
-                         "slots are class means, flat grey where a class's colours vary (recipes without it scored at "
-                         "chance on the colour sets measured: docs/results.md); configs/dpgan-generic-cpu.yaml's "
-                         "polarity release keeps shapes in any colour")
-        with termination.deferred():  # the releases and their events in the trace end whole
-            slots, directions, hist = warmup.release(self.cfg, images, labels, num_classes=self.num_classes,
-                                                     randomness=s.mechanism, trace=self.trace)
-        _log.info("warm-up: released in %.0f s; fitting the generator to them (post-processing)",
-                  time.monotonic() - started)
-        warmup.fit_generator(s.G, slots, steps=fit, batch_size=w.batch_size, lr=w.lr, generator=s.rng,
-                             directions=directions, progress=True)
-        if getattr(s.G, "tone", False):  # G's pixels take the released histogram's tones (post-processing)
-            warmup.match_tones(s.G, hist, generator=s.rng)
+        warmup.warm_up(self.cfg, s.G, images, labels, num_classes=self.num_classes, randomness=s.mechanism,
+                       trace=self.trace, generator=s.rng)
 
     def generator(self) -> tuple[torch.nn.Module, dict]:
         """The generator to release and its ``model`` record (class and keywords, see artifacts): ``G`` and its

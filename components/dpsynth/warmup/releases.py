@@ -1,7 +1,7 @@
 """The private warm-up's releases as a mechanism (the ``warmup`` section): which Gaussian releases a configuration
 makes, in the order of the trace, their events, the trace prefix they form before training, and what they are in a
-privacy statement. The releases themselves are :mod:`dpsynth.mechanisms.central_images`'s; the generator fitted to
-them (post-processing) is :mod:`dpsynth.training.warmup`'s."""
+privacy statement. The releases themselves are :mod:`dpsynth.warmup.central_images`'s; the generator fitted to
+them (post-processing) is :mod:`dpsynth.warmup.fit`'s."""
 
 from __future__ import annotations
 

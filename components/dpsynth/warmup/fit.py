@@ -1,13 +1,15 @@
-"""The private warm-up any method can run before its private training (``warmup`` section).
+"""The private warm-up any method can run before its private training (``warmup`` section): the releases in the
+trace's order on the training records (:func:`release`), the generator fitted to them (:func:`fit_generator`,
+post-processing), and the two run together by a trainer before its first step (:func:`warm_up`).
 
 After Li et al., "From Easy to Hard: Building a Shortcut for Differentially Private Image
 Synthesis" (2025): first learn the easy, low-sensitivity part of the data — each class's mean
-image, released once by a Gaussian mechanism (:mod:`dpsynth.mechanisms.central_images`, one event in
+image, released once by a Gaussian mechanism (:mod:`dpsynth.warmup.central_images`, one event in
 the mechanism trace, composed with training by the same accountant) — then spend the private
 training steps on the hard part.
 
 With ``warmup.intensity_noise_multiplier`` = σ_h a release comes first that knows nothing of the images'
-content: the dataset's histogram of pixel intensities (:func:`dpsynth.mechanisms.central_images.intensity_histogram`,
+content: the dataset's histogram of pixel intensities (:func:`dpsynth.warmup.central_images.intensity_histogram`,
 one more Gaussian event). From it, post-processing: whether the images are ink on a dark background
 (:func:`two_tone`; only then are the released images cleaned by :func:`clean`), and their mean intensity, around
 which the class and style sums are taken (the clip then no longer pulls light or colour images towards black).
@@ -16,7 +18,7 @@ Without it (the digit recipe) the images are always cleaned and the sums taken a
 With ``warmup.styles`` = s > 0 a second release follows: s × s public templates per class (the
 released class mean sheared and thickened or thinned on an s × s grid) split every class into groups
 by each record's nearest template, and the groups' means are released the same way (one more
-Gaussian event; :func:`dpsynth.mechanisms.central_images.style_images`). A group whose noisy count is
+Gaussian event; :func:`dpsynth.warmup.central_images.style_images`). A group whose noisy count is
 below ``MIN_COUNT`` is mostly noise: its slot gets the class mean instead (post-processing). With
 ``warmup.styles_max_noise`` = τ so does a group whose mean's noise std (σ_s·C over its noisy count) exceeds
 τ times its image's peak above the background floor: a faint group mean (thin strokes) is stretched to
@@ -29,19 +31,19 @@ variation release (below) then gives first, taken around the class means; the st
 
 With ``warmup.polarity_noise_multiplier`` = σ_p (for images whose colours vary: a class of shapes in random colours
 has a flat grey mean) a release follows the class means instead of styles
-(:func:`dpsynth.mechanisms.central_images.polarity_shapes`): the means of a feature every record computes alone (its
+(:func:`dpsynth.warmup.central_images.polarity_shapes`): the means of a feature every record computes alone (its
 luminance less its own mean, unit norm, signed so its rarer tone is bright) over every class's two groups, shape
 lighter or darker than the rest (that sign). Drawn grey around the histogram's mean intensity, lighter or darker by
 its spread (:func:`polarity_slots`), they are the generator's two slots per class.
 
 With ``warmup.variations`` = r > 0 a third release follows: every class's r main directions of variation
-around its released images (:func:`dpsynth.mechanisms.central_images.variation_directions`: the Gaussian
+around its released images (:func:`dpsynth.warmup.central_images.variation_directions`: the Gaussian
 mechanism on each class's residual second-moment matrix, sensitivity clip², then its top eigenvectors —
 post-processing). They carry what a handful of images per class cannot: the many small ways a digit is
 written. Coordinates 8 … 7 + r of z weigh them (``VARIATION_LATENT``). With ``warmup.variations_shared`` the
 classes' matrices are summed before the noise and every class gets the same directions (at a low ε: the signal
 of every record for the noise of one matrix); ``warmup.fit_epsilon`` chooses it where the per-class release does
-not fit (:func:`dpsynth.config.fit_epsilon`).
+not fit (:func:`dpsynth.warmup.epsilon.fit_epsilon`).
 
 The generator is fitted to the released images under deformations that its latent code chooses:
 the first six coordinates of z pick a rotation, shear, scale, shift and stroke width, and G(z, y)
@@ -59,32 +61,36 @@ digit-shaped images for every class, from which private training starts.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 
+from dpsynth import termination
 from dpsynth.models.dcgan import LATENT_CONTROLS, deform  # noqa: F401  (z[:, :6] choose the deformation)
 VARIATION_LATENT = 7  # z[:, 7:7 + r] weigh the variation directions (z[:, 6] picks the style slot)
 MIN_COUNT = 20.0  # a style group with fewer (noisy) records is dropped: its mean is mostly noise
 FLOOR = 0.15  # on [0, 1]: what :func:`clean` makes background
+_log = logging.getLogger("dpsynth.train")  # the warm-up speaks as the train stage does
 
 
 def release(cfg, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, randomness,
             trace, canaries=None, observe=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The warm-up's releases on the training records (``images`` in [-1, 1], ``labels``), with the
-    mechanism's secret coins, each recording its event in ``trace`` (the order of :func:`dpsynth.mechanisms.warmup_releases.events`): returns
+    mechanism's secret coins, each recording its event in ``trace`` (the order of :func:`dpsynth.warmup.releases.events`): returns
     the images of the generator's slots (one per class, or per (class, style) with styles, class-major),
     the variation directions (None without them) — what :func:`fit_generator` fits G to (it moves them to
-    G's device: the releases are computed on the CPU, :mod:`dpsynth.mechanisms.central_images`) — and the
+    G's device: the releases are computed on the CPU, :mod:`dpsynth.warmup.central_images`) — and the
     released intensity histogram (None without it; :func:`match_tones` reads it).
 
     For the empirical audit's run only (:mod:`dpsynth.audit.empirical`, on a public stand-in, never
     released): ``canaries`` = (name, images, labels), records that join the data of the release ``name``
-    (of :data:`dpsynth.mechanisms.warmup_releases.RELEASES`) alone, and ``observe(name, noisy, query)``, which sees each release's raw output
+    (of :data:`dpsynth.warmup.releases.RELEASES`) alone, and ``observe(name, noisy, query)``, which sees each release's raw output
     and its noiseless query."""
-    from dpsynth.mechanisms import central_images
+    from dpsynth.warmup import central_images
 
     w = cfg.warmup
 
@@ -271,7 +277,7 @@ KEEP_SHARE = 0.1  # a polarity group with less than this share of its class's (n
 def polarity_slots(shapes: torch.Tensor, counts: torch.Tensor, means: torch.Tensor, *, centre: float,
                    spread: float) -> torch.Tensor:
     """The generator's two slots per class from the released polarity shapes (2K × H·W, class-major, polarity +
-    then −; :func:`dpsynth.mechanisms.central_images.polarity_shapes`) and their noisy counts: each drawn grey, the
+    then −; :func:`dpsynth.warmup.central_images.polarity_shapes`) and their noisy counts: each drawn grey, the
     shape (:func:`smooth`) lighter (+) or darker (−) than ``centre``, as far as a record of pixel spread ``spread``
     deviates (norm spread·√(H·W), the shapes being means of unit vectors). A group with fewer than MIN_COUNT noisy records,
     or under KEEP_SHARE of its class's, takes its class's other slot, or with neither its class mean (``means``,
@@ -407,3 +413,33 @@ def fit_generator(G, images: torch.Tensor, *, steps: int, batch_size: int, lr: f
         loss.backward()
         opt.step()
     return float(loss.detach())
+
+
+def warm_up(cfg, G, images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, randomness, trace,
+            generator: torch.Generator) -> None:
+    """The private warm-up before the first step (a trainer's ``warm_up``, when ``warmup.central_images`` is on): the
+    central-image releases on the training records (``images`` in [-1, 1], ``labels``), with the mechanism's secret
+    coins ``randomness``, each recording its event in ``trace`` (:func:`release`); then ``G`` fitted to them with its
+    latent stream ``generator`` (:func:`fit_generator`, and :func:`match_tones` for a tone layer: post-processing)."""
+    from dpsynth.warmup import releases
+
+    w = cfg.warmup
+    started = time.monotonic()
+    fit = fit_steps(cfg)
+    _log.info("warm-up: %d private release(s) of central images (%s), then %d generator fit steps (%s)",
+              len(releases.events(cfg)), ", ".join(releases.release_names(cfg)), fit,
+              "warmup.steps" if w.steps is not None else "null warmup.steps: 40 × train.steps, at most 4,000")
+    if images.shape[1] > 1 and w.polarity_noise_multiplier is None:  # the channel count is public (the schema)
+        _log.warning("colour images and no polarity release (warmup.polarity_noise_multiplier): the generator's "
+                     "slots are class means, flat grey where a class's colours vary (recipes without it scored at "
+                     "chance on the colour sets measured: docs/results.md); configs/dpgan-generic-cpu.yaml's "
+                     "polarity release keeps shapes in any colour")
+    with termination.deferred():  # the releases and their events in the trace end whole
+        slots, directions, hist = release(cfg, images, labels, num_classes=num_classes, randomness=randomness,
+                                          trace=trace)
+    _log.info("warm-up: released in %.0f s; fitting the generator to them (post-processing)",
+              time.monotonic() - started)
+    fit_generator(G, slots, steps=fit, batch_size=w.batch_size, lr=w.lr, generator=generator,
+                  directions=directions, progress=True)
+    if getattr(G, "tone", False):  # G's pixels take the released histogram's tones (post-processing)
+        match_tones(G, hist, generator=generator)

@@ -18,12 +18,20 @@ docs/privacy.md, "Central images: the query and its sensitivity".
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy.events import MechanismTrace, full_batch_gaussian
-from dpsynth.mechanisms.randomness import MechanismRandomness
+
+
+class SecretCoins(Protocol):
+    """What the releases draw from the mechanism's secret coins: a
+    :class:`dpsynth.mechanisms.randomness.MechanismRandomness` (the method's mechanism holds it; this room sits
+    below the mechanisms, which read the warm-up's releases, so it names the one call it makes)."""
+
+    def standard_normal(self, shape: tuple[int, ...], *, dtype: torch.dtype | None = None) -> torch.Tensor: ...
 
 
 def _contributions(images: torch.Tensor, clip: float, centre: float = 0.0) -> torch.Tensor:
@@ -67,7 +75,7 @@ def nearest_template(images: torch.Tensor, labels: torch.Tensor, templates: torc
 
 
 def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
-                randomness: MechanismRandomness | None, observe=None, centre: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                randomness: SecretCoins | None, observe=None, centre: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The Gaussian mechanism on stacked sums: N(0, (σC)²) on every coordinate; returns every group's
     mean in [0, 1] (noisy sum / noisy count, post-processing) and its noisy count. ``observe(noisy, query)``,
     when given, sees the mechanism's raw output and the noiseless query (the empirical audit's run only)."""
@@ -77,7 +85,7 @@ def noisy_means(sums: torch.Tensor, *, clip: float, noise_multiplier: float,
     return means, counts
 
 
-def _noised(sums: torch.Tensor, *, clip: float, noise_multiplier: float, randomness: MechanismRandomness | None,
+def _noised(sums: torch.Tensor, *, clip: float, noise_multiplier: float, randomness: SecretCoins | None,
             observe=None, field: str = "warmup.noise_multiplier") -> torch.Tensor:
     """The Gaussian mechanism on stacked sums of sensitivity ``clip``: N(0, (σC)²) on every coordinate (σ = 0: none,
     not private). ``observe(noisy, query)`` sees the raw output and the noiseless query (the audit run only)."""
@@ -95,7 +103,7 @@ def _noised(sums: torch.Tensor, *, clip: float, noise_multiplier: float, randomn
 
 
 def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
-                   noise_multiplier: float, randomness: MechanismRandomness | None = None,
+                   noise_multiplier: float, randomness: SecretCoins | None = None,
                    trace: MechanismTrace | None = None, with_counts: bool = False, observe=None, centre: float = 0.0):
     """The noisy class means, shaped (num_classes, C, H, W) in [-1, 1] (and, ``with_counts``, the classes'
     noisy counts); the release records ``full_batch_gaussian(noise_multiplier)`` in ``trace`` (a mechanism's trace;
@@ -117,7 +125,7 @@ def central_images(images: torch.Tensor, labels: torch.Tensor, *, num_classes: i
 
 def style_images(images: torch.Tensor, labels: torch.Tensor, templates: torch.Tensor, template_labels: torch.Tensor,
                  *, clip: float, noise_multiplier: float,
-                 randomness: MechanismRandomness | None = None,
+                 randomness: SecretCoins | None = None,
                  trace: MechanismTrace | None = None, observe=None, centre: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The noisy means of the groups that the public ``templates`` (K×C×H×W in [-1, 1], class
     ``template_labels``) induce: (K×C×H×W in [-1, 1], the K noisy counts). One Gaussian event, which
@@ -129,7 +137,7 @@ def style_images(images: torch.Tensor, labels: torch.Tensor, templates: torch.Te
 
 
 def group_images(images: torch.Tensor, groups: torch.Tensor, *, num_groups: int, clip: float, noise_multiplier: float,
-                 randomness: MechanismRandomness | None = None, trace: MechanismTrace | None = None, observe=None,
+                 randomness: SecretCoins | None = None, trace: MechanismTrace | None = None, observe=None,
                  centre: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The noisy means of ``num_groups`` groups (each record's group a function of that record and public values
     only): (num_groups×C×H×W in [-1, 1], the noisy counts). One Gaussian event, ``full_batch_gaussian(noise_multiplier)``,
@@ -174,7 +182,7 @@ def shape_sums(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, 
 
 
 def polarity_shapes(images: torch.Tensor, labels: torch.Tensor, *, num_classes: int, clip: float,
-                    noise_multiplier: float, randomness: MechanismRandomness | None = None,
+                    noise_multiplier: float, randomness: SecretCoins | None = None,
                     trace: MechanismTrace | None = None, observe=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Every (class, polarity) group's shape: the Gaussian mechanism on :func:`shape_sums` (noise std σ·C on every
     coordinate), then — post-processing — noisy sum over noisy count: (2·num_classes × H·W in float64, the shape
@@ -206,7 +214,7 @@ def intensity_sums(images: torch.Tensor, *, bins: int = INTENSITY_BINS) -> torch
     return (per_record / x.shape[1]).sum(0)
 
 
-def intensity_histogram(images: torch.Tensor, *, noise_multiplier: float, randomness: MechanismRandomness | None,
+def intensity_histogram(images: torch.Tensor, *, noise_multiplier: float, randomness: SecretCoins | None,
                         trace: MechanismTrace | None = None, bins: int = INTENSITY_BINS, observe=None) -> torch.Tensor:
     """The share of pixels in each intensity bin over the whole dataset: the Gaussian mechanism on
     :func:`intensity_sums` (sensitivity 1, noise N(0, σ²) per bin), then — post-processing — clamped at 0 and
@@ -245,7 +253,7 @@ def residual_second_moments(images: torch.Tensor, labels: torch.Tensor, centres:
     return torch.stack([r[y == c].T @ r[y == c] for c in range(num_classes)])
 
 
-def symmetric_noise(shape: tuple[int, int, int], *, randomness: MechanismRandomness) -> torch.Tensor:
+def symmetric_noise(shape: tuple[int, int, int], *, randomness: SecretCoins) -> torch.Tensor:
     """Standard normal noise on every entry on or above the diagonal of each matrix, mirrored below it:
     one independent draw per coordinate of the upper-triangle vectorisation (the query's output)."""
     n, d, _ = shape
@@ -259,7 +267,7 @@ def symmetric_noise(shape: tuple[int, int, int], *, randomness: MechanismRandomn
 
 def variation_directions(images: torch.Tensor, labels: torch.Tensor, centres: torch.Tensor,
                          centre_labels: torch.Tensor, counts: torch.Tensor, *, rank: int, clip: float,
-                         noise_multiplier: float, randomness: MechanismRandomness | None = None,
+                         noise_multiplier: float, randomness: SecretCoins | None = None,
                          trace: MechanismTrace | None = None, observe=None, shared: bool = False) -> torch.Tensor:
     """Each class's main directions of variation around its released images: the Gaussian mechanism on the
     upper triangles of the stacked residual second-moment matrices (sensitivity clip², noise

@@ -65,6 +65,7 @@ from dpsynth.methods import registry
 from dpsynth.training.artifacts import generator_privacy
 from dpsynth.privacy import MechanismTrace, check_delta, get_accountant
 from dpsynth.audit import empirical
+from dpsynth.audit import report as empirical_report
 from dpsynth.privacy.accountants import PRV_TIME_LIMIT_S, prv_bounds_or_rdp
 from dpsynth.stages import protocol, manifest
 
@@ -76,7 +77,7 @@ _BOUND = "ε recomputed from the mechanism trace (data-independent: the trace re
 MLFLOW_KEYS = protocol.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     "target_epsilon": "privacy.epsilon (configuration)", "epsilon_upper_bound": _BOUND, "epsilon_rdp": _BOUND,
     "epsilon_wor": _BOUND, "epsilon_prv_upper": _BOUND, "epsilon_prv_lower": _BOUND,
-    **empirical.MLFLOW_METRICS})
+    **empirical_report.MLFLOW_METRICS})
 CLAIM_TOLERANCE = 1e-6  # relative: the trainer's RDP/WOR claim vs the audit's recomputation
 # The adjacency each sampling scheme needs, and the accountants that bound it (first: the rigorous one).
 SAMPLING_ADJACENCY = {"poisson": "add_remove", "full_batch": "add_remove", "without_replacement": "replace_one"}
@@ -443,7 +444,7 @@ def markdown(report: dict) -> str:
     lines += [f"Generator sha256: `{report['generator']['sha256']}`", "", "## Checks", ""]
     lines += [check_line(c) for c in report["checks"]]
     lines += ["", *trace_markdown((report.get("trace") or {}).get("events"))]
-    return "\n".join(lines) + "\n" + empirical.markdown(report.get("empirical"))
+    return "\n".join(lines) + "\n" + empirical_report.markdown(report.get("empirical"))
 
 
 # What a passed check established, in plain words (a failed one shows its detail: why it failed).
@@ -587,7 +588,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                         metrics["epsilon_prv_lower"] = e["prv"]["lower"]
             tracking.log_run(MLFLOW_KEYS, metrics=metrics,
                              tags={tracking.TAG_AUDIT: report["decision"], **statement_tags(report["statement"])})
-            empirical.log_mlflow(measured, tracking_uri=ctx.tracking_uri, also=[ctx.parent_run_id])
+            empirical_report.log_mlflow(measured, tracking_uri=ctx.tracking_uri, also=[ctx.parent_run_id])
             # the MLflow copy: through the egress gate (dpsynth.egress.AUDIT: the generator's and the trace's hashes
             # keyed, a field it does not name dropped); a raw hash a check's text might quote is keyed too
             view = egress.let_out(report, "audit", key=protocol.key_of(ctx))
