@@ -14,10 +14,11 @@ import torch
 from dpsynth.errors import PrivacyError
 from dpsynth.ledger.store import Ledger
 from tests.stages.helpers import manifest, settings, stages
-from tests.stages.test_train_attempts import LONG, cli
+from tests.stages.test_train_attempts import LONG, cli, rerun
 
 
-def test_sigterm_mid_training_checkpoints_charges_and_closes_the_reservation(tmp_path, source, ledger_with_budget):
+def test_sigterm_mid_training_checkpoints_charges_and_closes_the_reservation(tmp_path, source, ledger_with_budget,
+                                                                             capsys):
     run = tmp_path / "run"
     stages(run, source, "partition", "warmstart", overrides=LONG)
     args = cli("train", "--run-dir", run, *settings(source, *LONG))
@@ -42,8 +43,7 @@ def test_sigterm_mid_training_checkpoints_charges_and_closes_the_reservation(tmp
     assert 0 < first["epsilon_spent"] < 9.8  # what its steps spent, not the whole reservation (10)
     assert ledger_with_budget.balance("mnist600")["reserved"] == 0
 
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900)  # the orchestrator's retry
-    assert done.returncode == 0, done.stderr[-3000:]
+    rerun(args, capsys)  # the orchestrator's retry: the same command line (in this process: test_train_attempts)
     first_again, second = ledger_with_budget.history("mnist600")
     assert first_again == first  # charged once, by itself: not settled again at its whole reservation
     assert second["status"] == "committed" and second["resumes_id"] == first["id"]
