@@ -7,7 +7,8 @@ MLflow 3's server accepts only localhost and private IPs as the Host header unle
 (``--allowed-hosts`` / ``MLFLOW_SERVER_ALLOWED_HOSTS``, ``mlflow/server/security_utils.py``); ``/health`` is
 exempt, so readiness passed while every API call from a stage pod (``Host: <release>-mlflow.<ns>.svc:5000``)
 got 403 "Invalid Host header". Only the stores differ from the cluster: the PostgreSQL backend store becomes a
-SQLite file and the S3 artifact destination a local folder (neither is read by the host check).
+SQLite file and the S3 artifact destination a local folder (neither is read by the host check), and the server runs
+one worker process instead of MLflow's default four.
 """
 
 from __future__ import annotations
@@ -127,6 +128,10 @@ def chart_mlflow(tmp_path_factory):
     port = free_port()
     docs = render("--set", "mlflow.ingressHost=mlflow.example.org")
     command, env = server_command(docs, tmp, port)
+    # one worker process: the chart leaves MLflow's default (4), each a copy of the same app with the same host
+    # allow-list and login; four of them cost four imports of MLflow and its auth app (most of this module's CPU)
+    assert not [a for a in command if a.startswith(("--workers", "-w"))]
+    command = [*command, "--workers=1"]
     paths = [str(REPO / "components"), str(REPO / "mlflow_plugins"), *filter(None, [os.environ.get("PYTHONPATH")])]
     full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(paths)}
     log = open(tmp / "server.log", "w")

@@ -221,8 +221,8 @@ def test_cli_set_budget_show_history(url, capsys, monkeypatch):
 # A child process: opens the ledger, says it is ready, waits for "go", then reserves EPS
 # ATTEMPTS times and prints what happened. THEN is "hold" (leave reserved), "commit", or
 # "hang": die-able between the INSERT and the COMMIT of its first reservation.
-CHILD = r"""
-import json, os, sys, time, types
+IMPORTS = r"""
+import json, os, sys, time, traceback, types
 import dpsynth
 # Import the ledger without dpsynth/privacy/__init__.py, which pulls in torch (seconds per process).
 privacy = types.ModuleType("dpsynth.privacy")
@@ -231,35 +231,81 @@ sys.modules["dpsynth.privacy"] = privacy
 from sqlalchemy import event
 from dpsynth.errors import PrivacyError
 from dpsynth.ledger.store import Ledger
+try:
+    import psycopg2  # noqa: F401 (what a PostgreSQL ledger's engine imports on its first connection)
+except ImportError:
+    pass
 
-url, sync, name, eps, attempts, then, sha, blocks = sys.argv[1:9]
-ledger = Ledger(url)
-if then == "hang":
-    @event.listens_for(ledger.engine, "commit")
-    def _hang(conn):
-        open(os.path.join(sync, name + ".hanging"), "w").close()
-        time.sleep(600)
-else:  # widen the gap between reading the balance and writing, so a lost update would show
-    @event.listens_for(ledger.engine, "after_cursor_execute")
-    def _slow(conn, cursor, statement, *rest):
-        if "sum(" in statement.lower():
-            time.sleep(0.05)
-open(os.path.join(sync, name + ".ready"), "w").close()
-while not os.path.exists(os.path.join(sync, "go")):
-    time.sleep(0.001)
-results = []
-for i in range(int(attempts)):
-    try:
-        rid = ledger.reserve("mnist", epsilon=float(eps), delta=1e-9, dataset_sha256=sha,
-                             pipeline_run_id=f"{name}-{i}", accountant="rdp", records=1000,
-                             blocks=json.loads(blocks))
-    except PrivacyError:
-        results.append("refused")
-        continue
-    if then == "commit":
-        ledger.commit(rid, epsilon_spent=float(eps))
-    results.append("ok")
-print(json.dumps(results))
+
+def child(url, sync, name, eps, attempts, then, sha, blocks):
+    ledger = Ledger(url)  # its own engine and connections, opened in this process
+    if then == "hang":
+        @event.listens_for(ledger.engine, "commit")
+        def _hang(conn):
+            open(os.path.join(sync, name + ".hanging"), "w").close()
+            time.sleep(600)
+    else:  # widen the gap between reading the balance and writing, so a lost update would show
+        @event.listens_for(ledger.engine, "after_cursor_execute")
+        def _slow(conn, cursor, statement, *rest):
+            if "sum(" in statement.lower():
+                time.sleep(0.05)
+    open(os.path.join(sync, name + ".ready"), "w").close()
+    while not os.path.exists(os.path.join(sync, "go")):
+        time.sleep(0.001)
+    results = []
+    for i in range(int(attempts)):
+        try:
+            rid = ledger.reserve("mnist", epsilon=float(eps), delta=1e-9, dataset_sha256=sha,
+                                 pipeline_run_id=f"{name}-{i}", accountant="rdp", records=1000,
+                                 blocks=json.loads(blocks))
+        except PrivacyError:
+            results.append("refused")
+            continue
+        if then == "commit":
+            ledger.commit(rid, epsilon_spent=float(eps))
+        results.append("ok")
+    print(json.dumps(results))
+"""
+
+# One child, a process of its own (a fresh interpreter): argv is child()'s arguments.
+CHILD = IMPORTS + r"""
+child(*sys.argv[1:9])
+"""
+
+# Many children at once: an interpreter that imports the ledger's modules once (about half a CPU-second an
+# interpreter), then forks one OS process per child (each opens its own engine and connections after the fork,
+# as a fresh interpreter would) and prints each one's exit status, stdout and stderr as one JSON document.
+# argv: the URL, the sync folder, the SHA and {name: {eps, attempts, then, blocks}}.
+RACE = IMPORTS + r"""
+url, sync, sha, spec = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+pids = {}
+for name, kw in spec.items():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for fd, suffix in ((1, ".out"), (2, ".err")):
+            target = os.open(os.path.join(sync, name + suffix), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+        rc = 1
+        try:
+            child(url, sync, name, kw["eps"], kw["attempts"], kw["then"], sha, json.dumps(kw["blocks"]))
+            rc = 0
+        except BaseException:
+            traceback.print_exc()
+            open(os.path.join(sync, name + ".failed"), "w").close()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+    pids[name] = pid
+ended = {}
+for name, pid in pids.items():
+    _, status = os.waitpid(pid, 0)
+    ended[name] = {"rc": os.waitstatus_to_exitcode(status),
+                   **{k: open(os.path.join(sync, name + "." + k)).read() for k in ("out", "err")}}
+print(json.dumps(ended))
 """
 
 
@@ -269,25 +315,33 @@ def spawn(url, sync, name, *, eps, attempts=1, then="hold", blocks=None):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for(path, proc, timeout=300.0):  # twenty interpreters starting at once on a loaded 2-core machine
+def wait_for(path, proc, timeout=300.0):  # twenty processes starting at once on a loaded 2-core machine
     deadline = time.monotonic() + timeout
+    failed = path.parent / (path.name.split(".")[0] + ".failed")
     while not path.exists():
         assert proc.poll() is None, proc.communicate()[1]
+        assert not failed.exists(), (failed.with_suffix(".err")).read_text()
         assert time.monotonic() < deadline, f"timed out waiting for {path.name}"
         time.sleep(0.005)
 
 
 def race(url, sync, children):
-    """Start every child, wait until all are ready, then let them go at once."""
-    procs = {name: spawn(url, sync, name, **kw) for name, kw in children.items()}
-    for name, proc in procs.items():
-        wait_for(sync / f"{name}.ready", proc)
+    """Start every child (an OS process each, forked by one interpreter: RACE), wait until all are ready, then
+    let them go at once."""
+    spec = {name: {"attempts": 1, "then": "hold", "blocks": None, **kw} for name, kw in children.items()}
+    launcher = subprocess.Popen([sys.executable, "-c", RACE, url, str(sync), SHA, json.dumps(spec)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for name in children:
+        wait_for(sync / f"{name}.ready", launcher)
     (sync / "go").touch()
+    out, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, err
+    ended = json.loads(out.strip().splitlines()[-1])
+    assert sorted(ended) == sorted(children)
     results = {}
-    for name, proc in procs.items():
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
-        results[name] = json.loads(out)
+    for name, child in ended.items():
+        assert child["rc"] == 0, child["err"]
+        results[name] = json.loads(child["out"])
     return results
 
 

@@ -12,6 +12,10 @@ Also: the governance settings are refused in the extra settings, in Airflow and 
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
+import io
 import json
 import re
 import subprocess
@@ -33,16 +37,42 @@ REFUSED = ("tracking.enabled=false", "partition.key=mine", "audit.confidence=0.5
 
 
 def show(*args: str) -> dict:
-    """``dpsynth config show --json`` of the stage venv: the settings a stage given these arguments runs with."""
+    """``dpsynth config show --json`` of the stage venv, run as its own process: the settings a stage given these
+    arguments runs with."""
     out = subprocess.run([sys.executable, "-m", "dpsynth.cli", "config", "show", "--json", *args], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out)
 
 
+def shown(*args: str) -> dict:
+    """The same as ``show``, in this process (the CLI's parser and its ``config show`` action, without
+    ``main``'s process set-up): each comparison below costs no interpreter start; ``make_run_settings`` keeps
+    the real entry point on the other side of every comparison."""
+    return json.loads(_shown(args))
+
+
+@functools.cache
+def _shown(args: tuple[str, ...]) -> str:
+    from dpsynth import cli
+
+    parsed = cli.build_parser().parse_args(["config", "show", "--json", *args])
+    out = io.StringIO()
+    with contextlib.chdir(REPO), contextlib.redirect_stdout(out):
+        assert parsed.func(parsed) == 0
+    return out.getvalue()
+
+
+@functools.cache
+def _make_run_settings() -> str:
+    return json.dumps(show("--config", CONFIG, "--set", f"data.uri={DATASET}", "--set",
+                           f"ledger.population_id={POPULATION}", "--set", "tracking.enabled=true",
+                           "--set", f"tracking.uri={TRACKING}"))
+
+
 def make_run_settings() -> dict:
-    """What `make run` trains: its config, its dataset and population, tracked at the platform's URI."""
-    return show("--config", CONFIG, "--set", f"data.uri={DATASET}", "--set", f"ledger.population_id={POPULATION}",
-                "--set", "tracking.enabled=true", "--set", f"tracking.uri={TRACKING}")
+    """What `make run` trains: its config, its dataset and population, tracked at the platform's URI (through
+    the real ``dpsynth`` entry point, once per test process; a fresh copy for each caller to change)."""
+    return json.loads(_make_run_settings())
 
 
 def resolved(argv: list[str]) -> dict:
@@ -52,7 +82,7 @@ def resolved(argv: list[str]) -> dict:
     for a in it:
         if a in ("--config", "--set"):
             args += [a, next(it)]
-    return show(*args)
+    return shown(*args)
 
 
 @pytest.fixture(scope="module")
@@ -121,13 +151,25 @@ def test_airflow_extra_settings_accept_only_the_recipe_settings(airflow_argvs):
 
 # --- KFP -----------------------------------------------------------------------------------------
 
+@functools.cache
 def kfp_module():
+    """pipelines/kfp/dpsynth_pipeline.py, imported once per test process (about a CPU-second each time)."""
     sys.path.insert(0, str(REPO / "pipelines" / "kfp"))
     import importlib.util
     spec = importlib.util.spec_from_file_location("dpsynth_kfp_entry", REPO / "pipelines" / "kfp" / "dpsynth_pipeline.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@functools.cache
+def _compiled() -> dict:
+    return next(yaml.safe_load_all(kfp_module().YAML.read_text()))
+
+
+def compiled_pipeline() -> dict:
+    """The compiled pipeline spec (the YAML's first document), parsed once; a fresh copy for each caller."""
+    return copy.deepcopy(_compiled())
 
 
 def render_args(args: list, inputs: dict) -> list[str]:
@@ -148,8 +190,7 @@ def render_args(args: list, inputs: dict) -> list[str]:
 
 
 def test_kfp_pipeline_with_only_its_required_inputs_trains_the_make_run_recipe():
-    kp = kfp_module()
-    compiled = next(yaml.safe_load_all(kp.YAML.read_text()))
+    compiled = compiled_pipeline()
     params = compiled["root"]["inputDefinitions"]["parameters"]
     required = {n for n, p in params.items() if not p.get("isOptional") and "defaultValue" not in p}
     assert required == {"dataset_uri", "run_dir"}  # the population is the platform's, compiled in (#34)
@@ -179,7 +220,7 @@ def test_kfp_pipeline_with_only_its_required_inputs_trains_the_make_run_recipe()
 def test_kfp_extra_accepts_only_the_recipe_settings(item, capsys):
     """#55 item 5 on KFP: the container program refuses a setting that is not on the allow-list, exit 2 (a verdict,
     not retried), with one line naming it and who sets it."""
-    compiled = next(yaml.safe_load_all(kfp_module().YAML.read_text()))
+    compiled = compiled_pipeline()
     program = {"__name__": "dpsynth_run"}
     exec(compiled["deploymentSpec"]["executors"]["exec-dpsynth-train"]["container"]["command"][2], program)
     with pytest.raises(SystemExit) as exited:

@@ -14,7 +14,10 @@ from dpsynth import storage
 from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
 from tests.stages.helpers import dpsynth, manifest, settings, stages
 
-LONG = ("train.steps=300", "output.checkpoint_every=20")
+# Long enough that a process killed at its first checkpoint (step 20) still had 80 steps to go (seconds of CPU, far
+# more than the 0.05 s between two looks for the checkpoint), short enough that the re-run finishing them is cheap.
+STEPS = 100
+LONG = (f"train.steps={STEPS}", "output.checkpoint_every=20")
 
 
 def cli(*argv):
@@ -46,7 +49,7 @@ def killed_then_resumed(ledger, *, adopted_steps: int) -> None:
     assert first["status"] == "committed" and first["epsilon_spent"] == 10 and "adopted" in first["note"]
     assert second["status"] == "committed" and second["resumes_id"] == first["id"]
     assert f"added to the {adopted_steps} of reservation {first['id']}" in second["note"]
-    assert second["epsilon_spent"] < 9.8  # the steps it added: not the 9.89 of all 300 steps again
+    assert second["epsilon_spent"] < 9.8  # the steps it added: not the ≈ 9.9 of all STEPS steps again
 
 
 def test_snapshots_of_an_earlier_attempt_are_not_listed(tmp_path, source, ledger_with_budget, capsys):
@@ -79,7 +82,7 @@ def test_a_rerun_of_a_killed_pipeline_resumes_its_checkpoint(tmp_path, source, l
     at = torch.load(ckpt, weights_only=False)["step"]
     rerun(args, capsys)  # the same command again
     killed_then_resumed(ledger_with_budget, adopted_steps=at)
-    assert manifest(run, "sensitive", "train")["details"]["steps"] == 300
+    assert manifest(run, "sensitive", "train")["details"]["steps"] == STEPS
 
 
 def test_a_retry_of_a_killed_train_stage_on_s3_resumes_its_checkpoint(s3_bucket, tmp_path, source, ledger_with_budget,
@@ -92,10 +95,10 @@ def test_a_retry_of_a_killed_train_stage_on_s3_resumes_its_checkpoint(s3_bucket,
     local = tmp_path / "last.pt"
     storage.copy(mirrored, local)
     at = torch.load(local, weights_only=False)["step"]
-    assert 0 < at < 300
+    assert 0 < at < STEPS
     rerun(args, capsys)  # the orchestrator's retry
     killed_then_resumed(ledger_with_budget, adopted_steps=at)
     trained = manifest(run, "sensitive", "train")
-    assert trained["details"]["steps"] == 300
+    assert trained["details"]["steps"] == STEPS
     snaps = sorted(o["uri"].rsplit("-", 1)[1] for o in trained["outputs"] if o["role"] == "generator_snapshot")
-    assert snaps == [f"{s:07d}.pt" for s in range(20, 301, 20)]  # the killed attempt's kept: same lineage
+    assert snaps == [f"{s:07d}.pt" for s in range(20, STEPS + 1, 20)]  # the killed attempt's kept: same lineage
