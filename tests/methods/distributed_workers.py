@@ -121,7 +121,7 @@ def steps_without_noise(rank: int, tmp: str, steps: int) -> None:
 
 def noise_draws(rank: int, tmp: str, sigma: float, bound: float, draws: int, seed: int) -> None:
     """(b) ``draws`` logical steps of an empty batch: every rank's privatized gradient is the job's noise."""
-    from dpsynth.mechanisms.distributed import current
+    from dpsynth.distributed.ranks import current
     from dpsynth.mechanisms.dpsgd import GradientSanitizer
     from dpsynth.mechanisms.randomness import MechanismRandomness
 
@@ -347,3 +347,33 @@ def gswgan_train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list
     finally:
         train.read_parquet, storage.read_bytes = read_parquet, read_bytes
         Path(tmp, f"reads{rank}.json").write_text(json.dumps(reads))
+
+
+def stopped_on_one_rank(rank: int, tmp: str, signalled: int, at_step: int) -> None:
+    """Rank ``signalled`` alone gets SIGTERM right after its step ``at_step`` (what a rank whose pod is stopped first
+    sees); every rank runs the one loop and records how it ended and at which step (``stop<rank>.json``)."""
+    import signal
+
+    from dpsynth import termination
+    from dpsynth.methods.dpgan import DPGANTrainer
+    from dpsynth.training import loop
+
+    termination.install()
+    t = DPGANTrainer(tiny(Path(tmp) / "out", "train.steps=12", "output.checkpoint_every=5"), mnist600(),
+                     mechanism_seed=11)
+    step = t.train_step
+
+    def train_step():
+        step()
+        if rank == signalled and t.step == at_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    t.train_step = train_step
+    try:
+        loop.train(t)
+        how = "finished"
+    except termination.Terminated as e:
+        how = f"terminated {e.code}"
+    except Exception as e:  # noqa: BLE001 - what the test reports
+        how = f"failed: {type(e).__name__}: {str(e)[:200]}"
+    (Path(tmp) / f"stop{rank}.json").write_text(json.dumps({"how": how, "step": t.step}))

@@ -2,6 +2,6 @@
 
 :mod:`dpsgd` and :mod:`ghost` sanitize per-example parameter gradients (DP-SGD, with or without per-example
 gradients), :mod:`grouping` is dp-GAN's parameter grouping, :mod:`central_images` the warm-up's Gaussian
-releases, :mod:`distributed` one mechanism over the ranks of a ``torchrun`` job, and :mod:`randomness` the
-mechanism's secret noise. Their accounting is :mod:`dpsynth.privacy`'s.
+releases, and :mod:`randomness` the mechanism's secret noise (one mechanism over the ranks of a ``torchrun``
+job: :mod:`dpsynth.distributed`). Their accounting is :mod:`dpsynth.privacy`'s.
 """

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.training import checkpoint, data_parallel
+from dpsynth.distributed import data_parallel
+from dpsynth.training import checkpoint
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.methods.generator_step import generator_step, non_saturating

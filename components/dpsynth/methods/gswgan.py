@@ -18,7 +18,8 @@ from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.grids import class_grid
-from dpsynth.training import checkpoint, data_parallel
+from dpsynth.distributed import data_parallel
+from dpsynth.training import checkpoint
 from dpsynth.methods import discriminator_steps
 from dpsynth.training.loop import Trainer
 from dpsynth.training.seeds import cpu_rng, derived_seed
@@ -164,9 +165,8 @@ _PLAN = "the privacy plan: from the configuration, n and K, before any iteration
 
 
 class GSWGANTrainer(Trainer):
-    """Private phase of GS-WGAN on K shards; ``train()`` (:mod:`dpsynth.training.loop`) runs it to the end (or
-    resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases). Under
-    torchrun each rank holds its block of the shards (``own``) and their D_k (:mod:`dpsynth.training.data_parallel`)."""
+    """Private phase of GS-WGAN on K shards, run by the one loop (:mod:`dpsynth.training.loop`). One step is one
+    generator iteration (n_dis critic steps on the drawn shard, B releases); ``own``: the shards this process holds."""
 
     MECHANISM = GSWGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.generator_gradient)
     STEP, METHOD = "private generator iterations", "gswgan"

@@ -27,7 +27,7 @@ from dpsynth.methods.gswgan import GSWGANTrainer, critic_loss, ema_decay, real_b
 from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_models, gswgan_adam,
                                       image_spec, read_discriminator)
 from dpsynth.mechanisms.generator_gradient import FEDERATED, Receipts
-from dpsynth.mechanisms import distributed
+from dpsynth.distributed import ranks as distributed
 from dpsynth.models.gswgan_networks import ema_update, frozen
 from dpsynth.mechanisms.dpsgd import sanitize
 from dpsynth.mechanisms.randomness import MechanismRandomness, secret_seed

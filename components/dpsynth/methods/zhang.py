@@ -20,7 +20,8 @@ from dpsynth.data import ImageDataset
 from dpsynth.data import assignment
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.mechanisms.discriminator import ZHANG
-from dpsynth.training import checkpoint, data_parallel
+from dpsynth.distributed import data_parallel
+from dpsynth.training import checkpoint
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.generator_step import generator_step

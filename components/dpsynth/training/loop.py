@@ -50,7 +50,8 @@ from dpsynth import storage, termination, tracking
 from dpsynth.config import RunConfig
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.training import artifacts, checkpoint, result, data_parallel
+from dpsynth.distributed import data_parallel
+from dpsynth.training import artifacts, checkpoint, result
 from dpsynth.training import warmup
 from dpsynth.mechanisms import warmup_releases
 from dpsynth.training.result import TrainResult, resolve_device
@@ -93,7 +94,7 @@ class Trainer:
         # MLflow: nest the run under a pipeline's parent run, add tags. Nothing before the gate: the
         # run gets no image, no model and no dataset hash (the sample stage logs them after the audit).
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
-        # rank r of W when this method trains data-parallel under torchrun (dpsynth.training.data_parallel); else
+        # rank r of W when this method trains data-parallel under torchrun (dpsynth.distributed.data_parallel); else
         # 0 of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)
         self.dist = data_parallel.ranks(self.METHOD)
         self.device = self.dist.place(resolve_device(cfg.train.device))
@@ -240,11 +241,13 @@ def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | N
                 checkpoint.save(ckpt_dir, data_parallel.checkpoint_state(trainer))
         bar = tqdm(total=trainer.total_steps, initial=trainer.step, desc=trainer.STEP, unit="step",
                    file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
-        while trainer.step < trainer.total_steps:
-            if stop_after is not None and trainer.step >= stop_after:
-                bar.close()
-                return None
-            with termination.deferred():  # a SIGTERM waits for the step, its event in the trace, its checkpoint
+        # a SIGTERM waits for the step, its event in the trace, its checkpoint; it is raised when this block ends,
+        # after the step every rank of a torchrun job agrees on (data_parallel.stop_requested)
+        with termination.deferred():
+            while trainer.step < trainer.total_steps:
+                if stop_after is not None and trainer.step >= stop_after:
+                    bar.close()
+                    return None
                 if not trainer.can_step():
                     break
                 trainer.train_step()
@@ -256,11 +259,13 @@ def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | N
                     artifacts.write_grid(trainer.out / "grids" / f"step-{step:07d}.png", trainer.grid())
                 if o.checkpoint_every and step % o.checkpoint_every == 0:
                     save_checkpoint(trainer, ckpt_dir, step)
-                if termination.requested():  # it is raised when this block ends: checkpoint the last step first
+                if data_parallel.stop_requested(trainer):  # checkpoint the last step first
                     if o.checkpoint_every and step % o.checkpoint_every:
                         save_checkpoint(trainer, ckpt_dir, step)
                     _log.warning("stopped by SIGTERM after step %d%s; the attempt is charged for the steps it ran",
                                  step, ", checkpoint written" if o.checkpoint_every else "")
+                    bar.close()
+                    break
         bar.close()
         return finish(trainer, run, started)
 
