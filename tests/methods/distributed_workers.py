@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dpsynth.distributed import data_parallel
+
 
 # The modules a rank uses, imported once per test process by the fork server that forks the ranks: a spawned
 # rank is a fresh interpreter that imports torch, dpsynth and MLflow (most of a small job's time, several seconds
@@ -112,6 +114,7 @@ def steps_without_noise(rank: int, tmp: str, steps: int) -> None:
     from dpsynth.methods.dpgan import DPGANTrainer
 
     t = DPGANTrainer(tiny(Path(tmp) / f"out{rank}"), mnist600(), mechanism_seed=11)
+    data_parallel.join(t)  # what the loop does first: steps are taken here without it
     noiseless(t)
     takes = record_takes(t)
     for _ in range(steps):
@@ -214,6 +217,7 @@ def zhang_steps_without_noise(rank: int, tmp: str, steps: int, mode: str) -> Non
     cfg = zhang_tiny(Path(tmp) / f"out{rank}", f"train.grad_sample_mode={mode}")
     public, private = zhang_data(cfg)
     t = ZhangTrainer(cfg, private, public=public, mechanism_seed=11)
+    data_parallel.join(t)  # what the loop does first: steps are taken here without it
     noiseless(t)
     takes = record_takes(t)
     latents, rhos = record_units(t)
@@ -232,6 +236,7 @@ def zhang_noise(rank: int, tmp: str, draws: int, seed: int) -> None:
     cfg = zhang_tiny(Path(tmp) / f"out{rank}", "zhang.grouping=weight_bias", "privacy.noise_multiplier=2.0")
     public, private = zhang_data(cfg)
     t = ZhangTrainer(cfg, private, public=public, mechanism_seed=seed)
+    data_parallel.join(t)  # what the loop does first: steps are taken here without it
     t.state.mechanism.poisson_mask = lambda n, rate: torch.zeros(n, dtype=torch.bool)
     captured = []
     t.state.opt_d.step = lambda: captured.append({"grads": [p.grad.clone() for p in t.state.D.parameters()],
@@ -305,6 +310,7 @@ def gswgan_steps(rank: int, tmp: str, method: str, steps: int) -> None:
     for noise in (False, True):
         cfg = gswgan_tiny(Path(tmp) / f"out{rank}-{noise}", f"train.method={method}")
         t = registry.get(method).trainer_class()(cfg, gswgan_shards(), mechanism_seed=12)
+        data_parallel.join(t)  # what the loop does first: steps are taken here without it
         if not noise:
             noiseless(t)
         grads = []

@@ -83,9 +83,11 @@ def shutdown(*, barrier: bool = False) -> None:
 
 
 def join(trainer) -> None:
-    """A data-parallel trainer's ``__init__``, once its sanitizer is built: the sanitizer forms the job's one
-    noisy sum (noise on rank 0, one all-reduce of the clipped sums), and every rank checks that all ranks hold
-    the same settings, n and plan. A no-op in one process."""
+    """The wrapper, applied once by the loop (:func:`dpsynth.training.loop.train`) before anything else: the
+    trainer's sanitizer forms the job's one noisy sum (noise on rank 0, one all-reduce of the clipped sums), and
+    every rank checks that all ranks hold the same settings, n and plan. A no-op in one process."""
+    if not trainer.dist.distributed:
+        return
     trainer.sanitizer.reducer = trainer.dist.reducer()
     trainer.dist.agree("the run's settings, records and plan", (trainer.cfg.fingerprint(), trainer.n,
                                                                 trainer.total_steps))

@@ -14,7 +14,7 @@ from dpsynth.distributed import federation, ranks as distributed
 from dpsynth.errors import ConfigError
 from dpsynth.methods.gswgan_federated import FederatedServer, FederationMeta, client_update, make_client
 from dpsynth.methods.networks import image_spec
-from dpsynth.training.result import TrainResult
+from dpsynth.training.result import TrainResult, resolve_device
 
 
 class FederatedProcesses:
@@ -58,7 +58,8 @@ def client_main(cfg: RunConfig, shard: ImageDataset, *, warm: bytes | None,
     k = ranks.rank - 1
     spec = ranks.from_rank(1, image_spec(cfg, shard) if k == 0 else None)  # client 0's, on every rank
     sigma = ranks.from_main(None)  # the server's plan's
-    client = make_client(cfg, shard.to_tensors(), spec=spec, shard_index=k, warm=warm, mechanism_seed=mechanism_seed)
+    client = make_client(cfg, shard.to_tensors(), spec=spec, shard_index=k, warm=warm, mechanism_seed=mechanism_seed,
+                         device=ranks.place(resolve_device(cfg.train.device)))  # a client rank: its local GPU
     shape = (cfg.gswgan.batch_size, spec["channels"], spec["image_size"], spec["image_size"])
     device = client.images.device
 

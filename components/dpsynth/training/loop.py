@@ -40,7 +40,7 @@ import logging
 import sys
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 from pathlib import Path
 
 import torch
@@ -59,7 +59,10 @@ from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.mechanisms.mechanism import Mechanism
+from dpsynth.mechanisms.randomness import MechanismRandomness
 
+# a state dataclass's field {shard index: state}: under torchrun each rank holds its own shards' (a checkpoint gathers)
+SPREAD = data_parallel.SPREAD
 CHEAP_ACCOUNTANTS = ("rdp", "wor")  # ε at every log; others (PRV: seconds) every 10th log
 _PLAN = "the privacy plan: from the configuration and n (public), before any step"
 
@@ -118,6 +121,45 @@ class Trainer:
     def configured_steps(self) -> int:
         """The steps the configuration asks for (``train.steps``; Private Evolution: ``evolution.rounds``)."""
         return self.cfg.train.steps
+
+    # --- the job a step is part of: one process is the paper's algorithm ------------------------------
+    # A method calls these, never a rank: under torchrun the data-parallel wrapper (dpsynth.distributed.data_parallel,
+    # which train() applies once) gives each rank its part of the logical batch and one noisy sum of the job.
+    def secret_coins(self, seed: int | None = None) -> MechanismRandomness:
+        """The mechanism's secret coins (``seed``: tests' replay only, distinct per rank; None: OS entropy)."""
+        return MechanismRandomness(device=self.device, secure_mode=self.cfg.privacy.secure_mode,
+                                   seed=self.dist.mechanism_seed(seed))
+
+    def poisson_take(self, randomness, n: int, rate: float) -> torch.Tensor:
+        """One Poisson-sampled logical batch of ``range(n)``: the mask (one process), a rank's part's indices."""
+        return self.dist.poisson_take(randomness, n, rate)
+
+    def own_share(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Of tensors drawn in full (e.g. from the shared latent stream), the share this process computes."""
+        return self.dist.share(*tensors)
+
+    def chosen_once(self, choose: Callable[[], Any]) -> Any:
+        """``choose()`` as one process computes it: on rank 0 only, its value sent to every rank (e.g. clip
+        bounds from public data: every rank must clip to the bound rank 0 scales the noise by)."""
+        return self.dist.from_main(choose() if self.dist.is_main else None)
+
+    def hold_shards(self, shards: list) -> tuple[range, list]:
+        """The K shards this process holds (all in one process) and each shard's (images, labels) on the device,
+        None for another rank's (:func:`dpsynth.distributed.data_parallel.spread`)."""
+        return data_parallel.spread(self.dist, shards, num_shards=self.cfg.partition.num_shards, device=self.device)
+
+    def every_record(self, own: range, shards: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """The union of the shards (:meth:`hold_shards`), for the private warm-up, which reads every shard."""
+        return data_parallel.every_record(own, shards)
+
+    def draw_shard(self, randomness, K: int) -> int:
+        """k ~ U[0, K) from the secret coins, the same on every rank."""
+        return data_parallel.draw_shard(self.dist, randomness, K)
+
+    def hand_on(self, k: int, streams: list[torch.Generator], module: torch.nn.Module) -> None:
+        """The public ``streams`` and ``module``'s buffers as the holder of shard k left them (one process: as
+        they are)."""
+        data_parallel.hand_on(self.dist, self.dist.owner(k, self.K), streams, module)
 
     # --- method: the algorithm ------------------------------------------------------------------
     def train_step(self) -> None:
@@ -226,6 +268,7 @@ class Trainer:
 
 
 def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | None:
+    data_parallel.join(trainer)  # under torchrun: the trainer wrapped once (one noisy sum; the ranks agree)
     if not trainer.dist.is_main:  # ranks other than 0 under torchrun: the same steps, nothing written
         return data_parallel.follow(trainer, stop_after=stop_after)
     cfg, o = trainer.cfg, trainer.cfg.output
