@@ -4,8 +4,8 @@
 
 Runs the same configuration twice on real MNIST records: once as the K + 1 ranks of a torchrun job
 over torch.distributed/gloo (``python -m torch.distributed.run --standalone --nproc-per-node K+1`` running
-this script's ``rank`` mode: rank 0 :class:`dpsynth.methods.gswgan_federated.FederatedProcesses`, the server, given n only;
-rank k + 1 :func:`dpsynth.methods.gswgan_federated.client_main` with shard k — what ``train.method=gswgan_federated`` runs)
+this script's ``rank`` mode: rank 0 :class:`dpsynth.methods.federated_processes.FederatedProcesses`, the server, given n only;
+rank k + 1 :func:`dpsynth.methods.federated_processes.client_main` with shard k — what ``train.method=gswgan_federated`` runs)
 and once in one process (:class:`FederatedGSWGANTrainer`, the reference). Reported per
 transport: the bytes per generator iteration server → clients and back as counted by the transport
 (element_size × numel of every tensor sent, control messages included; the in-process reference
@@ -32,7 +32,7 @@ import torch
 from dpsynth.config import load_config
 from dpsynth.data import import_source
 from dpsynth.distributed import federation
-from dpsynth.methods import gswgan_federated
+from dpsynth.methods import federated_processes
 from dpsynth.methods.gswgan_federated import FederatedGSWGANTrainer, message_bytes
 from dpsynth.models.gswgan_networks import Discriminator, Generator, count_parameters
 from dpsynth.stages.partition import assign
@@ -68,10 +68,10 @@ def measure(*, clients: int = 2, width: int = 64, batch_size: int = 32, n_dis: i
     if args.rank:  # rank 0 the server (given n only), rank k + 1 client k (its own shard)
         ranks = federation.launch(cfg("processes"))
         if ranks.is_main:
-            result = gswgan_federated.FederatedProcesses(cfg("processes"), args.clients * args.per_client).train()
+            result = federated_processes.FederatedProcesses(cfg("processes"), args.clients * args.per_client).train()
             (out / "processes.json").write_text(json.dumps(vars(result)))
         else:
-            gswgan_federated.client_main(cfg("processes"), shards()[ranks.rank - 1], warm=None, checkpoints=None)
+            federated_processes.client_main(cfg("processes"), shards()[ranks.rank - 1], warm=None, checkpoints=None)
         federation.distributed.shutdown(barrier=True)
         return 0
 

@@ -10,11 +10,11 @@ A plain ``dpsynth train --run-dir`` (or ``dpsynth pipeline run``) in one process
 
 * Rank 0 is the stage (:func:`dpsynth.stages.train.run`: the reuse decision, the ledger attempt, the MLflow
   run, ``sensitive/train/``, the manifest) and the server
-  (:class:`~dpsynth.methods.gswgan_federated.FederatedProcesses`): it is given metadata only — n from the
+  (:class:`~dpsynth.methods.federated_processes.FederatedProcesses`): it is given metadata only — n from the
   partition manifest, the image shape from client 0 — never a shard or a D_k. It reaches the clients through
   :class:`GlooClients`.
 * Rank k + 1 is client k (:func:`dpsynth.stages.train.follow`,
-  :func:`~dpsynth.methods.gswgan_federated.client_main`): it reads and verifies its own shard and its own warm
+  :func:`~dpsynth.methods.federated_processes.client_main`): it reads and verifies its own shard and its own warm
   D_k only, answers the server's requests (:func:`serve`) and writes nothing but its own checkpoint.
 
 The algorithm (:class:`~dpsynth.methods.gswgan_federated.FederatedServer`,

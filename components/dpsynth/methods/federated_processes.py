@@ -17,15 +17,15 @@ from dpsynth.methods.networks import image_spec
 from dpsynth.training.result import TrainResult, resolve_device
 
 
-class FederatedProcesses:
-    """What ``train.method=gswgan_federated`` runs (the registry's trainer) on rank 0 of the job: the server.
+class FederatedProcesses(FederatedServer):
+    """What ``train.method=gswgan_federated`` runs (the registry's trainer) on rank 0 of the job: the server, a
+    Trainer whose step is one round of the federation (client k drawn, its n_dis requests, G's update), driven by
+    the one loop (:func:`dpsynth.training.loop.train`) as every method is; its clients are the transport's.
 
-    ``FederatedProcesses(cfg, n, parent_run_id=…, run_tags=…).train()``: ``n``, the number of training records
+    ``FederatedProcesses(cfg, n, parent_run_id=…, run_tags=…)``: ``n``, the number of training records
     (the partition manifest's), is all it is given of the data; the image spec comes from client 0. The clients
     (:func:`client_main`) run on ranks 1 … K. ``mechanism_seed``: tests only (the seed of the server's client
     choice, :func:`~dpsynth.methods.gswgan_federated.mechanism_seeds`); None: drawn from OS entropy."""
-
-    MLFLOW_KEYS = FederatedServer.MLFLOW_KEYS  # the server logs the run
 
     def __init__(self, cfg: RunConfig, n: int, *, parent_run_id: str | None = None,
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
@@ -38,15 +38,14 @@ class FederatedProcesses:
                               "starts that job")
         spec = ranks.from_rank(1, None)  # client 0's image spec: the server holds no records
         meta = FederationMeta(spec=spec, n=n, num_clients=cfg.partition.num_shards)
-        self.server = FederatedServer(cfg, federation.GlooClients(spec=spec, batch_size=cfg.gswgan.batch_size),
-                                      meta=meta, parent_run_id=parent_run_id, run_tags=run_tags,
-                                      mechanism_seed=mechanism_seed)
-        ranks.from_main(self.server.plan.noise_multiplier)  # every client sanitizes with the server's plan's σ
+        super().__init__(cfg, federation.GlooClients(spec=spec, batch_size=cfg.gswgan.batch_size), meta=meta,
+                         parent_run_id=parent_run_id, run_tags=run_tags, mechanism_seed=mechanism_seed)
+        ranks.from_main(self.plan.noise_multiplier)  # every client sanitizes with the server's plan's σ
 
     def train(self, *, stop_after: int | None = None) -> TrainResult | None:
-        result = self.server.train(stop_after=stop_after)
+        result = super().train(stop_after=stop_after)
         if result is None:  # stopped part-way (tests): the clients stop too (at the end, finish() tells them)
-            self.server.state.clients.close()
+            self.state.clients.close()
         return result
 
 

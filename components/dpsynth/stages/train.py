@@ -200,8 +200,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                 blocks=partition["details"].get("blocks"), block_series=data_blocks.series(source["uri"])) as charge:
             trainer = charge.admit(method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id,
                                                           run_tags=ctx.run_tags(), **method_kwargs))
-            # the one loop (gswgan_federated.FederatedProcesses runs it on its server)
-            charge.result = trainer.train() if federated else loop.train(trainer)
+            charge.result = loop.train(trainer)  # the one loop, for every method (the federated server's too)
         result = dataclasses.asdict(charge.result)
         # generator snapshots a trainer left at its checkpoints (evaluate's ε-vs-metric curve)
         snapshots = sorted(p.relative_to(workdir).as_posix()
