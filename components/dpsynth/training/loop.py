@@ -6,6 +6,7 @@ schedules). Its trainer (a :class:`Trainer`) is a thin adapter: it builds that `
 ``trainer.trace`` itself — and its ``train_step()`` draws the batch and calls the step functions: one private
 step and the non-private steps that follow it. :func:`train` owns everything else, the same for every method:
 
+    under torchrun: wrap the trainer once (dpsynth.distributed.data_parallel.join); ranks other than 0 follow
     restore the last checkpoint (output.resume); write config.yaml; open the MLflow run
     the private warm-up, when warmup.central_images is on and the trace is empty; checkpoint it
     while step < plan.steps:
@@ -15,6 +16,7 @@ step and the non-private steps that follow it. :func:`train` owns everything els
         every output.log_every: ε and the trainer's progress metrics (MLflow, progress bar)
         every output.sample_every: a sample grid (sensitive zone only, never MLflow)
         every output.checkpoint_every: a checkpoint (+ a generator snapshot, where the state keeps them: DPGAN)
+        a SIGTERM on any rank → checkpoint this step and stop, every rank after the same step
     finish: ε check, generator.pt, trace.json, samples.png, result.json, MLflow
 
 What ``step`` counts — one private step, one event of the plan — per method (``Trainer.STEP``):
