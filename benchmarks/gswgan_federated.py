@@ -31,7 +31,8 @@ import torch
 
 from dpsynth.config import load_config
 from dpsynth.data import import_source
-from dpsynth.methods import federated_processes as federation
+from dpsynth.distributed import federation
+from dpsynth.methods import federated_processes
 from dpsynth.methods.gswgan_federated import FederatedGSWGANTrainer, message_bytes
 from dpsynth.models.gswgan_networks import Discriminator, Generator, count_parameters
 from dpsynth.stages.partition import assign
@@ -67,10 +68,10 @@ def measure(*, clients: int = 2, width: int = 64, batch_size: int = 32, n_dis: i
     if args.rank:  # rank 0 the server (given n only), rank k + 1 client k (its own shard)
         ranks = federation.launch(cfg("processes"))
         if ranks.is_main:
-            result = federation.FederatedProcesses(cfg("processes"), args.clients * args.per_client).train()
+            result = federated_processes.FederatedProcesses(cfg("processes"), args.clients * args.per_client).train()
             (out / "processes.json").write_text(json.dumps(vars(result)))
         else:
-            federation.client_main(cfg("processes"), shards()[ranks.rank - 1], warm=None, checkpoints=None)
+            federated_processes.client_main(cfg("processes"), shards()[ranks.rank - 1], warm=None, checkpoints=None)
         federation.distributed.shutdown(barrier=True)
         return 0
 

@@ -128,9 +128,8 @@ def test_the_documented_floors_hold():
     assert up == [], "imports that do not go down a floor"
 
 
-# what stages/ may hold besides the six stages: the protocol they all run through and its manifests, and the train
-# stage's launch on several ranks (while it is there)
-STAGE_PLUMBING = {"__init__", "protocol", "manifest", "launch"}
+# what stages/ may hold besides the six stages: the protocol they all run through and its manifests
+STAGE_PLUMBING = {"__init__", "protocol", "manifest"}
 
 
 def test_the_six_stages_are_in_stages_and_nothing_else_is():

@@ -97,7 +97,7 @@ def refuse_ranks(command: str) -> None:
 
     if command == "train" or "WORLD_SIZE" not in os.environ:  # torch is imported only under a launcher
         return
-    from dpsynth.mechanisms.distributed import env_ranks
+    from dpsynth.distributed.ranks import env_ranks
 
     ranks = env_ranks()
     if ranks.distributed:

@@ -63,6 +63,14 @@ def requested() -> bool:
     return _pending is not None
 
 
+def request(signum: int = signal.SIGTERM) -> None:
+    """End as if ``signum`` had come to this process (another rank of its job got it): raised when the outermost
+    :func:`deferred` block ends."""
+    global _pending
+    if _pending is None:
+        _pending = int(signum)
+
+
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """A block a SIGTERM must not cut: the signal, if it comes, is raised when the outermost such block ends."""

@@ -34,7 +34,7 @@ trains (``config``'s default: the image's copy of ``configs/dpgan-mnist-cpu.yaml
 allow-list) are accepted there: every other is the platform's (the stage Secret and ConfigMap, the base config).
 
 The train stage on several ranks: with ``train_nodes`` × ``train_gpus_per_node`` > 1 (``train-distributed``
-decides, :func:`dpsynth.stages.launch.shape`) the ``train-job`` task runs instead of ``train``:
+decides, :func:`dpsynth.distributed.launch.shape`) the ``train-job`` task runs instead of ``train``:
 ``dpsynth train --launch trainjob`` (a CPU pod: it creates the run's Kubeflow Trainer TrainJob from the chart's
 template ``DPSYNTH_TRAINJOB_TEMPLATE``, copies its first node's log into its own, waits for it and prints the
 stage's outcome; its pod's service account needs the chart's ``<release>-train-launcher`` Role,
@@ -267,10 +267,10 @@ def shard_indices(parent_run_id: str, config: str, extra: list, num_shards: int 
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)
 def train_distributed(config: str, extra: list, train_nodes: int = 0, train_gpus_per_node: int = 0) -> bool:
-    """Whether the train stage runs on several ranks (dpsynth.stages.launch.shape: train.nodes × train.gpus_per_node
+    """Whether the train stage runs on several ranks (dpsynth.distributed.launch.shape: train.nodes × train.gpus_per_node
     > 1, each the input's, else, when 0 (the default), the config's); a bad value fails the task, naming it."""
     from dpsynth.config import load_config
-    from dpsynth.stages.launch import shape
+    from dpsynth.distributed.launch import shape
 
     sets = [f"train.{k}={v}" for k, v in (("nodes", train_nodes), ("gpus_per_node", train_gpus_per_node)) if v]
     return shape(load_config(config or None, overrides=[*sets, *extra]))["distributed"]

@@ -154,7 +154,7 @@ def test_the_trainjob_pods_are_restricted(variant):
     """#55 item 2: the TrainJob's pods (the chart's template, after the launcher filled it in, CPU ranks included)
     carry the restricted securityContext through their own runtime patch."""
     from dpsynth.config import load_config
-    from dpsynth.stages import launch
+    from dpsynth.distributed import launch
     from tests.stages.test_launch import chart_template
 
     template = chart_template(*VARIANTS[variant])

@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dpsynth.distributed import data_parallel
+
 
 # The modules a rank uses, imported once per test process by the fork server that forks the ranks: a spawned
 # rank is a fresh interpreter that imports torch, dpsynth and MLflow (most of a small job's time, several seconds
@@ -112,6 +114,7 @@ def steps_without_noise(rank: int, tmp: str, steps: int) -> None:
     from dpsynth.methods.dpgan import DPGANTrainer
 
     t = DPGANTrainer(tiny(Path(tmp) / f"out{rank}"), mnist600(), mechanism_seed=11)
+    data_parallel.join(t)  # what the loop does first: steps are taken here without it
     noiseless(t)
     takes = record_takes(t)
     for _ in range(steps):
@@ -121,7 +124,7 @@ def steps_without_noise(rank: int, tmp: str, steps: int) -> None:
 
 def noise_draws(rank: int, tmp: str, sigma: float, bound: float, draws: int, seed: int) -> None:
     """(b) ``draws`` logical steps of an empty batch: every rank's privatized gradient is the job's noise."""
-    from dpsynth.mechanisms.distributed import current
+    from dpsynth.distributed.ranks import current
     from dpsynth.mechanisms.dpsgd import GradientSanitizer
     from dpsynth.mechanisms.randomness import MechanismRandomness
 
@@ -214,6 +217,7 @@ def zhang_steps_without_noise(rank: int, tmp: str, steps: int, mode: str) -> Non
     cfg = zhang_tiny(Path(tmp) / f"out{rank}", f"train.grad_sample_mode={mode}")
     public, private = zhang_data(cfg)
     t = ZhangTrainer(cfg, private, public=public, mechanism_seed=11)
+    data_parallel.join(t)  # what the loop does first: steps are taken here without it
     noiseless(t)
     takes = record_takes(t)
     latents, rhos = record_units(t)
@@ -232,6 +236,7 @@ def zhang_noise(rank: int, tmp: str, draws: int, seed: int) -> None:
     cfg = zhang_tiny(Path(tmp) / f"out{rank}", "zhang.grouping=weight_bias", "privacy.noise_multiplier=2.0")
     public, private = zhang_data(cfg)
     t = ZhangTrainer(cfg, private, public=public, mechanism_seed=seed)
+    data_parallel.join(t)  # what the loop does first: steps are taken here without it
     t.state.mechanism.poisson_mask = lambda n, rate: torch.zeros(n, dtype=torch.bool)
     captured = []
     t.state.opt_d.step = lambda: captured.append({"grads": [p.grad.clone() for p in t.state.D.parameters()],
@@ -305,6 +310,7 @@ def gswgan_steps(rank: int, tmp: str, method: str, steps: int) -> None:
     for noise in (False, True):
         cfg = gswgan_tiny(Path(tmp) / f"out{rank}-{noise}", f"train.method={method}")
         t = registry.get(method).trainer_class()(cfg, gswgan_shards(), mechanism_seed=12)
+        data_parallel.join(t)  # what the loop does first: steps are taken here without it
         if not noise:
             noiseless(t)
         grads = []
@@ -347,3 +353,33 @@ def gswgan_train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list
     finally:
         train.read_parquet, storage.read_bytes = read_parquet, read_bytes
         Path(tmp, f"reads{rank}.json").write_text(json.dumps(reads))
+
+
+def stopped_on_one_rank(rank: int, tmp: str, signalled: int, at_step: int) -> None:
+    """Rank ``signalled`` alone gets SIGTERM right after its step ``at_step`` (what a rank whose pod is stopped first
+    sees); every rank runs the one loop and records how it ended and at which step (``stop<rank>.json``)."""
+    import signal
+
+    from dpsynth import termination
+    from dpsynth.methods.dpgan import DPGANTrainer
+    from dpsynth.training import loop
+
+    termination.install()
+    t = DPGANTrainer(tiny(Path(tmp) / "out", "train.steps=12", "output.checkpoint_every=5"), mnist600(),
+                     mechanism_seed=11)
+    step = t.train_step
+
+    def train_step():
+        step()
+        if rank == signalled and t.step == at_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    t.train_step = train_step
+    try:
+        loop.train(t)
+        how = "finished"
+    except termination.Terminated as e:
+        how = f"terminated {e.code}"
+    except Exception as e:  # noqa: BLE001 - what the test reports
+        how = f"failed: {type(e).__name__}: {str(e)[:200]}"
+    (Path(tmp) / f"stop{rank}.json").write_text(json.dumps({"how": how, "step": t.step}))

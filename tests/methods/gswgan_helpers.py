@@ -89,7 +89,8 @@ def run_federated(cfg, shards, *, warm: dict[int, bytes] | None = None, stop_aft
 def _federated_rank(rank, cfg, shards, warm, stop_after, mechanism_seed, server_kwargs, out):
     import pickle
 
-    from dpsynth.methods.federated_processes import CLIENT_CHECKPOINTS, FederatedProcesses, client_main
+    from dpsynth.distributed.federation import CLIENT_CHECKPOINTS
+    from dpsynth.methods.federated_processes import FederatedProcesses, client_main
     from dpsynth.methods.gswgan_federated import mechanism_seeds
 
     choice, noise = mechanism_seeds(mechanism_seed, len(shards)) if mechanism_seed is not None else (None, None)

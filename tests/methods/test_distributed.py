@@ -23,7 +23,7 @@ from dpsynth.errors import ConfigError
 from dpsynth.methods import dpgan
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.zhang import ZhangTrainer
-from dpsynth.mechanisms import distributed
+from dpsynth.distributed import ranks as distributed
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from tests.jobs import kill_at_checkpoint
 from tests.methods import distributed_workers as workers
@@ -102,12 +102,12 @@ def test_env_and_launch_refusals(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="^RANK: WORLD_SIZE=2 is set but RANK is not"):
         distributed.env_ranks({"WORLD_SIZE": "2"})
     assert distributed.env_ranks({"WORLD_SIZE": "1"}) == distributed.Ranks(0, 1, 0)
-    from dpsynth.training.data_parallel import launch
+    from dpsynth.distributed.data_parallel import launch
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="^train.method:"):
-        launch(workers.tiny(tmp_path, "train.method=gswgan_federated"))
+        launch(workers.tiny(tmp_path, "train.method=gswgan_federated"), torch.device("cpu"))
 
 
 # --- (a) clipped sums, reduced: the 2-rank step is the 1-process step ---------------------------------
@@ -509,13 +509,14 @@ def test_gswgan_checkpoints_resume_across_world_sizes(tmp_path, method):
 
 def test_gswgan_refusals_under_torchrun(monkeypatch):
     """More ranks than shards, and GS-WGAN's private warm-up (it reads every shard), are refused by name."""
-    from dpsynth.training import data_parallel as methods_distributed
+    from dpsynth.distributed import data_parallel as methods_distributed
     from tests.methods.gswgan_helpers import tiny as gswgan_config
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="warmup.central_images"):
-        methods_distributed.launch(gswgan_config("/tmp/unused", "warmup.central_images=true"), sharded=True)
+        methods_distributed.launch(gswgan_config("/tmp/unused", "warmup.central_images=true"), torch.device("cpu"),
+                                   sharded=True)
     monkeypatch.setattr(methods_distributed, "current", lambda: distributed.Ranks(rank=0, world_size=4))
     with pytest.raises(ConfigError, match="partition.num_shards"):
         from dpsynth.methods.gswgan import GSWGANTrainer

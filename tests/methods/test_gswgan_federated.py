@@ -166,7 +166,8 @@ def test_the_reference_resumes_clients_and_all(tmp_path, two_shards):
 
 
 def test_a_job_of_another_size_than_k_plus_one_is_refused(monkeypatch, tmp_path, two_shards):
-    from dpsynth.methods.federated_processes import FederatedProcesses, launch
+    from dpsynth.distributed.federation import launch
+    from dpsynth.methods.federated_processes import FederatedProcesses
 
     cfg = tiny(tmp_path, "partition.num_shards=2", method="gswgan_federated")
     monkeypatch.setenv("WORLD_SIZE", "2")

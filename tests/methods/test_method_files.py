@@ -83,9 +83,9 @@ def test_the_federated_client_is_its_state_and_its_update_a_function():
 
 def test_a_trainer_holds_no_flags_of_one_method():
     """The Trainer base keeps what every method uses: a flag or hook of one method lives with that method (its
-    state), and which methods train data-parallel is one list (training/data_parallel.METHODS)."""
+    state), and which methods train data-parallel is one list (distributed/data_parallel.METHODS)."""
     from dpsynth.methods import registry
-    from dpsynth.training import data_parallel
+    from dpsynth.distributed import data_parallel
     from dpsynth.training.loop import Trainer
 
     gone = ("KEEPS_SNAPSHOTS", "DATA_PARALLEL", "SPREAD_STATE", "STATE", "warmup_records", "final_params",

@@ -40,7 +40,7 @@ import pytest
 from dpsynth import egress
 from dpsynth.cli import build_parser
 from dpsynth.data import read_parquet
-from dpsynth.stages import launch
+from dpsynth.distributed import launch
 from tests.stages.helpers import dpsynth, manifest, settings
 from tests.stages.test_no_raw_hashes import file_hashes, hits, sensitive_hashes
 

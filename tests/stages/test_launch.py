@@ -1,4 +1,4 @@
-"""dpsynth train --launch torchrun | trainjob (dpsynth.stages.launch): the train stage started on train.nodes ×
+"""dpsynth train --launch torchrun | trainjob (dpsynth.distributed.launch): the train stage started on train.nodes ×
 train.gpus_per_node ranks by the orchestrators.
 
 The job launcher is checked two ways without a cluster, for both kinds the chart renders (trainJob.kind: a
@@ -26,7 +26,7 @@ import yaml
 
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
-from dpsynth.stages import launch
+from dpsynth.distributed import launch
 from tests.deploy.test_chart import CHART, VARIANTS, helm, tools
 from tests.stages.helpers import TINY, dpsynth, manifest, settings, stages
 from tests.stages.test_no_raw_hashes import hits, sensitive_hashes
@@ -188,7 +188,7 @@ def test_a_template_of_another_kind_is_refused_naming_the_chart_value(tmp_path, 
     args = build_parser().parse_args(["train", "--launch", "trainjob", "--run-dir", str(tmp_path / "run")])
     with pytest.raises(ConfigError, match=r"^trainJob.kind: .* not one of TrainJob \(trainer.kubeflow.org/v1alpha1\), "
                                           r"PyTorchJob \(kubeflow.org/v1\)"):
-        launch.run_trainjob(load_config(overrides=list(TINY)), args, cluster=cluster)
+        launch.run_trainjob(load_config(overrides=list(TINY)), args, report=print, cluster=cluster)
     assert not cluster.created
 
 
@@ -251,7 +251,7 @@ def free_port() -> int:
 
 
 class LocalTrainer:
-    """The API calls of :class:`dpsynth.stages.launch.Cluster`, served here. A created job runs on this machine: a
+    """The API calls of :class:`dpsynth.distributed.launch.Cluster`, served here. A created job runs on this machine: a
     TrainJob of one node runs its trainer command under ``torchrun --standalone`` (numProcPerNode ranks, in place of
     the runtime's rendezvous); a PyTorchJob runs one process per replica (Master first, then the Workers), each its
     container's ``torchrun`` command with the environment the training operator v1 sets (PET_NNODES, PET_NODE_RANK:
@@ -345,7 +345,8 @@ class LocalTrainer:
 def launched(tmp_path, monkeypatch, capsys, run: Path, source: str, cluster: LocalTrainer, *overrides: str):
     monkeypatch.setenv(launch.TEMPLATE_ENV, "dpsynth-trainjob")
     monkeypatch.setattr(launch, "Cluster", lambda: cluster)
-    monkeypatch.setattr(launch, "run_trainjob", lambda cfg, args, run=launch.run_trainjob: run(cfg, args, poll_s=0.5))
+    monkeypatch.setattr(launch, "run_trainjob",
+                        lambda cfg, args, report, run=launch.run_trainjob: run(cfg, args, report=report, poll_s=0.5))
     capsys.readouterr()  # what came before
     code = dpsynth("train", "--launch", "trainjob", "--run-dir", run, "--pipeline-run-id", "r-1",
                    *settings(source, *overrides), "--json")
@@ -424,7 +425,7 @@ def test_a_stopped_launcher_deletes_its_trainjob(tmp_path, monkeypatch, kind):
     args = build_parser().parse_args(["train", "--launch", "trainjob", "--run-dir", str(tmp_path / "run"),
                                       "--pipeline-run-id", "r-2"])
     with pytest.raises(launch.StageError, match="stopped"):
-        launch.run_trainjob(cfg, args, cluster=cluster, poll_s=0.01)
+        launch.run_trainjob(cfg, args, report=print, cluster=cluster, poll_s=0.01)
     assert cluster.deleted == [launch.trainjob_name("r-2")] and not cluster.jobs
 
 
@@ -442,5 +443,5 @@ def test_a_refusal_of_the_kubernetes_api_is_a_clear_error(tmp_path, monkeypatch)
 
     args = build_parser().parse_args(["train", "--launch", "trainjob", "--run-dir", str(tmp_path / "run")])
     with pytest.raises(launch.StageError, match="403 Forbidden: permission denied .*train-launcher Role"):
-        launch.run_trainjob(load_config(overrides=list(TINY)), args, cluster=cluster)
+        launch.run_trainjob(load_config(overrides=list(TINY)), args, report=print, cluster=cluster)
     assert not cluster.created

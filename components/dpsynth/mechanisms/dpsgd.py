@@ -27,7 +27,7 @@ Physical batches larger than memory allows are handled by calling ``accumulate(l
 each chunk's per-example losses and ``finalize`` once per logical step: the step semantics
 (one clip per example, one noise draw, division by the *expected* batch size) are exact.
 
-Under ``torchrun`` the sanitizer's ``reducer`` (:class:`dpsynth.mechanisms.distributed.NoiseOnRankZero`) makes
+Under ``torchrun`` the sanitizer's ``reducer`` (:class:`dpsynth.distributed.ranks.NoiseOnRankZero`) makes
 one logical step of the job's ranks: rank 0 alone adds the noise, then one SUM all-reduce of the sums.
 """
 
@@ -67,7 +67,7 @@ class RecordedRelease:
     ``trace`` and the ``event`` one noisy release is (both or neither), it refuses an event whose σ is not the σ
     it adds folded over the releases that event covers, and records the event itself at each noisy release, so
     noise and accounting cannot come apart. Under torchrun its ``reducer``
-    (:class:`dpsynth.mechanisms.distributed.NoiseOnRankZero`) makes one release of the job's ranks: noise on rank 0
+    (:class:`dpsynth.distributed.ranks.NoiseOnRankZero`) makes one release of the job's ranks: noise on rank 0
     only, then one SUM all-reduce."""
 
     def __init__(self, *, trace: MechanismTrace | None, event: MechanismEvent | None):
@@ -261,7 +261,7 @@ class InputGradientSanitizer(RecordedRelease):
     with the mechanism's secret coins: each call releases ``releases`` sanitized rows and records ``event`` —
     those releases folded into one (σ/√releases); a call with another number of rows is refused.
 
-    Across torchrun ranks (:mod:`dpsynth.training.data_parallel`) only the rank holding D_k passes the B gradients
+    Across torchrun ranks (:mod:`dpsynth.distributed.data_parallel`) only the rank holding D_k passes the B gradients
     (the others pass zeros), rank 0 alone adds the noise (σC per coordinate, from its secret coins: the
     one-process stream), and one SUM all-reduce gives every rank clip(g_i, C) + N(0, σ²C²)."""
 

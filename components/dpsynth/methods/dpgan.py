@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
-from dpsynth.training import checkpoint, data_parallel
+from dpsynth.training import checkpoint
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
 from dpsynth.methods.generator_step import generator_step, non_saturating
@@ -138,20 +138,18 @@ class DPGANTrainer(Trainer):
             opt_d=torch.optim.Adam(D.parameters(), lr=t.lr_d, betas=betas),
             opt_g=torch.optim.Adam(G.parameters(), lr=t.lr_g, betas=betas),
             rng=torch.Generator(device=self.device).manual_seed(t.seed),
-            mechanism=MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
-                                          seed=self.dist.mechanism_seed(mechanism_seed)),
+            mechanism=self.secret_coins(mechanism_seed),
             n_d=AdaptiveSteps(threshold=t.n_d_threshold, beta=t.n_d_beta) if n_d == "adaptive" else FixedSteps(n_d))
         # records plan.event in the trace at every noisy release (finalize)
         self.sanitizer = DPGAN.sanitizer(cfg, self.plan, list(D.parameters()), randomness=self.state.mechanism,
                                          module=self.state.D_private, trace=self.trace)
-        data_parallel.join(self)  # under torchrun: noise on rank 0, the clipped sums all-reduced
 
     def draw(self) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        """A discriminator step's batch, this rank's part of it: (real, fake) records, each (images, labels)."""
+        """A discriminator step's batch (under torchrun this rank's part of it): (real, fake), each (images, labels)."""
         s = self.state
-        take = self.dist.poisson_take(s.mechanism, self.n, self.event.sample_rate)  # this rank's part
-        with torch.no_grad():  # this rank's share of the B fakes
-            fake = self.dist.share(*s.G.sample(self.cfg.train.batch_size, generator=s.rng))
+        take = self.poisson_take(s.mechanism, self.n, self.event.sample_rate)
+        with torch.no_grad():  # this process's share of the B fakes
+            fake = self.own_share(*s.G.sample(self.cfg.train.batch_size, generator=s.rng))
         return (self.images[take], self.labels[take]), fake
 
     def train_step(self) -> None:

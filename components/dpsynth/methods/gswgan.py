@@ -18,9 +18,9 @@ from dpsynth import tracking
 from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.grids import class_grid
-from dpsynth.training import checkpoint, data_parallel
+from dpsynth.training import checkpoint
 from dpsynth.methods import discriminator_steps
-from dpsynth.training.loop import Trainer
+from dpsynth.training.loop import SPREAD, Trainer
 from dpsynth.training.seeds import cpu_rng, derived_seed
 from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_models, generator_record,
                                       gswgan_adam, image_spec, read_discriminator)
@@ -109,8 +109,8 @@ class GSWGANState:
     G_ema: torch.nn.Module  # the released generator: an exponential moving average of G's weights
     opt_g: torch.optim.Optimizer
     # {k: D_k's state}, {k: its Adam state}, on the CPU (under torchrun: on the rank holding shard k)
-    d_states: dict[int, dict] = field(default_factory=dict, metadata=data_parallel.SPREAD)
-    opt_states: dict[int, dict] = field(default_factory=dict, metadata=data_parallel.SPREAD)
+    d_states: dict[int, dict] = field(default_factory=dict, metadata=SPREAD)
+    opt_states: dict[int, dict] = field(default_factory=dict, metadata=SPREAD)
     mechanism: MechanismRandomness  # the secret coins: the shard k ~ U[0, K) and the noise (never train.seed)
     data_rng: torch.Generator  # the shards' real batches (train.seed)
     rng: torch.Generator  # latents, labels and interpolation weights (train.seed)
@@ -164,9 +164,8 @@ _PLAN = "the privacy plan: from the configuration, n and K, before any iteration
 
 
 class GSWGANTrainer(Trainer):
-    """Private phase of GS-WGAN on K shards; ``train()`` (:mod:`dpsynth.training.loop`) runs it to the end (or
-    resumes). One step is one generator iteration (n_dis critic steps on the drawn shard, B releases). Under
-    torchrun each rank holds its block of the shards (``own``) and their D_k (:mod:`dpsynth.training.data_parallel`)."""
+    """Private phase of GS-WGAN on K shards, run by the one loop (:mod:`dpsynth.training.loop`). One step is one
+    generator iteration (n_dis critic steps on the drawn shard, B releases); ``own``: the shards this process holds."""
 
     MECHANISM = GSWGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.generator_gradient)
     STEP, METHOD = "private generator iterations", "gswgan"
@@ -184,8 +183,7 @@ class GSWGANTrainer(Trainer):
         seed = cfg.train.seed
         self.K = len(shards)
         # the shards (and D_k) this rank holds (all in one process); every shard's (images, labels) or None
-        self.own, self.shards = data_parallel.spread(self.dist, shards, num_shards=cfg.partition.num_shards,
-                                                     device=self.device)
+        self.own, self.shards = self.hold_shards(shards)
         self.spec = image_spec(cfg, shards[self.own.start])
         self.num_classes = self.spec["num_classes"]
         self.n = records if records is not None else sum(len(s) for s in shards)
@@ -196,31 +194,28 @@ class GSWGANTrainer(Trainer):
         kwargs = discriminator_kwargs(cfg, self.spec)  # D_k of the warm start, of the shards this rank holds
         d_states = {k: read_discriminator(data, expect_kwargs=kwargs, shard_index=k)
                     for k, data in (warm or {}).items() if k in self.own}
-        mechanism = MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
-                                        seed=self.dist.mechanism_seed(mechanism_seed))
+        mechanism = self.secret_coins(mechanism_seed)
         # σ per release; records plan.event (the B releases folded: σ/√B) in the trace at every iteration
         self.sanitizer = self.MECHANISM.sanitizer(cfg, self.plan, randomness=mechanism, trace=self.trace)
         self.state = GSWGANState(
             method=self.METHOD, **models, D=D, d_states=d_states, mechanism=mechanism,
             data_rng=cpu_rng(seed, "real-batches"),
             rng=torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents")))
-        if self.dist.distributed:
-            data_parallel.join(self)
 
     def warm_up(self, records=None) -> None:
         """The private warm-up (:mod:`dpsynth.warmup.fit`) on the union of the shards; G_ema starts at the warm G."""
-        super().warm_up(data_parallel.every_record(self.own, self.shards))
+        super().warm_up(self.every_record(self.own, self.shards))
         self.state.G_ema.load_state_dict(self.state.G.state_dict())
 
     def train_step(self) -> None:
         """One private iteration (Algorithm 1, lines 13–20) on the shard k drawn by rank 0's secret coins."""
         s = self.state
-        k = data_parallel.draw_shard(self.dist, s.mechanism, self.K)
+        k = self.draw_shard(s.mechanism, self.K)
         loss = None
         if k in self.own:
             critic_step(s, k, self.shards[k], cfg=self.cfg, spec=self.spec)
             loss = self.generator_loss(k)
-        data_parallel.hand_on(self.dist, self.dist.owner(k, self.K), [s.data_rng, s.rng], s.G)
+        self.hand_on(k, [s.data_rng, s.rng], s.G)
         g_step(s, loss, self.sanitizer, cfg=self.cfg, iteration=self.step + 1)  # records the event
         self.step += 1
         self.g_steps += 1

@@ -27,7 +27,6 @@ from dpsynth.methods.gswgan import GSWGANTrainer, critic_loss, ema_decay, real_b
 from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_models, gswgan_adam,
                                       image_spec, read_discriminator)
 from dpsynth.mechanisms.generator_gradient import FEDERATED, Receipts
-from dpsynth.mechanisms import distributed
 from dpsynth.models.gswgan_networks import ema_update, frozen
 from dpsynth.mechanisms.dpsgd import sanitize
 from dpsynth.mechanisms.randomness import MechanismRandomness, secret_seed
@@ -80,10 +79,10 @@ def mechanism_seeds(master: int | None, num_clients: int) -> tuple[int, list[int
 
 
 def make_client(cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], *, spec: dict, shard_index: int,
-                warm: bytes | None, mechanism_seed: int | None = None) -> Client:
-    """Client k with its warm-started D_k (or a fresh one), RNGs of its own seeded by train.seed and k,
-    and its secret noise coins (``mechanism_seed``, from :func:`mechanism_seeds`; None: fresh)."""
-    device = distributed.current().place(resolve_device(cfg.train.device))  # a client rank: its local GPU
+                warm: bytes | None, mechanism_seed: int | None = None, device: torch.device | None = None) -> Client:
+    """Client k on ``device`` (None: train.device's) with its warm-started D_k (or a fresh one), RNGs of its own
+    seeded by train.seed and k, and its secret noise coins (``mechanism_seed``, from :func:`mechanism_seeds`)."""
+    device = resolve_device(cfg.train.device) if device is None else device
     D = fresh_discriminator(cfg, spec, shard_index=shard_index).to(device)
     if warm is not None:
         D.load_state_dict(read_discriminator(warm, expect_kwargs=discriminator_kwargs(cfg, spec),

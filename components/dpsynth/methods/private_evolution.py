@@ -61,8 +61,7 @@ class PrivateEvolutionTrainer(Trainer):
         self.threshold = PRIVATE_EVOLUTION.threshold(cfg, self.plan)
         self.state = EvolutionState(
             population=pe.start(num_classes=self.num_classes, candidates=e.candidates, seed=e.seed),
-            mechanism=MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
-                                          seed=self.dist.mechanism_seed(mechanism_seed)),
+            mechanism=self.secret_coins(mechanism_seed),
             records=pe.figure_map(dataset.images), labels=np.asarray(dataset.labels))
 
     @property

@@ -20,7 +20,7 @@ from dpsynth.data import ImageDataset
 from dpsynth.data import assignment
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.mechanisms.discriminator import ZHANG
-from dpsynth.training import checkpoint, data_parallel
+from dpsynth.training import checkpoint
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.generator_step import generator_step
@@ -175,8 +175,7 @@ class ZhangTrainer(Trainer):
             G=G, D=D, opt_d=torch.optim.Adam(D.parameters(), lr=z.lr, betas=betas),
             opt_g=torch.optim.Adam(G.parameters(), lr=z.lr if z.lr_g is None else z.lr_g, betas=betas),
             rng=torch.Generator(device=self.device).manual_seed(t.seed),
-            mechanism=MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode,
-                                          seed=self.dist.mechanism_seed(mechanism_seed)),
+            mechanism=self.secret_coins(mechanism_seed),
             public_rng=torch.Generator(device=self.device).manual_seed(t.seed + 2),
             groups=([names[i::self.plan.releases] for i in range(self.plan.releases)]  # replaced at step 0
                     if z.grouping == "clustering" else grouping.fixed_groups(names, strategy=z.grouping)))
@@ -186,14 +185,12 @@ class ZhangTrainer(Trainer):
         # σ per group; records plan.event (the k groups folded: σ/√k) in the trace at every noisy release
         self.sanitizer = ZHANG.sanitizer(cfg, self.plan, clip_groups(s, s.groups), randomness=s.mechanism,
                                          module=s.D_private, trace=self.trace)
-        data_parallel.join(self)  # under torchrun: the groups' noise on rank 0, their clipped sums all-reduced
 
     def update_bounds(self) -> None:
         """Groups and bounds from public data, chosen by rank 0 (every rank clips to the bounds rank 0 noises by)."""
         s = self.state
-        chosen = (public_groups(s, list(self.sanitizer.bounds), (self.public_images, self.public_labels), self.cfg,
-                                k=self.plan.releases) if self.dist.is_main else (s.groups, list(self.sanitizer.bounds)))
-        groups, bounds = self.dist.from_main(chosen)
+        groups, bounds = self.chosen_once(lambda: public_groups(
+            s, list(self.sanitizer.bounds), (self.public_images, self.public_labels), self.cfg, k=self.plan.releases))
         self.sanitizer.regroup(clip_groups(s, groups), bounds)
         s.groups = groups
 
@@ -201,7 +198,7 @@ class ZhangTrainer(Trainer):
         s, z = self.state, self.cfg.zhang
         if (self.step % z.update_every == 0 if z.adaptive_clipping else z.grouping == "clustering" and self.step == 0):
             self.update_bounds()
-        take = self.dist.poisson_take(s.mechanism, self.n, self.event.sample_rate)  # this rank's part
+        take = self.poisson_take(s.mechanism, self.n, self.event.sample_rate)
         d_step(s, (self.images[take], self.labels[take]), self.sanitizer, gp_weight=z.gp_weight,
                chunk=self.cfg.train.physical_batch_size)
         self.step += 1

@@ -228,7 +228,7 @@ def run_pipeline_command(args) -> int:
 def start_command(args) -> int:
     from dpsynth.pipeline.run import start, unchanged_since_release
 
-    from dpsynth.stages.launch import shape
+    from dpsynth.distributed.launch import shape
 
     cfg = load_config(args.config, overrides=args.overrides)
     if args.unless_released and (why := unchanged_since_release(cfg)):

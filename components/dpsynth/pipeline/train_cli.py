@@ -69,19 +69,22 @@ def run_train(args) -> int:
     # train.method auto: picked from the data's public schema before anything else reads it
     cfg = load_config(args.config, overrides=args.overrides)
     cfg = resolve_method(cfg, args.run_dir or cfg.pipeline.run_dir)
-    if args.launch:  # the stage on several ranks, started and waited for (dpsynth.stages.launch)
-        from dpsynth.stages import launch
+    if args.launch:  # the stage on several ranks, started and waited for (dpsynth.distributed.launch)
+        from dpsynth.distributed import launch
+        from dpsynth.stages import train as train_stage
 
-        return launch.run(args.launch, cfg, args)
-    from dpsynth.training import data_parallel
+        return launch.run(args.launch, cfg, args, report=lambda job: train_stage.launched(
+            stage_cli.context(args, cfg), job, as_json=args.json))
+    from dpsynth.distributed import data_parallel
+    from dpsynth.training.result import resolve_device
 
     if cfg.train.method == "gswgan_federated":  # its server and K clients are the job's ranks (dpsynth.methods.federated_processes)
-        from dpsynth.methods import federated_processes as federation
+        from dpsynth.distributed import federation
 
         ranks = federation.launch(cfg)
     else:
         sharded = registry.get(cfg.train.method).warm_start == "shard"
-        ranks = data_parallel.launch(cfg, sharded=sharded)  # under torchrun: join the job
+        ranks = data_parallel.launch(cfg, resolve_device(cfg.train.device), sharded=sharded)  # under torchrun: join the job
     code = None
     try:
         if not (args.run_dir or cfg.pipeline.run_dir):

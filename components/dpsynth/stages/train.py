@@ -16,13 +16,13 @@ Every attempt is charged to the ledger (:mod:`dpsynth.ledger.attempt`): it opens
 before building the trainer, adopting the reservation of the checkpoint it resumes, and commits the ε
 of the steps it added. A reused stage opens none (it spends nothing).
 
-Under ``torchrun`` (a data-parallel method, :mod:`dpsynth.training.data_parallel`) every rank runs
+Under ``torchrun`` (a data-parallel method, :mod:`dpsynth.distributed.data_parallel`) every rank runs
 ``dpsynth train --run-dir RUN_DIR``: rank 0 is the stage — :func:`run`: the reuse decision, the
 ledger attempt, the trainer's MLflow child run, the outputs and the manifest — and tells the other
 ranks whether it trains; they (:func:`follow`) read the same shards and warm start, train in step
 with it, and write nothing.
 
-``gswgan_federated`` always runs so, on K + 1 ranks (:mod:`dpsynth.methods.federated_processes`): in one process
+``gswgan_federated`` always runs so, on K + 1 ranks (:mod:`dpsynth.distributed.federation`): in one process
 :func:`run` starts that torchrun job and returns its rank 0's outcome; in the job rank 0 is the stage
 and the server, given the number of records only (it opens no shard), and rank k + 1 is client k,
 which reads its own shard and warm D_k only and writes only its own checkpoints.
@@ -47,8 +47,9 @@ from pathlib import Path
 from dpsynth import storage, threads, tracking
 from dpsynth.config import dump_config
 from dpsynth.data import blocks as data_blocks, read_parquet
-from dpsynth.errors import ConfigError, DpsynthError
-from dpsynth.training import checkpoint, data_parallel, loop
+from dpsynth.errors import ConfigError, DpsynthError, StageError
+from dpsynth.distributed import data_parallel
+from dpsynth.training import checkpoint, loop
 from dpsynth.methods import registry
 from dpsynth.ledger import charging
 from dpsynth.stages import protocol, manifest
@@ -199,8 +200,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                 blocks=partition["details"].get("blocks"), block_series=data_blocks.series(source["uri"])) as charge:
             trainer = charge.admit(method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id,
                                                           run_tags=ctx.run_tags(), **method_kwargs))
-            # the one loop (the federated server's processes, methods.federated_processes, run it on their server)
-            charge.result = trainer.train() if federated else loop.train(trainer)
+            charge.result = loop.train(trainer)  # the one loop, for every method (the federated server's too)
         result = dataclasses.asdict(charge.result)
         # generator snapshots a trainer left at its checkpoints (evaluate's ε-vs-metric curve)
         snapshots = sorted(p.relative_to(workdir).as_posix()
@@ -241,13 +241,14 @@ def follow(ctx: protocol.StageContext) -> None:
     loop.train(read.method.trainer_class()(tcfg, data, **method_kwargs))
 
 
-# --- the federated GS-WGAN: the job of its server and K clients (dpsynth.methods.federated_processes) ---
+# --- the federated GS-WGAN: the job of its server and K clients (dpsynth.distributed.federation) ---
 
 
 def _federated_client(ctx) -> None:
     """Rank k + 1 of the job running the train stage (:func:`follow`): client k. It reads
     and verifies its own shard and its own warm D_k, nothing of another shard; it writes only its checkpoints
     (local run directories: the stage's ``checkpoints/clients/``; none for a remote one, which does not resume)."""
+    from dpsynth.distributed import federation
     from dpsynth.methods import federated_processes as fed
 
     k = data_parallel.current().rank - 1
@@ -264,7 +265,7 @@ def _federated_client(ctx) -> None:
             if item.get("role") == "discriminator" and int(item["shard"]) == k]
     stage_dir = ctx.stage_dir("train")
     checkpoints = None if storage.is_remote(stage_dir) else (
-        Path(storage.local_path(stage_dir)) / "checkpoints" / fed.CLIENT_CHECKPOINTS)
+        Path(storage.local_path(stage_dir)) / "checkpoints" / federation.CLIENT_CHECKPOINTS)
     fed.client_main(ctx.cfg, shard, warm=warm[0] if warm else None, checkpoints=checkpoints)
 
 
@@ -295,9 +296,8 @@ def _federated_job(ctx) -> protocol.Outcome:
     torchrun job of K + 1 ranks on this machine (``python -m torch.distributed.run --standalone``, an argv list,
     no shell) and return rank 0's outcome. The job reads this run's settings from a private copy of the
     configuration (it holds the partition key), removed afterwards."""
-    from dpsynth.methods import federated_processes as fed
-
-    from dpsynth.stages.launch import stage_argv
+    from dpsynth.distributed import federation as fed
+    from dpsynth.distributed.launch import stage_argv
 
     with tempfile.TemporaryDirectory(prefix="dpsynth-federated-") as private:  # mode 0700
         config = Path(private) / "config.yaml"
@@ -318,3 +318,23 @@ def _federated_job(ctx) -> protocol.Outcome:
     out, _ = json.JSONDecoder().raw_decode(stdout, start.start())  # rank 0's `--json` outcome
     return protocol.Outcome(stage=out["stage"], status=out["status"], manifest=out["manifest"],
                           manifest_uri=out["manifest_uri"], mlflow_run_id=out["mlflow_run_id"])
+
+
+def launched(ctx: protocol.StageContext, job: dict, *, as_json: bool) -> None:
+    """Print the outcome of the train stage a TrainJob or PyTorchJob ran (``job``: its kind, name, namespace and
+    shape, :func:`dpsynth.distributed.launch.run_trainjob`), from the manifest its rank 0 wrote."""
+    what = f"{job['kind']} {job['name']}"
+    uri = ctx.manifest_uri(STAGE)
+    m = manifest.read(uri)
+    if m.get("status") != "succeeded":
+        raise StageError(f"train: {what} finished but {uri} records status {m.get('status')!r}")
+    # what the orchestrators keep (Airflow: return.json and an XCom; KFP: the pod log): through the egress gate, as
+    # every stage's --json (no raw hash of a shard, a manifest or D_k, no per-shard count: #52 item 1)
+    outcome = protocol.outside_outcome(ctx, {
+        "stage": STAGE, "status": m["status"], "manifest_uri": uri, "mlflow_run_id": m.get("mlflow_run_id"),
+        "manifest": m, "trainjob": job})
+    if as_json:
+        print(json.dumps(outcome, indent=2))
+    else:
+        print(f"train: {m['status']} ({what}), ε consumed {m['privacy']['epsilon']:.4g}, "
+              f"{len(m['outputs'])} outputs; manifest {uri}")

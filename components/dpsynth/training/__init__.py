@@ -1,2 +1,2 @@
 """What every training method shares: the one loop (:mod:`loop`), its checkpoints, the artifacts it writes, its
-result record and MLflow run (:mod:`core`), and its ranks under ``torchrun`` (:mod:`distributed`)."""
+result record and MLflow run (:mod:`result`); its ranks under ``torchrun`` are :mod:`dpsynth.distributed`'s."""

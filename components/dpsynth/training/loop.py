@@ -6,6 +6,7 @@ schedules). Its trainer (a :class:`Trainer`) is a thin adapter: it builds that `
 ``trainer.trace`` itself — and its ``train_step()`` draws the batch and calls the step functions: one private
 step and the non-private steps that follow it. :func:`train` owns everything else, the same for every method:
 
+    under torchrun: wrap the trainer once (dpsynth.distributed.data_parallel.join); ranks other than 0 follow
     restore the last checkpoint (output.resume); write config.yaml; open the MLflow run
     the private warm-up, when warmup.central_images is on and the trace is empty; checkpoint it
     while step < plan.steps:
@@ -15,6 +16,7 @@ step and the non-private steps that follow it. :func:`train` owns everything els
         every output.log_every: ε and the trainer's progress metrics (MLflow, progress bar)
         every output.sample_every: a sample grid (sensitive zone only, never MLflow)
         every output.checkpoint_every: a checkpoint (+ a generator snapshot, where the state keeps them: DPGAN)
+        a SIGTERM on any rank → checkpoint this step and stop, every rank after the same step
     finish: ε check, generator.pt, trace.json, samples.png, result.json, MLflow
 
 What ``step`` counts — one private step, one event of the plan — per method (``Trainer.STEP``):
@@ -40,7 +42,7 @@ import logging
 import sys
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 from pathlib import Path
 
 import torch
@@ -50,14 +52,18 @@ from dpsynth import storage, termination, tracking
 from dpsynth.config import RunConfig
 from dpsynth.errors import PrivacyError
 from dpsynth.grids import class_grid
-from dpsynth.training import artifacts, checkpoint, result, data_parallel
+from dpsynth.distributed import data_parallel
+from dpsynth.training import artifacts, checkpoint, result
 from dpsynth.warmup import fit as warmup
 from dpsynth.training.result import TrainResult, resolve_device
 from dpsynth.models.dcgan import count_parameters
 from dpsynth.privacy import MechanismTrace, get_accountant
 from dpsynth.privacy.plan import PrivacyPlan
 from dpsynth.mechanisms.mechanism import Mechanism
+from dpsynth.mechanisms.randomness import MechanismRandomness
 
+# a state dataclass's field {shard index: state}: under torchrun each rank holds its own shards' (a checkpoint gathers)
+SPREAD = data_parallel.SPREAD
 CHEAP_ACCOUNTANTS = ("rdp", "wor")  # ε at every log; others (PRV: seconds) every 10th log
 _PLAN = "the privacy plan: from the configuration and n (public), before any step"
 
@@ -92,7 +98,7 @@ class Trainer:
         # MLflow: nest the run under a pipeline's parent run, add tags. Nothing before the gate: the
         # run gets no image, no model and no dataset hash (the sample stage logs them after the audit).
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
-        # rank r of W when this method trains data-parallel under torchrun (dpsynth.training.data_parallel); else
+        # rank r of W when this method trains data-parallel under torchrun (dpsynth.distributed.data_parallel); else
         # 0 of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)
         self.dist = data_parallel.ranks(self.METHOD)
         self.device = self.dist.place(resolve_device(cfg.train.device))
@@ -116,6 +122,45 @@ class Trainer:
     def configured_steps(self) -> int:
         """The steps the configuration asks for (``train.steps``; Private Evolution: ``evolution.rounds``)."""
         return self.cfg.train.steps
+
+    # --- the job a step is part of: one process is the paper's algorithm ------------------------------
+    # A method calls these, never a rank: under torchrun the data-parallel wrapper (dpsynth.distributed.data_parallel,
+    # which train() applies once) gives each rank its part of the logical batch and one noisy sum of the job.
+    def secret_coins(self, seed: int | None = None) -> MechanismRandomness:
+        """The mechanism's secret coins (``seed``: tests' replay only, distinct per rank; None: OS entropy)."""
+        return MechanismRandomness(device=self.device, secure_mode=self.cfg.privacy.secure_mode,
+                                   seed=self.dist.mechanism_seed(seed))
+
+    def poisson_take(self, randomness, n: int, rate: float) -> torch.Tensor:
+        """One Poisson-sampled logical batch of ``range(n)``: the mask (one process), a rank's part's indices."""
+        return self.dist.poisson_take(randomness, n, rate)
+
+    def own_share(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Of tensors drawn in full (e.g. from the shared latent stream), the share this process computes."""
+        return self.dist.share(*tensors)
+
+    def chosen_once(self, choose: Callable[[], Any]) -> Any:
+        """``choose()`` as one process computes it: on rank 0 only, its value sent to every rank (e.g. clip
+        bounds from public data: every rank must clip to the bound rank 0 scales the noise by)."""
+        return self.dist.from_main(choose() if self.dist.is_main else None)
+
+    def hold_shards(self, shards: list) -> tuple[range, list]:
+        """The K shards this process holds (all in one process) and each shard's (images, labels) on the device,
+        None for another rank's (:func:`dpsynth.distributed.data_parallel.spread`)."""
+        return data_parallel.spread(self.dist, shards, num_shards=self.cfg.partition.num_shards, device=self.device)
+
+    def every_record(self, own: range, shards: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """The union of the shards (:meth:`hold_shards`), for the private warm-up, which reads every shard."""
+        return data_parallel.every_record(own, shards)
+
+    def draw_shard(self, randomness, K: int) -> int:
+        """k ~ U[0, K) from the secret coins, the same on every rank."""
+        return data_parallel.draw_shard(self.dist, randomness, K)
+
+    def hand_on(self, k: int, streams: list[torch.Generator], module: torch.nn.Module) -> None:
+        """The public ``streams`` and ``module``'s buffers as the holder of shard k left them (one process: as
+        they are)."""
+        data_parallel.hand_on(self.dist, self.dist.owner(k, self.K), streams, module)
 
     # --- method: the algorithm ------------------------------------------------------------------
     def train_step(self) -> None:
@@ -207,6 +252,7 @@ class Trainer:
 
 
 def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | None:
+    data_parallel.join(trainer)  # under torchrun: the trainer wrapped once (one noisy sum; the ranks agree)
     if not trainer.dist.is_main:  # ranks other than 0 under torchrun: the same steps, nothing written
         return data_parallel.follow(trainer, stop_after=stop_after)
     cfg, o = trainer.cfg, trainer.cfg.output
@@ -222,11 +268,13 @@ def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | N
                 checkpoint.save(ckpt_dir, data_parallel.checkpoint_state(trainer))
         bar = tqdm(total=trainer.total_steps, initial=trainer.step, desc=trainer.STEP, unit="step",
                    file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
-        while trainer.step < trainer.total_steps:
-            if stop_after is not None and trainer.step >= stop_after:
-                bar.close()
-                return None
-            with termination.deferred():  # a SIGTERM waits for the step, its event in the trace, its checkpoint
+        # a SIGTERM waits for the step, its event in the trace, its checkpoint; it is raised when this block ends,
+        # after the step every rank of a torchrun job agrees on (data_parallel.stop_requested)
+        with termination.deferred():
+            while trainer.step < trainer.total_steps:
+                if stop_after is not None and trainer.step >= stop_after:
+                    bar.close()
+                    return None
                 if not trainer.can_step():
                     break
                 trainer.train_step()
@@ -238,11 +286,13 @@ def train(trainer: Trainer, *, stop_after: int | None = None) -> TrainResult | N
                     artifacts.write_grid(trainer.out / "grids" / f"step-{step:07d}.png", trainer.grid())
                 if o.checkpoint_every and step % o.checkpoint_every == 0:
                     save_checkpoint(trainer, ckpt_dir, step)
-                if termination.requested():  # it is raised when this block ends: checkpoint the last step first
+                if data_parallel.stop_requested(trainer):  # checkpoint the last step first
                     if o.checkpoint_every and step % o.checkpoint_every:
                         save_checkpoint(trainer, ckpt_dir, step)
                     _log.warning("stopped by SIGTERM after step %d%s; the attempt is charged for the steps it ran",
                                  step, ", checkpoint written" if o.checkpoint_every else "")
+                    bar.close()
+                    break
         bar.close()
         return finish(trainer, run, started)
 

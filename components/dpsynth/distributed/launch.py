@@ -18,8 +18,8 @@ and arguments (:func:`trainjob_manifest`). Its kind is the chart's ``trainJob.ki
 the older Kubeflow training operator; :data:`KINDS` holds all that differs between them. The launcher creates the
 job (or, retried, adopts the run's job while it runs and replaces it once it has failed), copies the log of its
 first node — ranks 0 … gpus_per_node − 1, so rank 0's stage messages — to stderr as it comes, waits for its
-success (``Complete`` / ``Succeeded``) or ``Failed`` condition, then reads the stage's manifest from the run
-directory and prints the outcome. Stopped (SIGTERM: the orchestrator's time limit, a user), it deletes the job; the
+success (``Complete`` / ``Succeeded``) or ``Failed`` condition; then the train stage reads its manifest from the
+run directory and prints the outcome (:func:`dpsynth.stages.train.launched`). Stopped (SIGTERM: the orchestrator's time limit, a user), it deletes the job; the
 next attempt resumes from the stage's last checkpoint, on any shape (``train.nodes`` and ``train.gpus_per_node`` are
 in no fingerprint).
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import logging
 import os
 import re
@@ -74,10 +73,11 @@ def stage_argv(args) -> list[str]:
     return argv + (["--force"] if args.force else []) + (["--json"] if args.json else [])
 
 
-def run(how: str, cfg, args) -> int:
-    """``dpsynth train --launch HOW``: refuse what cannot run before anything starts, then launch."""
-    from dpsynth.training.data_parallel import METHODS
-    from dpsynth.mechanisms.distributed import env_ranks
+def run(how: str, cfg, args, *, report: Callable[[dict], None]) -> int:
+    """``dpsynth train --launch HOW``: refuse what cannot run before anything starts, then launch (``report``: what
+    prints a TrainJob's outcome, :func:`run_trainjob`; torchrun's rank 0 prints its own)."""
+    from dpsynth.distributed.data_parallel import METHODS
+    from dpsynth.distributed.ranks import env_ranks
 
     if not (args.run_dir or cfg.pipeline.run_dir):
         raise ConfigError("pipeline.run_dir: --launch starts the pipeline's train stage; give --run-dir")
@@ -90,7 +90,7 @@ def run(how: str, cfg, args) -> int:
         raise ConfigError("--launch: this process is already a rank of a torchrun job; drop --launch")
     if args.run_dir is None:
         args.run_dir = cfg.pipeline.run_dir
-    return run_torchrun(cfg, args) if how == "torchrun" else run_trainjob(cfg, args)
+    return run_torchrun(cfg, args) if how == "torchrun" else run_trainjob(cfg, args, report=report)
 
 
 # --- this machine -------------------------------------------------------------------------------------------
@@ -324,16 +324,18 @@ class Stopped(Exception):
     """The launcher was told to stop (SIGTERM)."""
 
 
-def run_trainjob(cfg, args, *, cluster=None, poll_s: float = 10.0, grace_s: float = 30.0) -> int:
+def run_trainjob(cfg, args, *, report: Callable[[dict], None], cluster=None, poll_s: float = 10.0,
+                 grace_s: float = 30.0) -> int:
     """``--launch trainjob``: create (or adopt) the run's job (the template's kind: TrainJob or PyTorchJob), follow
-    it to the end, print the stage's outcome. A refusal of the Kubernetes API (no template, no permission, no CRD of
-    that kind) ends it with exit 2 and the API's reason."""
+    it to the end, then ``report`` it (``{"kind", "name", "namespace"}`` and its :func:`shape`): the caller reads
+    the stage's manifest and prints its outcome (:func:`dpsynth.stages.train.launched`). A refusal of the
+    Kubernetes API (no template, no permission, no CRD of that kind) ends it with exit 2 and the API's reason."""
     try:
         from kubernetes.client.exceptions import ApiException
     except ImportError:  # pragma: no cover - the stage image has the client (kfp needs it)
         ApiException = ()  # noqa: N806
     try:
-        return _run_trainjob(cfg, args, cluster=cluster, poll_s=poll_s, grace_s=grace_s)
+        return _run_trainjob(cfg, args, report=report, cluster=cluster, poll_s=poll_s, grace_s=grace_s)
     except ApiException as e:
         what = {403: "permission denied (the pod's service account needs the chart's <release>-train-launcher Role)",
                 404: f"not found (the ConfigMap ${TEMPLATE_ENV}, or the CRD of the template's kind: is Kubeflow "
@@ -342,16 +344,12 @@ def run_trainjob(cfg, args, *, cluster=None, poll_s: float = 10.0, grace_s: floa
                          f"{what.get(e.status, (e.body or '')[:500])}") from None
 
 
-def _run_trainjob(cfg, args, *, cluster, poll_s: float, grace_s: float) -> int:
-    from dpsynth.stages import protocol, manifest
-
+def _run_trainjob(cfg, args, *, report: Callable[[dict], None], cluster, poll_s: float, grace_s: float) -> int:
     config_map = os.environ.get(TEMPLATE_ENV)
     if not config_map:
         raise ConfigError(f"{TEMPLATE_ENV}: the name of the chart's job template ConfigMap (the stage ConfigMap "
                           "sets it) is needed to start the train stage as a TrainJob or PyTorchJob")
-    ctx = protocol.StageContext.create(cfg, run_dir=args.run_dir, parent_run_id=args.parent_run_id,
-                                     pipeline_run_id=args.pipeline_run_id, force=args.force)
-    run_id = ctx.pipeline_run_id or ctx.run_dir
+    run_id = args.pipeline_run_id or str(args.run_dir or cfg.pipeline.run_dir).rstrip("/")
     cluster = cluster or Cluster()
     name = trainjob_name(run_id)
     template = cluster.template(config_map)
@@ -388,20 +386,7 @@ def _run_trainjob(cfg, args, *, cluster, poll_s: float, grace_s: float) -> int:
             signal.signal(signal.SIGTERM, previous)
     if condition(job) != kind.succeeded:
         raise StageError(f"train: {what} failed: {failure(job)} (its first node's log is above)")
-    uri = ctx.manifest_uri("train")
-    m = manifest.read(uri)
-    if m.get("status") != "succeeded":
-        raise StageError(f"train: {what} {kind.succeeded.lower()} but {uri} records status {m.get('status')!r}")
-    # what the orchestrators keep (Airflow: return.json and an XCom; KFP: the pod log): through the egress gate, as
-    # every stage's --json (no raw hash of a shard, a manifest or D_k, no per-shard count: #52 item 1)
-    outcome = protocol.outside_outcome(ctx, {
-        "stage": "train", "status": m["status"], "manifest_uri": uri, "mlflow_run_id": m.get("mlflow_run_id"),
-        "manifest": m, "trainjob": {"kind": kind.kind, "name": name, "namespace": cluster.namespace, **shape(cfg)}})
-    if args.json:
-        print(json.dumps(outcome, indent=2))
-    else:
-        print(f"train: {m['status']} ({what}), ε consumed {m['privacy']['epsilon']:.4g}, "
-              f"{len(m['outputs'])} outputs; manifest {uri}")
+    report({"kind": kind.kind, "name": name, "namespace": cluster.namespace, **shape(cfg)})
     return 0
 
 

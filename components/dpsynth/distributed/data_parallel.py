@@ -1,4 +1,4 @@
-"""DP trainers over the ranks of one ``torchrun`` job (the mechanism: :mod:`dpsynth.mechanisms.distributed`):
+"""DP trainers over the ranks of one ``torchrun`` job (the mechanism: :mod:`dpsynth.distributed.ranks`):
 DPGAN and dp-GAN (Zhang) data-parallel, GS-WGAN and DPAC with their shards spread over the ranks — the methods
 :data:`METHODS` names.
 
@@ -7,7 +7,7 @@ DPGAN and dp-GAN (Zhang) data-parallel, GS-WGAN and DPAC with their shards sprea
 Every rank builds the same trainer (same settings, same data, same ``train.seed``, so the same
 initial G and D; :func:`join` refuses a job whose ranks disagree, and hands the trainer's sanitizer
 the reducer that forms the job's one noisy sum). Per private step each rank Poisson-samples its part
-of the records (:meth:`~dpsynth.mechanisms.distributed.Ranks.poisson_take`) and clips per example into
+of the records (:meth:`~dpsynth.distributed.ranks.Ranks.poisson_take`) and clips per example into
 its sums — DPGAN adds its contiguous share of the B fakes (every rank draws all B from the shared
 latent stream and keeps its share, so the logical batch is exactly one process's); dp-GAN's units
 bring their own fakes, drawn from each rank's secret coins, and its k clip groups (the same on every
@@ -37,9 +37,10 @@ import dataclasses
 
 import torch
 
+from dpsynth import termination
 from dpsynth.errors import ConfigError
-from dpsynth.mechanisms import distributed
-from dpsynth.mechanisms.distributed import SINGLE, current  # noqa: F401  (the trainer's ranks)
+from dpsynth.distributed import ranks as distributed
+from dpsynth.distributed.ranks import SINGLE, current  # noqa: F401  (the trainer's ranks)
 
 MECHANISM = "mechanism"  # the state key of the trainer's secret coins: never sent to another rank
 METHODS = ("dpgan", "zhang", "gswgan", "dpac")  # the methods that train on several ranks: the one list of them
@@ -59,10 +60,11 @@ def spread_fields(state) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(state) if f.metadata.get("spread"))
 
 
-def launch(cfg, *, sharded: bool = False) -> distributed.Ranks:
+def launch(cfg, device: torch.device, *, sharded: bool = False) -> distributed.Ranks:
     """Join the torchrun job (when there is one) for ``dpsynth train`` (with or without ``--run-dir``: the
-    stage, :mod:`dpsynth.stages.train`); refuse a method that does not train data-parallel. ``sharded``: the
-    method trains on the partition's shards (its registry entry's warm start is "shard")."""
+    stage, :mod:`dpsynth.stages.train`); refuse a method that does not train data-parallel. ``device``: the
+    run's (``train.device`` resolved); ``sharded``: the method trains on the partition's shards (its registry
+    entry's warm start is "shard")."""
     ranks = distributed.env_ranks()
     if not ranks.distributed:
         return distributed.SINGLE
@@ -73,9 +75,7 @@ def launch(cfg, *, sharded: bool = False) -> distributed.Ranks:
         raise ConfigError(f"warmup.central_images: {cfg.train.method}'s private warm-up reads every shard, and under "
                           f"torchrun (WORLD_SIZE={ranks.world_size}) each rank holds only its own; turn it off or "
                           "train in one process")
-    from dpsynth.training.result import resolve_device
-
-    return distributed.init_process_group(ranks.place(resolve_device(cfg.train.device)))
+    return distributed.init_process_group(ranks.place(device))
 
 
 def shutdown(*, barrier: bool = False) -> None:
@@ -83,9 +83,11 @@ def shutdown(*, barrier: bool = False) -> None:
 
 
 def join(trainer) -> None:
-    """A data-parallel trainer's ``__init__``, once its sanitizer is built: the sanitizer forms the job's one
-    noisy sum (noise on rank 0, one all-reduce of the clipped sums), and every rank checks that all ranks hold
-    the same settings, n and plan. A no-op in one process."""
+    """The wrapper, applied once by the loop (:func:`dpsynth.training.loop.train`) before anything else: the
+    trainer's sanitizer forms the job's one noisy sum (noise on rank 0, one all-reduce of the clipped sums), and
+    every rank checks that all ranks hold the same settings, n and plan. A no-op in one process."""
+    if not trainer.dist.distributed:
+        return
     trainer.sanitizer.reducer = trainer.dist.reducer()
     trainer.dist.agree("the run's settings, records and plan", (trainer.cfg.fingerprint(), trainer.n,
                                                                 trainer.total_steps))
@@ -180,9 +182,27 @@ def checkpoint_state(trainer) -> dict | None:
     return state
 
 
+def stop_requested(trainer) -> bool:
+    """Whether the job stops after this step: a SIGTERM has come to any of its ranks
+    (:func:`dpsynth.termination.requested` on each, one MAX all-reduce), so that every rank stops, and rank 0
+    checkpoints, after the same step. A rank that got none takes the stop as its own
+    (:func:`dpsynth.termination.request`). Each rank checking only its own flag left one rank waiting in a
+    collective for another that had gone (status 1). One process: its own flag."""
+    stop = termination.requested()
+    if not trainer.dist.distributed:
+        return stop
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(stop)], device=trainer.device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() and not stop:
+        termination.request()
+    return bool(flag.item())
+
+
 def follow(trainer, *, stop_after: int | None = None) -> None:
     """A rank other than 0: the trainer's loop, step for step with rank 0's (the same collectives in the
-    same order), writing nothing."""
+    same order), writing nothing; a SIGTERM ends it after the step every rank agrees on (:func:`stop_requested`)."""
     if trainer.dist.is_main:
         raise RuntimeError("follow: rank 0 runs the trainer's own loop")
     o = trainer.cfg.output
@@ -191,12 +211,17 @@ def follow(trainer, *, stop_after: int | None = None) -> None:
         sync_state(trainer)  # rank 0 ran the private warm-up: its G, latent RNG and trace
         if o.checkpoint_every:
             checkpoint_state(trainer)  # rank 0 checkpoints the warm-up (spread state: gathered)
-    while trainer.step < trainer.total_steps:  # dpsynth.training.loop.train's loop, without its writes
-        if stop_after is not None and trainer.step >= stop_after:
-            return None
-        if not trainer.can_step():
-            break
-        trainer.train_step()
-        if o.checkpoint_every and trainer.step % o.checkpoint_every == 0:
-            checkpoint_state(trainer)
+    with termination.deferred():  # dpsynth.training.loop.train's loop, without its writes
+        while trainer.step < trainer.total_steps:
+            if stop_after is not None and trainer.step >= stop_after:
+                return None
+            if not trainer.can_step():
+                break
+            trainer.train_step()
+            if o.checkpoint_every and trainer.step % o.checkpoint_every == 0:
+                checkpoint_state(trainer)
+            if stop_requested(trainer):  # raised when the block ends, after rank 0's checkpoint of this step
+                if o.checkpoint_every and trainer.step % o.checkpoint_every:
+                    checkpoint_state(trainer)
+                break
     return None
