@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dpsynth.config import load_config
+from dpsynth.methods.registry import load_config  # the configuration with its method's rules
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
 K = 3  # shards of the ``shards`` fixture
@@ -26,7 +26,7 @@ def tiny(tmp_path, *extra, method="gswgan"):
 
 def warm_files(cfg, shards, tmp_path) -> dict[int, bytes]:
     """Shard index → the bytes of its warm-started D_k file (as the warmstart stage writes them)."""
-    from dpsynth.methods.warm_starts import warm_start_shard
+    from dpsynth.methods.gswgan import warm_start_shard
 
     out = {}
     for k, shard in enumerate(shards):

@@ -463,7 +463,7 @@ def test_gswgan_checkpoints_resume_across_world_sizes(tmp_path, method):
     every shard's discriminator (gathered to rank 0)."""
     from dpsynth.methods import registry
 
-    trainer = registry.get(method).trainer_class()
+    trainer = registry.get(method).trainer
     straight = trainer(workers.gswgan_tiny(tmp_path / "straight", f"train.method={method}"), workers.gswgan_shards(),
                        mechanism_seed=12)
     assert straight.train(stop_after=4) is None
@@ -509,13 +509,15 @@ def test_gswgan_checkpoints_resume_across_world_sizes(tmp_path, method):
 
 def test_gswgan_refusals_under_torchrun(monkeypatch):
     """More ranks than shards, and GS-WGAN's private warm-up (it reads every shard), are refused by name."""
+    from dpsynth.methods import registry
     from dpsynth.training import data_parallel as methods_distributed
     from tests.methods.gswgan_helpers import tiny as gswgan_config
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="warmup.central_images"):
-        methods_distributed.launch(gswgan_config("/tmp/unused", "warmup.central_images=true"), sharded=True)
+        methods_distributed.launch(gswgan_config("/tmp/unused", "warmup.central_images=true"),
+                                   registry.data_parallel_methods(), sharded=True)
     monkeypatch.setattr(methods_distributed, "current", lambda: distributed.Ranks(rank=0, world_size=4))
     with pytest.raises(ConfigError, match="partition.num_shards"):
         from dpsynth.methods.gswgan import GSWGANTrainer

@@ -47,8 +47,11 @@ from dpsynth.methods.gswgan_federated import (
     make_client,
 )
 from dpsynth.mechanisms import distributed
+from dpsynth.mechanisms.generator_gradient import FEDERATED
+from dpsynth.methods.gswgan import warm_start_shard
+from dpsynth.methods.method import Method, require
 
-METHOD = "gswgan_federated"
+NAME = "gswgan_federated"
 CONTINUE, STOP, CHECKPOINT, RESUME = 1, 0, 2, 3
 CLIENT_CHECKPOINTS = "clients"  # under checkpoints/: client-<k>-<round>.pt, each written by its client only
 
@@ -66,7 +69,7 @@ def launch(cfg: RunConfig) -> distributed.Ranks:
         return distributed.SINGLE
     if ranks.world_size != world_size(cfg):
         raise ConfigError(
-            f"partition.num_shards: {METHOD} runs the server and K = {cfg.partition.num_shards} clients as "
+            f"partition.num_shards: {NAME} runs the server and K = {cfg.partition.num_shards} clients as "
             f"{world_size(cfg)} ranks, but torchrun started WORLD_SIZE={ranks.world_size} (--nproc-per-node); "
             f"launch it with --nproc-per-node {world_size(cfg)}, or run `dpsynth train --run-dir` in one process "
             "and it starts the job itself")
@@ -214,7 +217,7 @@ class FederatedProcesses:
         if not isinstance(n, int):
             raise TypeError("FederatedProcesses: the server is given the number of records, never the data")
         if ranks.world_size != world_size(cfg) or not ranks.is_main:
-            raise ConfigError(f"train.method: {METHOD} runs as rank 0 of a torchrun job of K + 1 = {world_size(cfg)} "
+            raise ConfigError(f"train.method: {NAME} runs as rank 0 of a torchrun job of K + 1 = {world_size(cfg)} "
                               "ranks; `dpsynth train --run-dir` in one process starts that job")
         spec = ranks.from_rank(1, None)  # client 0's image spec: the server holds no records
         meta = FederationMeta(spec=spec, n=n, num_clients=cfg.partition.num_shards)
@@ -241,4 +244,15 @@ def client_main(cfg: RunConfig, shard: ImageDataset, *, warm: bytes | None,
     return serve(client, cfg=cfg, spec=spec, noise_multiplier=sigma, checkpoints=checkpoints, shard_index=k)
 
 
-__all__ = ["FederatedProcesses", "GlooClients", "client_main", "launch", "serve", "world_size"]
+
+def validate(cfg: RunConfig) -> None:
+    """Federated GS-WGAN's rules across sections."""
+    require(not cfg.warmup.central_images, "warmup.central_images",
+            "the federated GS-WGAN server holds no records to release; set warmup.central_images=false")
+
+
+METHOD = Method(
+    NAME, trainer=FederatedProcesses, mechanism=FEDERATED, warm_start="shard", warm_start_function=warm_start_shard,
+    sections=("gswgan",), default_n_d=FEDERATED.n_dis, networks="gswgan.generator", federated=True, validate=validate)
+
+__all__ = ["METHOD", "FederatedProcesses", "GlooClients", "client_main", "launch", "serve", "world_size"]

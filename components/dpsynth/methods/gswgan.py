@@ -1,6 +1,6 @@
 """GS-WGAN, centralized (Chen, Orekondy & Fritz 2020, supplement Algorithm 1).
 
-Per-shard WGAN-GP critics warm-started non-privately (:func:`dpsynth.methods.warm_starts.warm_start_shard`),
+Per-shard WGAN-GP critics warm-started non-privately (:func:`warm_start_shard`),
 then private iterations in which only the per-sample gradients ∂ℓ_i/∂G(z_i) are sanitized; the released generator is an
 exponential moving average of G's weights. Its steps over :class:`GSWGANState`: :func:`critic_step` (not private),
 :func:`g_step` (the private release is the generator's gradient). The iteration step by step, and why one iteration is one
@@ -9,6 +9,7 @@ without-replacement event of multiplier σ/√B: docs/privacy.md, "GS-WGAN: the 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,11 +20,17 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.grids import class_grid
 from dpsynth.training import checkpoint, data_parallel
+from dpsynth import storage
 from dpsynth.methods import discriminator_steps
+from dpsynth.methods.generator_step import generator_step
+from dpsynth.methods.method import Audit, Method
 from dpsynth.training.loop import Trainer
-from dpsynth.training.seeds import cpu_rng, derived_seed
-from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_models, generator_record,
-                                      gswgan_adam, image_spec, read_discriminator)
+from dpsynth.training.artifacts import model_file_bytes
+from dpsynth.training.result import resolve_device
+from dpsynth.training.seeds import cpu_rng, derived_seed, init_with_seed
+from dpsynth.methods.networks import (DISCRIMINATOR_FORMAT, discriminator_kwargs, fresh_discriminator,
+                                      generator_models, generator_record, gswgan_adam, image_spec, make_generator,
+                                      read_discriminator)
 from dpsynth.models.gswgan_networks import ema_update, frozen, refresh_spectral_norm
 from dpsynth.mechanisms.generator_gradient import ACCOUNTANT, GSWGAN
 from dpsynth.mechanisms.dpsgd import InputGradientSanitizer
@@ -79,13 +86,17 @@ def sanitized_generator_step(G, opt_g, per_sample_loss: Callable | None, *, batc
     opt_g.step()
 
 
+# n_dis: the paper's critic steps per generator iteration (train.n_d's default for GS-WGAN and DPAC)
+N_DIS = 5
+
+
 def critic_steps(D, opt_d, G, images, labels, *, cfg: RunConfig, data_rng: torch.Generator,
                  rng: torch.Generator) -> None:
     """n_dis (``train.n_d``) non-private WGAN-GP steps of D on one shard's (images, labels). A shard may hold s < B records (then the batch is all s of them); the public streams ``data_rng`` and
     ``rng`` still advance by B draws' worth (:func:`real_batch`; B latents and B interpolation weights, the
     first s used), so their state afterwards — and every later latent of G — does not depend on s."""
     g = cfg.gswgan
-    for _ in range(discriminator_steps.n_d(cfg)):
+    for _ in range(discriminator_steps.n_d(cfg, N_DIS)):
         real_x, real_y = real_batch(images, labels, size=g.batch_size, rng=data_rng)
         with torch.no_grad():
             z = torch.randn(g.batch_size, G.latent_dim, device=real_x.device, generator=rng)[:len(real_x)]
@@ -95,6 +106,34 @@ def critic_steps(D, opt_d, G, images, labels, *, cfg: RunConfig, data_rng: torch
         opt_d.zero_grad(set_to_none=True)
         loss.backward()
         opt_d.step()
+
+
+def warm_start_shard(cfg: RunConfig, shard: ImageDataset, *, shard_index: int, out_path: str) -> dict:
+    """Pre-train D_k non-privately on ``shard`` with a throw-away generator; write D_k to ``out_path``.
+
+    ``gswgan.warmstart_iterations`` iterations of n_dis critic steps and one generator step.
+    Deterministic given train.seed and ``shard_index``. The file stays in the sensitive zone.
+    """
+    started = time.monotonic()
+    device = resolve_device(cfg.train.device)
+    spec = image_spec(cfg, shard)
+    g = cfg.gswgan
+    D = fresh_discriminator(cfg, spec, shard_index=shard_index).to(device)
+    G = init_with_seed(derived_seed(cfg.train.seed, "warmstart-generator", shard_index),
+                        lambda: make_generator(cfg, spec)).to(device)
+    opt_d, opt_g = gswgan_adam(D.parameters(), lr=g.lr_d, cfg=cfg), gswgan_adam(G.parameters(), lr=g.lr_g, cfg=cfg)
+    images, labels = (t.to(device) for t in shard.to_tensors())
+    data_rng = cpu_rng(cfg.train.seed, "warmstart-data", shard_index)
+    rng = torch.Generator(device=device).manual_seed(derived_seed(cfg.train.seed, "warmstart-latent", shard_index))
+    for _ in range(g.warmstart_iterations):
+        critic_steps(D, opt_d, G, images, labels, cfg=cfg, data_rng=data_rng, rng=rng)
+        generator_step(G, D, opt_g, g.batch_size, rng)  # −E[D_k(G(z))]
+    seconds = time.monotonic() - started
+    storage.write_bytes(out_path, model_file_bytes(DISCRIMINATOR_FORMAT, {
+        "shard": shard_index, "iterations": g.warmstart_iterations, "model": discriminator_kwargs(cfg, spec),
+        "state_dict": {k: v.detach().cpu() for k, v in D.state_dict().items()}}))
+    return {"shard": shard_index, "iterations": g.warmstart_iterations, "seconds": seconds,
+            "iterations_per_second": g.warmstart_iterations / seconds if seconds > 0 else None}
 
 
 # --- the state and its steps ---------------------------------------------------------------------
@@ -169,7 +208,7 @@ class GSWGANTrainer(Trainer):
     torchrun each rank holds its block of the shards (``own``) and their D_k (:mod:`dpsynth.training.data_parallel`)."""
 
     MECHANISM = GSWGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.generator_gradient)
-    STEP, METHOD = "private generator iterations", "gswgan"
+    STEP, NAME = "private generator iterations", "gswgan"
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
         params={"derived.release_noise_multiplier": _PLAN, "derived.accountant": "wor (fixed for shard sampling)"})
@@ -180,7 +219,7 @@ class GSWGANTrainer(Trainer):
         """``shards``: the K shards; under torchrun a rank needs only its own (``None`` for the others, and then
         ``records``, n, from the partition's manifest). ``warm``: {k: D_k's warm-start file}, of its own shards
         at least. ``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
-        super().__init__(cfg, parent_run_id=parent_run_id, run_tags=run_tags)
+        super().__init__(cfg, spread=METHOD.data_parallel, parent_run_id=parent_run_id, run_tags=run_tags)
         seed = cfg.train.seed
         self.K = len(shards)
         # the shards (and D_k) this rank holds (all in one process); every shard's (images, labels) or None
@@ -201,7 +240,7 @@ class GSWGANTrainer(Trainer):
         # σ per release; records plan.event (the B releases folded: σ/√B) in the trace at every iteration
         self.sanitizer = self.MECHANISM.sanitizer(cfg, self.plan, randomness=mechanism, trace=self.trace)
         self.state = GSWGANState(
-            method=self.METHOD, **models, D=D, d_states=d_states, mechanism=mechanism,
+            method=self.NAME, **models, D=D, d_states=d_states, mechanism=mechanism,
             data_rng=cpu_rng(seed, "real-batches"),
             rng=torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents")))
         if self.dist.distributed:
@@ -248,3 +287,9 @@ class GSWGANTrainer(Trainer):
     def derived_params(self) -> dict:
         return {**super().derived_params(), "release_noise_multiplier": self.plan.noise_multiplier,
                 "accountant": ACCOUNTANT}
+
+
+METHOD = Method(
+    "gswgan", trainer=GSWGANTrainer, mechanism=GSWGAN, warm_start="shard", warm_start_function=warm_start_shard,
+    sections=("gswgan",), default_n_d=N_DIS, networks="gswgan.generator", data_parallel=True,
+    empirical_audit=Audit.INPUT_GRADIENT)

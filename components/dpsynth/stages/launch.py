@@ -76,16 +76,17 @@ def stage_argv(args) -> list[str]:
 
 def run(how: str, cfg, args) -> int:
     """``dpsynth train --launch HOW``: refuse what cannot run before anything starts, then launch."""
-    from dpsynth.training.data_parallel import METHODS
+    from dpsynth.methods import registry
     from dpsynth.mechanisms.distributed import env_ranks
 
     if not (args.run_dir or cfg.pipeline.run_dir):
         raise ConfigError("pipeline.run_dir: --launch starts the pipeline's train stage; give --run-dir")
-    if cfg.train.method not in METHODS:
+    methods = registry.data_parallel_methods()
+    if cfg.train.method not in methods:
         how_it_runs = ("starts its own K + 1 ranks (server and clients) on this machine; run it without --launch"
-                       if cfg.train.method == "gswgan_federated" else "trains in one process only")
+                       if registry.get(cfg.train.method).federated else "trains in one process only")
         raise ConfigError(f"train.method: {cfg.train.method!r} {how_it_runs}; --launch runs the data-parallel "
-                          f"methods: {', '.join(METHODS)}")
+                          f"methods: {', '.join(methods)}")
     if env_ranks().distributed:
         raise ConfigError("--launch: this process is already a rank of a torchrun job; drop --launch")
     if args.run_dir is None:

@@ -71,7 +71,7 @@ class Trainer:
     implements the methods marked *method*."""
 
     STEP = "private steps"  # the progress bar's name for one step (see the table above)
-    METHOD: str  # *method*: its name in the registry (data_parallel.METHODS: whether it trains on several ranks)
+    NAME: str  # *method*: its name in the registry (its file's METHOD)
     # what its MLflow run may hold (the train stage's allow-list, checked by the audit): what the loop logs;
     # a method adds what its own hooks log (progress, final_metrics, derived_params)
     MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
@@ -88,14 +88,16 @@ class Trainer:
     num_classes: int
     n: int  # training records
 
-    def __init__(self, cfg: RunConfig, *, parent_run_id: str | None = None, run_tags: dict[str, str] | None = None):
+    def __init__(self, cfg: RunConfig, *, spread: bool = False, parent_run_id: str | None = None,
+                 run_tags: dict[str, str] | None = None):
         self.cfg, self.out = cfg, Path(cfg.output.dir)
         # MLflow: nest the run under a pipeline's parent run, add tags. Nothing before the gate: the
         # run gets no image, no model and no dataset hash (the sample stage logs them after the audit).
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
-        # rank r of W when this method trains data-parallel under torchrun (dpsynth.training.data_parallel); else
-        # 0 of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)
-        self.dist = data_parallel.ranks(self.METHOD)
+        # spread: its method trains on the ranks of a torchrun job (its Method.data_parallel): rank r of W under
+        # torchrun (dpsynth.training.data_parallel); else 0 of 1 (a process group of another kind, e.g. the
+        # federated server's, is not a data-parallel job)
+        self.dist = data_parallel.ranks(spread)
         self.device = self.dist.place(resolve_device(cfg.train.device))
         self.dataset_name = cfg.data.name
         self.accountant = get_accountant(self.MECHANISM.accountant(cfg))  # GS-WGAN's fixes its own: "wor"
