@@ -27,7 +27,7 @@ from dpsynth.config import load_config
 from dpsynth.data import import_source
 from dpsynth.methods.dpac import DPACTrainer
 from dpsynth.methods.gswgan import GSWGANTrainer, load_discriminator, store_discriminator
-from dpsynth.methods.gswgan import warm_start_shard
+from dpsynth.methods.warm_starts import warm_start_shard
 from dpsynth.stages.partition import assign
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -76,7 +76,7 @@ def synthetic(generator_path: str, n: int, *, num_classes: int, seed: int):
 
 def run_variant(name: str, args, private, public, workdir: Path) -> dict:
     from dpsynth.methods.dpgan import DPGANTrainer
-    from dpsynth.methods.zhang import warm_start
+    from dpsynth.methods.warm_starts import warm_start
     from dpsynth.methods.networks import load_warm_start
     from dpsynth.methods.zhang import ZhangTrainer
 

@@ -26,7 +26,7 @@ def tiny(tmp_path, *extra, method="gswgan"):
 
 def warm_files(cfg, shards, tmp_path) -> dict[int, bytes]:
     """Shard index → the bytes of its warm-started D_k file (as the warmstart stage writes them)."""
-    from dpsynth.methods.gswgan import warm_start_shard
+    from dpsynth.methods.warm_starts import warm_start_shard
 
     out = {}
     for k, shard in enumerate(shards):

@@ -13,7 +13,7 @@ import torch
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
 from dpsynth.methods.gswgan import GSWGANTrainer, sanitized_generator_step
-from dpsynth.methods.gswgan import warm_start_shard
+from dpsynth.methods.warm_starts import warm_start_shard
 from dpsynth.mechanisms.generator_gradient import GSWGAN
 from dpsynth.mechanisms.dpsgd import InputGradientSanitizer as Sanitizer, sanitize
 from dpsynth.models.gswgan_networks import Classifier, Discriminator, Generator

@@ -14,7 +14,7 @@ from autodp.transformer_zoo import AmplificationBySampling, Composition
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError, DatasetError
 from dpsynth.mechanisms.discriminator import ZHANG
-from dpsynth.methods.zhang import warm_start
+from dpsynth.methods.warm_starts import warm_start
 from dpsynth.methods.networks import load_warm_start
 from dpsynth.methods.zhang import ZhangTrainer, g_step, per_unit_gradients
 from dpsynth.models.dcgan import Discriminator

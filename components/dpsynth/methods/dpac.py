@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from dpsynth.config import RunConfig
-from dpsynth.methods.gswgan import N_DIS, GSWGANState, GSWGANTrainer, real_batch, warm_start_shard
+from dpsynth.methods.gswgan import N_DIS, GSWGANState, GSWGANTrainer, real_batch
+from dpsynth.methods.warm_starts import warm_start_shard
 from dpsynth.methods.method import Audit, Method
 from dpsynth.mechanisms.generator_gradient import GSWGAN
 from dpsynth.methods.networks import gswgan_adam

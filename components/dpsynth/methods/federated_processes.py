@@ -39,16 +39,10 @@ from dpsynth.data import ImageDataset
 from dpsynth.errors import ConfigError, DpsynthError
 from dpsynth.training.result import TrainResult
 from dpsynth.methods.networks import image_spec
-from dpsynth.methods.gswgan_federated import (
-    Client,
-    FederatedServer,
-    FederationMeta,
-    client_update,
-    make_client,
-)
+from dpsynth.methods.gswgan_federated import Client, FederatedServer, FederationMeta, client_update, make_client
 from dpsynth.mechanisms import distributed
 from dpsynth.mechanisms.generator_gradient import FEDERATED
-from dpsynth.methods.gswgan import warm_start_shard
+from dpsynth.methods.warm_starts import warm_start_shard
 from dpsynth.methods.method import Method, require
 
 NAME = "gswgan_federated"
@@ -244,9 +238,7 @@ def client_main(cfg: RunConfig, shard: ImageDataset, *, warm: bytes | None,
     return serve(client, cfg=cfg, spec=spec, noise_multiplier=sigma, checkpoints=checkpoints, shard_index=k)
 
 
-
-def validate(cfg: RunConfig) -> None:
-    """Federated GS-WGAN's rules across sections."""
+def validate(cfg: RunConfig) -> None:  # its rules across sections
     require(not cfg.warmup.central_images, "warmup.central_images",
             "the federated GS-WGAN server holds no records to release; set warmup.central_images=false")
 

@@ -1,6 +1,6 @@
 """GS-WGAN, centralized (Chen, Orekondy & Fritz 2020, supplement Algorithm 1).
 
-Per-shard WGAN-GP critics warm-started non-privately (:func:`warm_start_shard`),
+Per-shard WGAN-GP critics warm-started non-privately (:func:`dpsynth.methods.warm_starts.warm_start_shard`),
 then private iterations in which only the per-sample gradients ∂ℓ_i/∂G(z_i) are sanitized; the released generator is an
 exponential moving average of G's weights. Its steps over :class:`GSWGANState`: :func:`critic_step` (not private),
 :func:`g_step` (the private release is the generator's gradient). The iteration step by step, and why one iteration is one
@@ -9,7 +9,6 @@ without-replacement event of multiplier σ/√B: docs/privacy.md, "GS-WGAN: the 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -20,49 +19,19 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.grids import class_grid
 from dpsynth.training import checkpoint, data_parallel
-from dpsynth import storage
-from dpsynth.methods import discriminator_steps
-from dpsynth.methods.generator_step import generator_step
+from dpsynth.methods.gswgan_critic import N_DIS, critic_loss, critic_steps, real_batch  # noqa: F401
 from dpsynth.methods.method import Audit, Method
+from dpsynth.methods.warm_starts import warm_start_shard
 from dpsynth.training.loop import Trainer
-from dpsynth.training.artifacts import model_file_bytes
-from dpsynth.training.result import resolve_device
-from dpsynth.training.seeds import cpu_rng, derived_seed, init_with_seed
-from dpsynth.methods.networks import (DISCRIMINATOR_FORMAT, discriminator_kwargs, fresh_discriminator,
-                                      generator_models, generator_record, gswgan_adam, image_spec, make_generator,
-                                      read_discriminator)
+from dpsynth.training.seeds import cpu_rng, derived_seed
+from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_models, generator_record,
+                                      gswgan_adam, image_spec, read_discriminator)
 from dpsynth.models.gswgan_networks import ema_update, frozen, refresh_spectral_norm
 from dpsynth.mechanisms.generator_gradient import ACCOUNTANT, GSWGAN
 from dpsynth.mechanisms.dpsgd import InputGradientSanitizer
 from dpsynth.mechanisms.randomness import MechanismRandomness
 
 # --- the pieces of one iteration ------------------------------------------------------------------
-
-
-def real_batch(images: torch.Tensor, labels: torch.Tensor, *, size: int, rng: torch.Generator):
-    """``size`` records of one shard, drawn uniformly without replacement (all of them if fewer). ``rng`` (a public stream, shared by every shard) gives one seed, whatever the shard's size s; the
-    permutation of s is drawn from that seed. So the stream's state afterwards does not depend on s: one
-    record more or less in shard k cannot shift what the stream later draws for another shard or for G."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=rng))
-    index = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:size].to(images.device)
-    return images[index], labels[index]
-
-
-def critic_loss(D, real_x, real_y, fake_x, *, gp_weight: float, drift_weight: float,
-                generator: torch.Generator | None = None, draws: int | None = None) -> torch.Tensor:
-    """WGAN-GP critic loss E[D(fake)] − E[D(real)] + λ·GP + ε_drift·E[D(real)²] (fakes carry the real labels).
-    ``draws``: how many interpolation weights to draw from ``generator`` (the first len(real_x) are used),
-    so that a public stream advances by the same amount whatever the batch's size; None: len(real_x)."""
-    d_real = D(real_x, real_y)
-    d_fake = D(fake_x, real_y)
-    loss = d_fake.mean() - d_real.mean() + drift_weight * d_real.pow(2).mean()
-    if gp_weight:
-        alpha = torch.rand(max(draws or 0, len(real_x)), 1, 1, 1, device=real_x.device,
-                           generator=generator)[:len(real_x)]
-        mixed = (alpha * real_x + (1 - alpha) * fake_x).requires_grad_(True)
-        (grad,) = torch.autograd.grad(D(mixed, real_y).sum(), mixed, create_graph=True)
-        loss = loss + gp_weight * (grad.flatten(1).norm(dim=1) - 1).pow(2).mean()
-    return loss
 
 
 def sanitized_generator_step(G, opt_g, per_sample_loss: Callable | None, *, batch_size: int,
@@ -84,56 +53,6 @@ def sanitized_generator_step(G, opt_g, per_sample_loss: Callable | None, *, batc
     opt_g.zero_grad(set_to_none=True)
     x.backward(released / batch_size)  # (1/B) Σ g̃_i · J_θ G(z_i): post-processing of the releases
     opt_g.step()
-
-
-# n_dis: the paper's critic steps per generator iteration (train.n_d's default for GS-WGAN and DPAC)
-N_DIS = 5
-
-
-def critic_steps(D, opt_d, G, images, labels, *, cfg: RunConfig, data_rng: torch.Generator,
-                 rng: torch.Generator) -> None:
-    """n_dis (``train.n_d``) non-private WGAN-GP steps of D on one shard's (images, labels). A shard may hold s < B records (then the batch is all s of them); the public streams ``data_rng`` and
-    ``rng`` still advance by B draws' worth (:func:`real_batch`; B latents and B interpolation weights, the
-    first s used), so their state afterwards — and every later latent of G — does not depend on s."""
-    g = cfg.gswgan
-    for _ in range(discriminator_steps.n_d(cfg, N_DIS)):
-        real_x, real_y = real_batch(images, labels, size=g.batch_size, rng=data_rng)
-        with torch.no_grad():
-            z = torch.randn(g.batch_size, G.latent_dim, device=real_x.device, generator=rng)[:len(real_x)]
-            fake_x = G(z, real_y)
-        loss = critic_loss(D, real_x, real_y, fake_x, gp_weight=g.gp_weight, drift_weight=g.drift_weight,
-                           generator=rng, draws=g.batch_size)
-        opt_d.zero_grad(set_to_none=True)
-        loss.backward()
-        opt_d.step()
-
-
-def warm_start_shard(cfg: RunConfig, shard: ImageDataset, *, shard_index: int, out_path: str) -> dict:
-    """Pre-train D_k non-privately on ``shard`` with a throw-away generator; write D_k to ``out_path``.
-
-    ``gswgan.warmstart_iterations`` iterations of n_dis critic steps and one generator step.
-    Deterministic given train.seed and ``shard_index``. The file stays in the sensitive zone.
-    """
-    started = time.monotonic()
-    device = resolve_device(cfg.train.device)
-    spec = image_spec(cfg, shard)
-    g = cfg.gswgan
-    D = fresh_discriminator(cfg, spec, shard_index=shard_index).to(device)
-    G = init_with_seed(derived_seed(cfg.train.seed, "warmstart-generator", shard_index),
-                        lambda: make_generator(cfg, spec)).to(device)
-    opt_d, opt_g = gswgan_adam(D.parameters(), lr=g.lr_d, cfg=cfg), gswgan_adam(G.parameters(), lr=g.lr_g, cfg=cfg)
-    images, labels = (t.to(device) for t in shard.to_tensors())
-    data_rng = cpu_rng(cfg.train.seed, "warmstart-data", shard_index)
-    rng = torch.Generator(device=device).manual_seed(derived_seed(cfg.train.seed, "warmstart-latent", shard_index))
-    for _ in range(g.warmstart_iterations):
-        critic_steps(D, opt_d, G, images, labels, cfg=cfg, data_rng=data_rng, rng=rng)
-        generator_step(G, D, opt_g, g.batch_size, rng)  # −E[D_k(G(z))]
-    seconds = time.monotonic() - started
-    storage.write_bytes(out_path, model_file_bytes(DISCRIMINATOR_FORMAT, {
-        "shard": shard_index, "iterations": g.warmstart_iterations, "model": discriminator_kwargs(cfg, spec),
-        "state_dict": {k: v.detach().cpu() for k, v in D.state_dict().items()}}))
-    return {"shard": shard_index, "iterations": g.warmstart_iterations, "seconds": seconds,
-            "iterations_per_second": g.warmstart_iterations / seconds if seconds > 0 else None}
 
 
 # --- the state and its steps ---------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Each method's networks from the configuration, and the files of its warm-started ones (sensitive zone; the
-warm starts themselves: :func:`dpsynth.methods.gswgan.warm_start_shard`, :func:`dpsynth.methods.zhang.warm_start`).
+warm starts themselves: :mod:`dpsynth.methods.warm_starts`).
 
 * DPGAN and dp-GAN (Zhang et al.): the label-conditioned DCGAN, :func:`dcgan_models`; dp-GAN's warm-start file;
 * GS-WGAN, DPAC and the federated GS-WGAN: G (:func:`generator_record`, the released generator's ``model``

@@ -1,7 +1,7 @@
 """dp-GAN, as in Zhang, Ji & Wang, "Differentially Private Releasing via Deep Generative Model" (Algorithm 3).
 
 A conditional WGAN-GP whose critic D is trained with DP-SGD (per-unit gradients clipped group by group); the
-generator touches the data only through D. Its warm start (:func:`warm_start`) uses public records only.
+generator touches the data only through D. Its warm start (:func:`dpsynth.methods.warm_starts.warm_start`) uses public records only.
 What one unit is and why its latents are the mechanism's coins, the groups and bounds, and the account
 (one Poisson event of multiplier σ/√k per step; ``as_published``): docs/privacy.md,
 "dp-GAN (Zhang et al.): the critic step and its account".
@@ -10,7 +10,6 @@ What one unit is and why its latents are the mechanism's coins, the groups and b
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -22,16 +21,14 @@ from dpsynth.data import assignment
 from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.mechanisms.discriminator import ZHANG
 from dpsynth.training import checkpoint, data_parallel
-from dpsynth import storage
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.method import Audit, Method, require
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.generator_step import generator_step
 from dpsynth.training.loop import Trainer
-from dpsynth.methods.networks import WARM_START_FORMAT, dcgan_models, load_warm_models, warm_models_record
-from dpsynth.methods.wgan_gp import per_unit_gradients, unit_losses, wgan_gp_loss
-from dpsynth.training.artifacts import model_file_bytes
-from dpsynth.training.result import resolve_device
+from dpsynth.methods.networks import dcgan_models, load_warm_models
+from dpsynth.methods.warm_starts import warm_start
+from dpsynth.methods.wgan_gp import N_CRITIC, per_unit_gradients, unit_losses
 from dpsynth.mechanisms import grouping
 from dpsynth.mechanisms.ghost import GhostClipping
 from dpsynth.mechanisms.randomness import MechanismRandomness
@@ -128,48 +125,6 @@ def g_step(state: ZhangState, batch_size: int) -> None:
 
 
 # --- the trainer -----------------------------------------------------------------------------------
-
-
-# n_critic: the paper's critic steps per generator step (train.n_d's default for dp-GAN)
-N_CRITIC = 4
-
-
-def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
-    """Train G and D as a regular WGAN-GP on ``public`` (no privacy, so public records only) for
-    ``zhang.warm_start_iterations`` generator iterations; write both to the local file ``out_path``."""
-    assignment.require_public(cfg, public, what="warm start")
-    z, t = cfg.zhang, cfg.train
-    started = time.monotonic()
-    device = resolve_device(t.device)
-    num_classes = cfg.data.num_classes or public.num_classes
-    images, labels = (a.to(device) for a in public.to_tensors())
-    image_shape = tuple(images.shape[1:])
-    torch.manual_seed(t.seed)
-    G, D = dcgan_models(cfg, num_classes=num_classes, image_shape=image_shape)
-    G, D = G.to(device), D.to(device)
-    rng = torch.Generator(device=device).manual_seed(t.seed + 1)
-    betas = (z.adam_beta1, z.adam_beta2)
-    opt_d = torch.optim.Adam(D.parameters(), lr=z.lr, betas=betas)
-    opt_g = torch.optim.Adam(G.parameters(), lr=z.lr, betas=betas)
-    m, n_critic = min(t.batch_size, len(public)), discriminator_steps.n_d(cfg, N_CRITIC)
-    for _ in range(z.warm_start_iterations):
-        for _ in range(n_critic):
-            idx = torch.randperm(len(public), device=device, generator=rng)[:m]
-            real, y = images[idx], labels[idx]
-            with torch.no_grad():
-                fake, _ = G.sample(m, labels=y, generator=rng)
-            rho = torch.rand(m, device=device, generator=rng)
-            loss_d = wgan_gp_loss(D, real, fake, y, rho, gp_weight=z.gp_weight)
-            opt_d.zero_grad(set_to_none=True)
-            loss_d.backward()
-            opt_d.step()
-        generator_step(G, D, opt_g, m, rng)
-    state = {"G": G.state_dict(), "D": D.state_dict(),
-             "model": warm_models_record(cfg, num_classes=num_classes, image_shape=image_shape),
-             "iterations": z.warm_start_iterations, "public_records": len(public)}
-    storage.write_bytes(out_path, model_file_bytes(WARM_START_FORMAT, state))
-    return {"iterations": z.warm_start_iterations, "public_records": len(public), "critic_steps_per_iteration": n_critic,
-            "seconds": time.monotonic() - started}
 
 
 class ZhangTrainer(Trainer):
