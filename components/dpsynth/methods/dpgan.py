@@ -153,7 +153,7 @@ class DPGANTrainer(Trainer):
     def draw(self) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """A discriminator step's batch, this rank's part of it: (real, fake) records, each (images, labels)."""
         s = self.state
-        take = self.dist.poisson_take(s.mechanism, self.n, self.event.sample_rate)  # this rank's part
+        take = DPGAN.select(self.plan, s.mechanism, self.n, ranks=self.dist)  # Poisson: this rank's part
         with torch.no_grad():  # this rank's share of the B fakes
             fake = self.dist.share(*s.G.sample(self.cfg.train.batch_size, generator=s.rng))
         return (self.images[take], self.labels[take]), fake

@@ -173,7 +173,7 @@ class GSWGANTrainer(Trainer):
     def train_step(self) -> None:
         """One private iteration (Algorithm 1, lines 13–20) on the shard k drawn by rank 0's secret coins."""
         s = self.state
-        k = data_parallel.draw_shard(self.dist, s.mechanism, self.K)
+        k = self.MECHANISM.select(self.plan, s.mechanism, self.K, ranks=self.dist)  # rank 0's draw, on every rank
         loss = None
         if k in self.own:
             critic_step(s, k, self.shards[k], cfg=self.cfg, spec=self.spec)

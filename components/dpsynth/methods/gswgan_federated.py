@@ -167,11 +167,11 @@ class ServerState:
     D: torch.nn.Module = field(metadata=checkpoint.TRANSIENT)  # architecture only: its parameter count is logged
 
 
-def g_step(state: ServerState, receipts: Receipts, *, cfg: RunConfig, num_clients: int, iteration: int) -> None:
+def g_step(state: ServerState, receipts: Receipts, *, cfg: RunConfig, plan, num_clients: int, iteration: int) -> None:
     """The server's generator iteration (Algorithm 2, lines 5–12): client k drawn, n_dis rounds of B fakes sent and
     their sanitized gradients (the private releases, ``receipts`` records their event) received, G and G_ema updated."""
     g, rounds, device = cfg.gswgan, discriminator_steps.n_d(cfg, FEDERATED.n_dis), state.rng.device
-    k = state.mechanism.choice(num_clients)
+    k = FEDERATED.select(plan, state.mechanism, num_clients)  # the client, from the server's secret coins
     for r in range(rounds):  # every round's answer is a release the server sees
         labels = torch.randint(0, state.G.num_classes, (g.batch_size,), device=device, generator=state.rng)
         z = torch.randn(g.batch_size, state.G.latent_dim, device=device, generator=state.rng)
@@ -212,7 +212,7 @@ class FederatedServer(GSWGANTrainer):
         self.receipts = Receipts(self.trace, self.plan.event, releases=self.plan.releases)
 
     def train_step(self) -> None:
-        g_step(self.state, self.receipts, cfg=self.cfg, num_clients=self.K, iteration=self.step + 1)
+        g_step(self.state, self.receipts, cfg=self.cfg, plan=self.plan, num_clients=self.K, iteration=self.step + 1)
         self.step += 1
         self.g_steps += 1
 

@@ -203,7 +203,7 @@ class ZhangTrainer(Trainer):
         s, z = self.state, self.cfg.zhang
         if (self.step % z.update_every == 0 if z.adaptive_clipping else z.grouping == "clustering" and self.step == 0):
             self.update_bounds()
-        take = self.dist.poisson_take(s.mechanism, self.n, self.event.sample_rate)  # this rank's part
+        take = ZHANG.select(self.plan, s.mechanism, self.n, ranks=self.dist)  # Poisson: this rank's part
         d_step(s, (self.images[take], self.labels[take]), self.sanitizer, gp_weight=z.gp_weight,
                chunk=self.cfg.train.physical_batch_size)
         self.step += 1

@@ -116,11 +116,6 @@ def every_record(own: range, shards: list) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([x for x, _ in shards]), torch.cat([y for _, y in shards])
 
 
-def draw_shard(ranks: distributed.Ranks, randomness, K: int) -> int:
-    """k ~ U[0, K) from rank 0's secret coins (the one-process stream), the same on every rank."""
-    return ranks.from_main(randomness.choice(K) if ranks.is_main else None)
-
-
 def hand_on(ranks: distributed.Ranks, owner: int, streams: list[torch.Generator], module: torch.nn.Module) -> None:
     """Every rank takes what rank ``owner`` (the holder of this step's shard) changed of the shared state: the
     public ``streams`` its steps drew from and ``module``'s buffers (e.g. G's spectral norms' power-iteration
