@@ -549,9 +549,9 @@ class AuditConfig:
 
     empirical: Literal["auto", "off", "quick", "full"] = Field(
         "auto", description="auto: quick for the methods that have one, none for the others; off: skipped; quick: "
-                            "the first quick_steps training steps; full: every step (the methods whose registry entry "
-                            "names an empirical audit: every one but gswgan_federated). The warm-up releases are "
-                            "audited whole.")
+                            "the first quick_steps training steps; full: every step (the methods whose Method names an "
+                            "empirical audit: dpsynth.methods.registry.empirical_audit_methods). The warm-up releases "
+                            "are audited whole.")
     canaries: Int = Field(1000, ge=2, description="m: canary gradients inserted.")
     confidence: Float = Field(0.95, gt=0, lt=1, description="Confidence of the lower bound ε_lower.")
     quick_steps: Int = Field(100, ge=1)
