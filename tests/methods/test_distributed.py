@@ -102,12 +102,13 @@ def test_env_and_launch_refusals(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="^RANK: WORLD_SIZE=2 is set but RANK is not"):
         distributed.env_ranks({"WORLD_SIZE": "2"})
     assert distributed.env_ranks({"WORLD_SIZE": "1"}) == distributed.Ranks(0, 1, 0)
+    from dpsynth.methods import registry
     from dpsynth.training.data_parallel import launch
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="^train.method:"):
-        launch(workers.tiny(tmp_path, "train.method=gswgan_federated"))
+        launch(workers.tiny(tmp_path, "train.method=gswgan_federated"), registry.data_parallel_methods())
 
 
 # --- (a) clipped sums, reduced: the 2-rank step is the 1-process step ---------------------------------
