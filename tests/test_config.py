@@ -47,14 +47,17 @@ def test_fingerprint_ignores_output_and_tracking():
 @pytest.mark.parametrize("method,expected", [("dpgan", "adaptive"), ("gswgan", 5), ("dpac", 5), ("zhang", 4),
                                              ("gswgan_federated", 5)])
 def test_one_name_for_discriminator_steps_per_generator_step(tmp_path, method, expected):
-    """train.n_d is n_D (Bie et al.), n_dis (GS-WGAN) and n_critic (dp-GAN); unset, each paper's own default."""
-    from dpsynth.methods import discriminator_steps
+    """train.n_d is n_D (Bie et al.), n_dis (GS-WGAN) and n_critic (dp-GAN); unset, each paper's own default (its
+    Method.default_n_d)."""
+    from dpsynth.methods import discriminator_steps, registry
 
-    assert discriminator_steps.n_d(load_config(overrides=[f"train.method={method}"])) == expected
-    assert discriminator_steps.n_d(load_config(overrides=[f"train.method={method}", "train.n_d=3"])) == 3
+    default = registry.get(method).default_n_d
+    assert default == expected
+    assert discriminator_steps.n_d(registry.load_config(overrides=[f"train.method={method}"]), default) == expected
+    assert discriminator_steps.n_d(load_config(overrides=[f"train.method={method}", "train.n_d=3"]), default) == 3
     if method != "dpgan":
         with pytest.raises(ConfigError, match=r"^train\.n_d: 'adaptive' is DPGAN's policy"):
-            load_config(overrides=[f"train.method={method}", "train.n_d=adaptive"])
+            registry.load_config(overrides=[f"train.method={method}", "train.n_d=adaptive"])
 
 
 @pytest.mark.parametrize("old", ["gswgan.n_dis", "zhang.n_critic"])
@@ -90,8 +93,10 @@ def test_bad_evolution_settings_are_refused_naming_the_field(override, field):
 
 
 def test_private_evolution_reads_no_warm_up():
+    from dpsynth.methods import registry
+
     with pytest.raises(ConfigError, match=r"warmup\.central_images"):
-        load_config(overrides=["train.method=private-evolution", "warmup.central_images=true"])
+        registry.load_config(overrides=["train.method=private-evolution", "warmup.central_images=true"])
     cfg = load_config(overrides=["train.method=private-evolution"])
     assert (cfg.evolution.rounds, cfg.evolution.candidates, cfg.evolution.threshold) == (10, 200, 2.0)
 

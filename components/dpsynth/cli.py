@@ -72,7 +72,8 @@ def _register_config(subparsers) -> None:
 
 
 def run_config_show(args: argparse.Namespace) -> int:
-    from dpsynth.config import dump_config, load_config
+    from dpsynth.config import dump_config
+    from dpsynth.methods.registry import load_config
     from dpsynth.stages.protocol import redacted
 
     cfg = redacted(load_config(args.config, overrides=args.overrides))

@@ -19,11 +19,11 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Callable, Literal
 
 import yaml
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, TypeAdapter, ValidationError
-from pydantic import field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from dpsynth.errors import ConfigError
@@ -52,15 +52,24 @@ Float = StrictFloat
 Bool = StrictBool
 
 
-# train.method: the names of the method registry's table (dpsynth.methods.registry, which this module does not import:
-# the configuration is the ground floor; tests/methods/test_registry.py keeps the two equal)
-METHOD_NAMES = ("dpgan", "gswgan", "dpac", "zhang", "gswgan_federated", "private-evolution")
+# train.method: the methods' names, each with its one line (`dpsynth train --help`), in the method registry's order.
+# Each method file declares the rest (dpsynth.methods.<name>'s METHOD: trainer, mechanism, n_D, rules), and the
+# registry (dpsynth.methods.registry) collects them and refuses to import unless it finds these names. They stay
+# here because the configuration is the ground floor and imports no method (nor torch): the schema's enum (the
+# Airflow form, the KFP inputs) and --help need the names alone.
+METHODS = {
+    "dpgan": "DPGAN of Bie et al., 'Private GANs, Revisited': DP-SGD discriminator, Poisson sampling",
+    "gswgan": "GS-WGAN (Chen et al. 2020): sanitized generator gradients, K warm-started shard critics",
+    "dpac": "DP-GAN-DPAC (Chen et al. 2023): GS-WGAN plus a dual-purpose auxiliary classifier",
+    "zhang": "dp-GAN (Zhang et al.): WGAN-GP with a DP critic, parameter grouping, public warm start",
+    "gswgan_federated": "federated GS-WGAN: server and K clients, the ranks of one torchrun job (gloo)",
+    "private-evolution": "Private Evolution (Lin et al. 2024) on the public prior (Sim-PE): noisy votes for "
+                         "rendered figures",
+}
 # train.method: auto picks the method from the data's public schema before anything private runs (the rule:
 # dpsynth.methods.registry.for_schema; the stages resolve it, and store and log the method it picked)
 AUTO = "auto"
-MethodName = Literal[METHOD_NAMES + (AUTO,)]
-# the methods whose mechanism the empirical audit can audit (the registry's Method.empirical_audit; the same test)
-EMPIRICALLY_AUDITED = ("dpgan", "gswgan", "dpac", "zhang", "private-evolution")
+MethodName = Literal[tuple(METHODS) + (AUTO,)]
 
 
 def _require(ok: bool, name: str, message: str) -> None:
@@ -540,8 +549,9 @@ class AuditConfig:
 
     empirical: Literal["auto", "off", "quick", "full"] = Field(
         "auto", description="auto: quick for the methods that have one, none for the others; off: skipped; quick: "
-                            "the first quick_steps training steps; full: every step (methods: "
-                            f"{', '.join(EMPIRICALLY_AUDITED)}). The warm-up releases are audited whole.")
+                            "the first quick_steps training steps; full: every step (the methods whose Method names an "
+                            "empirical audit: dpsynth.methods.registry.empirical_audit_methods). The warm-up releases "
+                            "are audited whole.")
     canaries: Int = Field(1000, ge=2, description="m: canary gradients inserted.")
     confidence: Float = Field(0.95, gt=0, lt=1, description="Confidence of the lower bound ε_lower.")
     quick_steps: Int = Field(100, ge=1)
@@ -583,52 +593,18 @@ class RunConfig:
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
 
     @model_validator(mode="after")
-    def _across_sections(self) -> RunConfig:
-        # refused before training spends anything, not at the audit
-        audited = EMPIRICALLY_AUDITED
-        _require(self.audit.empirical in ("off", "auto") or self.train.method in audited, "audit.empirical",
-                 f"the empirical audit supports train.method in {list(audited)}, not "
-                 f"{self.train.method!r} (yet); set audit.empirical=off")
-        # auto is checked as the method it picks for grey data (dpgan): it must run as written there; where it picks
-        # private-evolution, the settings that method does not read are reset (registry.resolve)
-        method = "dpgan" if self.train.method == AUTO else self.train.method
-        _require(method != "private-evolution" or not self.warmup.central_images, "warmup.central_images",
-                 "Private Evolution spends ε on its own rounds and reads no warm-up; set warmup.central_images=false "
-                 "(train.method=auto does so where it picks private-evolution)")
-        _require(method != "zhang" or self.train.grad_sample_mode != "ghost_two_pass", "train.grad_sample_mode",
-                 "'ghost_two_pass' cannot differentiate through dp-GAN's gradient penalty; use 'ghost' (or "
-                 "'ew'/'hooks': per-unit gradients by torch.func)")
-        dcgan = method in ("dpgan", "zhang") or self.gswgan.generator == "dcgan"  # G is a dcgan.Generator
-        _require(self.train.n_d != "adaptive" or method == "dpgan", "train.n_d",
-                 f"'adaptive' is DPGAN's policy (Bie et al.); train.method={method!r} takes a number of critic steps "
-                 "per generator step (or null: the method's default)")
-        latent, where = ((self.train.latent_dim, "train.latent_dim") if method in ("dpgan", "zhang")
-                         else (self.gswgan.latent_dim, "gswgan.latent_dim"))
-        _require(not self.train.g_warp or dcgan, "train.g_warp",
-                 f"only the DCGAN generator (dcgan.Generator) warps, not train.method={method!r}'s ResNet one; "
-                 "set gswgan.generator=dcgan or train.g_warp=false")
-        _require(not self.train.g_contrast or dcgan, "train.g_contrast",
-                 f"only the DCGAN generator (dcgan.Generator) has the contrast layer, not train.method={method!r}'s "
-                 "ResNet one; set gswgan.generator=dcgan or train.g_contrast=0")
-        _require(not self.train.g_tone or dcgan, "train.g_tone",
-                 f"only the DCGAN generator (dcgan.Generator) has the tone layer, not train.method={method!r}'s "
-                 "ResNet one; set gswgan.generator=dcgan or train.g_tone=false")
+    def _across_sections(self, info: ValidationInfo) -> RunConfig:
+        # refused before training spends anything, not at the audit. First the rules that depend on the method
+        # (its networks, its audit, its own rules): the method registry's (dpsynth.methods.registry.check), which
+        # the loader of a command that runs a method passes in (this module imports no method)
+        check = (info.context or {}).get("check")
+        if check is not None:
+            check(self)
         _require(not self.train.g_tone or (self.warmup.central_images
                                            and self.warmup.intensity_noise_multiplier is not None), "train.g_tone",
                  "the tone layer matches the warm-up's released intensity histogram: set warmup.central_images=true "
                  "and warmup.intensity_noise_multiplier, or train.g_tone=false")
-        _require(not self.train.g_warp or latent >= 6, "train.g_warp",
-                 f"the warp reads z[:, :6]: {where} must be >= 6, got {latent}")
         w = self.warmup
-        _require(not w.central_images or method != "gswgan_federated", "warmup.central_images",
-                 "the federated GS-WGAN server holds no records to release; set warmup.central_images=false")
-        _require(not (w.central_images and w.styles) or dcgan, "warmup.styles",
-                 f"the style release needs a generator with style slots (dcgan.Generator: dpgan, zhang, or "
-                 f"gswgan.generator=dcgan), not train.method={method!r}'s ResNet one; set warmup.styles=0")
-        _require(not (w.central_images and w.polarity_noise_multiplier is not None) or dcgan,
-                 "warmup.polarity_noise_multiplier",
-                 f"the polarity shapes need a generator with style slots (dcgan.Generator: dpgan, zhang, or "
-                 f"gswgan.generator=dcgan), not train.method={method!r}'s ResNet one; set it to null")
         _require(not (w.central_images and w.polarity_noise_multiplier is not None)
                  or w.intensity_noise_multiplier is not None, "warmup.polarity_noise_multiplier",
                  "the polarity shapes are drawn around the intensity histogram's mean and spread: set "
@@ -639,11 +615,6 @@ class RunConfig:
         _require(not (w.central_images and w.styles_along_variations) or w.variations >= 2, "warmup.styles_along",
                  f"the style templates move along the two main variation directions: set warmup.variations >= 2 "
                  f"(got {w.variations}), or warmup.styles_along=deformations")
-        _require(not (w.central_images and w.variations) or latent >= 7 + w.variations,
-                 "warmup.variations", f"{w.variations} directions need {where} >= {7 + w.variations} "
-                 f"(z[:, 7:7 + r] weighs them), got {latent}")
-        _require(not w.central_images or latent >= 6, "warmup.central_images",
-                 f"the warm-up's deformations read z[:, :6]: {where} must be >= 6, got {latent}")
         if w.central_images and w.fit_epsilon:
             from dpsynth.warmup.epsilon import fit_epsilon
 
@@ -823,8 +794,11 @@ def _set_path(d: dict, dotted: str, raw: str) -> None:
     d[keys[-1]] = yaml.load(raw, Loader=_Loader)
 
 
-def load_config(path: str | Path | None = None, *, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a YAML file (optional), apply ``section.field=value`` overrides, build and validate."""
+def load_config(path: str | Path | None = None, *, overrides: list[str] | tuple[str, ...] = (),
+                check: Callable[[RunConfig], None] | None = None) -> RunConfig:
+    """Read a YAML file (optional), apply ``section.field=value`` overrides, build and validate. ``check``: the rules
+    that depend on the method (:func:`dpsynth.methods.registry.check`; a command that runs a method loads through
+    :func:`dpsynth.methods.registry.load_config`, which passes it), run before the warm-up is fitted."""
     values: dict = {}
     if path is not None:
         try:
@@ -843,7 +817,7 @@ def load_config(path: str | Path | None = None, *, overrides: list[str] | tuple[
         if isinstance(values.get(section), dict) and field in values[section]:
             raise ConfigError(f"{old_name}: renamed {new_name} (one name in every method)")
     try:
-        return _adapter().validate_python(values)
+        return _adapter().validate_python(values, context={"check": check})
     except ValidationError as exc:
         raise _config_error(exc) from None
 

@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int)
     ap.add_argument("--audit-empirical", choices=["off", "quick", "full"], help="audit.empirical (default: the config's)")
     a = ap.parse_args(argv)
-    from dpsynth.config import load_config
+    from dpsynth.methods.registry import load_config  # the configuration with its method's rules
 
     given = {k: v for k, v in vars(a).items() if k in SETTINGS and v is not None}
     sets = [f"{SETTINGS[k]}={v}" for k, v in given.items()]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpsynth.config import load_config
+from dpsynth.methods.registry import load_config  # the configuration with its method's rules
 from dpsynth.errors import ConfigError
 from dpsynth.methods import registry
 from dpsynth.mechanisms import dpsgd

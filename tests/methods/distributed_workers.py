@@ -309,7 +309,7 @@ def gswgan_steps(rank: int, tmp: str, method: str, steps: int) -> None:
     out = {}
     for noise in (False, True):
         cfg = gswgan_tiny(Path(tmp) / f"out{rank}-{noise}", f"train.method={method}")
-        t = registry.get(method).trainer_class()(cfg, gswgan_shards(), mechanism_seed=12)
+        t = registry.get(method).trainer(cfg, gswgan_shards(), mechanism_seed=12)
         data_parallel.join(t)  # what the loop does first: steps are taken here without it
         if not noise:
             noiseless(t)
@@ -332,7 +332,7 @@ def gswgan_train_shared_dir(rank: int, tmp: str, method: str, stop_after) -> Non
 
     tmp = Path(tmp)
     cfg = gswgan_tiny(tmp / "out", f"train.method={method}")
-    t = registry.get(method).trainer_class()(cfg, gswgan_shards(), mechanism_seed=12)
+    t = registry.get(method).trainer(cfg, gswgan_shards(), mechanism_seed=12)
     t.train(stop_after=stop_after)
     torch.save({"G": t.state.G.state_dict(), "G_ema": t.state.G_ema.state_dict(), "trace": t.trace.to_dict(), "step": t.step,
                 "d_states": t.state.d_states, "own": list(t.own)}, tmp / f"gshared{rank}.pt")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dpsynth.config import load_config
+from dpsynth.methods.registry import load_config  # the configuration with its method's rules
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
 K = 3  # shards of the ``shards`` fixture

@@ -62,7 +62,7 @@ def tiny(out: Path, name: str, *extra: str):
 
 def resumable(method: registry.Method) -> bool:
     """Whether the method's ``train()`` can stop part-way (``stop_after``) and resume from its checkpoint."""
-    return "stop_after" in inspect.signature(method.trainer_class().train).parameters
+    return "stop_after" in inspect.signature(method.trainer.train).parameters
 
 
 @pytest.fixture(scope="module")
@@ -85,13 +85,13 @@ def inputs(small_mnist, tmp_path_factory):
             shards = [small_mnist.subset(np.flatnonzero(where == k)) for k in range(K)]
             warm = {}
             for k, shard in enumerate(shards):
-                method.warm_start_fn()(cfg, shard, shard_index=k, out_path=str(out / f"d{k}.pt"))
+                method.warm_start_function(cfg, shard, shard_index=k, out_path=str(out / f"d{k}.pt"))
                 warm[k] = (out / f"d{k}.pt").read_bytes()
             built[name] = (shards, {"warm": warm}, len(small_mnist))
         else:  # "public"
             mask = public_mask(small_mnist, cfg)
             public, private = small_mnist.subset(mask), small_mnist.subset(~mask)
-            method.warm_start_fn()(cfg, public, out_path=str(out / "warm.pt"))
+            method.warm_start_function(cfg, public, out_path=str(out / "warm.pt"))
             state = load_warm_start((out / "warm.pt").read_bytes())
             built[name] = (private, {"public": public, "warm_start_state": state}, len(private))
     return built
@@ -103,7 +103,7 @@ def train(name, cfg, inputs, *, stop_after: int | None = None, **kwargs):
         from tests.methods.gswgan_helpers import run_federated
 
         return run_federated(cfg, data, stop_after=stop_after, **method_inputs, **kwargs)
-    trainer = registry.get(name).trainer_class()(cfg, data, **method_inputs, **kwargs)
+    trainer = registry.get(name).trainer(cfg, data, **method_inputs, **kwargs)
     return trainer.train() if stop_after is None else trainer.train(stop_after=stop_after)
 
 
@@ -221,7 +221,7 @@ def test_the_generator_file_round_trips(name, tracked):
 def test_mlflow_gets_only_declared_keys_under_the_artifact_location(name, tracked, small_mnist):
     cfg, result, client = tracked[name]
     run = client.get_run(result.mlflow_run_id)
-    declared = registry.get(name).trainer_class().MLFLOW_KEYS
+    declared = registry.get(name).trainer.MLFLOW_KEYS
     assert declared.undeclared(metrics=run.data.metrics, params=run.data.params) == []
     assert run.data.tags[tracking.TAG_METHOD] == name and run.data.tags[tracking.TAG_STAGE] == "train"
     assert run.info.artifact_uri.startswith(cfg.tracking.artifact_location)  # tracking.artifact_location honoured

@@ -102,12 +102,14 @@ def test_env_and_launch_refusals(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="^RANK: WORLD_SIZE=2 is set but RANK is not"):
         distributed.env_ranks({"WORLD_SIZE": "2"})
     assert distributed.env_ranks({"WORLD_SIZE": "1"}) == distributed.Ranks(0, 1, 0)
+    from dpsynth.methods import registry
     from dpsynth.distributed.data_parallel import launch
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="^train.method:"):
-        launch(workers.tiny(tmp_path, "train.method=gswgan_federated"), torch.device("cpu"))
+        launch(workers.tiny(tmp_path, "train.method=gswgan_federated"), registry.data_parallel_methods(),
+               torch.device("cpu"))
 
 
 # --- (a) clipped sums, reduced: the 2-rank step is the 1-process step ---------------------------------
@@ -463,7 +465,7 @@ def test_gswgan_checkpoints_resume_across_world_sizes(tmp_path, method):
     every shard's discriminator (gathered to rank 0)."""
     from dpsynth.methods import registry
 
-    trainer = registry.get(method).trainer_class()
+    trainer = registry.get(method).trainer
     straight = trainer(workers.gswgan_tiny(tmp_path / "straight", f"train.method={method}"), workers.gswgan_shards(),
                        mechanism_seed=12)
     assert straight.train(stop_after=4) is None
@@ -509,14 +511,15 @@ def test_gswgan_checkpoints_resume_across_world_sizes(tmp_path, method):
 
 def test_gswgan_refusals_under_torchrun(monkeypatch):
     """More ranks than shards, and GS-WGAN's private warm-up (it reads every shard), are refused by name."""
+    from dpsynth.methods import registry
     from dpsynth.distributed import data_parallel as methods_distributed
     from tests.methods.gswgan_helpers import tiny as gswgan_config
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="warmup.central_images"):
-        methods_distributed.launch(gswgan_config("/tmp/unused", "warmup.central_images=true"), torch.device("cpu"),
-                                   sharded=True)
+        methods_distributed.launch(gswgan_config("/tmp/unused", "warmup.central_images=true"),
+                                   registry.data_parallel_methods(), torch.device("cpu"), sharded=True)
     monkeypatch.setattr(methods_distributed, "current", lambda: distributed.Ranks(rank=0, world_size=4))
     with pytest.raises(ConfigError, match="partition.num_shards"):
         from dpsynth.methods.gswgan import GSWGANTrainer

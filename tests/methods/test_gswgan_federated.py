@@ -366,7 +366,7 @@ def test_the_method_is_wired_into_config_stages_and_airflow():
     assert "gswgan_federated" in get_args(get_type_hints(TrainConfig)["method"])
     fed, central = registry.get("gswgan_federated"), registry.get("gswgan")
     assert fed.sections == ("gswgan",) and fed.warm_start == "shard"
-    assert fed.warm_start_fn() is central.warm_start_fn()  # each client warms its own D_k as GS-WGAN does
+    assert fed.warm_start_function is central.warm_start_function  # each client warms its own D_k as GS-WGAN does
     assert fed.mechanism is FEDERATED and central.mechanism is GSWGAN
     # the Airflow form offers what the registry knows, through the exported config schema
     path = Path(__file__).resolve().parents[2] / "pipelines" / "airflow" / "dags" / "dpsynth_config.schema.json"

@@ -83,20 +83,19 @@ def test_the_federated_client_is_its_state_and_its_update_a_function():
 
 def test_a_trainer_holds_no_flags_of_one_method():
     """The Trainer base keeps what every method uses: a flag or hook of one method lives with that method (its
-    state), and which methods train data-parallel is one list (distributed/data_parallel.METHODS)."""
+    state), and which methods train data-parallel is their Method's (``Method.data_parallel``)."""
     from dpsynth.methods import registry
-    from dpsynth.distributed import data_parallel
     from dpsynth.training.loop import Trainer
 
     gone = ("KEEPS_SNAPSHOTS", "DATA_PARALLEL", "SPREAD_STATE", "STATE", "warmup_records", "final_params",
             "method_state", "load_method_state")
     from dpsynth.methods.gswgan_federated import FederatedServer
 
-    for cls in (Trainer, FederatedServer, *(m.trainer_class() for m in registry.METHODS.values())):
+    for cls in (Trainer, FederatedServer, *(m.trainer for m in registry.METHODS.values())):
         assert not [g for g in gone if hasattr(cls, g)], f"{cls.__name__}: {[g for g in gone if hasattr(cls, g)]}"
-    assert set(data_parallel.METHODS) < set(registry.METHODS)
-    for name, m in registry.METHODS.items():  # each trainer names its method: the one list says if it is data-parallel
-        assert (FederatedServer if name == "gswgan_federated" else m.trainer_class()).METHOD == name
+    assert set(registry.data_parallel_methods()) < set(registry.METHODS)
+    for name, m in registry.METHODS.items():  # each trainer names its method; its Method says if it is data-parallel
+        assert (FederatedServer if m.federated else m.trainer).NAME == name
 
 
 def test_a_state_dataclass_round_trips_through_capture_state():

@@ -33,7 +33,7 @@ def config(out, *extra):
 
 def test_rounds_events_and_the_painter_release(tmp_path):
     cfg = config(tmp_path / "out", "output.checkpoint_every=0")
-    result = registry.get("private-evolution").trainer_class()(cfg, tiny_rgb()).train()
+    result = registry.get("private-evolution").trainer(cfg, tiny_rgb()).train()
     assert result.steps == 3 and result.stopped_by == "steps" and result.sample_rate == 1.0
     (event,) = json.loads((tmp_path / "out" / "trace.json").read_text())["events"]
     assert (event["sampling"], event["count"], event["sample_rate"]) == ("full_batch", 3, 1.0)
@@ -47,7 +47,7 @@ def test_rounds_events_and_the_painter_release(tmp_path):
 
 def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path):
     cfg = config(tmp_path / "out", "output.checkpoint_every=1")
-    trainer_class = registry.get("private-evolution").trainer_class()
+    trainer_class = registry.get("private-evolution").trainer
     assert trainer_class(cfg, tiny_rgb()).train(stop_after=1) is None  # one round, its checkpoint
     resumed = trainer_class(cfg, tiny_rgb())
     result = resumed.train()

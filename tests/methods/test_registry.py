@@ -12,6 +12,7 @@ import torch
 from dpsynth.cli import main
 from dpsynth.config import RunConfig, TrainConfig, load_config
 from dpsynth.methods import registry
+from dpsynth.methods.method import Audit
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,12 +25,13 @@ TINY = ["train.steps=2", "train.d_width=4", "train.g_width=4", "train.latent_dim
 
 
 def test_the_config_literal_is_the_registry():
-    from dpsynth.config import EMPIRICALLY_AUDITED
-
+    from dpsynth import config
     from dpsynth.config import AUTO
 
     assert list(get_args(get_type_hints(TrainConfig)["method"])) == [*registry.METHODS, AUTO]
-    assert EMPIRICALLY_AUDITED == registry.empirical_audit_methods()
+    assert list(config.METHODS) == list(registry.METHODS)
+    # each method file declares its own Method, and the registry holds that very object
+    assert [module.METHOD for module in registry.MODULES] == list(registry.METHODS.values())
 
 
 def test_the_configuration_imports_no_method():
@@ -49,9 +51,12 @@ def test_the_configuration_imports_no_method():
 @pytest.mark.parametrize("name", list(registry.METHODS))
 def test_every_method_resolves_and_names_real_config_sections(name):
     m = registry.METHODS[name]
-    assert m.name == name and m.description
-    assert isinstance(m.trainer_class(), type) and m.mechanism is not None
-    assert (m.warm_start_fn() is None) == (m.warm_start == "none")
+    assert m.name == name and registry.description(name)
+    assert isinstance(m.trainer, type) and m.mechanism is not None
+    assert m.mechanism is getattr(m.trainer, "MECHANISM", m.mechanism)  # the trainer plans with its Method's
+    assert (m.warm_start_function is None) == (m.warm_start == "none")
+    assert m.empirical_audit is None or isinstance(m.empirical_audit, Audit)
+    assert not (m.data_parallel and m.federated)
     assert set(m.sections) <= set(RunConfig().to_dict())
 
 
@@ -132,12 +137,37 @@ def test_dpsynth_train_trains_the_configured_method_or_refuses(config, tmp_path,
 
 
 def test_every_method_has_its_papers_discriminator_steps():
-    """train.n_d's default is set for exactly the registry's GAN methods (methods/discriminator_steps.DEFAULTS):
-    Private Evolution has no discriminator."""
-    from dpsynth.methods import discriminator_steps
-
+    """train.n_d's default (``Method.default_n_d``) is set for exactly the registry's GAN methods: Private Evolution
+    has no discriminator; "adaptive" is DPGAN's alone."""
     gans = {name for name, m in registry.METHODS.items() if m.mechanism.clipped != "votes"}
-    assert set(discriminator_steps.DEFAULTS) == gans and gans == set(registry.METHODS) - {"private-evolution"}
+    assert {name for name, m in registry.METHODS.items() if m.default_n_d is not None} == gans
+    assert gans == set(registry.METHODS) - {"private-evolution"}
+    assert [name for name, m in registry.METHODS.items() if m.default_n_d == "adaptive"] == ["dpgan"]
+
+
+def test_no_code_compares_a_method_name_outside_the_methods_own_file():
+    """Nothing in the package compares ``train.method`` (or any value) with a method's name, nor keeps a list of
+    names: a stage, a command or a rule asks the method's object (its Method). The names are written once, in
+    ``config.METHODS``; a method file may name itself; ``registry.for_schema``'s pick names two."""
+    import ast
+
+    from dpsynth import config
+
+    names = set(config.METHODS)
+    allowed = {("methods", f"{name.replace('-', '_')}.py") for name in names} | {("methods", "federated_processes.py")}
+    offenders = []
+    for path in sorted((REPO / "components" / "dpsynth").rglob("*.py")):
+        where = path.relative_to(REPO / "components" / "dpsynth").parts
+        if where == ("config.py",) or where[-2:] in allowed:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Compare, ast.Tuple, ast.List, ast.Set, ast.Dict)):
+                consts = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in names]
+                if consts and not (where == ("methods", "registry.py") and isinstance(node, ast.Tuple)
+                                   and consts == ["private-evolution", "dpgan"]):
+                    offenders.append(f"{'/'.join(where)}:{node.lineno}: {consts}")
+    assert offenders == []
 
 
 def test_auto_picks_by_the_public_schema_and_resets_what_private_evolution_does_not_read():

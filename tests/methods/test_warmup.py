@@ -7,7 +7,7 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-from dpsynth.config import load_config
+from dpsynth.methods.registry import load_config  # the configuration with its method's rules
 from dpsynth.training import artifacts
 from dpsynth.warmup import fit as warmup
 from dpsynth.methods.dpgan import DPGANTrainer
@@ -317,7 +317,7 @@ def test_gswgan_and_dpac_warm_up_on_the_union_of_their_shards(tmp_path, shards, 
         return real_release(cfg_, images, labels, **kw)
 
     monkeypatch.setattr(warmup, "release", spy)
-    result = get(method).trainer_class()(cfg, shards).train()
+    result = get(method).trainer(cfg, shards).train()
     assert seen == [sum(len(s) for s in shards)]  # every shard's records, once
     trace = MechanismTrace.from_json(Path(result.trace_path).read_text())
     assert [(e.sampling, e.sensitivity, e.noise_multiplier) for e in trace.events[:2]] == [
@@ -382,7 +382,7 @@ def test_gswgan_and_dpac_with_the_dcgan_generator_warm_up_with_styles_and_the_wa
     cfg = gswgan_tiny(tmp_path, "gswgan.generator=dcgan", "train.g_warp=true", "warmup.central_images=true",
                       "warmup.steps=4", "warmup.noise_multiplier=5", "warmup.styles=2",
                       "warmup.styles_noise_multiplier=4", "privacy.epsilon=30", method=method)
-    trainer = get(method).trainer_class()(cfg, shards)
+    trainer = get(method).trainer(cfg, shards)
     assert isinstance(trainer.state.G, Generator) and trainer.state.G.styles == 4 and trainer.state.G.warp
     result = trainer.train()
     trace = MechanismTrace.from_json(Path(result.trace_path).read_text())

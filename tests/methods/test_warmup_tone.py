@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpsynth.config import load_config
+from dpsynth.methods.registry import load_config  # the configuration with its method's rules
 from dpsynth.errors import ConfigError
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.models.dcgan import TONE_KNOTS, Generator, tone_map

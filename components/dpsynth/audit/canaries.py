@@ -289,7 +289,7 @@ def stand_in_trainer(cfg, *, n: int, image_shape: Sequence[int], num_classes: in
                               tracking=dataclasses.replace(cfg.tracking, enabled=False),
                               warmup=dataclasses.replace(cfg.warmup, steps=0))
     data = stand_in(n, image_shape, num_classes, seed=cfg.train.seed)
-    cls = method.trainer_class()
+    cls = method.trainer
     if method.warm_start == "shard":  # K shards, record i in shard i mod K; D_k from initialisation
         K = cfg.partition.num_shards
         return cls(cfg, [data.subset(np.arange(k, len(data), K)) for k in range(K)], mechanism_seed=mechanism_seed)

@@ -1,6 +1,6 @@
 """DP trainers over the ranks of one ``torchrun`` job (the mechanism: :mod:`dpsynth.distributed.ranks`):
 DPGAN and dp-GAN (Zhang) data-parallel, GS-WGAN and DPAC with their shards spread over the ranks — the methods
-:data:`METHODS` names.
+whose trainer says ``DATA_PARALLEL`` (their ``Method.data_parallel``).
 
     torchrun --standalone --nproc-per-node 2 -m dpsynth train --config run.yaml
 
@@ -43,16 +43,15 @@ from dpsynth.distributed import ranks as distributed
 from dpsynth.distributed.ranks import SINGLE, current  # noqa: F401  (the trainer's ranks)
 
 MECHANISM = "mechanism"  # the state key of the trainer's secret coins: never sent to another rank
-METHODS = ("dpgan", "zhang", "gswgan", "dpac")  # the methods that train on several ranks: the one list of them
 # metadata of a method's state field spread over the ranks: a dict {shard index: state}, each rank holding its own
 # indices' (GS-WGAN: the discriminators and their Adam states); a checkpoint gathers them
 SPREAD = {"spread": True}
 
 
-def ranks(method: str) -> distributed.Ranks:
-    """A trainer's ranks: rank r of W when ``method`` trains data-parallel (:data:`METHODS`) under torchrun; else 0
-    of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)."""
-    return current() if method in METHODS else SINGLE
+def ranks(data_parallel: bool) -> distributed.Ranks:
+    """A trainer's ranks: rank r of W when its method trains data-parallel (``Trainer.DATA_PARALLEL``) under
+    torchrun; else 0 of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)."""
+    return current() if data_parallel else SINGLE
 
 
 def spread_fields(state) -> tuple[str, ...]:
@@ -60,17 +59,17 @@ def spread_fields(state) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(state) if f.metadata.get("spread"))
 
 
-def launch(cfg, device: torch.device, *, sharded: bool = False) -> distributed.Ranks:
+def launch(cfg, methods: tuple[str, ...], device: torch.device, *, sharded: bool = False) -> distributed.Ranks:
     """Join the torchrun job (when there is one) for ``dpsynth train`` (with or without ``--run-dir``: the
-    stage, :mod:`dpsynth.stages.train`); refuse a method that does not train data-parallel. ``device``: the
-    run's (``train.device`` resolved); ``sharded``: the method trains on the partition's shards (its registry
-    entry's warm start is "shard")."""
+    stage, :mod:`dpsynth.stages.train`); refuse a method that does not train data-parallel (not one of ``methods``,
+    the registry's :func:`~dpsynth.methods.registry.data_parallel_methods`). ``device``: the run's (``train.device``
+    resolved); ``sharded``: the method trains on the partition's shards (its registry entry's warm start is "shard")."""
     ranks = distributed.env_ranks()
     if not ranks.distributed:
         return distributed.SINGLE
-    if cfg.train.method not in METHODS:
+    if cfg.train.method not in methods:
         raise ConfigError(f"train.method: {cfg.train.method!r} trains in one process only; under torchrun "
-                          f"(WORLD_SIZE={ranks.world_size}) only {', '.join(METHODS)} runs data-parallel")
+                          f"(WORLD_SIZE={ranks.world_size}) only {', '.join(methods)} runs data-parallel")
     if sharded and cfg.warmup.central_images:
         raise ConfigError(f"warmup.central_images: {cfg.train.method}'s private warm-up reads every shard, and under "
                           f"torchrun (WORLD_SIZE={ranks.world_size}) each rank holds only its own; turn it off or "
@@ -116,11 +115,6 @@ def every_record(own: range, shards: list) -> tuple[torch.Tensor, torch.Tensor]:
         raise ConfigError("warmup.central_images: the private warm-up reads every shard; this rank holds "
                           f"{len(own)} of {len(shards)}")
     return torch.cat([x for x, _ in shards]), torch.cat([y for _, y in shards])
-
-
-def draw_shard(ranks: distributed.Ranks, randomness, K: int) -> int:
-    """k ~ U[0, K) from rank 0's secret coins (the one-process stream), the same on every rank."""
-    return ranks.from_main(randomness.choice(K) if ranks.is_main else None)
 
 
 def hand_on(ranks: distributed.Ranks, owner: int, streams: list[torch.Generator], module: torch.nn.Module) -> None:

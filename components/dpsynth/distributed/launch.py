@@ -73,19 +73,19 @@ def stage_argv(args) -> list[str]:
     return argv + (["--force"] if args.force else []) + (["--json"] if args.json else [])
 
 
-def run(how: str, cfg, args, *, report: Callable[[dict], None]) -> int:
-    """``dpsynth train --launch HOW``: refuse what cannot run before anything starts, then launch (``report``: what
-    prints a TrainJob's outcome, :func:`run_trainjob`; torchrun's rank 0 prints its own)."""
-    from dpsynth.distributed.data_parallel import METHODS
+def run(how: str, cfg, args, *, methods: tuple[str, ...], federated: bool, report: Callable[[dict], None]) -> int:
+    """``dpsynth train --launch HOW``: refuse what cannot run before anything starts, then launch (``methods``: the
+    registry's data-parallel methods; ``federated``: whether this run's method is; ``report``: what prints a
+    TrainJob's outcome, :func:`run_trainjob`; torchrun's rank 0 prints its own)."""
     from dpsynth.distributed.ranks import env_ranks
 
     if not (args.run_dir or cfg.pipeline.run_dir):
         raise ConfigError("pipeline.run_dir: --launch starts the pipeline's train stage; give --run-dir")
-    if cfg.train.method not in METHODS:
+    if cfg.train.method not in methods:
         how_it_runs = ("starts its own K + 1 ranks (server and clients) on this machine; run it without --launch"
-                       if cfg.train.method == "gswgan_federated" else "trains in one process only")
+                       if federated else "trains in one process only")
         raise ConfigError(f"train.method: {cfg.train.method!r} {how_it_runs}; --launch runs the data-parallel "
-                          f"methods: {', '.join(METHODS)}")
+                          f"methods: {', '.join(methods)}")
     if env_ranks().distributed:
         raise ConfigError("--launch: this process is already a rank of a torchrun job; drop --launch")
     if args.run_dir is None:

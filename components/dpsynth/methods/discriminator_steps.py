@@ -1,5 +1,5 @@
-"""How many discriminator steps n_D to take per generator step: each method's default (:data:`DEFAULTS`), and
-DPGAN's adaptive rule (Bie et al. §4, §6.2).
+"""How many discriminator steps n_D to take per generator step: ``train.n_d``, else the method's default (its
+``Method.default_n_d``), and DPGAN's adaptive rule (Bie et al. §4, §6.2).
 
 ``FixedSteps`` keeps n_D constant. ``AdaptiveSteps`` keeps an EMA (decay β) of the
 discriminator's accuracy on a fresh fake batch, observed before every generator step, and
@@ -13,17 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpsynth.mechanisms.generator_gradient import FEDERATED
-
-# train.n_d's default per method, its paper's discriminator (critic) steps per generator step
-DEFAULTS: dict[str, int | str] = {"dpgan": "adaptive", "gswgan": 5, "dpac": 5, "zhang": 4,
-                                  "gswgan_federated": FEDERATED.n_dis}
 
 
-def n_d(cfg) -> int | str:
-    """Discriminator (critic) steps per generator step of ``cfg``'s run: ``train.n_d``, else its method's default
-    (DPGAN: "adaptive"; GS-WGAN and DPAC: n_dis = 5; dp-GAN: n_critic = 4)."""
-    return cfg.train.n_d if cfg.train.n_d is not None else DEFAULTS[cfg.train.method]
+def n_d(cfg, default: int | str) -> int | str:
+    """Discriminator (critic) steps per generator step of ``cfg``'s run: ``train.n_d``, else ``default``, its
+    method's (``Method.default_n_d``: DPGAN "adaptive"; GS-WGAN and DPAC n_dis = 5; dp-GAN n_critic = 4)."""
+    return cfg.train.n_d if cfg.train.n_d is not None else default
 
 
 def ladder_value(index: int) -> int:

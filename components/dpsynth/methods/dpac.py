@@ -27,7 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from dpsynth.config import RunConfig
-from dpsynth.methods.gswgan import GSWGANState, GSWGANTrainer, real_batch
+from dpsynth.methods.gswgan import N_DIS, GSWGANState, GSWGANTrainer, real_batch
+from dpsynth.methods.warm_starts import warm_start_shard
+from dpsynth.methods.method import Audit, Method
+from dpsynth.mechanisms.generator_gradient import GSWGAN
 from dpsynth.methods.networks import gswgan_adam
 from dpsynth.training.seeds import derived_seed, init_with_seed
 from dpsynth.models.gswgan_networks import Classifier
@@ -72,7 +75,7 @@ class DPACTrainer(GSWGANTrainer):
     generator's loss from iteration t_c on combined with a classifier trained on shard k (as D_k, by the rank
     holding it under torchrun)."""
 
-    METHOD = "dpac"
+    NAME = "dpac"
 
     def generator_loss(self, k: int) -> Callable:
         d = self.cfg.dpac
@@ -82,4 +85,10 @@ class DPACTrainer(GSWGANTrainer):
         return generator_loss(self.state, C, beta=d.beta)
 
 
-__all__ = ["DPACTrainer", "balanced_labels", "generator_loss", "train_classifier"]
+
+METHOD = Method(
+    "dpac", trainer=DPACTrainer, mechanism=GSWGAN, warm_start="shard", warm_start_function=warm_start_shard,
+    sections=("gswgan", "dpac"), default_n_d=N_DIS, networks="gswgan.generator", data_parallel=True,
+    empirical_audit=Audit.INPUT_GRADIENT)
+
+__all__ = ["METHOD", "DPACTrainer", "balanced_labels", "generator_loss", "train_classifier"]

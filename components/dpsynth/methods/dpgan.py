@@ -30,6 +30,7 @@ from dpsynth.data import ImageDataset
 from dpsynth.training import checkpoint
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.discriminator_steps import AdaptiveSteps, FixedSteps
+from dpsynth.methods.method import Audit, Method
 from dpsynth.methods.generator_step import generator_step, non_saturating
 from dpsynth.training.loop import Trainer
 from dpsynth.methods.networks import dcgan_models
@@ -103,12 +104,15 @@ def g_step(state: DPGANState, batch_size: int) -> None:
     state.since_g = 0
 
 
+N_D = "adaptive"  # train.n_d's default: Bie et al.'s adaptive n_D (DPGAN is the only method that takes it)
+
+
 class DPGANTrainer(Trainer):
     """Trains a label-conditioned DCGAN with a DP-SGD discriminator; ``train()`` (:mod:`dpsynth.training.loop`)
     runs it to the end. One step is one discriminator step (Algorithm 1's n_D counts them per generator step)."""
 
     STEP = "DP discriminator steps"
-    METHOD = "dpgan"
+    NAME = "dpgan"
     MECHANISM = DPGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.discriminator)
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(metrics={
         "noise_multiplier": _PLAN, "sample_rate": _PLAN,
@@ -119,7 +123,7 @@ class DPGANTrainer(Trainer):
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, parent_run_id: str | None = None,
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
         """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
-        super().__init__(cfg, parent_run_id=parent_run_id, run_tags=run_tags)
+        super().__init__(cfg, spread=METHOD.data_parallel, parent_run_id=parent_run_id, run_tags=run_tags)
         t = cfg.train
         self.num_classes = cfg.data.num_classes or dataset.num_classes
         images, labels = dataset.to_tensors()
@@ -132,7 +136,7 @@ class DPGANTrainer(Trainer):
         G, D = dcgan_models(cfg, num_classes=self.num_classes, image_shape=(channels, size, size))
         G, D = G.to(self.device), D.to(self.device)
         betas = (t.adam_beta1, t.adam_beta2)
-        n_d = discriminator_steps.n_d(cfg)  # n_D of Bie et al.
+        n_d = discriminator_steps.n_d(cfg, N_D)  # n_D of Bie et al.
         self.state = DPGANState(
             G=G, D=D, D_private=private_module(D, t.grad_sample_mode),
             opt_d=torch.optim.Adam(D.parameters(), lr=t.lr_d, betas=betas),
@@ -147,7 +151,7 @@ class DPGANTrainer(Trainer):
     def draw(self) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """A discriminator step's batch (under torchrun this rank's part of it): (real, fake), each (images, labels)."""
         s = self.state
-        take = self.poisson_take(s.mechanism, self.n, self.event.sample_rate)
+        take = self.select(s.mechanism, self.n)  # Poisson: the mask (under torchrun this rank's part)
         with torch.no_grad():  # this process's share of the B fakes
             fake = self.own_share(*s.G.sample(self.cfg.train.batch_size, generator=s.rng))
         return (self.images[take], self.labels[take]), fake
@@ -170,3 +174,7 @@ class DPGANTrainer(Trainer):
         if ema is not None:
             metrics["d_accuracy_fake_ema"] = ema
         return {"n_d": s.n_d.n_d, "d_acc": f"{shown:.2f}"}, metrics
+
+
+METHOD = Method("dpgan", trainer=DPGANTrainer, mechanism=DPGAN, default_n_d=N_D, networks="dcgan", data_parallel=True,
+                empirical_audit=Audit.GRADIENT)

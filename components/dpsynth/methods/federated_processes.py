@@ -12,9 +12,14 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.distributed import federation, ranks as distributed
 from dpsynth.errors import ConfigError
+from dpsynth.mechanisms.generator_gradient import FEDERATED
 from dpsynth.methods.gswgan_federated import FederatedServer, FederationMeta, client_update, make_client
+from dpsynth.methods.method import Method, require
 from dpsynth.methods.networks import image_spec
+from dpsynth.methods.warm_starts import warm_start_shard
 from dpsynth.training.result import TrainResult, resolve_device
+
+NAME = "gswgan_federated"
 
 
 class FederatedProcesses(FederatedServer):
@@ -33,7 +38,7 @@ class FederatedProcesses(FederatedServer):
         if not isinstance(n, int):
             raise TypeError("FederatedProcesses: the server is given the number of records, never the data")
         if ranks.world_size != federation.world_size(cfg) or not ranks.is_main:
-            raise ConfigError(f"train.method: {FederatedServer.METHOD} runs as rank 0 of a torchrun job of "
+            raise ConfigError(f"train.method: {NAME} runs as rank 0 of a torchrun job of "
                               f"K + 1 = {federation.world_size(cfg)} ranks; `dpsynth train --run-dir` in one process "
                               "starts that job")
         spec = ranks.from_rank(1, None)  # client 0's image spec: the server holds no records
@@ -68,4 +73,13 @@ def client_main(cfg: RunConfig, shard: ImageDataset, *, warm: bytes | None,
     return federation.serve(client, answer, shape=shape, checkpoints=checkpoints, shard_index=k)
 
 
-__all__ = ["FederatedProcesses", "client_main"]
+def validate(cfg: RunConfig) -> None:  # its rules across sections
+    require(not cfg.warmup.central_images, "warmup.central_images",
+            "the federated GS-WGAN server holds no records to release; set warmup.central_images=false")
+
+
+METHOD = Method(
+    NAME, trainer=FederatedProcesses, mechanism=FEDERATED, warm_start="shard", warm_start_function=warm_start_shard,
+    sections=("gswgan",), default_n_d=FEDERATED.n_dis, networks="gswgan.generator", federated=True, validate=validate)
+
+__all__ = ["METHOD", "FederatedProcesses", "client_main"]

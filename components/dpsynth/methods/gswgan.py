@@ -19,7 +19,9 @@ from dpsynth.config import RunConfig
 from dpsynth.data import ImageDataset
 from dpsynth.grids import class_grid
 from dpsynth.training import checkpoint
-from dpsynth.methods import discriminator_steps
+from dpsynth.methods.gswgan_critic import N_DIS, critic_loss, critic_steps, real_batch  # noqa: F401
+from dpsynth.methods.method import Audit, Method
+from dpsynth.methods.warm_starts import warm_start_shard
 from dpsynth.training.loop import SPREAD, Trainer
 from dpsynth.training.seeds import cpu_rng, derived_seed
 from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_models, generator_record,
@@ -30,32 +32,6 @@ from dpsynth.mechanisms.dpsgd import InputGradientSanitizer
 from dpsynth.mechanisms.randomness import MechanismRandomness
 
 # --- the pieces of one iteration ------------------------------------------------------------------
-
-
-def real_batch(images: torch.Tensor, labels: torch.Tensor, *, size: int, rng: torch.Generator):
-    """``size`` records of one shard, drawn uniformly without replacement (all of them if fewer). ``rng`` (a public stream, shared by every shard) gives one seed, whatever the shard's size s; the
-    permutation of s is drawn from that seed. So the stream's state afterwards does not depend on s: one
-    record more or less in shard k cannot shift what the stream later draws for another shard or for G."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=rng))
-    index = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:size].to(images.device)
-    return images[index], labels[index]
-
-
-def critic_loss(D, real_x, real_y, fake_x, *, gp_weight: float, drift_weight: float,
-                generator: torch.Generator | None = None, draws: int | None = None) -> torch.Tensor:
-    """WGAN-GP critic loss E[D(fake)] − E[D(real)] + λ·GP + ε_drift·E[D(real)²] (fakes carry the real labels).
-    ``draws``: how many interpolation weights to draw from ``generator`` (the first len(real_x) are used),
-    so that a public stream advances by the same amount whatever the batch's size; None: len(real_x)."""
-    d_real = D(real_x, real_y)
-    d_fake = D(fake_x, real_y)
-    loss = d_fake.mean() - d_real.mean() + drift_weight * d_real.pow(2).mean()
-    if gp_weight:
-        alpha = torch.rand(max(draws or 0, len(real_x)), 1, 1, 1, device=real_x.device,
-                           generator=generator)[:len(real_x)]
-        mixed = (alpha * real_x + (1 - alpha) * fake_x).requires_grad_(True)
-        (grad,) = torch.autograd.grad(D(mixed, real_y).sum(), mixed, create_graph=True)
-        loss = loss + gp_weight * (grad.flatten(1).norm(dim=1) - 1).pow(2).mean()
-    return loss
 
 
 def sanitized_generator_step(G, opt_g, per_sample_loss: Callable | None, *, batch_size: int,
@@ -77,24 +53,6 @@ def sanitized_generator_step(G, opt_g, per_sample_loss: Callable | None, *, batc
     opt_g.zero_grad(set_to_none=True)
     x.backward(released / batch_size)  # (1/B) Σ g̃_i · J_θ G(z_i): post-processing of the releases
     opt_g.step()
-
-
-def critic_steps(D, opt_d, G, images, labels, *, cfg: RunConfig, data_rng: torch.Generator,
-                 rng: torch.Generator) -> None:
-    """n_dis (``train.n_d``) non-private WGAN-GP steps of D on one shard's (images, labels). A shard may hold s < B records (then the batch is all s of them); the public streams ``data_rng`` and
-    ``rng`` still advance by B draws' worth (:func:`real_batch`; B latents and B interpolation weights, the
-    first s used), so their state afterwards — and every later latent of G — does not depend on s."""
-    g = cfg.gswgan
-    for _ in range(discriminator_steps.n_d(cfg)):
-        real_x, real_y = real_batch(images, labels, size=g.batch_size, rng=data_rng)
-        with torch.no_grad():
-            z = torch.randn(g.batch_size, G.latent_dim, device=real_x.device, generator=rng)[:len(real_x)]
-            fake_x = G(z, real_y)
-        loss = critic_loss(D, real_x, real_y, fake_x, gp_weight=g.gp_weight, drift_weight=g.drift_weight,
-                           generator=rng, draws=g.batch_size)
-        opt_d.zero_grad(set_to_none=True)
-        loss.backward()
-        opt_d.step()
 
 
 # --- the state and its steps ---------------------------------------------------------------------
@@ -168,7 +126,7 @@ class GSWGANTrainer(Trainer):
     generator iteration (n_dis critic steps on the drawn shard, B releases); ``own``: the shards this process holds."""
 
     MECHANISM = GSWGAN  # its plan, statement and sanitizer (dpsynth.mechanisms.generator_gradient)
-    STEP, METHOD = "private generator iterations", "gswgan"
+    STEP, NAME = "private generator iterations", "gswgan"
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the authors' account of the iterations taken (from the plan)"},
         params={"derived.release_noise_multiplier": _PLAN, "derived.accountant": "wor (fixed for shard sampling)"})
@@ -179,7 +137,7 @@ class GSWGANTrainer(Trainer):
         """``shards``: the K shards; under torchrun a rank needs only its own (``None`` for the others, and then
         ``records``, n, from the partition's manifest). ``warm``: {k: D_k's warm-start file}, of its own shards
         at least. ``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
-        super().__init__(cfg, parent_run_id=parent_run_id, run_tags=run_tags)
+        super().__init__(cfg, spread=METHOD.data_parallel, parent_run_id=parent_run_id, run_tags=run_tags)
         seed = cfg.train.seed
         self.K = len(shards)
         # the shards (and D_k) this rank holds (all in one process); every shard's (images, labels) or None
@@ -198,7 +156,7 @@ class GSWGANTrainer(Trainer):
         # σ per release; records plan.event (the B releases folded: σ/√B) in the trace at every iteration
         self.sanitizer = self.MECHANISM.sanitizer(cfg, self.plan, randomness=mechanism, trace=self.trace)
         self.state = GSWGANState(
-            method=self.METHOD, **models, D=D, d_states=d_states, mechanism=mechanism,
+            method=self.NAME, **models, D=D, d_states=d_states, mechanism=mechanism,
             data_rng=cpu_rng(seed, "real-batches"),
             rng=torch.Generator(device=self.device).manual_seed(derived_seed(seed, "latents")))
 
@@ -210,7 +168,7 @@ class GSWGANTrainer(Trainer):
     def train_step(self) -> None:
         """One private iteration (Algorithm 1, lines 13–20) on the shard k drawn by rank 0's secret coins."""
         s = self.state
-        k = self.draw_shard(s.mechanism, self.K)
+        k = self.select(s.mechanism, self.K)  # the shard: rank 0's draw from the secret coins, on every rank
         loss = None
         if k in self.own:
             critic_step(s, k, self.shards[k], cfg=self.cfg, spec=self.spec)
@@ -243,3 +201,9 @@ class GSWGANTrainer(Trainer):
     def derived_params(self) -> dict:
         return {**super().derived_params(), "release_noise_multiplier": self.plan.noise_multiplier,
                 "accountant": ACCOUNTANT}
+
+
+METHOD = Method(
+    "gswgan", trainer=GSWGANTrainer, mechanism=GSWGAN, warm_start="shard", warm_start_function=warm_start_shard,
+    sections=("gswgan",), default_n_d=N_DIS, networks="gswgan.generator", data_parallel=True,
+    empirical_audit=Audit.INPUT_GRADIENT)

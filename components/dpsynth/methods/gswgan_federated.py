@@ -113,7 +113,7 @@ def federation_meta(cfg: RunConfig, shards: list[ImageDataset]) -> FederationMet
 def message_bytes(cfg: RunConfig, spec: dict) -> dict:
     """Bytes per generator iteration, from the protocol alone (data-independent: shapes only)."""
     B, image = cfg.gswgan.batch_size, spec["channels"] * spec["image_size"] ** 2
-    rounds = discriminator_steps.n_d(cfg)
+    rounds = discriminator_steps.n_d(cfg, FEDERATED.n_dis)
     to_client = rounds * (8 + B * image * 4 + B * 8)
     from_client = rounds * B * image * 4
     return {"to_clients": to_client, "from_clients": from_client, "total": to_client + from_client}
@@ -166,11 +166,11 @@ class ServerState:
     D: torch.nn.Module = field(metadata=checkpoint.TRANSIENT)  # architecture only: its parameter count is logged
 
 
-def g_step(state: ServerState, receipts: Receipts, *, cfg: RunConfig, num_clients: int, iteration: int) -> None:
+def g_step(state: ServerState, receipts: Receipts, *, cfg: RunConfig, plan, num_clients: int, iteration: int) -> None:
     """The server's generator iteration (Algorithm 2, lines 5–12): client k drawn, n_dis rounds of B fakes sent and
     their sanitized gradients (the private releases, ``receipts`` records their event) received, G and G_ema updated."""
-    g, rounds, device = cfg.gswgan, discriminator_steps.n_d(cfg), state.rng.device
-    k = state.mechanism.choice(num_clients)
+    g, rounds, device = cfg.gswgan, discriminator_steps.n_d(cfg, FEDERATED.n_dis), state.rng.device
+    k = FEDERATED.select(plan, state.mechanism, num_clients)  # the client, from the server's secret coins
     for r in range(rounds):  # every round's answer is a release the server sees
         labels = torch.randint(0, state.G.num_classes, (g.batch_size,), device=device, generator=state.rng)
         z = torch.randn(g.batch_size, state.G.latent_dim, device=device, generator=state.rng)
@@ -188,7 +188,7 @@ class FederatedServer(GSWGANTrainer):
     """The server of Algorithm 2 (its reports are GS-WGAN's): its state, the plan, the trace. No data."""
 
     MECHANISM = FEDERATED  # the n_dis·B releases of an iteration folded (dpsynth.mechanisms.generator_gradient)
-    METHOD = "gswgan_federated"  # not data-parallel: its ranks are the server and the clients
+    NAME = "gswgan_federated"
     MLFLOW_KEYS = GSWGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={k: _PROTOCOL for k in _BYTES},
         params={"derived.privacy_unit": "client (fixed)", "derived.clients": "K (configuration)",
@@ -205,13 +205,13 @@ class FederatedServer(GSWGANTrainer):
         self.plan = FEDERATED.plan(cfg, self.n)  # K = partition.num_shards clients
         models = generator_models(cfg, self.spec, self.device)  # G, G_ema and G's Adam, as GS-WGAN's
         self.state = ServerState(
-            method=self.METHOD, **models, D=fresh_discriminator(cfg, self.spec, shard_index=0), clients=clients,
+            method=self.NAME, **models, D=fresh_discriminator(cfg, self.spec, shard_index=0), clients=clients,
             mechanism=MechanismRandomness(device=self.device, secure_mode=cfg.privacy.secure_mode, seed=mechanism_seed),
             rng=torch.Generator(device=self.device).manual_seed(derived_seed(cfg.train.seed, "latents")))
         self.receipts = Receipts(self.trace, self.plan.event, releases=self.plan.releases)
 
     def train_step(self) -> None:
-        g_step(self.state, self.receipts, cfg=self.cfg, num_clients=self.K, iteration=self.step + 1)
+        g_step(self.state, self.receipts, cfg=self.cfg, plan=self.plan, num_clients=self.K, iteration=self.step + 1)
         self.step += 1
         self.g_steps += 1
 

@@ -22,6 +22,7 @@ from dpsynth.data import ImageDataset
 from dpsynth.mechanisms import private_evolution as pe
 from dpsynth.mechanisms.histograms import PRIVATE_EVOLUTION
 from dpsynth.mechanisms.randomness import MechanismRandomness
+from dpsynth.methods.method import Audit, Method, require
 from dpsynth.prior.release import FigurePainter
 from dpsynth.training import checkpoint
 from dpsynth.training.loop import Trainer
@@ -44,7 +45,7 @@ class PrivateEvolutionTrainer(Trainer):
     (:mod:`dpsynth.training.loop`) runs it to the end. One step is one round."""
 
     STEP = "rounds"
-    METHOD = "private-evolution"
+    NAME = "private-evolution"
     MECHANISM = PRIVATE_EVOLUTION
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(metrics={
         "noise_multiplier": _PLAN, "threshold": "H = evolution.threshold · σ, votes (the plan's σ: public)"})
@@ -70,7 +71,8 @@ class PrivateEvolutionTrainer(Trainer):
 
     def train_step(self) -> None:
         e, s = self.cfg.evolution, self.state
-        pe.evolve_round(s.population, s.records, s.labels, rounds=self.plan.steps,
+        every = PRIVATE_EVOLUTION.select(self.plan, s.mechanism, self.n)  # full batch: every record votes
+        pe.evolve_round(s.population, s.records[every], s.labels[every], rounds=self.plan.steps,
                         noise_multiplier=self.plan.noise_multiplier, threshold=self.threshold,
                         randomness=s.mechanism, trace=self.trace, size=self.size,
                         steps=(e.step_first, e.step_last), fresh=e.fresh)
@@ -89,3 +91,14 @@ class PrivateEvolutionTrainer(Trainer):
 
     def final_metrics(self) -> dict:
         return {"noise_multiplier": self.plan.noise_multiplier, "threshold": self.threshold}
+
+
+def validate(cfg: RunConfig) -> None:
+    """Private Evolution's rules across sections."""
+    require(not cfg.warmup.central_images, "warmup.central_images",
+            "Private Evolution spends ε on its own rounds and reads no warm-up; set warmup.central_images=false "
+            "(train.method=auto does so where it picks private-evolution)")
+
+
+METHOD = Method("private-evolution", trainer=PrivateEvolutionTrainer, mechanism=PRIVATE_EVOLUTION,
+                sections=("evolution",), empirical_audit=Audit.VOTES, validate=validate)

@@ -1,21 +1,13 @@
-"""The training methods dpsynth knows, in one table: what ``train.method`` may name.
+"""The training methods dpsynth knows: what ``train.method`` may name. Each method file declares its own
+``METHOD`` (:class:`~dpsynth.methods.method.Method`: its trainer class, mechanism, warm start, default n_D, networks,
+empirical audit and rules); this module collects them from :data:`MODULES`, in the order of the configuration's
+names (:data:`dpsynth.config.METHODS`, the schema's: the configuration, the ground floor, imports no method, so the
+names and their one-line descriptions stay there, torch-free, for ``dpsynth --help`` and the orchestrators' forms).
 
-Every place that depends on the method — ``dpsynth train``, the warmstart, train and audit
-stages — reads this table; none keeps a table of its own. A :class:`Method` holds its privacy
-mechanism (:mod:`dpsynth.mechanisms`: the plan, events, statement and sanitizer the trainer and the audit
-share) and loaders of its trainer class and warm start — plain imports inside small functions, so the table
-itself imports no torch (``dpsynth --help`` reads it).
-
-A trainer class is built as ``Trainer(cfg, data, *, parent_run_id=, run_tags=, **inputs)`` and
-``.train()`` returns a frozen result dataclass; it logs no image, model or dataset hash to MLflow
-(nothing before the gate) and declares what it does log (``Trainer.MLFLOW_KEYS``). ``data`` and ``inputs`` depend on
-the warm-start kind:
-
-* ``"none"``: ``data`` is the training dataset; no inputs. Runs standalone (``dpsynth train``).
-* ``"shard"``: ``data`` is the list of the K shard datasets; ``warm`` = {k: D_k file bytes}, from
-  the warmstart stage (one non-private discriminator per shard).
-* ``"public"``: ``data`` is the private training dataset; ``public`` (the partition's public
-  records) and ``warm_start_state`` (the warmstart stage's G and D trained on them).
+Every place that depends on the method — ``dpsynth train``, the warmstart, train and audit stages, the
+configuration's rules across sections (:func:`check`, through :func:`load_config`) — asks the method's object;
+none keeps a table of its own and none compares ``train.method`` with a name. Importing this module imports every
+trainer (torch): the ``--help`` paths do not.
 
 The methods with a warm start need the pipeline's stages (shards, warm start), so ``dpsynth
 train`` without ``--run-dir`` refuses them (:func:`standalone_or_refuse`).
@@ -23,109 +15,33 @@ train`` without ``--run-dir`` refuses them (:func:`standalone_or_refuse`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Literal
+from pathlib import Path
 
+from dpsynth import config
+from dpsynth.config import AUTO
 from dpsynth.errors import ConfigError
-from dpsynth.mechanisms.discriminator import DPGAN, ZHANG
-from dpsynth.mechanisms.generator_gradient import FEDERATED, GSWGAN
-from dpsynth.mechanisms.mechanism import Mechanism
-from dpsynth.mechanisms.histograms import PRIVATE_EVOLUTION
+from dpsynth.methods import dpac, dpgan, federated_processes, gswgan, private_evolution, zhang
+from dpsynth.methods.method import Audit, Method, WarmStart, require  # noqa: F401  (the registry's types)
 
-WarmStart = Literal["none", "shard", "public"]
-
-
-@dataclass(frozen=True)
-class Method:
-    name: str
-    description: str  # one line
-    trainer: Callable[[], type]  # the trainer class, imported when called
-    warm_start: WarmStart
-    sections: tuple[str, ...]  # config sections the method reads besides data, partition, privacy, train
-    mechanism: Mechanism  # plan(cfg, n), events, statement(cfg, plan, n), sanitizer: for the trainer and the audit
-    # the warm start, imported when called (shard: per shard; public: on the public records); None: "none"
-    warm_start_function: Callable[[], Callable] | None = None
-    # The white-box canaries of the empirical audit (dpsynth.audit.empirical): "gradient" (per-example gradients
-    # in DP-SGD's GradientSanitizer), "input_gradient" (GS-WGAN's InputGradientSanitizer of ∂ℓ/∂G(z)), "votes"
-    # (Private Evolution's histogram bins); "" not audited yet.
-    empirical_audit: str = ""
-
-    @property
-    def standalone(self) -> bool:
-        """Whether ``dpsynth train`` can run it on a dataset alone (no stage inputs)."""
-        return self.warm_start == "none"
-
-    def trainer_class(self) -> type:
-        return self.trainer()
-
-    def warm_start_fn(self):
-        return self.warm_start_function() if self.warm_start_function else None
+MODULES = (dpgan, gswgan, dpac, zhang, federated_processes, private_evolution)  # each declares its METHOD
+METHODS: dict[str, Method] = {module.METHOD.name: module.METHOD for module in MODULES}
+if tuple(METHODS) != tuple(config.METHODS):
+    raise ImportError(f"the method files declare {list(METHODS)}; dpsynth.config.METHODS names {list(config.METHODS)}")
 
 
-# --- the loaders: the trainers and warm starts import torch, the table does not ------------------------------
-
-
-def _dpgan() -> type:
-    from dpsynth.methods.dpgan import DPGANTrainer
-    return DPGANTrainer
-
-
-def _gswgan() -> type:
-    from dpsynth.methods.gswgan import GSWGANTrainer
-    return GSWGANTrainer
-
-
-def _dpac() -> type:
-    from dpsynth.methods.dpac import DPACTrainer
-    return DPACTrainer
-
-
-def _zhang() -> type:
-    from dpsynth.methods.zhang import ZhangTrainer
-    return ZhangTrainer
-
-
-def _federated() -> type:
-    from dpsynth.methods.federated_processes import FederatedProcesses
-    return FederatedProcesses
-
-
-def _private_evolution() -> type:
-    from dpsynth.methods.private_evolution import PrivateEvolutionTrainer
-    return PrivateEvolutionTrainer
-
-
-def _shard_warm_start() -> Callable:
-    from dpsynth.methods.warm_starts import warm_start_shard
-    return warm_start_shard
-
-
-def _public_warm_start() -> Callable:
-    from dpsynth.methods.warm_starts import warm_start
-    return warm_start
-
-
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("dpgan", "DPGAN of Bie et al., 'Private GANs, Revisited': DP-SGD discriminator, Poisson sampling",
-           _dpgan, "none", (), DPGAN, empirical_audit="gradient"),
-    Method("gswgan", "GS-WGAN (Chen et al. 2020): sanitized generator gradients, K warm-started shard critics",
-           _gswgan, "shard", ("gswgan",), GSWGAN, _shard_warm_start, empirical_audit="input_gradient"),
-    Method("dpac", "DP-GAN-DPAC (Chen et al. 2023): GS-WGAN plus a dual-purpose auxiliary classifier",
-           _dpac, "shard", ("gswgan", "dpac"), GSWGAN, _shard_warm_start, empirical_audit="input_gradient"),
-    Method("zhang", "dp-GAN (Zhang et al.): WGAN-GP with a DP critic, parameter grouping, public warm start",
-           _zhang, "public", ("zhang",), ZHANG, _public_warm_start, empirical_audit="gradient"),
-    Method("gswgan_federated", "federated GS-WGAN: server and K clients, the ranks of one torchrun job (gloo)",
-           _federated, "shard", ("gswgan",), FEDERATED, _shard_warm_start),
-    Method("private-evolution", "Private Evolution (Lin et al. 2024) on the public prior (Sim-PE): noisy votes for "
-           "rendered figures", _private_evolution, "none",
-           ("evolution",), PRIVATE_EVOLUTION, empirical_audit="votes"),
-)}
-
+def description(name: str) -> str:
+    """The method's one line (``dpsynth train --help``)."""
+    return config.METHODS[name]
 
 
 def empirical_audit_methods() -> tuple[str, ...]:
     """The methods the empirical audit (``audit.empirical``) can audit."""
     return tuple(name for name, m in METHODS.items() if m.empirical_audit)
+
+
+def data_parallel_methods() -> tuple[str, ...]:
+    """The methods that train on the ranks of a torchrun job (``dpsynth train --launch``)."""
+    return tuple(name for name, m in METHODS.items() if m.data_parallel)
 
 
 def get(name: str) -> Method:
@@ -173,8 +89,6 @@ def resolve(cfg, *, channels: int):
     are reset (the warm-up off; no warp, contrast or tone layer): the stored configuration states what ran."""
     import dataclasses
 
-    from dpsynth.config import AUTO
-
     if cfg.train.method != AUTO:
         return cfg
     method = for_schema(channels)
@@ -183,3 +97,55 @@ def resolve(cfg, *, channels: int):
     return dataclasses.replace(
         cfg, train=dataclasses.replace(cfg.train, method=method, g_warp=False, g_contrast=0.0, g_tone=False),
         warmup=dataclasses.replace(cfg.warmup, central_images=False))
+
+
+# --- the configuration's rules that depend on the method ----------------------------------------------------------
+
+
+def check(cfg) -> None:
+    """The rules across sections that depend on ``cfg``'s method (its networks, its empirical audit, its n_D and
+    its own ``Method.validate``); ConfigError naming the setting. :func:`load_config` runs them inside the
+    configuration's validation, before the warm-up is fitted to ε, so a run is refused before it spends anything.
+    ``auto`` is checked as the method it picks for grey data (dpgan): it must run as written there; where it picks
+    private-evolution, the settings that method does not read are reset (:func:`resolve`)."""
+    audited = empirical_audit_methods()
+    require(cfg.audit.empirical in ("off", "auto") or cfg.train.method in audited, "audit.empirical",
+            f"the empirical audit supports train.method in {list(audited)}, not "
+            f"{cfg.train.method!r} (yet); set audit.empirical=off")
+    method = get(GREY_METHOD if cfg.train.method == AUTO else cfg.train.method)
+    name, w, t = method.name, cfg.warmup, cfg.train
+    method.validate(cfg)
+    dcgan = method.dcgan(cfg)  # G is a dcgan.Generator
+    require(t.n_d != "adaptive" or method.default_n_d == "adaptive", "train.n_d",
+            f"'adaptive' is DPGAN's policy (Bie et al.); train.method={name!r} takes a number of critic steps "
+            "per generator step (or null: the method's default)")
+    latent, where = method.latent(cfg)
+    require(not t.g_warp or dcgan, "train.g_warp",
+            f"only the DCGAN generator (dcgan.Generator) warps, not train.method={name!r}'s ResNet one; "
+            "set gswgan.generator=dcgan or train.g_warp=false")
+    require(not t.g_contrast or dcgan, "train.g_contrast",
+            f"only the DCGAN generator (dcgan.Generator) has the contrast layer, not train.method={name!r}'s "
+            "ResNet one; set gswgan.generator=dcgan or train.g_contrast=0")
+    require(not t.g_tone or dcgan, "train.g_tone",
+            f"only the DCGAN generator (dcgan.Generator) has the tone layer, not train.method={name!r}'s "
+            "ResNet one; set gswgan.generator=dcgan or train.g_tone=false")
+    require(not t.g_warp or latent >= 6, "train.g_warp", f"the warp reads z[:, :6]: {where} must be >= 6, got {latent}")
+    require(not (w.central_images and w.styles) or dcgan, "warmup.styles",
+            f"the style release needs a generator with style slots (dcgan.Generator: dpgan, zhang, or "
+            f"gswgan.generator=dcgan), not train.method={name!r}'s ResNet one; set warmup.styles=0")
+    require(not (w.central_images and w.polarity_noise_multiplier is not None) or dcgan,
+            "warmup.polarity_noise_multiplier",
+            f"the polarity shapes need a generator with style slots (dcgan.Generator: dpgan, zhang, or "
+            f"gswgan.generator=dcgan), not train.method={name!r}'s ResNet one; set it to null")
+    require(not (w.central_images and w.variations) or latent >= 7 + w.variations,
+            "warmup.variations", f"{w.variations} directions need {where} >= {7 + w.variations} "
+            f"(z[:, 7:7 + r] weighs them), got {latent}")
+    require(not w.central_images or latent >= 6, "warmup.central_images",
+            f"the warm-up's deformations read z[:, :6]: {where} must be >= 6, got {latent}")
+
+
+def load_config(path: str | Path | None = None, *, overrides: list[str] | tuple[str, ...] = ()) -> config.RunConfig:
+    """:func:`dpsynth.config.load_config` with the method's rules (:func:`check`): what a command that runs a method
+    loads. The configuration alone (``dpsynth.config.load_config``) checks every setting and the rules that do not
+    depend on the method."""
+    return config.load_config(path, overrides=overrides, check=check)

@@ -20,11 +20,11 @@ from dpsynth.data import ImageDataset
 from dpsynth.data import assignment
 from dpsynth.methods import discriminator_steps
 from dpsynth.methods.generator_step import generator_step
-from dpsynth.methods.gswgan import critic_steps
+from dpsynth.methods.gswgan_critic import critic_steps
 from dpsynth.methods.networks import (DISCRIMINATOR_FORMAT, WARM_START_FORMAT, dcgan_models, discriminator_kwargs,
                                       fresh_discriminator, gswgan_adam, image_spec, make_generator,
                                       warm_models_record)
-from dpsynth.methods.wgan_gp import wgan_gp_loss
+from dpsynth.methods.wgan_gp import N_CRITIC, wgan_gp_loss
 from dpsynth.training.artifacts import model_file_bytes
 from dpsynth.training.result import resolve_device
 from dpsynth.training.seeds import cpu_rng, derived_seed, init_with_seed
@@ -75,7 +75,7 @@ def warm_start(cfg: RunConfig, public: ImageDataset, *, out_path: str) -> dict:
     betas = (z.adam_beta1, z.adam_beta2)
     opt_d = torch.optim.Adam(D.parameters(), lr=z.lr, betas=betas)
     opt_g = torch.optim.Adam(G.parameters(), lr=z.lr, betas=betas)
-    m, n_critic = min(t.batch_size, len(public)), discriminator_steps.n_d(cfg)
+    m, n_critic = min(t.batch_size, len(public)), discriminator_steps.n_d(cfg, N_CRITIC)
     for _ in range(z.warm_start_iterations):
         for _ in range(n_critic):
             idx = torch.randperm(len(public), device=device, generator=rng)[:m]

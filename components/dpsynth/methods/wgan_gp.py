@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call, grad, vmap
 
+N_CRITIC = 4  # n_critic: the paper's critic steps per generator step (train.n_d's default for dp-GAN)
+
 
 def unit_losses(D, real, fake, y, rho, *, gp_weight: float) -> torch.Tensor:
     """(m,): each unit's critic loss D(fake_i) − D(real_i) + λ(‖∇_x̂ D(x̂_i)‖ − 1)²."""

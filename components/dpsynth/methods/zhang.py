@@ -22,11 +22,13 @@ from dpsynth.errors import ConfigError, PrivacyError
 from dpsynth.mechanisms.discriminator import ZHANG
 from dpsynth.training import checkpoint
 from dpsynth.methods import discriminator_steps
+from dpsynth.methods.method import Audit, Method, require
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.generator_step import generator_step
 from dpsynth.training.loop import Trainer
 from dpsynth.methods.networks import dcgan_models, load_warm_models
-from dpsynth.methods.wgan_gp import per_unit_gradients, unit_losses
+from dpsynth.methods.warm_starts import warm_start
+from dpsynth.methods.wgan_gp import N_CRITIC, per_unit_gradients, unit_losses
 from dpsynth.mechanisms import grouping
 from dpsynth.mechanisms.ghost import GhostClipping
 from dpsynth.mechanisms.randomness import MechanismRandomness
@@ -130,7 +132,7 @@ class ZhangTrainer(Trainer):
     the end. One step is one critic step (the paper's n_critic counts them per generator step)."""
 
     STEP = "DP critic steps"
-    METHOD = "zhang"
+    NAME = "zhang"
     MECHANISM = ZHANG  # its plan, statement and sanitizer (dpsynth.mechanisms.discriminator)
     MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the paper's account of the steps taken (from the plan)"},
@@ -141,7 +143,7 @@ class ZhangTrainer(Trainer):
                  warm_start_state: dict | None = None, parent_run_id: str | None = None,
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
         """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
-        super().__init__(cfg, parent_run_id=parent_run_id, run_tags=run_tags)
+        super().__init__(cfg, spread=METHOD.data_parallel, parent_run_id=parent_run_id, run_tags=run_tags)
         z, t = cfg.zhang, cfg.train
         self.num_classes = cfg.data.num_classes or dataset.num_classes
         images, labels = dataset.to_tensors()
@@ -198,11 +200,11 @@ class ZhangTrainer(Trainer):
         s, z = self.state, self.cfg.zhang
         if (self.step % z.update_every == 0 if z.adaptive_clipping else z.grouping == "clustering" and self.step == 0):
             self.update_bounds()
-        take = self.poisson_take(s.mechanism, self.n, self.event.sample_rate)
+        take = self.select(s.mechanism, self.n)  # Poisson: the mask (under torchrun this rank's part)
         d_step(s, (self.images[take], self.labels[take]), self.sanitizer, gp_weight=z.gp_weight,
                chunk=self.cfg.train.physical_batch_size)
         self.step += 1
-        if s.since_g >= discriminator_steps.n_d(self.cfg):
+        if s.since_g >= discriminator_steps.n_d(self.cfg, N_CRITIC):
             g_step(s, self.cfg.train.batch_size)
             self.g_steps += 1
 
@@ -231,3 +233,15 @@ class ZhangTrainer(Trainer):
     def derived_params(self) -> dict:
         return {**super().derived_params(), "num_groups": self.plan.releases,
                 "sigma_per_group": self.plan.noise_multiplier, "warm_started": self.warm_started}
+
+
+def validate(cfg: RunConfig) -> None:
+    """dp-GAN's rules across sections."""
+    require(cfg.train.grad_sample_mode != "ghost_two_pass", "train.grad_sample_mode",
+            "'ghost_two_pass' cannot differentiate through dp-GAN's gradient penalty; use 'ghost' (or "
+            "'ew'/'hooks': per-unit gradients by torch.func)")
+
+
+METHOD = Method(
+    "zhang", trainer=ZhangTrainer, mechanism=ZHANG, warm_start="public", warm_start_function=warm_start,
+    sections=("zhang",), default_n_d=N_CRITIC, networks="dcgan", data_parallel=True, empirical_audit=Audit.GRADIENT, validate=validate)

@@ -13,7 +13,7 @@ import logging
 import shlex
 import sys
 
-from dpsynth.config import RunConfig, load_config
+from dpsynth.config import RunConfig
 from dpsynth.egress import let_out
 
 HELP = {
@@ -108,10 +108,18 @@ def register(subparsers) -> None:
     show.set_defaults(func=show_command)
 
 
+def load_config(args) -> RunConfig:
+    """The command's configuration (``--config``, ``--set``), with the method's rules
+    (:func:`dpsynth.methods.registry.load_config`)."""
+    from dpsynth.methods import registry
+
+    return registry.load_config(args.config, overrides=args.overrides)
+
+
 def context(args, cfg: RunConfig | None = None):
     from dpsynth.stages.protocol import StageContext
 
-    cfg = cfg or load_config(args.config, overrides=args.overrides)
+    cfg = cfg or load_config(args)
     return StageContext.create(cfg, run_dir=args.run_dir, parent_run_id=getattr(args, "parent_run_id", None) or None,
                                pipeline_run_id=getattr(args, "pipeline_run_id", None), force=getattr(args, "force", False))
 
@@ -169,7 +177,7 @@ def empirical_command(args) -> int:
     from dpsynth.audit import empirical
     from dpsynth.stages import protocol
 
-    cfg = load_config(args.config, overrides=args.overrides)
+    cfg = load_config(args)
     mode = cfg.audit.empirical if cfg.audit.empirical in ("quick", "full") else "quick"
     given = [args.records, args.image_shape, args.num_classes]
     if any(v is not None for v in given):
@@ -212,7 +220,7 @@ def run_pipeline_command(args) -> int:
     from dpsynth.errors import StageError
     from dpsynth.pipeline.run import run_pipeline, table
 
-    cfg = load_config(args.config, overrides=args.overrides)
+    cfg = load_config(args)
     ctx, s = run_pipeline(cfg, run_dir=args.run_dir, pipeline_run_id=args.pipeline_run_id, force=args.force)
     if args.json:
         print(json.dumps(let_out(s, "summary"), indent=2))
@@ -230,7 +238,7 @@ def start_command(args) -> int:
 
     from dpsynth.distributed.launch import shape
 
-    cfg = load_config(args.config, overrides=args.overrides)
+    cfg = load_config(args)
     if args.unless_released and (why := unchanged_since_release(cfg)):
         print(json.dumps(let_out({"skipped": why, "parent_run_id": None, "pipeline_run_id": args.pipeline_run_id,
                                   "run_dir": args.run_dir, "train": shape(cfg)}, "start")))

@@ -6,14 +6,14 @@ import argparse
 import json
 from dataclasses import asdict
 
-from dpsynth.config import load_config
-from dpsynth.methods import registry
+from dpsynth import config
 from dpsynth.pipeline import cli as stage_cli
 
-# train.method -> one line for `dpsynth --help` and `dpsynth train --help`: the registry's, and auto (its rule)
-METHODS = {**{name: m.description for name, m in registry.METHODS.items()},
-           "auto": f"picked from the data's public schema before anything private runs: colour (3 channels) "
-                   f"{registry.COLOUR_METHOD}, else {registry.GREY_METHOD}"}
+# train.method -> one line for `dpsynth --help` and `dpsynth train --help`: the configuration's names (the method
+# registry imports every trainer, and --help imports no torch), and auto (its rule: registry.for_schema)
+METHODS = {**config.METHODS,
+           "auto": "picked from the data's public schema before anything private runs: colour (3 channels) "
+                   "private-evolution, else dpgan"}
 
 
 def methods_text() -> str:
@@ -64,27 +64,30 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 
 def run_train(args) -> int:
+    from dpsynth.methods import registry
     from dpsynth.stages.protocol import resolve_method
 
     # train.method auto: picked from the data's public schema before anything else reads it
-    cfg = load_config(args.config, overrides=args.overrides)
+    cfg = registry.load_config(args.config, overrides=args.overrides)
     cfg = resolve_method(cfg, args.run_dir or cfg.pipeline.run_dir)
     if args.launch:  # the stage on several ranks, started and waited for (dpsynth.distributed.launch)
         from dpsynth.distributed import launch
         from dpsynth.stages import train as train_stage
 
-        return launch.run(args.launch, cfg, args, report=lambda job: train_stage.launched(
-            stage_cli.context(args, cfg), job, as_json=args.json))
+        return launch.run(args.launch, cfg, args, methods=registry.data_parallel_methods(),
+                          federated=registry.get(cfg.train.method).federated,
+                          report=lambda job: train_stage.launched(stage_cli.context(args, cfg), job, as_json=args.json))
     from dpsynth.distributed import data_parallel
     from dpsynth.training.result import resolve_device
 
-    if cfg.train.method == "gswgan_federated":  # its server and K clients are the job's ranks (dpsynth.methods.federated_processes)
+    method = registry.get(cfg.train.method)
+    if method.federated:  # its server and K clients are the job's ranks (dpsynth.distributed.federation)
         from dpsynth.distributed import federation
 
         ranks = federation.launch(cfg)
-    else:
-        sharded = registry.get(cfg.train.method).warm_start == "shard"
-        ranks = data_parallel.launch(cfg, resolve_device(cfg.train.device), sharded=sharded)  # under torchrun: join the job
+    else:  # under torchrun: join the job
+        ranks = data_parallel.launch(cfg, registry.data_parallel_methods(), resolve_device(cfg.train.device),
+                                     sharded=method.warm_start == "shard")
     code = None
     try:
         if not (args.run_dir or cfg.pipeline.run_dir):
@@ -108,6 +111,8 @@ def run_train(args) -> int:
 
 def _standalone(args, cfg, ranks) -> int:
     """``dpsynth train`` without a run directory: dpgan on ``data.uri``, its outputs in ``output.dir``."""
+    from dpsynth.methods import registry
+
     method = registry.standalone_or_refuse(cfg.train.method)  # ConfigError (exit 2) names the command to use
     import secrets
     from pathlib import Path
@@ -119,7 +124,7 @@ def _standalone(args, cfg, ranks) -> int:
     charging.population_id(cfg)  # ConfigError before the data is read
     dataset = load_source(cfg)
     if not ranks.is_main:  # torchrun's other ranks: rank 0 alone holds the ledger attempt and writes the outputs
-        loop.train(method.trainer_class()(cfg, dataset))
+        loop.train(method.trainer(cfg, dataset))
         return 0
     ledger = charging.open_ledger(charging.ledger_url(cfg, run_dir=None, tracking_uri=None))
     out = Path(cfg.output.dir).resolve()
@@ -128,7 +133,7 @@ def _standalone(args, cfg, ranks) -> int:
                           dataset_version=secrets.token_hex(32),  # a random version id: no content hash leaves the data
                           pipeline_run_id=f"train:{out}"[-200:], records=len(dataset), workdir=str(out),
                           content_sha256=dataset.content_sha256()) as charge:
-        charge.result = loop.train(charge.admit(method.trainer_class()(cfg, dataset)))
+        charge.result = loop.train(charge.admit(method.trainer(cfg, dataset)))
     result = charge.result
     if args.json:
         print(json.dumps(asdict(result), indent=2))

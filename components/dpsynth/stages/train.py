@@ -65,7 +65,7 @@ OUTPUTS = {"generator": "generator.pt", "trace": "trace.json", "result": "result
 
 def logged_keys(method: str) -> tracking.LoggedKeys:
     """What a train run of ``method`` may hold: the stage's keys and its trainer's."""
-    return MLFLOW_KEYS | registry.get(method).trainer_class().MLFLOW_KEYS
+    return MLFLOW_KEYS | registry.get(method).trainer.MLFLOW_KEYS
 
 
 def warm_discriminators(warmstart_manifest: dict | None, *, own: range | None = None) -> dict[int, bytes]:
@@ -81,7 +81,7 @@ def warm_discriminators(warmstart_manifest: dict | None, *, own: range | None = 
 def own_shards(method: registry.Method, count: int) -> range:
     """The shards this rank reads: all of them, but under torchrun a method training on the K shards (GS-WGAN,
     DPAC) spreads them over the ranks, and a rank reads only its own block (its trainer holds only those)."""
-    spread = method.warm_start == "shard" and method.name in data_parallel.METHODS
+    spread = method.warm_start == "shard" and method.data_parallel
     return range(*data_parallel.current().part(count)) if spread else range(count)
 
 
@@ -166,7 +166,7 @@ def _trainer_config(ctx: protocol.StageContext, shards: list[dict], workdir: str
 def run(ctx: protocol.StageContext) -> protocol.Outcome:
     cfg = ctx.cfg
     ranks = data_parallel.current()  # under torchrun this is rank 0; the other ranks run follow()
-    federated = cfg.train.method == "gswgan_federated"  # rank 0 is its server (methods.federated_processes)
+    federated = registry.get(cfg.train.method).federated  # rank 0 is its server (methods.federated_processes)
     if federated and not ranks.distributed:  # in one process: start the job of the server and K clients
         return _federated_job(ctx)
     read = _inputs(ctx, verify_shards=not federated)  # each client verifies its own shard; the server reads none
@@ -198,7 +198,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
                 pipeline_run_id=ctx.pipeline_run_id or f"stage-{uuid.uuid4().hex[:12]}",
                 records=partition["details"]["records"], content_sha256=source["content_sha256"],
                 blocks=partition["details"].get("blocks"), block_series=data_blocks.series(source["uri"])) as charge:
-            trainer = charge.admit(method.trainer_class()(tcfg, data, parent_run_id=ctx.parent_run_id,
+            trainer = charge.admit(method.trainer(tcfg, data, parent_run_id=ctx.parent_run_id,
                                                           run_tags=ctx.run_tags(), **method_kwargs))
             charge.result = loop.train(trainer)  # the one loop, for every method (the federated server's too)
         result = dataclasses.asdict(charge.result)
@@ -228,7 +228,7 @@ def follow(ctx: protocol.StageContext) -> None:
     ranks = data_parallel.current()
     if ranks.is_main:
         raise RuntimeError("train.follow: rank 0 runs the stage itself (train.run)")
-    if ctx.cfg.train.method == "gswgan_federated":  # client k = rank k + 1: its own shard and D_k only
+    if registry.get(ctx.cfg.train.method).federated:  # client k = rank k + 1: its own shard and D_k only
         return _federated_client(ctx)
     read = _inputs(ctx)
     if not ranks.from_main(None):  # rank 0 reused the stage's outputs: nothing to train
@@ -238,7 +238,7 @@ def follow(ctx: protocol.StageContext) -> None:
     dataset = protocol.concat(shard_data) if None not in shard_data else None
     data, method_kwargs = method_inputs(ctx, read.method, dataset=dataset, shards=shard_data,
                                         warmstart=read.warmstart)
-    loop.train(read.method.trainer_class()(tcfg, data, **method_kwargs))
+    loop.train(read.method.trainer(tcfg, data, **method_kwargs))
 
 
 # --- the federated GS-WGAN: the job of its server and K clients (dpsynth.distributed.federation) ---

@@ -44,7 +44,7 @@ MLFLOW_KEYS = protocol.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     "seconds": "wall-clock of the warm start on public data",
 })
 # What runs comes from the method registry (dpsynth.methods.registry): Method.warm_start is the kind,
-# Method.warm_start_fn the function. "shard": fn(cfg, shard: ImageDataset, *, shard_index, out_path) -> details,
+# Method.warm_start_function the function. "shard": fn(cfg, shard: ImageDataset, *, shard_index, out_path) -> details,
 # training on that shard alone and writing its discriminator to the local file out_path; "public":
 # fn(cfg, public: ImageDataset, *, out_path) -> details.
 
@@ -106,7 +106,7 @@ def run_shard(ctx: protocol.StageContext, index: int) -> dict:
     out_uri = storage.join(_shard_dir(ctx, index), "discriminator.pt")
     with tempfile.TemporaryDirectory(prefix="dpsynth-warmstart-") as scratch:
         local = str(Path(scratch) / "discriminator.pt")
-        details = method.warm_start_fn()(cfg, read_parquet(shard["uri"]), shard_index=index, out_path=local)
+        details = method.warm_start_function(cfg, read_parquet(shard["uri"]), shard_index=index, out_path=local)
         storage.copy(local, out_uri)
     record = {"format": SHARD_FORMAT, "shard": index, "config_fingerprint": fp, "input_sha256": shard["sha256"],
               "output": manifest.entry(out_uri, role="discriminator", zones=ctx.zones, shard=index),
@@ -166,7 +166,7 @@ def _public(ctx: protocol.StageContext, partition: dict) -> tuple[list[dict], di
     out_uri = ctx.uri(STAGE, "warm_start.pt")
     with tempfile.TemporaryDirectory(prefix="dpsynth-warmstart-") as scratch:
         local = str(Path(scratch) / "warm_start.pt")
-        details = registry.get(ctx.cfg.train.method).warm_start_fn()(ctx.cfg, read_parquet(public["uri"]),
+        details = registry.get(ctx.cfg.train.method).warm_start_function(ctx.cfg, read_parquet(public["uri"]),
                                                                       out_path=local)
         storage.copy(local, out_uri)
     return [ctx.entry(out_uri, role="warm_start")], {"public_records": public.get("rows"), **details}

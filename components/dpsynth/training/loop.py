@@ -76,7 +76,7 @@ class Trainer:
     implements the methods marked *method*."""
 
     STEP = "private steps"  # the progress bar's name for one step (see the table above)
-    METHOD: str  # *method*: its name in the registry (data_parallel.METHODS: whether it trains on several ranks)
+    NAME: str  # *method*: its name in the registry (its file's METHOD)
     # what its MLflow run may hold (the train stage's allow-list, checked by the audit): what the loop logs;
     # a method adds what its own hooks log (progress, final_metrics, derived_params)
     MLFLOW_KEYS = tracking.config_params() | tracking.LoggedKeys(
@@ -93,14 +93,16 @@ class Trainer:
     num_classes: int
     n: int  # training records
 
-    def __init__(self, cfg: RunConfig, *, parent_run_id: str | None = None, run_tags: dict[str, str] | None = None):
+    def __init__(self, cfg: RunConfig, *, spread: bool = False, parent_run_id: str | None = None,
+                 run_tags: dict[str, str] | None = None):
         self.cfg, self.out = cfg, Path(cfg.output.dir)
         # MLflow: nest the run under a pipeline's parent run, add tags. Nothing before the gate: the
         # run gets no image, no model and no dataset hash (the sample stage logs them after the audit).
         self.parent_run_id, self.run_tags = parent_run_id, dict(run_tags or {})
-        # rank r of W when this method trains data-parallel under torchrun (dpsynth.distributed.data_parallel); else
-        # 0 of 1 (a process group of another kind, e.g. the federated server's, is not a data-parallel job)
-        self.dist = data_parallel.ranks(self.METHOD)
+        # spread: its method trains on the ranks of a torchrun job (its Method.data_parallel): rank r of W under
+        # torchrun (dpsynth.distributed.data_parallel); else 0 of 1 (a process group of another kind, e.g. the
+        # federated server's, is not a data-parallel job)
+        self.dist = data_parallel.ranks(spread)
         self.device = self.dist.place(resolve_device(cfg.train.device))
         self.dataset_name = cfg.data.name
         self.accountant = get_accountant(self.MECHANISM.accountant(cfg))  # GS-WGAN's fixes its own: "wor"
@@ -131,9 +133,11 @@ class Trainer:
         return MechanismRandomness(device=self.device, secure_mode=self.cfg.privacy.secure_mode,
                                    seed=self.dist.mechanism_seed(seed))
 
-    def poisson_take(self, randomness, n: int, rate: float) -> torch.Tensor:
-        """One Poisson-sampled logical batch of ``range(n)``: the mask (one process), a rank's part's indices."""
-        return self.dist.poisson_take(randomness, n, rate)
+    def select(self, randomness, population: int):
+        """This step's batch, drawn by the method's mechanism (:meth:`~dpsynth.mechanisms.mechanism.Mechanism.select`):
+        a Poisson mask of ``range(population)`` (under torchrun the indices of this rank's part), one of
+        ``population`` shards (rank 0's draw, the same on every rank), or every record."""
+        return self.MECHANISM.select(self.plan, randomness, population, ranks=self.dist)
 
     def own_share(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Of tensors drawn in full (e.g. from the shared latent stream), the share this process computes."""
@@ -152,10 +156,6 @@ class Trainer:
     def every_record(self, own: range, shards: list) -> tuple[torch.Tensor, torch.Tensor]:
         """The union of the shards (:meth:`hold_shards`), for the private warm-up, which reads every shard."""
         return data_parallel.every_record(own, shards)
-
-    def draw_shard(self, randomness, K: int) -> int:
-        """k ~ U[0, K) from the secret coins, the same on every rank."""
-        return data_parallel.draw_shard(self.dist, randomness, K)
 
     def hand_on(self, k: int, streams: list[torch.Generator], module: torch.nn.Module) -> None:
         """The public ``streams`` and ``module``'s buffers as the holder of shard k left them (one process: as
