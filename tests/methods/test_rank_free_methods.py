@@ -9,7 +9,10 @@ from pathlib import Path
 from dpsynth import methods
 
 PLACES_PROCESSES = {"federated_processes.py"}
-RANK_CALLS = re.compile(r"self\.dist\b|\bdata_parallel\b|dpsynth\.distributed|\bdistributed\.|torch\.distributed")
+# a rank call: the trainer's ranks, the data-parallel module, the torch process group (the Method's
+# ``data_parallel`` flag, a field a method declares, is not one)
+RANK_CALLS = re.compile(r"self\.dist\b|(?<![.\w])data_parallel\b(?!\s*[:=])|dpsynth\.distributed|\bdistributed\.|"
+                        r"torch\.distributed")
 
 
 def test_no_method_file_calls_a_rank():

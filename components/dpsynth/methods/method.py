@@ -58,7 +58,7 @@ class Method:
     default_n_d: int | Literal["adaptive"] | None = None
     networks: Networks = "gswgan.generator"
     # it trains on the ranks of a torchrun job: DP-SGD data-parallel, or its shards spread over them
-    # (dpsynth.distributed.data_parallel); its trainer passes this to the loop's Trainer
+    # (the wrapper of the distribution room); its trainer passes this to the loop's Trainer
     data_parallel: bool = False
     # its ranks are a server and K clients, not a data-parallel job (launched as K + 1 ranks of its own)
     federated: bool = False
