@@ -38,15 +38,15 @@ def small_mnist():
 # the other has nothing left (xdist's own order, by number of tests, put them last).
 LONGEST_FIRST = [
     "tests/methods/test_gswgan_federated.py",    # 72
-    "tests/stages/test_train_torchrun.py",       # 61-66
+    "tests/distributed/test_train_torchrun.py",  # 61-66
     "tests/audit/test_empirical.py",             # 60
     "tests/stages/test_train_attempts.py",       # 71-74, now 56.5 (100 steps instead of 300)
     "tests/pipelines/test_airflow.py",           # 49-54 (84 before its fork server)
-    "tests/methods/test_distributed.py",         # 50-52
-    "tests/methods/test_warmup.py",              # 48
-    "tests/stages/test_launch.py",               # 45-48
+    "tests/distributed/test_distributed.py",     # 50-52
+    "tests/warmup/test_warmup.py",               # 48
+    "tests/distributed/test_launch.py",          # 45-48
     "tests/stages/test_pipeline.py",             # 42-48
-    "tests/stages/test_audit_empirical.py",      # 45-46
+    "tests/audit/test_empirical_stage.py",       # 45-46
     "tests/stages/test_egress.py",               # 43
     "tests/methods/test_contract.py",            # 38
     "tests/stages/test_logged_keys.py",          # 31-34

@@ -155,7 +155,7 @@ def test_the_trainjob_pods_are_restricted(variant):
     carry the restricted securityContext through their own runtime patch."""
     from dpsynth.config import load_config
     from dpsynth.distributed import launch
-    from tests.stages.test_launch import chart_template
+    from tests.distributed.test_launch import chart_template
 
     template = chart_template(*VARIANTS[variant])
     for device in ("cuda", "cpu"):

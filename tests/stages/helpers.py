@@ -18,8 +18,8 @@ TINY = (
     "train.n_d=2", "privacy.epsilon=10", "privacy.delta=1e-4", "sample.num_samples=200",
     "evaluate.epochs=1", "evaluate.feature_steps=5", "evaluate.mia_generated=200",
     "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0", "tracking.enabled=false",
-    # the empirical audit is on by default (audit.empirical=auto); its own tests (test_audit_empirical.py) run
-    # it, and the other stage tests, which name the checks that fail, keep their runs short without it
+    # the empirical audit is on by default (audit.empirical=auto); its own tests (tests/audit/test_empirical_stage.py)
+    # run it, and the other stage tests, which name the checks that fail, keep their runs short without it
     "audit.empirical=off",
     f"partition.key={KEY}", "data.num_classes=10",  # no defaults: the demo's public key, MNIST's classes
     "ledger.population_id=mnist600",  # last (a test drops it)

@@ -106,7 +106,7 @@ class FinishedJob:
         self.jobs = {}
 
     def template(self, config_map):
-        from tests.stages.test_launch import TEMPLATE
+        from tests.distributed.test_launch import TEMPLATE
 
         return copy.deepcopy(TEMPLATE)
 

@@ -28,6 +28,8 @@ from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
 from dpsynth.distributed import launch
 from tests.deploy.test_chart import CHART, VARIANTS, helm, tools
+# the stage tests' fixtures, as in tests/stages (autouse there and here: ledger_with_budget, one_torch_thread)
+from tests.stages.conftest import ledger_with_budget, mnist600, one_torch_thread, source  # noqa: F401
 from tests.stages.helpers import TINY, dpsynth, manifest, settings, stages
 from tests.stages.test_no_raw_hashes import hits, sensitive_hashes
 

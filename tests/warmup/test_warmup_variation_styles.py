@@ -18,7 +18,7 @@ from dpsynth.warmup import releases as warmup_releases
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.privacy import MechanismTrace
 from dpsynth.warmup import fit as warmup
-from tests.methods.test_warmup import tiny as warmup_tiny
+from tests.warmup.test_warmup import tiny as warmup_tiny
 
 ALONG = ("warmup.styles=2", "warmup.styles_along=variations", "warmup.styles_noise_multiplier=3",
          "warmup.variations=2", "warmup.variations_noise_multiplier=4", "warmup.variations_clip=3")

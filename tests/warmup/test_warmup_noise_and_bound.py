@@ -3,8 +3,8 @@ bound they are accounted with (issue #52 item 5): each check with a positive con
 does not.
 
 Beside their canary runs in the empirical audit (tests/audit/test_empirical_warmup_generic.py; the histogram's has
-only 16 coordinates) and the brute-force sensitivity tests of tests/methods/test_warmup_intensity.py and
-tests/methods/test_warmup_polarity.py, these tests check their noise over many releases.
+only 16 coordinates) and the brute-force sensitivity tests of tests/warmup/test_warmup_intensity.py and
+tests/warmup/test_warmup_polarity.py, these tests check their noise over many releases.
 
 The noise test is the empirical audit's own (docs/privacy.md, "the noise test"): the output less the noiseless query,
 divided by the accounted σ·bound, has a mean square that N(0, 1) noise would make that small (or that large) with
@@ -19,7 +19,7 @@ from scipy.stats import chi2
 
 from dpsynth.warmup import central_images as ci
 from dpsynth.mechanisms.randomness import MechanismRandomness
-from tests.methods.test_warmup_polarity import coloured_squares
+from tests.warmup.test_warmup_polarity import coloured_squares
 
 P = 1e-6
 

@@ -15,7 +15,7 @@ from dpsynth.privacy import MechanismTrace
 from dpsynth.warmup import central_images as ci
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from dpsynth.stages.audit import mechanism_check
-from tests.methods.test_warmup import tiny  # the same tiny warm-up config
+from tests.warmup.test_warmup import tiny  # the same tiny warm-up config
 
 
 def test_one_record_moves_the_histogram_query_by_at_most_one():

@@ -18,7 +18,7 @@ from dpsynth.privacy import MechanismTrace, full_batch_gaussian
 from dpsynth.warmup import central_images as ci
 from dpsynth.mechanisms.randomness import MechanismRandomness
 from dpsynth.stages.audit import mechanism_check
-from tests.methods.test_warmup import tiny  # the same tiny warm-up config
+from tests.warmup.test_warmup import tiny  # the same tiny warm-up config
 
 POLARITY = ("warmup.intensity_noise_multiplier=20", "warmup.polarity_noise_multiplier=3")
 

@@ -10,7 +10,7 @@ import yaml
 from dpsynth.config import load_config
 from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.warmup import fit as warmup
-from tests.methods.test_warmup import tiny
+from tests.warmup.test_warmup import tiny
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = sorted(p for p in CONFIGS.glob("*.yaml") if (yaml.safe_load(p.read_text()).get("warmup") or {}).get(
