@@ -16,6 +16,7 @@ upright objects was missing to choose the RGB settings on.
 | letters-rgb | development | RGB 32×32 | 10 capital letters | 8 fonts, size, rotation, shift, in random colours and fill textures on coloured gradient backgrounds |
 | symbols-rgb | confirmation | RGB 32×32 | 12 font symbols (♠ ★ ☂ ♪ ✈ …) | font, size, rotation, shift, colours, background texture |
 | greek | confirmation | grey 28×28 | 10 Greek letters | font, size, rotation, shift, stroke brightness, light noise |
+| letters-texture | development | RGB 32×32 | 10 capital letters | 8 fonts, size, rotation, shift; the letter cut out of one procedural texture (fractal coloured noise or a collage of random rectangles and ellipses), lightened or darkened away from the ground, laid with a soft shadow on another |
 | mnist-photo | confirmation | RGB 32×32 | 10 handwritten digits | MNIST test digits (real handwriting) cut out of one photograph crop and laid, with a drop shadow, on another (three photographs that ship in scikit-learn and matplotlib) |
 
 The benchmarks draw them through ``utility.generality`` (``dataset=NAME``); by hand:
@@ -213,6 +214,52 @@ def greek(rng, label: int) -> np.ndarray:
     return np.clip(img * 255, 0, 255).astype(np.uint8)
 
 
+def _procedural_texture(rng, size: int) -> np.ndarray:
+    """A photo-like texture made by code, size × size × 3 in [0, 1], for the development set ``letters-texture``:
+    fractal value noise (octaves of bicubically upsampled random grids, each a random colour) or a collage of
+    random rectangles and ellipses in random colours, smallest last, softened."""
+    if rng.random() < 0.5:
+        img = np.zeros((size, size, 3))
+        amp = 1.0
+        for cells in (2, 4, 8, 16):
+            grid = (rng.random((cells, cells)) * 255).astype(np.uint8)
+            layer = np.asarray(Image.fromarray(grid).resize((size, size), Image.BICUBIC)) / 255.0 - 0.5
+            img += amp * layer[..., None] * (rng.random(3) * 2 - 0.5)
+            amp *= rng.uniform(0.4, 0.7)
+        img = rng.random(3) * 0.8 + 0.1 + img
+    else:
+        big = size * 2
+        canvas = Image.new("RGB", (big, big), tuple(int(v) for v in rng.integers(0, 256, 3)))
+        d = ImageDraw.Draw(canvas)
+        for r in sorted(rng.uniform(0.05, 0.6, int(rng.integers(10, 40))) * big, reverse=True):
+            x, y = rng.uniform(-0.1, 1.1, 2) * big
+            box = [x - r, y - r * rng.uniform(0.3, 1.0), x + r, y + r * rng.uniform(0.3, 1.0)]
+            fill = tuple(int(v) for v in rng.integers(0, 256, 3))
+            d.rectangle(box, fill=fill) if rng.random() < 0.5 else d.ellipse(box, fill=fill)
+        canvas = canvas.filter(ImageFilter.GaussianBlur(rng.uniform(0.3, 1.5))).resize((size, size), Image.LANCZOS)
+        img = np.asarray(canvas, dtype=np.float64) / 255.0
+    return np.clip(img, 0, 1)
+
+
+def letters_texture(rng, label: int) -> np.ndarray:
+    """``letters-texture``: a capital letter cut out of one procedural texture, lightened or darkened away from the
+    ground's luminance, laid with a soft drop shadow on another (the construction of ``mnist-photo`` with textures
+    made by code in place of its photographs and fonts in place of handwriting: a development set of its look)."""
+    big = 32 * 4
+    mask = _glyph_mask(LETTERS[label], rng, size=big, fonts=FONTS, scale=(0.6, 0.9))
+    m = (np.asarray(mask.resize((32, 32), Image.LANCZOS)) / 255.0)[..., None]
+    shadow = np.asarray(mask.filter(ImageFilter.GaussianBlur(6)).resize((32, 32), Image.LANCZOS)) / 255.0
+    dy, dx = rng.integers(1, 3, 2) * rng.choice([-1, 1], 2)
+    shadow = np.roll(shadow, (int(dy), int(dx)), axis=(0, 1))[..., None]
+    ground, figure = _procedural_texture(rng, 32), _procedural_texture(rng, 32)
+    if ground.mean() > 0.5:
+        figure = figure * rng.uniform(0.2, 0.45)
+    else:
+        figure = 1 - (1 - figure) * rng.uniform(0.2, 0.45)
+    ground = ground * (1 - 0.6 * np.clip(shadow * 1.5, 0, 1))
+    return np.clip((ground * (1 - m) + figure * m) * 255, 0, 255).astype(np.uint8)
+
+
 def _photographs() -> list[np.ndarray]:
     """The three photographs that ship in installed packages (no download): scikit-learn's ``china.jpg`` and
     ``flower.jpg`` (``load_sample_images``) and matplotlib's ``grace_hopper.jpg``, as float RGB in [0, 1]. The
@@ -294,6 +341,7 @@ DATASETS = {
     "shapes-rgb": (DEVELOPMENT, shapes_rgb, ["circle", "square", "triangle", "star", "cross", "ring", "hexagon",
                                              "crescent", "arrow", "bars"]),
     "letters-rgb": (DEVELOPMENT, letters_rgb, list(LETTERS)),
+    "letters-texture": (DEVELOPMENT, letters_texture, list(LETTERS)),
     "symbols-rgb": (CONFIRMATION, symbols_rgb, ["spade", "club", "heart", "diamond", "star", "umbrella", "note",
                                                 "plane", "phone", "anchor", "yinyang", "sun"]),
     "greek": (CONFIRMATION, greek, ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "lambda",

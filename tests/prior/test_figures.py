@@ -7,9 +7,10 @@ import pytest
 
 import dpsynth.prior.figures as figures
 import dpsynth.prior.paint as paint_module
+import dpsynth.prior.textures as textures
 from dpsynth.prior import STATEMENT, VERSION
 from dpsynth.prior.figures import EXCLUDED, GLYPHS, MAX_PARTS, excluded, masks, random_figures, vary
-from dpsynth.prior.paint import paint
+from dpsynth.prior.paint import paint, photographic
 
 SYMBOLS_RGB = "♠♣♥♦★☂♪✈☎⚓☯☀"  # benchmarks/datasets.py's confirmation sets
 GREEK = "αβγδεζηθλπ"
@@ -46,8 +47,8 @@ def test_the_prior_reads_no_record():
 
     allowed = {"rng", "n", "kind", "figure", "figures", "size", "step", "part", "masks", "channels", "min_contrast",
                "char", "canvas", "cells", "bg", "index", "px", "cx", "cy", "rx", "ry", "theta",
-               "weights", "labels", "jitter", "parts", "params", "sizes"}
-    for module in (figures, paint_module, release):
+               "weights", "labels", "jitter", "parts", "params", "sizes", "photo", "mask", "leaves"}
+    for module in (figures, paint_module, textures, release):
         for name, fn in inspect.getmembers(module, inspect.isfunction):
             if fn.__module__ == module.__name__:
                 assert set(inspect.signature(fn).parameters) <= allowed | {"n"}, name
@@ -76,14 +77,49 @@ def test_paint_gives_the_schema_and_keeps_the_figure_apart_from_its_background()
         paint(full, rng, channels=2)
 
 
+def test_photo_textures_are_deterministic_bounded_and_varied():
+    for fn in (textures.dead_leaves, textures.pink_noise, textures.mosaic, textures.photo_texture):
+        a, b = fn(np.random.default_rng(7), 32), fn(np.random.default_rng(7), 32)
+        assert a.shape == (32, 32, 3) and a.tobytes() == b.tobytes() and 0 <= a.min() and a.max() <= 1
+        stds = [fn(np.random.default_rng(s), 32).std(axis=(0, 1)).max() for s in range(20)]
+        assert np.median(stds) > 0.03, fn.__name__  # a texture, not a flat colour
+
+
+def test_dead_leaves_sizes_follow_the_scale_invariant_law():
+    """With one leaf on a known ground, the leaf's area is r·r·aspect (in 2× pixels): the share of large leaves
+    falls as the r⁻³ law says (P(r > 2·lo) = 1/4 of P(r > lo) = 1, up to the canvas's cut-off)."""
+    areas = []
+    for s in range(400):
+        img = textures.dead_leaves(np.random.default_rng(s), 32, leaves=1)
+        areas.append((np.abs(img - img[0, 0]).sum(-1) > 1e-6).mean())
+    big = np.mean(np.array(areas) > 0.05)
+    assert 0.05 < big < 0.6
+
+
+def test_the_photographic_style_contrasts_the_figure_locally():
+    """The figure's luminance is pushed away from the ground's under it: darker on light ground, lighter on dark."""
+    luma = np.array([0.299, 0.587, 0.114])
+    mask = np.zeros((32, 32), np.float32)
+    mask[8:24, 8:24] = 1.0
+    gaps = []
+    for s in range(40):
+        img = photographic(mask, np.random.default_rng(s)) @ luma
+        gaps.append(abs(img[10:22, 10:22].mean() - img[mask == 0].mean()))
+    assert np.median(gaps) > 0.2
+    shares = [(paint(mask[None], np.random.default_rng(s), channels=3, photo=p).std() > 0) for s in range(3)
+              for p in (0.0, 1.0)]
+    assert all(shares)
+
+
 def test_the_statement_names_what_the_prior_is():
     text = STATEMENT.format(version=VERSION)
     assert "reads no record" in text and "DejaVu" in text and "never Greek" in text
+    assert "dead leaves" in text and "no photograph" in text and VERSION == "2"
     assert EXCLUDED  # the blocks the statement promises
 
 
 def test_doctests():
     import doctest
 
-    for module in (figures, paint_module):
+    for module in (figures, paint_module, textures):
         assert doctest.testmod(module).failed == 0

@@ -1,9 +1,17 @@
 """Painting the prior's masks into images of the user's public schema: random colours on random backgrounds.
 
-A background is a gradient between two random colours with smooth blotches and pixel noise; the figure a random
-colour at least ``min_contrast`` (Euclidean, RGB on [0, 1]) from the background's mean colour, flat, striped,
-checked, mottled or shaded. Grey schemas (one channel) get the luminance of the same painting. All of it is a
-function of the masks and a publicly seeded numpy ``Generator``.
+Two styles, each image drawing one (a share :data:`PHOTO_SHARE` photographic):
+
+* **graphic**: a gradient between two random colours with smooth blotches and pixel noise as background; the
+  figure a random colour at least ``min_contrast`` (Euclidean, RGB on [0, 1]) from the background's mean colour,
+  flat, striped, checked, mottled or shaded;
+* **photographic** (prior version 2): a photo-like texture made by code (:func:`dpsynth.prior.textures.photo_texture`:
+  dead leaves, 1/f noise or a Voronoi mosaic) as background, the figure filled with another such texture or a
+  graphic fill, its luminance pushed away from the background's luminance under the figure (darkened on a light
+  ground, lightened on a dark one), so that it contrasts locally whatever the texture.
+
+Grey schemas (one channel) get the luminance of the same painting. All of it is a function of the masks and a
+publicly seeded numpy ``Generator``.
 
 >>> from dpsynth.prior.figures import masks, random_figures
 >>> rng = np.random.default_rng(0)
@@ -21,8 +29,10 @@ import math
 import numpy as np
 
 from dpsynth.prior.figures import Figure, masks, vary
+from dpsynth.prior.textures import photo_texture
 
 LUMA = np.array([0.299, 0.587, 0.114])
+PHOTO_SHARE = 0.5  # the share of paintings in the photographic style (docs/prior.md, prior version 2)
 
 
 def _smooth_noise(rng: np.random.Generator, size: int, cells: int) -> np.ndarray:
@@ -75,18 +85,37 @@ def _figure_colour(rng: np.random.Generator, bg: np.ndarray, min_contrast: float
     return 1 - mean
 
 
-def paint(masks: np.ndarray, rng: np.random.Generator, *, channels: int, min_contrast: float = 0.4) -> np.ndarray:
-    """Every mask (N × H × W in [0, 1], H = W) painted in a random figure colour and texture on a random background:
-    uint8 N × H × W × ``channels`` (1: the luminance, 3: RGB)."""
+def photographic(mask: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``mask`` (H × W in [0, 1], H = W) painted in the photographic style: float64 H × W × 3 in [0, 1]. The
+    figure's fill (another photo-like texture, or a random graphic fill) is scaled towards black on a ground
+    lighter than mid-grey under the figure, towards white on a darker one, by a factor uniform in [0.15, 0.6]."""
+    size = mask.shape[-1]
+    m = mask[..., None].astype(np.float64)
+    bg = photo_texture(rng, size)
+    fg = photo_texture(rng, size) if rng.random() < 0.5 else rng.random(3) * _texture(rng, size)[..., None]
+    under = float((bg @ LUMA * mask).sum() / mask.sum()) if mask.sum() > 0 else float((bg @ LUMA).mean())
+    keep = rng.uniform(0.15, 0.6)
+    fg = fg * keep if under > 0.5 else 1 - (1 - fg) * keep
+    return bg * (1 - m) + fg * m
+
+
+def paint(masks: np.ndarray, rng: np.random.Generator, *, channels: int, min_contrast: float = 0.4,
+          photo: float = PHOTO_SHARE) -> np.ndarray:
+    """Every mask (N × H × W in [0, 1], H = W) painted, with probability ``photo`` in the photographic style
+    (:func:`photographic`), else in a random figure colour and texture on a random gradient background: uint8
+    N × H × W × ``channels`` (1: the luminance, 3: RGB)."""
     if channels not in (1, 3):
         raise ValueError(f"channels: the prior paints 1 or 3 channels, not {channels}")
     n, size = len(masks), masks.shape[-1]
     out = np.empty((n, size, size, channels), np.uint8)
     for i in range(n):
-        m = masks[i][..., None].astype(np.float64)
-        bg = _background(rng, size)
-        fg = _figure_colour(rng, bg, min_contrast) * _texture(rng, size)[..., None]
-        img = bg * (1 - m) + fg * m
+        if rng.random() < photo:
+            img = photographic(masks[i], rng)
+        else:
+            m = masks[i][..., None].astype(np.float64)
+            bg = _background(rng, size)
+            fg = _figure_colour(rng, bg, min_contrast) * _texture(rng, size)[..., None]
+            img = bg * (1 - m) + fg * m
         if channels == 1:
             img = (img @ LUMA)[..., None]
         out[i] = np.clip(img * 255 + 0.5, 0, 255).astype(np.uint8)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dpsynth.prior import VERSION
 from dpsynth.prior.figures import GLYPHS, KINDS, Figure, Part
 from dpsynth.prior.paint import paint_figures
 
@@ -70,8 +71,16 @@ def _decode(parts: torch.Tensor, params: torch.Tensor, sizes: torch.Tensor) -> l
 class FigurePainter(torch.nn.Module):
     """The released figures of every class and their weights, and the painter that samples from them."""
 
-    def __init__(self, *, num_classes: int, channels: int, image_size: int, jitter: float = 0.05):
+    def __init__(self, *, num_classes: int, channels: int, image_size: int, jitter: float = 0.05,
+                 prior_version: str = "1"):
+        # the prior version whose painter drew the release: a file written before versions were recorded is
+        # version 1's; another version's painter would paint other images from the same released figures
+        if prior_version != VERSION:
+            raise ValueError(f"model.prior_version: this generator file was released with the public prior's "
+                             f"version {prior_version}, and this dpsynth paints version {VERSION} (docs/prior.md); "
+                             f"sample it with the dpsynth that released it")
         super().__init__()
+        self.prior_version = prior_version
         self.num_classes, self.channels, self.image_size, self.jitter = num_classes, channels, image_size, jitter
         self.register_buffer("parts", torch.zeros(0, 5, dtype=torch.int64))
         self.register_buffer("params", torch.zeros(0, 0, dtype=torch.float64))
@@ -82,7 +91,8 @@ class FigurePainter(torch.nn.Module):
     @classmethod
     def from_figures(cls, figures: list[list[Figure]], weights: list[np.ndarray], *, image_size: int,
                      channels: int, jitter: float = 0.05) -> FigurePainter:
-        painter = cls(num_classes=len(figures), channels=channels, image_size=image_size, jitter=jitter)
+        painter = cls(num_classes=len(figures), channels=channels, image_size=image_size, jitter=jitter,
+                      prior_version=VERSION)
         parts, params, sizes = _encode(figures)
         painter.load_state_dict({"parts": parts, "params": params, "sizes": sizes,
                                  "weights_flat": torch.from_numpy(np.concatenate(weights).astype(np.float64))})
@@ -111,7 +121,7 @@ class FigurePainter(torch.nn.Module):
     def describe(self) -> dict:
         """Its ``model`` record in a generator file: the class and its keywords."""
         return {"class": CLASS, "num_classes": self.num_classes, "channels": self.channels,
-                "image_size": self.image_size, "jitter": self.jitter}
+                "image_size": self.image_size, "jitter": self.jitter, "prior_version": self.prior_version}
 
     @torch.no_grad()
     def sample(self, n: int, *, labels: torch.Tensor | None = None, generator: torch.Generator | None = None):
