@@ -143,7 +143,7 @@ def zhang_units(x, y, r):
 
 
 def zhang_nonprivate(D, x, y, r):
-    """The critic's WGAN-GP step without privacy (as the warm start): batch loss, backward, Adam."""
+    """The critic's WGAN-GP step without privacy (as the pre-training): batch loss, backward, Adam."""
     opt = torch.optim.Adam(D.parameters(), lr=LR, betas=BETAS)
     real, fake, yy, rho = zhang_units(x, y, r)
 

@@ -1,7 +1,7 @@
 """Utility benchmark (DPImageBench protocol): is the synthetic data any use to someone who trains on it?
 
 For each recipe (a config in configs/) and each ε it runs the whole pipeline as a user would
-(`dpsynth pipeline run`: partition with a 10% keyed-hash hold-out never trained on, warm start,
+(`dpsynth pipeline run`: partition with a 10% keyed-hash hold-out never trained on, pre-training,
 private training, audit, sample, evaluate) on the bundled MNIST and reads the evaluate stage's
 report: CNN gen2real accuracy on the held-out real records (trained on synthetic, epoch chosen on
 synthetic validation, tested on real), logistic regression, fid_classifier, Inception Score; plus the

@@ -4,13 +4,13 @@ The 10,000 bundled images are split by the partition stage's keyed hash: 10% hel
 set of every classifier here), 2% public (the paper's 2:98 ratio), the rest private. Both methods
 train on the same private records with the same expected batch B, the same number T of private
 discriminator/critic steps and noise calibrated so that T steps spend exactly ≤ (ε, δ); dp-GAN
-may also use the public records (warm start, clipping bounds), which DPGAN cannot.
+may also use the public records (pre-training, clipping bounds), which DPGAN cannot.
 
 Utility: sample N labelled images (classes balanced) from each generator, fit a logistic
 regression on them, report its accuracy on the held-out real images. Two references put the
 numbers in context: the same classifier fit on the public records alone (what the public data
 give without any private training) and on the private records themselves (no privacy).
-Time: wall-clock seconds of each training (warm start reported separately), in one process.
+Time: wall-clock seconds of each training (pre-training reported separately), in one process.
 
     .venv/stage/bin/python benchmarks/run.py zhang-vs-dpgan   # the suite in benchmarks/suites.toml; arguments: measure()
 """
@@ -37,9 +37,9 @@ KEY = "dpsynth-benchmark"
 
 VARIANTS = {
     "dpgan": ["train.method=dpgan"],
-    # Algorithm 3 as in the paper: warm start, adaptive bounds every step, clustering into k = 5
+    # Algorithm 3 as in the paper: pre-training, adaptive bounds every step, clustering into k = 5
     "zhang": ["train.method=zhang"],
-    "zhang-no-warm": ["train.method=zhang", "zhang.warm_start_iterations=0"],
+    "zhang-no-warm": ["train.method=zhang", "zhang.pretrain_iterations=0"],
     "zhang-global": ["train.method=zhang", "zhang.grouping=global"],
 }
 
@@ -76,8 +76,8 @@ def synthetic(generator_path: str, n: int, *, num_classes: int, seed: int):
 
 def run_variant(name: str, args, private, public, workdir: Path) -> dict:
     from dpsynth.methods.dpgan import DPGANTrainer
-    from dpsynth.methods.warm_starts import warm_start
-    from dpsynth.methods.networks import load_warm_start
+    from dpsynth.methods.pretraining import pretrain
+    from dpsynth.methods.networks import load_pretrained
     from dpsynth.methods.zhang import ZhangTrainer
 
     overrides = [
@@ -88,19 +88,19 @@ def run_variant(name: str, args, private, public, workdir: Path) -> dict:
         "tracking.enabled=false", f"train.seed={args.seed}", *VARIANTS[name],
     ]
     cfg = load_config(overrides=overrides)
-    out = {"variant": name, "warm_start_seconds": 0.0}
+    out = {"variant": name, "pretrain_seconds": 0.0}
     torch.manual_seed(args.seed)
     if cfg.train.method == "dpgan":
         trainer = DPGANTrainer(cfg, private)
     else:
         state = None
-        if cfg.zhang.warm_start_iterations:
+        if cfg.zhang.pretrain_iterations:
             started = time.monotonic()
             path = workdir / f"{name}-warm.pt"
-            warm_start(cfg, public, out_path=str(path))
-            out["warm_start_seconds"] = time.monotonic() - started
-            state = load_warm_start(path.read_bytes())
-        trainer = ZhangTrainer(cfg, private, public=public, warm_start_state=state)
+            pretrain(cfg, public, out_path=str(path))
+            out["pretrain_seconds"] = time.monotonic() - started
+            state = load_pretrained(path.read_bytes())
+        trainer = ZhangTrainer(cfg, private, public=public, pretrained_state=state)
     started = time.monotonic()
     result = trainer.train()
     out.update(train_seconds=time.monotonic() - started, epsilon=result.epsilon, steps=result.steps,
@@ -139,7 +139,7 @@ def measure(*, epsilon: float = 4.0, delta: float = 1e-5, steps: int = 600, batc
     for r in rows:
         if "epsilon" in r:
             print(f"{r['variant']:34s} {r['accuracy']:8.3f} {r['epsilon']:8.3f} {r['noise_multiplier']:7.3f} "
-                  f"{r['generator_steps']:7d} {r['warm_start_seconds']:7.1f} {r['train_seconds']:8.1f}")
+                  f"{r['generator_steps']:7d} {r['pretrain_seconds']:7.1f} {r['train_seconds']:8.1f}")
         else:
             print(f"{r['variant']:34s} {r['accuracy']:8.3f}")
     wall = time.monotonic() - started

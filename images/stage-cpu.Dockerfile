@@ -1,4 +1,4 @@
-# The stage image, CPU: `dpsynth <stage> ...` (partition|warmstart|train|audit|sample|evaluate|pipeline).
+# The stage image, CPU: `dpsynth <stage> ...` (partition|pretrain|train|audit|sample|evaluate|pipeline).
 # Build from the repository root:  buildah bud --isolation chroot -f images/stage-cpu.Dockerfile -t dpsynth-stage:cpu .
 # The base must have Python 3.11 with pip and venv (see images/README.md for a debootstrap-made one).
 ARG BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm

@@ -1,5 +1,5 @@
 # The stage image, CUDA: same entrypoint as stage-cpu, with torch built for CUDA 12.8
-# (pinned in images/stage-cuda.constraints). The GPU stages (warmstart, train) run in it.
+# (pinned in images/stage-cuda.constraints). The GPU stages (pretrain, train) run in it.
 # Build from the repository root:  buildah bud --isolation chroot -f images/stage-cuda.Dockerfile -t dpsynth-stage:cuda .
 ARG BASE_IMAGE=docker.io/nvidia/cuda:12.8.1-runtime-ubuntu24.04
 FROM ${BASE_IMAGE}

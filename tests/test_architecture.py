@@ -141,7 +141,7 @@ def test_the_six_stages_are_in_stages_and_nothing_else_is():
     protocol = ast.parse((folder / "protocol.py").read_text(encoding="utf-8"))
     stages = next(ast.literal_eval(n.value) for n in protocol.body if isinstance(n, ast.Assign)
                   and any(isinstance(t, ast.Name) and t.id == "STAGES" for t in n.targets))
-    assert sorted(stages) == sorted(("partition", "warmstart", "train", "audit", "sample", "evaluate"))
+    assert sorted(stages) == sorted(("partition", "pretrain", "train", "audit", "sample", "evaluate"))
     declared = {}
     for name in names & set(stages):
         tree = ast.parse((folder / f"{name}.py").read_text(encoding="utf-8"))

@@ -15,7 +15,7 @@ import yaml
 
 from dpsynth import __version__, cli
 from dpsynth.config import TrainConfig, load_config
-from dpsynth.pipeline.train_cli import METHODS
+from dpsynth.runner.train_cli import METHODS
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "opacus", "mlflow", "pyarrow", "numpy", "sqlalchemy")

@@ -17,15 +17,16 @@ from dpsynth import __version__, log, termination, threads
 from dpsynth.errors import DpsynthError
 
 
+RENAMED_COMMANDS = {"warmstart": "pretrain"}  # an old command name: refused with the new one (#53)
 QUIET_COMMANDS = {"config", "ledger", "privacy", "release"}  # they compute little: their thread count is not logged
 
 
 def build_parser() -> argparse.ArgumentParser:
     from dpsynth.data import cli as data_cli
-    from dpsynth.pipeline import train_cli
+    from dpsynth.runner import train_cli
     from dpsynth.privacy import cli as privacy_cli
     from dpsynth.ledger import cli as ledger_cli
-    from dpsynth.pipeline import cli as stages_cli
+    from dpsynth.runner import cli as stages_cli
     from dpsynth.release import cli as release_cli
 
     parser = argparse.ArgumentParser(
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_config(subparsers) -> None:
-    from dpsynth.pipeline.cli import add_config_options
+    from dpsynth.runner.cli import add_config_options
 
     config = subparsers.add_parser("config", help="print the resolved configuration",
                                    description="Show the settings a command given the same --config and --set "
@@ -109,6 +110,11 @@ def refuse_ranks(command: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    if command in RENAMED_COMMANDS:
+        print(f"dpsynth: error: COMMAND: `dpsynth {command}` is now `dpsynth {RENAMED_COMMANDS[command]}`",
+              file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     log.configure(args.verbose - args.quiet)
     try:

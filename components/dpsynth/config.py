@@ -59,9 +59,9 @@ Bool = StrictBool
 # Airflow form, the KFP inputs) and --help need the names alone.
 METHODS = {
     "dpgan": "DPGAN of Bie et al., 'Private GANs, Revisited': DP-SGD discriminator, Poisson sampling",
-    "gswgan": "GS-WGAN (Chen et al. 2020): sanitized generator gradients, K warm-started shard critics",
+    "gswgan": "GS-WGAN (Chen et al. 2020): sanitized generator gradients, K pre-trained shard critics",
     "dpac": "DP-GAN-DPAC (Chen et al. 2023): GS-WGAN plus a dual-purpose auxiliary classifier",
-    "zhang": "dp-GAN (Zhang et al.): WGAN-GP with a DP critic, parameter grouping, public warm start",
+    "zhang": "dp-GAN (Zhang et al.): WGAN-GP with a DP critic, parameter grouping, public pre-training",
     "gswgan_federated": "federated GS-WGAN: server and K clients, the ranks of one torchrun job (gloo)",
     "private-evolution": "Private Evolution (Lin et al. 2024) on the public prior (Sim-PE): noisy votes for "
                          "rendered figures",
@@ -101,7 +101,7 @@ class DataConfig:
         0.1, ge=0, lt=1,
         description="The pipeline holds out the records whose keyed hash (see partition.key) falls below this "
                     "fraction; `evaluate` tests on them and they are never trained on. 0: nothing held out.")
-    # Public data (dp-GAN of Zhang et al.: warm start, adaptive clipping bounds), at most one of the three below.
+    # Public data (dp-GAN of Zhang et al.: pre-training, adaptive clipping bounds), at most one of the three below.
     # Public records are never in a training shard. See dpsynth.data.public.
     public_fraction: Float = Field(
         0.0, ge=0, lt=1,
@@ -166,7 +166,7 @@ class TrainConfig:
     every method."""
 
     method: MethodName = Field(
-        "dpgan", description="dpgan: Bie et al.; gswgan / dpac: GS-WGAN and DP-GAN-DPAC (one warm-started "
+        "dpgan", description="dpgan: Bie et al.; gswgan / dpac: GS-WGAN and DP-GAN-DPAC (one pre-trained "
                              "discriminator per shard; sections gswgan, dpac); gswgan_federated: GS-WGAN with each "
                              "shard a client process; zhang: dp-GAN of Zhang, Ji & Wang (section zhang; needs "
                              "public data, data.public_*); private-evolution: Private Evolution on the public prior "
@@ -287,9 +287,9 @@ class PartitionConfig:
 
 
 @dataclass(frozen=True, config=SECTION)
-class WarmstartConfig:
-    """How ``dpsynth warmstart`` runs the per-shard warm starts it finds not yet done (Airflow and
-    KFP fan them out as ``dpsynth warmstart --shard K`` tasks instead)."""
+class PretrainConfig:
+    """How ``dpsynth pretrain`` runs the per-shard pre-training runs it finds not yet done (Airflow and
+    KFP fan them out as ``dpsynth pretrain --shard K`` tasks instead)."""
 
     workers: Int = Field(1, ge=1, description="Local processes; each gets cpu_count // workers torch threads.")
 
@@ -382,7 +382,7 @@ class GSWGANConfig:
     size, widths and learning rates are DPGAN's and are not used here; ``train.n_d`` is n_dis.
     """
 
-    warmstart_iterations: Int = Field(2000, ge=0, description="T_w: non-private iterations per shard (0: D_k starts "
+    pretrain_iterations: Int = Field(2000, ge=0, description="T_w: non-private iterations per shard (0: D_k starts "
                                                               "fresh).")
     batch_size: Int = Field(32, ge=1, description="B: real and fake records per critic step, sanitized samples per "
                                                   "G step.")
@@ -420,7 +420,7 @@ class DPACConfig:
 @dataclass(frozen=True, config=SECTION)
 class ZhangConfig:
     """dp-GAN of Zhang, Ji & Wang (seed 004): WGAN-GP with a DP critic, parameter grouping,
-    adaptive clipping bounds and a warm start, both from public data (``data.public_*``)."""
+    adaptive clipping bounds and a pre-training, both on public data (``data.public_*``)."""
 
     gp_weight: Float = Field(10.0, ge=0, description="λ of the gradient penalty.")
     grouping: Literal["global", "weight_bias", "per_layer", "clustering"] = Field(
@@ -431,8 +431,8 @@ class ZhangConfig:
     adaptive_clipping: Bool = Field(True, description="Bounds = mean per-example group norm on a public batch.")
     update_every: Int = Field(1, ge=1, description="Critic steps between bound (and clustering) updates.")
     public_batch_size: Int = Field(64, ge=1, description="m_pub.")
-    warm_start_iterations: Int = Field(300, ge=0, description="t_warm generator iterations on public data; 0: no "
-                                                              "warm start.")
+    pretrain_iterations: Int = Field(300, ge=0, description="t_warm generator iterations on public data; 0: no "
+                                                              "pre-training.")
     lr: Float = Field(2e-3, gt=0, description="Adam α of both networks (Table 1, MNIST).")
     lr_g: Float | None = Field(None, gt=0, description="The generator's Adam α when it differs (a slow G keeps a "
                                                        "private warm-up).")
@@ -582,7 +582,7 @@ class RunConfig:
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
-    warmstart: WarmstartConfig = Field(default_factory=WarmstartConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     gswgan: GSWGANConfig = Field(default_factory=GSWGANConfig)
     dpac: DPACConfig = Field(default_factory=DPACConfig)
@@ -626,7 +626,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def fingerprint(
-        self, *, exclude: tuple[str, ...] = ("output", "tracking", "ledger", "warmstart", "sample", "evaluate", "audit",
+        self, *, exclude: tuple[str, ...] = ("output", "tracking", "ledger", "pretrain", "sample", "evaluate", "audit",
                                   "pipeline")
     ) -> str:
         """sha256 of the settings that determine the training result (what resume must match)."""
@@ -654,7 +654,7 @@ def _adapter() -> TypeAdapter:
 # pipeline's inputs and ``extra``): the recipe. "section.*" is every setting of the section. Every other setting
 # is the platform's (an allow-list: a setting added to the models is the platform's until it is listed here).
 RUN_SETTINGS = ("data.uri", "privacy.epsilon", "privacy.delta", "privacy.noise_multiplier", "privacy.max_grad_norm",
-                "train.*", "zhang.*", "gswgan.*", "dpac.*", "warmup.*", "evolution.*", "warmstart.*", "partition.num_shards",
+                "train.*", "zhang.*", "gswgan.*", "dpac.*", "warmup.*", "evolution.*", "pretrain.*", "partition.num_shards",
                 "sample.*", "evaluate.classifier", "evaluate.suite", "evaluate.max_iter", "evaluate.epochs",
                 "evaluate.feature_steps", "evaluate.validation_fraction", "evaluate.max_train_records",
                 "evaluate.mia", "evaluate.mia_records", "evaluate.mia_generated", "evaluate.curve_samples",
@@ -782,7 +782,10 @@ def _config_error(exc: ValidationError) -> ConfigError:
 
 
 # Settings that were renamed: a file or --set that still names one is refused with the new name.
-RENAMED = {"gswgan.n_dis": "train.n_d", "zhang.n_critic": "train.n_d"}
+RENAMED = {"gswgan.n_dis": "train.n_d (one name in every method)",
+           "zhang.n_critic": "train.n_d (one name in every method)",
+           # the non-private stage is "pre-training" (#53): "warm-up" names only the private releases
+           "warmstart": "pretrain", "gswgan.warmstart_iterations": "gswgan.pretrain_iterations", "zhang.warm_start_iterations": "zhang.pretrain_iterations"}
 
 
 def _set_path(d: dict, dotted: str, raw: str) -> None:
@@ -814,8 +817,9 @@ def load_config(path: str | Path | None = None, *, overrides: list[str] | tuple[
         _set_path(values, key.strip(), raw)
     for old_name, new_name in RENAMED.items():
         section, _, field = old_name.partition(".")
-        if isinstance(values.get(section), dict) and field in values[section]:
-            raise ConfigError(f"{old_name}: renamed {new_name} (one name in every method)")
+        if (field in values[section] if field and isinstance(values.get(section), dict)
+                else not field and section in values):
+            raise ConfigError(f"{old_name}: renamed {new_name}")
     try:
         return _adapter().validate_python(values, context={"check": check})
     except ValidationError as exc:

@@ -11,9 +11,9 @@ then declared here, with its reason). Three rules for the fields that name data:
 
 - ``KEYED``: a content hash. Outside the release zone it leaves as its keyed version id (``key``: HMAC under the
   run's key in the sensitive zone, :func:`dpsynth.stages.protocol.dataset_version`), never raw — a raw hash of a
-  shard, of a warm-started discriminator or of a manifest is a membership test for anyone who knows the other
+  shard, of a pre-trained discriminator or of a manifest is a membership test for anyone who knows the other
   records. A file of the release zone (an entry whose ``zone`` is ``"release"``) is published, and so is its hash.
-- ``WITHHELD``: a count or a duration of one shard or one class (``rows`` of a shard file, a shard's warm-start
+- ``WITHHELD``: a count or a duration of one shard or one class (``rows`` of a shard file, a shard's pre-training
   seconds): null outside the release zone. The counts that are public (n, the held-out count) are fields of their
   own (``training_records``, ``heldout_records``).
 - anything else the shape names leaves as it is: configuration, accounted ε and δ, the trace's events (fixed by the
@@ -96,19 +96,19 @@ DETAILS = {  # every stage's manifest details, one allow-list (a stage's new det
     "image_shape": "the image shape H×W×C (public: docs/privacy.md)",
     "key": "the partition key's digest (never the key)",
     "assignment": "how records are assigned to shards (text)",
-    # warmstart: whole-stage figures only, none per shard (#52 item 8)
-    "performed": "whether the method warm-starts (code)",
+    # pretrain: whole-stage figures only, none per shard (#52 item 8)
+    "performed": "whether the method pre-trains (code)",
     "reason": "why not (text)",
     "shards": "K (configuration)",
-    "ran_here": "how many shards this task warm-started (K, or fewer when an earlier task did some)",
-    "workers": "warmstart.workers (configuration)",
+    "ran_here": "how many shards this task pre-trained (K, or fewer when an earlier task did some)",
+    "workers": "pretrain.workers (configuration)",
     "fan_in_seconds": "the whole stage's wall time (as MLflow's run duration shows it)",
     "shard_seconds_total": WITHHELD,  # the shards' times (the sensitive manifest keeps them: benchmarks read them)
     "shard_seconds_max": WITHHELD,  # one shard's time: depends on its size when it is smaller than the batch
-    "iterations": "the public warm start's iterations (configuration)",
-    "iterations_per_second": "the public warm start's speed (public data only)",
+    "iterations": "the public pre-training's iterations (configuration)",
+    "iterations_per_second": "the public pre-training's speed (public data only)",
     "critic_steps_per_iteration": "train.n_d, dp-GAN's n_critic (configuration)",
-    "seconds": "the public warm start's wall time (dp-GAN: public data only)",
+    "seconds": "the public pre-training's wall time (dp-GAN: public data only)",
     "blocks": "the privacy blocks the run reads (its window: chosen by public rules from the blocks' arrival and "
               "the ledger's charges, before any record is read; docs/privacy.md, \"Privacy blocks\")",
     # train
@@ -165,17 +165,17 @@ OUTCOME = {  # ``dpsynth <stage> --json``, ``dpsynth train --launch … --json``
     "trainjob": Free("the job's kind, name, namespace and shape (configuration)"),
 }
 
-SHARD = {  # ``dpsynth warmstart --shard K --json``: one fan-out task's record
+SHARD = {  # ``dpsynth pretrain --shard K --json``: one fan-out task's record
     "format": "the record format's name (code)",
     "shard": "K (the task's index: configuration)",
     "status": "succeeded | skipped",
-    "performed": "whether the method warm-starts per shard (code)",
+    "performed": "whether the method pre-trains per shard (code)",
     "reason": "why not (text)",
     "config_fingerprint": "sha256 of the configuration (no data)",
     "input_sha256": KEYED,
     "output": ENTRY,
     "seconds": WITHHELD,  # one shard's time: depends on its size when it is smaller than the batch (#52 item 8)
-    "details": {"shard": "K (configuration)", "iterations": "gswgan.warmstart_iterations (configuration)",
+    "details": {"shard": "K (configuration)", "iterations": "gswgan.pretrain_iterations (configuration)",
                 "seconds": WITHHELD, "iterations_per_second": WITHHELD},  # one shard's time and speed (#52 item 8)
 }
 

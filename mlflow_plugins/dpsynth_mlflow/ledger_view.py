@@ -27,8 +27,8 @@ from typing import Any
 
 from dpsynth import egress, storage, tracking
 
-STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
-ZONE = {"partition": "sensitive", "warmstart": "sensitive", "train": "sensitive", "audit": "sensitive",
+STAGES = ("partition", "pretrain", "train", "audit", "sample", "evaluate")
+ZONE = {"partition": "sensitive", "pretrain": "sensitive", "train": "sensitive", "audit": "sensitive",
         "sample": "release", "evaluate": "release"}
 TAG_STATUS = "dpsynth.stage_status"
 TAG_RUN_DIR = "dpsynth.run_dir"

@@ -1,7 +1,7 @@
 """Kubeflow Pipelines v2: the six dpsynth stages, one task each, under one MLflow parent run.
 
     ExitHandler(finish):
-        start → partition → warmstart --shard k (ParallelFor over k < K, GPU) → warmstart (fan-in)
+        start → partition → pretrain --shard k (ParallelFor over k < K, GPU) → pretrain (fan-in)
               → train (one GPU pod), or train-job when train_nodes × train_gpus_per_node > 1
               → audit → sample → evaluate
     finish (the exit task: runs however the group ended, and closes the MLflow parent run with the verdict the
@@ -21,7 +21,7 @@ Two flavours of one wiring (``_wire``), so they cannot drift apart:
 - ``local_pipeline``: lightweight Python components that run the same CLI with the current
   interpreter (``sys.executable -m dpsynth.cli``), for ``kfp.local.SubprocessRunner`` (``run_local.py``).
 
-Each stage takes its upstream's output artifact as an ``Input[...]`` (``INPUTS_OF``: warm start and train take
+Each stage takes its upstream's output artifact as an ``Input[...]`` (``INPUTS_OF``: pre-training and train take
 partition's Dataset, audit and sample the train stage's Model (``dsl.OneOf`` of the two train branches), evaluate
 sample's Dataset); the container program checks that it names a manifest of this run that the upstream stage
 wrote (``stage_program.check_inputs``) before the stage runs. Besides, tasks pass plain values: the run directory
@@ -77,8 +77,8 @@ from dpsynth.errors import ConfigError
 STAGE_IMAGE = os.environ.get("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:cpu")
 GPU_IMAGE = os.environ.get("DPSYNTH_GPU_IMAGE", "dpsynth-stage:cuda")  # the CUDA image, for the GPU stages' pods
 ACCELERATOR = "nvidia.com/gpu"  # KFP accelerator type → resources.limits["nvidia.com/gpu"] on the pod
-# The stages whose pods get a GPU (the chart's stage.gpu.stages): "warmstart" is the per-shard warm starts
-GPU_STAGES = tuple(os.environ.get("DPSYNTH_GPU_STAGES", "warmstart,train").split(","))
+# The stages whose pods get a GPU (the chart's stage.gpu.stages): "pretrain" is the per-shard pre-training runs
+GPU_STAGES = tuple(os.environ.get("DPSYNTH_GPU_STAGES", "pretrain,train").split(","))
 GPU_LIMIT = int(os.environ.get("DPSYNTH_GPU_LIMIT", "1"))
 GPU_TOLERATIONS = json.loads(os.environ.get("DPSYNTH_GPU_TOLERATIONS") or
                              '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]')
@@ -122,8 +122,8 @@ RESOURCES = {"cpu": {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memo
              "gpu": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "32Gi"}}, "stages": {},
              **json.loads(os.environ.get("DPSYNTH_STAGE_RESOURCES") or "{}")}
 RETRIES = 2
-# How many per-shard warm-start pods run at once (ParallelFor parallelism; K can be 50 GPU pods otherwise).
-WARMSTART_PARALLELISM = int(os.environ.get("DPSYNTH_WARMSTART_PARALLELISM", "8"))
+# How many per-shard pre-training pods run at once (ParallelFor parallelism; K can be 50 GPU pods otherwise).
+PRETRAIN_PARALLELISM = int(os.environ.get("DPSYNTH_PRETRAIN_PARALLELISM", "8"))
 RETRY_BACKOFF = "120s"
 TIMEOUT_SECONDS = 12 * 3600
 
@@ -161,10 +161,10 @@ def _cli_args(command: str, p: dict, outputs: dict | None = None, inputs: dict |
     """The arguments of :data:`_RUN` for one command: ``dpsynth`` argv (after the program), with the pseudo-options
     ``--config-file PATH`` (dropped when empty) and ``--extra-settings JSON`` (``extra``, a list) that ``_RUN``
     resolves. ``p`` holds the task's inputs (placeholders); a setting that is None is left out
-    (``dsl.IfPresentPlaceholder``: the config's value). "warmstart shard" is ``dpsynth warmstart --shard K``, one
+    (``dsl.IfPresentPlaceholder``: the config's value). "pretrain shard" is ``dpsynth pretrain --shard K``, one
     iteration of the fan-out; "train job" is the train stage launched as a TrainJob (``dpsynth train --launch
     trainjob``, with the stage's shape)."""
-    heads = {"warmstart shard": ["warmstart", "--shard", p.get("shard_index")],
+    heads = {"pretrain shard": ["pretrain", "--shard", p.get("shard_index")],
              "train job": ["train", "--launch", "trainjob"]}
     head = heads.get(command) or command.split()
     args = [*head, "--json", "--run-dir", p["run_dir"], "--pipeline-run-id", p["pipeline_run_id"]]
@@ -191,21 +191,21 @@ OUTPUTS = {"partition": {"dataset": dsl.Dataset}, "train": {"model": dsl.Model},
 # by (``partitioned``: partition's dataset; ``trained``: the train stage's model, from whichever branch ran;
 # ``sampled``: sample's synthetic dataset). The container program checks it names a manifest of this run's
 # (stage_program.check_inputs) before the stage runs.
-INPUTS_OF = {"warmstart shard": {"partitioned": dsl.Dataset}, "warmstart": {"partitioned": dsl.Dataset},
+INPUTS_OF = {"pretrain shard": {"partitioned": dsl.Dataset}, "pretrain": {"partitioned": dsl.Dataset},
              "train": {"partitioned": dsl.Dataset}, "train job": {"partitioned": dsl.Dataset},
              "audit": {"trained": dsl.Model}, "sample": {"trained": dsl.Model}, "evaluate": {"sampled": dsl.Dataset}}
 
 
 def _container(command: str):
     """The container component of one ``dpsynth`` command (its name: dpsynth-<command>): inputs the run's ids, the
-    base config and the settings (optional: None is the config's), ``shard_index`` for a warm-start shard, the
+    base config and the settings (optional: None is the config's), ``shard_index`` for a pre-training shard, the
     train stage's shape for the train job; outputs ``start``'s parent run id and the artifacts of :data:`OUTPUTS`.
     ``pipeline finish`` takes no parent run id: it is the pipeline's exit task, which may depend on no task (it
     finds the parent run by the pipeline run id)."""
     P = inspect.Parameter
     names = ["run_dir", "pipeline_run_id"]
     names += [] if command in ("pipeline start", "pipeline finish") else ["parent_run_id"]
-    names += ["dataset_uri", "config", "extra"] + (["shard_index"] if command == "warmstart shard" else [])
+    names += ["dataset_uri", "config", "extra"] + (["shard_index"] if command == "pretrain shard" else [])
     types = {"extra": list, "shard_index": int}
     params = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=types.get(n, str)) for n in names]
     settings = {**SETTINGS, **(LAUNCH if command == "train job" else {})}
@@ -230,9 +230,9 @@ def _container(command: str):
     return dsl.container_component(fn)
 
 
-# The stage (chart's names: stage.gpu.stages, stage.resources.stages) of each command's pod; the warm start's fan-in
+# The stage (chart's names: stage.gpu.stages, stage.resources.stages) of each command's pod; the pre-training's fan-in
 # only reads what the per-shard pods wrote (a CPU pod)
-STAGE_OF = {"pipeline start": "start", "warmstart shard": "warmstart", "warmstart": "warmstart-fan-in",
+STAGE_OF = {"pipeline start": "start", "pretrain shard": "pretrain", "pretrain": "pretrain-fan-in",
             "train job": "train-job", "pipeline finish": "finish"}
 
 
@@ -245,7 +245,7 @@ def image(command: str) -> str:
     return GPU_IMAGE if stage_of(command) in GPU_STAGES else STAGE_IMAGE
 
 
-CONTAINER = {c: _container(c) for c in ("pipeline start", "partition", "warmstart shard", "warmstart", "train", "train job",
+CONTAINER = {c: _container(c) for c in ("pipeline start", "partition", "pretrain shard", "pretrain", "train", "train job",
                                         "audit", "sample", "evaluate", "pipeline finish")}
 
 
@@ -253,7 +253,7 @@ CONTAINER = {c: _container(c) for c in ("pipeline start", "partition", "warmstar
 
 @dsl.component(base_image=STAGE_IMAGE, install_kfp_package=False)
 def shard_indices(parent_run_id: str, config: str, extra: list, num_shards: int = 0) -> list:
-    """What the warm-start fan-out iterates over: [{"shard": i, "parent_run_id": …} for i < K], K the run's
+    """What the pre-training fan-out iterates over: [{"shard": i, "parent_run_id": …} for i < K], K the run's
     partition.num_shards (``num_shards``; 0, the default: the config's. Not None: kfp.local cannot take it).
 
     The parent run id rides in the loop items because kfp.local (2.17.0) replaces every task output
@@ -290,7 +290,7 @@ def local_stage(command: str, run_dir: str, pipeline_run_id: str, dataset_uri: s
     import sys
     from typing import NamedTuple
 
-    heads = {"warmstart shard": ["warmstart", "--shard", str(shard_index)],
+    heads = {"pretrain shard": ["pretrain", "--shard", str(shard_index)],
              "train job": ["train", "--launch", "torchrun"]}
     head = heads.get(command) or command.split()
     argv = [*head, "--json", "--run-dir", run_dir, "--pipeline-run-id", pipeline_run_id]
@@ -335,10 +335,10 @@ def _stages(step, p: dict, common: dict, settings: dict, finish, *, cluster: boo
     shards = shard_indices(**{k: v for k, v in settings.items() if k == "num_shards"},
                            parent_run_id=ids["parent_run_id"], config=p["config"], extra=p["extra"])
     shards.after(partition).set_caching_options(False)
-    with dsl.ParallelFor(shards.output, parallelism=WARMSTART_PARALLELISM) as shard:
-        per_shard = step("warmstart shard", shard_index=shard.shard, **partitioned,
+    with dsl.ParallelFor(shards.output, parallelism=PRETRAIN_PARALLELISM) as shard:
+        per_shard = step("pretrain shard", shard_index=shard.shard, **partitioned,
                          **dict(ids, parent_run_id=shard.parent_run_id))
-    warm = step("warmstart", **partitioned, **ids).after(per_shard)  # fan-in: after every iteration of the loop
+    warm = step("pretrain", **partitioned, **ids).after(per_shard)  # fan-in: after every iteration of the loop
     shape = {name: p[name] for name in LAUNCH if name in p}
     distributed = train_distributed(**shape, config=p["config"], extra=p["extra"]).after(warm).set_caching_options(False)
     with dsl.If(distributed.output == True, "several ranks"):  # noqa: E712 (a KFP condition, not a Python test)
@@ -351,7 +351,7 @@ def _stages(step, p: dict, common: dict, settings: dict, finish, *, cluster: boo
     sampled = {"sampled": sample.outputs["synthetic"]} if cluster else {}
     evaluate = step("evaluate", **sampled, **ids).after(sample)
     if cluster:
-        named = {"start": start, "partition": partition, "warmstart": per_shard, "warmstart-fan-in": warm,
+        named = {"start": start, "partition": partition, "pretrain": per_shard, "pretrain-fan-in": warm,
                  "train": train, "train-job": job, "audit": audit, "sample": sample, "evaluate": evaluate,
                  "finish": finish}
         for stage, task in named.items():  # audit: one draw; finish: the verdict
@@ -431,7 +431,7 @@ def _documented(pipeline):
 
 
 # Every settings input is optional: None (left empty) keeps the config's value.
-@dsl.pipeline(name="dpsynth", description="dpsynth: partition, warmstart ×K, train (GPU), audit, sample, evaluate")
+@dsl.pipeline(name="dpsynth", description="dpsynth: partition, pretrain ×K, train (GPU), audit, sample, evaluate")
 @_documented
 def dpsynth_pipeline(dataset_uri: str, run_dir: str, config: str = CONFIG,
                      extra: list = [],  # noqa: B006 (KFP default)

@@ -71,7 +71,7 @@ def _option(argv, name):
 
 def verdict_record(argv):
     """Where a verdict of this task is recorded: under the run's sensitive zone, per pipeline run and command (a
-    warm-start shard per shard); None without a run directory or pipeline run id."""
+    pre-training shard per shard); None without a run directory or pipeline run id."""
     run_dir, run_id = _option(argv, "--run-dir"), _option(argv, "--pipeline-run-id")
     if not (run_dir and run_id):
         return None

@@ -17,7 +17,7 @@ AUDITED = ("privacy.epsilon=0.5", "train.steps=100", "audit.empirical=full", "au
 
 @pytest.fixture(scope="module")
 def trained_at_half_once(tmp_path_factory, source):
-    return pristine_run(tmp_path_factory, source, "partition", "warmstart", "train", overrides=AUDITED)
+    return pristine_run(tmp_path_factory, source, "partition", "pretrain", "train", overrides=AUDITED)
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def test_tracked_the_figures_reach_mlflow_the_release_and_the_ledger_page(tmp_pa
     assert dpsynth("pipeline", "start", "--run-dir", run_dir, "--pipeline-run-id", "emp", *settings(source, *tracked)) == 0
     parent = json.loads(capsys.readouterr().out)["parent_run_id"]
     ids = ["--run-dir", run_dir, "--parent-run-id", parent, "--pipeline-run-id", "emp"]
-    for name in ("partition", "warmstart", "train", "audit", "sample"):
+    for name in ("partition", "pretrain", "train", "audit", "sample"):
         assert dpsynth(name, *ids, *settings(source, *tracked)) == 0, name
     r = report(run_dir)
     lower = r["empirical"]["epsilon_lower"]

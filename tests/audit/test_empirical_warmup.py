@@ -151,7 +151,7 @@ def test_a_looser_clip_of_the_image_part_fails_the_bound_test(monkeypatch):
 
 
 def test_the_pipeline_summary_shows_the_verdict():
-    from dpsynth.pipeline import run as pipeline
+    from dpsynth.runner import run as pipeline
 
     s = {"stages": [], "audit": "passed", "empirical": "inconclusive", "epsilon_total": 9.99, "delta": 1e-5}
     assert "| **total** | audit passed, empirical audit inconclusive |" in pipeline.table(s)

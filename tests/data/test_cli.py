@@ -100,7 +100,7 @@ def test_help_describes_the_sources(run, capsys):
 
 def test_top_level_cli_turns_dataset_errors_into_exit_code_2(tmp_path, capsys):
     pytest.importorskip("dpsynth.privacy.cli")
-    pytest.importorskip("dpsynth.pipeline.train_cli")
+    pytest.importorskip("dpsynth.runner.train_cli")
     from dpsynth.cli import main
 
     assert main(["data", "info", str(tmp_path / "absent.parquet")]) == 2

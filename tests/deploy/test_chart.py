@@ -124,7 +124,7 @@ def test_default_values_render_no_secret_and_cpu_settings():
     assert env["DPSYNTH_EXECUTOR"] == "kubernetes"
     assert env["DPSYNTH_STAGE_IMAGE"] == "dpsynth-stage:cpu"
     assert env["DPSYNTH_K8S_NAMESPACE"] == "dpsynth"
-    assert env["DPSYNTH_GPU_STAGES"] == "warmstart,train" and env["DPSYNTH_GPU_LIMIT"] == "1"
+    assert env["DPSYNTH_GPU_STAGES"] == "pretrain,train" and env["DPSYNTH_GPU_LIMIT"] == "1"
     assert env["DPSYNTH_STAGE_SECRET"] == "dpsynth-stage"
 
 
@@ -133,7 +133,7 @@ def test_gpu_values_reach_airflow_env():
     env = find(render(*VARIANTS["gpu"]), "ConfigMap", "-airflow-env")["data"]
     assert env["DPSYNTH_STAGE_IMAGE"] == "dpsynth-stage:cpu" and env["DPSYNTH_GPU_IMAGE"] == "dpsynth-stage:cuda"
     assert env["DPSYNTH_K8S_NAMESPACE"] == "dpsynth-stages"
-    assert env["DPSYNTH_GPU_STAGES"] == "warmstart,train,evaluate"
+    assert env["DPSYNTH_GPU_STAGES"] == "pretrain,train,evaluate"
     assert env["DPSYNTH_GPU_LIMIT"] == "1"  # one process per pod; several GPUs: a TrainJob
     assert json.loads(env["DPSYNTH_GPU_NODE_SELECTOR"]) == {
         "cloud.google.com/gke-accelerator": "nvidia-h100-80gb", "dpsynth.io/pool": "gpu"}
@@ -400,7 +400,7 @@ def test_platform_script_switches_telemetry_off():
 @tools
 @pytest.mark.parametrize("bad, where", [
     (["--set", "mlflow.port=abc"], "/mlflow/port"),
-    (["--set", "stage.gpu.stages={warmstart,trian}"], "/stage/gpu/stages/1"),
+    (["--set", "stage.gpu.stages={pretrain,trian}"], "/stage/gpu/stages/1"),
     (["--set", "minio.enabeld=false"], "enabeld"),
     (["--set", "stage.startupTimeoutSeconds=0"], "/stage/startupTimeoutSeconds"),
     (["--set", "ledger.database=led-ger"], "/ledger/database"),

@@ -298,7 +298,7 @@ def test_the_gpu_stages_get_the_pool_the_images_and_the_placement(walked):
     pool = {k: v for k, v in values_gpu["nodeSelector"].items() if v is not None}
     platform = walked.compiled[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     executors = walked.compiled[0]["deploymentSpec"]["executors"]
-    for name in ("exec-dpsynth-warmstart-shard", "exec-dpsynth-train", "exec-dpsynth-evaluate"):
+    for name in ("exec-dpsynth-pretrain-shard", "exec-dpsynth-train", "exec-dpsynth-evaluate"):
         assert executors[name]["container"]["image"] == "registry.example.org/ml/dpsynth-stage:cuda", name
         assert platform[name]["nodeSelector"]["labels"] == pool, name
         assert {t["key"] for t in platform[name]["tolerations"]} == {t["key"] for t in values_gpu["tolerations"]}

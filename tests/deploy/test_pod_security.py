@@ -126,7 +126,7 @@ def test_every_pod_the_airflow_dags_create_is_restricted_sidecar_included(varian
     env = find(render(*VARIANTS[variant], "--set", "imagePullSecrets={regcred}"), "ConfigMap", "-airflow-env")["data"]
     pods = airflow_pods(env)
     train = {k.split(".", 1)[1]: v for k, v in pods.items() if k.startswith("dpsynth_train.")}
-    assert set(train) == {"start", "partition", "warmstart_shard", "warmstart", "train", "train_job", "audit", "sample",
+    assert set(train) == {"start", "partition", "pretrain_shard", "pretrain", "train", "train_job", "audit", "sample",
                           "evaluate", "finish"}
     assert "dpsynth_import_data.import_data" in pods
     for name, spec in pods.items():
@@ -135,7 +135,7 @@ def test_every_pod_the_airflow_dags_create_is_restricted_sidecar_included(varian
         assert spec["imagePullSecrets"] == [{"name": "regcred"}], name
     gpu_stages = env["DPSYNTH_GPU_STAGES"].split(",")
     for task, spec in train.items():
-        stage = {"warmstart_shard": "warmstart", "train_job": "train-job"}.get(task, task)
+        stage = {"pretrain_shard": "pretrain", "train_job": "train-job"}.get(task, task)
         gpu = stage in gpu_stages
         assert spec["containers"][0]["image"] == (env["DPSYNTH_GPU_IMAGE"] if gpu else env["DPSYNTH_STAGE_IMAGE"]), task
         assert spec["x-pool"] == ("dpsynth_gpu" if gpu else "default_pool"), task

@@ -37,7 +37,7 @@ def test_stage_resources_reach_the_airflow_pods(monkeypatch):
     assert of("evaluate") == (VALUES["stages"]["evaluate"]["requests"], VALUES["stages"]["evaluate"]["limits"])
     assert of("partition") == (VALUES["cpu"]["requests"], VALUES["cpu"]["limits"])  # "cpu" given, replaces the default
     assert of("train") == (VALUES["stages"]["train"]["requests"], {"memory": "64Gi", "nvidia.com/gpu": "1"})
-    assert of("warmstart") == ({"cpu": "4", "memory": "16Gi"}, {"memory": "32Gi", "nvidia.com/gpu": "1"})  # gpu: default
+    assert of("pretrain") == ({"cpu": "4", "memory": "16Gi"}, {"memory": "32Gi", "nvidia.com/gpu": "1"})  # gpu: default
 
 
 @tools
@@ -63,5 +63,5 @@ def test_stage_resources_reach_the_kfp_pods(tmp_path):
                               "resourceMemoryLimit": "16Gi"}
     assert of("partition") == {"resourceCpuRequest": "500m", "resourceMemoryRequest": "2Gi", "resourceMemoryLimit": "3Gi"}
     assert of("train") == {"resourceCpuRequest": "8", "resourceMemoryRequest": "60Gi", "resourceMemoryLimit": "64Gi"}
-    assert of("warmstart-shard") == {"resourceCpuRequest": "4", "resourceMemoryRequest": "16Gi",
+    assert of("pretrain-shard") == {"resourceCpuRequest": "4", "resourceMemoryRequest": "16Gi",
                                      "resourceMemoryLimit": "32Gi"}

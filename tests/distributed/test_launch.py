@@ -367,7 +367,7 @@ def test_trainjob_launch_end_to_end_on_a_local_stand_in(tmp_path, monkeypatch, c
     1 node × 2 ranks, a PyTorchJob of 2 nodes × 1 rank meeting at the rendezvous its operator sets) trains the stage;
     the launcher copies rank 0's messages to stderr and prints the stage's outcome."""
     run = tmp_path / "run"
-    stages(run, source, "partition", "warmstart", overrides=["partition.num_shards=1"])
+    stages(run, source, "partition", "pretrain", overrides=["partition.num_shards=1"])
     cluster = LocalTrainer(tmp_path, TEMPLATES[kind])
     name = launch.trainjob_name("r-1")
     cluster.jobs[name] = {**copy.deepcopy(TEMPLATES[kind]), "status": {"conditions": [
@@ -383,7 +383,7 @@ def test_trainjob_launch_end_to_end_on_a_local_stand_in(tmp_path, monkeypatch, c
     trained = manifest(run, "sensitive", "train")
     assert outcome["status"] == "succeeded" and trained["details"]["ranks"] == 2
     # what the orchestrators keep is the gated view (#52 item 1): the stage's ε and its files by keyed version ids,
-    # never a raw hash of a shard, of the partition or warm-start manifest, nor a per-shard count
+    # never a raw hash of a shard, of the partition or pre-training manifest, nor a per-shard count
     assert outcome["manifest"]["privacy"] == trained["privacy"]
     assert {o["uri"] for o in outcome["manifest"]["outputs"]} == {o["uri"] for o in trained["outputs"]}
     assert hits({"launch --json": out.encode()}, sensitive_hashes(run)) == []

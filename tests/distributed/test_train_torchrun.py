@@ -21,10 +21,10 @@ from tests.stages.conftest import ledger_with_budget, mnist600, one_torch_thread
 from tests.stages.helpers import TINY, dpsynth, manifest, settings, stages
 
 GSWGAN = ("train.method=gswgan", "partition.num_shards=3", "gswgan.d_width=4", "gswgan.g_width=4",
-          "gswgan.latent_dim=8", "gswgan.batch_size=16", "gswgan.warmstart_iterations=2", "train.n_d=2",
+          "gswgan.latent_dim=8", "gswgan.batch_size=16", "gswgan.pretrain_iterations=2", "train.n_d=2",
           "train.steps=4", "privacy.epsilon=50")
 ZHANG = ("train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
-         "zhang.warm_start_iterations=2", "zhang.num_groups=3", "train.n_d=2", "train.steps=6")
+         "zhang.pretrain_iterations=2", "zhang.num_groups=3", "train.n_d=2", "train.steps=6")
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -47,7 +47,7 @@ def test_only_rank_zero_is_the_stage(tmp_path, source):
     MLflow store and ledger: the copy, the store and the ledger are left exactly as they were."""
     overrides = [f"data.uri={source}", *TINY, "partition.num_shards=1", "train.steps=6"]
     run0, run1 = tmp_path / "run0", tmp_path / "run1"
-    stages(run0, source, "partition", "warmstart", overrides=["partition.num_shards=1"])
+    stages(run0, source, "partition", "pretrain", overrides=["partition.num_shards=1"])
     shutil.copytree(run0, run1)
     before = tree(run1)
     Ledger(f"sqlite:///{tmp_path / 'ledger0.db'}").set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="test")
@@ -69,11 +69,11 @@ def test_only_rank_zero_is_the_stage(tmp_path, source):
 
 def test_gswgan_ranks_read_their_own_shards_and_the_job_is_one_attempt(tmp_path, source):
     """GS-WGAN on 2 ranks through the stage (K = 3: rank 0 holds shard 0, rank 1 shards 1 and 2), both in one run
-    directory as under torchrun: each rank reads only its own shards' records and warm-started discriminators;
+    directory as under torchrun: each rank reads only its own shards' records and pre-trained discriminators;
     rank 0 is charged once, for one trace of one event per iteration, and the audit passes."""
     overrides = [f"data.uri={source}", *TINY, *GSWGAN]
     run = tmp_path / "run"
-    stages(run, source, "partition", "warmstart", overrides=GSWGAN)
+    stages(run, source, "partition", "pretrain", overrides=GSWGAN)
     Ledger(f"sqlite:///{tmp_path / 'ledger0.db'}").set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="test")
     workers.run_ranks(2, tmp_path, workers.gswgan_train_stage, str(tmp_path), [str(run), str(run)], overrides)
 
@@ -103,12 +103,12 @@ def torchrun_train(run_dir: Path, source: str, tracking_uri: str, *extra: str) -
 
 
 def test_torchrun_train_stage_end_to_end(tmp_path, source, ledger_with_budget, capfd):
-    """`torchrun --nproc-per-node 2 -m dpsynth train --run-dir RUN` (dp-GAN, after partition and warmstart): one
+    """`torchrun --nproc-per-node 2 -m dpsynth train --run-dir RUN` (dp-GAN, after partition and pretrain): one
     JSON outcome on stdout, the manifest, one ledger attempt, one MLflow child run, a passed audit; run again,
     through `dpsynth train --launch torchrun` (what the local orchestrators run), the stage is skipped (rank 0
     tells the other rank) and nothing more is charged."""
     run, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    stages(run, source, "partition", "warmstart", overrides=ZHANG)
+    stages(run, source, "partition", "pretrain", overrides=ZHANG)
     done = torchrun_train(run, source, uri)
     assert done.returncode == 0, done.stderr[-4000:]
     outcome = json.loads(done.stdout)  # rank 0 alone printed (one JSON document)

@@ -308,7 +308,7 @@ def test_the_partition_and_train_stages_read_and_charge_the_window(tmp_path, cap
     Ledger(url).set_budget("mnist600", epsilon=30.0, delta=1e-3, reason="each block's lifetime budget")
     run = tmp_path / "run"
     window = ["ledger.window=2", f"ledger.url={url}", "data.heldout_fraction=0.1"]
-    for name in ("partition", "warmstart", "train"):
+    for name in ("partition", "pretrain", "train"):
         assert dpsynth(name, "--run-dir", run, *settings(uri, *window)) == 0, capsys.readouterr().err
     part = manifest(run, "sensitive", "partition")
     assert part["details"]["blocks"] == [1, 2]

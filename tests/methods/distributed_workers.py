@@ -20,7 +20,7 @@ from dpsynth.distributed import data_parallel
 PRELOAD = [
     __name__, "tests.methods.gswgan_helpers", "dpsynth.config", "dpsynth.data", "dpsynth.methods.dpgan",
     "dpsynth.methods.zhang", "dpsynth.methods.gswgan", "dpsynth.methods.dpac", "dpsynth.methods.federated_processes",
-    "dpsynth.stages.train", "dpsynth.pipeline.run", "mlflow", "mlflow.store.db.utils", "tests.mlflow_template",
+    "dpsynth.stages.train", "dpsynth.runner.run", "mlflow", "mlflow.store.db.utils", "tests.mlflow_template",
 ]
 
 
@@ -268,7 +268,7 @@ def train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list[str]) 
     follows it from ``run_dirs[1]``, a copy of the same upstream outputs, with an MLflow store and a ledger of
     its own, so anything rank 1 wrote (files, runs, ledger rows) would show."""
     from dpsynth.config import load_config
-    from dpsynth.pipeline import run as pipeline
+    from dpsynth.runner import run as pipeline
     from dpsynth.stages import train
     from dpsynth.stages.protocol import StageContext
 
@@ -339,7 +339,7 @@ def gswgan_train_shared_dir(rank: int, tmp: str, method: str, stop_after) -> Non
 
 
 def gswgan_train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list[str]) -> None:
-    """:func:`train_stage` for GS-WGAN, each rank recording which shard files and warm-started discriminators it
+    """:func:`train_stage` for GS-WGAN, each rank recording which shard files and pre-trained discriminators it
     read (``reads<rank>.json``)."""
     from dpsynth import storage
     from dpsynth.stages import train

@@ -18,20 +18,20 @@ def tiny(tmp_path, *extra, method="gswgan"):
     return load_config(overrides=[
         f"output.dir={tmp_path}", "tracking.enabled=false", f"train.method={method}", f"partition.num_shards={K}",
         "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2",
-        "gswgan.warmstart_iterations=2", "gswgan.ema_decay=0.9", "train.steps=6", "privacy.epsilon=50",
+        "gswgan.pretrain_iterations=2", "gswgan.ema_decay=0.9", "train.steps=6", "privacy.epsilon=50",
         "privacy.delta=1e-4", "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0",
         "dpac.c_width=4", "dpac.n_f=2", "dpac.n_r=2", "dpac.start_iteration=2", *extra,
     ])
 
 
 def warm_files(cfg, shards, tmp_path) -> dict[int, bytes]:
-    """Shard index → the bytes of its warm-started D_k file (as the warmstart stage writes them)."""
-    from dpsynth.methods.warm_starts import warm_start_shard
+    """Shard index → the bytes of its pre-trained D_k file (as the pretrain stage writes them)."""
+    from dpsynth.methods.pretraining import pretrain_shard
 
     out = {}
     for k, shard in enumerate(shards):
         path = tmp_path / f"warm-{k}.pt"
-        warm_start_shard(cfg, shard, shard_index=k, out_path=str(path))
+        pretrain_shard(cfg, shard, shard_index=k, out_path=str(path))
         out[k] = path.read_bytes()
     return out
 

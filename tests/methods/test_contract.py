@@ -2,7 +2,7 @@
 
 A method added to :data:`dpsynth.methods.registry.METHODS` gets these checks with no new test code:
 its trainer is built as the train stage builds it (``Trainer(cfg, data, **inputs)``, the inputs of its
-warm-start kind, see :mod:`dpsynth.methods.registry`; the federated GS-WGAN's server as rank 0 of its K + 1
+pre-training kind, see :mod:`dpsynth.methods.registry`; the federated GS-WGAN's server as rank 0 of its K + 1
 ranks, started by ``tests.methods.gswgan_helpers.run_federated``) on a tiny configuration, and
 
 * the trace it writes is the registry's plan (``Method.mechanism.plan(cfg, n).trace``), and its ε ≤ the target;
@@ -40,7 +40,7 @@ from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
 
 METHODS = list(registry.METHODS)
-K = 3  # shards (clients) of the shard-warm-started methods
+K = 3  # shards (clients) of the shard-pre-trained methods
 # One tiny configuration for every method: each reads its own sections and ignores the others.
 # Steps: D steps (dpgan, zhang: 2 per G step) or G iterations (gswgan family); a checkpoint every 4.
 TINY = (
@@ -48,10 +48,10 @@ TINY = (
     "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=4",
     "train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch_size=32", "train.n_d=2",
     f"partition.num_shards={K}", "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=8",
-    "gswgan.batch_size=16", "gswgan.warmstart_iterations=2",
+    "gswgan.batch_size=16", "gswgan.pretrain_iterations=2",
     "dpac.c_width=4", "dpac.n_f=2", "dpac.n_r=2", "dpac.start_iteration=2",
     "data.heldout_fraction=0", "data.public_fraction=0.1", "data.public_fraction_unprotected=true",
-    "zhang.public_batch_size=16", "zhang.warm_start_iterations=2", "zhang.num_groups=3",
+    "zhang.public_batch_size=16", "zhang.pretrain_iterations=2", "zhang.num_groups=3",
     "partition.key=dpsynth-partition-v1", "data.num_classes=10",  # no defaults: the demo's public key, MNIST's
 )
 
@@ -68,9 +68,9 @@ def resumable(method: registry.Method) -> bool:
 @pytest.fixture(scope="module")
 def inputs(small_mnist, tmp_path_factory):
     """name → (data, trainer inputs, n): what the train stage would hand the method's trainer, built
-    with the method's own warm start (on 600 MNIST records; shards and the public split as the
+    with the method's own pre-training (on 600 MNIST records; shards and the public split as the
     partition stage draws them)."""
-    from dpsynth.methods.networks import load_warm_start
+    from dpsynth.methods.networks import load_pretrained
     from dpsynth.stages.partition import assign, public_mask
 
     built = {}
@@ -78,22 +78,22 @@ def inputs(small_mnist, tmp_path_factory):
         method = registry.get(name)
         cfg = tiny(tmp_path_factory.mktemp(f"warm-{name}"), name)
         out = Path(cfg.output.dir)
-        if method.warm_start == "none":
+        if method.pretrain == "none":
             built[name] = (small_mnist, {}, len(small_mnist))
-        elif method.warm_start == "shard":
+        elif method.pretrain == "shard":
             where = assign(small_mnist.record_ids, key="test", heldout_fraction=0.0, num_shards=K)
             shards = [small_mnist.subset(np.flatnonzero(where == k)) for k in range(K)]
             warm = {}
             for k, shard in enumerate(shards):
-                method.warm_start_function(cfg, shard, shard_index=k, out_path=str(out / f"d{k}.pt"))
+                method.pretrain_function(cfg, shard, shard_index=k, out_path=str(out / f"d{k}.pt"))
                 warm[k] = (out / f"d{k}.pt").read_bytes()
             built[name] = (shards, {"warm": warm}, len(small_mnist))
         else:  # "public"
             mask = public_mask(small_mnist, cfg)
             public, private = small_mnist.subset(mask), small_mnist.subset(~mask)
-            method.warm_start_function(cfg, public, out_path=str(out / "warm.pt"))
-            state = load_warm_start((out / "warm.pt").read_bytes())
-            built[name] = (private, {"public": public, "warm_start_state": state}, len(private))
+            method.pretrain_function(cfg, public, out_path=str(out / "warm.pt"))
+            state = load_pretrained((out / "warm.pt").read_bytes())
+            built[name] = (private, {"public": public, "pretrained_state": state}, len(private))
     return built
 
 

@@ -1,4 +1,4 @@
-"""GS-WGAN: the sanitizer against brute force, shard isolation, warm start, accounting, resume, logging."""
+"""GS-WGAN: the sanitizer against brute force, shard isolation, pre-training, accounting, resume, logging."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
 from dpsynth.methods.gswgan import GSWGANTrainer, sanitized_generator_step
-from dpsynth.methods.warm_starts import warm_start_shard
+from dpsynth.methods.pretraining import pretrain_shard
 from dpsynth.mechanisms.generator_gradient import GSWGAN
 from dpsynth.mechanisms.dpsgd import InputGradientSanitizer as Sanitizer, sanitize
 from dpsynth.models.gswgan_networks import Classifier, Discriminator, Generator
@@ -100,11 +100,11 @@ def test_each_discriminator_sees_only_its_own_shard(tmp_path, shards, method):
     cfg = tiny(tmp_path, "train.steps=8", method=method)
     owner = record_owner(shards)
     warm = {}
-    for k, shard in enumerate(shards):  # the warm start of D_k reads shard k alone
+    for k, shard in enumerate(shards):  # the pre-training of D_k reads shard k alone
         seen, handle = watch_inputs((Discriminator,))
         try:
             path = tmp_path / f"warm-{k}.pt"
-            warm_start_shard(cfg, shard, shard_index=k, out_path=str(path))
+            pretrain_shard(cfg, shard, shard_index=k, out_path=str(path))
         finally:
             handle.remove()
         real = [owner[row.numpy().tobytes()] for _, x in seen for row in x if row.numpy().tobytes() in owner]
@@ -134,12 +134,12 @@ def test_each_discriminator_sees_only_its_own_shard(tmp_path, shards, method):
         assert same == (k not in drawn)
 
 
-def test_warm_start_is_deterministic_per_shard(tmp_path, shards):
+def test_pretrain_is_deterministic_per_shard(tmp_path, shards):
     cfg = tiny(tmp_path)
-    details = warm_start_shard(cfg, shards[0], shard_index=0, out_path=str(tmp_path / "a.pt"))
+    details = pretrain_shard(cfg, shards[0], shard_index=0, out_path=str(tmp_path / "a.pt"))
     assert details["iterations"] == 2 and details["iterations_per_second"] > 0
-    warm_start_shard(cfg, shards[0], shard_index=0, out_path=str(tmp_path / "b.pt"))
-    warm_start_shard(cfg, shards[0], shard_index=1, out_path=str(tmp_path / "c.pt"))
+    pretrain_shard(cfg, shards[0], shard_index=0, out_path=str(tmp_path / "b.pt"))
+    pretrain_shard(cfg, shards[0], shard_index=1, out_path=str(tmp_path / "c.pt"))
     a, b, c = (torch.load(tmp_path / f"{n}.pt", weights_only=False) for n in "abc")
     assert a["format"] == "dpsynth.gswgan.discriminator/1" and a["shard"] == 0
     assert a["model"] == {"num_classes": 10, "channels": 1, "image_size": 28, "width": 4}
@@ -147,7 +147,7 @@ def test_warm_start_is_deterministic_per_shard(tmp_path, shards):
     assert not all(torch.equal(a["state_dict"][n], c["state_dict"][n]) for n in a["state_dict"])
 
 
-def test_warm_start_file_for_another_shard_or_width_is_refused(tmp_path, shards):
+def test_pretrain_file_for_another_shard_or_width_is_refused(tmp_path, shards):
     cfg = tiny(tmp_path)
     warm = warm_files(cfg, shards, tmp_path)
     with pytest.raises(ConfigError, match="shard 1"):

@@ -203,18 +203,18 @@ def test_audit_checks_the_folded_event_at_rate_one_over_k(tmp_path, shards):
 # --- through the stages -------------------------------------------------------------------------
 
 
-def test_stages_partition_warmstart_train_audit(tmp_path, stage_ledger):
+def test_stages_partition_pretrain_train_audit(tmp_path, stage_ledger):
     from tests.stages.helpers import manifest, stage
 
     source = tmp_path / "mnist400.parquet"
     write_parquet(import_source(str(MNIST)).subset(np.arange(400)), source)
     run = tmp_path / "run"
     overrides = ("train.method=gswgan_federated", "partition.num_shards=2", "gswgan.d_width=4", "gswgan.g_width=4",
-                 "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.warmstart_iterations=2",
+                 "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.pretrain_iterations=2",
                  "train.steps=4", "privacy.epsilon=50")
-    for name in ("partition", "warmstart", "train", "audit"):
+    for name in ("partition", "pretrain", "train", "audit"):
         assert stage(name, run, str(source), *overrides) == 0, name
-    warm = manifest(run, "sensitive", "warmstart")
+    warm = manifest(run, "sensitive", "pretrain")
     assert sorted(o["shard"] for o in warm["outputs"] if o["role"] == "discriminator") == [0, 1]
     trained = manifest(run, "sensitive", "train")
     assert trained["details"]["method"] == "gswgan_federated" and trained["details"]["steps"] == 4
@@ -232,20 +232,20 @@ def test_stages_partition_warmstart_train_audit(tmp_path, stage_ledger):
 
 
 def _stage_run_dir(tmp_path, *extra):
-    """A run directory after partition and warmstart (2 clients, tiny); the settings, as --set values."""
+    """A run directory after partition and pretrain (2 clients, tiny); the settings, as --set values."""
     from tests.stages.helpers import TINY, stage
 
     source = tmp_path / "mnist400.parquet"
     write_parquet(import_source(str(MNIST)).subset(np.arange(400)), source)
     run = tmp_path / "run"
     overrides = (*FEDERATED_STAGE, *extra)
-    for name in ("partition", "warmstart"):
+    for name in ("partition", "pretrain"):
         assert stage(name, run, str(source), *overrides) == 0, name
     return run, (f"data.uri={source}", *TINY, *overrides)
 
 
 FEDERATED_STAGE = ("train.method=gswgan_federated", "partition.num_shards=2", "gswgan.d_width=4", "gswgan.g_width=4",
-                   "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.warmstart_iterations=2",
+                   "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.pretrain_iterations=2",
                    "train.steps=4", "privacy.epsilon=50")
 
 
@@ -260,7 +260,7 @@ def test_the_stage_server_reads_no_shard_and_each_client_only_its_own(tmp_path, 
     run, overrides = _stage_run_dir(tmp_path, "output.checkpoint_every=2")
     shard_files = [str(Path(o["uri"]).resolve()) for o in manifest(run, "sensitive", "partition")["outputs"]
                    if o["role"] == "shard"]
-    warm = {int(o["shard"]): str(Path(o["uri"]).resolve()) for o in manifest(run, "sensitive", "warmstart")["outputs"]
+    warm = {int(o["shard"]): str(Path(o["uri"]).resolve()) for o in manifest(run, "sensitive", "pretrain")["outputs"]
             if o["role"] == "discriminator"}
     assert len(shard_files) == 2 and sorted(warm) == [0, 1]
     run_ranks(3, tmp_path, stage_rank_reads, str(run), overrides, str(tmp_path))
@@ -275,13 +275,13 @@ def test_the_stage_server_reads_no_shard_and_each_client_only_its_own(tmp_path, 
 
 
 def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(tmp_path, stage_ledger, capfd):
-    """Client 1's warm D_k altered after the warmstart: client 1 (rank 2) refuses it; torchrun stops the job
+    """Client 1's warm D_k altered after the pretrain: client 1 (rank 2) refuses it; torchrun stops the job
     and `dpsynth train --run-dir` (which started it; here in this process, the job's ranks in their own) exits
     non-zero with the client's error; the train stage wrote no outputs and the release zone is empty."""
     from tests.stages.helpers import dpsynth, manifest, release_files
 
     run, overrides = _stage_run_dir(tmp_path)
-    (d_1,) = [o["uri"] for o in manifest(run, "sensitive", "warmstart")["outputs"]
+    (d_1,) = [o["uri"] for o in manifest(run, "sensitive", "pretrain")["outputs"]
               if o["role"] == "discriminator" and int(o["shard"]) == 1]
     Path(d_1).write_bytes(b"not a discriminator")
     capfd.readouterr()
@@ -365,8 +365,8 @@ def test_the_method_is_wired_into_config_stages_and_airflow():
 
     assert "gswgan_federated" in get_args(get_type_hints(TrainConfig)["method"])
     fed, central = registry.get("gswgan_federated"), registry.get("gswgan")
-    assert fed.sections == ("gswgan",) and fed.warm_start == "shard"
-    assert fed.warm_start_function is central.warm_start_function  # each client warms its own D_k as GS-WGAN does
+    assert fed.sections == ("gswgan",) and fed.pretrain == "shard"
+    assert fed.pretrain_function is central.pretrain_function  # each client warms its own D_k as GS-WGAN does
     assert fed.mechanism is FEDERATED and central.mechanism is GSWGAN
     # the Airflow form offers what the registry knows, through the exported config schema
     path = Path(__file__).resolve().parents[2] / "pipelines" / "airflow" / "dags" / "dpsynth_config.schema.json"

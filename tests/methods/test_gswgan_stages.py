@@ -1,4 +1,4 @@
-"""GS-WGAN and DPAC end to end through the stages: partition → warmstart → train → audit → sample."""
+"""GS-WGAN and DPAC end to end through the stages: partition → pretrain → train → audit → sample."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
 
 TINY = ("partition.num_shards=3", "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=8",
-        "gswgan.batch_size=16", "train.n_d=2", "gswgan.warmstart_iterations=2", "train.steps=6",
+        "gswgan.batch_size=16", "train.n_d=2", "gswgan.pretrain_iterations=2", "train.steps=6",
         "dpac.start_iteration=2", "dpac.n_f=2", "dpac.n_r=2", "dpac.c_width=4")
 
 
@@ -35,9 +35,9 @@ def source(tmp_path_factory) -> str:
 def test_pipeline_stages(tmp_path, source, method, stage_ledger):
     run = tmp_path / "run"
     overrides = (f"train.method={method}", *TINY)
-    for name in ("partition", "warmstart", "train", "audit", "sample"):
+    for name in ("partition", "pretrain", "train", "audit", "sample"):
         assert stage(name, run, source, *overrides) == 0, name
-    warm = manifest(run, "sensitive", "warmstart")
+    warm = manifest(run, "sensitive", "pretrain")
     discriminators = [o for o in warm["outputs"] if o["role"] == "discriminator"]
     assert sorted(o["shard"] for o in discriminators) == [0, 1, 2]
     trained = manifest(run, "sensitive", "train")

@@ -1,6 +1,6 @@
 """A method file holds its paper's algorithm (#35): what every method shares — a trainer's checkpointed state, the
-public seeds, the warm-start files, the shards spread over ranks, the networks built from the configuration, the
-warm starts — lives in one place outside it."""
+public seeds, the pre-training files, the shards spread over ranks, the networks built from the configuration, the
+pre-training runs — lives in one place outside it."""
 
 from pathlib import Path
 

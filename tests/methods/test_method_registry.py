@@ -20,8 +20,8 @@ CONFIGS = sorted(REPO.glob("configs/*-mnist-cpu.yaml"))
 # toy sizes for every method's section (those a config does not use are ignored)
 TINY = ["train.steps=2", "train.d_width=4", "train.g_width=4", "train.latent_dim=15", "train.batch_size=32",
         "privacy.delta=1e-4", "output.checkpoint_every=0", "output.sample_every=0", "output.log_every=0",
-        "tracking.enabled=false", "gswgan.warmstart_iterations=1", "gswgan.batch_size=8", "gswgan.d_width=4",
-        "gswgan.g_width=4", "zhang.warm_start_iterations=1"]
+        "tracking.enabled=false", "gswgan.pretrain_iterations=1", "gswgan.batch_size=8", "gswgan.d_width=4",
+        "gswgan.g_width=4", "zhang.pretrain_iterations=1"]
 
 
 def test_the_config_literal_is_the_registry():
@@ -54,7 +54,7 @@ def test_every_method_resolves_and_names_real_config_sections(name):
     assert m.name == name and registry.description(name)
     assert isinstance(m.trainer, type) and m.mechanism is not None
     assert m.mechanism is getattr(m.trainer, "MECHANISM", m.mechanism)  # the trainer plans with its Method's
-    assert (m.warm_start_function is None) == (m.warm_start == "none")
+    assert (m.pretrain_function is None) == (m.pretrain == "none")
     assert m.empirical_audit is None or isinstance(m.empirical_audit, Audit)
     assert not (m.data_parallel and m.federated)
     assert set(m.sections) <= set(RunConfig().to_dict())
@@ -69,7 +69,7 @@ def test_an_unknown_method_is_a_config_error():
 
 def test_methods_know_nothing_of_the_stages():
     """Nothing under methods/, privacy/, models/, data/ imports dpsynth.stages (the import graph, by source,
-    imports inside functions included). ``dpsynth train`` is a stage command (``pipeline/train_cli.py``)."""
+    imports inside functions included). ``dpsynth train`` is a stage command (``runner/train_cli.py``)."""
     import ast
 
     offenders = []

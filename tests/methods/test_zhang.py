@@ -1,5 +1,5 @@
 """dp-GAN (Zhang et al.): group clipping vs brute force, accounting vs autodp, public-only bounds and
-warm start, training, resume, the audit's invariants, and the pipeline stages end to end."""
+pre-training, training, resume, the audit's invariants, and the pipeline stages end to end."""
 
 import json
 import math
@@ -14,8 +14,8 @@ from autodp.transformer_zoo import AmplificationBySampling, Composition
 from dpsynth.config import load_config
 from dpsynth.errors import ConfigError, DatasetError
 from dpsynth.mechanisms.discriminator import ZHANG
-from dpsynth.methods.warm_starts import warm_start
-from dpsynth.methods.networks import load_warm_start
+from dpsynth.methods.pretraining import pretrain
+from dpsynth.methods.networks import load_pretrained
 from dpsynth.methods.zhang import ZhangTrainer, g_step, per_unit_gradients
 from dpsynth.models.dcgan import Discriminator
 from dpsynth.privacy import MechanismTrace
@@ -30,7 +30,7 @@ def tiny(tmp_path, *extra):
     return load_config(overrides=[
         f"output.dir={tmp_path}", "tracking.enabled=false", "train.d_width=4", "train.g_width=4",
         "train.latent_dim=8", "train.batch_size=32", "train.steps=8", "data.heldout_fraction=0",
-        "data.public_fraction=0.1", "data.public_fraction_unprotected=true", "zhang.public_batch_size=16", "zhang.warm_start_iterations=2",
+        "data.public_fraction=0.1", "data.public_fraction_unprotected=true", "zhang.public_batch_size=16", "zhang.pretrain_iterations=2",
         "zhang.num_groups=3", "train.n_d=2", "output.checkpoint_every=4", "output.sample_every=0",
         "output.log_every=0", "privacy.epsilon=10", "privacy.delta=1e-4",
         "partition.key=dpsynth-partition-v1", "data.num_classes=10",  # no defaults: the demo's public key, MNIST's
@@ -220,28 +220,28 @@ def test_grouping_needs_public_data(tmp_path, small_mnist):
         ZhangTrainer(tiny(tmp_path), small_mnist, public=public)  # public records inside the training set
 
 
-def test_warm_start_refuses_private_records(tmp_path, small_mnist):
+def test_pretrain_refuses_private_records(tmp_path, small_mnist):
     cfg = tiny(tmp_path)
     public, private = split(small_mnist, cfg)
     out = str(tmp_path / "ws.pt")
     with pytest.raises(DatasetError, match=rf"data.public_fraction: {len(private)} of {len(private)} records .* not public"):
-        warm_start(cfg, private, out_path=out)
+        pretrain(cfg, private, out_path=out)
     with pytest.raises(DatasetError, match=f"1 of {len(public) + 1} "):  # one private record among the public ones
-        warm_start(cfg, small_mnist.subset(np.concatenate([np.flatnonzero(public_mask(small_mnist, cfg)),
+        pretrain(cfg, small_mnist.subset(np.concatenate([np.flatnonzero(public_mask(small_mnist, cfg)),
                                                         [np.flatnonzero(~public_mask(small_mnist, cfg))[0]]])),
                    out_path=out)
     with pytest.raises(ConfigError, match="data.public_source"):  # no public data declared at all
-        warm_start(tiny(tmp_path, "data.public_fraction=0"), public, out_path=out)
+        pretrain(tiny(tmp_path, "data.public_fraction=0"), public, out_path=out)
     assert not Path(out).exists()
-    details = warm_start(cfg, public, out_path=out)
+    details = pretrain(cfg, public, out_path=out)
     assert details["public_records"] == len(public) and 20 <= len(public) <= 100 and details["iterations"] == 2
-    state = load_warm_start(Path(out).read_bytes())
-    trainer = ZhangTrainer(cfg, private, public=public, warm_start_state=state)
-    assert trainer.warm_started
+    state = load_pretrained(Path(out).read_bytes())
+    trainer = ZhangTrainer(cfg, private, public=public, pretrained_state=state)
+    assert trainer.pretrained
     for name, value in trainer.state.G.state_dict().items():
         assert torch.equal(value, state["G"][name])
-    with pytest.raises(ConfigError, match="warm start"):
-        ZhangTrainer(tiny(tmp_path, "train.d_width=8"), private, public=public, warm_start_state=state)
+    with pytest.raises(ConfigError, match="pre-training"):
+        ZhangTrainer(tiny(tmp_path, "train.d_width=8"), private, public=public, pretrained_state=state)
 
 
 # --- training --------------------------------------------------------------------------------------
@@ -316,7 +316,7 @@ def test_the_audit_catches_a_tampered_trace(tmp_path):
 # --- the pipeline stages ---------------------------------------------------------------------------
 
 
-def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, small_mnist, stage_ledger):
+def test_pipeline_partition_pretrain_train_audit_sample(tmp_path, small_mnist, stage_ledger):
     from dpsynth.data import write_parquet
     from tests.stages.helpers import manifest, stage
 
@@ -324,18 +324,18 @@ def test_pipeline_partition_warmstart_train_audit_sample(tmp_path, small_mnist, 
     write_parquet(small_mnist, src)
     run = tmp_path / "run"
     zhang = ("train.method=zhang", "data.public_source=sklearn:digits", "zhang.public_batch_size=16",
-             "zhang.warm_start_iterations=2", "zhang.num_groups=3", "train.n_d=2", "train.steps=6")
-    for name in ("partition", "warmstart", "train", "audit", "sample"):
+             "zhang.pretrain_iterations=2", "zhang.num_groups=3", "train.n_d=2", "train.steps=6")
+    for name in ("partition", "pretrain", "train", "audit", "sample"):
         assert stage(name, run, str(src), *zhang) == 0, name
     part = manifest(run, "sensitive", "partition")
     public_rows = next(o["rows"] for o in part["outputs"] if o["role"] == "public")
-    warm = manifest(run, "sensitive", "warmstart")
-    assert [o["role"] for o in warm["outputs"]] == ["warm_start"] and warm["privacy"]["epsilon"] == 0
+    warm = manifest(run, "sensitive", "pretrain")
+    assert [o["role"] for o in warm["outputs"]] == ["pretrain"] and warm["privacy"]["epsilon"] == 0
     assert warm["details"]["public_records"] == public_rows
     train = manifest(run, "sensitive", "train")
     assert train["details"]["steps"] == 6 and train["privacy"]["epsilon"] <= 10
     assert_charged_once(stage_ledger, train)
-    assert json.loads((run / "sensitive" / "train" / "result.json").read_text())["details"]["warm_started"]
+    assert json.loads((run / "sensitive" / "train" / "result.json").read_text())["details"]["pretrained"]
     audit = manifest(run, "sensitive", "audit")
     assert audit["status"] == "succeeded"
     report = json.loads((run / "sensitive" / "audit" / "audit.json").read_text())
@@ -361,7 +361,7 @@ def test_mlflow_gets_no_data_dependent_series(tmp_path, small_mnist):
     assert run.data.params["derived.num_groups"] == "3"
 
 
-def test_pipeline_refuses_a_warm_start_without_public_data(tmp_path, small_mnist, capsys):
+def test_pipeline_refuses_a_pretrain_without_public_data(tmp_path, small_mnist, capsys):
     from dpsynth.data import write_parquet
     from tests.stages.helpers import stage
 
@@ -370,6 +370,6 @@ def test_pipeline_refuses_a_warm_start_without_public_data(tmp_path, small_mnist
     run = tmp_path / "run"
     assert stage("partition", run, str(src), "train.method=zhang") == 0  # no public data declared
     capsys.readouterr()
-    assert stage("warmstart", run, str(src), "train.method=zhang") != 0
+    assert stage("pretrain", run, str(src), "train.method=zhang") != 0
     assert "public" in capsys.readouterr().err
-    assert not (run / "sensitive" / "warmstart" / "warm_start.pt").exists()
+    assert not (run / "sensitive" / "pretrain" / "pretrained.pt").exists()

@@ -64,7 +64,7 @@ def runs(tmp_path_factory, source, capsys_module):
                        *settings(source, *tracked)) == 0
         parent = json.loads(capsys.readouterr().out)["parent_run_id"]
         ids = ["--run-dir", run_dir, "--parent-run-id", parent, "--pipeline-run-id", "p-page"]
-        for stage in ("partition", "warmstart", "train", "audit", "sample"):
+        for stage in ("partition", "pretrain", "train", "audit", "sample"):
             if stage == "train":  # a first train attempt that died holding its reservation (no checkpoint)
                 killed = ledger.reserve("mnist600", epsilon=10.0, delta=1e-4, pipeline_run_id="p-page",
                                         dataset_sha256=manifest(run_dir, "sensitive", "partition")["dataset_sha256"],

@@ -23,7 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_BIN = REPO / ".venv" / "airflow" / "bin"
 DAGS = REPO / "pipelines" / "airflow" / "dags"
-STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
+STAGES = ["partition", "pretrain", "train", "audit", "sample", "evaluate"]
 RELEASE = sorted([f"sample/{n}" for n in ("audit.json", "audit.md", "generator.pt", "manifest.json", "samples.png",
                                           "synthetic.parquet")] + ["evaluate/manifest.json", "evaluate/report.html", "evaluate/report.json"])
 TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=15", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
@@ -149,13 +149,13 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
         "settings": {f"{d.dag_id}.{t.task_id}": [t.retries, t.retry_delay.total_seconds(),
                                                  t.execution_timeout.total_seconds()]
                      for d in bag.dags.values() for t in d.tasks},
-        "map_index_template": train.get_task("warmstart_shard").map_index_template,
-        "parallelism": train.get_task("warmstart_shard").max_active_tis_per_dagrun,
+        "map_index_template": train.get_task("pretrain_shard").map_index_template,
+        "parallelism": train.get_task("pretrain_shard").max_active_tis_per_dagrun,
     }))
     """, airflow_env)
     assert out["dags"] == ["dpsynth_import_data", "dpsynth_retrain_on_new_data", "dpsynth_train"]
-    assert out["tasks"] == sorted(["plan", "start", "data_changed", *STAGES, "shards", "warmstart_shard", "finish"])
-    assert out["mapped"] == ["warmstart_shard"]
+    assert out["tasks"] == sorted(["plan", "start", "data_changed", *STAGES, "shards", "pretrain_shard", "finish"])
+    assert out["mapped"] == ["pretrain_shard"]
     assert out["ok"] and all(out["bad"].values()), out["bad"]
     assert out["audit_sets"] == [[], ["audit.empirical=full"]]  # empty: the config's; one --set argument
     assert out["audit_refused"].startswith("audit_empirical (audit.empirical): must be one of auto, off, quick, full")
@@ -166,7 +166,7 @@ def test_dags_import_and_the_form_rejects_bad_values(airflow_env):
     for task, (retries, delay, timeout) in out["settings"].items():  # default_args: stages are idempotent
         assert retries == (0 if task.endswith((".finish", ".audit")) else 2) and delay == 120 and timeout == 12 * 3600, task
     assert out["map_index_template"] == "shard {{ task.op_kwargs['shard'] }}"
-    assert out["parallelism"] == 8  # DPSYNTH_WARMSTART_PARALLELISM: at most 8 shards of a run at once
+    assert out["parallelism"] == 8  # DPSYNTH_PRETRAIN_PARALLELISM: at most 8 shards of a run at once
 
 
 def test_the_form_fields_come_from_the_config_schema_and_the_platform_settings(airflow_env):
@@ -249,17 +249,17 @@ def test_task_settings_come_from_airflow_variables_else_the_environment(airflow_
     out = in_airflow(LOAD + """
     dag = bag.dags["dpsynth_train"]
     pods = [t for t in dag.tasks if type(t).__name__ == "StagePodOperator"]
-    shard = dag.get_task("warmstart_shard")
+    shard = dag.get_task("pretrain_shard")
     print(json.dumps({
         "pods": {t.task_id: [t.deferrable, t.startup_timeout_seconds, t.schedule_timeout_seconds, t.retries,
                              t.execution_timeout.total_seconds()] for t in pods},
         "shard": [shard.partial_kwargs["deferrable"], shard.partial_kwargs["startup_timeout_seconds"],
                   shard.map_index_template, shard.max_active_tis_per_dagrun]}))
-    """, {**env, "DPSYNTH_WARMSTART_PARALLELISM": "3"})
+    """, {**env, "DPSYNTH_PRETRAIN_PARALLELISM": "3"})
     assert sorted(out["pods"]) == sorted(["start", *STAGES, "train_job", "finish"])
     for task_id, settings in out["pods"].items():
         assert settings == [True, 1800, 1800, 0 if task_id in ("finish", "audit") else 5, 600], task_id
-    assert out["shard"] == [True, 1800, "shard {{ task.arguments[-1] }}", 3]  # the chart's stage.warmstartParallelism
+    assert out["shard"] == [True, 1800, "shard {{ task.arguments[-1] }}", 3]  # the chart's stage.pretrainParallelism
 
 
 def hostile_values(tmp: Path) -> list[str]:
@@ -287,7 +287,7 @@ def fake_dpsynth(tmp_path) -> tuple[Path, Path]:
     return fake, log
 
 
-def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, tmp_path):
+def test_kubernetes_pods_request_gpus_for_pretrain_and_train_only(airflow_env, tmp_path):
     (tmp_path / "kubeconfig").write_text(KUBECONFIG)
     env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(tmp_path / "kubeconfig"),
            "DPSYNTH_STAGE_IMAGE": "registry.example/dpsynth-stage:test",
@@ -312,8 +312,8 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
                                  for t in mapped},
                       "mapped_gpu": {t.task_id: str(t.partial_kwargs["container_resources"].limits) for t in mapped}}))
     """, env)
-    assert out["mapped"] == {"warmstart_shard": ["StagePodOperator", ["arguments"]]}  # one pod per shard
-    assert "nvidia.com/gpu" in out["mapped_gpu"]["warmstart_shard"]
+    assert out["mapped"] == {"pretrain_shard": ["StagePodOperator", ["arguments"]]}  # one pod per shard
+    assert "nvidia.com/gpu" in out["mapped_gpu"]["pretrain_shard"]
     pods = out["pods"]
     assert sorted(pods) == sorted(["start", *STAGES, "train_job", "finish"])
     assert out["sources"] == {t: ["start_command" if t == "start" else "stage_commands", t] for t in pods}
@@ -324,7 +324,7 @@ def test_kubernetes_pods_request_gpus_for_warmstart_and_train_only(airflow_env, 
         assert container["command"] == out["pod_cmds"] and "/airflow/xcom/return.json" in container["command"][2]
         assert container["args"] == out["argv"][task_id] and container["args"][0] == "dpsynth"
         limits = container["resources"].get("limits", {})
-        if task_id in ("warmstart", "train"):
+        if task_id in ("pretrain", "train"):
             assert limits["nvidia.com/gpu"] == "1"
             assert spec["nodeSelector"] == {"pool": "gpu"}
             assert {"key": "gpu", "operator": "Equal", "value": "a100", "effect": "NoSchedule"} in spec["tolerations"]
@@ -361,7 +361,7 @@ def test_the_train_stage_on_several_ranks(airflow_env, tmp_path, fake_dpsynth):
     """, env)
     assert out["argv"]["train_job"] == [*out["argv"]["train"], "--launch", "trainjob"]
     assert out["choice"] == ["train_job", "train", "train"]
-    assert out["branch"] == ["train", "train_job"] and "warmstart" in out["job_up"]
+    assert out["branch"] == ["train", "train_job"] and "pretrain" in out["job_up"]
     assert {"train", "train_job"} <= set(out["audit_up"]) and out["audit_rule"] == "none_failed_min_one_success"
     spec = out["pod"]["spec"]
     container = next(c for c in spec["containers"] if c["name"] == "base")
@@ -526,7 +526,7 @@ def test_import_emits_the_dataset_version_and_retrain_reads_it(airflow_db, tmp_p
 # the same stage chain end to end with its release files and card is tests/pipelines/test_kfp.py::
 # test_local_pipeline_end_to_end[1]; the shard mapping and its map_index_template are
 # test_task_settings_come_from_airflow_variables_else_the_environment and
-# test_kubernetes_pods_request_gpus_for_warmstart_and_train_only. Here: that run through `airflow dags test`, K=2.
+# test_kubernetes_pods_request_gpus_for_pretrain_and_train_only. Here: that run through `airflow dags test`, K=2.
 @pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])  # 2: the train task under torchrun
 def test_train_dag_end_to_end(airflow_db, tmp_path, ranks):
@@ -555,10 +555,10 @@ def test_train_dag_end_to_end(airflow_db, tmp_path, ranks):
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "DagRun Finished: dag_id=dpsynth_train" in log and "state=success" in log, log[-6000:]
-    assert log.count("running task <TaskInstance: dpsynth_train.warmstart_shard") == 2  # mapped over K=2 shards
+    assert log.count("running task <TaskInstance: dpsynth_train.pretrain_shard") == 2  # mapped over K=2 shards
     import sqlite3
     db = sqlite3.connect(Path(airflow_db["AIRFLOW_HOME"]) / "airflow.db")
-    labels = db.execute("SELECT rendered_map_index FROM task_instance WHERE task_id = 'warmstart_shard' AND run_id = "
+    labels = db.execute("SELECT rendered_map_index FROM task_instance WHERE task_id = 'pretrain_shard' AND run_id = "
                         "(SELECT run_id FROM dag_run WHERE dag_id = 'dpsynth_train' ORDER BY id DESC LIMIT 1) "
                         "ORDER BY map_index").fetchall()  # this run's (the module's database holds every param's)
     assert labels == [("shard 0",), ("shard 1",)]  # map_index_template

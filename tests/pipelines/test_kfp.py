@@ -17,7 +17,7 @@ from tests.stages.helpers import manifest, release_files
 
 KFP = Path(__file__).resolve().parents[2] / "pipelines" / "kfp"
 POPULATION = "mnist"  # the committed YAML's (make kfp-yaml: DPSYNTH_POPULATION_ID=$(POPULATION))
-STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
+STAGES = ["partition", "pretrain", "train", "audit", "sample", "evaluate"]
 
 
 _spec = importlib.util.spec_from_file_location("dpsynth_kfp_run_local", KFP / "run_local.py")
@@ -65,10 +65,10 @@ def test_committed_yaml_is_in_sync(tmp_path):
 
 def test_gpu_stages_and_fan_out(compiled):
     executors = compiled["deploymentSpec"]["executors"]
-    for stage in ("warmstart-shard", "train"):
+    for stage in ("pretrain-shard", "train"):
         accelerator = executors[f"exec-dpsynth-{stage}"]["container"]["resources"]["accelerator"]
         assert accelerator["resourceType"] == "nvidia.com/gpu" and accelerator["resourceCount"] == "1"
-    for s in ("partition", "warmstart", "audit"):  # CPU only
+    for s in ("partition", "pretrain", "audit"):  # CPU only
         resources = executors[f"exec-dpsynth-{s}"]["container"]["resources"]
         assert "accelerator" not in resources
         assert (resources["resourceCpuRequest"], resources["resourceMemoryRequest"], resources["resourceMemoryLimit"]) == (
@@ -76,7 +76,7 @@ def test_gpu_stages_and_fan_out(compiled):
     assert executors["exec-dpsynth-train"]["container"]["resources"]["resourceMemoryLimit"] == "32Gi"
     # the CUDA image for the GPU stages' pods, the CPU image for the others (#55 item 4: the CPU image was given to all)
     for name, e in executors.items():
-        gpu = name in ("exec-dpsynth-warmstart-shard", "exec-dpsynth-train")
+        gpu = name in ("exec-dpsynth-pretrain-shard", "exec-dpsynth-train")
         assert e["container"]["image"] == (kp.GPU_IMAGE if gpu else kp.STAGE_IMAGE) == (
             "dpsynth-stage:cuda" if gpu else "dpsynth-stage:cpu"), name
 
@@ -84,15 +84,15 @@ def test_gpu_stages_and_fan_out(compiled):
     loop_name, branches_name = group(dag, "for-loop-"), group(dag, "condition-branches-")
     loop = dag[loop_name]
     assert loop["parameterIterator"]["items"]["inputParameter"].endswith("shard-indices-Output")
-    assert loop["iteratorPolicy"]["parallelismLimit"] == kp.WARMSTART_PARALLELISM == 8  # at most 8 shard pods at once
+    assert loop["iteratorPolicy"]["parallelismLimit"] == kp.PRETRAIN_PARALLELISM == 8  # at most 8 shard pods at once
     (inner,) = compiled["components"][f"comp-{loop_name}"]["dag"]["tasks"].values()
-    assert inner["componentRef"]["name"] == "comp-dpsynth-warmstart-shard"
+    assert inner["componentRef"]["name"] == "comp-dpsynth-pretrain-shard"
     assert inner["inputs"]["parameters"]["shard_index"]["componentInputParameter"] == "pipelinechannel--shard-indices-Output-loop-item"
     executors = compiled["deploymentSpec"]["executors"]
-    assert executors["exec-dpsynth-warmstart-shard"]["container"]["args"][:3] == [
-        "warmstart", "--shard", "{{$.inputs.parameters['shard_index']}}"]
+    assert executors["exec-dpsynth-pretrain-shard"]["container"]["args"][:3] == [
+        "pretrain", "--shard", "{{$.inputs.parameters['shard_index']}}"]
     # train: one GPU pod, or (train_nodes × train_gpus_per_node > 1) the TrainJob launcher, in a condition group
-    order = ["dpsynth-start", "dpsynth-partition", "shard-indices", loop_name, "dpsynth-warmstart",
+    order = ["dpsynth-start", "dpsynth-partition", "shard-indices", loop_name, "dpsynth-pretrain",
              "train-distributed", branches_name, "dpsynth-audit", "dpsynth-sample", "dpsynth-evaluate"]
     for before, after in zip(order, order[1:]):
         assert before in dag[after]["dependentTasks"], (before, after)
@@ -132,7 +132,7 @@ def test_gpu_toleration_and_node_selector(documents):
         assert platform is None
         pytest.skip("kfp-kubernetes is not installed: no tolerations/node selector in the YAML")
     configs = platform["deploymentSpec"]["executors"]
-    for stage in ("warmstart-shard", "train"):
+    for stage in ("pretrain-shard", "train"):
         assert configs[f"exec-dpsynth-{stage}"]["tolerations"][0]["key"] == "nvidia.com/gpu"
         assert configs[f"exec-dpsynth-{stage}"]["nodeSelector"]["labels"] == kp.GPU_NODE_SELECTOR
 
@@ -143,7 +143,7 @@ def test_stage_pods_get_configuration_retries_and_time_limits(compiled, document
     if kp.kubernetes is None:
         pytest.skip("kfp-kubernetes is not installed")
     configs = documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    stages = ["start", "partition", "warmstart-shard", "warmstart", "train", "audit", "sample", "evaluate", "finish"]
+    stages = ["start", "partition", "pretrain-shard", "pretrain", "train", "audit", "sample", "evaluate", "finish"]
     for stage in stages:
         config = configs[f"exec-dpsynth-{stage}"]
         secret, login, *key = config["secretAsEnv"]

@@ -55,7 +55,7 @@ def test_a_verdict_is_recorded_and_a_retry_does_not_run_the_stage_again(tmp_path
     # another task, another shard, another pipeline run: not that verdict
     ok = tmp_path / "ok"
     on_path(tmp_path, monkeypatch, f'echo "$*" >> {ok}\nexit 0\n')
-    assert program()["main"](container_argv(["warmstart", "--shard", "1"], run)) == 0
+    assert program()["main"](container_argv(["pretrain", "--shard", "1"], run)) == 0
     assert program()["main"](container_argv(["audit"], run, run_id="job-2")) == 0
     assert len(ok.read_text().splitlines()) == 2
 

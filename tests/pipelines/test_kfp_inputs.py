@@ -1,5 +1,5 @@
 """#55 item 9: KFP tasks take their inputs as ``Input[...]`` artifacts. Each stage consumes its upstream's output
-artifact (partition's Dataset → warm start and train; the train stage's Model, from whichever train branch ran →
+artifact (partition's Dataset → pre-training and train; the train stage's Model, from whichever train branch ran →
 audit and sample; sample's synthetic Dataset → evaluate), as edges of the compiled IR, and the container program
 refuses an input that does not name an existing manifest of the upstream stage in this run's directory."""
 
@@ -12,8 +12,8 @@ from tests.pipelines.test_kfp import all_tasks, kp
 from tests.pipelines.test_kfp_exit import container_argv, on_path, program
 
 # consumer component -> {input name: (artifact type, producer task, producer's output)}
-EDGES = {"warmstart-shard": {"partitioned": ("system.Dataset", "dpsynth-partition", "dataset")},
-         "warmstart": {"partitioned": ("system.Dataset", "dpsynth-partition", "dataset")},
+EDGES = {"pretrain-shard": {"partitioned": ("system.Dataset", "dpsynth-partition", "dataset")},
+         "pretrain": {"partitioned": ("system.Dataset", "dpsynth-partition", "dataset")},
          "train": {"partitioned": ("system.Dataset", "dpsynth-partition", "dataset")},
          "train-job": {"partitioned": ("system.Dataset", "dpsynth-partition", "dataset")},
          "audit": {"trained": ("system.Model", "condition-branches-", None)},

@@ -1,11 +1,11 @@
 """Every training method end to end through both orchestrators' test paths, on 600 real MNIST
-records at toy size: the Airflow DAG (`airflow dags test dpsynth_train`, the warm start mapped over
-K = 2 shards) and the KFP pipeline (`kfp.local`, the warm start in a ParallelFor). Each run must
+records at toy size: the Airflow DAG (`airflow dags test dpsynth_train`, the pre-training mapped over
+K = 2 shards) and the KFP pipeline (`kfp.local`, the pre-training in a ParallelFor). Each run must
 pass the audit and release a generator and synthetic data.
 
-DPGAN's runs are the fast tests in test_airflow.py / test_kfp.py (the warm start mapped over K = 2 shards
+DPGAN's runs are the fast tests in test_airflow.py / test_kfp.py (the pre-training mapped over K = 2 shards
 there too). Every run here is marked slow (`make test-slow`, which CI runs after `make test`): a whole DAG
-run costs a minute or more on 2 cores; GS-WGAN's real per-shard warm starts are also run, without an
+run costs a minute or more on 2 cores; GS-WGAN's real per-shard pre-training runs are also run, without an
 orchestrator, by tests/stages/test_logged_keys.py in `make test`.
 """
 
@@ -26,17 +26,17 @@ COMMON = ["sample.num_samples=200", "output.log_every=0", "output.sample_every=0
           "evaluate.curve_samples=0"]
 # the platform's settings (Airflow: DPSYNTH_STAGE_CONFIG; a trigger may not give them, #55 item 5)
 PLATFORM = ["partition.key=dpsynth-partition-v1", "data.num_classes=10"]
-GSWGAN = ["gswgan.warmstart_iterations=2", "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4",
+GSWGAN = ["gswgan.pretrain_iterations=2", "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4",
           "gswgan.latent_dim=4", "train.n_d=1"]
 TINY = {
     "gswgan": GSWGAN,
     "gswgan_federated": GSWGAN,
     "dpac": [*GSWGAN, "dpac.start_iteration=2", "dpac.n_f=1", "dpac.n_r=1", "dpac.c_width=4"],
     "zhang": ["train.d_width=4", "train.g_width=4", "train.latent_dim=8",
-              "train.batch_size=32", "train.n_d=2", "zhang.warm_start_iterations=2", "zhang.public_batch_size=16",
+              "train.batch_size=32", "train.n_d=2", "zhang.pretrain_iterations=2", "zhang.public_batch_size=16",
               "zhang.num_groups=2"],
 }
-# the public data dp-GAN warm-starts on: a data.* setting, so the platform's (a trigger may give only data.uri)
+# the public data dp-GAN pre-trains on: a data.* setting, so the platform's (a trigger may give only data.uri)
 PUBLIC = {"zhang": {"public_source": "sklearn:digits"}}
 STEPS = {"gswgan": 4, "gswgan_federated": 3, "dpac": 4, "zhang": 6}
 SLOW = pytest.mark.slow
@@ -75,7 +75,7 @@ def check_release(run_dir, method: str) -> None:
     assert train["details"]["method"] == method
     assert {"sample/generator.pt", "sample/synthetic.parquet", "evaluate/report.json"} <= set(release_files(run_dir))
     if method in ("gswgan", "gswgan_federated", "dpac"):
-        warm = manifest(run_dir, "sensitive", "warmstart")
+        warm = manifest(run_dir, "sensitive", "pretrain")
         assert [o["shard"] for o in warm["outputs"]] == [0, 1]
         assert all(e["sampling"] == "without_replacement" for e in train["privacy"]["events"])
 
@@ -97,7 +97,7 @@ def test_airflow(method, source, airflow_env, tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "state=success" in log, log[-6000:]
-    assert log.count("running task <TaskInstance: dpsynth_train.warmstart_shard") == 2
+    assert log.count("running task <TaskInstance: dpsynth_train.pretrain_shard") == 2
     check_release(tmp_path / "runs" / f"af-{method}", method)
     check_charged(ledger, f"af-{method}")
 

@@ -26,7 +26,7 @@ from tests.platform.cdp import Browser
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
+STAGES = ["partition", "pretrain", "train", "audit", "sample", "evaluate"]
 EPSILON = 9  # not the default 10; at δ = 1e-4 the default recipe's warm-up releases spend ε ≈ 8.7 of it
 TINY = ["train.d_width=4", "train.g_width=4", "train.latent_dim=15", "warmup.steps=20", "train.batch_size=32", "sample.num_samples=200",
         "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0",

@@ -80,7 +80,7 @@ def test_the_card_states_the_trace_the_ledger_and_the_evaluation(released):
     assert (run / "release" / "card" / "trace.json").read_bytes() == Path(trace_path).read_bytes()
     assert card["trace_sha256"] == sha256(trace_path)
     stage_eps = {s["stage"]: s["epsilon"] for s in card["stages"]}
-    assert stage_eps == {"partition": 0, "warmstart": 0, "train": pytest.approx(rdp, rel=1e-6), "audit": 0,
+    assert stage_eps == {"partition": 0, "pretrain": 0, "train": pytest.approx(rdp, rel=1e-6), "audit": 0,
                          "sample": 0, "evaluate": 0}
     assert "not run" in html.split('id="epsilon-lower"')[1][:200]  # no empirical audit in this run
     # the ledger, by SQL

@@ -22,13 +22,13 @@ def source(tmp_path_factory, mnist600) -> str:
 
 @pytest.fixture(scope="session")
 def trained_once(tmp_path_factory, source):
-    """``restore()`` of one run in which partition, warmstart and train have run (MLflow off)."""
-    return pristine_run(tmp_path_factory, source, "partition", "warmstart", "train")
+    """``restore()`` of one run in which partition, pretrain and train have run (MLflow off)."""
+    return pristine_run(tmp_path_factory, source, "partition", "pretrain", "train")
 
 
 @pytest.fixture
 def trained(trained_once):
-    """A run directory in which partition, warmstart and train have run (MLflow off), the test's to change:
+    """A run directory in which partition, pretrain and train have run (MLflow off), the test's to change:
     a fresh copy of one session-wide run (training it per test cost most of this folder's time)."""
     return trained_once()
 

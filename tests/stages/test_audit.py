@@ -124,8 +124,8 @@ def test_noise_and_sampling_must_match_the_accountant(trained, source):
 
 @pytest.fixture
 def tracked(tmp_path, source):
-    """partition, warmstart and train with MLflow on (metrics every 2 steps), under a pipeline parent run."""
-    from dpsynth.pipeline.run import start
+    """partition, pretrain and train with MLflow on (metrics every 2 steps), under a pipeline parent run."""
+    from dpsynth.runner.run import start
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     overrides = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=audit-test",
@@ -137,7 +137,7 @@ def tracked(tmp_path, source):
                                  "ledger.population_id=mnist600", "data.num_classes=10", *overrides])
     ctx = start(cfg, run_dir=str(run_dir), pipeline_run_id="audit-mlflow")
     flags = ["--parent-run-id", ctx.parent_run_id, "--pipeline-run-id", "audit-mlflow"]
-    for name in ("partition", "warmstart", "train"):
+    for name in ("partition", "pretrain", "train"):
         assert stage(name, run_dir, source, *overrides, flags=flags) == 0, name
     return run_dir, uri, overrides, flags, ctx.parent_run_id
 

@@ -123,7 +123,7 @@ def test_every_audit_names_its_adjacency_and_noise_convention(method):
     assert report["decision"] == "passed", report["checks"]
     md = audit.markdown({**report, "generator": {"sha256": "x"}, "claimed": {}})
     assert "**Adjacency.** add/remove one record" in md and "**Noise (σ convention).** σ·" in md
-    if registry.get(method).warm_start == "shard":  # GS-WGAN family: rate 1/K, not replace-one at 1/K
+    if registry.get(method).pretrain == "shard":  # GS-WGAN family: rate 1/K, not replace-one at 1/K
         assert "rate 1/K = 0.01" in md and "two clients (rate 2/K)" in md or "two shards (rate 2/K)" in md
         assert "shard-state assumption" in md
 

@@ -3,13 +3,13 @@ file, a per-shard or per-class count, or a record id.
 
 The entry points are enumerated, not listed by hand: every leaf command of the ``dpsynth`` parser, and for the
 commands the orchestrators run (their words are string constants of pipelines/: the Airflow DAGs, the KFP pipeline
-and its compiled YAML) every option the orchestrators pass them (``warmstart --shard``, ``train --launch``,
+and its compiled YAML) every option the orchestrators pass them (``pretrain --shard``, ``train --launch``,
 ``data import --outside``, ``pipeline start --unless-released`` …). A command a new commit adds, or an option the
 pipelines start to pass, that this walk does not run fails :func:`test_the_walk_covers_every_entry_point`; a command
 that prints data to its user on purpose (``data info``) must be named in :data:`dpsynth.egress.INSIDE`, with why, and
 must not be one the orchestrators run.
 
-One small GS-WGAN run (K = 3 shards warm-started one task each, the richest in per-shard data), MLflow on: every
+One small GS-WGAN run (K = 3 shards pre-trained one task each, the richest in per-shard data), MLflow on: every
 command once, in process, in the order an orchestrator runs them (the stages as Airflow's and KFP's tasks do, each
 with ``--json``; the TrainJob launcher against a stand-in cluster whose job has finished, so it reads and prints the
 train stage's outcome; ``train --launch torchrun`` as a real torchrun of one rank, the train stage skipped). What
@@ -49,7 +49,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest al
 REPO = Path(__file__).resolve().parents[2]
 PIPELINES = REPO / "pipelines"
 GSWGAN = ("train.method=gswgan", "partition.num_shards=3", "gswgan.d_width=4", "gswgan.g_width=4",
-          "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.warmstart_iterations=2", "train.steps=4")
+          "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.pretrain_iterations=2", "train.steps=4")
 # Planted on every channel before the walk (:func:`plant`): a field no allow-list names, whose value must leave nowhere
 CANARY = "planted-egress-canary-0c6d"
 PLANTED_METRIC = "planted_metric_egress"
@@ -180,8 +180,8 @@ def walked(tmp_path_factory, source):
         on = ["--run-dir", run, *ids, *parent, *stage_settings, "--json"]
         assert call("partition", *on) == 0
         for k in range(3):  # the fan-out: one task per shard, each an XCom
-            assert call("warmstart", "--shard", k, *on) == 0
-        for stage in ("warmstart", "train"):
+            assert call("pretrain", "--shard", k, *on) == 0
+        for stage in ("pretrain", "train"):
             assert call(stage, *on) == 0
         mp.setenv(launch.TEMPLATE_ENV, "dpsynth-trainjob")
         mp.setattr(launch, "Cluster", FinishedJob)
@@ -278,7 +278,7 @@ def airflow_values(ran) -> dict[str, bytes]:
     for i, (argv, code, stdout, _) in enumerate(ran):
         if code != 0 or "--json" not in argv:
             continue
-        if argv[0] in ("partition", "warmstart", "train", "audit", "sample", "evaluate") and "--shard" not in argv:
+        if argv[0] in ("partition", "pretrain", "train", "audit", "sample", "evaluate") and "--shard" not in argv:
             out[f"{i} {argv[0]}: Airflow XCom"] = json.dumps(pods.summarise(json.loads(stdout))).encode()
         if argv[:2] == ["data", "import"] and "--versioned" in argv:
             out[f"{i} data import: asset event extra"] = json.dumps(event(json.loads(stdout))).encode()
@@ -316,7 +316,7 @@ def kfp_artifacts(ran) -> dict[str, bytes]:
     program["OPTIONS"]["artifacts"] = [(name, f"/unused/{name}") for name in program["ARTIFACTS"]]
     out = {}
     for i, (argv, code, stdout, _) in enumerate(ran):
-        if code == 0 and argv[0] in ("partition", "warmstart", "train", "audit", "sample", "evaluate") \
+        if code == 0 and argv[0] in ("partition", "pretrain", "train", "audit", "sample", "evaluate") \
                 and "--shard" not in argv:
             for name, _, fields in program["artifacts"](json.loads(stdout)):
                 out[f"{i} {argv[0]}: KFP artifact {name}"] = json.dumps(fields).encode()
@@ -557,7 +557,7 @@ def test_a_private_evolution_run_leaves_only_declared_fields_and_no_raw_hash(tmp
         assert dpsynth("pipeline", "start", *on) == 0
     ran.append(("pipeline start", got["out"], got["err"]))
     on += ["--parent-run-id", json.loads(got["out"])["parent_run_id"]]
-    for stage in ("partition", "warmstart", "train", "audit", "sample", "evaluate"):
+    for stage in ("partition", "pretrain", "train", "audit", "sample", "evaluate"):
         with captured() as got:
             assert dpsynth(stage, *on) == 0, stage
         ran.append((stage, got["out"], got["err"]))

@@ -26,7 +26,7 @@ def released(tmp_path_factory, source):
     Ledger(url).set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="tests/stages/test_evaluate.py")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DPSYNTH_LEDGER_URL", url)
-        stages(run, source, "partition", "warmstart", "train", "audit", "sample")
+        stages(run, source, "partition", "pretrain", "train", "audit", "sample")
     return run
 
 

@@ -1,5 +1,5 @@
 """Every MLflow key a stage logs is on its declared allow-list, and the audit checks it; GS-WGAN end to end
-(its warm start logs shard counts and timings) now passes its own audit and releases. Nothing before the
+(its pre-training logs shard counts and timings) now passes its own audit and releases. Nothing before the
 gate: no image or model on the train run, no raw content hash in MLflow or the release zone."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.stages.helpers import dpsynth, release_files, settings
 
 EVALUATE = ("evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=5",
             "evaluate.curve_samples=0", "sample.num_samples=200")
-GSWGAN = ("train.method=gswgan", "partition.num_shards=2", "train.steps=4", "gswgan.warmstart_iterations=2",
+GSWGAN = ("train.method=gswgan", "partition.num_shards=2", "train.steps=4", "gswgan.pretrain_iterations=2",
           "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=4", "train.n_d=1")
 METHODS = {"dpgan": ("output.log_every=2",), "gswgan": (*GSWGAN, "output.log_every=2")}
 
@@ -43,16 +43,16 @@ def test_every_key_every_stage_logs_is_declared_and_nothing_passes_the_gate(tmp_
 
     client, runs = pipeline_runs(uri, "keys-test", f"keys-{method}")
     by_stage = {r.data.tags[tracking.TAG_STAGE]: r for r in runs}
-    assert set(by_stage) == {"pipeline", "partition", "warmstart", "train", "audit", "sample", "evaluate"}
+    assert set(by_stage) == {"pipeline", "partition", "pretrain", "train", "audit", "sample", "evaluate"}
     for stage, run in by_stage.items():
         declared = logged_keys(stage, method)
         assert declared.undeclared(metrics=run.data.metrics, params=run.data.params) == [], stage
         for name in [*run.data.metrics]:  # every declaration says why
             assert any(reason for key, reason in declared.metrics.items()
                        if key == name or (key.endswith("*") and name.startswith(key[:-1])))
-    if method == "gswgan":  # the warm start's shard count and whole-stage time, but no per-shard time (#52 item 8)
-        assert {"shards", "fan_in_seconds"} <= set(by_stage["warmstart"].data.metrics)
-        assert not [k for k in by_stage["warmstart"].data.metrics if k.startswith("shard_seconds")]
+    if method == "gswgan":  # the pre-training's shard count and whole-stage time, but no per-shard time (#52 item 8)
+        assert {"shards", "fan_in_seconds"} <= set(by_stage["pretrain"].data.metrics)
+        assert not [k for k in by_stage["pretrain"].data.metrics if k.startswith("shard_seconds")]
     assert len(by_stage["train"].data.metrics) >= 2 and len(by_stage["train"].data.params) > 20
 
     # nothing before the gate: the train run holds no image and no model (the sample stage logs them)

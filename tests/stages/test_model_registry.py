@@ -20,7 +20,7 @@ def test_a_failed_audit_registers_nothing_and_each_passed_release_takes_the_alia
     tracked = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=registry-test")
     run_dir = tmp_path / "run"
     client = MlflowClient(uri)
-    stages(run_dir, source, "partition", "warmstart", "train", overrides=tracked)
+    stages(run_dir, source, "partition", "pretrain", "train", overrides=tracked)
 
     # the audit fails (a paper's own accounting never passes): sample refuses, the registry stays empty
     assert stage("audit", run_dir, source, *tracked, "privacy.accounting=as_published") == 2

@@ -1,9 +1,9 @@
 """No raw hash of a sensitive-zone file, and no per-shard count, leaves the sensitive zone (issue #33, items 2–3).
 
-A warm-started GS-WGAN discriminator D_k is deterministic given train.seed, its shard and the code: anyone who knows
+A pre-trained GS-WGAN discriminator D_k is deterministic given train.seed, its shard and the code: anyone who knows
 the other records can retrain it with and without a record and compare its sha256 with a published one (exact
 membership). A per-shard row count tells D from D ∪ {x} once the partition key is known. One GS-WGAN pipeline
-(K = 3 warm-started discriminators) with MLflow on, run twice on one store: first with an audit that fails (nothing
+(K = 3 pre-trained discriminators) with MLflow on, run twice on one store: first with an audit that fails (nothing
 is released, so nothing of the sensitive zone may be named by its raw hash), then one that passes (only what the
 release publishes: the audited generator's bytes, and the trace it is bound to)."""
 
@@ -24,7 +24,7 @@ from tests.stages.helpers import TINY, dpsynth, manifest, settings
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
 
 GSWGAN = ("train.method=gswgan", "partition.num_shards=3", "gswgan.d_width=4", "gswgan.g_width=4",
-          "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.warmstart_iterations=2", "train.steps=4")
+          "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.pretrain_iterations=2", "train.steps=4")
 RAW = re.compile(r'"(sha256|content_sha256)": "([0-9a-f]{64})"')
 
 
@@ -122,7 +122,7 @@ def test_no_per_shard_count_outside_the_sensitive_zone(runs):
     run, base = runs["run"], runs["base"]
     views = [json.loads(p.read_text()) for p in (base / "artifacts").rglob("manifest.json")]
     views += [manifest(run, "release", name) for name in ("sample", "evaluate")]
-    assert {v["stage"] for v in views} >= {"partition", "warmstart", "train", "audit", "sample", "evaluate"}
+    assert {v["stage"] for v in views} >= {"partition", "pretrain", "train", "audit", "sample", "evaluate"}
     for v in views:
         for item in (*v["inputs"], *v["outputs"]):
             assert item.get("zone") == "release" or item.get("rows") is None, (v["stage"], item["role"])
@@ -144,7 +144,7 @@ def test_the_audit_reads_mlflow_values_tags_and_artifacts(runs, tmp_path):
     cfg = load_config(overrides=[*TINY, "tracking.enabled=true", f"tracking.uri={runs['mlflow_uri']}", *GSWGAN])
     ctx = protocol.StageContext.create(cfg, run_dir=str(run))
     train_run = manifest(run, "sensitive", "train")["mlflow_run_id"]
-    d0 = next(o for o in manifest(run, "sensitive", "warmstart")["outputs"] if o["role"] == "discriminator")
+    d0 = next(o for o in manifest(run, "sensitive", "pretrain")["outputs"] if o["role"] == "discriminator")
     assert audit.mlflow_values_check(ctx, run_ids=[train_run], parent_run_id=None)["passed"]
     client = MlflowClient(runs["mlflow_uri"])
     client.set_tag(train_run, "note", f"D_0 is {d0['sha256']}")
@@ -158,18 +158,18 @@ def test_the_audit_reads_mlflow_values_tags_and_artifacts(runs, tmp_path):
 
 
 def test_the_json_outcomes_an_orchestrator_logs_hold_no_raw_hash_or_shard_count(tmp_path, source, capsys):
-    """``dpsynth <stage> --json`` and ``warmstart --shard K --json`` print what Airflow and KFP log and pass on."""
+    """``dpsynth <stage> --json`` and ``pretrain --shard K --json`` print what Airflow and KFP log and pass on."""
     from tests.stages.helpers import stage
 
     run = tmp_path / "run"
     assert stage("partition", run, source, *GSWGAN, flags=("--json",)) == 0
     partition = json.loads(capsys.readouterr().out)
-    assert stage("warmstart", run, source, *GSWGAN, flags=("--shard", "0", "--json")) == 0
+    assert stage("pretrain", run, source, *GSWGAN, flags=("--shard", "0", "--json")) == 0
     shard = json.loads(capsys.readouterr().out)
     assert shard["status"] == "succeeded"
-    # no per-shard warm-start time reaches the XCom (#52 item 8): one shard's time depends on its size
+    # no per-shard pre-training time reaches the XCom (#52 item 8): one shard's time depends on its size
     assert shard["seconds"] is None and shard["details"]["seconds"] is None
     assert shard["details"]["iterations_per_second"] is None
-    printed = {"partition": json.dumps(partition).encode(), "warmstart --shard 0": json.dumps(shard).encode()}
+    printed = {"partition": json.dumps(partition).encode(), "pretrain --shard 0": json.dumps(shard).encode()}
     assert hits(printed, sensitive_hashes(run)) == []
     assert all(o.get("rows") is None for o in partition["manifest"]["outputs"])

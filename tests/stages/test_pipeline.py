@@ -10,7 +10,7 @@ from dpsynth.ledger.store import Ledger
 from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
 from tests.stages.helpers import dpsynth, manifest, release_files, settings
 
-STAGES = ["partition", "warmstart", "train", "audit", "sample", "evaluate"]
+STAGES = ["partition", "pretrain", "train", "audit", "sample", "evaluate"]
 SAMPLE_RELEASE = [f"sample/{n}" for n in ("audit.json", "audit.md", "generator.pt", "manifest.json", "samples.png",
                                            "synthetic.parquet")]
 
@@ -127,7 +127,7 @@ def test_stops_at_the_first_failing_stage(tmp_path, source, mlflow_uri, capsys):
     assert "| train | failed |" in captured.out and "| audit | not run |" in captured.out
     assert "stage train failed" in captured.err and "batch_size" in captured.err
     _, parent, children = runs_of(mlflow_uri, "p3")
-    assert sorted(children) == ["partition", "warmstart"] and parent.info.status == "FAILED"
+    assert sorted(children) == ["partition", "pretrain"] and parent.info.status == "FAILED"
     assert release_files(tmp_path / "run") == []
     # an attempt that failed before its first private step is released, with the reason
     (res,) = ledger_beside(mlflow_uri).reservations(pipeline_run_id="p3")

@@ -22,9 +22,9 @@ CONFIGS = sorted(REPO.glob("configs/*-mnist-cpu.yaml"))
 # (600 records: the configs' δ = 1e-5 stays < 1/n; K = 3 shards so a shard holds a GS-WGAN batch.)
 SHORT = (
     "train.steps=10", "train.d_width=4", "train.g_width=4", "train.batch_size=32", "warmup.steps=5",
-    "partition.num_shards=3", "gswgan.warmstart_iterations=2", "gswgan.d_width=4", "gswgan.g_width=4",
+    "partition.num_shards=3", "gswgan.pretrain_iterations=2", "gswgan.d_width=4", "gswgan.g_width=4",
     "gswgan.batch_size=16", "train.n_d=2", "dpac.start_iteration=2", "dpac.n_f=2", "dpac.n_r=2",
-    "dpac.c_width=4", "zhang.warm_start_iterations=2", "zhang.public_batch_size=16",
+    "dpac.c_width=4", "zhang.pretrain_iterations=2", "zhang.public_batch_size=16",
     "output.checkpoint_every=5", "output.sample_every=5", "output.log_every=2",
     "sample.num_samples=200", "evaluate.epochs=1", "evaluate.feature_steps=5",
 )
@@ -76,4 +76,4 @@ def test_shipped_config_passes_its_audit_and_is_released(config, tmp_path, sourc
                               f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = 'ship-{cfg.train.method}'")
     (parent,) = [r for r in runs if r.data.tags[tracking.TAG_STAGE] == "pipeline"]
     assert parent.info.status == "FINISHED" and parent.data.tags[tracking.TAG_AUDIT] == "passed"
-    assert {r.data.tags[tracking.TAG_STAGE] for r in runs} >= {"partition", "warmstart", "train", "audit", "sample"}
+    assert {r.data.tags[tracking.TAG_STAGE] for r in runs} >= {"partition", "pretrain", "train", "audit", "sample"}

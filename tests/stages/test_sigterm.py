@@ -20,7 +20,7 @@ from tests.stages.test_train_attempts import LONG, STEPS, cli, rerun
 def test_sigterm_mid_training_checkpoints_charges_and_closes_the_reservation(tmp_path, source, ledger_with_budget,
                                                                              capsys):
     run = tmp_path / "run"
-    stages(run, source, "partition", "warmstart", overrides=LONG)
+    stages(run, source, "partition", "pretrain", overrides=LONG)
     args = cli("train", "--run-dir", run, *settings(source, *LONG))
     ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -75,7 +75,7 @@ def test_sigterm_under_torchrun_ends_every_rank_cleanly(tmp_path, source, ledger
     run = tmp_path / "run"
     ranks = ("train.gpus_per_node=2", "train.device=cpu")
     long = ("train.steps=300", "output.checkpoint_every=20")  # 2 ranks: a wider window for the signal
-    stages(run, source, "partition", "warmstart", overrides=long)
+    stages(run, source, "partition", "pretrain", overrides=long)
     args = cli("train", "--launch", "torchrun", "--run-dir", run, *settings(source, *long, *ranks))
     ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

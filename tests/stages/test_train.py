@@ -11,7 +11,7 @@ from tests.stages.helpers import KEY, dpsynth, manifest, settings, stage, stages
 
 def test_trains_on_the_shards_only(tmp_path, source):
     run = tmp_path / "run"
-    stages(run, source, "partition", "warmstart", "train", overrides=["partition.num_shards=2"])
+    stages(run, source, "partition", "pretrain", "train", overrides=["partition.num_shards=2"])
     part, m = manifest(run, "sensitive", "partition"), manifest(run, "sensitive", "train")
     n_train = sum(o["rows"] for o in part["outputs"] if o["role"] == "shard")
     n_heldout = sum(o["rows"] for o in part["outputs"] if o["role"] == "heldout")
@@ -19,7 +19,7 @@ def test_trains_on_the_shards_only(tmp_path, source):
     assert m["status"] == "succeeded" and m["details"]["training_records"] == n_train
     assert {o["role"] for o in m["outputs"]} == {"generator", "trace", "result", "grid", "config"}
     assert all(o["zone"] == "sensitive" and "/sensitive/train/" in o["uri"] for o in m["outputs"])
-    assert [i["role"] for i in m["inputs"]] == ["partition_manifest", "warmstart_manifest", "shard", "shard"]
+    assert [i["role"] for i in m["inputs"]] == ["partition_manifest", "pretrain_manifest", "shard", "shard"]
     (event,) = json.loads((run / "sensitive" / "train" / "trace.json").read_text())["events"]
     assert event["sample_rate"] == pytest.approx(32 / n_train, rel=1e-12)  # q = B/n over the shards alone
     assert event["count"] == 12 and m["privacy"]["events"] == [event]
@@ -31,13 +31,13 @@ def test_trains_on_the_shards_only(tmp_path, source):
     assert not (run / "release").exists()
 
 
-def test_needs_warmstart_and_resumes_only_its_own_checkpoints(tmp_path, source, capsys):
+def test_needs_pretrain_and_resumes_only_its_own_checkpoints(tmp_path, source, capsys):
     run = tmp_path / "run"
     stages(run, source, "partition")
     assert stage("train", run, source) == 2
-    assert "warmstart" in capsys.readouterr().err
+    assert "pretrain" in capsys.readouterr().err
     assert not (run / "sensitive" / "train").exists()
-    stages(run, source, "warmstart")
+    stages(run, source, "pretrain")
     last = run / "sensitive" / "train" / "checkpoints" / "last.pt"
     last.parent.mkdir(parents=True)
     last.write_bytes(b"a checkpoint of other settings or other data")
@@ -61,7 +61,7 @@ def test_checkpoints_leave_generator_snapshots_for_the_epsilon_curve(tmp_path, s
     from dpsynth import storage
 
     run = tmp_path / "run"
-    stages(run, source, "partition", "warmstart", "train", "audit", "sample", "evaluate",
+    stages(run, source, "partition", "pretrain", "train", "audit", "sample", "evaluate",
            overrides=("output.checkpoint_every=4", "evaluate.curve_samples=100", "evaluate.mia=false"))
     m = manifest(run, "sensitive", "train")
     snaps = [o for o in m["outputs"] if o["role"] == "generator_snapshot"]

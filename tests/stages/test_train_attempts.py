@@ -54,7 +54,7 @@ def killed_then_resumed(ledger, *, adopted_steps: int) -> None:
 
 def test_snapshots_of_an_earlier_attempt_are_not_listed(tmp_path, source, ledger_with_budget, capsys):
     run = tmp_path / "run"
-    stages(run, source, "partition", "warmstart", overrides=LONG)
+    stages(run, source, "partition", "pretrain", overrides=LONG)
     train_dir = run / "sensitive" / "train"
     first = train_dir / "checkpoints" / "snapshots" / "generator-0000020.pt"
     kill_once(cli("train", "--run-dir", run, *settings(source, *LONG)), first)
@@ -88,7 +88,7 @@ def test_a_rerun_of_a_killed_pipeline_resumes_its_checkpoint(tmp_path, source, l
 def test_a_retry_of_a_killed_train_stage_on_s3_resumes_its_checkpoint(s3_bucket, tmp_path, source, ledger_with_budget,
                                                                       capsys):
     run = f"s3://{s3_bucket}/runs/r1"
-    stages(run, source, "partition", "warmstart", overrides=LONG)
+    stages(run, source, "partition", "pretrain", overrides=LONG)
     args = cli("train", "--run-dir", run, *settings(source, *LONG))
     mirrored = f"{run}/sensitive/train/checkpoints/last.pt"
     kill_once(args, mirrored)  # the stage trains in a temporary directory, which dies with it

@@ -51,7 +51,7 @@ def calls_below_entry(frame) -> list[tuple[str, str]]:
 
 def test_the_walk_from_dpsynth_train_to_the_noisy_release_is_the_documented_one(tmp_path, source, monkeypatch):
     run = tmp_path / "run"
-    stages(run, source, "partition", "warmstart", overrides=STEPS)
+    stages(run, source, "partition", "pretrain", overrides=STEPS)
     release = GradientSanitizer.finalize
     walks = []
 

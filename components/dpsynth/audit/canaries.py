@@ -234,7 +234,7 @@ def add_records(method: registry.Method, trainer, canaries: InputCanaries) -> No
     """The included black-box canaries join the audit run's training records, after the plan was made from
     the stand-in's n (so σ and q are the real run's; Poisson sampling reaches every record at rate q)."""
     x, y = canaries.images[canaries.included], canaries.labels[canaries.included]
-    if method.warm_start == "shard":  # each into one shard (public, uniform: as a keyed hash puts a record)
+    if method.pretrain == "shard":  # each into one shard (public, uniform: as a keyed hash puts a record)
         where = canaries.slot[canaries.included] % trainer.K
         trainer.shards = [(torch.cat([xs, x[where == k].to(xs.device)]), torch.cat([ys, y[where == k].to(ys.device)]))
                           for k, (xs, ys) in enumerate(trainer.shards)]
@@ -281,7 +281,7 @@ def stand_in(n: int, image_shape: Sequence[int], num_classes: int, *, seed: int 
 def stand_in_trainer(cfg, *, n: int, image_shape: Sequence[int], num_classes: int, directory: str,
                      mechanism_seed: int | None = None):
     """The method's trainer on a stand-in of n records, built as the train stage builds it but for its
-    warm starts, writing only under ``directory`` and tracking nothing; no canaries yet (the benchmark
+    pre-training runs, writing only under ``directory`` and tracking nothing; no canaries yet (the benchmark
     times it alone as the reference). The private warm-up is not run: its releases have audit runs of their
     own (:func:`audit_warmup_release`), and the generator fit after them is post-processing."""
     method = registry.get(cfg.train.method)
@@ -290,10 +290,10 @@ def stand_in_trainer(cfg, *, n: int, image_shape: Sequence[int], num_classes: in
                               warmup=dataclasses.replace(cfg.warmup, steps=0))
     data = stand_in(n, image_shape, num_classes, seed=cfg.train.seed)
     cls = method.trainer
-    if method.warm_start == "shard":  # K shards, record i in shard i mod K; D_k from initialisation
+    if method.pretrain == "shard":  # K shards, record i in shard i mod K; D_k from initialisation
         K = cfg.partition.num_shards
         return cls(cfg, [data.subset(np.arange(k, len(data), K)) for k in range(K)], mechanism_seed=mechanism_seed)
-    if method.warm_start == "public":  # dp-GAN: its public records, a second stand-in (bounds, groups)
+    if method.pretrain == "public":  # dp-GAN: its public records, a second stand-in (bounds, groups)
         z = cfg.zhang
         public = None
         if z.adaptive_clipping or z.grouping == "clustering":

@@ -1,6 +1,6 @@
 """Public data: records from a source separate from the sensitive dataset, usable without privacy.
 
-A method that trains without privacy on "public" records (dp-GAN's warm start and clipping
+A method that trains without privacy on "public" records (dp-GAN's pre-training and clipping
 bounds) is private only if those records really are public. dpsynth takes them from one of:
 
 * ``data.public_source`` — a separate source: ``sklearn:digits`` (scikit-learn's bundled 1,797
@@ -46,7 +46,7 @@ def unprotected_statement(cfg) -> str | None:
     """The statement the gate shows when sensitive records are used as public; None when none are."""
     if cfg.data.public_fraction > 0:
         return (f"data.public_fraction = {cfg.data.public_fraction:g}: that slice of the sensitive dataset was used "
-                f"without privacy (warm start, clipping bounds); {UNPROTECTED} by this release's (ε, δ).")
+                f"without privacy (pre-training, clipping bounds); {UNPROTECTED} by this release's (ε, δ).")
     return None
 
 

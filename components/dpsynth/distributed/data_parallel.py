@@ -63,7 +63,7 @@ def launch(cfg, methods: tuple[str, ...], device: torch.device, *, sharded: bool
     """Join the torchrun job (when there is one) for ``dpsynth train`` (with or without ``--run-dir``: the
     stage, :mod:`dpsynth.stages.train`); refuse a method that does not train data-parallel (not one of ``methods``,
     the registry's :func:`~dpsynth.methods.registry.data_parallel_methods`). ``device``: the run's (``train.device``
-    resolved); ``sharded``: the method trains on the partition's shards (its registry entry's warm start is "shard")."""
+    resolved); ``sharded``: the method trains on the partition's shards (its registry entry's pre-training is "shard")."""
     ranks = distributed.env_ranks()
     if not ranks.distributed:
         return distributed.SINGLE

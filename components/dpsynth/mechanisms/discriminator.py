@@ -138,7 +138,7 @@ class GroupedCriticDPSGD(DiscriminatorDPSGD):
                       f"records at q = B/n = {plan.event.sample_rate:.6g}; {REPLACE_BY_GROUP_PRIVACY}.",
             noise=f"σ·c_j: clip group j gets N(0, (σ c_j)²) with per-group sensitivity c_j; the k = {plan.releases} "
                   f"groups of one step fold to σ/√k = {plan.event.noise_multiplier:.6g}.{warmup_releases.statement(cfg)}",
-            assumptions=["the warm start and clipping bounds use public records only: " + public_source_statement(cfg)],
+            assumptions=["the pre-training and clipping bounds use public records only: " + public_source_statement(cfg)],
             unprotected=unprotected_statement(cfg))
 
 

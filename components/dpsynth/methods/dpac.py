@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from dpsynth.config import RunConfig
 from dpsynth.methods.gswgan import N_DIS, GSWGANState, GSWGANTrainer, real_batch
-from dpsynth.methods.warm_starts import warm_start_shard
+from dpsynth.methods.pretraining import pretrain_shard
 from dpsynth.methods.method import Audit, Method
 from dpsynth.mechanisms.generator_gradient import GSWGAN
 from dpsynth.methods.networks import gswgan_adam
@@ -87,7 +87,7 @@ class DPACTrainer(GSWGANTrainer):
 
 
 METHOD = Method(
-    "dpac", trainer=DPACTrainer, mechanism=GSWGAN, warm_start="shard", warm_start_function=warm_start_shard,
+    "dpac", trainer=DPACTrainer, mechanism=GSWGAN, pretrain="shard", pretrain_function=pretrain_shard,
     sections=("gswgan", "dpac"), default_n_d=N_DIS, networks="gswgan.generator", data_parallel=True,
     empirical_audit=Audit.INPUT_GRADIENT)
 

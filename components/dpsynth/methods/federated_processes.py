@@ -16,7 +16,7 @@ from dpsynth.mechanisms.generator_gradient import FEDERATED
 from dpsynth.methods.gswgan_federated import FederatedServer, FederationMeta, client_update, make_client
 from dpsynth.methods.method import Method, require
 from dpsynth.methods.networks import image_spec
-from dpsynth.methods.warm_starts import warm_start_shard
+from dpsynth.methods.pretraining import pretrain_shard
 from dpsynth.training.result import TrainResult, resolve_device
 
 NAME = "gswgan_federated"
@@ -79,7 +79,7 @@ def validate(cfg: RunConfig) -> None:  # its rules across sections
 
 
 METHOD = Method(
-    NAME, trainer=FederatedProcesses, mechanism=FEDERATED, warm_start="shard", warm_start_function=warm_start_shard,
+    NAME, trainer=FederatedProcesses, mechanism=FEDERATED, pretrain="shard", pretrain_function=pretrain_shard,
     sections=("gswgan",), default_n_d=FEDERATED.n_dis, networks="gswgan.generator", federated=True, validate=validate)
 
 __all__ = ["METHOD", "FederatedProcesses", "client_main"]

@@ -1,9 +1,9 @@
 """One non-private generator step through a discriminator: the one implementation DPGAN's, dp-GAN's and the
-warm starts' generator steps share.
+pre-training runs' generator steps share.
 
 G draws a fresh batch of latents and labels from ``generator`` (a public stream, train.seed), D scores it with
 its weights frozen, and G takes one optimizer step on the loss. Nothing reads a record: when D is the
-privatized discriminator the step is post-processing, and in a warm start D is non-private but stays in the
+privatized discriminator the step is post-processing, and in a pre-training D is non-private but stays in the
 sensitive zone with G.
 """
 
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 
 def wasserstein(scores: torch.Tensor) -> torch.Tensor:
-    """WGAN's generator loss −E[D(G(z))] (dp-GAN, GS-WGAN's warm start)."""
+    """WGAN's generator loss −E[D(G(z))] (dp-GAN, GS-WGAN's pre-training)."""
     return -scores.mean()
 
 

@@ -1,6 +1,6 @@
 """GS-WGAN, centralized (Chen, Orekondy & Fritz 2020, supplement Algorithm 1).
 
-Per-shard WGAN-GP critics warm-started non-privately (:func:`dpsynth.methods.warm_starts.warm_start_shard`),
+Per-shard WGAN-GP critics pre-trained non-privately (:func:`dpsynth.methods.pretraining.pretrain_shard`),
 then private iterations in which only the per-sample gradients ∂ℓ_i/∂G(z_i) are sanitized; the released generator is an
 exponential moving average of G's weights. Its steps over :class:`GSWGANState`: :func:`critic_step` (not private),
 :func:`g_step` (the private release is the generator's gradient). The iteration step by step, and why one iteration is one
@@ -21,7 +21,7 @@ from dpsynth.grids import class_grid
 from dpsynth.training import checkpoint
 from dpsynth.methods.gswgan_critic import N_DIS, critic_loss, critic_steps, real_batch  # noqa: F401
 from dpsynth.methods.method import Audit, Method
-from dpsynth.methods.warm_starts import warm_start_shard
+from dpsynth.methods.pretraining import pretrain_shard
 from dpsynth.training.loop import SPREAD, Trainer
 from dpsynth.training.seeds import cpu_rng, derived_seed
 from dpsynth.methods.networks import (discriminator_kwargs, fresh_discriminator, generator_models, generator_record,
@@ -135,7 +135,7 @@ class GSWGANTrainer(Trainer):
                  records: int | None = None, parent_run_id: str | None = None, run_tags: dict[str, str] | None = None,
                  mechanism_seed: int | None = None):
         """``shards``: the K shards; under torchrun a rank needs only its own (``None`` for the others, and then
-        ``records``, n, from the partition's manifest). ``warm``: {k: D_k's warm-start file}, of its own shards
+        ``records``, n, from the partition's manifest). ``warm``: {k: D_k's pre-training file}, of its own shards
         at least. ``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         super().__init__(cfg, spread=METHOD.data_parallel, parent_run_id=parent_run_id, run_tags=run_tags)
         seed = cfg.train.seed
@@ -149,7 +149,7 @@ class GSWGANTrainer(Trainer):
 
         models = generator_models(cfg, self.spec, self.device)
         D = fresh_discriminator(cfg, self.spec, shard_index=0).to(self.device)
-        kwargs = discriminator_kwargs(cfg, self.spec)  # D_k of the warm start, of the shards this rank holds
+        kwargs = discriminator_kwargs(cfg, self.spec)  # D_k of the pre-training, of the shards this rank holds
         d_states = {k: read_discriminator(data, expect_kwargs=kwargs, shard_index=k)
                     for k, data in (warm or {}).items() if k in self.own}
         mechanism = self.secret_coins(mechanism_seed)
@@ -204,6 +204,6 @@ class GSWGANTrainer(Trainer):
 
 
 METHOD = Method(
-    "gswgan", trainer=GSWGANTrainer, mechanism=GSWGAN, warm_start="shard", warm_start_function=warm_start_shard,
+    "gswgan", trainer=GSWGANTrainer, mechanism=GSWGAN, pretrain="shard", pretrain_function=pretrain_shard,
     sections=("gswgan",), default_n_d=N_DIS, networks="gswgan.generator", data_parallel=True,
     empirical_audit=Audit.INPUT_GRADIENT)

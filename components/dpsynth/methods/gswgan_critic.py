@@ -1,6 +1,6 @@
 """GS-WGAN's non-private critic (Chen, Orekondy & Fritz 2020, supplement Algorithm 1): the WGAN-GP loss and the n_dis
 critic steps on one shard, which both the private iteration (:func:`dpsynth.methods.gswgan.critic_step`) and the
-per-shard warm start (:func:`dpsynth.methods.warm_starts.warm_start_shard`) take. Nothing here is private: a
+per-shard pre-training (:func:`dpsynth.methods.pretraining.pretrain_shard`) take. Nothing here is private: a
 critic reads its own shard, and only the generator's gradient through it is released."""
 
 from __future__ import annotations

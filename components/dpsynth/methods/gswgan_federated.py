@@ -80,7 +80,7 @@ def mechanism_seeds(master: int | None, num_clients: int) -> tuple[int, list[int
 
 def make_client(cfg: RunConfig, shard: tuple[torch.Tensor, torch.Tensor], *, spec: dict, shard_index: int,
                 warm: bytes | None, mechanism_seed: int | None = None, device: torch.device | None = None) -> Client:
-    """Client k on ``device`` (None: train.device's) with its warm-started D_k (or a fresh one), RNGs of its own
+    """Client k on ``device`` (None: train.device's) with its pre-trained D_k (or a fresh one), RNGs of its own
     seeded by train.seed and k, and its secret noise coins (``mechanism_seed``, from :func:`mechanism_seeds`)."""
     device = resolve_device(cfg.train.device) if device is None else device
     D = fresh_discriminator(cfg, spec, shard_index=shard_index).to(device)

@@ -1,17 +1,17 @@
 """A training method, as one typed object: each method file declares its own ``METHOD = Method(...)`` (its trainer
-class, its mechanism, its warm start, its default n_D, the networks it builds, its empirical audit, the rules its
+class, its mechanism, its pre-training, its default n_D, the networks it builds, its empirical audit, the rules its
 settings must follow); :mod:`dpsynth.methods.registry` collects them. Nothing else in dpsynth names a method: a
 stage, a command or the audit asks the method's object.
 
 A trainer class is built as ``Trainer(cfg, data, *, parent_run_id=, run_tags=, **inputs)`` and ``.train()`` returns
 a frozen result dataclass; it logs no image, model or dataset hash to MLflow (nothing before the gate) and declares
-what it does log (``Trainer.MLFLOW_KEYS``). ``data`` and ``inputs`` depend on the warm-start kind:
+what it does log (``Trainer.MLFLOW_KEYS``). ``data`` and ``inputs`` depend on the pre-training kind:
 
 * ``"none"``: ``data`` is the training dataset; no inputs. Runs standalone (``dpsynth train``).
 * ``"shard"``: ``data`` is the list of the K shard datasets; ``warm`` = {k: D_k file bytes}, from
-  the warmstart stage (one non-private discriminator per shard).
+  the pretrain stage (one non-private discriminator per shard).
 * ``"public"``: ``data`` is the private training dataset; ``public`` (the partition's public
-  records) and ``warm_start_state`` (the warmstart stage's G and D trained on them).
+  records) and ``pretrained_state`` (the pretrain stage's G and D trained on them).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dpsynth.mechanisms.mechanism import Mechanism
 if TYPE_CHECKING:
     from dpsynth.config import RunConfig
 
-WarmStart = Literal["none", "shard", "public"]
+Pretrain = Literal["none", "shard", "public"]
 # a method's generator and latent: "dcgan" (the DCGAN generator of dpsynth.models.dcgan, train.latent_dim) or
 # "gswgan.generator" (the gswgan section's: GS-WGAN's ResNet or the DCGAN one, gswgan.latent_dim)
 Networks = Literal["dcgan", "gswgan.generator"]
@@ -49,9 +49,9 @@ class Method:
     name: str  # what train.method names (config.METHODS: the schema's names and their one-line descriptions)
     trainer: type  # its trainer class (a dpsynth.training.loop.Trainer, or the federated server's processes)
     mechanism: Mechanism  # plan(cfg, n), events, statement(cfg, plan, n), sanitizer: for the trainer and the audit
-    warm_start: WarmStart = "none"
-    # the warm start the warmstart stage runs (shard: per shard; public: on the public records); None: "none"
-    warm_start_function: Callable | None = None
+    pretrain: Pretrain = "none"
+    # the pre-training the pretrain stage runs (shard: per shard; public: on the public records); None: "none"
+    pretrain_function: Callable | None = None
     sections: tuple[str, ...] = ()  # config sections the method reads besides data, partition, privacy, train
     # train.n_d's default: its paper's discriminator (critic) steps per generator step; "adaptive": DPGAN's schedule
     # (the only method that takes it); None: the method has no discriminator (Private Evolution)
@@ -70,7 +70,7 @@ class Method:
     @property
     def standalone(self) -> bool:
         """Whether ``dpsynth train`` can run it on a dataset alone (no stage inputs)."""
-        return self.warm_start == "none"
+        return self.pretrain == "none"
 
     def dcgan(self, cfg: RunConfig) -> bool:
         """Whether ``cfg``'s generator is a DCGAN one (``dcgan.Generator``: warp, contrast, tone and style slots)."""

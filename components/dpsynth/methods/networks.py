@@ -1,10 +1,10 @@
-"""Each method's networks from the configuration, and the files of its warm-started ones (sensitive zone; the
-warm starts themselves: :mod:`dpsynth.methods.warm_starts`).
+"""Each method's networks from the configuration, and the files of its pre-trained ones (sensitive zone; the
+pre-training runs themselves: :mod:`dpsynth.methods.pretraining`).
 
-* DPGAN and dp-GAN (Zhang et al.): the label-conditioned DCGAN, :func:`dcgan_models`; dp-GAN's warm-start file;
+* DPGAN and dp-GAN (Zhang et al.): the label-conditioned DCGAN, :func:`dcgan_models`; dp-GAN's pre-training file;
 * GS-WGAN, DPAC and the federated GS-WGAN: G (:func:`generator_record`, the released generator's ``model``
   record; :func:`generator_models`: G, its EMA copy and its Adam), D_k (:func:`fresh_discriminator`, or
-  warm-started: :func:`read_discriminator`) and their Adam.
+  pre-trained: :func:`read_discriminator`) and their Adam.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dpsynth.training.artifacts import build_generator, read_model_file
 from dpsynth.training.seeds import derived_seed, init_with_seed
 
 DISCRIMINATOR_FORMAT = "dpsynth.gswgan.discriminator/1"
-WARM_START_FORMAT = "dpsynth.zhang_warm_start/1"
+PRETRAINED_FORMAT = "dpsynth.zhang_pretrain/1"
 
 
 # --- DPGAN, dp-GAN ----------------------------------------------------------------------------------
@@ -47,24 +47,24 @@ def dcgan_models(cfg: RunConfig, *, num_classes: int, image_shape: tuple[int, in
     return G, D
 
 
-def load_warm_start(data: bytes) -> dict:
-    """dp-GAN's warm-start file: G and D trained on the public records."""
-    return read_model_file(data, WARM_START_FORMAT, weights_only=False,
-                           refusal=f"train.method: the warm start file is not a {WARM_START_FORMAT!r} file")
+def load_pretrained(data: bytes) -> dict:
+    """dp-GAN's pre-training file: G and D trained on the public records."""
+    return read_model_file(data, PRETRAINED_FORMAT, weights_only=False,
+                           refusal=f"train.method: the pre-training file is not a {PRETRAINED_FORMAT!r} file")
 
 
 def warm_models_record(cfg: RunConfig, *, num_classes: int, image_shape) -> dict:
-    """What dp-GAN's warm-start file records of its G and D (``model``), for this run's settings."""
+    """What dp-GAN's pre-training file records of its G and D (``model``), for this run's settings."""
     t = cfg.train
     return {"num_classes": num_classes, "image_shape": list(image_shape), "g_width": t.g_width, "d_width": t.d_width,
             "latent_dim": t.latent_dim}
 
 
 def load_warm_models(cfg: RunConfig, state: dict, G, D, *, num_classes: int, image_shape) -> None:
-    """Load dp-GAN's warm start (:func:`load_warm_start`) into G and D, after checking it was trained for them."""
+    """Load dp-GAN's pre-training (:func:`load_pretrained`) into G and D, after checking it was trained for them."""
     expected = warm_models_record(cfg, num_classes=num_classes, image_shape=image_shape)
     if state.get("model") != expected:
-        raise ConfigError(f"train: the warm start was trained for {state.get('model')}, not {expected}")
+        raise ConfigError(f"train: the pre-training was trained for {state.get('model')}, not {expected}")
     G.load_state_dict(state["G"])
     D.load_state_dict(state["D"])
 
@@ -106,7 +106,7 @@ def generator_models(cfg: RunConfig, spec: dict, device) -> dict:
 
 
 def discriminator_kwargs(cfg: RunConfig, spec: dict) -> dict:
-    """D_k's keywords (the warm-start file records them)."""
+    """D_k's keywords (the pre-training file records them)."""
     return {**spec, "width": cfg.gswgan.d_width}
 
 
@@ -122,10 +122,10 @@ def fresh_discriminator(cfg: RunConfig, spec: dict, *, shard_index: int) -> Disc
 
 
 def read_discriminator(data: bytes, *, expect_kwargs: dict, shard_index: int) -> dict:
-    """The state_dict of a warm-started D_k file, after checking it is one and matches this run."""
+    """The state_dict of a pre-trained D_k file, after checking it is one and matches this run."""
     state = read_model_file(data, DISCRIMINATOR_FORMAT,
-                            refusal=f"warmstart: shard {shard_index}'s file is not a GS-WGAN discriminator")
+                            refusal=f"pretrain: shard {shard_index}'s file is not a GS-WGAN discriminator")
     if state.get("shard") != shard_index or state.get("model") != expect_kwargs:
-        raise ConfigError(f"warmstart: shard {shard_index}'s discriminator was trained for shard "
+        raise ConfigError(f"pretrain: shard {shard_index}'s discriminator was trained for shard "
                           f"{state.get('shard')} with {state.get('model')}, this run needs {expect_kwargs}")
     return state["state_dict"]

@@ -1,15 +1,15 @@
 """The training methods dpsynth knows: what ``train.method`` may name. Each method file declares its own
-``METHOD`` (:class:`~dpsynth.methods.method.Method`: its trainer class, mechanism, warm start, default n_D, networks,
+``METHOD`` (:class:`~dpsynth.methods.method.Method`: its trainer class, mechanism, pre-training, default n_D, networks,
 empirical audit and rules); this module collects them from :data:`MODULES`, in the order of the configuration's
 names (:data:`dpsynth.config.METHODS`, the schema's: the configuration, the ground floor, imports no method, so the
 names and their one-line descriptions stay there, torch-free, for ``dpsynth --help`` and the orchestrators' forms).
 
-Every place that depends on the method — ``dpsynth train``, the warmstart, train and audit stages, the
+Every place that depends on the method — ``dpsynth train``, the pretrain, train and audit stages, the
 configuration's rules across sections (:func:`check`, through :func:`load_config`) — asks the method's object;
 none keeps a table of its own and none compares ``train.method`` with a name. Importing this module imports every
 trainer (torch): the ``--help`` paths do not.
 
-The methods with a warm start need the pipeline's stages (shards, warm start), so ``dpsynth
+The methods with a pre-training need the pipeline's stages (shards, pre-training), so ``dpsynth
 train`` without ``--run-dir`` refuses them (:func:`standalone_or_refuse`).
 """
 
@@ -21,7 +21,7 @@ from dpsynth import config
 from dpsynth.config import AUTO
 from dpsynth.errors import ConfigError
 from dpsynth.methods import dpac, dpgan, federated_processes, gswgan, private_evolution, zhang
-from dpsynth.methods.method import Audit, Method, WarmStart, require  # noqa: F401  (the registry's types)
+from dpsynth.methods.method import Audit, Method, Pretrain, require  # noqa: F401  (the registry's types)
 
 MODULES = (dpgan, gswgan, dpac, zhang, federated_processes, private_evolution)  # each declares its METHOD
 METHODS: dict[str, Method] = {module.METHOD.name: module.METHOD for module in MODULES}
@@ -59,12 +59,12 @@ def standalone_or_refuse(name: str) -> Method:
     """The method, when ``dpsynth train`` can run it alone; else ConfigError naming the command to use."""
     method = get(name)
     if not method.standalone:
-        what = "K shards and their warm-started discriminators" if method.warm_start == "shard" else \
-            "the partition's public records and a warm start on them"
+        what = "K shards and their pre-trained discriminators" if method.pretrain == "shard" else \
+            "the partition's public records and a pre-training on them"
         raise ConfigError(
             f"train.method: {name!r} needs {what} from the pipeline's stages, so plain `dpsynth train` cannot "
             f"run it; use `dpsynth pipeline run --config CONFIG --run-dir RUN_DIR` (or `dpsynth train --run-dir "
-            f"RUN_DIR` after `dpsynth partition` and `dpsynth warmstart`)")
+            f"RUN_DIR` after `dpsynth partition` and `dpsynth pretrain`)")
     return method
 
 

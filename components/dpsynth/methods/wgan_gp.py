@@ -1,5 +1,5 @@
 """dp-GAN's critic loss (Zhang, Ji & Wang, Algorithm 3): the conditional WGAN-GP loss of one unit (a real record, a
-fake and their interpolation), its batch mean (the non-private warm start) and each unit's gradient (the private
+fake and their interpolation), its batch mean (the non-private pre-training) and each unit's gradient (the private
 critic step, :func:`dpsynth.methods.zhang.d_step`)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def unit_losses(D, real, fake, y, rho, *, gp_weight: float) -> torch.Tensor:
 
 
 def wgan_gp_loss(D, real, fake, y, rho, *, gp_weight: float) -> torch.Tensor:
-    """The batch-mean critic loss (non-private: the warm start)."""
+    """The batch-mean critic loss (non-private: the pre-training)."""
     return unit_losses(D, real, fake, y, rho, gp_weight=gp_weight).mean()
 
 

@@ -1,7 +1,7 @@
 """dp-GAN, as in Zhang, Ji & Wang, "Differentially Private Releasing via Deep Generative Model" (Algorithm 3).
 
 A conditional WGAN-GP whose critic D is trained with DP-SGD (per-unit gradients clipped group by group); the
-generator touches the data only through D. Its warm start (:func:`dpsynth.methods.warm_starts.warm_start`) uses public records only.
+generator touches the data only through D. Its pre-training (:func:`dpsynth.methods.pretraining.pretrain`) uses public records only.
 What one unit is and why its latents are the mechanism's coins, the groups and bounds, and the account
 (one Poisson event of multiplier σ/√k per step; ``as_published``): docs/privacy.md,
 "dp-GAN (Zhang et al.): the critic step and its account".
@@ -27,7 +27,7 @@ from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.generator_step import generator_step
 from dpsynth.training.loop import Trainer
 from dpsynth.methods.networks import dcgan_models, load_warm_models
-from dpsynth.methods.warm_starts import warm_start
+from dpsynth.methods.pretraining import pretrain
 from dpsynth.methods.wgan_gp import N_CRITIC, per_unit_gradients, unit_losses
 from dpsynth.mechanisms import grouping
 from dpsynth.mechanisms.ghost import GhostClipping
@@ -137,10 +137,10 @@ class ZhangTrainer(Trainer):
     MLFLOW_KEYS = DPGANTrainer.MLFLOW_KEYS | tracking.LoggedKeys(
         metrics={"epsilon_as_published_unsound": "the paper's account of the steps taken (from the plan)"},
         params={"derived.num_groups": "k, from the critic's architecture and the config",
-                "derived.sigma_per_group": "σ of the plan", "derived.warm_started": "whether a public warm start was given"})
+                "derived.sigma_per_group": "σ of the plan", "derived.pretrained": "whether a public pre-training was given"})
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, public: ImageDataset | None = None,
-                 warm_start_state: dict | None = None, parent_run_id: str | None = None,
+                 pretrained_state: dict | None = None, parent_run_id: str | None = None,
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
         """``mechanism_seed``: tests only (replaying the mechanism); None draws it from OS entropy."""
         super().__init__(cfg, spread=METHOD.data_parallel, parent_run_id=parent_run_id, run_tags=run_tags)
@@ -161,9 +161,9 @@ class ZhangTrainer(Trainer):
 
         torch.manual_seed(t.seed)
         G, D = dcgan_models(cfg, num_classes=self.num_classes, image_shape=image_shape)
-        self.warm_started = warm_start_state is not None
-        if warm_start_state is not None:  # G and D trained on the public records (checked against this run's)
-            load_warm_models(cfg, warm_start_state, G, D, num_classes=self.num_classes, image_shape=image_shape)
+        self.pretrained = pretrained_state is not None
+        if pretrained_state is not None:  # G and D trained on the public records (checked against this run's)
+            load_warm_models(cfg, pretrained_state, G, D, num_classes=self.num_classes, image_shape=image_shape)
         G, D = G.to(self.device), D.to(self.device)
         names = [n for n, _ in D.named_parameters()]
 
@@ -228,11 +228,11 @@ class ZhangTrainer(Trainer):
 
     def details(self) -> dict:
         return {"num_groups": self.plan.releases, "grouping": self.cfg.zhang.grouping,
-                "warm_started": self.warm_started}
+                "pretrained": self.pretrained}
 
     def derived_params(self) -> dict:
         return {**super().derived_params(), "num_groups": self.plan.releases,
-                "sigma_per_group": self.plan.noise_multiplier, "warm_started": self.warm_started}
+                "sigma_per_group": self.plan.noise_multiplier, "pretrained": self.pretrained}
 
 
 def validate(cfg: RunConfig) -> None:
@@ -243,5 +243,5 @@ def validate(cfg: RunConfig) -> None:
 
 
 METHOD = Method(
-    "zhang", trainer=ZhangTrainer, mechanism=ZHANG, warm_start="public", warm_start_function=warm_start,
+    "zhang", trainer=ZhangTrainer, mechanism=ZHANG, pretrain="public", pretrain_function=pretrain,
     sections=("zhang",), default_n_d=N_CRITIC, networks="dcgan", data_parallel=True, empirical_audit=Audit.GRADIENT, validate=validate)

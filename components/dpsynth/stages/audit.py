@@ -34,7 +34,7 @@ only when every check holds:
   an allow-list with the reason each key is data-independent or accounted), so no actual batch
   size, shard index, per-example norm or loss on real data can slip through under a new name;
 * ``mlflow_values``: nor does any of those runs hold, in a param or metric value, a tag or an artifact, the raw
-  sha256 of a sensitive-zone file the stages recorded (a warm-started discriminator's hash, say, is a membership
+  sha256 of a sensitive-zone file the stages recorded (a pre-trained discriminator's hash, say, is a membership
   test for anyone who can retrain it): outside the sensitive zone they are named by keyed version ids.
 
 Every report also *states* what its ε means (the statement of the method's mechanism,
@@ -255,7 +255,7 @@ def pipeline_runs(tracking_uri: str, *, run_ids: list[str], parent_run_id: str |
 
 def logged_keys(stage: str, method: str) -> tracking.LoggedKeys | None:
     """The allow-list of an MLflow run of ``stage`` (``"pipeline"``: the parent run); None: unknown stage."""
-    from dpsynth.stages import evaluate, partition, sample, train, warmstart
+    from dpsynth.stages import evaluate, partition, sample, train, pretrain
 
     if stage == "pipeline":
         return protocol.PARENT_RUN_KEYS
@@ -263,7 +263,7 @@ def logged_keys(stage: str, method: str) -> tracking.LoggedKeys | None:
         return train.logged_keys(method)
     if stage == STAGE:
         return MLFLOW_KEYS
-    module = {m.STAGE: m for m in (partition, warmstart, sample, evaluate)}.get(stage)
+    module = {m.STAGE: m for m in (partition, pretrain, sample, evaluate)}.get(stage)
     return module.MLFLOW_KEYS if module is not None else None
 
 
@@ -293,10 +293,10 @@ def mlflow_check(cfg: RunConfig, *, tracking_uri: str | None, run_ids: list[str]
 # --- no raw hash of a sensitive-zone file in MLflow (issue #33) -------------------------------------------
 
 
-def sensitive_hashes(ctx: protocol.StageContext, stages=("partition", "warmstart", "train")) -> dict[str, str]:
+def sensitive_hashes(ctx: protocol.StageContext, stages=("partition", "pretrain", "train")) -> dict[str, str]:
     """Raw sha256 → what it names, for every sensitive-zone file the stages before the audit recorded: each entry
     of their manifests outside the release zone (its ``sha256`` and ``content_sha256``: the source, shards,
-    held-out records, warm-started discriminators, generator, trace …) and the manifest files themselves."""
+    held-out records, pre-trained discriminators, generator, trace …) and the manifest files themselves."""
     found: dict[str, str] = {}
     for stage in stages:
         uri = ctx.manifest_uri(stage)

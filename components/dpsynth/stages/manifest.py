@@ -4,7 +4,7 @@ A manifest is the stage's commit record: downstream stages read only what a mani
 check each file's sha256 against it, and a stage whose manifest still matches its config
 and inputs is not run again (see :func:`matches`).
 
->>> m = build(stage="warmstart", status="succeeded", fingerprint="f", dataset_sha256="d",
+>>> m = build(stage="pretrain", status="succeeded", fingerprint="f", dataset_sha256="d",
 ...           inputs=[], outputs=[], privacy=no_privacy(delta=1e-5, note="nothing private"))
 >>> m["format"], m["privacy"]["epsilon"]
 ('dpsynth.stage_manifest/1', 0.0)

@@ -8,7 +8,7 @@ shard only, and stable: adding a record changes only its own shard's file, and r
 held-out fraction only moves training records into the held-out set, never back.
 
 Held-out records are never trained on; ``evaluate`` tests on them. Public records (for methods
-that use public data: dp-GAN's warm start and clipping bounds) are declared by
+that use public data: dp-GAN's pre-training and clipping bounds) are declared by
 ``data.public_fraction``, a keyed-hash band right above the held-out one (``h``'s fraction in
 [heldout_fraction, heldout_fraction + public_fraction)), or by ``data.public_split``, the records
 of a named split; they are written to ``public.parquet`` (role "public") and are in no training

@@ -11,7 +11,7 @@ nothing anyone will use.
 Layout under the run directory (local path or ``s3://``)::
 
     sensitive/partition/   shard-*.parquet, heldout.parquet, manifest.json
-    sensitive/warmstart/   manifest.json (and per-shard warm-start models, for methods that have them)
+    sensitive/pretrain/   manifest.json (and per-shard pre-training models, for methods that have them)
     sensitive/train/       generator.pt, trace.json, result.json, samples.png, config.yaml, checkpoints/
     sensitive/audit/       audit.json, audit.md, manifest.json
     release/sample/        generator.pt, synthetic.parquet, samples.png, audit.json, audit.md, manifest.json
@@ -39,8 +39,8 @@ from dpsynth.data.versions import keyed_version
 from dpsynth.errors import ConfigError, StageError
 from dpsynth.stages import manifest
 
-STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
-ZONE = {"partition": "sensitive", "warmstart": "sensitive", "train": "sensitive", "audit": "sensitive",
+STAGES = ("partition", "pretrain", "train", "audit", "sample", "evaluate")
+ZONE = {"partition": "sensitive", "pretrain": "sensitive", "train": "sensitive", "audit": "sensitive",
         "sample": "release", "evaluate": "release"}
 TAG_STATUS = "dpsynth.stage_status"  # succeeded | failed | skipped
 TAG_REUSED_RUN = "dpsynth.reused_run_id"  # a skipped stage: the run that made the outputs it reuses
@@ -186,7 +186,7 @@ def outside_view(ctx: StageContext, items: list[dict]) -> list[dict]:
     egress gate (:func:`dpsynth.egress.let_out`).
 
     No raw hash of a file outside the release zone leaves the sensitive zone: every such entry (the source, the
-    shards, the held-out and public records, the warm-started discriminators — deterministic given train.seed and
+    shards, the held-out and public records, the pre-trained discriminators — deterministic given train.seed and
     their shard, so a raw hash would let anyone who knows the other records test a record's membership by
     retraining —, the generator and trace before the audit, every manifest) is named by keyed version ids
     (:func:`dataset_version`; deterministic, so a re-run still matches) instead of its raw hashes. Nor does its

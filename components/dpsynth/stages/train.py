@@ -19,7 +19,7 @@ of the steps it added. A reused stage opens none (it spends nothing).
 Under ``torchrun`` (a data-parallel method, :mod:`dpsynth.distributed.data_parallel`) every rank runs
 ``dpsynth train --run-dir RUN_DIR``: rank 0 is the stage — :func:`run`: the reuse decision, the
 ledger attempt, the trainer's MLflow child run, the outputs and the manifest — and tells the other
-ranks whether it trains; they (:func:`follow`) read the same shards and warm start, train in step
+ranks whether it trains; they (:func:`follow`) read the same shards and pre-training, train in step
 with it, and write nothing.
 
 ``gswgan_federated`` always runs so, on K + 1 ranks (:mod:`dpsynth.distributed.federation`): in one process
@@ -68,11 +68,11 @@ def logged_keys(method: str) -> tracking.LoggedKeys:
     return MLFLOW_KEYS | registry.get(method).trainer.MLFLOW_KEYS
 
 
-def warm_discriminators(warmstart_manifest: dict | None, *, own: range | None = None) -> dict[int, bytes]:
-    """Shard index → the bytes of its warm-started D_k file, from the warmstart stage's manifest (``own``: only
+def warm_discriminators(pretrain_manifest: dict | None, *, own: range | None = None) -> dict[int, bytes]:
+    """Shard index → the bytes of its pre-trained D_k file, from the pretrain stage's manifest (``own``: only
     those shards')."""
     found = {}
-    for item in (warmstart_manifest or {}).get("outputs", []):
+    for item in (pretrain_manifest or {}).get("outputs", []):
         if item.get("role") == "discriminator" and (own is None or int(item["shard"]) in own):
             found[int(item["shard"])] = storage.read_bytes(manifest.verify(item)["uri"])
     return found
@@ -81,7 +81,7 @@ def warm_discriminators(warmstart_manifest: dict | None, *, own: range | None = 
 def own_shards(method: registry.Method, count: int) -> range:
     """The shards this rank reads: all of them, but under torchrun a method training on the K shards (GS-WGAN,
     DPAC) spreads them over the ranks, and a rank reads only its own block (its trainer holds only those)."""
-    spread = method.warm_start == "shard" and method.data_parallel
+    spread = method.pretrain == "shard" and method.data_parallel
     return range(*data_parallel.current().part(count)) if spread else range(count)
 
 
@@ -91,23 +91,23 @@ def read_shards(method: registry.Method, shards: list[dict]) -> list:
     return [read_parquet(s["uri"]) if i in own else None for i, s in enumerate(shards)]
 
 
-def method_inputs(ctx: protocol.StageContext, method: registry.Method, *, dataset, shards, warmstart) -> tuple:
+def method_inputs(ctx: protocol.StageContext, method: registry.Method, *, dataset, shards, pretrain) -> tuple:
     """``(data, inputs)`` for the method's trainer (see :mod:`dpsynth.methods.registry`), from the
-    partition's and the warmstart stage's manifests."""
-    if method.warm_start == "shard":
-        inputs = {"warm": warm_discriminators(warmstart, own=own_shards(method, len(shards)))}
+    partition's and the pretrain stage's manifests."""
+    if method.pretrain == "shard":
+        inputs = {"warm": warm_discriminators(pretrain, own=own_shards(method, len(shards)))}
         if None in shards:  # a rank holding its own shards only: n from the partition's manifest
             inputs["records"] = protocol.upstream(ctx, "partition")[0]["details"]["training_records"]
         return shards, inputs
-    if method.warm_start == "public":
-        from dpsynth.methods.networks import load_warm_start
+    if method.pretrain == "public":
+        from dpsynth.methods.networks import load_pretrained
 
         partition, _ = protocol.upstream(ctx, "partition")
         found = manifest.outputs(partition, "public")
-        warm = manifest.outputs(warmstart, "warm_start")
+        warm = manifest.outputs(pretrain, "pretrain")
         return dataset, {
             "public": read_parquet(manifest.verify(found[0])["uri"]) if found else None,
-            "warm_start_state": load_warm_start(storage.read_bytes(manifest.verify(warm[0])["uri"])) if warm else None}
+            "pretrained_state": load_pretrained(storage.read_bytes(manifest.verify(warm[0])["uri"])) if warm else None}
     return dataset, {}
 
 
@@ -135,7 +135,7 @@ class _Inputs:
 
     method: registry.Method
     partition: dict
-    warmstart: dict
+    pretrain: dict
     shards: list[dict]
     inputs: list[dict]
     fingerprint: str
@@ -145,10 +145,10 @@ def _inputs(ctx: protocol.StageContext, *, verify_shards: bool = True) -> _Input
     cfg = ctx.cfg
     method = registry.get(cfg.train.method)
     partition, partition_entry = protocol.upstream(ctx, "partition")
-    warmstart_manifest, warmstart_entry = protocol.upstream(ctx, "warmstart")
+    pretrain_manifest, pretrain_entry = protocol.upstream(ctx, "pretrain")
     shards = [manifest.verify(s) if verify_shards else s for s in manifest.outputs(partition, "shard")]
-    return _Inputs(method=method, partition=partition, warmstart=warmstart_manifest, shards=shards,
-                   inputs=[partition_entry, warmstart_entry, *shards],
+    return _Inputs(method=method, partition=partition, pretrain=pretrain_manifest, shards=shards,
+                   inputs=[partition_entry, pretrain_entry, *shards],
                    fingerprint=protocol.fingerprint(cfg, SECTIONS + method.sections))
 
 
@@ -182,7 +182,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
     else:  # a rank of a shard method holds its own shards only (None for the others')
         shard_data = read_shards(method, shards)
         dataset = protocol.concat(shard_data) if None not in shard_data else None
-        data, method_kwargs = method_inputs(ctx, method, dataset=dataset, shards=shard_data, warmstart=read.warmstart)
+        data, method_kwargs = method_inputs(ctx, method, dataset=dataset, shards=shard_data, pretrain=read.pretrain)
     remote = storage.is_remote(ctx.run_dir)
     with tempfile.TemporaryDirectory(prefix="dpsynth-train-") as scratch:
         workdir = scratch if remote else str(storage.local_path(ctx.stage_dir(STAGE)))
@@ -223,7 +223,7 @@ def run(ctx: protocol.StageContext) -> protocol.Outcome:
 
 def follow(ctx: protocol.StageContext) -> None:
     """A rank other than 0 of a ``torchrun`` job: when rank 0 trains (:func:`run`), the same trainer on the same
-    shards and warm start, step for step with it; it opens no ledger attempt, no MLflow run, and writes nothing
+    shards and pre-training, step for step with it; it opens no ledger attempt, no MLflow run, and writes nothing
     (its trainer's ``output.dir`` is rank 0's work directory, which only rank 0 writes)."""
     ranks = data_parallel.current()
     if ranks.is_main:
@@ -237,7 +237,7 @@ def follow(ctx: protocol.StageContext) -> None:
     tcfg = _trainer_config(ctx, read.shards, str(ctx.stage_dir(STAGE)))  # never written here
     dataset = protocol.concat(shard_data) if None not in shard_data else None
     data, method_kwargs = method_inputs(ctx, read.method, dataset=dataset, shards=shard_data,
-                                        warmstart=read.warmstart)
+                                        pretrain=read.pretrain)
     loop.train(read.method.trainer(tcfg, data, **method_kwargs))
 
 
@@ -253,7 +253,7 @@ def _federated_client(ctx) -> None:
 
     k = data_parallel.current().rank - 1
     partition, _ = protocol.upstream(ctx, "partition")
-    warmstart, _ = protocol.upstream(ctx, "warmstart")
+    pretrain, _ = protocol.upstream(ctx, "pretrain")
     entries = manifest.outputs(partition, "shard")
     if len(entries) != ctx.cfg.partition.num_shards:
         raise ConfigError(f"partition.num_shards: {ctx.cfg.partition.num_shards}, but the partition wrote "
@@ -261,7 +261,7 @@ def _federated_client(ctx) -> None:
     if not data_parallel.current().from_main(None):  # rank 0 reused the stage's outputs: nothing to train
         return
     shard = read_parquet(manifest.verify(entries[k])["uri"])
-    warm = [storage.read_bytes(manifest.verify(item)["uri"]) for item in warmstart.get("outputs", [])
+    warm = [storage.read_bytes(manifest.verify(item)["uri"]) for item in pretrain.get("outputs", [])
             if item.get("role") == "discriminator" and int(item["shard"]) == k]
     stage_dir = ctx.stage_dir("train")
     checkpoints = None if storage.is_remote(stage_dir) else (

@@ -7,7 +7,7 @@
   :func:`load_generator` reads it back (the sample and evaluate stages, after the audit);
 * sample grids (PNG), for people with access to the sensitive zone: trainers log no image to MLflow,
   the sample stage logs grids of the audited generator;
-* the warm-start files (a method's non-private models, sensitive zone): ``{"format", **state}`` —
+* the pre-training files (a method's non-private models, sensitive zone): ``{"format", **state}`` —
   :func:`model_file_bytes` writes one, :func:`read_model_file` reads it back after checking its format.
 """
 
@@ -95,14 +95,14 @@ def write_grid(path: str | Path, image) -> None:
 
 
 def model_file_bytes(fmt: str, state: dict) -> bytes:
-    """The bytes of a warm-start file of format ``fmt``: ``{"format": fmt, **state}``."""
+    """The bytes of a pre-training file of format ``fmt``: ``{"format": fmt, **state}``."""
     buf = io.BytesIO()
     torch.save({"format": fmt, **state}, buf)
     return buf.getvalue()
 
 
 def read_model_file(data: bytes, fmt: str, *, refusal: str, weights_only: bool = True) -> dict:
-    """The state of a warm-start file (:func:`model_file_bytes`); ConfigError ``refusal`` unless it is one of ``fmt``."""
+    """The state of a pre-training file (:func:`model_file_bytes`); ConfigError ``refusal`` unless it is one of ``fmt``."""
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
     if not isinstance(state, dict) or state.get("format") != fmt:
         raise ConfigError(refusal)

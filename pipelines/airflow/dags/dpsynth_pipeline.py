@@ -1,7 +1,7 @@
 """The task graph shared by ``dpsynth_train`` and ``dpsynth_retrain_on_new_data``.
 
-plan → start → data_changed → partition → warmstart_shard (mapped over the K shards: one `dpsynth warmstart --shard K`
-each) → warmstart (the fan-in) → train → audit
+plan → start → data_changed → partition → pretrain_shard (mapped over the K shards: one `dpsynth pretrain --shard K`
+each) → pretrain (the fan-in) → train → audit
 → sample → evaluate → finish. When the train stage runs on several ranks (``start`` reports
 train.nodes × train.gpus_per_node > 1) the local ``train`` task starts it under torchrun, and on Kubernetes
 ``train_launch`` picks the ``train_job`` pod (a Kubeflow Trainer TrainJob, followed) instead of ``train``. ``start`` opens the MLflow parent run, each stage nests its child run
@@ -172,18 +172,18 @@ def data_changed(ids: dict) -> bool:
 
 @task
 def shards(partition: dict) -> list[int]:
-    """The shard indices the warm start fans out over (from the partition's outcome)."""
+    """The shard indices the pre-training fans out over (from the partition's outcome)."""
     names = pods.summarise(partition)["shards"]
     if not names:
         raise ValueError("partition wrote no shards")
     return list(range(len(names)))
 
 
-@task(map_index_template="shard {{ task.op_kwargs['shard'] }}", max_active_tis_per_dagrun=pods.warmstart_parallelism())
-def warmstart_shard(plan: dict, shard: int) -> dict:
-    """``dpsynth warmstart --shard K``: one shard's non-private warm start (GS-WGAN, DPAC); a no-op
-    record for methods without one. The ``warmstart`` task after them is the fan-in."""
-    return _run_local([*plan["argv"]["warmstart"], "--shard", str(shard)])
+@task(map_index_template="shard {{ task.op_kwargs['shard'] }}", max_active_tis_per_dagrun=pods.pretrain_parallelism())
+def pretrain_shard(plan: dict, shard: int) -> dict:
+    """``dpsynth pretrain --shard K``: one shard's non-private pre-training (GS-WGAN, DPAC); a no-op
+    record for methods without one. The ``pretrain`` task after them is the fan-in."""
+    return _run_local([*plan["argv"]["pretrain"], "--shard", str(shard)])
 
 
 def _local_tasks(plan_out):
@@ -236,9 +236,9 @@ def train_launch(ids: dict) -> str:
 
 @task
 def shard_commands(plan: dict, partition: dict) -> list[list[str]]:
-    """One argv per shard (``dpsynth warmstart --shard K``), for the mapped warm-start pods."""
+    """One argv per shard (``dpsynth pretrain --shard K``), for the mapped pre-training pods."""
     names = pods.summarise(partition)["shards"]
-    return [["dpsynth", *plan["argv"]["warmstart"], "--shard", str(k)] for k in range(len(names))]
+    return [["dpsynth", *plan["argv"]["pretrain"], "--shard", str(k)] for k in range(len(names))]
 
 
 def _kubernetes_tasks(plan_out):
@@ -249,7 +249,7 @@ def _kubernetes_tasks(plan_out):
         {"trigger_rule": "none_failed_min_one_success"} if stage == "audit" else {})) for stage in pods.STAGES}
     job = pods.stage_pod_operator(pods.TRAIN_JOB, "train-job", argv[pods.TRAIN_JOB])
     train_launch(ids.output) >> [stages["train"], job]
-    stages["warmstart"] >> job >> stages["audit"]
+    stages["pretrain"] >> job >> stages["audit"]
     finish = pods.stage_pod_operator("finish", "finish", argv["finish"], trigger_rule="all_done", retries=0)
     return ids, {s: op.output for s, op in stages.items()}, finish
 
@@ -261,9 +261,9 @@ def pipeline() -> None:
     ids, out, finish = (_kubernetes_tasks if kubernetes else _local_tasks)(plan_out)
     data_changed(ids.output if kubernetes else ids) >> [*out.values(), finish]
     if kubernetes:
-        per_shard = pods.stage_pod_operator("warmstart_shard", "warmstart", shard_commands(plan_out, out["partition"]),
+        per_shard = pods.stage_pod_operator("pretrain_shard", "pretrain", shard_commands(plan_out, out["partition"]),
                                             mapped=True)
     else:
-        per_shard = warmstart_shard.partial(plan=plan_out).expand(shard=shards(out["partition"]))
-    out["partition"] >> per_shard >> out["warmstart"]
-    out["warmstart"] >> out["train"] >> out["audit"] >> out["sample"] >> out["evaluate"] >> finish
+        per_shard = pretrain_shard.partial(plan=plan_out).expand(shard=shards(out["partition"]))
+    out["partition"] >> per_shard >> out["pretrain"]
+    out["pretrain"] >> out["train"] >> out["audit"] >> out["sample"] >> out["evaluate"] >> finish

@@ -13,7 +13,7 @@ ConfigMap), else its default:
   local, ``dpsynth train --launch torchrun`` (the ranks on this machine); kubernetes, the ``train_job`` pod instead
   of ``train``: ``dpsynth train --launch trainjob`` (CPU; it creates and follows a Kubeflow Trainer TrainJob from the
   chart's template, as ``DPSYNTH_TRAIN_LAUNCHER_SERVICE_ACCOUNT``, the chart's ``<release>-train-launcher``).
-- kubernetes: ``DPSYNTH_K8S_NAMESPACE``, ``DPSYNTH_GPU_STAGES`` (default "warmstart,train"),
+- kubernetes: ``DPSYNTH_K8S_NAMESPACE``, ``DPSYNTH_GPU_STAGES`` (default "pretrain,train"),
   ``DPSYNTH_GPU_LIMIT``, ``DPSYNTH_GPU_NODE_SELECTOR`` and ``DPSYNTH_GPU_TOLERATIONS`` (JSON),
   ``DPSYNTH_STAGE_SECRET`` and ``DPSYNTH_STAGE_CONFIG_MAP`` (a Secret with the S3 credentials and the
   ledger URL, a ConfigMap with the MLflow URI and S3 endpoint: the stage pods' environment),
@@ -37,7 +37,7 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-STAGES = ("partition", "warmstart", "train", "audit", "sample", "evaluate")
+STAGES = ("partition", "pretrain", "train", "audit", "sample", "evaluate")
 VERDICT = 2  # dpsynth's exit status for a verdict (DpsynthError: bad input, refused budget, failed audit)
 NO_RETRY = ("audit", "finish")  # tasks run once: the audit's gates draw randomness; finish's failure is the verdict
 # The exported config schema beside this file (dpsynth_config.schema.json; the Airflow environment has no dpsynth)
@@ -247,10 +247,10 @@ def plan(params: dict, pipeline_run_id: str) -> dict:
     return {"pipeline_run_id": pipeline_run_id, "run_dir": run_dir, "argv": argv}
 
 
-def warmstart_parallelism() -> int:
-    """How many per-shard warm-start tasks of one DAG run run at once (``DPSYNTH_WARMSTART_PARALLELISM``, 8):
+def pretrain_parallelism() -> int:
+    """How many per-shard pre-training tasks of one DAG run run at once (``DPSYNTH_PRETRAIN_PARALLELISM``, 8):
     ``max_active_tis_per_dagrun`` of the mapped task (K can be 50 GPU pods otherwise)."""
-    return int(setting("DPSYNTH_WARMSTART_PARALLELISM", "8"))
+    return int(setting("DPSYNTH_PRETRAIN_PARALLELISM", "8"))
 
 
 def retries(task_id: str) -> dict:
@@ -333,7 +333,7 @@ def pod_settings(stage: str) -> dict:
     a node selector and tolerations; the others are CPU-only."""
     from kubernetes.client import models as k8s
 
-    gpu = stage in setting("DPSYNTH_GPU_STAGES", "warmstart,train").split(",")
+    gpu = stage in setting("DPSYNTH_GPU_STAGES", "pretrain,train").split(",")
     image = setting("DPSYNTH_STAGE_IMAGE", "dpsynth-stage:cpu")
     kw: dict = {"image": (setting("DPSYNTH_GPU_IMAGE") or image) if gpu else image,  # the CUDA image on GPU nodes
                 "namespace": setting("DPSYNTH_K8S_NAMESPACE", "dpsynth"),
@@ -400,7 +400,7 @@ def stage_pod_operator(task_id: str, stage: str, arguments, *, mapped: bool = Fa
                     on_finish_action="delete_succeeded_pod", **pod_settings(stage), **{**retries(task_id), **kwargs})
     if mapped:  # each argv ends with "--shard", K: the task instance's label in the UI
         return KubernetesPodOperator.partial(map_index_template="shard {{ task.arguments[-1] }}",
-                                             max_active_tis_per_dagrun=warmstart_parallelism(),
+                                             max_active_tis_per_dagrun=pretrain_parallelism(),
                                              **settings).expand(arguments=arguments)
     return KubernetesPodOperator(arguments=arguments, **settings)
 

@@ -1,6 +1,6 @@
-"""``dpsynth partition | warmstart | audit | sample | evaluate`` and ``dpsynth pipeline run | start | finish``.
+"""``dpsynth partition | pretrain | audit | sample | evaluate`` and ``dpsynth pipeline run | start | finish``.
 
-``dpsynth train`` (registered by ``dpsynth.pipeline.train_cli``) becomes the train stage when given
+``dpsynth train`` (registered by ``dpsynth.runner.train_cli``) becomes the train stage when given
 ``--run-dir`` (or ``pipeline.run_dir``); without, it is the plain trainer it always was.
 """
 
@@ -18,7 +18,7 @@ from dpsynth.egress import let_out
 
 HELP = {
     "partition": "validate the dataset, hold out records for evaluation, split the rest into K shards (sensitive zone)",
-    "warmstart": "non-private pre-training for methods that warm-start: one discriminator per shard (GS-WGAN, "
+    "pretrain": "non-private pre-training for methods that pre-train: one discriminator per shard (GS-WGAN, "
                  "DPAC), G and D on public data (dp-GAN); a recorded no-op for DPGAN",
     "audit": "recompute ε from the mechanism trace with the RDP and PRV accountants; fail unless within target "
              "(with audit.empirical, also unless a canary audit's lower bound ε_lower stays within the accounted ε)",
@@ -62,14 +62,14 @@ def register(subparsers) -> None:
             p.add_argument("--records", type=int, metavar="N", help="empirical: training records n (else the partition manifest's)")
             p.add_argument("--image-shape", metavar="HxWxC", help="empirical: image shape, e.g. 28x28x1")
             p.add_argument("--num-classes", type=int, metavar="K", help="empirical: number of classes")
-        if stage == "warmstart":
-            p.add_argument("--shard", type=int, metavar="K", help="warm-start shard K only (one fan-out task: "
+        if stage == "pretrain":
+            p.add_argument("--shard", type=int, metavar="K", help="pre-training shard K only (one fan-out task: "
                            "no manifest, no MLflow run); without it, run every shard not yet done and write "
                            "the stage manifest")
         p.set_defaults(func=functools.partial(run_stage_command, stage))
 
     pipeline = subparsers.add_parser("pipeline", help="run the six stages in order under one MLflow parent run",
-                                     description="Run partition, warmstart, train, audit, sample and evaluate.")
+                                     description="Run partition, pretrain, train, audit, sample and evaluate.")
     actions = pipeline.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
     run = actions.add_parser("run", help="run all six stages in-process, stopping at the first failure",
                              description="Open the MLflow parent run, run the six stages in order (stopping at "
@@ -125,7 +125,7 @@ def context(args, cfg: RunConfig | None = None):
 
 
 def _outside_record(ctx, record: dict) -> dict:
-    """A warm-start shard's record as ``--json`` prints it (an XCom on Airflow): through the egress gate
+    """A pre-training shard's record as ``--json`` prints it (an XCom on Airflow): through the egress gate
     (:data:`dpsynth.egress.SHARD`): its shard and D_k by keyed version ids (a raw hash of D_k, deterministic given
     train.seed and the shard, is a membership test), no seconds (one shard's time depends on its size)."""
     from dpsynth import egress
@@ -135,21 +135,21 @@ def _outside_record(ctx, record: dict) -> dict:
 
 
 def run_stage_command(stage: str, args, cfg: RunConfig | None = None) -> int:
-    from dpsynth.pipeline.run import run_stage
+    from dpsynth.runner.run import run_stage
 
     if getattr(args, "action", None) == "empirical":
         return empirical_command(args)
 
     if getattr(args, "shard", None) is not None:
-        from dpsynth.stages import warmstart
+        from dpsynth.stages import pretrain
 
         log = logging.getLogger(__name__)
-        log.info("warmstart shard %d: started", args.shard)
+        log.info("pretrain shard %d: started", args.shard)
         ctx = context(args, cfg)
-        record = warmstart.run_shard(ctx, args.shard)
-        log.info("warmstart shard %d: %s", args.shard, record.get("status") or record.get("reason") or "done")
+        record = pretrain.run_shard(ctx, args.shard)
+        log.info("pretrain shard %d: %s", args.shard, record.get("status") or record.get("reason") or "done")
         print(json.dumps(_outside_record(ctx, record), indent=2) if args.json else
-              f"warmstart shard {args.shard}: {record.get('status', 'not performed')}"
+              f"pretrain shard {args.shard}: {record.get('status', 'not performed')}"
               + (f", {record['output']['uri']}" if "output" in record else f" ({record.get('reason')})"))
         return 0
     ctx = context(args, cfg)
@@ -218,7 +218,7 @@ def empirical_command(args) -> int:
 
 def run_pipeline_command(args) -> int:
     from dpsynth.errors import StageError
-    from dpsynth.pipeline.run import run_pipeline, table
+    from dpsynth.runner.run import run_pipeline, table
 
     cfg = load_config(args)
     ctx, s = run_pipeline(cfg, run_dir=args.run_dir, pipeline_run_id=args.pipeline_run_id, force=args.force)
@@ -234,7 +234,7 @@ def run_pipeline_command(args) -> int:
 
 
 def start_command(args) -> int:
-    from dpsynth.pipeline.run import start, unchanged_since_release
+    from dpsynth.runner.run import start, unchanged_since_release
 
     from dpsynth.distributed.launch import shape
 
@@ -251,11 +251,11 @@ def start_command(args) -> int:
 
 
 def finish_command(args) -> int:
-    from dpsynth.pipeline.run import finish, table
+    from dpsynth.runner.run import finish, table
 
     import dataclasses
 
-    from dpsynth.pipeline.run import find_parent_run
+    from dpsynth.runner.run import find_parent_run
 
     ctx = context(args)
     if not ctx.parent_run_id:  # an exit task (KFP ExitHandler) has no upstream output: find start's parent run
@@ -266,7 +266,7 @@ def finish_command(args) -> int:
 
 
 def show_command(args) -> int:
-    from dpsynth.pipeline.run import summary, table
+    from dpsynth.runner.run import summary, table
 
     ctx = context(args)
     s = summary(ctx)

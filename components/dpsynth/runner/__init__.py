@@ -1,2 +1,2 @@
 """The pipeline: the six stages in order under one MLflow parent run (:mod:`run`), and the stages' commands
-(:mod:`cli`: ``dpsynth partition | warmstart | audit | sample | evaluate | pipeline``)."""
+(:mod:`cli`: ``dpsynth partition | pretrain | audit | sample | evaluate | pipeline``)."""

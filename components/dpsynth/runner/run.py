@@ -32,10 +32,10 @@ from dpsynth import storage, tracking
 from dpsynth.config import RunConfig, dump_config
 from dpsynth.errors import DpsynthError
 from dpsynth.data import blocks as data_blocks
-from dpsynth.stages import audit, protocol, evaluate, manifest, partition, sample, train, warmstart
+from dpsynth.stages import audit, protocol, evaluate, manifest, partition, sample, train, pretrain
 from dpsynth.ledger import charging
 
-MODULES = {m.STAGE: m for m in (partition, warmstart, train, audit, sample, evaluate)}
+MODULES = {m.STAGE: m for m in (partition, pretrain, train, audit, sample, evaluate)}
 assert tuple(MODULES) == protocol.STAGES
 # The parent run (dpsynth.stage = "pipeline"): what finish() logs.
 MLFLOW_KEYS = protocol.PARENT_RUN_KEYS

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 
 from dpsynth import config
-from dpsynth.pipeline import cli as stage_cli
+from dpsynth.runner import cli as stage_cli
 
 # train.method -> one line for `dpsynth --help` and `dpsynth train --help`: the configuration's names (the method
 # registry imports every trainer, and --help imports no torch), and auto (its rule: registry.for_schema)
@@ -87,13 +87,13 @@ def run_train(args) -> int:
         ranks = federation.launch(cfg)
     else:  # under torchrun: join the job
         ranks = data_parallel.launch(cfg, registry.data_parallel_methods(), resolve_device(cfg.train.device),
-                                     sharded=method.warm_start == "shard")
+                                     sharded=method.pretrain == "shard")
     code = None
     try:
         if not (args.run_dir or cfg.pipeline.run_dir):
             code = _standalone(args, cfg, ranks)
             return code
-        from dpsynth.pipeline.run import stage_run
+        from dpsynth.runner.run import stage_run
         from dpsynth.stages import train as train_stage
 
         ctx = stage_cli.context(args, cfg)

@@ -1,14 +1,14 @@
-"""``dpsynth warmstart [--shard K]``: non-private pre-training, for the methods that warm-start.
+"""``dpsynth pretrain [--shard K]``: non-private pre-training, for the methods that pre-train.
 
 * GS-WGAN and DPAC pre-train one discriminator per shard, on that shard only. Each shard is one
-  task — ``dpsynth warmstart --shard K`` — which Airflow maps and KFP loops over; it writes
-  ``sensitive/warmstart/shard-K/discriminator.pt`` and a small ``shard.json`` record (config
+  task — ``dpsynth pretrain --shard K`` — which Airflow maps and KFP loops over; it writes
+  ``sensitive/pretrain/shard-K/discriminator.pt`` and a small ``shard.json`` record (config
   fingerprint, input shard sha256, output sha256), then logs nothing to MLflow (K can be 1000).
-  The fan-in, ``dpsynth warmstart`` without ``--shard``, runs every shard not yet done (in
-  ``warmstart.workers`` local processes), then writes the stage manifest listing one
+  The fan-in, ``dpsynth pretrain`` without ``--shard``, runs every shard not yet done (in
+  ``pretrain.workers`` local processes), then writes the stage manifest listing one
   "discriminator" output per shard (``"shard": K``) and logs the stage's one MLflow run.
-* dp-GAN (Zhang) pre-trains G and D on the partition's *public* records (output "warm_start").
-* DPGAN does not warm-start: the stage records that in its manifest and does nothing else.
+* dp-GAN (Zhang) pre-trains G and D on the partition's *public* records (output "pretrain").
+* DPGAN does not pre-training: the stage records that in its manifest and does nothing else.
 
 Every output stays in the sensitive zone, which is the only reason the stage consumes ε = 0.
 """
@@ -28,23 +28,23 @@ from dpsynth.errors import StageError
 from dpsynth.methods import registry
 from dpsynth.stages import protocol, manifest
 
-STAGE = "warmstart"
+STAGE = "pretrain"
 SECTIONS = ("data", "partition", "train")
-SHARD_FORMAT = "dpsynth.warmstart-shard/1"
+SHARD_FORMAT = "dpsynth.pretrain-shard/1"
 _TIME = ("wall-clock of a fixed number of iterations at fixed batch sizes: depends on the machine and the "
          "shard sizes (record counts), not on record contents")
 MLFLOW_KEYS = protocol.STAGE_RUN_KEYS | tracking.LoggedKeys(metrics={
     "shards": "K = partition.num_shards (configuration)",
-    "ran_here": "how many shard warm starts this invocation ran (the rest were current): orchestration, not data",
-    "workers": "warmstart.workers (configuration)",
+    "ran_here": "how many shard pre-training runs this invocation ran (the rest were current): orchestration, not data",
+    "workers": "pretrain.workers (configuration)",
     "fan_in_seconds": _TIME,  # the whole stage's; none per shard (#52 item 8: one shard's time depends on its size)
     "public_records": "the public records' count (public data)",
-    "iterations": "zhang.warm_start_iterations (configuration)",
+    "iterations": "zhang.pretrain_iterations (configuration)",
     "critic_steps_per_iteration": "train.n_d, dp-GAN's n_critic (configuration)",
-    "seconds": "wall-clock of the warm start on public data",
+    "seconds": "wall-clock of the pre-training on public data",
 })
-# What runs comes from the method registry (dpsynth.methods.registry): Method.warm_start is the kind,
-# Method.warm_start_function the function. "shard": fn(cfg, shard: ImageDataset, *, shard_index, out_path) -> details,
+# What runs comes from the method registry (dpsynth.methods.registry): Method.pretrain is the kind,
+# Method.pretrain_function the function. "shard": fn(cfg, shard: ImageDataset, *, shard_index, out_path) -> details,
 # training on that shard alone and writing its discriminator to the local file out_path; "public":
 # fn(cfg, public: ImageDataset, *, out_path) -> details.
 
@@ -62,7 +62,7 @@ def _shard_dir(ctx: protocol.StageContext, index: int) -> str:
 
 
 def _shard_record(ctx: protocol.StageContext, index: int) -> dict | None:
-    """The record of shard ``index``'s warm start, when it was done with this config on this shard."""
+    """The record of shard ``index``'s pre-training, when it was done with this config on this shard."""
     uri = storage.join(_shard_dir(ctx, index), "shard.json")
     if not storage.exists(uri):
         return None
@@ -87,14 +87,14 @@ def _is_current(record: dict | None, *, fingerprint: str, shard: dict) -> bool:
 
 
 def run_shard(ctx: protocol.StageContext, index: int) -> dict:
-    """Warm-start shard ``index`` (one fan-out task); returns its record. Skipped when already done."""
+    """Pre-training shard ``index`` (one fan-out task); returns its record. Skipped when already done."""
     cfg = ctx.cfg
     method = registry.get(cfg.train.method)
     partition, _ = protocol.upstream(ctx, "partition")
     shards = _shards(partition)
-    if method.warm_start != "shard":
+    if method.pretrain != "shard":
         return {"format": SHARD_FORMAT, "shard": index, "performed": False,
-                "reason": f"method {method.name!r} has no per-shard warm start"}
+                "reason": f"method {method.name!r} has no per-shard pre-training"}
     if not 0 <= index < len(shards):
         raise StageError(f"--shard {index}: the partition has {len(shards)} shards (0..{len(shards) - 1})")
     shard = manifest.verify(shards[index])
@@ -104,9 +104,9 @@ def run_shard(ctx: protocol.StageContext, index: int) -> dict:
         return {**record, "status": "skipped"}
     started = time.monotonic()
     out_uri = storage.join(_shard_dir(ctx, index), "discriminator.pt")
-    with tempfile.TemporaryDirectory(prefix="dpsynth-warmstart-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="dpsynth-pretrain-") as scratch:
         local = str(Path(scratch) / "discriminator.pt")
-        details = method.warm_start_function(cfg, read_parquet(shard["uri"]), shard_index=index, out_path=local)
+        details = method.pretrain_function(cfg, read_parquet(shard["uri"]), shard_index=index, out_path=local)
         storage.copy(local, out_uri)
     record = {"format": SHARD_FORMAT, "shard": index, "config_fingerprint": fp, "input_sha256": shard["sha256"],
               "output": manifest.entry(out_uri, role="discriminator", zones=ctx.zones, shard=index),
@@ -123,7 +123,7 @@ def _run_shard_in_worker(ctx: protocol.StageContext, index: int, threads: int) -
 
 
 def _run_missing(ctx: protocol.StageContext, indices: list[int]) -> None:
-    workers = min(ctx.cfg.warmstart.workers, len(indices))
+    workers = min(ctx.cfg.pretrain.workers, len(indices))
     if workers <= 1:
         for i in indices:
             run_shard(ctx, i)
@@ -146,12 +146,12 @@ def _per_shard(ctx: protocol.StageContext, partition: dict) -> tuple[list[dict],
     records = [_shard_record(ctx, i) for i in range(len(shards))]
     for i, (record, shard) in enumerate(zip(records, shards)):
         if not _is_current(record, fingerprint=fp, shard=shard):
-            raise StageError(f"warmstart shard {i}: no current warm start after running it")
+            raise StageError(f"pretrain shard {i}: no current pre-training after running it")
     outputs = [r["output"] for r in records]
     # no per-shard time (nor their maximum) leaves the sensitive zone: a shard smaller than the batch takes less time
     # (#52 item 8); the egress gate withholds these from MLflow and --json (dpsynth/egress.py's DETAILS names neither)
     seconds = [r["seconds"] for r in records]
-    details = {"shards": len(shards), "ran_here": len(missing), "workers": ctx.cfg.warmstart.workers,
+    details = {"shards": len(shards), "ran_here": len(missing), "workers": ctx.cfg.pretrain.workers,
                "fan_in_seconds": time.monotonic() - started, "shard_seconds_total": sum(seconds),
                "shard_seconds_max": max(seconds)}
     return outputs, details
@@ -160,16 +160,16 @@ def _per_shard(ctx: protocol.StageContext, partition: dict) -> tuple[list[dict],
 def _public(ctx: protocol.StageContext, partition: dict) -> tuple[list[dict], dict]:
     found = manifest.outputs(partition, "public")
     if not found:
-        raise StageError(f"train.method={ctx.cfg.train.method!r} warm-starts on public data, but the partition "
+        raise StageError(f"train.method={ctx.cfg.train.method!r} pre-trains on public data, but the partition "
                          "declared no public records (set the data section's public data)")
     public = manifest.verify(found[0])
-    out_uri = ctx.uri(STAGE, "warm_start.pt")
-    with tempfile.TemporaryDirectory(prefix="dpsynth-warmstart-") as scratch:
-        local = str(Path(scratch) / "warm_start.pt")
-        details = registry.get(ctx.cfg.train.method).warm_start_function(ctx.cfg, read_parquet(public["uri"]),
+    out_uri = ctx.uri(STAGE, "pretrained.pt")
+    with tempfile.TemporaryDirectory(prefix="dpsynth-pretrain-") as scratch:
+        local = str(Path(scratch) / "pretrained.pt")
+        details = registry.get(ctx.cfg.train.method).pretrain_function(ctx.cfg, read_parquet(public["uri"]),
                                                                       out_path=local)
         storage.copy(local, out_uri)
-    return [ctx.entry(out_uri, role="warm_start")], {"public_records": public.get("rows"), **details}
+    return [ctx.entry(out_uri, role="pretrain")], {"public_records": public.get("rows"), **details}
 
 
 def run(ctx: protocol.StageContext, *, shard: int | None = None) -> protocol.Outcome | dict:
@@ -183,12 +183,12 @@ def run(ctx: protocol.StageContext, *, shard: int | None = None) -> protocol.Out
     if (reused := protocol.reuse(ctx, STAGE, fingerprint=fp, inputs=inputs)) is not None:
         return reused
     method = registry.get(cfg.train.method)
-    if method.warm_start == "shard":
+    if method.pretrain == "shard":
         outputs, details = _per_shard(ctx, partition)
-    elif method.warm_start == "public":
+    elif method.pretrain == "public":
         outputs, details = _public(ctx, partition)
     else:
-        outputs, details = [], {"performed": False, "reason": f"method {method.name!r} does not warm-start"}
+        outputs, details = [], {"performed": False, "reason": f"method {method.name!r} does not pre-training"}
     with protocol.child_run(ctx, STAGE) as run:
         if run is not None and outputs:
             public = egress.let_out(details, egress.DETAILS)  # the gate: no per-shard figure (#52 item 8)
