@@ -1,4 +1,4 @@
-"""The ranks of tests/methods/test_distributed.py: module-level functions (a fork server starts them),
+"""The ranks of tests/distributed/test_distributed.py: module-level functions (a fork server starts them),
 each a rank of a gloo job on CPU. Workers write what the test compares to files under the test's tmp_path."""
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def zhang_train_shared_dir(rank: int, tmp: str, stop_after) -> None:
                 "bounds": t.sanitizer.bounds, "mechanism": t.state.mechanism.state_dict()}, tmp / f"zshared{rank}.pt")
 
 
-# --- the pipeline's train stage on 2 ranks (tests/stages/test_train_torchrun.py) ---------------------------
+# --- the pipeline's train stage on 2 ranks (tests/distributed/test_train_torchrun.py) ---------------------------
 def train_stage(rank: int, tmp: str, run_dirs: list[str], overrides: list[str]) -> None:
     """Rank 0 runs the train stage in ``run_dirs[0]`` (its MLflow store and ledger under ``tmp``); rank 1
     follows it from ``run_dirs[1]``, a copy of the same upstream outputs, with an MLflow store and a ledger of
