@@ -71,7 +71,7 @@ class PrivateEvolutionTrainer(Trainer):
 
     def train_step(self) -> None:
         e, s = self.cfg.evolution, self.state
-        every = PRIVATE_EVOLUTION.select(self.plan, s.mechanism, self.n)  # full batch: every record votes
+        every = self.select(s.mechanism, self.n)  # full batch: every record votes
         pe.evolve_round(s.population, s.records[every], s.labels[every], rounds=self.plan.steps,
                         noise_multiplier=self.plan.noise_multiplier, threshold=self.threshold,
                         randomness=s.mechanism, trace=self.trace, size=self.size,
