@@ -42,7 +42,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest al
 METHODS = list(registry.METHODS)
 K = 3  # shards (clients) of the shard-pre-trained methods
 # One tiny configuration for every method: each reads its own sections and ignores the others.
-# Steps: D steps (dpgan, zhang: 2 per G step) or G iterations (gswgan family); a checkpoint every 4.
+# Steps: D steps (dpgan, zhang: 2 per G step) or G iterations (gswgan family) or rounds (Private Evolution: 6, so that
+# a run stopped after 4 resumes for 2 more, each round over 20 candidate figures per class); a checkpoint every 4.
 TINY = (
     "tracking.enabled=false", "train.steps=8", "privacy.epsilon=50", "privacy.delta=1e-4",
     "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=4",
@@ -52,6 +53,7 @@ TINY = (
     "dpac.c_width=4", "dpac.n_f=2", "dpac.n_r=2", "dpac.start_iteration=2",
     "data.heldout_fraction=0", "data.public_fraction=0.1", "data.public_fraction_unprotected=true",
     "zhang.public_batch_size=16", "zhang.pretrain_iterations=2", "zhang.num_groups=3",
+    "evolution.rounds=6", "evolution.candidates=20",
     "partition.key=dpsynth-partition-v1", "data.num_classes=10",  # no defaults: the demo's public key, MNIST's
 )
 
