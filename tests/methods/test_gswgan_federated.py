@@ -86,15 +86,30 @@ def two_shards() -> list[ImageDataset]:
     return [ds.subset(np.flatnonzero(where == k)) for k in range(2)]
 
 
-def test_the_ranks_are_the_in_process_reference_and_move_the_protocol_bytes(tmp_path, two_shards):
-    overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
-    warm = warm_files(tiny(tmp_path, *overrides), two_shards, tmp_path)
+TWO = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")  # the two-client runs' settings
+
+
+@pytest.fixture(scope="module")
+def two_warm(two_shards, tmp_path_factory) -> dict[int, bytes]:
+    """Each client's pre-trained D_k (the bytes of its file), read-only."""
+    tmp = tmp_path_factory.mktemp("two-warm")
+    return warm_files(tiny(tmp, *TWO), two_shards, tmp)
+
+
+@pytest.fixture(scope="module")
+def reference(two_shards, two_warm, tmp_path_factory):
+    """The in-process reference's uninterrupted run (mechanism seed 5), which every run on ranks must equal."""
+    return FederatedGSWGANTrainer(tiny(tmp_path_factory.mktemp("reference"), *TWO), two_shards, warm=two_warm,
+                                  mechanism_seed=5).train()
+
+
+def test_the_ranks_are_the_in_process_reference_and_move_the_protocol_bytes(tmp_path, two_shards, two_warm,
+                                                                           reference):
+    overrides, warm = TWO, two_warm
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the server logs to MLflow
     result = dataclasses.asdict(run_federated(
         tiny(tmp_path / "ranks", *overrides, "tracking.enabled=true", f"tracking.uri={uri}"), two_shards, warm=warm,
-        mechanism_seed=11))
-    reference = FederatedGSWGANTrainer(tiny(tmp_path / "reference", *overrides), two_shards, warm=warm,
-                                       mechanism_seed=11).train()
+        mechanism_seed=5))
 
     got = torch.load(result["generator_path"], weights_only=True)
     want = torch.load(reference.generator_path, weights_only=True)
@@ -133,13 +148,11 @@ def test_the_ranks_are_the_in_process_reference_and_move_the_protocol_bytes(tmp_
     assert FederatedServer.MLFLOW_KEYS.undeclared(metrics=run.data.metrics, params=run.data.params) == []
 
 
-def test_the_ranks_resume_clients_and_all_as_the_reference_does(tmp_path, two_shards):
+def test_the_ranks_resume_clients_and_all_as_the_reference_does(tmp_path, two_shards, two_warm, reference):
     """Stopped after 3 iterations (checkpoints at 2: the server's, and each client's own D_k, optimizer, RNGs and
     noise coins), resumed on fresh ranks (fresh coins, then the checkpoints'): the uninterrupted reference run,
     bit for bit, and the same bytes per iteration."""
-    overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
-    warm = warm_files(tiny(tmp_path, *overrides), two_shards, tmp_path)
-    full = FederatedGSWGANTrainer(tiny(tmp_path / "full", *overrides), two_shards, warm=warm, mechanism_seed=5).train()
+    overrides, warm, full = TWO, two_warm, reference
     cfg = tiny(tmp_path / "split", *overrides, "output.checkpoint_every=2")
     assert run_federated(cfg, two_shards, warm=warm, mechanism_seed=5, stop_after=3) is None
     clients = tmp_path / "split" / "checkpoints" / "clients"
@@ -154,12 +167,11 @@ def test_the_ranks_resume_clients_and_all_as_the_reference_does(tmp_path, two_sh
         "client-0-12.pt", "client-0-8.pt", "client-1-12.pt", "client-1-8.pt"]
 
 
-def test_the_reference_resumes_clients_and_all(tmp_path, two_shards):
-    overrides = ("partition.num_shards=2", "privacy.noise_multiplier=8.0")
-    full = FederatedGSWGANTrainer(tiny(tmp_path / "full", *overrides), two_shards, mechanism_seed=5).train()
-    cfg = tiny(tmp_path / "split", *overrides, "output.checkpoint_every=2")
-    assert FederatedGSWGANTrainer(cfg, two_shards, mechanism_seed=5).train(stop_after=3) is None
-    resumed = FederatedGSWGANTrainer(cfg, two_shards).train()
+def test_the_reference_resumes_clients_and_all(tmp_path, two_shards, two_warm, reference):
+    full = reference
+    cfg = tiny(tmp_path / "split", *TWO, "output.checkpoint_every=2")
+    assert FederatedGSWGANTrainer(cfg, two_shards, warm=two_warm, mechanism_seed=5).train(stop_after=3) is None
+    resumed = FederatedGSWGANTrainer(cfg, two_shards, warm=two_warm).train()
     assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()
     a, b = (torch.load(r.generator_path, weights_only=True)["state_dict"] for r in (full, resumed))
     assert all(torch.equal(a[name], b[name]) for name in a)
@@ -203,17 +215,12 @@ def test_audit_checks_the_folded_event_at_rate_one_over_k(tmp_path, shards):
 # --- through the stages -------------------------------------------------------------------------
 
 
-def test_stages_partition_pretrain_train_audit(tmp_path, stage_ledger):
+def test_stages_partition_pretrain_train_audit(pretrained, stage_ledger):
     from tests.stages.helpers import manifest, stage
 
-    source = tmp_path / "mnist400.parquet"
-    write_parquet(import_source(str(MNIST)).subset(np.arange(400)), source)
-    run = tmp_path / "run"
-    overrides = ("train.method=gswgan_federated", "partition.num_shards=2", "gswgan.d_width=4", "gswgan.g_width=4",
-                 "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.pretrain_iterations=2",
-                 "train.steps=4", "privacy.epsilon=50")
-    for name in ("partition", "pretrain", "train", "audit"):
-        assert stage(name, run, str(source), *overrides) == 0, name
+    run, source = pretrained()  # partition and pretrain (each exited 0), as they left the run directory
+    for name in ("train", "audit"):
+        assert stage(name, run, str(source), *FEDERATED_STAGE) == 0, name
     warm = manifest(run, "sensitive", "pretrain")
     assert sorted(o["shard"] for o in warm["outputs"] if o["role"] == "discriminator") == [0, 1]
     trained = manifest(run, "sensitive", "train")
@@ -231,25 +238,32 @@ def test_stages_partition_pretrain_train_audit(tmp_path, stage_ledger):
     assert any(a.startswith("Against the server") for a in report["statement"]["assumptions"])  # … and statement
 
 
-def _stage_run_dir(tmp_path, *extra):
-    """A run directory after partition and pretrain (2 clients, tiny); the settings, as --set values."""
-    from tests.stages.helpers import TINY, stage
-
-    source = tmp_path / "mnist400.parquet"
-    write_parquet(import_source(str(MNIST)).subset(np.arange(400)), source)
-    run = tmp_path / "run"
-    overrides = (*FEDERATED_STAGE, *extra)
-    for name in ("partition", "pretrain"):
-        assert stage(name, run, str(source), *overrides) == 0, name
-    return run, (f"data.uri={source}", *TINY, *overrides)
-
-
 FEDERATED_STAGE = ("train.method=gswgan_federated", "partition.num_shards=2", "gswgan.d_width=4", "gswgan.g_width=4",
                    "gswgan.latent_dim=8", "gswgan.batch_size=16", "train.n_d=2", "gswgan.pretrain_iterations=2",
                    "train.steps=4", "privacy.epsilon=50")
 
 
-def test_the_stage_server_reads_no_shard_and_each_client_only_its_own(tmp_path, stage_ledger):
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """Partition and pretrain (2 clients, tiny) run once for the module, in a ledger of their own (neither charges);
+    each call puts a fresh copy of that run directory in place: returns (run directory, source)."""
+    from tests.stages.helpers import pristine_run
+
+    source = tmp_path_factory.mktemp("federated-source") / "mnist400.parquet"
+    write_parquet(import_source(str(MNIST)).subset(np.arange(400)), source)
+    restore = pristine_run(tmp_path_factory, str(source), "partition", "pretrain", overrides=FEDERATED_STAGE)
+    return lambda: (restore(), source)
+
+
+def _stage_run_dir(pretrained, *extra):
+    """A run directory after partition and pretrain; the train stage's settings (``extra`` last), as --set values."""
+    from tests.stages.helpers import TINY
+
+    run, source = pretrained()
+    return run, (f"data.uri={source}", *TINY, *FEDERATED_STAGE, *extra)
+
+
+def test_the_stage_server_reads_no_shard_and_each_client_only_its_own(tmp_path, pretrained, stage_ledger):
     """The train stage on the job's 3 ranks (rank 0 train.run, ranks 1 and 2 train.follow, as torchrun runs
     `dpsynth train --run-dir`): the server opens no shard and no warm D_k, not even to hash it; client k opens
     shard k and D_k only; the stage trains (one charge) with the details of 3 ranks."""
@@ -257,7 +271,7 @@ def test_the_stage_server_reads_no_shard_and_each_client_only_its_own(tmp_path, 
     from tests.methods.gswgan_helpers import stage_rank_reads
     from tests.stages.helpers import manifest
 
-    run, overrides = _stage_run_dir(tmp_path, "output.checkpoint_every=2")
+    run, overrides = _stage_run_dir(pretrained, "output.checkpoint_every=2")
     shard_files = [str(Path(o["uri"]).resolve()) for o in manifest(run, "sensitive", "partition")["outputs"]
                    if o["role"] == "shard"]
     warm = {int(o["shard"]): str(Path(o["uri"]).resolve()) for o in manifest(run, "sensitive", "pretrain")["outputs"]
@@ -274,13 +288,13 @@ def test_the_stage_server_reads_no_shard_and_each_client_only_its_own(tmp_path, 
     assert_charged_once(stage_ledger, trained)
 
 
-def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(tmp_path, stage_ledger, capfd):
+def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(pretrained, stage_ledger, capfd):
     """Client 1's warm D_k altered after the pretrain: client 1 (rank 2) refuses it; torchrun stops the job
     and `dpsynth train --run-dir` (which started it; here in this process, the job's ranks in their own) exits
     non-zero with the client's error; the train stage wrote no outputs and the release zone is empty."""
     from tests.stages.helpers import dpsynth, manifest, release_files
 
-    run, overrides = _stage_run_dir(tmp_path)
+    run, overrides = _stage_run_dir(pretrained)
     (d_1,) = [o["uri"] for o in manifest(run, "sensitive", "pretrain")["outputs"]
               if o["role"] == "discriminator" and int(o["shard"]) == 1]
     Path(d_1).write_bytes(b"not a discriminator")
@@ -298,7 +312,7 @@ def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(t
 
 
 @pytest.mark.slow
-def test_a_job_killed_after_a_checkpoint_resumes_and_finishes_the_trace(tmp_path, stage_ledger):
+def test_a_job_killed_after_a_checkpoint_resumes_and_finishes_the_trace(pretrained, stage_ledger):
     """`dpsynth train --run-dir` (which starts the 3-rank torchrun job) SIGKILLed with all its processes after the
     first checkpoint; run again, the job resumes the server's and each client's checkpoint and finishes: one
     event of 60 iterations, the ε of an independent account; the killed attempt, then one that adopted it."""
@@ -308,7 +322,7 @@ def test_a_job_killed_after_a_checkpoint_resumes_and_finishes_the_trace(tmp_path
 
     from tests.stages.helpers import manifest
 
-    run, overrides = _stage_run_dir(tmp_path, "train.steps=60", "output.checkpoint_every=5")
+    run, overrides = _stage_run_dir(pretrained, "train.steps=60", "output.checkpoint_every=5")
     argv = [sys.executable, "-m", "dpsynth", "train", "--run-dir", str(run), *[a for o in overrides for a in ("--set", o)]]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
@@ -328,7 +342,7 @@ def test_a_job_killed_after_a_checkpoint_resumes_and_finishes_the_trace(tmp_path
 
 
 @pytest.mark.slow
-def test_a_stopped_stage_stops_its_torchrun_job(tmp_path, stage_ledger):
+def test_a_stopped_stage_stops_its_torchrun_job(pretrained, stage_ledger):
     """SIGTERM (a task's time limit) to the one-process `dpsynth train --run-dir` while its job trains: it stops
     torchrun, which stops the ranks; no process of the job is left running."""
     import os
@@ -337,7 +351,7 @@ def test_a_stopped_stage_stops_its_torchrun_job(tmp_path, stage_ledger):
     import sys
     import time
 
-    run, overrides = _stage_run_dir(tmp_path, "train.steps=100000", "output.checkpoint_every=5",
+    run, overrides = _stage_run_dir(pretrained, "train.steps=100000", "output.checkpoint_every=5",
                                     "privacy.noise_multiplier=50", "privacy.epsilon=1000")
     argv = [sys.executable, "-m", "dpsynth", "train", "--run-dir", str(run), *[a for o in overrides for a in ("--set", o)]]
     job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
