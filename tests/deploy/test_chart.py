@@ -382,6 +382,15 @@ def test_chart_switches_mlflow_telemetry_off():
     assert "MLFLOW_DISABLE_TELEMETRY" not in str(opted_in)
 
 
+@tools
+def test_chart_s_mlflow_runs_no_job_consumers():
+    """MLflow's server jobs off, as scripts/platform.sh has them: dpsynth submits none, and their consumer processes
+    poll (about 3 CPU-s every 10 s of wall time on the 2-core machine, tests/deploy/test_mlflow_hosts.py's server)."""
+    [container] = find(render(), "Deployment", "-mlflow")["spec"]["template"]["spec"]["containers"]
+    assert {e["name"]: e.get("value") for e in container["env"]}["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    assert "export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in (REPO / "scripts" / "platform.sh").read_text()
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_images_switch_telemetry_off(dockerfile):
     text = dockerfile.read_text()

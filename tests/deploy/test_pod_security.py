@@ -4,6 +4,7 @@ bucket Job, the helm test — and the stage pods Airflow builds pass the Pod Sec
 
 from __future__ import annotations
 
+import functools
 import importlib.util  # noqa: F401
 import json
 
@@ -77,6 +78,18 @@ def test_every_rendered_pod_is_restricted(variant):
     assert {name: violations(spec) for name, spec in specs.items() if violations(spec)} == {}
 
 
+@functools.cache
+def _airflow_home(kubeconfig: str) -> str:
+    """One Airflow home (and kubeconfig) for the test process: the variants' snippets then differ only in their
+    DPSYNTH_* settings and share one Airflow fork server (``in_airflow``) instead of an Airflow import each."""
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="psa-airflow-")
+    with open(f"{home}/kubeconfig", "w") as f:
+        f.write(kubeconfig)
+    return home
+
+
 def airflow_pods(env: dict) -> dict[str, dict]:
     """Every pod the Airflow DAGs create on Kubernetes, as the KubernetesPodOperator itself builds it (its
     ``build_pod_request_obj``: the base container and the XCom sidecar it adds), in the Airflow venv with the chart's
@@ -85,10 +98,7 @@ def airflow_pods(env: dict) -> dict[str, dict]:
 
     if not (AIRFLOW_BIN / "airflow").exists():
         pytest.skip(".venv/airflow is missing")
-    import tempfile
-    home = tempfile.mkdtemp(prefix="psa-airflow-")
-    with open(f"{home}/kubeconfig", "w") as f:
-        f.write(KUBECONFIG)
+    home = _airflow_home(KUBECONFIG)
     env = {**{k: v for k, v in __import__("os").environ.items() if not k.startswith(("AIRFLOW", "DPSYNTH_"))}, **env,
            "AIRFLOW_HOME": home, "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db", "DPSYNTH_K8S_CONFIG_FILE": f"{home}/kubeconfig"}

@@ -46,8 +46,10 @@ current-context: dummy
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def airflow_env(tmp_path_factory) -> dict:
+    """The Airflow venv's environment: an Airflow home without a metadata database (``airflow_db`` makes one), shared
+    by the test process's modules, so that their snippets share one fork server (``in_airflow``)."""
     home = tmp_path_factory.mktemp("airflow_home")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DPSYNTH_"))}
     env.update(AIRFLOW_HOME=str(home), AIRFLOW__CORE__DAGS_FOLDER=str(DAGS), AIRFLOW__CORE__LOAD_EXAMPLES="False",
@@ -58,9 +60,10 @@ def airflow_env(tmp_path_factory) -> dict:
 
 # The Airflow venv's fork servers of this test process (tests/pipelines/airflow_server.py), one per environment
 # that Airflow reads when imported: the rest of a snippet's environment (the DAGs' DPSYNTH_* settings, Airflow
-# Variables, the fake CLI's log) is read while the DAGs are parsed, which each snippet does afresh in its child.
+# Variables and Connections, the fake CLI's log) is read while the DAGs are parsed or their tasks run, which each
+# snippet does afresh in its child (Airflow's environment secrets backend reads os.environ at each lookup).
 _SERVERS: dict[str, subprocess.Popen] = {}
-_PARSE_TIME_ENV = ("DPSYNTH_", "AIRFLOW_VAR_", "FAKE_")
+_PARSE_TIME_ENV = ("DPSYNTH_", "AIRFLOW_VAR_", "AIRFLOW_CONN_", "FAKE_")
 
 
 def _server(env: dict) -> subprocess.Popen:
@@ -441,31 +444,6 @@ def test_trigger_form_values_reach_stage_commands_as_inert_arguments(airflow_env
     assert not list(marks.iterdir()), "a hostile value ran a command"
 
 
-def test_a_variable_in_the_metadata_db_reaches_dag_parsing(airflow_env, migrated_db, tmp_path):
-    """`airflow variables set DPSYNTH_TASK_RETRIES 7`, then one pass of the real dag-processor: the
-    serialized DAGs carry retries=7 (Airflow 3 serves Variables to parsing through its supervisor)."""
-    import sqlite3
-    import zlib
-
-    env = {**airflow_env, "AIRFLOW_HOME": str(tmp_path),
-           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
-           # a DAG file's parse was seen to take over the default 50 s on the busy 2-core machine: the processor
-           # then kills it and serializes nothing (the test failed with no DAGs)
-           "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "300", "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "300"}
-    airflow = str(AIRFLOW_BIN / "airflow")
-    shutil.copyfile(migrated_db, tmp_path / "airflow.db")  # `airflow db migrate`'s database, not yet used
-    for args in (["variables", "set", "DPSYNTH_TASK_RETRIES", "7"], ["dag-processor", "-n", "1"]):
-        subprocess.run([airflow, *args], env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
-    db = sqlite3.connect(tmp_path / "airflow.db")
-    retries = {}
-    for dag_id, data, compressed in db.execute("SELECT dag_id, data, data_compressed FROM serialized_dag"):
-        dag = json.loads(data or zlib.decompress(compressed))["dag"]
-        retries[dag_id] = {t["__var"]["task_id"]: t["__var"].get("retries", 0) for t in dag["tasks"]}  # 0: omitted
-    assert sorted(retries) == ["dpsynth_import_data", "dpsynth_retrain_on_new_data", "dpsynth_train"]
-    assert retries["dpsynth_train"]["train"] == 7 and retries["dpsynth_train"]["finish"] == 0
-    assert retries["dpsynth_import_data"]["import_data"] == 7
-
-
 @pytest.fixture(scope="module")
 def migrated_db(airflow_env, tmp_path_factory) -> Path:
     """A metadata database just migrated by `airflow db migrate` (once a module: each user takes a copy)."""
@@ -477,30 +455,120 @@ def migrated_db(airflow_env, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def airflow_db(airflow_env, migrated_db) -> dict:
-    """``airflow_env`` with its metadata database migrated."""
-    shutil.copyfile(migrated_db, Path(airflow_env["AIRFLOW_HOME"]) / "airflow.db")
-    return airflow_env
+def airflow_db(airflow_env, migrated_db, tmp_path_factory) -> dict:
+    """``airflow_env`` with an Airflow home of the module's own and its metadata database migrated."""
+    home = tmp_path_factory.mktemp("airflow_db")
+    shutil.copyfile(migrated_db, home / "airflow.db")
+    return {**airflow_env, "AIRFLOW_HOME": str(home), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}"}
 
 
-def test_import_emits_the_dataset_version_and_retrain_reads_it(airflow_db, tmp_path, fake_dpsynth):
-    """`airflow dags test dpsynth_import_data` (the stage CLI faked): its asset event carries the
-    dataset URI as ``extra`` and no digest or count of the records (#33: Airflow's database is outside the
-    sensitive zone); the retrain DAG's plan takes it from triggering_asset_events."""
+# The real `dpsynth` behind a wrapper: it logs its argv (as FAKE_DPSYNTH does) and adds a digest and a count of the
+# records to the JSON it prints, which the import task must keep out of its asset event (#33)
+LEAKY_DPSYNTH = """\
+import json, os, subprocess, sys
+with open(os.environ["FAKE_ARGV_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+proc = subprocess.run([os.environ["REAL_DPSYNTH"], *sys.argv[1:]], stdout=subprocess.PIPE, text=True)
+if proc.returncode:
+    sys.exit(proc.returncode)
+out = json.JSONDecoder().raw_decode(proc.stdout[proc.stdout.index("{"):])[0]
+print(json.dumps({**out, "sha256": "0" * 64, "rows": 100}))
+"""
+
+
+@pytest.fixture(scope="module")
+def deployed_and_imported(airflow_env, migrated_db, tmp_path_factory) -> dict:
+    """A fresh metadata database used as a deployment first uses it (one `airflow dags test` and one
+    dag-processor pass for the three tests below: each costs an Airflow start and, for `dags test`, its in-process
+    execution API): `airflow variables set DPSYNTH_TASK_RETRIES 7`; one pass of the real dag-processor (what first
+    stores the DAGs); then `airflow dags test dpsynth_import_data` with the real `dpsynth data import` of 100 MNIST
+    records (behind LEAKY_DPSYNTH). What each step left, read right after it."""
     import sqlite3
+    import zlib
 
-    fake, log = fake_dpsynth
-    env = {**airflow_db, "DPSYNTH_STAGE_BIN": str(fake), "FAKE_ARGV_LOG": str(log)}
-    proc = subprocess.run([str(AIRFLOW_BIN / "airflow"), "dags", "test", "dpsynth_import_data", "-c",
-                           json.dumps({"source": "data/mnist"})], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    from dpsynth.data import import_source, write_parquet
+
+    home = tmp_path_factory.mktemp("airflow_deployed")
+    source, dst, log = home / "a.parquet", home / "data" / "mnist.parquet", home / "argv.jsonl"
+    write_parquet(import_source(REPO / "data" / "mnist").subset(np.arange(100)), source)
+    wrapper = home / "leaky-dpsynth"
+    wrapper.write_text(f"#!{sys.executable}\n" + LEAKY_DPSYNTH)
+    wrapper.chmod(0o755)
+    env = {**airflow_env, "AIRFLOW_HOME": str(home),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+           # a DAG file's parse was seen to take over the default 50 s on the busy 2-core machine: the processor
+           # then kills it and serializes nothing (the test failed with no DAGs)
+           "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "300", "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "300",
+           "DPSYNTH_DATASET_URI": str(dst), "DPSYNTH_STAGE_BIN": str(wrapper), "FAKE_ARGV_LOG": str(log),
+           "REAL_DPSYNTH": airflow_env["DPSYNTH_STAGE_BIN"]}
+    airflow = str(AIRFLOW_BIN / "airflow")
+    shutil.copyfile(migrated_db, home / "airflow.db")  # `airflow db migrate`'s database, not yet used
+    for args in (["variables", "set", "DPSYNTH_TASK_RETRIES", "7"], ["dag-processor", "-n", "1"]):
+        subprocess.run([airflow, *args], env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
+    db = sqlite3.connect(home / "airflow.db")
+    retries = {}
+    for dag_id, data, compressed in db.execute("SELECT dag_id, data, data_compressed FROM serialized_dag"):
+        dag = json.loads(data or zlib.decompress(compressed))["dag"]
+        retries[dag_id] = {t["__var"]["task_id"]: t["__var"].get("retries", 0) for t in dag["tasks"]}  # 0: omitted
+    paused = dict(db.execute("SELECT dag_id, is_paused FROM dag WHERE dag_id LIKE 'dpsynth_%'").fetchall())
+    proc = subprocess.run([airflow, "dags", "test", "dpsynth_import_data", "-c", json.dumps({"source": str(source)})],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    return {"retries": retries, "paused": paused, "dst": dst, "proc": proc, "argv": log.read_text(),
+            "events": db.execute("SELECT e.extra, a.uri, a.name FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                                 "WHERE e.source_dag_id = 'dpsynth_import_data'").fetchall(),
+            "queued": db.execute("SELECT q.target_dag_id, a.name FROM asset_dag_run_queue q "
+                                 "JOIN asset a ON a.id = q.asset_id").fetchall()}
+
+
+def test_a_variable_in_the_metadata_db_reaches_dag_parsing(deployed_and_imported):
+    """`airflow variables set DPSYNTH_TASK_RETRIES 7`, then one pass of the real dag-processor: the
+    serialized DAGs carry retries=7 (Airflow 3 serves Variables to parsing through its supervisor)."""
+    retries = deployed_and_imported["retries"]
+    assert sorted(retries) == ["dpsynth_import_data", "dpsynth_retrain_on_new_data", "dpsynth_train"]
+    assert retries["dpsynth_train"]["train"] == 7 and retries["dpsynth_train"]["finish"] == 0
+    assert retries["dpsynth_import_data"]["import_data"] == 7
+
+
+def test_dags_start_unpaused_and_an_import_queues_the_retrain(deployed_and_imported):
+    """#55 item 3: the DAGs are unpaused on deploy, so an import's asset event queues the retrain.
+
+    A paused DAG gets no queued run from an asset event (Airflow's AssetManager queues only DAGs that are not
+    paused), and Airflow pauses every new DAG by default (``[core] dags_are_paused_at_creation``): a fresh cluster
+    dropped the import's events and never retrained. Here, on a fresh metadata database: the DAGs as the DAG processor
+    first stores them are unpaused, and ``airflow dags test dpsynth_import_data`` with the real ``dpsynth data
+    import`` leaves a queued run of ``dpsynth_retrain_on_new_data`` for the dataset's asset (what the scheduler turns
+    into the retrain's DAG run). The upstream chart's values say the same (values-airflow.yaml)."""
+    run = deployed_and_imported
+    assert run["paused"] == {"dpsynth_import_data": 0, "dpsynth_retrain_on_new_data": 0, "dpsynth_train": 0}
+    assert run["proc"].returncode == 0, (run["proc"].stdout + run["proc"].stderr)[-5000:]
+    assert run["queued"] == [("dpsynth_retrain_on_new_data", str(run["dst"]))]
+
+
+def test_the_upstream_charts_values_unpause_and_log_in():
+    import yaml
+
+    values = yaml.safe_load((REPO / "charts" / "dpsynth" / "values-airflow.yaml").read_text())
+    core = values["config"]["core"]
+    assert core["dags_are_paused_at_creation"] == "False"
+    assert core["auth_manager"].endswith("SimpleAuthManager") and core["simple_auth_manager_all_admins"] == "False"
+
+
+def test_import_emits_the_dataset_version_and_retrain_reads_it(deployed_and_imported, airflow_env):
+    """`airflow dags test dpsynth_import_data` (the real import, its output given a digest and a count): its asset
+    event carries the versioned dataset URI and version as ``extra`` and no digest or count of the records (#33:
+    Airflow's database is outside the sensitive zone); the retrain DAG's plan takes it from triggering_asset_events."""
+    run = deployed_and_imported
+    proc = run["proc"]
     assert proc.returncode == 0 and "state=success" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-5000:]
-    db = sqlite3.connect(Path(airflow_db["AIRFLOW_HOME"]) / "airflow.db")
-    [(extra, uri)] = db.execute("SELECT e.extra, a.uri FROM asset_event e JOIN asset a ON a.id = e.asset_id "
-                                "WHERE e.source_dag_id = 'dpsynth_import_data'").fetchall()
-    assert uri == (REPO / "outputs" / "data" / "mnist.parquet").as_uri()
-    assert json.loads(extra) == {"dataset_uri": "outputs/data/mnist/v1.parquet", "version": "v1"}  # the fake's
-    assert "--outside" in log.read_text()  # the import prints no digest or count into the task's log and XCom
+    [(extra, uri, name)] = run["events"]
+    assert uri == run["dst"].as_uri() and name == str(run["dst"])  # DPSYNTH_DATASET_URI's asset
+    [argv] = [json.loads(line) for line in run["argv"].splitlines()]
+    assert argv[:2] == ["data", "import"] and "--outside" in argv  # no digest or count into the task's log and XCom
+    extra = json.loads(extra)
+    assert sorted(extra) == ["dataset_uri", "version"]  # the wrapper's sha256 and rows are not carried
+    version = extra["version"]
+    assert extra["dataset_uri"] == str(run["dst"].parent / "mnist" / f"{version}.parquet")
+    assert Path(extra["dataset_uri"]).is_file() and len(version) == 32  # the keyed id the real import wrote
 
     out = in_airflow(LOAD + """
     import datetime
@@ -515,7 +583,7 @@ def test_import_emits_the_dataset_version_and_retrain_reads_it(airflow_db, tmp_p
     plan = dpsynth_pipeline.plan.function(params={**dag.params.dump(), "config": None}, run_id="r1",
                                           triggering_asset_events=events)
     print(json.dumps({"update": plan["dataset_update"], "train": plan["argv"]["train"]}))
-    """, airflow_db)
+    """, airflow_env)
     assert out["update"] == {"dataset_uri": "s3://b/new.parquet", "sha256": "new"}
     assert "data.uri=s3://b/new.parquet" in out["train"]
 

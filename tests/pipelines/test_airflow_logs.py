@@ -1,21 +1,19 @@
 """A local stage task streams the stage's stderr into the Airflow task log while the stage runs.
 
-``dpsynth_pipeline`` imports Airflow, so these checks run in the Airflow venv (a subprocess) against
+``dpsynth_pipeline`` imports Airflow, so these checks run in the Airflow venv (a forked child) against
 a stand-in stage script: no wall-clock assertions, the stand-in waits until its first line has
 been copied before it goes on.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.pipelines.test_airflow import airflow_env, in_airflow  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_PYTHON = REPO / ".venv" / "airflow" / "bin" / "python"
@@ -66,20 +64,19 @@ print(json.dumps({{"seen": seen, "result": result, "error": error, "throttled": 
 """
 
 
-def run_task(tmp_path: Path, exit_code: int, *, signal: str = "partition: started", quiet: float = 600.0) -> dict:
+def run_task(airflow_env: dict, tmp_path: Path, exit_code: int, *, signal: str = "partition: started",
+             quiet: float = 600.0) -> dict:
+    """CHECK in the Airflow venv (a child of the fork server that has imported Airflow: tests/pipelines/
+    test_airflow.py's ``in_airflow``), with the stand-in stage as DPSYNTH_STAGE_BIN."""
     go, stage = tmp_path / "go", tmp_path / "dpsynth"
     stage.write_text(STAGE.format(python=sys.executable, go=str(go), exit=exit_code))
     stage.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DPSYNTH_"))}
-    env.update(DPSYNTH_STAGE_BIN=str(stage), AIRFLOW_HOME=str(tmp_path / "airflow-home"))
-    proc = subprocess.run([str(AIRFLOW_PYTHON), "-c", textwrap.dedent(CHECK.format(dags=str(DAGS), go=str(go), signal=signal, quiet=quiet))],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return in_airflow(CHECK.format(dags=str(DAGS), go=str(go), signal=signal, quiet=quiet),
+                      {**airflow_env, "DPSYNTH_STAGE_BIN": str(stage)})
 
 
-def test_stage_lines_reach_the_task_log_while_the_stage_runs(tmp_path):
-    out = run_task(tmp_path, exit_code=0)
+def test_stage_lines_reach_the_task_log_while_the_stage_runs(airflow_env, tmp_path):  # noqa: F811
+    out = run_task(airflow_env, tmp_path, exit_code=0)
     assert out["error"] is None and out["result"] == {"stage": "partition", "status": "succeeded"}
     lines = out["seen"]
     assert lines[0].startswith("dpsynth partition: running ") and lines[1] == "12:00:00 dpsynth INFO partition: started"
@@ -89,15 +86,15 @@ def test_stage_lines_reach_the_task_log_while_the_stage_runs(tmp_path):
     assert out["throttled"] == ["bar 1", "bar 4"]
 
 
-def test_a_failing_stage_raises_with_the_end_of_its_stderr(tmp_path):
-    out = run_task(tmp_path, exit_code=3)
+def test_a_failing_stage_raises_with_the_end_of_its_stderr(airflow_env, tmp_path):  # noqa: F811
+    out = run_task(airflow_env, tmp_path, exit_code=3)
     assert out["result"] is None
     assert out["error"].startswith("dpsynth partition exited 3:") and "steps 3/3" in out["error"]
 
 
-def test_a_silent_stage_gets_a_still_running_line(tmp_path):
+def test_a_silent_stage_gets_a_still_running_line(airflow_env, tmp_path):  # noqa: F811
     # the stand-in goes on only once the task log said it is still running
-    out = run_task(tmp_path, exit_code=0, signal="still running", quiet=0.5)
+    out = run_task(airflow_env, tmp_path, exit_code=0, signal="still running", quiet=0.5)
     assert out["error"] is None
     (beat,) = [line for line in out["seen"] if "still running" in line][:1]
     assert re.fullmatch(r"\d\d:\d\d:\d\d dpsynth INFO partition: still running, \d+ s so far", beat)
