@@ -33,7 +33,6 @@ def trained(trained_once):
     return trained_once()
 
 
-
 @pytest.fixture(autouse=True)
 def ledger_with_budget(tmp_path, monkeypatch):
     """Every stage test's own ledger ($DPSYNTH_LEDGER_URL), with a budget for the TINY population."""
@@ -44,3 +43,15 @@ def ledger_with_budget(tmp_path, monkeypatch):
     ledger = Ledger(url)
     ledger.set_budget("mnist600", epsilon=1000.0, delta=1e-3, reason="stage tests")
     return ledger
+
+
+@pytest.fixture(autouse=True)
+def card_without_pdf(monkeypatch):
+    """A stage test's release card is the one a machine without Chromium writes (``card.chromium()`` is None: a
+    logged line, no card.pdf, the card's facts, HTML and checksums the same): printing the PDF starts a headless
+    Chromium, about 3 s of wall per card, and no stage test reads the PDF. The PDF itself is checked by
+    tests/release/test_release_card.py (and the Airflow run's card by tests/pipelines/test_airflow.py). Runs made
+    in a module or session fixture (the egress walk) start before this fixture and keep their PDF."""
+    from dpsynth.release import card
+
+    monkeypatch.setattr(card, "chromium", lambda: None)

@@ -156,6 +156,9 @@ def walked(tmp_path_factory, source):
     tracked = ("tracking.enabled=true", f"tracking.uri={mlflow_uri}", "tracking.experiment=egress",
                f"tracking.artifact_location={base / 'artifacts'}", *GSWGAN)
     ran: list[tuple[list[str], int, str, str]] = []
+    from tests import mlflow_template
+
+    mlflow_template.install()  # the walk's new store is migrated once and kept as the template of this module's others
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DPSYNTH_LEDGER_URL", ledger)
         plant(mp)

@@ -32,6 +32,9 @@ def pipeline_runs(uri, experiment, pipeline_run_id):
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_every_key_every_stage_logs_is_declared_and_nothing_passes_the_gate(tmp_path, source, mnist600, method):
+    from tests import mlflow_template
+
+    mlflow_template.install()  # the first store is migrated once and kept: this module's others copy its schema
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_dir = tmp_path / "run"
     tracked = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=keys-test")

@@ -1,8 +1,10 @@
 """SIGTERM (what Kubernetes sends before it kills a pod) ends a training attempt cleanly (#55 item 10): a real
 ``dpsynth train`` process stopped mid-training writes a checkpoint, commits the ε of the steps it ran, closes its
 reservation and exits 143; the next run is not refused and resumes that checkpoint. A refusal that names open
-reservations says how to settle a stuck one."""
+reservations says how to settle a stuck one. The stopped process is forked by a fork server that imported torch and
+dpsynth once (tests/stages/helpers.py's start); under torchrun (the slow tier) it is a new interpreter."""
 
+import os
 import re
 import signal
 import subprocess
@@ -13,7 +15,7 @@ import torch
 
 from dpsynth.errors import PrivacyError
 from dpsynth.ledger.store import Ledger
-from tests.stages.helpers import manifest, settings, stages
+from tests.stages.helpers import manifest, settings, stages, start
 from tests.stages.test_train_attempts import LONG, STEPS, cli, rerun
 
 
@@ -23,14 +25,16 @@ def test_sigterm_mid_training_checkpoints_charges_and_closes_the_reservation(tmp
     stages(run, source, "partition", "pretrain", overrides=LONG)
     args = cli("train", "--run-dir", run, *settings(source, *LONG))
     ckpt = run / "sensitive" / "train" / "checkpoints" / "last.pt"
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "stderr.log"
+    proc = start(*args[3:], stderr=log)  # a process forked by the fork server (the same command line)
     deadline = time.monotonic() + 300
-    while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
+    while not ckpt.exists() and time.monotonic() < deadline and proc.is_alive():
         time.sleep(0.05)
     assert ckpt.exists(), "no checkpoint appeared"
-    proc.send_signal(signal.SIGTERM)  # past the first checkpoint, mid-training
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 143, stderr[-3000:]  # 128 + SIGTERM, not killed by the signal
+    os.kill(proc.pid, signal.SIGTERM)  # past the first checkpoint, mid-training
+    proc.join(timeout=120)
+    stderr = log.read_text()
+    assert proc.exitcode == 143, stderr[-3000:]  # 128 + SIGTERM, not killed by the signal
 
     found = re.search(r"stopped by SIGTERM after step (\d+), checkpoint written", stderr)
     assert found, stderr[-3000:]

@@ -1,10 +1,11 @@
 """The train stage across attempts: a killed attempt's leftovers are never released (#33 item 6) and a re-run of a
 killed run resumes its checkpoint under the killed attempt's reservation (#34 item 3). The killed attempt is a real
-process, SIGKILLed; the re-run is the same command line, through the CLI's ``main`` in this process (starting a
+process (forked by a fork server that imported torch and dpsynth once: tests/stages/helpers.py's start), SIGKILLed;
+the re-run is the same command line, through the CLI's ``main`` in this process (starting a
 Python process that imports torch costs more than the rest of a re-run)."""
 
+import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -12,7 +13,7 @@ import torch
 
 from dpsynth import storage
 from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
-from tests.stages.helpers import dpsynth, manifest, settings, stages
+from tests.stages.helpers import dpsynth, manifest, settings, stages, start
 
 # Long enough that a process killed at its first checkpoint (step 20) still had 80 steps to go (seconds of CPU, far
 # more than the 0.05 s between two looks for the checkpoint), short enough that the re-run finishing them is cheap.
@@ -32,14 +33,16 @@ def rerun(args, capsys) -> None:
 
 
 def kill_once(args, path, *, timeout=300):
-    """Start ``args``, SIGKILL it once ``path`` (a file or an S3 object) exists."""
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """Start ``args`` (a process forked by the fork server, helpers.start: the same command line, without a new
+    interpreter's imports), SIGKILL it once ``path`` (a file or an S3 object) exists."""
+    proc = start(*args[3:])
     deadline = time.monotonic() + timeout
-    while not storage.exists(path) and time.monotonic() < deadline and proc.poll() is None:
+    while not storage.exists(path) and time.monotonic() < deadline and proc.is_alive():
         time.sleep(0.05)
     assert storage.exists(path), f"{path} never appeared"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    assert proc.exitcode == -signal.SIGKILL
 
 
 def killed_then_resumed(ledger, *, adopted_steps: int) -> None:
