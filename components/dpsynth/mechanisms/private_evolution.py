@@ -6,8 +6,9 @@ of :mod:`dpsynth.prior.figures` (parameters a renderer draws), their variations 
 
 Per class (the label set is public schema; each record votes within its own class), for ``rounds`` rounds:
 
-1. every candidate (a figure and the painting style it carries, :data:`dpsynth.prior.paint.STYLES`) of the class
-   is mapped by :func:`candidate_map`: its mask's :func:`figure_map` and its style;
+1. the class's candidates are its figures, each offered in every painting style (:data:`dpsynth.prior.paint.STYLES`:
+   a candidate is a figure and a style, :func:`offered`), each mapped by :func:`candidate_map`: its mask's
+   :func:`figure_map` and its style;
 2. every private record is mapped by :func:`record_map` (its :func:`figure_map` and how photographic its ground
    looks, :func:`photo_likeness`) and votes for its nearest candidate (largest cosine) of its own class: **one vote,
    in one bin** of the histogram stacked over every class's candidates, so the vote picks the style with the shape;
@@ -16,9 +17,9 @@ Per class (the label set is public schema; each record votes within its own clas
    is 1 under add/remove adjacency: each round is one ``full_batch_gaussian(σ)`` event of the trace
    (:func:`events`), and the accountants compose the rounds (RDP: T·α/(2σ²));
 4. post-processing of the released histogram: bins below the threshold H are zeroed, and the next round's
-   candidates are drawn from the class's candidates in proportion to what is left and varied
-   (:func:`dpsynth.prior.figures.vary`, a step shrinking geometrically from round to round; the style flipped with
-   probability step / 2, :func:`dpsynth.prior.paint.vary_styles`), plus a share of fresh draws from the prior.
+   figures are drawn from the class's candidates in proportion to what is left and varied
+   (:func:`dpsynth.prior.figures.vary`, a step shrinking geometrically from round to round), plus a share of fresh
+   draws from the prior; the next round offers each again in every style.
 
 The release (:func:`sample`) draws figures of the last round in proportion to its thresholded noisy votes and paints
 them in the prior's random colours, each in its own style (:func:`dpsynth.prior.paint.paint`): post-processing, no
@@ -48,7 +49,7 @@ from dpsynth.mechanisms.histograms import (  # noqa: F401 (the mechanism's priva
     PRIVATE_EVOLUTION, calibrate, calibrating_accountants, events, rounds_epsilon, statement)
 from dpsynth.privacy.events import MechanismTrace, full_batch_gaussian
 from dpsynth.prior.figures import Figure, masks, random_figures, vary
-from dpsynth.prior.paint import paint_figures, random_styles, vary_styles
+from dpsynth.prior.paint import STYLES, paint_figures
 
 GRID = 16  # the feature's side
 BORDER = 2  # pixels of the border ring the background plane is fitted to
@@ -107,8 +108,8 @@ def mask_features(figures: list[Figure], size: int) -> np.ndarray:
 
 
 def ground_texture(images: np.ndarray, *, batch: int = 2048) -> np.ndarray:
-    """How textured each image's ground is (uint8 N × H × W × C → float64 N): the image smoothed by a 3 × 3 box (so
-    that pixel noise does not count), its background plane fitted per channel to the :data:`TEXTURE_RING`-pixel
+    """How textured each image's ground is (uint8 N × H × W × C → float64 N): the image smoothed by a 3 × 3 box
+    (so that pixel noise does not count), its background plane fitted per channel to the :data:`TEXTURE_RING`-pixel
     border ring, and the median over that ring of each pixel's distance (Euclidean over the channels) from the
     plane. A flat or gradient ground gives ~0.02–0.07, a photo-like texture ~0.08–0.4."""
     import torch
@@ -150,8 +151,9 @@ def _with_style(shape: np.ndarray, photo: np.ndarray) -> np.ndarray:
 
 
 def record_map(images: np.ndarray) -> np.ndarray:
-    """A record's feature for the vote (uint8 N × H × W × C → N × (GRID² + 2), unit norm): its :func:`figure_map` and
-    its style, (1 − p, p) with p its :func:`photo_likeness`. A fixed public function of the record alone."""
+    """A record's feature for the vote (uint8 N × H × W × C → N × (GRID² + 2), unit norm): its
+    :func:`figure_map` and its style, (1 − p, p) with p its :func:`photo_likeness`. A fixed public function of
+    the record alone."""
     return _with_style(figure_map(images), photo_likeness(images))
 
 
@@ -159,6 +161,12 @@ def candidate_map(figures: list[Figure], styles: np.ndarray, size: int) -> np.nd
     """A candidate's feature for the vote: its mask's :func:`mask_features` and its style (0 graphic: (1, 0);
     1 photographic: (0, 1)), unit norm, so that the dot product with :func:`record_map` is the cosine."""
     return _with_style(mask_features(figures, size), np.asarray(styles, np.float64))
+
+
+def offered(figures: list[Figure]) -> tuple[list[Figure], np.ndarray]:
+    """A class's candidates: its m figures offered in every style, style-major (candidate k is figure k mod m in
+    style k // m)."""
+    return list(figures) * len(STYLES), np.repeat(np.arange(len(STYLES)), len(figures))
 
 
 def votes(record_features: np.ndarray, labels: np.ndarray, candidate_features: np.ndarray,
@@ -208,25 +216,23 @@ def _weights(noisy: np.ndarray, threshold: float) -> np.ndarray:
 
 @dataclass
 class Population:
-    """Where Private Evolution stands between rounds: every class's candidate figures and their styles (int64, an
-    index of :data:`dpsynth.prior.paint.STYLES`), the public coins, the rounds done and their released (noisy)
-    histograms. Everything in it is public or released."""
+    """Where Private Evolution stands between rounds: every class's figures (each offered in every style,
+    :func:`offered`), the public coins, the rounds done and their released (noisy) histograms. Everything in it is
+    public or released."""
 
     figures: list[list[Figure]]
-    styles: list[np.ndarray]
     rng: np.random.Generator  # the public coins: prior draws, resampling, variations
     round: int = 0
     histograms: list[np.ndarray] = field(default_factory=list)
 
 
 def start(*, num_classes: int, candidates: int, seed: int = 0) -> Population:
-    """Round 0's candidates: ``candidates`` figures of the prior per class and their styles, drawn from the public
+    """Round 0: ``candidates`` figures of the prior per class (each offered in every style), drawn from the public
     ``seed``."""
     if candidates < 1:
         raise PrivacyError(f"private_evolution: candidates must be >= 1, got {candidates}")
     rng = np.random.default_rng(seed)
-    figures = [random_figures(rng, candidates) for _ in range(num_classes)]
-    return Population(figures=figures, styles=[random_styles(rng, candidates) for _ in range(num_classes)], rng=rng)
+    return Population(figures=[random_figures(rng, candidates) for _ in range(num_classes)], rng=rng)
 
 
 def evolve_round(pop: Population, records: np.ndarray, labels: np.ndarray, *, rounds: int, noise_multiplier: float,
@@ -235,9 +241,15 @@ def evolve_round(pop: Population, records: np.ndarray, labels: np.ndarray, *, ro
     """One round on the records' features (``records``: :func:`record_map` of the images, ``labels``): the noisy
     histogram of their votes (one ``full_batch_gaussian(noise_multiplier)`` event in ``trace``), then, unless it is
     the last of ``rounds``, the next candidates drawn by the thresholded votes and varied (post-processing)."""
-    classes = np.repeat(np.arange(len(pop.figures)), [len(f) for f in pop.figures])
-    flat = [f for figs in pop.figures for f in figs]
-    query = votes(records, labels, candidate_map(flat, np.concatenate(pop.styles), size), classes)
+    k = len(STYLES)
+    classes = np.repeat(np.arange(len(pop.figures)), [k * len(f) for f in pop.figures])
+    shapes = mask_features([f for figs in pop.figures for f in figs], size)  # each figure drawn once
+    features, at = [], 0
+    for figs in pop.figures:
+        _, styles = offered(figs)
+        features.append(_with_style(np.tile(shapes[at:at + len(figs)], (k, 1)), styles.astype(np.float64)))
+        at += len(figs)
+    query = votes(records, labels, np.concatenate(features), classes)
     noisy = noisy_votes(query, noise_multiplier=noise_multiplier, randomness=randomness)
     if trace is not None:
         trace.record(full_batch_gaussian(noise_multiplier))
@@ -249,25 +261,28 @@ def evolve_round(pop: Population, records: np.ndarray, labels: np.ndarray, *, ro
     if pop.round >= rounds:
         return
     step = steps[0] * (steps[1] / steps[0]) ** ((t + 1) / max(rounds - 1, 1))
-    rng, nxt, nxt_styles, at = pop.rng, [], [], 0
-    for figs, styles in zip(pop.figures, pop.styles):
+    rng, nxt, at = pop.rng, [], 0
+    for figs in pop.figures:
         m = len(figs)
         n_fresh = int(round(fresh * m))
-        w = _weights(noisy[at:at + m], threshold)
-        parents = rng.choice(m, m - n_fresh, p=w)
+        w = _weights(noisy[at:at + k * m], threshold)
+        parents = rng.choice(k * m, m - n_fresh, p=w) % m  # a candidate's figure, whichever its style
         nxt.append([vary(figs[i], step, rng) for i in parents] + random_figures(rng, n_fresh))
-        nxt_styles.append(np.concatenate([vary_styles(styles[parents], step, rng), random_styles(rng, n_fresh)]))
-        at += m
-    pop.figures, pop.styles = nxt, nxt_styles
+        at += k * m
+    pop.figures = nxt
 
 
 def released(pop: Population, threshold: float) -> Evolution:
-    """The release after the last round: its figures and their thresholded noisy votes (post-processing)."""
-    last, at, weights = pop.histograms[-1], 0, []
+    """The release after the last round: its candidates (every figure in every style, :func:`offered`) and their
+    thresholded noisy votes (post-processing)."""
+    last, at, figures, styles, weights = pop.histograms[-1], 0, [], [], []
     for figs in pop.figures:
-        weights.append(_weights(last[at:at + len(figs)], threshold))
-        at += len(figs)
-    return Evolution(figures=pop.figures, styles=pop.styles, weights=weights, histograms=list(pop.histograms))
+        f, s = offered(figs)
+        figures.append(f)
+        styles.append(s)
+        weights.append(_weights(last[at:at + len(f)], threshold))
+        at += len(f)
+    return Evolution(figures=figures, styles=styles, weights=weights, histograms=list(pop.histograms))
 
 
 def evolve(images: np.ndarray, labels: np.ndarray, *, num_classes: int, rounds: int, candidates: int,
@@ -298,6 +313,6 @@ def sample(evolution: Evolution, n: int, *, size: int, channels: int, seed: int 
     (:func:`dpsynth.prior.paint.paint_figures`). Post-processing. Returns (uint8 N × size × size × channels, int64
     labels)."""
     labels = np.arange(n) % len(evolution.figures)
-    images = paint_figures(evolution.figures, evolution.weights, evolution.styles, labels, size=size, channels=channels,
-                           rng=np.random.default_rng(seed), jitter=jitter)
+    images = paint_figures(evolution.figures, evolution.weights, evolution.styles, labels, size=size,
+                           channels=channels, rng=np.random.default_rng(seed), jitter=jitter)
     return images, labels.astype(np.int64)

@@ -147,6 +147,6 @@ class FigurePainter(torch.nn.Module):
         painter's coins seeded from ``generator`` (public)."""
         labels = torch.arange(n) % self.num_classes if labels is None else labels.to("cpu", torch.int64)
         seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator).item())
-        x = paint_figures(self.figures, self.weights(), self.styles(), labels.numpy(), size=self.image_size, channels=self.channels,
-                          rng=np.random.default_rng(seed), jitter=self.jitter)
+        x = paint_figures(self.figures, self.weights(), self.styles(), labels.numpy(), size=self.image_size,
+                          channels=self.channels, rng=np.random.default_rng(seed), jitter=self.jitter)
         return torch.from_numpy(x).permute(0, 3, 1, 2).float().div(127.5).sub(1.0), labels
