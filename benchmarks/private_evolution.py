@@ -33,8 +33,6 @@ from dpsynth.data import ImageDataset, read_parquet  # noqa: E402
 from dpsynth.evaluation import accuracy  # noqa: E402
 from dpsynth.mechanisms import private_evolution as pe  # noqa: E402
 from dpsynth.mechanisms.randomness import MechanismRandomness  # noqa: E402
-from dpsynth.prior import VERSION as PRIOR_VERSION  # noqa: E402
-from dpsynth.prior.paint import PHOTO  # noqa: E402
 from dpsynth.privacy import MechanismTrace, get_accountant  # noqa: E402
 from dpsynth.stages.evaluate import _split  # noqa: E402
 from dpsynth.stages.partition import split  # noqa: E402
@@ -140,14 +138,12 @@ def measure(*, dataset: str = "letters-rgb", n: int = 6000, seed: int = 0, epsil
     if grid_path:
         grid(images, labels, train.num_classes, Path(grid_path))
     alive = [int((w > 0).sum()) for w in evo.weights]
-    photo = [float(w[st == PHOTO].sum()) for w, st in zip(evo.weights, evo.styles)]  # the style the votes chose
     rows.append({"row": "private-evolution", "epsilon_target": epsilon if sigma > 0 else None, "delta": delta,
                  "epsilon_rdp": eps["rdp"], "epsilon_prv": eps["prv"], "noise_multiplier": sigma, "rounds": rounds,
                  "candidates_per_class": candidates, "threshold_votes": votes, "steps": list(steps),
                  "jitter": jitter, "prior_seed": prior_seed, "private_records": len(train),
                  "test_records": len(test_real), "synthetic_records": len(labels), **scores,
-                 "figures_kept_per_class": alive, "photographic_weight_per_class": photo,
-                 "prior_version": PRIOR_VERSION, "cpu_min_release": cpu_release,
+                 "figures_kept_per_class": alive, "cpu_min_release": cpu_release,
                  "cpu_min_total": time.process_time() / 60, "wall_min": (time.monotonic() - t0) / 60,
                  "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "grid": grid_path})
     return {**info, "recipe_settings": RECIPE, "rows": rows}

@@ -39,7 +39,7 @@ def test_rounds_events_and_the_painter_release(tmp_path):
     assert (event["sampling"], event["count"], event["sample_rate"]) == ("full_batch", 3, 1.0)
     painter, privacy = load_generator(str(tmp_path / "out" / "generator.pt"))
     assert isinstance(painter, FigurePainter) and privacy["trace_steps"] == 3
-    assert [len(f) for f in painter.figures] == [10, 10, 10]  # 5 figures a class, each in both styles
+    assert [len(f) for f in painter.figures] == [5, 5, 5]
     assert all(abs(w.sum() - 1) < 1e-9 for w in painter.weights())
     x, y = painter.sample(6, generator=torch.Generator().manual_seed(0))
     assert tuple(x.shape) == (6, 3, 16, 16) and y.tolist() == [0, 1, 2, 0, 1, 2]

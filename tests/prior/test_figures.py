@@ -10,7 +10,7 @@ import dpsynth.prior.paint as paint_module
 import dpsynth.prior.textures as textures
 from dpsynth.prior import STATEMENT, VERSION
 from dpsynth.prior.figures import EXCLUDED, GLYPHS, MAX_PARTS, excluded, masks, random_figures, vary
-from dpsynth.prior.paint import GRAPHIC, PHOTO, paint, photographic
+from dpsynth.prior.paint import paint, photographic
 
 SYMBOLS_RGB = "♠♣♥♦★☂♪✈☎⚓☯☀"  # benchmarks/datasets.py's confirmation sets
 GREEK = "αβγδεζηθλπ"
@@ -41,13 +41,13 @@ def test_drawing_and_painting_are_deterministic_in_the_public_seed():
 
 def test_the_prior_reads_no_record():
     """Nothing in the prior takes data: its functions' arguments are figures, sizes, steps and a numpy Generator;
-    the release's painter (prior/release.py) takes the released figures, their styles and weights (released noisy
-    votes), the labels to draw (public: the label set) and its encoded state."""
+    the release's painter (prior/release.py) takes the released figures, their weights (released noisy votes), the
+    labels to draw (public: the label set) and its encoded state."""
     from dpsynth.prior import release
 
     allowed = {"rng", "n", "kind", "figure", "figures", "size", "step", "part", "masks", "channels", "min_contrast",
                "char", "canvas", "cells", "bg", "index", "px", "cx", "cy", "rx", "ry", "theta",
-               "weights", "labels", "jitter", "parts", "params", "sizes", "styles", "mask", "leaves"}
+               "weights", "labels", "jitter", "parts", "params", "sizes", "photo", "mask", "leaves"}
     for module in (figures, paint_module, textures, release):
         for name, fn in inspect.getmembers(module, inspect.isfunction):
             if fn.__module__ == module.__name__:
@@ -106,15 +106,15 @@ def test_the_photographic_style_contrasts_the_figure_locally():
         img = photographic(mask, np.random.default_rng(s)) @ luma
         gaps.append(abs(img[10:22, 10:22].mean() - img[mask == 0].mean()))
     assert np.median(gaps) > 0.2
-    shares = [(paint(mask[None], np.random.default_rng(s), channels=3, styles=np.array([st])).std() > 0)
-              for s in range(3) for st in (GRAPHIC, PHOTO)]
+    shares = [(paint(mask[None], np.random.default_rng(s), channels=3, photo=p).std() > 0) for s in range(3)
+              for p in (0.0, 1.0)]
     assert all(shares)
 
 
 def test_the_statement_names_what_the_prior_is():
     text = STATEMENT.format(version=VERSION)
     assert "reads no record" in text and "DejaVu" in text and "never Greek" in text
-    assert "dead leaves" in text and "no photograph" in text and VERSION == "3"
+    assert "dead leaves" in text and "no photograph" in text and VERSION == "2"
     assert EXCLUDED  # the blocks the statement promises
 
 

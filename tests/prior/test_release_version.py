@@ -15,8 +15,7 @@ from dpsynth.training.artifacts import build_generator
 def painter() -> FigurePainter:
     rng = np.random.default_rng(0)
     figures = [random_figures(rng, 3) for _ in range(2)]
-    return FigurePainter.from_figures(figures, [np.full(3, 1 / 3)] * 2, [np.array([0, 1, 0])] * 2, image_size=16,
-                                      channels=3)
+    return FigurePainter.from_figures(figures, [np.full(3, 1 / 3)] * 2, image_size=16, channels=3)
 
 
 def test_the_model_record_names_the_version_and_rebuilds():
@@ -28,12 +27,12 @@ def test_the_model_record_names_the_version_and_rebuilds():
     assert q.describe() == model
 
 
-@pytest.mark.parametrize("old", [None, "1", "2"])
+@pytest.mark.parametrize("old", [None, "1"])
 def test_a_file_of_another_prior_version_is_refused(old):
     model = painter().describe()
     if old is None:
         del model["prior_version"]  # written before versions were recorded: version 1's painter
     else:
         model["prior_version"] = old
-    with pytest.raises(ValueError, match=f"^model.prior_version: .*version {old or 1}"):
+    with pytest.raises(ValueError, match="^model.prior_version: .*version 1"):
         build_generator(model)

@@ -52,12 +52,11 @@ def statement(*, rounds: int, candidates: int, noise_multiplier: float, threshol
             f"round's histogram. " + PRIOR_STATEMENT.format(version=PRIOR_VERSION)
             + f" Private Evolution moves it to the records in {rounds} rounds, the trace's events #0–#{rounds - 1}, "
             f"each one full-batch Gaussian (q = 1): every record votes for the nearest of its class's {candidates} "
-            "candidate figures, each offered in both painting styles, in a colour-blind feature (each pixel's "
-            "distance from the record's own background plane, and how textured its ground is, against each candidate's shape and painting style), one vote in "
-            "one bin of the histogram stacked over all classes, so adding or removing a record "
+            "candidate figures in a colour-blind feature (each pixel's distance from the record's own background "
+            "plane), one vote in one bin of the histogram stacked over all classes, so adding or removing a record "
             f"moves it by 1 in L2. Bins below {threshold:g} votes are "
-            "zeroed; resampling, variations of the figures and their styles, and their colours are post-processing "
-            "of the released histograms.")
+            "zeroed; resampling, variations of the figures and their colours are post-processing of the released "
+            "histograms.")
 
 
 def rounds_epsilon(rounds: int, noise_multiplier: float, *, delta: float, accountant: str = "rdp") -> float:

@@ -6,33 +6,25 @@ of :mod:`dpsynth.prior.figures` (parameters a renderer draws), their variations 
 
 Per class (the label set is public schema; each record votes within its own class), for ``rounds`` rounds:
 
-1. the class's candidates are its figures, each offered in every painting style (:data:`dpsynth.prior.paint.STYLES`:
-   a candidate is a figure and a style, :func:`offered`), each mapped by :func:`candidate_map`: its mask's
-   :func:`figure_map` and its style;
-2. every private record is mapped by :func:`record_map` (its :func:`figure_map` and how photographic its ground
-   looks, :func:`photo_likeness`) and votes for its nearest candidate (largest cosine) of its own class: **one vote,
-   in one bin** of the histogram stacked over every class's candidates, so the vote picks the style with the shape;
+1. every candidate figure of the class is drawn as a mask and mapped by :func:`figure_map`;
+2. every private record is mapped by the same :func:`figure_map` and votes for its nearest candidate (largest
+   cosine) of its own class: **one vote, in one bin** of the histogram stacked over every class's candidates;
 3. the histogram is released by the Gaussian mechanism: N(0, σ²) on every bin (:func:`noisy_votes`). Adding or
    removing one record moves the stacked histogram by exactly one vote in one bin, so its L2 (and L1) sensitivity
    is 1 under add/remove adjacency: each round is one ``full_batch_gaussian(σ)`` event of the trace
    (:func:`events`), and the accountants compose the rounds (RDP: T·α/(2σ²));
 4. post-processing of the released histogram: bins below the threshold H are zeroed, and the next round's
-   figures are drawn from the class's candidates in proportion to what is left and varied
-   (:func:`dpsynth.prior.figures.vary`, a step shrinking geometrically from round to round), plus a share of fresh
-   draws from the prior; the next round offers each again in every style.
+   candidates are drawn from the class's candidates in proportion to what is left and varied
+   (:func:`dpsynth.prior.figures.vary`, a step shrinking geometrically from round to round), plus a share of
+   fresh draws from the prior.
 
 The release (:func:`sample`) draws figures of the last round in proportion to its thresholded noisy votes and paints
-them in the prior's random colours, each in its own style (:func:`dpsynth.prior.paint.paint`): post-processing, no
-further privacy.
+them in the prior's random colours (:func:`dpsynth.prior.paint.paint`): post-processing, no further privacy.
 
 The feature ignores colour and polarity: each pixel's distance (Euclidean over the channels) from the background
 colour field, a plane per channel fitted to the image's 2-pixel border; pooled to :data:`GRID` × :data:`GRID`,
 blurred, less its mean, unit norm. It is public and data-independent (a fixed function each record computes alone).
-A candidate's feature is the same function of its mask drawn white on black. The vote's feature adds two numbers for
-the style (:func:`record_map`, :func:`candidate_map`): a record's (1 − p, p) with p its :func:`photo_likeness` (how
-textured its ground is: the median, over the border ring, of the smoothed image's distance from its border plane,
-again a distance over the channels), a candidate's (1, 0) when graphic and (0, 1) when photographic, both weighted
-by :data:`STYLE_WEIGHT`. The record still casts one vote; only which bin it picks depends on the feature.
+A candidate's feature is the same function of its mask drawn white on black.
 
 Only the noise uses the mechanism's secret coins (:class:`dpsynth.mechanisms.randomness.MechanismRandomness`); the
 prior's draws, the resampling and the variations use a public seed, which only ever meets released values.
@@ -49,20 +41,10 @@ from dpsynth.mechanisms.histograms import (  # noqa: F401 (the mechanism's priva
     PRIVATE_EVOLUTION, calibrate, calibrating_accountants, events, rounds_epsilon, statement)
 from dpsynth.privacy.events import MechanismTrace, full_batch_gaussian
 from dpsynth.prior.figures import Figure, masks, random_figures, vary
-from dpsynth.prior.paint import STYLES, paint_figures
+from dpsynth.prior.paint import paint_figures
 
 GRID = 16  # the feature's side
 BORDER = 2  # pixels of the border ring the background plane is fitted to
-# The style part of the feature (prior version 3). TEXTURE_RING: the border ring (pixels) whose texture is measured;
-# TEXTURE_MIDPOINT: the ground texture at which a record is as photographic as graphic, the geometric mean of the
-# medians of ground_texture over the prior's own graphic (0.038) and photographic (0.147) paintings of 32 × 32
-# figures (public draws; tests/mechanisms/test_private_evolution_style.py checks it still separates them);
-# TEXTURE_SCALE: the width of the logistic step, in log units; STYLE_WEIGHT: how much a style match counts beside
-# the shape's cosine (1: as much as a perfect shape match).
-TEXTURE_RING = 3
-TEXTURE_MIDPOINT = 0.075
-TEXTURE_SCALE = 0.25
-STYLE_WEIGHT = 1.0
 
 
 def _plane_fit(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
@@ -107,68 +89,6 @@ def mask_features(figures: list[Figure], size: int) -> np.ndarray:
     return figure_map(np.round(m * 255).astype(np.uint8)[..., None])
 
 
-def ground_texture(images: np.ndarray, *, batch: int = 2048) -> np.ndarray:
-    """How textured each image's ground is (uint8 N × H × W × C → float64 N): the image smoothed by a 3 × 3 box
-    (so that pixel noise does not count), its background plane fitted per channel to the :data:`TEXTURE_RING`-pixel
-    border ring, and the median over that ring of each pixel's distance (Euclidean over the channels) from the
-    plane. A flat or gradient ground gives ~0.02–0.07, a photo-like texture ~0.08–0.4."""
-    import torch
-    import torch.nn.functional as F
-
-    n, h, w, c = images.shape
-    yy, xx = np.mgrid[0:h, 0:w]
-    basis = np.stack([np.ones(h * w), xx.ravel() / max(w - 1, 1) - 0.5, yy.ravel() / max(h - 1, 1) - 0.5], 1)
-    ring = ((yy < TEXTURE_RING) | (yy >= h - TEXTURE_RING) | (xx < TEXTURE_RING) | (xx >= w - TEXTURE_RING)).ravel()
-    fit = np.linalg.pinv(basis[ring])
-    out = np.empty(n, np.float64)
-    for lo in range(0, n, batch):
-        x = torch.from_numpy(images[lo:lo + batch].astype(np.float64) / 255.0).permute(0, 3, 1, 2)
-        x = F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
-        x = x.permute(0, 2, 3, 1).reshape(-1, h * w, c).numpy()
-        coef = np.einsum("kr,nrc->nkc", fit, x[:, ring])
-        d = np.sqrt(((x[:, ring] - basis[ring] @ coef) ** 2).sum(-1))
-        out[lo:lo + batch] = np.median(d, 1)
-    return out
-
-
-def photo_likeness(images: np.ndarray) -> np.ndarray:
-    """p in (0, 1) per image: a logistic step in the log of :func:`ground_texture`, ½ at :data:`TEXTURE_MIDPOINT`.
-
-    >>> x = np.full((2, 16, 16, 3), 128, np.uint8)
-    >>> x[1] = np.random.default_rng(0).integers(0, 2, (1, 4, 4, 1)).repeat(4, 1).repeat(4, 2) * 200  # patches
-    >>> p = photo_likeness(x); bool(p[0] < 0.01 and p[1] > 0.99)
-    True
-    """
-    t = np.log(np.maximum(ground_texture(images), 1e-6) / TEXTURE_MIDPOINT) / TEXTURE_SCALE
-    return 1.0 / (1.0 + np.exp(-np.clip(t, -50, 50)))
-
-
-def _with_style(shape: np.ndarray, photo: np.ndarray) -> np.ndarray:
-    """The vote's feature: the shape feature and √STYLE_WEIGHT · (1 − photo, photo), to unit norm (float32)."""
-    photo = np.asarray(photo, np.float64)[:, None]
-    f = np.concatenate([shape.astype(np.float64), np.sqrt(STYLE_WEIGHT) * np.concatenate([1 - photo, photo], 1)], 1)
-    return (f / np.linalg.norm(f, axis=1, keepdims=True)).astype(np.float32)
-
-
-def record_map(images: np.ndarray) -> np.ndarray:
-    """A record's feature for the vote (uint8 N × H × W × C → N × (GRID² + 2), unit norm): its
-    :func:`figure_map` and its style, (1 − p, p) with p its :func:`photo_likeness`. A fixed public function of
-    the record alone."""
-    return _with_style(figure_map(images), photo_likeness(images))
-
-
-def candidate_map(figures: list[Figure], styles: np.ndarray, size: int) -> np.ndarray:
-    """A candidate's feature for the vote: its mask's :func:`mask_features` and its style (0 graphic: (1, 0);
-    1 photographic: (0, 1)), unit norm, so that the dot product with :func:`record_map` is the cosine."""
-    return _with_style(mask_features(figures, size), np.asarray(styles, np.float64))
-
-
-def offered(figures: list[Figure]) -> tuple[list[Figure], np.ndarray]:
-    """A class's candidates: its m figures offered in every style, style-major (candidate k is figure k mod m in
-    style k // m)."""
-    return list(figures) * len(STYLES), np.repeat(np.arange(len(STYLES)), len(figures))
-
-
 def votes(record_features: np.ndarray, labels: np.ndarray, candidate_features: np.ndarray,
           candidate_classes: np.ndarray) -> np.ndarray:
     """The noiseless query: for every candidate, how many records of its class have it nearest (largest cosine).
@@ -200,11 +120,10 @@ def noisy_votes(counts: np.ndarray, *, noise_multiplier: float, randomness) -> n
 
 @dataclass
 class Evolution:
-    """What Private Evolution released and derived from it: the last round's figures of every class and their styles,
-    their thresholded noisy votes (the weights :func:`sample` draws by), and every round's raw noisy histogram."""
+    """What Private Evolution released and derived from it: the last round's figures of every class, their
+    thresholded noisy votes (the weights :func:`sample` draws by), and every round's raw noisy histogram."""
 
     figures: list[list[Figure]]
-    styles: list[np.ndarray]
     weights: list[np.ndarray]
     histograms: list[np.ndarray] = field(default_factory=list)
 
@@ -216,9 +135,8 @@ def _weights(noisy: np.ndarray, threshold: float) -> np.ndarray:
 
 @dataclass
 class Population:
-    """Where Private Evolution stands between rounds: every class's figures (each offered in every style,
-    :func:`offered`), the public coins, the rounds done and their released (noisy) histograms. Everything in it is
-    public or released."""
+    """Where Private Evolution stands between rounds: every class's candidate figures, the public coins, the rounds
+    done and their released (noisy) histograms. Everything in it is public or released."""
 
     figures: list[list[Figure]]
     rng: np.random.Generator  # the public coins: prior draws, resampling, variations
@@ -227,8 +145,7 @@ class Population:
 
 
 def start(*, num_classes: int, candidates: int, seed: int = 0) -> Population:
-    """Round 0: ``candidates`` figures of the prior per class (each offered in every style), drawn from the public
-    ``seed``."""
+    """Round 0's candidates: ``candidates`` figures of the prior per class, drawn from the public ``seed``."""
     if candidates < 1:
         raise PrivacyError(f"private_evolution: candidates must be >= 1, got {candidates}")
     rng = np.random.default_rng(seed)
@@ -238,18 +155,12 @@ def start(*, num_classes: int, candidates: int, seed: int = 0) -> Population:
 def evolve_round(pop: Population, records: np.ndarray, labels: np.ndarray, *, rounds: int, noise_multiplier: float,
                  threshold: float, randomness, trace: MechanismTrace | None, size: int,
                  steps: tuple[float, float] = (0.3, 0.05), fresh: float = 0.05, observe=None) -> None:
-    """One round on the records' features (``records``: :func:`record_map` of the images, ``labels``): the noisy
+    """One round on the records' features (``records``: :func:`figure_map` of the images, ``labels``): the noisy
     histogram of their votes (one ``full_batch_gaussian(noise_multiplier)`` event in ``trace``), then, unless it is
     the last of ``rounds``, the next candidates drawn by the thresholded votes and varied (post-processing)."""
-    k = len(STYLES)
-    classes = np.repeat(np.arange(len(pop.figures)), [k * len(f) for f in pop.figures])
-    shapes = mask_features([f for figs in pop.figures for f in figs], size)  # each figure drawn once
-    features, at = [], 0
-    for figs in pop.figures:
-        _, styles = offered(figs)
-        features.append(_with_style(np.tile(shapes[at:at + len(figs)], (k, 1)), styles.astype(np.float64)))
-        at += len(figs)
-    query = votes(records, labels, np.concatenate(features), classes)
+    classes = np.repeat(np.arange(len(pop.figures)), [len(f) for f in pop.figures])
+    flat = [f for figs in pop.figures for f in figs]
+    query = votes(records, labels, mask_features(flat, size), classes)
     noisy = noisy_votes(query, noise_multiplier=noise_multiplier, randomness=randomness)
     if trace is not None:
         trace.record(full_batch_gaussian(noise_multiplier))
@@ -265,24 +176,20 @@ def evolve_round(pop: Population, records: np.ndarray, labels: np.ndarray, *, ro
     for figs in pop.figures:
         m = len(figs)
         n_fresh = int(round(fresh * m))
-        w = _weights(noisy[at:at + k * m], threshold)
-        parents = rng.choice(k * m, m - n_fresh, p=w) % m  # a candidate's figure, whichever its style
+        w = _weights(noisy[at:at + m], threshold)
+        parents = rng.choice(m, m - n_fresh, p=w)
         nxt.append([vary(figs[i], step, rng) for i in parents] + random_figures(rng, n_fresh))
-        at += k * m
+        at += m
     pop.figures = nxt
 
 
 def released(pop: Population, threshold: float) -> Evolution:
-    """The release after the last round: its candidates (every figure in every style, :func:`offered`) and their
-    thresholded noisy votes (post-processing)."""
-    last, at, figures, styles, weights = pop.histograms[-1], 0, [], [], []
+    """The release after the last round: its figures and their thresholded noisy votes (post-processing)."""
+    last, at, weights = pop.histograms[-1], 0, []
     for figs in pop.figures:
-        f, s = offered(figs)
-        figures.append(f)
-        styles.append(s)
-        weights.append(_weights(last[at:at + len(f)], threshold))
-        at += len(f)
-    return Evolution(figures=figures, styles=styles, weights=weights, histograms=list(pop.histograms))
+        weights.append(_weights(last[at:at + len(figs)], threshold))
+        at += len(figs)
+    return Evolution(figures=pop.figures, weights=weights, histograms=list(pop.histograms))
 
 
 def evolve(images: np.ndarray, labels: np.ndarray, *, num_classes: int, rounds: int, candidates: int,
@@ -297,7 +204,7 @@ def evolve(images: np.ndarray, labels: np.ndarray, *, num_classes: int, rounds: 
     if rounds < 1 or candidates < 1:
         raise PrivacyError(f"private_evolution: rounds and candidates must be >= 1, got {rounds}, {candidates}")
     labels = np.asarray(labels)
-    records = record_map(images)
+    records = figure_map(images)
     pop = start(num_classes=num_classes, candidates=candidates, seed=seed)
     while pop.round < rounds:
         evolve_round(pop, records, labels, rounds=rounds, noise_multiplier=noise_multiplier, threshold=threshold,
@@ -309,10 +216,9 @@ def evolve(images: np.ndarray, labels: np.ndarray, *, num_classes: int, rounds: 
 def sample(evolution: Evolution, n: int, *, size: int, channels: int, seed: int = 0,
            jitter: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
     """``n`` synthetic records (classes balanced): figures of the last round drawn by their weights, each varied by
-    a small step ``jitter`` and painted in the prior's random colours in its own style
-    (:func:`dpsynth.prior.paint.paint_figures`). Post-processing. Returns (uint8 N × size × size × channels, int64
-    labels)."""
+    a small step ``jitter`` and painted in the prior's random colours (:func:`dpsynth.prior.paint.paint_figures`).
+    Post-processing. Returns (uint8 N × size × size × channels, int64 labels)."""
     labels = np.arange(n) % len(evolution.figures)
-    images = paint_figures(evolution.figures, evolution.weights, evolution.styles, labels, size=size,
-                           channels=channels, rng=np.random.default_rng(seed), jitter=jitter)
+    images = paint_figures(evolution.figures, evolution.weights, labels, size=size, channels=channels,
+                           rng=np.random.default_rng(seed), jitter=jitter)
     return images, labels.astype(np.int64)

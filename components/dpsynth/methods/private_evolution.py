@@ -36,7 +36,7 @@ class EvolutionState:
 
     population: pe.Population  # the candidates, the public coins, the released histograms so far
     mechanism: MechanismRandomness  # the secret coins: the noise only (never evolution.seed)
-    records: np.ndarray = field(metadata=checkpoint.TRANSIENT)  # the records' features (record_map), per run
+    records: np.ndarray = field(metadata=checkpoint.TRANSIENT)  # the records' features (figure_map), per run
     labels: np.ndarray = field(metadata=checkpoint.TRANSIENT)
 
 
@@ -63,7 +63,7 @@ class PrivateEvolutionTrainer(Trainer):
         self.state = EvolutionState(
             population=pe.start(num_classes=self.num_classes, candidates=e.candidates, seed=e.seed),
             mechanism=self.secret_coins(mechanism_seed),
-            records=pe.record_map(dataset.images), labels=np.asarray(dataset.labels))
+            records=pe.figure_map(dataset.images), labels=np.asarray(dataset.labels))
 
     @property
     def configured_steps(self) -> int:
@@ -81,8 +81,7 @@ class PrivateEvolutionTrainer(Trainer):
     def generator(self):
         """The release: the current population's figures and thresholded noisy votes, as a painter."""
         evolution = pe.released(self.state.population, self.threshold)
-        painter = FigurePainter.from_figures(evolution.figures, evolution.weights, evolution.styles,
-                                             image_size=self.size,
+        painter = FigurePainter.from_figures(evolution.figures, evolution.weights, image_size=self.size,
                                              channels=self.channels, jitter=self.cfg.evolution.jitter)
         return painter, painter.describe()
 

@@ -1,27 +1,24 @@
 """Painting the prior's masks into images of the user's public schema: random colours on random backgrounds.
 
-Two styles (:data:`STYLES`; since prior version 3 Private Evolution offers every figure in each, so that the records'
-votes choose the style with the shape; a random painting is photographic with probability :data:`PHOTO_SHARE`):
+Two styles, each image drawing one (a share :data:`PHOTO_SHARE` photographic):
 
 * **graphic**: a gradient between two random colours with smooth blotches and pixel noise as background; the
   figure a random colour at least ``min_contrast`` (Euclidean, RGB on [0, 1]) from the background's mean colour,
   flat, striped, checked, mottled or shaded;
-* **photographic** (prior version 2; since version 3 a figure of this style is painted so with probability
-  :data:`TEXTURED_SHARE`, else as graphic): a photo-like texture made by code
-  (:func:`dpsynth.prior.textures.photo_texture`: dead leaves, 1/f noise or a Voronoi mosaic) as background, the
-  figure filled with another such texture or a graphic fill, its luminance pushed away from the background's
-  luminance under the figure (darkened on a light ground, lightened on a dark one), so that it contrasts locally
-  whatever the texture.
+* **photographic** (prior version 2): a photo-like texture made by code (:func:`dpsynth.prior.textures.photo_texture`:
+  dead leaves, 1/f noise or a Voronoi mosaic) as background, the figure filled with another such texture or a
+  graphic fill, its luminance pushed away from the background's luminance under the figure (darkened on a light
+  ground, lightened on a dark one), so that it contrasts locally whatever the texture.
 
-Grey schemas (one channel) get the luminance of the same painting. All of it is a function of the masks, their
-styles and a publicly seeded numpy ``Generator``.
+Grey schemas (one channel) get the luminance of the same painting. All of it is a function of the masks and a
+publicly seeded numpy ``Generator``.
 
 >>> from dpsynth.prior.figures import masks, random_figures
 >>> rng = np.random.default_rng(0)
->>> x = paint(masks(random_figures(rng, 4), 8), rng, channels=3, styles=np.array([GRAPHIC, PHOTO, PHOTO, GRAPHIC]))
+>>> x = paint(masks(random_figures(rng, 4), 8), rng, channels=3)
 >>> x.shape, x.dtype
 ((4, 8, 8, 3), dtype('uint8'))
->>> paint(masks(random_figures(rng, 2), 8), rng, channels=1).shape  # styles drawn at random
+>>> paint(masks(random_figures(rng, 2), 8), rng, channels=1).shape
 (2, 8, 8, 1)
 """
 
@@ -35,17 +32,7 @@ from dpsynth.prior.figures import Figure, masks, vary
 from dpsynth.prior.textures import photo_texture
 
 LUMA = np.array([0.299, 0.587, 0.114])
-STYLES = ("graphic", "photographic")  # a style is an index of STYLES
-GRAPHIC, PHOTO = 0, 1
-PHOTO_SHARE = 0.5  # the chance that a random painting's style is photographic (docs/prior.md, prior version 2)
-# the chance that a figure of the photographic style is painted on a photo-like texture, else in the graphic way:
-# on textured records a release of both paintings beat either alone (docs/prior.md, "The data chooses the style")
-TEXTURED_SHARE = 0.5
-
-
-def random_styles(rng: np.random.Generator, n: int) -> np.ndarray:
-    """``n`` styles drawn from the prior (int64, :data:`PHOTO` with probability :data:`PHOTO_SHARE`)."""
-    return (rng.random(n) < PHOTO_SHARE).astype(np.int64)
+PHOTO_SHARE = 0.5  # the share of paintings in the photographic style (docs/prior.md, prior version 2)
 
 
 def _smooth_noise(rng: np.random.Generator, size: int, cells: int) -> np.ndarray:
@@ -112,19 +99,17 @@ def photographic(mask: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return bg * (1 - m) + fg * m
 
 
-def paint(masks: np.ndarray, rng: np.random.Generator, *, channels: int, styles: np.ndarray | None = None,
-          min_contrast: float = 0.4) -> np.ndarray:
-    """Every mask (N × H × W in [0, 1], H = W) painted in its style ``styles[i]`` (None: drawn by
-    :func:`random_styles`): :data:`GRAPHIC` in a random figure colour and texture on a random gradient background;
-    :data:`PHOTO` with probability :data:`TEXTURED_SHARE` on a photo-like texture (:func:`photographic`), else as
-    graphic. uint8 N × H × W × ``channels`` (1: the luminance, 3: RGB)."""
+def paint(masks: np.ndarray, rng: np.random.Generator, *, channels: int, min_contrast: float = 0.4,
+          photo: float = PHOTO_SHARE) -> np.ndarray:
+    """Every mask (N × H × W in [0, 1], H = W) painted, with probability ``photo`` in the photographic style
+    (:func:`photographic`), else in a random figure colour and texture on a random gradient background: uint8
+    N × H × W × ``channels`` (1: the luminance, 3: RGB)."""
     if channels not in (1, 3):
         raise ValueError(f"channels: the prior paints 1 or 3 channels, not {channels}")
     n, size = len(masks), masks.shape[-1]
-    styles = random_styles(rng, n) if styles is None else np.asarray(styles)
     out = np.empty((n, size, size, channels), np.uint8)
     for i in range(n):
-        if styles[i] == PHOTO and rng.random() < TEXTURED_SHARE:
+        if rng.random() < photo:
             img = photographic(masks[i], rng)
         else:
             m = masks[i][..., None].astype(np.float64)
@@ -137,16 +122,12 @@ def paint(masks: np.ndarray, rng: np.random.Generator, *, channels: int, styles:
     return out
 
 
-def paint_figures(figures: list[list[Figure]], weights: list[np.ndarray], styles: list[np.ndarray],
-                  labels: np.ndarray, *, size: int, channels: int, rng: np.random.Generator,
-                  jitter: float) -> np.ndarray:
+def paint_figures(figures: list[list[Figure]], weights: list[np.ndarray], labels: np.ndarray, *, size: int,
+                  channels: int, rng: np.random.Generator, jitter: float) -> np.ndarray:
     """One image per label (uint8 N × size × size × channels): a figure of the label's class drawn by its weight,
-    varied by a step ``jitter``, painted in the prior's random colours in the style the figure carries
-    (``styles``, per class; post-processing, ``rng`` public)."""
-    figs, chosen = [], []
+    varied by a step ``jitter``, painted in the prior's random colours (post-processing, ``rng`` public)."""
+    figs = []
     for y in labels:
         pop = figures[int(y)]
-        i = rng.choice(len(pop), p=weights[int(y)])
-        figs.append(vary(pop[i], jitter, rng))
-        chosen.append(styles[int(y)][i])
-    return paint(masks(figs, size), rng, channels=channels, styles=np.array(chosen, np.int64))
+        figs.append(vary(pop[rng.choice(len(pop), p=weights[int(y)])], jitter, rng))
+    return paint(masks(figs, size), rng, channels=channels)

@@ -1,11 +1,10 @@
 """Private Evolution's release as a generator: the last round's figures and their thresholded noisy votes, painted.
 
 :class:`FigurePainter` holds only released quantities — the figures of every class's last population (parameters
-of :mod:`dpsynth.prior.figures`, derived from the released histograms by post-processing with a public seed), the
-painting style each figure carries (prior version 3: chosen with the figure by the votes) and their weights (the last
-round's noisy votes, thresholded and normalised) — and draws samples from them with the public painter
-(:func:`dpsynth.prior.paint.paint_figures`): a figure drawn by its weight, varied by a small step, painted in the
-prior's random colours in its style. No record is an argument of anything here.
+of :mod:`dpsynth.prior.figures`, derived from the released histograms by post-processing with a public seed) and
+their weights (the last round's noisy votes, thresholded and normalised) — and draws samples from them with the
+public painter (:func:`dpsynth.prior.paint.paint_figures`): a figure drawn by its weight, varied by a small step, painted in the prior's
+random colours. No record is an argument of anything here.
 
 It is a ``torch.nn.Module`` with the generator interface the stages use (``num_classes``, ``sample(n, labels=,
 generator=)``, ``describe()``), so that the ``dpsynth.generator/1`` file (:mod:`dpsynth.training.artifacts`) binds
@@ -15,19 +14,16 @@ tensors only (``torch.load(weights_only=True)`` reads it back):
 * ``parts``: int64 P × 5, one row per part of every figure: (figure, kind, glyph, font, erase);
 * ``params``: float64 P × L, each part's numbers, padded with +inf (a part's numbers are finite; NaN padding
   would make a state unequal to itself under ``torch.equal``);
-* ``sizes``: int64, the number of figures of each class; ``weights``: float64, every figure's weight;
-* ``styles``: int64, every figure's painting style (an index of :data:`dpsynth.prior.paint.STYLES`).
+* ``sizes``: int64, the number of figures of each class; ``weights``: float64, every figure's weight.
 
 >>> import numpy as np
 >>> from dpsynth.prior.figures import random_figures
 >>> rng = np.random.default_rng(0)
->>> figs, styles = [random_figures(rng, 3), random_figures(rng, 2)], [np.array([0, 1, 1]), np.array([1, 0])]
->>> p = FigurePainter.from_figures(figs, [np.full(3, 1 / 3), np.array([1.0, 0.0])], styles, image_size=8, channels=3)
+>>> figs = [random_figures(rng, 3), random_figures(rng, 2)]
+>>> p = FigurePainter.from_figures(figs, [np.full(3, 1 / 3), np.array([1.0, 0.0])], image_size=8, channels=3)
 >>> q = FigurePainter(**{k: v for k, v in p.describe().items() if k != "class"}); _ = q.load_state_dict(p.state_dict())
 >>> q.figures == figs, [w.tolist() for w in q.weights()] == [w.tolist() for w in p.weights()]
 (True, True)
->>> [s.tolist() for s in q.styles()]
-[[0, 1, 1], [1, 0]]
 >>> x, y = q.sample(4, labels=torch.tensor([0, 1, 0, 1]), generator=torch.Generator().manual_seed(0))
 >>> tuple(x.shape), bool(x.min() >= -1 and x.max() <= 1), y.tolist()
 ((4, 3, 8, 8), True, [0, 1, 0, 1])
@@ -40,10 +36,9 @@ import torch
 
 from dpsynth.prior import VERSION
 from dpsynth.prior.figures import GLYPHS, KINDS, Figure, Part
-from dpsynth.prior.paint import STYLES, paint_figures
+from dpsynth.prior.paint import paint_figures
 
 CLASS = "dpsynth.prior.release.FigurePainter"  # its name in a generator file (artifacts.GENERATOR_CLASSES)
-STATE = ("parts", "params", "sizes", "weights_flat", "styles_flat")  # its released state, all buffers
 
 
 def _encode(figures: list[list[Figure]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,50 +86,37 @@ class FigurePainter(torch.nn.Module):
         self.register_buffer("params", torch.zeros(0, 0, dtype=torch.float64))
         self.register_buffer("sizes", torch.zeros(num_classes, dtype=torch.int64))
         self.register_buffer("weights_flat", torch.zeros(0, dtype=torch.float64))
-        self.register_buffer("styles_flat", torch.zeros(0, dtype=torch.int64))
         self.figures: list[list[Figure]] = [[] for _ in range(num_classes)]
 
     @classmethod
-    def from_figures(cls, figures: list[list[Figure]], weights: list[np.ndarray], styles: list[np.ndarray], *,
-                     image_size: int, channels: int, jitter: float = 0.05) -> FigurePainter:
+    def from_figures(cls, figures: list[list[Figure]], weights: list[np.ndarray], *, image_size: int,
+                     channels: int, jitter: float = 0.05) -> FigurePainter:
         painter = cls(num_classes=len(figures), channels=channels, image_size=image_size, jitter=jitter,
                       prior_version=VERSION)
         parts, params, sizes = _encode(figures)
         painter.load_state_dict({"parts": parts, "params": params, "sizes": sizes,
-                                 "weights_flat": torch.from_numpy(np.concatenate(weights).astype(np.float64)),
-                                 "styles_flat": torch.from_numpy(np.concatenate(styles).astype(np.int64))})
+                                 "weights_flat": torch.from_numpy(np.concatenate(weights).astype(np.float64))})
         return painter
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """The released state (its shapes vary with the figures): every buffer replaced, the figures decoded."""
-        missing = set(STATE) - set(state_dict)
-        extra = set(state_dict) - set(STATE)
+        missing = {"parts", "params", "sizes", "weights_flat"} - set(state_dict)
+        extra = set(state_dict) - {"parts", "params", "sizes", "weights_flat"}
         if missing or (strict and extra):
             raise RuntimeError(f"FigurePainter state: missing {sorted(missing)}, unexpected {sorted(extra)}")
-        for name in STATE:
+        for name in ("parts", "params", "sizes", "weights_flat"):
             setattr(self, name, state_dict[name].detach().clone())
-        n = int(self.sizes.sum())
-        if len(self.sizes) != self.num_classes or n != len(self.weights_flat) or n != len(self.styles_flat):
+        if len(self.sizes) != self.num_classes or int(self.sizes.sum()) != len(self.weights_flat):
             raise RuntimeError(f"FigurePainter state: {len(self.sizes)} classes of {self.sizes.tolist()} figures "
-                               f"for {self.num_classes} classes, {len(self.weights_flat)} weights and "
-                               f"{len(self.styles_flat)} styles")
-        if n and not bool(((self.styles_flat >= 0) & (self.styles_flat < len(STYLES))).all()):
-            raise RuntimeError(f"FigurePainter state: a style outside 0–{len(STYLES) - 1}")
+                               f"for {self.num_classes} classes and {len(self.weights_flat)} weights")
         self.figures = _decode(self.parts, self.params, self.sizes)
         return torch.nn.modules.module._IncompatibleKeys([], [])
 
-    def _per_class(self, flat: torch.Tensor) -> list[np.ndarray]:
-        bounds = np.cumsum([0, *self.sizes.tolist()])
-        v = flat.numpy()
-        return [v[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-
     def weights(self) -> list[np.ndarray]:
         """Each class's figure weights (summing to 1)."""
-        return self._per_class(self.weights_flat)
-
-    def styles(self) -> list[np.ndarray]:
-        """Each class's figure styles (indices of :data:`dpsynth.prior.paint.STYLES`)."""
-        return self._per_class(self.styles_flat)
+        bounds = np.cumsum([0, *self.sizes.tolist()])
+        w = self.weights_flat.numpy()
+        return [w[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
     def describe(self) -> dict:
         """Its ``model`` record in a generator file: the class and its keywords."""
@@ -147,6 +129,6 @@ class FigurePainter(torch.nn.Module):
         painter's coins seeded from ``generator`` (public)."""
         labels = torch.arange(n) % self.num_classes if labels is None else labels.to("cpu", torch.int64)
         seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator).item())
-        x = paint_figures(self.figures, self.weights(), self.styles(), labels.numpy(), size=self.image_size,
-                          channels=self.channels, rng=np.random.default_rng(seed), jitter=self.jitter)
+        x = paint_figures(self.figures, self.weights(), labels.numpy(), size=self.image_size, channels=self.channels,
+                          rng=np.random.default_rng(seed), jitter=self.jitter)
         return torch.from_numpy(x).permute(0, 3, 1, 2).float().div(127.5).sub(1.0), labels
