@@ -4,9 +4,9 @@ train.gpus_per_node ranks by the orchestrators.
 The job launcher is checked two ways without a cluster, for both kinds the chart renders (trainJob.kind: a
 Kubeflow Trainer TrainJob, or the older training operator's PyTorchJob): the job it builds from the chart's template
 validates against that kind's CRD schema (as tests/deploy/test_trainjob.py does for the chart), and it drives a
-local stand-in of the controller (:class:`LocalTrainer`: a TrainJob of one node runs its trainer command here, under
-torchrun --standalone; a PyTorchJob runs each replica's torchrun with the rendezvous env the training operator
-sets; the conditions follow those processes) from creation to the printed outcome.
+local stand-in of the controller (:class:`LocalTrainer`: a TrainJob of one node runs its trainer command here on
+its ranks, forked as torchrun would start them; a PyTorchJob runs each replica's torchrun with the rendezvous env the
+training operator sets; the conditions follow those processes) from creation to the printed outcome.
 """
 
 from __future__ import annotations
@@ -252,14 +252,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ForkedNode:
+    """A TrainJob's one node, ``torchrun --standalone --nproc-per-node N -m dpsynth ARGS``: ``dpsynth ARGS`` on N ranks
+    of one job, forked from one warm interpreter (tests/methods/distributed_workers.py) instead of N fresh ones (a real
+    torchrun job of this command: tests/distributed/test_train_torchrun.py). Its log is every rank's output; like
+    torchrun, it has failed once a rank has. ``poll``, ``kill`` and ``wait``, as a ``subprocess.Popen``'s."""
+
+    def __init__(self, tmp: Path, ranks: int, argv: list[str], log: Path):
+        from tests.methods import distributed_workers as workers
+
+        log.touch()
+        self.ranks = workers.start_ranks(ranks, tmp, workers.cli_rank, str(tmp), argv, str(log))
+
+    def poll(self) -> int | None:
+        codes = [p.exitcode for p in self.ranks]
+        return next((c for c in codes if c not in (0, None)), None if None in codes else 0)
+
+    def kill(self) -> None:
+        for p in self.ranks:
+            if p.exitcode is None:
+                p.kill()
+
+    def wait(self) -> int | None:
+        for p in self.ranks:
+            p.join()
+        return self.poll()
+
+
 class LocalTrainer:
     """The API calls of :class:`dpsynth.distributed.launch.Cluster`, served here. A created job runs on this machine: a
-    TrainJob of one node runs its trainer command under ``torchrun --standalone`` (numProcPerNode ranks, in place of
-    the runtime's rendezvous); a PyTorchJob runs one process per replica (Master first, then the Workers), each its
-    container's ``torchrun`` command with the environment the training operator v1 sets (PET_NNODES, PET_NODE_RANK:
-    Master 0, Worker i → i + 1, PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT, MASTER_ADDR/PORT, WORLD_SIZE, RANK; the
-    loopback address in place of the Master's service). The first node's log is its process's output; the job's
-    condition follows the processes: success once all exited 0, Failed (the others killed) once one failed."""
+    TrainJob of one node runs its trainer command on numProcPerNode ranks (:class:`ForkedNode`, in place of the
+    runtime's torchrun and rendezvous); a PyTorchJob runs one process per replica (Master first, then the Workers),
+    each its container's ``torchrun`` command with the environment the training operator v1 sets (PET_NNODES,
+    PET_NODE_RANK: Master 0, Worker i → i + 1, PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT, MASTER_ADDR/PORT, WORLD_SIZE,
+    RANK; the loopback address in place of the Master's service). The first node's log is its processes' output; the
+    job's condition follows the processes: success once all exited 0, Failed (the others killed) once one failed."""
 
     namespace = "dpsynth"
     CONDITIONS = {"TrainJob": (("Complete", "JobsDone"), ("Failed", "TrainerFailed")),  # their controllers' words
@@ -317,9 +344,13 @@ class LocalTrainer:
         self.created.append(copy.deepcopy(body))
         self.procs[name] = []
         for i, (command, env) in enumerate(self.nodes(body)):
-            log = open(self.tmp / (f"{name}.log" if i == 0 else f"{name}-{i}.log"), "wb")
-            self.procs[name].append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                     env={**os.environ, "OMP_NUM_THREADS": "1", **env}))
+            log = self.tmp / (f"{name}.log" if i == 0 else f"{name}-{i}.log")
+            if body["kind"] == "TrainJob":  # torchrun --standalone --nproc-per-node N -m dpsynth ARGS
+                self.procs[name].append(ForkedNode(self.tmp, int(command[3]), command[command.index("-m") + 2:], log))
+                continue
+            with open(log, "wb") as out:
+                self.procs[name].append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                                         env={**os.environ, "OMP_NUM_THREADS": "1", **env}))
 
     def delete(self, kind, name: str) -> None:
         self.deleted.append(name)
