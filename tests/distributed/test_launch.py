@@ -28,6 +28,7 @@ from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
 from dpsynth.distributed import launch
 from tests.deploy.test_chart import CHART, VARIANTS, helm, tools
+from tests.methods import distributed_workers as workers
 # the stage tests' fixtures, as in tests/stages (autouse there and here: ledger_with_budget, one_torch_thread)
 from tests.stages.conftest import ledger_with_budget, mnist600, one_torch_thread, source  # noqa: F401
 from tests.stages.helpers import TINY, dpsynth, manifest, settings, stages
@@ -252,37 +253,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ForkedNode:
-    """A TrainJob's one node, ``torchrun --standalone --nproc-per-node N -m dpsynth ARGS``: ``dpsynth ARGS`` on N ranks
-    of one job, forked from one warm interpreter (tests/methods/distributed_workers.py) instead of N fresh ones (a real
-    torchrun job of this command: tests/distributed/test_train_torchrun.py). Its log is every rank's output; like
-    torchrun, it has failed once a rank has. ``poll``, ``kill`` and ``wait``, as a ``subprocess.Popen``'s."""
-
-    def __init__(self, tmp: Path, ranks: int, argv: list[str], log: Path):
-        from tests.methods import distributed_workers as workers
-
-        log.touch()
-        self.ranks = workers.start_ranks(ranks, tmp, workers.cli_rank, str(tmp), argv, str(log))
-
-    def poll(self) -> int | None:
-        codes = [p.exitcode for p in self.ranks]
-        return next((c for c in codes if c not in (0, None)), None if None in codes else 0)
-
-    def kill(self) -> None:
-        for p in self.ranks:
-            if p.exitcode is None:
-                p.kill()
-
-    def wait(self) -> int | None:
-        for p in self.ranks:
-            p.join()
-        return self.poll()
-
-
 class LocalTrainer:
     """The API calls of :class:`dpsynth.distributed.launch.Cluster`, served here. A created job runs on this machine: a
-    TrainJob of one node runs its trainer command on numProcPerNode ranks (:class:`ForkedNode`, in place of the
-    runtime's torchrun and rendezvous); a PyTorchJob runs one process per replica (Master first, then the Workers),
+    TrainJob of one node runs its trainer command on numProcPerNode ranks, forked from one warm interpreter
+    (tests/methods/distributed_workers.py) in place of the runtime's torchrun and its fresh interpreters (a real
+    torchrun job of that command: tests/distributed/test_train_torchrun.py); a PyTorchJob runs one process per replica (Master first, then the Workers),
     each its container's ``torchrun`` command with the environment the training operator v1 sets (PET_NNODES,
     PET_NODE_RANK: Master 0, Worker i → i + 1, PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT, MASTER_ADDR/PORT, WORLD_SIZE,
     RANK; the loopback address in place of the Master's service). The first node's log is its processes' output; the
@@ -346,7 +321,9 @@ class LocalTrainer:
         for i, (command, env) in enumerate(self.nodes(body)):
             log = self.tmp / (f"{name}.log" if i == 0 else f"{name}-{i}.log")
             if body["kind"] == "TrainJob":  # torchrun --standalone --nproc-per-node N -m dpsynth ARGS
-                self.procs[name].append(ForkedNode(self.tmp, int(command[3]), command[command.index("-m") + 2:], log))
+                log.touch()  # `dpsynth ARGS` on N ranks of one job, forked as torchrun starts them; their output, the log
+                self.procs[name].append(workers.start_ranks(int(command[3]), self.tmp, workers.cli_rank, str(self.tmp),
+                                                            command[command.index("-m") + 2:], str(log)))
                 continue
             with open(log, "wb") as out:
                 self.procs[name].append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,

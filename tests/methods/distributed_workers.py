@@ -21,6 +21,7 @@ PRELOAD = [
     __name__, "tests.methods.gswgan_helpers", "dpsynth.config", "dpsynth.data", "dpsynth.methods.dpgan",
     "dpsynth.methods.zhang", "dpsynth.methods.gswgan", "dpsynth.methods.dpac", "dpsynth.methods.federated_processes",
     "dpsynth.stages.train", "dpsynth.runner.run", "mlflow", "mlflow.store.db.utils", "tests.mlflow_template",
+    "torch._dynamo",  # what torch.optim imports on a process's first optimizer: about 1 CPU-second, once per rank
 ]
 
 
@@ -43,10 +44,49 @@ def run_ranks(world: int, tmp: Path, fn, *args) -> None:
     _start(world, str(store), fn, args)
 
 
-def start_ranks(world: int, tmp: Path, fn, *args) -> list:
-    """:func:`run_ranks` without waiting: the ranks' ``multiprocessing`` processes (exitcode, kill, join)."""
+def start_ranks(world: int, tmp: Path, fn, *args) -> Forked:
+    """:func:`run_ranks` without waiting for the ranks."""
     store = Path(tmp) / f"pg-{fn.__name__}-{os.getpid()}-{len(list(Path(tmp).glob('pg-*')))}"
-    return _start(world, str(store), fn, args, join=False).processes
+    return Forked(_start(world, str(store), fn, args, join=False).processes)
+
+
+def start_process(fn, *args) -> Forked:
+    """``fn(*args)`` in one new process forked by the fork server, in no process group: a command that must run in
+    a process of its own (to be killed, say), without a fresh interpreter's imports."""
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    process = multiprocessing.get_context("forkserver").Process(target=_alone, args=(dict(os.environ), fn, args))
+    process.start()
+    return Forked([process])
+
+
+class Forked:
+    """Processes the fork server started, as one job with ``subprocess.Popen``'s ``pid`` (the first one's),
+    ``poll``, ``send_signal``, ``kill`` and ``wait``: it has failed once one of them has (as a torchrun job has),
+    succeeded once all have."""
+
+    def __init__(self, processes: list):
+        self.processes, self.pid = processes, processes[0].pid
+
+    def poll(self) -> int | None:
+        codes = [p.exitcode for p in self.processes]
+        return next((c for c in codes if c not in (0, None)), None if None in codes else 0)
+
+    def send_signal(self, signum: int) -> None:
+        for p in self.processes:
+            if p.exitcode is None:
+                os.kill(p.pid, signum)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self) -> int | None:
+        for p in self.processes:
+            p.join()
+        return self.poll()
 
 
 def run_ranks_many(world: int, tmp: Path, jobs: list) -> None:
@@ -59,6 +99,16 @@ def _in_turn(rank: int, jobs: list) -> None:
     for fn, *args in jobs:
         fn(rank, *args)
         dist.barrier()
+
+
+def _alone(environ: dict, fn, args) -> None:
+    os.environ.clear()
+    os.environ.update(environ, OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    from tests import mlflow_template
+
+    mlflow_template.install()
+    fn(*args)
 
 
 def _entry(rank: int, world: int, store: str, environ: dict, fn, args) -> None:
