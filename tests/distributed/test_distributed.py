@@ -5,15 +5,13 @@ ranks' Poisson masks; for dp-GAN also the union of the units' latents and interp
 groups chosen from public data); (b) the noise of a logical step is added once, N(0, (σC)²) — per clip group
 N(0, (σc_j)²) — from rank 0's stream; (c) only rank 0 writes (trace, checkpoints, grids, MLflow), one event per
 logical step; (d) a checkpoint written by 2 ranks resumes on 1 and vice versa with the same trace and ε; and
-`dpsynth train` on 2 ranks is one ledger attempt, and a killed `torchrun … -m dpsynth train` job resumes in one
-process. The ranks are in tests/methods/distributed_workers.py, forked from one warm interpreter (a fresh one
-imports torch, Opacus and dpsynth: seconds of CPU per rank); the killed job alone is a real torchrun job."""
+`dpsynth train` on 2 ranks is one ledger attempt, and such a job killed mid-run resumes in one process. The ranks
+are in tests/methods/distributed_workers.py, forked from one warm interpreter (a fresh one imports torch, Opacus and
+dpsynth: seconds of CPU per rank); a real torchrun job of `dpsynth train`: tests/distributed/test_train_torchrun.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,6 @@ from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.zhang import ZhangTrainer
 from dpsynth.distributed import ranks as distributed
 from dpsynth.mechanisms.randomness import MechanismRandomness
-from tests.jobs import kill_at_checkpoint
 from tests.methods import distributed_workers as workers
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse: the in-process reference runs as a rank does)
 
@@ -358,8 +355,8 @@ def train_argv(data, out, steps: int, checkpoint_every: int) -> list[str]:
 
 def test_a_two_rank_train_job_is_one_ledger_attempt(tmp_path, small_mnist, monkeypatch):
     """Each rank runs `dpsynth train --json` as torchrun starts it (RANK, WORLD_SIZE, LOCAL_RANK; forked here from
-    one warm interpreter: a real torchrun job of this command is the next test's): rank 0 alone prints the result
-    and is charged, once, for the trace of one event per logical step."""
+    one warm interpreter): rank 0 alone prints the result and is charged, once, for the trace of one event per
+    logical step."""
     from dpsynth.data import write_parquet
     from tests.ledger_fixtures import budgeted_ledger
 
@@ -378,13 +375,13 @@ def test_a_two_rank_train_job_is_one_ledger_attempt(tmp_path, small_mnist, monke
     assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(result["epsilon"], rel=1e-6)
 
 
-def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnist, monkeypatch, capsys):
-    """SIGKILL to the whole 2-rank job (`torchrun -m dpsynth train`) after its first checkpoint; `dpsynth train` in
-    one process adopts the checkpoint (the ledger's lineage: rank 0 wrote it under the job's reservation) and
-    finishes the trace. 100 steps: killed at its first checkpoint (step 20), the job still had 80 to go (seconds of
-    CPU, far more than the 0.1 s between two looks for the checkpoint)."""
+def test_a_two_rank_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnist, monkeypatch, capsys):
+    """SIGKILL to every rank of a 2-rank `dpsynth train` job (forked, as above) after its first checkpoint; `dpsynth
+    train` in one process adopts the checkpoint (the ledger's lineage: rank 0 wrote it under the job's reservation)
+    and finishes the trace. 100 steps: killed at its first checkpoint (step 20), the job still had 80 to go (seconds
+    of CPU, far more than the 0.1 s between two looks for the checkpoint)."""
     from dpsynth.data import write_parquet
-    from tests.ledger_fixtures import budgeted_ledger
+    from tests.ledger_fixtures import budgeted_ledger, kill_after_first_checkpoint
 
     steps = 100
     ledger = budgeted_ledger(tmp_path, monkeypatch, "mnist600", epsilon=100.0)
@@ -392,11 +389,8 @@ def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnis
     write_parquet(small_mnist, str(data))
     out = tmp_path / "run"
     train = train_argv(data, out, steps, 20)
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ckpt = out / "checkpoints" / "last.pt"
-    kill_at_checkpoint([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "dpsynth", *train], ckpt,
-                       env=env, timeout_s=180, start_new_session=True)
+    job = workers.start_ranks(2, tmp_path, workers.cli_rank, str(tmp_path), train)
+    ckpt = kill_after_first_checkpoint(job, out)
     step_at_kill = torch.load(ckpt, weights_only=False)["step"]
     assert 0 < step_at_kill < steps and not (out / "result.json").exists()
     from dpsynth.cli import main
