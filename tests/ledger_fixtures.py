@@ -32,14 +32,16 @@ def assert_charged_once(ledger: Ledger, trained: dict, population: str = "mnist6
     assert charged["epsilon_spent"] == pytest.approx(trained["privacy"]["epsilon"], rel=1e-6)
 
 
-def kill_after_first_checkpoint(args: list[str], out: Path, *, timeout: float = 120) -> Path:
-    """Start ``dpsynth train`` (``args``), SIGKILL it once its first checkpoint exists (after its
-    reservation and some steps, at no particular point); returns the checkpoint's path."""
+def kill_after_first_checkpoint(args, out: Path, *, timeout: float = 120) -> Path:
+    """Start ``dpsynth train`` (``args``: its command line, or the process already started, e.g. forked:
+    tests/methods/distributed_workers.py's ``start_process``), SIGKILL it once its first checkpoint exists (after
+    its reservation and some steps, at no particular point); returns the checkpoint's path."""
     import signal
     import subprocess
     import time
 
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if isinstance(args, list) \
+        else args
     ckpt = Path(out) / "checkpoints" / "last.pt"
     deadline = time.monotonic() + timeout
     while not ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:

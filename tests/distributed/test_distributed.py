@@ -5,14 +5,13 @@ ranks' Poisson masks; for dp-GAN also the union of the units' latents and interp
 groups chosen from public data); (b) the noise of a logical step is added once, N(0, (σC)²) — per clip group
 N(0, (σc_j)²) — from rank 0's stream; (c) only rank 0 writes (trace, checkpoints, grids, MLflow), one event per
 logical step; (d) a checkpoint written by 2 ranks resumes on 1 and vice versa with the same trace and ε; and
-`torchrun … -m dpsynth train` is one ledger attempt. The ranks are in tests/methods/distributed_workers.py."""
+`dpsynth train` on 2 ranks is one ledger attempt, and such a job killed mid-run resumes in one process. The ranks
+are in tests/methods/distributed_workers.py, forked from one warm interpreter (a fresh one imports torch, Opacus and
+dpsynth: seconds of CPU per rank); a real torchrun job of `dpsynth train`: tests/distributed/test_train_torchrun.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,6 @@ from dpsynth.methods.dpgan import DPGANTrainer
 from dpsynth.methods.zhang import ZhangTrainer
 from dpsynth.distributed import ranks as distributed
 from dpsynth.mechanisms.randomness import MechanismRandomness
-from tests.jobs import kill_at_checkpoint
 from tests.methods import distributed_workers as workers
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse: the in-process reference runs as a rank does)
 
@@ -346,25 +344,30 @@ def test_zhang_checkpoints_resume_across_world_sizes(tmp_path):
     assert not torch.equal(r1["mechanism"]["state"], r0["mechanism"]["state"])  # rank 0's coins never left it
 
 
-# --- torchrun end to end: one ledger attempt for the job -----------------------------------------------------
-def test_torchrun_job_is_one_ledger_attempt(tmp_path, small_mnist, monkeypatch):
+# --- `dpsynth train` on 2 ranks: one ledger attempt for the job ---------------------------------------------------
+def train_argv(data, out, steps: int, checkpoint_every: int) -> list[str]:
+    """``dpsynth train`` (no run directory: dpgan in ``out``), as every rank of the job runs it."""
+    return ["train", "--set", f"data.uri={data}", "--set", f"output.dir={out}", "--set", "tracking.enabled=false",
+            "--set", f"train.steps={steps}", "--set", "train.d_width=4", "--set", "train.g_width=4",
+            "--set", "train.batch_size=32", "--set", f"output.checkpoint_every={checkpoint_every}",
+            "--set", "privacy.delta=1e-4", "--set", "ledger.population_id=mnist600", "--set", "data.num_classes=10"]
+
+
+def test_a_two_rank_train_job_is_one_ledger_attempt(tmp_path, small_mnist, monkeypatch):
+    """Each rank runs `dpsynth train --json` as torchrun starts it (RANK, WORLD_SIZE, LOCAL_RANK; forked here from
+    one warm interpreter): rank 0 alone prints the result and is charged, once, for the trace of one event per
+    logical step."""
     from dpsynth.data import write_parquet
     from tests.ledger_fixtures import budgeted_ledger
 
     ledger = budgeted_ledger(tmp_path, monkeypatch, "mnist600", epsilon=100.0)
     data = tmp_path / "d.parquet"
     write_parquet(small_mnist, str(data))
-    out = tmp_path / "run"
-    torchrun = Path(sys.executable).with_name("torchrun")
-    args = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "dpsynth", "train",
-            "--set", f"data.uri={data}", "--set", f"output.dir={out}", "--set", "tracking.enabled=false",
-            "--set", "train.steps=10", "--set", "train.d_width=4", "--set", "train.g_width=4",
-            "--set", "train.batch_size=32", "--set", "output.checkpoint_every=5", "--set", "privacy.delta=1e-4",
-            "--set", "ledger.population_id=mnist600", "--set", "data.num_classes=10", "--json"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)  # rank 0 alone printed it
+    ranks = workers.cli_ranks(2, tmp_path, [*train_argv(data, tmp_path / "run", 10, 5), "--json"])
+    assert [code for code, _, _ in ranks] == [0, 0], [err[-3000:] for _, _, err in ranks]
+    (_, out0, _), (_, out1, _) = ranks
+    assert out1 == ""  # rank 0 alone printed
+    result = json.loads(out0)
     assert result["steps"] == 10
     trace = json.loads(Path(result["trace_path"]).read_text())
     assert trace["events"][0]["count"] == 10
@@ -372,27 +375,24 @@ def test_torchrun_job_is_one_ledger_attempt(tmp_path, small_mnist, monkeypatch):
     assert charged["status"] == "committed" and charged["epsilon_spent"] == pytest.approx(result["epsilon"], rel=1e-6)
 
 
-def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnist, monkeypatch, capsys):
-    """SIGKILL to the whole 2-rank job after its first checkpoint; `dpsynth train` in one process adopts the
-    checkpoint (the ledger's lineage: rank 0 wrote it under the job's reservation) and finishes the trace."""
+def test_a_two_rank_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnist, monkeypatch, capsys):
+    """SIGKILL to every rank of a 2-rank `dpsynth train` job (forked, as above) after its first checkpoint; `dpsynth
+    train` in one process adopts the checkpoint (the ledger's lineage: rank 0 wrote it under the job's reservation)
+    and finishes the trace. 100 steps: killed at its first checkpoint (step 20), the job still had 80 to go (seconds
+    of CPU, far more than the 0.1 s between two looks for the checkpoint)."""
     from dpsynth.data import write_parquet
-    from tests.ledger_fixtures import budgeted_ledger
+    from tests.ledger_fixtures import budgeted_ledger, kill_after_first_checkpoint
 
+    steps = 100
     ledger = budgeted_ledger(tmp_path, monkeypatch, "mnist600", epsilon=100.0)
     data = tmp_path / "d.parquet"
     write_parquet(small_mnist, str(data))
     out = tmp_path / "run"
-    train = ["train", "--set", f"data.uri={data}", "--set", f"output.dir={out}", "--set", "tracking.enabled=false",
-             "--set", "train.steps=300", "--set", "train.d_width=4", "--set", "train.g_width=4",
-             "--set", "train.batch_size=32", "--set", "output.checkpoint_every=20", "--set", "privacy.delta=1e-4",
-             "--set", "ledger.population_id=mnist600", "--set", "data.num_classes=10"]
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ckpt = out / "checkpoints" / "last.pt"
-    kill_at_checkpoint([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "dpsynth", *train], ckpt,
-                       env=env, timeout_s=180, start_new_session=True)
+    train = train_argv(data, out, steps, 20)
+    job = workers.start_ranks(2, tmp_path, workers.cli_rank, str(tmp_path), train)
+    ckpt = kill_after_first_checkpoint(job, out)
     step_at_kill = torch.load(ckpt, weights_only=False)["step"]
-    assert 0 < step_at_kill < 300 and not (out / "result.json").exists()
+    assert 0 < step_at_kill < steps and not (out / "result.json").exists()
     from dpsynth.cli import main
 
     capsys.readouterr()
@@ -401,8 +401,8 @@ def test_torchrun_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnis
     assert code == 0, done.err[-3000:]
     result = json.loads(done.out)
     trace = json.loads(Path(result["trace_path"]).read_text())
-    assert result["steps"] == 300 and trace["events"][0]["count"] == 300
-    assert result["epsilon"] == pytest.approx(rdp_epsilon(result["noise_multiplier"], 32 / 600, 300), rel=1e-9)
+    assert result["steps"] == steps and trace["events"][0]["count"] == steps
+    assert result["epsilon"] == pytest.approx(rdp_epsilon(result["noise_multiplier"], 32 / 600, steps), rel=1e-9)
     killed, resumed = ledger.history("mnist600")  # the job's one attempt (charged in full), then the resumption
     assert killed["status"] == "committed" and killed["epsilon_spent"] == killed["epsilon_reserved"]
     assert resumed["status"] == "committed" and resumed["resumes_id"] == killed["id"]

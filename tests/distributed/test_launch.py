@@ -4,9 +4,9 @@ train.gpus_per_node ranks by the orchestrators.
 The job launcher is checked two ways without a cluster, for both kinds the chart renders (trainJob.kind: a
 Kubeflow Trainer TrainJob, or the older training operator's PyTorchJob): the job it builds from the chart's template
 validates against that kind's CRD schema (as tests/deploy/test_trainjob.py does for the chart), and it drives a
-local stand-in of the controller (:class:`LocalTrainer`: a TrainJob of one node runs its trainer command here, under
-torchrun --standalone; a PyTorchJob runs each replica's torchrun with the rendezvous env the training operator
-sets; the conditions follow those processes) from creation to the printed outcome.
+local stand-in of the controller (:class:`LocalTrainer`: a TrainJob of one node runs its trainer command here on
+its ranks, forked as torchrun would start them; a PyTorchJob runs each replica's torchrun with the rendezvous env the
+training operator sets; the conditions follow those processes) from creation to the printed outcome.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dpsynth.config import load_config
 from dpsynth.errors import ConfigError
 from dpsynth.distributed import launch
 from tests.deploy.test_chart import CHART, VARIANTS, helm, tools
+from tests.methods import distributed_workers as workers
 # the stage tests' fixtures, as in tests/stages (autouse there and here: ledger_with_budget, one_torch_thread)
 from tests.stages.conftest import ledger_with_budget, mnist600, one_torch_thread, source  # noqa: F401
 from tests.stages.helpers import TINY, dpsynth, manifest, settings, stages
@@ -254,12 +255,13 @@ def free_port() -> int:
 
 class LocalTrainer:
     """The API calls of :class:`dpsynth.distributed.launch.Cluster`, served here. A created job runs on this machine: a
-    TrainJob of one node runs its trainer command under ``torchrun --standalone`` (numProcPerNode ranks, in place of
-    the runtime's rendezvous); a PyTorchJob runs one process per replica (Master first, then the Workers), each its
-    container's ``torchrun`` command with the environment the training operator v1 sets (PET_NNODES, PET_NODE_RANK:
-    Master 0, Worker i → i + 1, PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT, MASTER_ADDR/PORT, WORLD_SIZE, RANK; the
-    loopback address in place of the Master's service). The first node's log is its process's output; the job's
-    condition follows the processes: success once all exited 0, Failed (the others killed) once one failed."""
+    TrainJob of one node runs its trainer command on numProcPerNode ranks, forked from one warm interpreter
+    (tests/methods/distributed_workers.py) in place of the runtime's torchrun and its fresh interpreters (a real
+    torchrun job of that command: tests/distributed/test_train_torchrun.py); a PyTorchJob runs one process per replica (Master first, then the Workers),
+    each its container's ``torchrun`` command with the environment the training operator v1 sets (PET_NNODES,
+    PET_NODE_RANK: Master 0, Worker i → i + 1, PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT, MASTER_ADDR/PORT, WORLD_SIZE,
+    RANK; the loopback address in place of the Master's service). The first node's log is its processes' output; the
+    job's condition follows the processes: success once all exited 0, Failed (the others killed) once one failed."""
 
     namespace = "dpsynth"
     CONDITIONS = {"TrainJob": (("Complete", "JobsDone"), ("Failed", "TrainerFailed")),  # their controllers' words
@@ -317,9 +319,15 @@ class LocalTrainer:
         self.created.append(copy.deepcopy(body))
         self.procs[name] = []
         for i, (command, env) in enumerate(self.nodes(body)):
-            log = open(self.tmp / (f"{name}.log" if i == 0 else f"{name}-{i}.log"), "wb")
-            self.procs[name].append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                     env={**os.environ, "OMP_NUM_THREADS": "1", **env}))
+            log = self.tmp / (f"{name}.log" if i == 0 else f"{name}-{i}.log")
+            if body["kind"] == "TrainJob":  # torchrun --standalone --nproc-per-node N -m dpsynth ARGS
+                log.touch()  # `dpsynth ARGS` on N ranks of one job, forked as torchrun starts them; their output, the log
+                self.procs[name].append(workers.start_ranks(int(command[3]), self.tmp, workers.cli_rank, str(self.tmp),
+                                                            command[command.index("-m") + 2:], str(log)))
+                continue
+            with open(log, "wb") as out:
+                self.procs[name].append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                                         env={**os.environ, "OMP_NUM_THREADS": "1", **env}))
 
     def delete(self, kind, name: str) -> None:
         self.deleted.append(name)

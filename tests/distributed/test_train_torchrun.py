@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -94,24 +91,21 @@ def test_gswgan_ranks_read_their_own_shards_and_the_job_is_one_attempt(tmp_path,
     assert json.loads((run / "sensitive" / "audit" / "audit.json").read_text())["decision"] == "passed"
 
 
-def torchrun_train(run_dir: Path, source: str, tracking_uri: str, *extra: str) -> subprocess.CompletedProcess:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    args = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "dpsynth", "train", "--run-dir", str(run_dir),
-            "--pipeline-run-id", "torchrun-e2e", *settings(source, *ZHANG, "tracking.enabled=true",
-                                                             f"tracking.uri={tracking_uri}"), *extra, "--json"]
-    return subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 def test_torchrun_train_stage_end_to_end(tmp_path, source, ledger_with_budget, capfd):
-    """`torchrun --nproc-per-node 2 -m dpsynth train --run-dir RUN` (dp-GAN, after partition and pretrain): one
-    JSON outcome on stdout, the manifest, one ledger attempt, one MLflow child run, a passed audit; run again,
-    through `dpsynth train --launch torchrun` (what the local orchestrators run), the stage is skipped (rank 0
-    tells the other rank) and nothing more is charged."""
+    """`dpsynth train --launch torchrun --run-dir RUN` (what the local orchestrators run: `torchrun --nproc-per-node 2
+    -m dpsynth train --run-dir RUN` on this machine; dp-GAN, after partition and pretrain): one JSON outcome on
+    stdout, rank 0's; the manifest, one ledger attempt, one MLflow child run, a passed audit. Run again by both ranks
+    (`dpsynth train --run-dir RUN` as torchrun starts it, forked from one warm interpreter: one torchrun job per test),
+    the stage is skipped (rank 0 tells the other rank) and nothing more is charged."""
     run, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
     stages(run, source, "partition", "pretrain", overrides=ZHANG)
-    done = torchrun_train(run, source, uri)
-    assert done.returncode == 0, done.stderr[-4000:]
-    outcome = json.loads(done.stdout)  # rank 0 alone printed (one JSON document)
+    argv = ["train", "--run-dir", run, "--pipeline-run-id", "torchrun-e2e",
+            *settings(source, *ZHANG, "tracking.enabled=true", f"tracking.uri={uri}", "train.gpus_per_node=2"), "--json"]
+    capfd.readouterr()  # the launcher in this process; torchrun and its ranks in their own, writing to our stdout
+    code = dpsynth(argv[0], "--launch", "torchrun", *argv[1:])
+    done = capfd.readouterr()
+    assert code == 0, done.err[-4000:]
+    outcome = json.loads(done.out)  # rank 0 alone printed (one JSON document)
     assert outcome["status"] == "succeeded" and outcome["stage"] == "train"
     trained = manifest(run, "sensitive", "train")
     assert (trained["details"]["method"], trained["details"]["steps"], trained["details"]["ranks"]) == ("zhang", 6, 2)
@@ -125,12 +119,10 @@ def test_torchrun_train_stage_end_to_end(tmp_path, source, ledger_with_budget, c
     stages(run, source, "audit", overrides=ZHANG)
     assert json.loads((run / "sensitive" / "audit" / "audit.json").read_text())["decision"] == "passed"
 
-    capfd.readouterr()  # the launcher in this process; torchrun and its ranks in their own, writing to our stdout
-    code = dpsynth("train", "--launch", "torchrun", "--run-dir", run, "--pipeline-run-id", "torchrun-e2e",
-                   *settings(source, *ZHANG, "tracking.enabled=true", f"tracking.uri={uri}", "train.gpus_per_node=2"),
-                   "--json")
-    again = capfd.readouterr()
-    assert code == 0, again.err[-4000:]
-    assert json.loads(again.out)["status"] == "skipped"
+    again = tmp_path / "again"
+    again.mkdir()
+    (code0, out0, err0), (code1, out1, err1) = workers.cli_ranks(2, again, argv)
+    assert (code0, code1) == (0, 0), (err0[-4000:], err1[-4000:])
+    assert json.loads(out0)["status"] == "skipped" and out1 == ""  # rank 0 alone printed
     assert len(ledger_with_budget.history("mnist600")) == 1  # nothing trained, nothing charged
     assert manifest(run, "sensitive", "train") == trained

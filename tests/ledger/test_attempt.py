@@ -1,6 +1,7 @@
-"""Every training attempt is charged: a killed attempt (a real process, SIGKILLed), its resumption and a fresh
-restart, and the refusals before training (`dpsynth train` in this process: starting a Python process that imports
-torch costs more than a tiny run, and nothing of a finished attempt is left in this process to be reused).
+"""Every training attempt is charged: a killed attempt (a process of its own, SIGKILLed: forked from the warm
+interpreter of tests/methods/distributed_workers.py), its resumption and a fresh restart, and the refusals before
+training (`dpsynth train` in this process: starting a Python process that imports torch costs more than a tiny run,
+and nothing of a finished attempt is left in this process to be reused).
 
 The reference is Opacus' RDP accountant on the steps that may have run, computed here independently of
 dpsynth's accountants.
@@ -17,6 +18,7 @@ import torch
 from dpsynth.data import import_source, write_parquet
 from dpsynth.ledger.store import Ledger
 from tests.ledger_fixtures import kill_after_first_checkpoint
+from tests.methods import distributed_workers as workers
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
 # 100 steps: a process killed at its first checkpoint (step 20) still had 80 to go (seconds of CPU, far more than
@@ -70,7 +72,8 @@ def test_a_killed_attempt_then_its_resumption_are_charged_at_least_what_ran(tmp_
     ledger.set_budget("mnist600", epsilon=100.0, delta=1e-3, reason="test")
     out = tmp_path / "run"
     args = train_args(data, out, url)
-    ckpt = kill_after_first_checkpoint(args, out)  # after its reservation and some steps
+    killed = workers.start_process(workers.cli_rank, 0, str(tmp_path), args[3:])  # `dpsynth train ...`
+    ckpt = kill_after_first_checkpoint(killed, out)  # after its reservation and some steps
     (killed,) = ledger.history("mnist600")
     assert killed["status"] == "reserved"  # what SIGKILL leaves behind
     resumed_at = torch.load(ckpt, weights_only=False)["step"]

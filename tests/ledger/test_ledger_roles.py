@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
+import os
 
 import pytest
 from sqlalchemy.engine import make_url
@@ -166,27 +165,34 @@ def test_the_auditor_role_reads_and_cannot_write(zones):
         conn.exec_driver_sql("SELECT key FROM data_key")  # the ledger's key of data ids stays the platform's
 
 
-def test_grant_roles_from_the_cli_is_idempotent_and_needs_postgresql(pg_server, tmp_path, monkeypatch):  # noqa: F811
+def test_grant_roles_from_the_cli_is_idempotent_and_needs_postgresql(pg_server, tmp_path, monkeypatch,  # noqa: F811
+                                                                     capsys):
+    """`dpsynth ledger grant-roles` (its main, in this process: the command reads its passwords from the
+    environment, set here as a pod's would be)."""
+    from dpsynth.cli import main
+
     admin = pg_server.database("roles")
     n = next(_names)
     env = {"DPSYNTH_LEDGER_STAGE_PASSWORD": "stage-pw:1", "DPSYNTH_LEDGER_AUDITOR_PASSWORD": "auditor-pw/2"}
-    cmd = [sys.executable, "-m", "dpsynth.cli", "ledger", "grant-roles", "--stage-role", f"stage_{n}",
-           "--auditor-role", f"auditor_{n}", "--json"]
+    cmd = ["ledger", "grant-roles", "--stage-role", f"stage_{n}", "--auditor-role", f"auditor_{n}", "--json"]
+
+    def run(*argv, environ):
+        for name in [k for k in os.environ if k.startswith("DPSYNTH_LEDGER")]:
+            monkeypatch.delenv(name)
+        for name, value in environ.items():
+            monkeypatch.setenv(name, value)
+        capsys.readouterr()
+        code = main([*cmd, *argv])
+        return code, *capsys.readouterr()
+
     for _ in range(2):  # a re-run (every helm upgrade) succeeds and leaves the same grants
-        done = subprocess.run([*cmd, "--db", admin], capture_output=True, text=True, env={**_env(), **env})
-        assert done.returncode == 0, done.stderr
-        assert "PASSWORD '…'" in json.loads(done.stdout)["statements"][0] and "stage-pw" not in done.stdout
+        code, out, err = run("--db", admin, environ=env)
+        assert code == 0, err
+        assert "PASSWORD '…'" in json.loads(out)["statements"][0] and "stage-pw" not in out
     Ledger(admin).set_budget("mnist", epsilon=10.0, delta=1e-5, reason="initial budget")
     Ledger(as_role(admin, f"stage_{n}", "stage-pw:1")).reserve(
         "mnist", epsilon=1.0, delta=1e-7, dataset_sha256=SHA, pipeline_run_id="r", accountant="rdp", records=10_000)
-    refused = subprocess.run([*cmd, "--db", f"sqlite:///{tmp_path}/ledger.db"], capture_output=True, text=True,
-                             env={**_env(), **env})
-    assert refused.returncode == 2 and "ledger.url: per-zone database roles need PostgreSQL" in refused.stderr
-    missing = subprocess.run([*cmd, "--db", admin], capture_output=True, text=True, env=_env())
-    assert missing.returncode == 2 and "DPSYNTH_LEDGER_STAGE_PASSWORD" in missing.stderr
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items() if not k.startswith("DPSYNTH_LEDGER")}
+    code, _, err = run("--db", f"sqlite:///{tmp_path}/ledger.db", environ=env)
+    assert code == 2 and "ledger.url: per-zone database roles need PostgreSQL" in err
+    code, _, err = run("--db", admin, environ={})
+    assert code == 2 and "DPSYNTH_LEDGER_STAGE_PASSWORD" in err

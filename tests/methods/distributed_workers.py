@@ -21,25 +21,72 @@ PRELOAD = [
     __name__, "tests.methods.gswgan_helpers", "dpsynth.config", "dpsynth.data", "dpsynth.methods.dpgan",
     "dpsynth.methods.zhang", "dpsynth.methods.gswgan", "dpsynth.methods.dpac", "dpsynth.methods.federated_processes",
     "dpsynth.stages.train", "dpsynth.runner.run", "mlflow", "mlflow.store.db.utils", "tests.mlflow_template",
+    "torch._dynamo",  # what torch.optim imports on a process's first optimizer: about 1 CPU-second, once per rank
 ]
 
 
-def _start(world: int, store: str, fn, args) -> None:
+def _start(world: int, store: str, fn, args, *, join: bool = True):
     """``fn(rank, *args)`` on ``world`` new processes of one gloo group, forked by the fork server; each rank gets
-    this process's environment as it is now (the server's is the one it started with)."""
+    this process's environment as it is now (the server's is the one it started with). ``join``: wait for them
+    (an exception in a rank raised here); else their ``torch.multiprocessing`` context."""
     import multiprocessing
 
     import torch.multiprocessing as mp
 
     multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts (the first call), ignored after
-    mp.start_processes(_entry, args=(world, store, dict(os.environ), fn, args), nprocs=world, join=True,
-                       start_method="forkserver")
+    return mp.start_processes(_entry, args=(world, store, dict(os.environ), fn, args), nprocs=world, join=join,
+                              start_method="forkserver")
 
 
 def run_ranks(world: int, tmp: Path, fn, *args) -> None:
     """Run ``fn(rank, *args)`` on ``world`` new ranks of one gloo process group (a file store in ``tmp``)."""
     store = Path(tmp) / f"pg-{fn.__name__}-{os.getpid()}-{len(list(Path(tmp).glob('pg-*')))}"
     _start(world, str(store), fn, args)
+
+
+def start_ranks(world: int, tmp: Path, fn, *args) -> Forked:
+    """:func:`run_ranks` without waiting for the ranks."""
+    store = Path(tmp) / f"pg-{fn.__name__}-{os.getpid()}-{len(list(Path(tmp).glob('pg-*')))}"
+    return Forked(_start(world, str(store), fn, args, join=False).processes)
+
+
+def start_process(fn, *args) -> Forked:
+    """``fn(*args)`` in one new process forked by the fork server, in no process group: a command that must run in
+    a process of its own (to be killed, say), without a fresh interpreter's imports."""
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    process = multiprocessing.get_context("forkserver").Process(target=_alone, args=(dict(os.environ), fn, args))
+    process.start()
+    return Forked([process])
+
+
+class Forked:
+    """Processes the fork server started, as one job with ``subprocess.Popen``'s ``pid`` (the first one's),
+    ``poll``, ``send_signal``, ``kill`` and ``wait``: it has failed once one of them has (as a torchrun job has),
+    succeeded once all have."""
+
+    def __init__(self, processes: list):
+        self.processes, self.pid = processes, processes[0].pid
+
+    def poll(self) -> int | None:
+        codes = [p.exitcode for p in self.processes]
+        return next((c for c in codes if c not in (0, None)), None if None in codes else 0)
+
+    def send_signal(self, signum: int) -> None:
+        for p in self.processes:
+            if p.exitcode is None:
+                os.kill(p.pid, signum)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self) -> int | None:
+        for p in self.processes:
+            p.join()
+        return self.poll()
 
 
 def run_ranks_many(world: int, tmp: Path, jobs: list) -> None:
@@ -54,6 +101,16 @@ def _in_turn(rank: int, jobs: list) -> None:
         dist.barrier()
 
 
+def _alone(environ: dict, fn, args) -> None:
+    os.environ.clear()
+    os.environ.update(environ, OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    from tests import mlflow_template
+
+    mlflow_template.install()
+    fn(*args)
+
+
 def _entry(rank: int, world: int, store: str, environ: dict, fn, args) -> None:
     os.environ.clear()
     os.environ.update(environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
@@ -65,7 +122,8 @@ def _entry(rank: int, world: int, store: str, environ: dict, fn, args) -> None:
     try:
         fn(rank, *args)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # `dpsynth train` (cli_rank) leaves the group itself
+            dist.destroy_process_group()
 
 
 def mnist600():
@@ -383,3 +441,39 @@ def stopped_on_one_rank(rank: int, tmp: str, signalled: int, at_step: int) -> No
     except Exception as e:  # noqa: BLE001 - what the test reports
         how = f"failed: {type(e).__name__}: {str(e)[:200]}"
     (Path(tmp) / f"stop{rank}.json").write_text(json.dumps({"how": how, "step": t.step}))
+
+
+# --- `dpsynth train` itself on each rank: what `torchrun -m dpsynth train ...` runs, forked ------------------
+def cli_rank(rank: int, tmp: str, argv: list[str], log: str | None = None) -> None:
+    """``dpsynth.cli.main(argv)`` as rank ``rank`` of the job (torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK;
+    the process group already joined, as :func:`dpsynth.distributed.ranks.init_process_group` finds it); this
+    rank's stdout, stderr and exit code in ``cli<rank>.out``, ``.err``, ``.code`` under ``tmp``. With ``log``:
+    stdout and stderr appended to that file (a node's log: every rank's output, as under torchrun), and the exit
+    code is this process's."""
+    import sys
+
+    from dpsynth.cli import main
+
+    tmp = Path(tmp)
+    for stream, fd, suffix in ((sys.stdout, 1, "out"), (sys.stderr, 2, "err")):
+        stream.flush()
+        path, flags = (log, os.O_APPEND) if log else (tmp / f"cli{rank}.{suffix}", os.O_TRUNC)
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o644)
+        os.dup2(target, fd)  # this process's own descriptors: a forked rank's, not the test's
+        os.close(target)
+    try:
+        code = main([str(a) for a in argv])
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    (tmp / f"cli{rank}.code").write_text(str(code))
+    if log and code:
+        raise SystemExit(code)
+
+
+def cli_ranks(world: int, tmp: Path, argv: list[str]) -> list[tuple[int, str, str]]:
+    """``dpsynth ARGV`` on ``world`` forked ranks of one job: each rank's (exit code, stdout, stderr)."""
+    run_ranks(world, tmp, cli_rank, str(tmp), [str(a) for a in argv])
+    tmp = Path(tmp)
+    return [(int((tmp / f"cli{r}.code").read_text()), (tmp / f"cli{r}.out").read_text(),
+             (tmp / f"cli{r}.err").read_text()) for r in range(world)]
