@@ -31,30 +31,29 @@ def small_mnist():
 # The quick tier's longest modules (about half a minute of CPU or more, counting every process a module starts:
 # tests/methods/distributed_workers.py forks its ranks, torchrun and the Airflow CLI start their own), longest
 # first, as measured by CPU seconds per module (user + system, children included, each module alone with
-# -p no:xdist) on the busy 2-core machine (#53, 2026-11-29; the figures after "now" were measured after the
-# fourth session's changes). A module measured alone also pays the imports and first stores its worker pays
-# once in `make test`. `make test` hands whole modules to its two workers in collection order (--dist loadscope
-# --no-loadscope-reorder); these go first so that the run does not end on one of them alone on one worker while
-# the other has nothing left (xdist's own order, by number of tests, put them last).
+# -p no:xdist) on the busy 2-core machine (#53, 2026-11-29, fifth session, after its changes). A module measured
+# alone also pays the imports, first stores and fork servers its worker pays once in `make test`. `make test`
+# hands whole modules to its two workers in collection order (--dist loadscope --no-loadscope-reorder); these go
+# first so that the run does not end on one of them alone on one worker while the other has nothing left
+# (xdist's own order, by number of tests, put them last).
 LONGEST_FIRST = [
-    "tests/methods/test_gswgan_federated.py",    # 72
-    "tests/distributed/test_train_torchrun.py",  # 61-66
-    "tests/audit/test_empirical.py",             # 60
-    "tests/stages/test_train_attempts.py",       # 71-74, now 56.5 (100 steps instead of 300)
-    "tests/pipelines/test_airflow.py",           # 49-54 (84 before its fork server)
-    "tests/distributed/test_distributed.py",     # 50-52
-    "tests/warmup/test_warmup.py",               # 48
-    "tests/distributed/test_launch.py",          # 45-48
-    "tests/stages/test_pipeline.py",             # 42-48
-    "tests/audit/test_empirical_stage.py",       # 45-46
-    "tests/stages/test_egress.py",               # 43
-    "tests/methods/test_contract.py",            # 38
-    "tests/stages/test_logged_keys.py",          # 31-34
-    "tests/pipelines/test_entry_points.py",      # 108, now 29.3 (config show in process; the KFP module once)
-    "tests/ledger/test_attempt.py",              # 32-36, now 28.8 (100 steps instead of 300)
+    "tests/methods/test_gswgan_federated.py",    # 73 (two torchrun jobs)
+    "tests/distributed/test_distributed.py",     # 61
+    "tests/distributed/test_train_torchrun.py",  # 58 (one torchrun job)
+    "tests/pipelines/test_airflow.py",           # 51 (test_unpaused's check included)
+    "tests/stages/test_egress.py",               # 50 (one torchrun job)
+    "tests/methods/test_contract.py",            # 44
+    "tests/stages/test_pipeline.py",             # 42
+    "tests/stages/test_train_attempts.py",       # 38
+    "tests/audit/test_empirical.py",             # 33
+    "tests/warmup/test_warmup.py",               # 32
+    "tests/mlflow_plugins/test_ledger_page.py",  # 32
+    "tests/pipelines/test_entry_points.py",      # 30
+    "tests/audit/test_empirical_stage.py",       # 29
+    "tests/stages/test_logged_keys.py",          # 28
+    "tests/ledger/test_attempt.py",              # 27
 ]
-# No longer in the list: tests/ledger/test_ledger.py (61, now 22.3: its racing processes forked from one
-# interpreter) and tests/stages/test_sigterm.py (36, now about 18: 74.8 with test_train_attempts).
+# No longer in the list: tests/distributed/test_launch.py (45-55, now 22: the TrainJob stand-in's ranks forked).
 
 
 def pytest_collection_modifyitems(config, items):
