@@ -101,10 +101,10 @@ schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema bes
 # tests start Airflow and MLflow services, and a second worker beside them has not been measured in CI.
 TEST_WORKERS ?= 2
 
-test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 16.6 min of pytest on 2 cores, a fresh clone, with the slow tier running beside it (2026-11-29)
+test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 8.7 min of pytest (11.7 with the set-up of its environments) on 2 cores, a fresh clone (2026-11-29)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), in one process; 53.6 min on 2 cores with the quick tier beside it for half of it, 27.7 min alone (2026-11-29)
+test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), in one process; 32.5 min alone on 2 cores (2026-11-29)
 	$(PY) -m pytest -m slow -q
 
 # The benchmarks: benchmarks/run.py SUITE runs a suite of benchmarks/suites.toml and keeps its latest rows in
