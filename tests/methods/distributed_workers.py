@@ -20,7 +20,8 @@ from dpsynth.distributed import data_parallel
 PRELOAD = [
     __name__, "tests.methods.gswgan_helpers", "dpsynth.config", "dpsynth.data", "dpsynth.methods.dpgan",
     "dpsynth.methods.zhang", "dpsynth.methods.gswgan", "dpsynth.methods.dpac", "dpsynth.methods.federated_processes",
-    "dpsynth.stages.train", "dpsynth.runner.run", "mlflow", "mlflow.store.db.utils", "tests.mlflow_template",
+    "dpsynth.cli", "dpsynth.stages.train", "dpsynth.runner.run", "mlflow", "mlflow.store.db.utils",
+    "tests.mlflow_template",
     "torch._dynamo",  # what torch.optim imports on a process's first optimizer: about 1 CPU-second, once per rank
 ]
 

@@ -87,33 +87,21 @@ def pristine_run(tmp_path_factory, source: str, *names: str, overrides=()):
     return restore
 
 
-# What ``dpsynth train`` and ``dpsynth pipeline run`` import, imported once per test process by the fork server that
-# starts the processes a test kills or signals (:func:`start`).
-PRELOAD = ["tests.stages.helpers", "dpsynth.cli", "dpsynth.stages.train", "dpsynth.runner.run", "dpsynth.methods.dpgan"]
-
-
 def start(*argv, stderr=None):
-    """``dpsynth ARGV`` in a new OS process, forked by multiprocessing's fork server (started once per test process
-    from a fresh interpreter that imported PRELOAD, none of the tests' state): a real process to kill or signal,
-    without the several CPU-seconds a new interpreter takes to import torch and dpsynth. It gets this process's
-    environment as it is now, writes its stdout to /dev/null and its stderr to the file ``stderr`` (/dev/null when
-    None); ``.exitcode`` is ``main``'s return value. Returns the started ``multiprocessing.Process``."""
-    import multiprocessing
+    """``dpsynth ARGV`` in a new OS process, forked by the tests' one fork server
+    (tests/methods/distributed_workers.py's ``start_process``: torch and dpsynth imported once per test process):
+    a real process to kill or signal, without the several CPU-seconds a new interpreter takes to import them. It
+    gets this process's environment as it is now, writes its stdout to /dev/null and its stderr to the file
+    ``stderr`` (/dev/null when None); ``.exitcode`` is ``main``'s return value. Returns the started
+    ``multiprocessing.Process``."""
+    from tests.methods import distributed_workers as workers
 
-    multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts (the first call), ignored after
-    process = multiprocessing.get_context("forkserver").Process(
-        target=_main_in_child, args=(dict(os.environ), [str(a) for a in argv], str(stderr or os.devnull)))
-    process.start()
+    (process,) = workers.start_process(_main_in_child, [str(a) for a in argv], str(stderr or os.devnull)).processes
     return process
 
 
-def _main_in_child(environ: dict, argv: list[str], stderr: str) -> None:
-    os.environ.clear()
-    os.environ.update(environ)
+def _main_in_child(argv: list[str], stderr: str) -> None:
     out, err = os.open(os.devnull, os.O_WRONLY), os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(out, 1)
     os.dup2(err, 2)
-    import torch
-
-    torch.set_num_threads(1)
     sys.exit(main(argv))
