@@ -27,12 +27,12 @@ def test_the_model_record_names_the_version_and_rebuilds():
     assert q.describe() == model
 
 
-@pytest.mark.parametrize("old", [None, "1", "2"])
+@pytest.mark.parametrize("old", [None, "1"])
 def test_a_file_of_another_prior_version_is_refused(old):
     model = painter().describe()
     if old is None:
         del model["prior_version"]  # written before versions were recorded: version 1's painter
     else:
         model["prior_version"] = old
-    with pytest.raises(ValueError, match=f"^model.prior_version: .*version {old or 1}"):
+    with pytest.raises(ValueError, match="^model.prior_version: .*version 1"):
         build_generator(model)

@@ -10,12 +10,8 @@ Two styles, each image drawing one (a share :data:`PHOTO_SHARE` photographic):
   graphic fill, its luminance pushed away from the background's luminance under the figure (darkened on a light
   ground, lightened on a dark one), so that it contrasts locally whatever the texture.
 
-Grey schemas (one channel, since version 3) get their own painter, :func:`grey`: the luminance of a colour
-painting has little contrast (two random colours at a distance often share a luminance), so the ground (the luminance
-of either style's background) is moved to a random grey level and its spread scaled, and the figure's grey level
-lies at least :data:`GREY_CONTRAST` from the ground's mean luminance under it, on the side with more room (lighter on
-a dark ground, darker on a light one), its fill texture moving it further away only. All of it is a function of the
-masks and a publicly seeded numpy ``Generator``.
+Grey schemas (one channel) get the luminance of the same painting. All of it is a function of the masks and a
+publicly seeded numpy ``Generator``.
 
 >>> from dpsynth.prior.figures import masks, random_figures
 >>> rng = np.random.default_rng(0)
@@ -37,7 +33,6 @@ from dpsynth.prior.textures import photo_texture
 
 LUMA = np.array([0.299, 0.587, 0.114])
 PHOTO_SHARE = 0.5  # the share of paintings in the photographic style (docs/prior.md, prior version 2)
-GREY_CONTRAST = 0.35  # a grey figure's least luminance distance from the ground under it (prior version 3)
 
 
 def _smooth_noise(rng: np.random.Generator, size: int, cells: int) -> np.ndarray:
@@ -104,37 +99,16 @@ def photographic(mask: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return bg * (1 - m) + fg * m
 
 
-def grey(mask: np.ndarray, rng: np.random.Generator, *, photo: float = PHOTO_SHARE,
-         contrast: float = GREY_CONTRAST) -> np.ndarray:
-    """``mask`` (H × W in [0, 1], H = W) painted in grey levels: float64 H × W in [0, 1]. The ground is the luminance
-    of a photo-like texture (probability ``photo``) or a graphic background, its spread around its mean scaled by a
-    factor uniform in [0.2, 1] and its mean moved to a level uniform in [0, 1]; the figure's level lies at least
-    ``contrast`` from the ground's mean under the mask, towards white on a ground darker than mid-grey, towards black
-    on a lighter one; a random graphic fill texture moves parts of the figure further away from the ground."""
-    size = mask.shape[-1]
-    ground = (photo_texture(rng, size) if rng.random() < photo else _background(rng, size)) @ LUMA
-    ground = np.clip(rng.uniform(0, 1) + (ground - ground.mean()) * rng.uniform(0.2, 1.0), 0, 1)
-    under = float((ground * mask).sum() / mask.sum()) if mask.sum() > 0 else float(ground.mean())
-    away = 1.0 if under < 0.5 else -1.0
-    level = rng.uniform(under + contrast, 1) if away > 0 else rng.uniform(0, under - contrast)
-    fill = np.clip(level + away * rng.uniform(0, 0.3) * 2 * (1 - _texture(rng, size)), 0, 1)
-    return ground * (1 - mask) + fill * mask
-
-
 def paint(masks: np.ndarray, rng: np.random.Generator, *, channels: int, min_contrast: float = 0.4,
           photo: float = PHOTO_SHARE) -> np.ndarray:
-    """Every mask (N × H × W in [0, 1], H = W) painted: for ``channels`` 3 (RGB) with probability ``photo`` in the
-    photographic style (:func:`photographic`), else in a random figure colour and texture on a random gradient
-    background; for ``channels`` 1 by the grey painter (:func:`grey`, its ground photographic with probability
-    ``photo``): uint8 N × H × W × ``channels``."""
+    """Every mask (N × H × W in [0, 1], H = W) painted, with probability ``photo`` in the photographic style
+    (:func:`photographic`), else in a random figure colour and texture on a random gradient background: uint8
+    N × H × W × ``channels`` (1: the luminance, 3: RGB)."""
     if channels not in (1, 3):
         raise ValueError(f"channels: the prior paints 1 or 3 channels, not {channels}")
     n, size = len(masks), masks.shape[-1]
     out = np.empty((n, size, size, channels), np.uint8)
     for i in range(n):
-        if channels == 1:
-            out[i, ..., 0] = np.clip(grey(masks[i].astype(np.float64), rng, photo=photo) * 255 + 0.5, 0, 255)
-            continue
         if rng.random() < photo:
             img = photographic(masks[i], rng)
         else:
@@ -142,6 +116,8 @@ def paint(masks: np.ndarray, rng: np.random.Generator, *, channels: int, min_con
             bg = _background(rng, size)
             fg = _figure_colour(rng, bg, min_contrast) * _texture(rng, size)[..., None]
             img = bg * (1 - m) + fg * m
+        if channels == 1:
+            img = (img @ LUMA)[..., None]
         out[i] = np.clip(img * 255 + 0.5, 0, 255).astype(np.uint8)
     return out
 
