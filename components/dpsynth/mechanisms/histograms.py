@@ -115,9 +115,11 @@ def rounds_epsilon(rounds: int, noise_multiplier: float, *, delta: float, accoun
 
 @dataclass(frozen=True)
 class EvolutionHistograms(Mechanism):
-    """Private Evolution's mechanism (Lin et al., Algorithm 1, with the public prior as the simulator): one Gaussian
-    histogram of every record's vote per round, ``evolution.rounds`` rounds, each one full-batch event of add/remove
-    sensitivity 1; σ is ``privacy.noise_multiplier`` or calibrated so that the rounds spend ≤ ε."""
+    """Private Evolution's mechanism (Lin et al., Algorithm 1, with the public prior as the simulator): the style
+    release first (the plan's ``prefix``: one full-batch event of add/remove sensitivity 1, σ_s from
+    :data:`STYLE_SHARE` of the budget), then one Gaussian histogram of every record's vote per round,
+    ``evolution.rounds`` rounds, each one full-batch event of add/remove sensitivity 1; σ is
+    ``privacy.noise_multiplier`` or calibrated so that the style release and the rounds together spend ≤ ε."""
 
     def plan(self, cfg: RunConfig, n: int) -> PrivacyPlan:
         from dpsynth.privacy import BudgetGuard, check_delta
@@ -125,18 +127,27 @@ class EvolutionHistograms(Mechanism):
 
         p, rounds = cfg.privacy, cfg.evolution.rounds
         check_delta(p.delta, n)
+        # every accountant the audit applies to full-batch events must find ≤ ε: the largest σ_s, then the largest σ
+        names = calibrating_accountants(p.accountant)
+        style = max(style_sigma(epsilon=p.epsilon, delta=p.delta, accountant=name) for name in names)
+        prefix = MechanismTrace(events(0, 1.0, style))
         sigma = p.noise_multiplier
-        if sigma is None:  # every accountant the audit applies to full-batch events must find ≤ ε: the largest σ
-            sigma = max(calibrate(epsilon=p.epsilon, delta=p.delta, rounds=rounds, accountant=name)
-                        for name in calibrating_accountants(p.accountant))
+        if sigma is None:
+            sigma = max(calibrate(epsilon=p.epsilon, delta=p.delta, rounds=rounds, accountant=name,
+                                  style_noise_multiplier=style) for name in names)
         event = full_batch_gaussian(sigma)
         guard = BudgetGuard(target_epsilon=p.epsilon, delta=p.delta, accountant=p.accountant, event=event)
-        steps = min(rounds, guard.remaining(MechanismTrace()))
+        steps = min(rounds, guard.remaining(prefix))
         if steps < rounds:  # a round left out would change what the rounds mean: refuse rather than stop early
             raise PrivacyError(f"privacy.noise_multiplier: {sigma:.4g} allows {steps} of evolution.rounds = {rounds} "
-                               f"rounds within privacy.epsilon = {p.epsilon}; raise it, lower evolution.rounds, or "
-                               "leave privacy.noise_multiplier unset (calibrated)")
-        return PrivacyPlan(event=event, steps=rounds, guard=guard, noise_multiplier=sigma)
+                               f"rounds within privacy.epsilon = {p.epsilon} after the style release; raise it, lower "
+                               "evolution.rounds, or leave privacy.noise_multiplier unset (calibrated)")
+        return PrivacyPlan(event=event, steps=rounds, guard=guard, noise_multiplier=sigma, prefix=prefix.events)
+
+    @staticmethod
+    def style_noise_multiplier(plan: PrivacyPlan) -> float:
+        """σ_s of the plan's style release (its prefix's one event)."""
+        return plan.prefix[0].noise_multiplier
 
     def threshold(self, cfg: RunConfig, plan: PrivacyPlan) -> float:
         """H in votes: ``evolution.threshold`` (in units of σ) times the plan's σ."""
@@ -147,10 +158,11 @@ class EvolutionHistograms(Mechanism):
 
         e = cfg.evolution
         return privacy_statement(
-            adjacency=f"add/remove one record: every round's histogram counts each record's one vote (full batch, "
-                      f"q = 1); {REPLACE_BY_GROUP_PRIVACY}.",
+            adjacency=f"add/remove one record: the style release counts each record once and every round's histogram "
+                      f"counts each record's one vote (full batch, q = 1); {REPLACE_BY_GROUP_PRIVACY}.",
             noise=statement(rounds=plan.steps, candidates=e.candidates, noise_multiplier=plan.noise_multiplier,
-                            threshold=self.threshold(cfg, plan)),
+                            threshold=self.threshold(cfg, plan),
+                            style_noise_multiplier=self.style_noise_multiplier(plan)),
             assumptions=["the prior, its variations and the painter read no record: they run from the public seed "
                          f"evolution.seed = {e.seed} and the released histograms only (dpsynth.prior, version "
                          f"{PRIOR_VERSION})"])
@@ -159,4 +171,5 @@ class EvolutionHistograms(Mechanism):
 PRIVATE_EVOLUTION = EvolutionHistograms(
     sampled="every record, every round (full batch); each record votes once for its class's nearest candidate",
     sampling="full_batch", clipped="votes",
-    fold="nothing: one histogram, one release per round", noise="σ on every bin of a histogram of sensitivity 1")
+    fold="nothing: one histogram, one release per round, and the style histogram once before the rounds",
+    noise="σ on every bin of a histogram of sensitivity 1 (σ_s on the style histogram)")
