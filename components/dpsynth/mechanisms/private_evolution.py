@@ -23,7 +23,7 @@ record counts 1 in exactly one of its class's two bins, textured or flat ground 
 :func:`ground_texture` against the public :data:`TEXTURE_MIDPOINT`), so this 2K-bin histogram has add/remove
 sensitivity 1 too; N(0, σ_s²) on every bin, its own ``full_batch_gaussian(σ_s)`` event, the trace's first, accounted
 with the rounds (:mod:`dpsynth.mechanisms.histograms` splits the budget). Its post-processing is each class's photo
-share (:func:`photo_shares`): the clipped noisy share of textured records.
+share (:func:`photo_shares`): the clipped noisy share of textured records, capped at ½ (:data:`PHOTO_CAP`).
 
 The release (:func:`sample`) draws figures of the last round in proportion to its thresholded noisy votes and paints
 them in the prior's random colours (:func:`dpsynth.prior.paint.paint`), photographic with the class's released photo
@@ -54,6 +54,9 @@ from dpsynth.prior.paint import paint_figures
 
 GRID = 16  # the feature's side
 BORDER = 2  # pixels of the border ring the background plane is fitted to
+# The largest photo probability a class is painted with (min(p_c, ½), docs/prior.md "min(p_c, ½)"): textured data
+# keeps version 2's half-and-half mix, flat data is painted graphic.
+PHOTO_CAP = 0.5
 # The style release's statistic (docs/prior.md, "a released style share per class"). TEXTURE_RING: the border ring
 # (pixels) whose texture is measured; TEXTURE_MIDPOINT: the ground texture above which a record counts as textured,
 # the geometric mean of the medians of ground_texture over the prior's own graphic (0.038) and photographic (0.147)
@@ -151,11 +154,12 @@ def style_counts(is_textured: np.ndarray, labels: np.ndarray, num_classes: int) 
 
 
 def photo_shares(noisy: np.ndarray) -> np.ndarray:
-    """Each class's share of textured records from the released 2K-bin histogram (post-processing): the noisy counts
-    clipped at 0, textured / (flat + textured); ½ (the prior's own share) where both clip to 0."""
+    """Each class's photo probability from the released 2K-bin histogram (post-processing): the noisy counts clipped
+    at 0, textured / (flat + textured), capped at :data:`PHOTO_CAP` (½, version 2's mix: a class painted almost only
+    photographic scored lower on textured data, docs/prior.md); ½ where both clip to 0."""
     c = np.maximum(np.asarray(noisy, np.float64).reshape(-1, 2), 0.0)
     total = c.sum(1)
-    return np.where(total > 0, c[:, 1] / np.where(total > 0, total, 1.0), 0.5)
+    return np.minimum(np.where(total > 0, c[:, 1] / np.where(total > 0, total, 1.0), 0.5), PHOTO_CAP)
 
 
 def release_style(is_textured: np.ndarray, labels: np.ndarray, *, num_classes: int, noise_multiplier: float,
