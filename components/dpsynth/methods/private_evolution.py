@@ -5,7 +5,7 @@ One step is one round: every private training record votes for its nearest candi
 histogram of votes is released with Gaussian noise (one full-batch event in the trace), and the next candidates
 are drawn by the thresholded noisy votes and varied (post-processing). The first step releases, before its round,
 each class's counts of flat- and textured-ground records (the style release, the plan's prefix event), whose noisy
-shares set how often the release paints a class's images photographic. The algorithm, its feature, its query and
+shares, capped at ½, set how often the release paints a class's images photographic. The algorithm, its feature, its query and
 its noise: :mod:`dpsynth.mechanisms.private_evolution`; its plan and statement: its
 :data:`~dpsynth.mechanisms.histograms.PRIVATE_EVOLUTION` mechanism. The release is the last round's figures
 and thresholded noisy votes, as a :class:`dpsynth.prior.release.FigurePainter` (the generator file's model); the

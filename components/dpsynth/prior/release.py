@@ -15,7 +15,7 @@ tensors only (``torch.load(weights_only=True)`` reads it back):
 * ``params``: float64 P × L, each part's numbers, padded with +inf (a part's numbers are finite; NaN padding
   would make a state unequal to itself under ``torch.equal``);
 * ``sizes``: int64, the number of figures of each class; ``weights``: float64, every figure's weight;
-* ``photo``: float64, each class's released photo share, the probability that its images are painted in the
+* ``photo``: float64, each class's released photo share (capped at ½), the probability that its images are painted in the
   photographic style (the style release of :mod:`dpsynth.mechanisms.private_evolution`; a file written before it
   holds none and paints every class photographic with the prior's ½, as version 2 did).
 
