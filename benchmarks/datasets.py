@@ -16,6 +16,7 @@ upright objects was missing to choose the RGB settings on.
 | letters-rgb | development | RGB 32×32 | 10 capital letters | 8 fonts, size, rotation, shift, in random colours and fill textures on coloured gradient backgrounds |
 | symbols-rgb | confirmation | RGB 32×32 | 12 font symbols (♠ ★ ☂ ♪ ✈ …) | font, size, rotation, shift, colours, background texture |
 | greek | confirmation | grey 28×28 | 10 Greek letters | font, size, rotation, shift, stroke brightness, light noise |
+| symbols | confirmation | grey 32×32 | the 12 symbols of symbols-rgb | font, size, rotation, shift (symbols-rgb's), stroke brightness, light noise (greek's look): grey objects, not letters |
 | letters-texture | development | RGB 32×32 | 10 capital letters | 8 fonts, size, rotation, shift; the letter cut out of one procedural texture (fractal coloured noise or a collage of random rectangles and ellipses), lightened or darkened away from the ground, laid with a soft shadow on another |
 | mnist-photo | confirmation | RGB 32×32 | 10 handwritten digits | MNIST test digits (real handwriting) cut out of one photograph crop and laid, with a drop shadow, on another (three photographs that ship in scikit-learn and matplotlib) |
 
@@ -205,6 +206,15 @@ def symbols_rgb(rng, label: int) -> np.ndarray:
     return _in_colour(rng, _glyph_mask(SYMBOLS[label], rng, size=32, fonts=fonts, scale=(0.7, 1.0), rotate=25))
 
 
+def symbols(rng, label: int) -> np.ndarray:
+    """``symbols``: symbols-rgb's objects (spade, umbrella, note, plane, phone, anchor, …: glyphs of the Unicode
+    blocks the prior never draws) as grey images, painted as ``greek`` is: a bright figure on a dark ground."""
+    fonts = ["DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf"]
+    m = np.asarray(_glyph_mask(SYMBOLS[label], rng, size=32, fonts=fonts, scale=(0.7, 1.0), rotate=25)) / 255.0
+    img = rng.uniform(0.0, 0.15) + m * rng.uniform(0.6, 1.0) + rng.normal(0, 0.05, m.shape)
+    return np.clip(img * 255, 0, 255).astype(np.uint8)
+
+
 GREEK = "αβγδεζηθλπ"
 
 
@@ -344,6 +354,8 @@ DATASETS = {
     "letters-texture": (DEVELOPMENT, letters_texture, list(LETTERS)),
     "symbols-rgb": (CONFIRMATION, symbols_rgb, ["spade", "club", "heart", "diamond", "star", "umbrella", "note",
                                                 "plane", "phone", "anchor", "yinyang", "sun"]),
+    "symbols": (CONFIRMATION, symbols, ["spade", "club", "heart", "diamond", "star", "umbrella", "note", "plane",
+                                        "phone", "anchor", "yinyang", "sun"]),
     "greek": (CONFIRMATION, greek, ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "lambda",
                                     "pi"]),
     "mnist-photo": (CONFIRMATION, MnistPhoto(), [str(d) for d in range(10)]),

@@ -4,8 +4,8 @@ On one set of ``benchmarks/datasets.py`` (drawn and imported as ``utility.py --d
 records), partitioned as the pipeline does with the generic recipe's settings (``data.heldout_fraction=0.2``, the
 shipped partition key), so the test records are those of the recorded generality rows: the training shard(s) are
 the private records; Private Evolution (``dpsynth.mechanisms.private_evolution``) runs on them at ``--epsilon``
-(the style release's σ_s and the rounds' σ calibrated by the RDP accountant on the mechanism's own events; the
-trace's ε recomputed by RDP and PRV); its release (``sample.num_samples`` records) is scored by the evaluate stage's CNN and logistic regression
+(σ per round calibrated by the RDP accountant on the mechanism's own events; the trace's ε recomputed by RDP and
+PRV); its release (``sample.num_samples`` records) is scored by the evaluate stage's CNN and logistic regression
 (``accuracy.utility``: trained on synthetic, the epoch chosen on synthetic validation, tested on the held-out test
 half). ``--ceiling`` adds the same classifiers trained on the real training records.
 
@@ -118,8 +118,7 @@ def measure(*, dataset: str = "letters-rgb", n: int = 6000, seed: int = 0, epsil
     if not release:
         return {**info, "recipe_settings": RECIPE, "rows": rows}
     delta = cfg.privacy.delta
-    # the rounds' σ and the style release's σ_s (its share of the budget, histograms.STYLE_SHARE), by RDP
-    sigma, style_sigma = (0.0, 0.0) if noiseless else pe.sigmas(epsilon=epsilon, delta=delta, rounds=rounds)
+    sigma = 0.0 if noiseless else pe.calibrate(epsilon=epsilon, delta=delta, rounds=rounds)
     votes = threshold * sigma if sigma > 0 else 0.5
     steps = tuple(float(s) for s in steps)
     x, y = train.images, train.labels
@@ -127,7 +126,7 @@ def measure(*, dataset: str = "letters-rgb", n: int = 6000, seed: int = 0, epsil
     trace = MechanismTrace()
     evo = pe.evolve(x, y, num_classes=train.num_classes, rounds=rounds, candidates=candidates,
                     noise_multiplier=sigma, threshold=votes, randomness=MechanismRandomness(), trace=trace,
-                    style_noise_multiplier=style_sigma, seed=prior_seed, steps=steps)
+                    seed=prior_seed, steps=steps)
     images, labels = pe.sample(evo, cfg.sample.num_samples, size=x.shape[1], channels=x.shape[3],
                                seed=prior_seed + 1, jitter=jitter)
     cpu_release = (time.process_time() - cpu0) / 60
@@ -140,8 +139,7 @@ def measure(*, dataset: str = "letters-rgb", n: int = 6000, seed: int = 0, epsil
         grid(images, labels, train.num_classes, Path(grid_path))
     alive = [int((w > 0).sum()) for w in evo.weights]
     rows.append({"row": "private-evolution", "epsilon_target": epsilon if sigma > 0 else None, "delta": delta,
-                 "epsilon_rdp": eps["rdp"], "epsilon_prv": eps["prv"], "noise_multiplier": sigma, "style_noise_multiplier": style_sigma,
-                 "photo_shares": [round(float(v), 4) for v in evo.photo], "rounds": rounds,
+                 "epsilon_rdp": eps["rdp"], "epsilon_prv": eps["prv"], "noise_multiplier": sigma, "rounds": rounds,
                  "candidates_per_class": candidates, "threshold_votes": votes, "steps": list(steps),
                  "jitter": jitter, "prior_seed": prior_seed, "private_records": len(train),
                  "test_records": len(test_real), "synthetic_records": len(labels), **scores,

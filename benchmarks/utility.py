@@ -16,7 +16,7 @@ audited ε, CPU-minutes and wall time. Beside them, on the same held-out test re
 benchmarks/suites.toml picks ``recipes``/``epsilons``). Not a test: it takes tens of CPU-minutes per recipe.
 
 Generality (:func:`generality`, ``dataset=NAME``, a name of ``benchmarks/datasets.py``: letters, shapes, shapes-rgb, letters-rgb — development —
-and symbols-rgb, greek — confirmation — or ``mnist``): the dataset is drawn by the benchmark (deterministic from
+and symbols-rgb, greek, symbols — confirmation — or ``mnist``): the dataset is drawn by the benchmark (deterministic from
 ``seed``), written as an image folder and imported with ``dpsynth data import`` as a user would, then the
 rows of ``rows``: ``default`` (the default recipe at each ε), ``ceiling`` (the same CNN on the real training
 records), ``warmup`` (the warm-up alone: one private D step, fewer than n_D, so G is never stepped after its

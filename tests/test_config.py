@@ -103,15 +103,15 @@ def test_private_evolution_reads_no_warm_up():
 
 def test_private_evolution_sigma_is_calibrated_from_epsilon_for_every_accountant_of_the_audit():
     """σ from ε by calibrate(), the largest the accountants that account full-batch releases need; H = threshold·σ."""
-    from dpsynth.mechanisms.histograms import PRIVATE_EVOLUTION, rounds_epsilon, sigmas
+    from dpsynth.mechanisms.histograms import PRIVATE_EVOLUTION, calibrate, rounds_epsilon
 
     cfg = load_config(overrides=["train.method=private-evolution", "privacy.epsilon=10", "privacy.delta=1e-5"])
     plan = PRIVATE_EVOLUTION.plan(cfg, 8000)
-    sigma, style = plan.noise_multiplier, PRIVATE_EVOLUTION.style_noise_multiplier(plan)
-    assert (sigma, style) == sigmas(epsilon=10, delta=1e-5, rounds=10, accountants=("rdp", "wor"))
+    sigma = plan.noise_multiplier
+    assert sigma == max(calibrate(epsilon=10, delta=1e-5, rounds=10, accountant=a) for a in ("rdp", "wor"))
     assert plan.steps == 10 and plan.event.sampling == "full_batch" and plan.event.sample_rate == 1.0
     for accountant in ("rdp", "wor"):
-        assert rounds_epsilon(10, sigma, delta=1e-5, accountant=accountant, style_noise_multiplier=style) <= 10
+        assert rounds_epsilon(10, sigma, delta=1e-5, accountant=accountant) <= 10
     assert PRIVATE_EVOLUTION.threshold(cfg, plan) == pytest.approx(2 * sigma)
     fixed = load_config(overrides=["train.method=private-evolution", "privacy.noise_multiplier=0.5"])
     from dpsynth.errors import PrivacyError

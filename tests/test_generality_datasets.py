@@ -14,7 +14,7 @@ datasets = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(datasets)
 
 SHAPES = {"letters": (28, 28), "shapes": (32, 32), "shapes-rgb": (32, 32, 3), "letters-rgb": (32, 32, 3),
-          "symbols-rgb": (32, 32, 3), "greek": (28, 28), "mnist-photo": (32, 32, 3), "letters-texture": (32, 32, 3)}
+          "symbols-rgb": (32, 32, 3), "symbols": (32, 32), "greek": (28, 28), "mnist-photo": (32, 32, 3), "letters-texture": (32, 32, 3)}
 
 
 def test_every_set_is_listed_with_its_size_and_at_least_one_of_each_role():

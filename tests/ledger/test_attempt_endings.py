@@ -81,3 +81,33 @@ def test_a_sound_attempt_records_no_bound(tmp_path, shards, ledger):
     a.limit(GSWGANTrainer(cfg, shards))
     (row,) = ledger.history("pop")
     assert a.bound == 0.0 and row["epsilon_bound"] is None
+
+
+def test_a_resumed_attempt_trains_only_on_the_checkpoint_it_adopted(tmp_path, shards, ledger, monkeypatch):
+    """The ledger adds a resumed attempt's steps to its adopted checkpoint's (the lineage the checkpoint file
+    records), so the trainer must have restored that checkpoint: one that did not is refused before its first
+    step, naming both step counts; one that did trains on to its last step."""
+    from dpsynth.errors import PrivacyError
+    from dpsynth.training import checkpoint
+
+    cfg = tiny(tmp_path / "run", "privacy.noise_multiplier=8.0", "output.checkpoint_every=2", "train.steps=4")
+    killed = attempt(ledger, cfg)
+    with checkpoint.charging(killed):
+        assert GSWGANTrainer(cfg, shards).train(stop_after=2) is None  # its checkpoint at step 2, then "killed"
+    killed.charge_in_full("killed")
+    lineage = checkpoint.lineage(tmp_path / "run" / "checkpoints")
+
+    def resume(trainer):
+        resumed = open_attempt(ledger, population_id="pop", epsilon=cfg.privacy.epsilon, delta=cfg.privacy.delta,
+                               dataset_version="ab" * 32, pipeline_run_id="run-1", stage="train", records=600,
+                               accountant="wor", lineage=lineage, stale_after_s=None)
+        assert resumed.resumes_id == killed.reservation_id and resumed.prefix.steps == 2
+        with checkpoint.charging(resumed):
+            return trainer.train()
+
+    not_restoring = GSWGANTrainer(cfg, shards)
+    monkeypatch.setattr(not_restoring, "load_state_dict", lambda state: None)
+    with pytest.raises(PrivacyError, match="adopted the 2 private steps .* restored trace holds 0"):
+        resume(not_restoring)
+    assert not_restoring.step == 0
+    assert resume(GSWGANTrainer(cfg, shards)).steps == 4

@@ -1,5 +1,5 @@
-"""Private Evolution's trainer in the one loop: the style release and T rounds, 1 + T full-batch events, a painter
-release bound to the trace; a run stopped after a round resumes from its checkpoint to the same T events."""
+"""Private Evolution's trainer in the one loop: T rounds, T full-batch events, a painter release bound to the
+trace; a run stopped after a round resumes from its checkpoint to the same T events."""
 
 from __future__ import annotations
 
@@ -35,12 +35,10 @@ def test_rounds_events_and_the_painter_release(tmp_path):
     cfg = config(tmp_path / "out", "output.checkpoint_every=0")
     result = registry.get("private-evolution").trainer(cfg, tiny_rgb()).train()
     assert result.steps == 3 and result.stopped_by == "steps" and result.sample_rate == 1.0
-    style, event = json.loads((tmp_path / "out" / "trace.json").read_text())["events"]  # the style release first
-    assert (style["sampling"], style["count"], event["sampling"], event["count"], event["sample_rate"]) == (
-        "full_batch", 1, "full_batch", 3, 1.0)
+    (event,) = json.loads((tmp_path / "out" / "trace.json").read_text())["events"]
+    assert (event["sampling"], event["count"], event["sample_rate"]) == ("full_batch", 3, 1.0)
     painter, privacy = load_generator(str(tmp_path / "out" / "generator.pt"))
-    assert isinstance(painter, FigurePainter) and privacy["trace_steps"] == 4
-    assert painter.photo.shape == (3,) and bool(((painter.photo >= 0) & (painter.photo <= 1)).all())
+    assert isinstance(painter, FigurePainter) and privacy["trace_steps"] == 3
     assert [len(f) for f in painter.figures] == [5, 5, 5]
     assert all(abs(w.sum() - 1) < 1e-9 for w in painter.weights())
     x, y = painter.sample(6, generator=torch.Generator().manual_seed(0))
@@ -54,5 +52,5 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path):
     resumed = trainer_class(cfg, tiny_rgb())
     result = resumed.train()
     assert result.steps == 3 and len(resumed.state.population.histograms) == 3
-    style, event = json.loads((tmp_path / "out" / "trace.json").read_text())["events"]  # one style release, kept
-    assert (style["count"], event["count"]) == (1, 3) and resumed.state.photo is not None
+    (event,) = json.loads((tmp_path / "out" / "trace.json").read_text())["events"]
+    assert event["count"] == 3

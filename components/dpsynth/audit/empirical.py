@@ -114,10 +114,8 @@ def audit_votes(cfg, *, n: int, mechanism_seed: int | None = None, noise_multipl
     """One audit run of Private Evolution's histograms: the plan's σ and rounds (``noise_multiplier``: another σ,
     tests only), ``audit.canaries`` canary records each included by a secret ½ coin, voting by the mechanism's own
     :func:`~dpsynth.mechanisms.private_evolution.votes` beside the stand-in records, released by its own
-    :func:`~dpsynth.mechanisms.private_evolution.noisy_votes` every round (each recorded in a trace), after the style
-    release (:func:`~dpsynth.mechanisms.private_evolution.release_style`'s histogram, the plan's σ_s; canary i alone
-    in its class, its ground textured, the stand-ins in one more class); a canary's score is its style bin's noisy
-    count, weighted by (σ/σ_s)², plus its vote bin's noisy votes summed over the rounds."""
+    :func:`~dpsynth.mechanisms.private_evolution.noisy_votes` every round (each recorded in a trace); a canary's
+    score is its bin's noisy votes summed over the rounds."""
     from dpsynth.mechanisms import private_evolution as pe
     from dpsynth.mechanisms.randomness import MechanismRandomness
     from dpsynth.privacy import MechanismTrace, get_accountant
@@ -133,13 +131,6 @@ def audit_votes(cfg, *, n: int, mechanism_seed: int | None = None, noise_multipl
     records = np.concatenate([canaries[included], stand_in])
     labels = np.zeros(len(records), np.int64)
     trace, scores = MechanismTrace(), np.zeros(m)
-    style_sigma = pe.PRIVATE_EVOLUTION.style_noise_multiplier(plan)
-    style_labels = np.concatenate([np.flatnonzero(included), np.full(len(stand_in), m)])
-    style = pe.style_counts(np.ones(len(records), bool), style_labels, m + 1)
-    # weighted by (σ/σ_s)², so that the score is the likelihood ratio's statistic of the honest mechanism
-    scores += (plan.noise_multiplier / style_sigma) ** 2 * pe.noisy_votes(
-        style, noise_multiplier=style_sigma * sigma / plan.noise_multiplier, randomness=randomness)[1:2 * m:2]
-    trace.record(pe.full_batch_gaussian(style_sigma))  # what the plan accounts for the style release
     for _ in range(rounds):
         query = pe.votes(records, labels, candidates, np.zeros(len(candidates), np.int64))
         scores += pe.noisy_votes(query, noise_multiplier=sigma, randomness=randomness)[:m]
@@ -152,9 +143,8 @@ def audit_votes(cfg, *, n: int, mechanism_seed: int | None = None, noise_multipl
             "ceiling": attack["ceiling"], "attacks": [attack], "mode": cfg.audit.empirical,
             "method": cfg.train.method, "steps": rounds, "noise_multiplier": plan.noise_multiplier, "sample_rate": 1.0,
             "comparison": f"accounted by the `{accountant.name}` accountant, as the trained run: a canary is one "
-                          "record, added or removed, its one count in one bin of the style release and its one vote "
-                          "in one bin of every round's histogram — the trace's full-batch add_remove events of "
-                          "sensitivity 1",
+                          "record, added or removed, its one vote in one bin of every round's histogram — the "
+                          "trace's full-batch add_remove event of sensitivity 1",
             "privacy_cost": "none: canaries and stand-in records of a public design (unit vectors of the feature "
                             "space), never the sensitive records",
             "cpu_seconds": time.process_time() - started}

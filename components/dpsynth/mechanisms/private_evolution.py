@@ -18,16 +18,8 @@ Per class (the label set is public schema; each record votes within its own clas
    (:func:`dpsynth.prior.figures.vary`, a step shrinking geometrically from round to round), plus a share of
    fresh draws from the prior.
 
-Once, before the first round, each class's **style** is released beside the votes (:func:`release_style`): every
-record counts 1 in exactly one of its class's two bins, textured or flat ground (:func:`textured`: version 3's
-:func:`ground_texture` against the public :data:`TEXTURE_MIDPOINT`), so this 2K-bin histogram has add/remove
-sensitivity 1 too; N(0, σ_s²) on every bin, its own ``full_batch_gaussian(σ_s)`` event, the trace's first, accounted
-with the rounds (:mod:`dpsynth.mechanisms.histograms` splits the budget). Its post-processing is each class's photo
-share (:func:`photo_shares`): the clipped noisy share of textured records, capped at ½ (:data:`PHOTO_CAP`).
-
 The release (:func:`sample`) draws figures of the last round in proportion to its thresholded noisy votes and paints
-them in the prior's random colours (:func:`dpsynth.prior.paint.paint`), photographic with the class's released photo
-share as probability: post-processing, no further privacy.
+them in the prior's random colours (:func:`dpsynth.prior.paint.paint`): post-processing, no further privacy.
 
 The feature ignores colour and polarity: each pixel's distance (Euclidean over the channels) from the background
 colour field, a plane per channel fitted to the image's 2-pixel border; pooled to :data:`GRID` × :data:`GRID`,
@@ -46,24 +38,13 @@ import numpy as np
 
 from dpsynth.errors import PrivacyError
 from dpsynth.mechanisms.histograms import (  # noqa: F401 (the mechanism's privacy, re-exported for its users)
-    PRIVATE_EVOLUTION, STYLE_SHARE, calibrate, calibrating_accountants, events, rounds_epsilon, sigmas, statement,
-    style_sigma)
+    PRIVATE_EVOLUTION, calibrate, calibrating_accountants, events, rounds_epsilon, statement)
 from dpsynth.privacy.events import MechanismTrace, full_batch_gaussian
 from dpsynth.prior.figures import Figure, masks, random_figures, vary
 from dpsynth.prior.paint import paint_figures
 
 GRID = 16  # the feature's side
 BORDER = 2  # pixels of the border ring the background plane is fitted to
-# The largest photo probability a class is painted with (min(p_c, ½), docs/prior.md "min(p_c, ½)"): textured data
-# keeps version 2's half-and-half mix, flat data is painted graphic.
-PHOTO_CAP = 0.5
-# The style release's statistic (docs/prior.md, "a released style share per class"). TEXTURE_RING: the border ring
-# (pixels) whose texture is measured; TEXTURE_MIDPOINT: the ground texture above which a record counts as textured,
-# the geometric mean of the medians of ground_texture over the prior's own graphic (0.038) and photographic (0.147)
-# paintings of 32 × 32 figures (public draws; tests/mechanisms/test_private_evolution_style.py checks that it still
-# separates them).
-TEXTURE_RING = 3
-TEXTURE_MIDPOINT = 0.075
 
 
 def _plane_fit(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
@@ -108,72 +89,6 @@ def mask_features(figures: list[Figure], size: int) -> np.ndarray:
     return figure_map(np.round(m * 255).astype(np.uint8)[..., None])
 
 
-def ground_texture(images: np.ndarray, *, batch: int = 2048) -> np.ndarray:
-    """How textured each image's ground is (uint8 N × H × W × C → float64 N): the image smoothed by a 3 × 3 box (so
-    that pixel noise does not count), its background plane fitted per channel to the :data:`TEXTURE_RING`-pixel
-    border ring, and the median over that ring of each pixel's distance (Euclidean over the channels) from the
-    plane. A flat or gradient ground gives ~0.02–0.07, a photo-like texture ~0.08–0.4.
-
-    >>> x = np.full((2, 16, 16, 3), 128, np.uint8)
-    >>> x[1] = np.random.default_rng(0).integers(0, 2, (1, 4, 4, 1)).repeat(4, 1).repeat(4, 2) * 200  # patches
-    >>> textured(x).tolist()
-    [False, True]
-    """
-    import torch
-    import torch.nn.functional as F
-
-    n, h, w, c = images.shape
-    yy, xx = np.mgrid[0:h, 0:w]
-    basis = np.stack([np.ones(h * w), xx.ravel() / max(w - 1, 1) - 0.5, yy.ravel() / max(h - 1, 1) - 0.5], 1)
-    ring = ((yy < TEXTURE_RING) | (yy >= h - TEXTURE_RING) | (xx < TEXTURE_RING) | (xx >= w - TEXTURE_RING)).ravel()
-    fit = np.linalg.pinv(basis[ring])
-    out = np.empty(n, np.float64)
-    for lo in range(0, n, batch):
-        x = torch.from_numpy(images[lo:lo + batch].astype(np.float64) / 255.0).permute(0, 3, 1, 2)
-        x = F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
-        x = x.permute(0, 2, 3, 1).reshape(-1, h * w, c).numpy()
-        coef = np.einsum("kr,nrc->nkc", fit, x[:, ring])
-        d = np.sqrt(((x[:, ring] - basis[ring] @ coef) ** 2).sum(-1))
-        out[lo:lo + batch] = np.median(d, 1)
-    return out
-
-
-def textured(images: np.ndarray) -> np.ndarray:
-    """Whether each record's ground is textured (bool N): :func:`ground_texture` above :data:`TEXTURE_MIDPOINT`. A
-    fixed public function of each record alone."""
-    return ground_texture(images) > TEXTURE_MIDPOINT
-
-
-def style_counts(is_textured: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """The style release's noiseless query: 2K bins, class c's flat records in bin 2c and its textured ones in bin
-    2c + 1. Every record adds 1 to exactly one bin (add/remove sensitivity 1 in L1 and L2)."""
-    labels = np.asarray(labels, np.int64)
-    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise PrivacyError(f"private_evolution: labels must lie in [0, {num_classes})")
-    return np.bincount(2 * labels + np.asarray(is_textured, np.int64), minlength=2 * num_classes).astype(np.float64)
-
-
-def photo_shares(noisy: np.ndarray) -> np.ndarray:
-    """Each class's photo probability from the released 2K-bin histogram (post-processing): the noisy counts clipped
-    at 0, textured / (flat + textured), capped at :data:`PHOTO_CAP` (½, version 2's mix: a class painted almost only
-    photographic scored lower on textured data, docs/prior.md); ½ where both clip to 0."""
-    c = np.maximum(np.asarray(noisy, np.float64).reshape(-1, 2), 0.0)
-    total = c.sum(1)
-    return np.minimum(np.where(total > 0, c[:, 1] / np.where(total > 0, total, 1.0), 0.5), PHOTO_CAP)
-
-
-def release_style(is_textured: np.ndarray, labels: np.ndarray, *, num_classes: int, noise_multiplier: float,
-                  randomness, trace: MechanismTrace | None) -> np.ndarray:
-    """The style release (once, before the rounds): :func:`style_counts` by the Gaussian mechanism
-    (:func:`noisy_votes`, σ = ``noise_multiplier``), one ``full_batch_gaussian(noise_multiplier)`` event in
-    ``trace``; returns each class's photo share (:func:`photo_shares`, post-processing)."""
-    noisy = noisy_votes(style_counts(is_textured, labels, num_classes), noise_multiplier=noise_multiplier,
-                        randomness=randomness)
-    if trace is not None:
-        trace.record(full_batch_gaussian(noise_multiplier))
-    return photo_shares(noisy)
-
-
 def votes(record_features: np.ndarray, labels: np.ndarray, candidate_features: np.ndarray,
           candidate_classes: np.ndarray) -> np.ndarray:
     """The noiseless query: for every candidate, how many records of its class have it nearest (largest cosine).
@@ -211,7 +126,6 @@ class Evolution:
     figures: list[list[Figure]]
     weights: list[np.ndarray]
     histograms: list[np.ndarray] = field(default_factory=list)
-    photo: np.ndarray | None = None  # each class's released photo share (None: the prior's ½ for every class)
 
 
 def _weights(noisy: np.ndarray, threshold: float) -> np.ndarray:
@@ -269,23 +183,19 @@ def evolve_round(pop: Population, records: np.ndarray, labels: np.ndarray, *, ro
     pop.figures = nxt
 
 
-def released(pop: Population, threshold: float, photo: np.ndarray | None = None) -> Evolution:
-    """The release after the last round: its figures and their thresholded noisy votes (post-processing), and the
-    classes' released photo shares ``photo``."""
+def released(pop: Population, threshold: float) -> Evolution:
+    """The release after the last round: its figures and their thresholded noisy votes (post-processing)."""
     last, at, weights = pop.histograms[-1], 0, []
     for figs in pop.figures:
         weights.append(_weights(last[at:at + len(figs)], threshold))
         at += len(figs)
-    return Evolution(figures=pop.figures, weights=weights, histograms=list(pop.histograms), photo=photo)
+    return Evolution(figures=pop.figures, weights=weights, histograms=list(pop.histograms))
 
 
 def evolve(images: np.ndarray, labels: np.ndarray, *, num_classes: int, rounds: int, candidates: int,
            noise_multiplier: float, threshold: float, randomness, trace: MechanismTrace | None,
-           style_noise_multiplier: float | None = None, seed: int = 0, steps: tuple[float, float] = (0.3, 0.05),
-           fresh: float = 0.05, observe=None) -> Evolution:
+           seed: int = 0, steps: tuple[float, float] = (0.3, 0.05), fresh: float = 0.05, observe=None) -> Evolution:
     """Private Evolution on the records (``images`` uint8 N × H × W × C, H = W; ``labels`` in [0, num_classes)):
-    first the style release (:func:`release_style`, σ_s = ``style_noise_multiplier``; None: none, every class
-    painted with the prior's ½ as version 2 painted), then
     ``rounds`` noisy histograms over ``candidates`` figures per class, each recorded in ``trace`` as
     ``full_batch_gaussian(noise_multiplier)``. ``threshold`` (votes) zeroes the bins below it; ``steps`` is the
     variation step of the first and the last round (geometric in between); a share ``fresh`` of every class's next
@@ -294,25 +204,21 @@ def evolve(images: np.ndarray, labels: np.ndarray, *, num_classes: int, rounds: 
     if rounds < 1 or candidates < 1:
         raise PrivacyError(f"private_evolution: rounds and candidates must be >= 1, got {rounds}, {candidates}")
     labels = np.asarray(labels)
-    photo = None
-    if style_noise_multiplier is not None:
-        photo = release_style(textured(images), labels, num_classes=num_classes,
-                              noise_multiplier=style_noise_multiplier, randomness=randomness, trace=trace)
     records = figure_map(images)
     pop = start(num_classes=num_classes, candidates=candidates, seed=seed)
     while pop.round < rounds:
         evolve_round(pop, records, labels, rounds=rounds, noise_multiplier=noise_multiplier, threshold=threshold,
                      randomness=randomness, trace=trace, size=images.shape[1], steps=steps, fresh=fresh,
                      observe=observe)
-    return released(pop, threshold, photo)
+    return released(pop, threshold)
 
 
 def sample(evolution: Evolution, n: int, *, size: int, channels: int, seed: int = 0,
            jitter: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
     """``n`` synthetic records (classes balanced): figures of the last round drawn by their weights, each varied by
-    a small step ``jitter`` and painted in the prior's random colours (:func:`dpsynth.prior.paint.paint_figures`),
-    photographic with its class's released photo share as probability. Post-processing. Returns (uint8 N × size × size × channels, int64 labels)."""
+    a small step ``jitter`` and painted in the prior's random colours (:func:`dpsynth.prior.paint.paint_figures`).
+    Post-processing. Returns (uint8 N × size × size × channels, int64 labels)."""
     labels = np.arange(n) % len(evolution.figures)
     images = paint_figures(evolution.figures, evolution.weights, labels, size=size, channels=channels,
-                           rng=np.random.default_rng(seed), jitter=jitter, photo=evolution.photo)
+                           rng=np.random.default_rng(seed), jitter=jitter)
     return images, labels.astype(np.int64)

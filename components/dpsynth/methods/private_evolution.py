@@ -3,9 +3,7 @@
 
 One step is one round: every private training record votes for its nearest candidate figure of its class, the
 histogram of votes is released with Gaussian noise (one full-batch event in the trace), and the next candidates
-are drawn by the thresholded noisy votes and varied (post-processing). The first step releases, before its round,
-each class's counts of flat- and textured-ground records (the style release, the plan's prefix event), whose noisy
-shares, capped at ½, set how often the release paints a class's images photographic. The algorithm, its feature, its query and
+are drawn by the thresholded noisy votes and varied (post-processing). The algorithm, its feature, its query and
 its noise: :mod:`dpsynth.mechanisms.private_evolution`; its plan and statement: its
 :data:`~dpsynth.mechanisms.histograms.PRIVATE_EVOLUTION` mechanism. The release is the last round's figures
 and thresholded noisy votes, as a :class:`dpsynth.prior.release.FigurePainter` (the generator file's model); the
@@ -40,8 +38,6 @@ class EvolutionState:
     mechanism: MechanismRandomness  # the secret coins: the noise only (never evolution.seed)
     records: np.ndarray = field(metadata=checkpoint.TRANSIENT)  # the records' features (figure_map), per run
     labels: np.ndarray = field(metadata=checkpoint.TRANSIENT)
-    textured: np.ndarray = field(metadata=checkpoint.TRANSIENT)  # each record's ground: textured (pe.textured)
-    photo: np.ndarray | None = None  # each class's released photo share (the style release), None before it
 
 
 class PrivateEvolutionTrainer(Trainer):
@@ -52,8 +48,7 @@ class PrivateEvolutionTrainer(Trainer):
     NAME = "private-evolution"
     MECHANISM = PRIVATE_EVOLUTION
     MLFLOW_KEYS = Trainer.MLFLOW_KEYS | tracking.LoggedKeys(metrics={
-        "noise_multiplier": _PLAN, "threshold": "H = evolution.threshold · σ, votes (the plan's σ: public)"},
-        params={"derived.style_noise_multiplier": _PLAN})
+        "noise_multiplier": _PLAN, "threshold": "H = evolution.threshold · σ, votes (the plan's σ: public)"})
 
     def __init__(self, cfg: RunConfig, dataset: ImageDataset, *, parent_run_id: str | None = None,
                  run_tags: dict[str, str] | None = None, mechanism_seed: int | None = None):
@@ -68,8 +63,7 @@ class PrivateEvolutionTrainer(Trainer):
         self.state = EvolutionState(
             population=pe.start(num_classes=self.num_classes, candidates=e.candidates, seed=e.seed),
             mechanism=self.secret_coins(mechanism_seed),
-            records=pe.figure_map(dataset.images), labels=np.asarray(dataset.labels),
-            textured=pe.textured(dataset.images))
+            records=pe.figure_map(dataset.images), labels=np.asarray(dataset.labels))
 
     @property
     def configured_steps(self) -> int:
@@ -78,10 +72,6 @@ class PrivateEvolutionTrainer(Trainer):
     def train_step(self) -> None:
         e, s = self.cfg.evolution, self.state
         every = self.select(s.mechanism, self.n)  # full batch: every record votes
-        if s.photo is None:  # the style release, once, before the first round (the plan's prefix event)
-            s.photo = pe.release_style(s.textured[every], s.labels[every], num_classes=self.num_classes,
-                                       noise_multiplier=PRIVATE_EVOLUTION.style_noise_multiplier(self.plan),
-                                       randomness=s.mechanism, trace=self.trace)
         pe.evolve_round(s.population, s.records[every], s.labels[every], rounds=self.plan.steps,
                         noise_multiplier=self.plan.noise_multiplier, threshold=self.threshold,
                         randomness=s.mechanism, trace=self.trace, size=self.size,
@@ -89,17 +79,15 @@ class PrivateEvolutionTrainer(Trainer):
         self.step += 1
 
     def generator(self):
-        """The release: the current population's figures and thresholded noisy votes and the classes' photo shares,
-        as a painter."""
-        evolution = pe.released(self.state.population, self.threshold, self.state.photo)
+        """The release: the current population's figures and thresholded noisy votes, as a painter."""
+        evolution = pe.released(self.state.population, self.threshold)
         painter = FigurePainter.from_figures(evolution.figures, evolution.weights, image_size=self.size,
-                                             channels=self.channels, jitter=self.cfg.evolution.jitter,
-                                             photo=evolution.photo)
+                                             channels=self.channels, jitter=self.cfg.evolution.jitter)
         return painter, painter.describe()
 
     def derived_params(self) -> dict:
         return {"sample_rate": 1.0, "noise_multiplier": self.plan.noise_multiplier, "total_steps": self.plan.steps,
-                "records": self.n, "style_noise_multiplier": PRIVATE_EVOLUTION.style_noise_multiplier(self.plan)}
+                "records": self.n}
 
     def final_metrics(self) -> dict:
         return {"noise_multiplier": self.plan.noise_multiplier, "threshold": self.threshold}

@@ -1,7 +1,6 @@
 """Painting the prior's masks into images of the user's public schema: random colours on random backgrounds.
 
-Two styles, each image drawing one (a share :data:`PHOTO_SHARE` photographic, or the share Private Evolution
-released for the image's class):
+Two styles, each image drawing one (a share :data:`PHOTO_SHARE` photographic):
 
 * **graphic**: a gradient between two random colours with smooth blotches and pixel noise as background; the
   figure a random colour at least ``min_contrast`` (Euclidean, RGB on [0, 1]) from the background's mean colour,
@@ -101,17 +100,16 @@ def photographic(mask: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def paint(masks: np.ndarray, rng: np.random.Generator, *, channels: int, min_contrast: float = 0.4,
-          photo: float | np.ndarray = PHOTO_SHARE) -> np.ndarray:
-    """Every mask (N × H × W in [0, 1], H = W) painted, with probability ``photo`` (one for all, or one per mask) in
-    the photographic style (:func:`photographic`), else in a random figure colour and texture on a random gradient
-    background: uint8 N × H × W × ``channels`` (1: the luminance, 3: RGB)."""
+          photo: float = PHOTO_SHARE) -> np.ndarray:
+    """Every mask (N × H × W in [0, 1], H = W) painted, with probability ``photo`` in the photographic style
+    (:func:`photographic`), else in a random figure colour and texture on a random gradient background: uint8
+    N × H × W × ``channels`` (1: the luminance, 3: RGB)."""
     if channels not in (1, 3):
         raise ValueError(f"channels: the prior paints 1 or 3 channels, not {channels}")
     n, size = len(masks), masks.shape[-1]
-    photo = np.broadcast_to(np.asarray(photo, np.float64), (n,))
     out = np.empty((n, size, size, channels), np.uint8)
     for i in range(n):
-        if rng.random() < photo[i]:
+        if rng.random() < photo:
             img = photographic(masks[i], rng)
         else:
             m = masks[i][..., None].astype(np.float64)
@@ -125,14 +123,11 @@ def paint(masks: np.ndarray, rng: np.random.Generator, *, channels: int, min_con
 
 
 def paint_figures(figures: list[list[Figure]], weights: list[np.ndarray], labels: np.ndarray, *, size: int,
-                  channels: int, rng: np.random.Generator, jitter: float,
-                  photo: np.ndarray | None = None) -> np.ndarray:
+                  channels: int, rng: np.random.Generator, jitter: float) -> np.ndarray:
     """One image per label (uint8 N × size × size × channels): a figure of the label's class drawn by its weight,
-    varied by a step ``jitter``, painted in the prior's random colours, photographic with probability ``photo[class]``
-    (None: :data:`PHOTO_SHARE` for every class) (post-processing, ``rng`` public)."""
+    varied by a step ``jitter``, painted in the prior's random colours (post-processing, ``rng`` public)."""
     figs = []
     for y in labels:
         pop = figures[int(y)]
         figs.append(vary(pop[rng.choice(len(pop), p=weights[int(y)])], jitter, rng))
-    share = PHOTO_SHARE if photo is None else np.asarray(photo, np.float64)[np.asarray(labels, np.int64)]
-    return paint(masks(figs, size), rng, channels=channels, photo=share)
+    return paint(masks(figs, size), rng, channels=channels)

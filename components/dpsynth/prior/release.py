@@ -14,10 +14,7 @@ tensors only (``torch.load(weights_only=True)`` reads it back):
 * ``parts``: int64 P × 5, one row per part of every figure: (figure, kind, glyph, font, erase);
 * ``params``: float64 P × L, each part's numbers, padded with +inf (a part's numbers are finite; NaN padding
   would make a state unequal to itself under ``torch.equal``);
-* ``sizes``: int64, the number of figures of each class; ``weights``: float64, every figure's weight;
-* ``photo``: float64, each class's released photo share (capped at ½), the probability that its images are painted in the
-  photographic style (the style release of :mod:`dpsynth.mechanisms.private_evolution`; a file written before it
-  holds none and paints every class photographic with the prior's ½, as version 2 did).
+* ``sizes``: int64, the number of figures of each class; ``weights``: float64, every figure's weight.
 
 >>> import numpy as np
 >>> from dpsynth.prior.figures import random_figures
@@ -39,7 +36,7 @@ import torch
 
 from dpsynth.prior import VERSION
 from dpsynth.prior.figures import GLYPHS, KINDS, Figure, Part
-from dpsynth.prior.paint import PHOTO_SHARE, paint_figures
+from dpsynth.prior.paint import paint_figures
 
 CLASS = "dpsynth.prior.release.FigurePainter"  # its name in a generator file (artifacts.GENERATOR_CLASSES)
 
@@ -89,41 +86,29 @@ class FigurePainter(torch.nn.Module):
         self.register_buffer("params", torch.zeros(0, 0, dtype=torch.float64))
         self.register_buffer("sizes", torch.zeros(num_classes, dtype=torch.int64))
         self.register_buffer("weights_flat", torch.zeros(0, dtype=torch.float64))
-        self.register_buffer("photo", torch.full((num_classes,), PHOTO_SHARE, dtype=torch.float64))
         self.figures: list[list[Figure]] = [[] for _ in range(num_classes)]
 
     @classmethod
     def from_figures(cls, figures: list[list[Figure]], weights: list[np.ndarray], *, image_size: int,
-                     channels: int, jitter: float = 0.05, photo: np.ndarray | None = None) -> FigurePainter:
-        """The painter of ``figures`` and their ``weights``, each class photographic with probability ``photo[c]``
-        (None: the prior's ½)."""
+                     channels: int, jitter: float = 0.05) -> FigurePainter:
         painter = cls(num_classes=len(figures), channels=channels, image_size=image_size, jitter=jitter,
                       prior_version=VERSION)
         parts, params, sizes = _encode(figures)
-        photo = np.full(len(figures), PHOTO_SHARE) if photo is None else np.asarray(photo, np.float64)
         painter.load_state_dict({"parts": parts, "params": params, "sizes": sizes,
-                                 "weights_flat": torch.from_numpy(np.concatenate(weights).astype(np.float64)),
-                                 "photo": torch.from_numpy(photo.copy())})
+                                 "weights_flat": torch.from_numpy(np.concatenate(weights).astype(np.float64))})
         return painter
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """The released state (its shapes vary with the figures): every buffer replaced, the figures decoded. A state
-        without ``photo`` (written before the style release) paints every class photographic with the prior's ½."""
-        names = {"parts", "params", "sizes", "weights_flat"}
-        missing = names - set(state_dict)
-        extra = set(state_dict) - names - {"photo"}
+        """The released state (its shapes vary with the figures): every buffer replaced, the figures decoded."""
+        missing = {"parts", "params", "sizes", "weights_flat"} - set(state_dict)
+        extra = set(state_dict) - {"parts", "params", "sizes", "weights_flat"}
         if missing or (strict and extra):
             raise RuntimeError(f"FigurePainter state: missing {sorted(missing)}, unexpected {sorted(extra)}")
-        for name in names:
+        for name in ("parts", "params", "sizes", "weights_flat"):
             setattr(self, name, state_dict[name].detach().clone())
-        self.photo = (state_dict["photo"].detach().clone().to(torch.float64) if "photo" in state_dict
-                      else torch.full((self.num_classes,), PHOTO_SHARE, dtype=torch.float64))
         if len(self.sizes) != self.num_classes or int(self.sizes.sum()) != len(self.weights_flat):
             raise RuntimeError(f"FigurePainter state: {len(self.sizes)} classes of {self.sizes.tolist()} figures "
                                f"for {self.num_classes} classes and {len(self.weights_flat)} weights")
-        if self.photo.shape != (self.num_classes,) or not bool(((self.photo >= 0) & (self.photo <= 1)).all()):
-            raise RuntimeError(f"FigurePainter state: photo must hold {self.num_classes} shares in [0, 1], got "
-                               f"{self.photo.tolist()}")
         self.figures = _decode(self.parts, self.params, self.sizes)
         return torch.nn.modules.module._IncompatibleKeys([], [])
 
@@ -145,5 +130,5 @@ class FigurePainter(torch.nn.Module):
         labels = torch.arange(n) % self.num_classes if labels is None else labels.to("cpu", torch.int64)
         seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator).item())
         x = paint_figures(self.figures, self.weights(), labels.numpy(), size=self.image_size, channels=self.channels,
-                          rng=np.random.default_rng(seed), jitter=self.jitter, photo=self.photo.numpy())
+                          rng=np.random.default_rng(seed), jitter=self.jitter)
         return torch.from_numpy(x).permute(0, 3, 1, 2).float().div(127.5).sub(1.0), labels

@@ -212,13 +212,16 @@ def drop_foreign_snapshots(ckpt_dir: Path, *, resumed_step: int | None) -> None:
 def begin(trainer, cfg, out: Path) -> Path:
     """What every trainer does before its loop: restore ``trainer`` from the last checkpoint in
     ``out/checkpoints`` (when ``output.resume``) and write the resolved config; returns the
-    checkpoint directory."""
+    checkpoint directory. Under a ledger attempt, the restored trace must be the one of the checkpoint the attempt
+    adopted (:meth:`dpsynth.ledger.attempt.Attempt.check_restored`)."""
     from dpsynth.config import dump_config
 
     ckpt_dir = out / "checkpoints"
     state = load_latest(ckpt_dir, fingerprint=cfg.fingerprint()) if cfg.output.resume else None
     if state is not None:
         trainer.load_state_dict(state)
+    if (attempt := _ATTEMPT.get()) is not None:  # the ledger adds this run's steps to the checkpoint it adopted
+        attempt.check_restored(getattr(trainer, "trace", None))
     drop_foreign_snapshots(ckpt_dir, resumed_step=None if state is None else state["step"])
     out.mkdir(parents=True, exist_ok=True)
     storage.write_text(out / "config.yaml", dump_config(cfg))
