@@ -56,8 +56,41 @@ LONGEST_FIRST = [
 # No longer in the list: tests/distributed/test_launch.py (45-55, now 22: the TrainJob stand-in's ranks forked).
 
 
+# The slow tier's modules (`make test-slow`: `pytest -m slow`, on two workers like `make test`), longest first, by the
+# wall seconds of their slow tests (--durations, setup + call + teardown) in one run of the tier on two workers
+# (#53, 2026-11-29, sixth session). A slow test is placed by this list, a quick one by LONGEST_FIRST: each tier
+# selects one kind, so each keeps its modules together.
+SLOW_LONGEST_FIRST = [
+    "tests/pipelines/test_methods.py",
+    "tests/stages/test_shipped_configs.py",
+    "tests/platform/test_ui.py",
+    "tests/pipelines/test_airflow.py",
+    "tests/pipelines/test_block_windows.py",
+    "tests/pipelines/test_kfp.py",
+    "tests/methods/test_gswgan_federated.py",
+    "tests/distributed/test_distributed.py",
+    "tests/methods/test_contract.py",
+    "tests/distributed/test_launch.py",
+    "tests/pipelines/test_dataset_versions.py",
+    "tests/stages/test_sigterm.py",
+    "tests/methods/test_dpgan.py",
+    "tests/evaluation/test_accuracy.py",
+    "tests/methods/test_dpgan_paper_scale.py",
+    "tests/audit/test_empirical_warmup.py",
+    "tests/privacy/test_calibration.py",
+    "tests/privacy/test_accountants.py",
+]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Modules in LONGEST_FIRST before the rest (a stable sort: every module's tests stay together, in order)."""
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    """Modules in LONGEST_FIRST (a slow test: SLOW_LONGEST_FIRST) before the rest (a stable sort: every module's tests
+    of a tier stay together, in order)."""
+    quick = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    slow = {path: i for i, path in enumerate(SLOW_LONGEST_FIRST)}
     root = Path(config.rootpath)
-    items.sort(key=lambda item: rank.get(Path(item.path).relative_to(root).as_posix(), len(rank)))
+
+    def rank(item) -> int:
+        order = slow if item.get_closest_marker("slow") else quick
+        return order.get(Path(item.path).relative_to(root).as_posix(), len(order))
+
+    items.sort(key=rank)
