@@ -56,10 +56,13 @@ LONGEST_FIRST = [
 # No longer in the list: tests/distributed/test_launch.py (45-55, now 22: the TrainJob stand-in's ranks forked).
 
 
-# The slow tier's modules (`make test-slow`: `pytest -m slow`, on two workers like `make test`), longest first, by the
-# wall seconds of their slow tests (--durations, setup + call + teardown) in one run of the tier on two workers
-# (#53, 2026-11-29, sixth session). A slow test is placed by this list, a quick one by LONGEST_FIRST: each tier
-# selects one kind, so each keeps its modules together.
+# The slow tier's modules (`make test-slow`: `pytest -m slow`, on two workers like `make test`), longest first: the
+# whole-pipeline runs first (every method through Airflow and KFP, every shipped config, the platform through its UI,
+# the orchestrators' end-to-end runs), then the multi-rank and paper-scale checks. The order is estimated from the
+# tests' sizes and one partial two-worker run on a machine loaded by other jobs (#53, 2026-11-29, sixth session), not
+# from a quiet run's per-module figures: re-order it from `make test-slow`'s --durations when one is measured. A slow
+# test is placed by this list, a quick one by LONGEST_FIRST: each tier selects one kind, so each keeps its modules
+# together.
 SLOW_LONGEST_FIRST = [
     "tests/pipelines/test_methods.py",
     "tests/stages/test_shipped_configs.py",
