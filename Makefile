@@ -105,7 +105,7 @@ TEST_WORKERS ?= 2
 test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 8.7 min of pytest (11.7 with the set-up of its environments) on 2 cores, a fresh clone (2026-11-29)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers; in one process it took 32.5 min alone on 2 cores (2026-11-29), on two not yet timed on an idle machine
+test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 44.9 min on 2 cores shared with other jobs (one process, alone: 32.5 min; 2026-11-29)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m slow -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The benchmarks: benchmarks/run.py SUITE runs a suite of benchmarks/suites.toml and keeps its latest rows in

@@ -56,32 +56,30 @@ LONGEST_FIRST = [
 # No longer in the list: tests/distributed/test_launch.py (45-55, now 22: the TrainJob stand-in's ranks forked).
 
 
-# The slow tier's modules (`make test-slow`: `pytest -m slow`, on two workers like `make test`), longest first: the
-# whole-pipeline runs first (every method through Airflow and KFP, every shipped config, the platform through its UI,
-# the orchestrators' end-to-end runs), then the multi-rank and paper-scale checks. The order is estimated from the
-# tests' sizes and one partial two-worker run on a machine loaded by other jobs (#53, 2026-11-29, sixth session), not
-# from a quiet run's per-module figures: re-order it from `make test-slow`'s --durations when one is measured. A slow
-# test is placed by this list, a quick one by LONGEST_FIRST: each tier selects one kind, so each keeps its modules
-# together.
+# The slow tier's modules (`make test-slow`: `pytest -m slow`, on two workers like `make test`), longest first, by the
+# wall seconds of their slow tests (--durations: setup + call + teardown) in one two-worker run of the tier on the
+# 2-core machine, with other jobs beside it (#53, 2026-11-29, sixth session: 42 passed, 2,693 s wall, 2,010 CPU-s).
+# test_methods.py's KFP runs (its class TestKfp, 967 s) are a unit of their own for the workers. A slow test is placed
+# by this list, a quick one by LONGEST_FIRST: each tier selects one kind, so each keeps its modules together.
 SLOW_LONGEST_FIRST = [
-    "tests/pipelines/test_methods.py",
-    "tests/stages/test_shipped_configs.py",
-    "tests/platform/test_ui.py",
-    "tests/pipelines/test_airflow.py",
-    "tests/pipelines/test_block_windows.py",
-    "tests/pipelines/test_kfp.py",
-    "tests/methods/test_gswgan_federated.py",
-    "tests/distributed/test_distributed.py",
-    "tests/methods/test_contract.py",
-    "tests/distributed/test_launch.py",
-    "tests/pipelines/test_dataset_versions.py",
-    "tests/stages/test_sigterm.py",
-    "tests/methods/test_dpgan.py",
-    "tests/evaluation/test_accuracy.py",
-    "tests/methods/test_dpgan_paper_scale.py",
-    "tests/audit/test_empirical_warmup.py",
-    "tests/privacy/test_calibration.py",
-    "tests/privacy/test_accountants.py",
+    "tests/pipelines/test_methods.py",          # 1,760 (Airflow) + 967 (KFP)
+    "tests/pipelines/test_airflow.py",          # 668
+    "tests/stages/test_shipped_configs.py",     # 350
+    "tests/platform/test_ui.py",                # 319
+    "tests/pipelines/test_block_windows.py",    # 264
+    "tests/pipelines/test_kfp.py",              # 209
+    "tests/methods/test_gswgan_federated.py",   # 81
+    "tests/stages/test_sigterm.py",             # 62
+    "tests/pipelines/test_dataset_versions.py", # 61
+    "tests/distributed/test_launch.py",         # 39
+    "tests/distributed/test_distributed.py",    # 37
+    "tests/methods/test_contract.py",           # 29
+    "tests/methods/test_dpgan.py",              # 29
+    "tests/evaluation/test_accuracy.py",        # 28
+    "tests/privacy/test_calibration.py",        # 17
+    "tests/methods/test_dpgan_paper_scale.py",  # 11
+    "tests/privacy/test_accountants.py",        # 4
+    "tests/audit/test_empirical_warmup.py",     # 3
 ]
 
 
