@@ -94,18 +94,19 @@ kfp-yaml: $(STAMP)  ## regenerate pipelines/kfp/dpsynth_pipeline.yaml (a test ke
 schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema beside the DAGs and in the chart, and the KFP YAML
 	$(PY) scripts/config_schema.py
 
-# `make test` runs on TEST_WORKERS pytest-xdist workers (the machine's 2 cores), each test module on one worker (its
-# module-scoped fixtures run once; the longest modules first: tests/conftest.py LONGEST_FIRST), one torch/BLAS thread
-# per worker; `TEST_WORKERS=0` runs it in one process. The test ranks of the multi-process tests are forked by one
-# fork server per worker (tests/methods/distributed_workers.py). `make test-slow` stays in one process: its platform
-# tests start Airflow and MLflow services, and a second worker beside them has not been measured in CI.
+# `make test` and `make test-slow` run on TEST_WORKERS pytest-xdist workers (the machine's 2 cores), each test module on
+# one worker (its module-scoped fixtures run once; the longest modules first: tests/conftest.py LONGEST_FIRST, and
+# SLOW_LONGEST_FIRST for the slow tier), one torch/BLAS thread per worker; `TEST_WORKERS=0` runs a tier in one process.
+# The test ranks of the multi-process tests are forked by one fork server per worker (tests/methods/distributed_workers.py).
+# Two slow workers share no state: each test has its own run directory, MLflow store and ledger, each worker its own
+# Airflow home, and the platform test (tests/platform) its own free ports, PostgreSQL cluster and Chromium profile.
 TEST_WORKERS ?= 2
 
 test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 8.7 min of pytest (11.7 with the set-up of its environments) on 2 cores, a fresh clone (2026-11-29)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), in one process; 32.5 min alone on 2 cores (2026-11-29)
-	$(PY) -m pytest -m slow -q
+test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 44.9 min on 2 cores shared with other jobs (one process, alone: 32.5 min; 2026-11-29)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m slow -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The benchmarks: benchmarks/run.py SUITE runs a suite of benchmarks/suites.toml and keeps its latest rows in
 # benchmarks/results/SUITE.json (`make bench SUITE=… [ROWS=…]`; `benchmarks/run.py --list` lists the suites).

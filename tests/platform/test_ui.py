@@ -55,9 +55,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A request's hang guard: Airflow's API server once answered nothing for 30 s while the other test worker of
+# `make test-slow` and other jobs loaded the 2 cores (#53, 2026-11-29); a user's browser waits longer than that.
+REQUEST_TIMEOUT = 120
+
+
 def get(url: str, token: str | None = None):
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    with urllib.request.urlopen(req, timeout=30) as r:
+    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT) as r:
         return json.load(r)
 
 
@@ -190,7 +195,7 @@ def test_a_new_dataset_version_triggers_the_retrain_dag(platform):
     def call(method: str, path: str, body: dict):
         req = urllib.request.Request(f"{airflow}/api/v2/{path}", data=json.dumps(body).encode(), method=method,
                                      headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT) as r:
             return json.load(r)
 
     def parsed(dag_id: str) -> bool:

@@ -19,7 +19,9 @@ from tests.stages.helpers import dpsynth, manifest, release_files
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(REPO.glob("configs/*-mnist-cpu.yaml"))
 # Shorter and narrower, nothing else: each config keeps its method, mechanism, accounting and cadences.
-# (600 records: the configs' δ = 1e-5 stays < 1/n; K = 3 shards so a shard holds a GS-WGAN batch.)
+# (600 records: the configs' δ = 1e-5 stays < 1/n; K = 3 shards so a shard holds a GS-WGAN batch.) The evaluation
+# at its test size (as tests/pipelines/test_methods.py's): the membership attack and the ε curve still run and log
+# their keys, on fewer records and samples (#53 item 5: about half of a run's evaluate stage).
 SHORT = (
     "train.steps=10", "train.d_width=4", "train.g_width=4", "train.batch_size=32", "warmup.steps=5",
     "partition.num_shards=3", "gswgan.pretrain_iterations=2", "gswgan.d_width=4", "gswgan.g_width=4",
@@ -27,6 +29,7 @@ SHORT = (
     "dpac.c_width=4", "zhang.pretrain_iterations=2", "zhang.public_batch_size=16",
     "output.checkpoint_every=5", "output.sample_every=5", "output.log_every=2",
     "sample.num_samples=200", "evaluate.epochs=1", "evaluate.feature_steps=5",
+    "evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.curve_samples=200",
 )
 
 
