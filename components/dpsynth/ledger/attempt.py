@@ -41,11 +41,10 @@ class Attempt:
     def heartbeat(self, steps: int) -> None:
         self.ledger.heartbeat(self.reservation_id, steps=steps)
 
-    def check_restored(self, trace: MechanismTrace | None) -> None:
+    def check_restored(self, restored: MechanismTrace) -> None:
         """After the trainer restored the checkpoint this attempt adopted: its trace must be that checkpoint's
         (:attr:`prefix`), or the ε this attempt commits, for the steps it adds to the prefix, would not be that of
         the steps the trainer runs. PrivacyError otherwise."""
-        restored = MechanismTrace() if trace is None else trace
         if restored.to_dict() != self.prefix.to_dict():
             raise PrivacyError(
                 f"checkpoint: this attempt adopted the {self.prefix.steps} private steps of reservation "

@@ -221,7 +221,7 @@ def begin(trainer, cfg, out: Path) -> Path:
     if state is not None:
         trainer.load_state_dict(state)
     if (attempt := _ATTEMPT.get()) is not None:  # the ledger adds this run's steps to the checkpoint it adopted
-        attempt.check_restored(getattr(trainer, "trace", None))
+        attempt.check_restored(trainer.trace)
     drop_foreign_snapshots(ckpt_dir, resumed_step=None if state is None else state["step"])
     out.mkdir(parents=True, exist_ok=True)
     storage.write_text(out / "config.yaml", dump_config(cfg))
