@@ -210,18 +210,21 @@ def symbols(rng, label: int) -> np.ndarray:
     """``symbols``: symbols-rgb's objects (spade, umbrella, note, plane, phone, anchor, …: glyphs of the Unicode
     blocks the prior never draws) as grey images, painted as ``greek`` is: a bright figure on a dark ground."""
     fonts = ["DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf"]
-    m = np.asarray(_glyph_mask(SYMBOLS[label], rng, size=32, fonts=fonts, scale=(0.7, 1.0), rotate=25)) / 255.0
-    img = rng.uniform(0.0, 0.15) + m * rng.uniform(0.6, 1.0) + rng.normal(0, 0.05, m.shape)
-    return np.clip(img * 255, 0, 255).astype(np.uint8)
+    return _bright_on_dark(rng, _glyph_mask(SYMBOLS[label], rng, size=32, fonts=fonts, scale=(0.7, 1.0), rotate=25))
 
 
 GREEK = "αβγδεζηθλπ"
 
 
-def greek(rng, label: int) -> np.ndarray:
-    m = np.asarray(_glyph_mask(GREEK[label], rng, size=28, fonts=FONTS, scale=(0.6, 0.9))) / 255.0
+def _bright_on_dark(rng, mask: Image.Image) -> np.ndarray:
+    """A grey glyph set's look (``greek``, ``symbols``): a bright figure on a dark ground, light noise."""
+    m = np.asarray(mask) / 255.0
     img = rng.uniform(0.0, 0.15) + m * rng.uniform(0.6, 1.0) + rng.normal(0, 0.05, m.shape)
     return np.clip(img * 255, 0, 255).astype(np.uint8)
+
+
+def greek(rng, label: int) -> np.ndarray:
+    return _bright_on_dark(rng, _glyph_mask(GREEK[label], rng, size=28, fonts=FONTS, scale=(0.6, 0.9)))
 
 
 def _procedural_texture(rng, size: int) -> np.ndarray:
