@@ -378,17 +378,17 @@ def test_a_two_rank_train_job_is_one_ledger_attempt(tmp_path, small_mnist, monke
 def test_a_two_rank_job_killed_mid_run_resumes_in_one_process(tmp_path, small_mnist, monkeypatch, capsys):
     """SIGKILL to every rank of a 2-rank `dpsynth train` job (forked, as above) after its first checkpoint; `dpsynth
     train` in one process adopts the checkpoint (the ledger's lineage: rank 0 wrote it under the job's reservation)
-    and finishes the trace. 100 steps: killed at its first checkpoint (step 20), the job still had 80 to go (seconds
-    of CPU, far more than the 0.1 s between two looks for the checkpoint)."""
+    and finishes the trace. 40 steps: killed at its first checkpoint (step 10), the job still had 30 to go (over a
+    CPU-second, far more than the 0.1 s between two looks for the checkpoint)."""
     from dpsynth.data import write_parquet
     from tests.ledger_fixtures import budgeted_ledger, kill_after_first_checkpoint
 
-    steps = 100
+    steps = 40
     ledger = budgeted_ledger(tmp_path, monkeypatch, "mnist600", epsilon=100.0)
     data = tmp_path / "d.parquet"
     write_parquet(small_mnist, str(data))
     out = tmp_path / "run"
-    train = train_argv(data, out, steps, 20)
+    train = train_argv(data, out, steps, 10)
     job = workers.start_ranks(2, tmp_path, workers.cli_rank, str(tmp_path), train)
     ckpt = kill_after_first_checkpoint(job, out)
     step_at_kill = torch.load(ckpt, weights_only=False)["step"]

@@ -21,9 +21,9 @@ from tests.ledger_fixtures import kill_after_first_checkpoint
 from tests.methods import distributed_workers as workers
 
 MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist"
-# 100 steps: a process killed at its first checkpoint (step 20) still had 80 to go (seconds of CPU, far more than
+# 40 steps: a process killed at its first checkpoint (step 10) still had 30 to go (over a CPU-second, far more than
 # the 0.1 s between two looks for the checkpoint), and the resumption that finishes them stays cheap.
-STEPS, EPSILON, DELTA = 100, 10.0, 1e-4
+STEPS, EPSILON, DELTA = 40, 10.0, 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def data(tmp_path_factory):
 def train_args(data, out, url, *extra):
     settings = [f"data.uri={data}", f"output.dir={out}", "tracking.enabled=false", f"train.steps={STEPS}",
                 "train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch_size=32",
-                "output.checkpoint_every=20", "output.sample_every=0", f"privacy.epsilon={EPSILON}",
+                "output.checkpoint_every=10", "output.sample_every=0", f"privacy.epsilon={EPSILON}",
                 f"privacy.delta={DELTA}", f"ledger.url={url}", "ledger.population_id=mnist600", "data.num_classes=10", *extra]
     return [sys.executable, "-m", "dpsynth.cli", "train", "--json", *[a for s in settings for a in ("--set", s)]]
 
@@ -105,12 +105,12 @@ def test_a_fresh_restart_is_charged_again(tmp_path, data, capsys):
     ledger = Ledger(url)
     ledger.set_budget("mnist600", epsilon=25.0, delta=1e-3, reason="test")
     out = tmp_path / "run"
-    short = ("train.steps=40",)
+    short = ("train.steps=10",)
     for extra in ((), ("output.resume=false",)):  # the second discards the finished run's checkpoint
         code, stdout, err = in_process(train_args(data, out, url, *short, *extra), capsys)
         assert code == 0, err
     result = json.loads(stdout)
-    reference = opacus_epsilon(40, result["noise_multiplier"], result["sample_rate"])
+    reference = opacus_epsilon(10, result["noise_multiplier"], result["sample_rate"])
     first, second = ledger.history("mnist600")
     assert first["resumes_id"] is None and second["resumes_id"] is None
     assert first["epsilon_spent"] == pytest.approx(reference, rel=0.01)

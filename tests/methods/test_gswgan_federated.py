@@ -215,22 +215,36 @@ def test_audit_checks_the_folded_event_at_rate_one_over_k(tmp_path, shards):
 # --- through the stages -------------------------------------------------------------------------
 
 
+# The quick tier runs the train stage's federated job on forked ranks (the reads test below: a fresh interpreter per
+# rank costs seconds of CPU) and runs torchrun itself once, on a job that fails (a client's error); this test, the
+# stage starting a torchrun job that succeeds (rank 0's outcome read back from its stdout), is in the slow tier with
+# the other whole torchrun jobs below.
+@pytest.mark.slow
 def test_stages_partition_pretrain_train_audit(pretrained, stage_ledger):
-    from tests.stages.helpers import manifest, stage
+    from tests.stages.helpers import stage
 
     run, source = pretrained()  # partition and pretrain (each exited 0), as they left the run directory
-    for name in ("train", "audit"):
-        assert stage(name, run, str(source), *FEDERATED_STAGE) == 0, name
+    assert stage("train", run, str(source), *FEDERATED_STAGE) == 0
+    assert_trained_and_audited(run, source, stage_ledger)
+
+
+def assert_trained_and_audited(run, source, stage_ledger) -> None:
+    """What partition, pretrain and the federated train stage left in ``run`` (2 clients, 4 iterations on 3 ranks,
+    charged once); then the audit stage, which passes it by the federated plan and statement."""
+    from tests.stages.helpers import manifest, stage
+
     warm = manifest(run, "sensitive", "pretrain")
     assert sorted(o["shard"] for o in warm["outputs"] if o["role"] == "discriminator") == [0, 1]
     trained = manifest(run, "sensitive", "train")
+    assert trained["status"] == "succeeded"
     assert trained["details"]["method"] == "gswgan_federated" and trained["details"]["steps"] == 4
-    assert trained["details"]["ranks"] == 3  # the server and 2 clients: the torchrun job the stage started
+    assert trained["details"]["ranks"] == 3  # the server and 2 clients: the job's ranks
     assert all(e["sample_rate"] == pytest.approx(1 / 2) for e in trained["privacy"]["events"])
     result = json.loads(storage.read_bytes([o["uri"] for o in trained["outputs"] if o["role"] == "result"][0]))
     assert result["details"]["privacy_unit"] == "client"
     assert_charged_once(stage_ledger, trained)
     assert result["details"]["bytes_per_iteration"] == 2 * (8 + 2 * 16 * 784 * 4 + 16 * 8)
+    assert stage("audit", run, str(source), *FEDERATED_STAGE) == 0
     audit = manifest(run, "sensitive", "audit")
     report = json.loads(storage.read_bytes([o["uri"] for o in audit["outputs"] if o["uri"].endswith(".json")][0]))
     assert [c["name"] for c in report["checks"] if not c["passed"]] == []
@@ -266,7 +280,7 @@ def _stage_run_dir(pretrained, *extra):
 def test_the_stage_server_reads_no_shard_and_each_client_only_its_own(tmp_path, pretrained, stage_ledger):
     """The train stage on the job's 3 ranks (rank 0 train.run, ranks 1 and 2 train.follow, as torchrun runs
     `dpsynth train --run-dir`): the server opens no shard and no warm D_k, not even to hash it; client k opens
-    shard k and D_k only; the stage trains (one charge) with the details of 3 ranks."""
+    shard k and D_k only; the stage trains (one charge) with the details of 3 ranks, and the audit stage passes it."""
     from tests.methods.distributed_workers import run_ranks
     from tests.methods.gswgan_helpers import stage_rank_reads
     from tests.stages.helpers import manifest
@@ -283,9 +297,8 @@ def test_the_stage_server_reads_no_shard_and_each_client_only_its_own(tmp_path, 
     assert opened[0] & private == set()
     for k in (0, 1):
         assert opened[k + 1] & private == {shard_files[k], warm[k]}
-    trained = manifest(run, "sensitive", "train")
-    assert trained["status"] == "succeeded" and trained["details"]["ranks"] == 3 and trained["details"]["steps"] == 4
-    assert_charged_once(stage_ledger, trained)
+    source = overrides[0].removeprefix("data.uri=")  # _stage_run_dir's first setting
+    assert_trained_and_audited(run, source, stage_ledger)
 
 
 def test_a_failing_client_fails_the_job_with_its_error_and_nothing_is_released(pretrained, stage_ledger, capfd):

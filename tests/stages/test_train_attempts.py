@@ -15,9 +15,9 @@ from dpsynth import storage
 from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
 from tests.stages.helpers import dpsynth, manifest, settings, stages, start
 
-# Long enough that a process killed at its first checkpoint (step 20) still had 80 steps to go (seconds of CPU, far
-# more than the 0.05 s between two looks for the checkpoint), short enough that the re-run finishing them is cheap.
-STEPS = 100
+# Long enough that a process killed at its first checkpoint (step 20) still had 20 steps to go (about a CPU-second,
+# far more than the 0.05 s between two looks for the checkpoint), short enough that the re-run finishing them is cheap.
+STEPS = 40
 LONG = (f"train.steps={STEPS}", "output.checkpoint_every=20")
 
 
@@ -63,18 +63,18 @@ def test_snapshots_of_an_earlier_attempt_are_not_listed(tmp_path, source, ledger
     kill_once(cli("train", "--run-dir", run, *settings(source, *LONG)), first)
     stale = sorted((train_dir / "checkpoints" / "snapshots").glob("generator-*.pt"))
     assert stale  # the killed attempt's generator snapshots (every 20 steps)
-    # a restart that does not resume, checkpointing every 50 steps (100 steps are enough: the killed attempt's
-    # snapshots, every 20 steps from 20 on, include ones that are no multiple of 50)
-    again = settings(source, "train.steps=100", "output.checkpoint_every=50", "output.resume=false")
+    # a restart that does not resume, checkpointing every 15 steps (30 steps are enough: the killed attempt's
+    # snapshots, every 20 steps from 20 on, are no multiple of 15)
+    again = settings(source, "train.steps=30", "output.checkpoint_every=15", "output.resume=false")
     rerun(cli("train", "--run-dir", run, *again), capsys)
     listed = manifest(run, "sensitive", "train")["outputs"]
     snaps = [o["uri"] for o in listed if o["role"] == "generator_snapshot"]
     steps = sorted(int(u.rsplit("generator-", 1)[1][:-3]) for u in snaps)
-    assert steps == [50, 100], steps  # this run's only: none of the killed attempt's
+    assert steps == [15, 30], steps  # this run's only: none of the killed attempt's
     for uri in snaps:  # each bound to this run's trace, at its own step
         privacy = torch.load(storage.local_path(uri), weights_only=False)["privacy"]
-        assert privacy["step"] % 50 == 0
-    assert not [p for p in stale if p.exists() and int(p.stem.split("-")[1]) % 50]
+        assert privacy["step"] % 15 == 0
+    assert not [p for p in stale if p.exists() and int(p.stem.split("-")[1]) % 15]
 
 
 def test_a_rerun_of_a_killed_pipeline_resumes_its_checkpoint(tmp_path, source, ledger_with_budget, capsys):
