@@ -151,14 +151,13 @@ def test_airflow_extra_settings_accept_only_the_recipe_settings(airflow_argvs):
 
 # --- KFP -----------------------------------------------------------------------------------------
 
-# the committed compiled pipeline (dpsynth_pipeline.YAML; test_kfp.py::test_committed_yaml_is_in_sync keeps it in
-# step with the pipeline's code): read as a file, without importing kfp and building the pipeline (1-2 CPU-s)
-KFP_YAML = REPO / "pipelines" / "kfp" / "dpsynth_pipeline.yaml"
-
-
 @functools.cache
 def _compiled() -> dict:
-    return next(yaml.safe_load_all(KFP_YAML.read_text()))
+    """The committed compiled pipeline, read as a file (test_kfp.py keeps it in step with the pipeline's code):
+    without importing kfp and building the pipeline (1-2 CPU-s)."""
+    from tests.pipelines.test_kfp import YAML
+
+    return next(yaml.safe_load_all(YAML.read_text()))
 
 
 def compiled_pipeline() -> dict:

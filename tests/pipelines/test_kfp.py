@@ -19,6 +19,9 @@ from tests.stages.helpers import manifest, release_files
 KFP = Path(__file__).resolve().parents[2] / "pipelines" / "kfp"
 POPULATION = "mnist"  # the committed YAML's (make kfp-yaml: DPSYNTH_POPULATION_ID=$(POPULATION))
 STAGES = ["partition", "pretrain", "train", "audit", "sample", "evaluate"]
+# Two files of the pipeline that other test modules read without building it (test_the_pipelines_files_are_these):
+YAML = KFP / "dpsynth_pipeline.yaml"            # the committed compiled pipeline (kp.YAML)
+STAGE_PROGRAM = KFP / "stage_program.py"        # the containers' program, its text run as `python -c` (kp._RUN)
 
 
 @functools.cache
@@ -71,6 +74,10 @@ def all_tasks(compiled) -> dict:
     for component in compiled["components"].values():
         out.update(component.get("dag", {}).get("tasks", {}))
     return out
+
+
+def test_the_pipelines_files_are_these(kp):
+    assert kp.YAML == YAML and kp._RUN == STAGE_PROGRAM.read_text()
 
 
 def test_committed_yaml_is_in_sync(tmp_path, kp):
