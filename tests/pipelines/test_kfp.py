@@ -3,10 +3,12 @@ the same CLI as the containers, end to end on 600 MNIST records with K=2 under o
 
 import functools
 import importlib.util
+import inspect
 import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -24,14 +26,34 @@ YAML = KFP / "dpsynth_pipeline.yaml"            # the committed compiled pipelin
 STAGE_PROGRAM = KFP / "stage_program.py"        # the containers' program, its text run as `python -c` (kp._RUN)
 
 
+def _frames(context: int = 1) -> list[inspect.FrameInfo]:
+    """``inspect.stack()``'s frames, function names included, without their source: kfp's
+    ``PipelineTask._ensure_container_spec_exists`` takes the name of its caller from ``inspect.stack()`` (for an
+    error message) on every ``set_*`` call, and that looks up the source file of every frame through
+    ``inspect.getmodule``, a scan of ``sys.modules`` each time: 53 calls cost 5-10 CPU-s in a test process that has
+    imported torch and MLflow (1 without this)."""
+    frame, frames = sys._getframe(1), []
+    while frame is not None:
+        frames.append(inspect.FrameInfo(frame, frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, None,
+                                        None))
+        frame = frame.f_back
+    return frames
+
+
 @functools.cache
 def load_run_local():
     """pipelines/kfp/run_local.py, with pipelines/kfp/dpsynth_pipeline.py as its ``kp``. Loaded on first use, not
-    at collection: importing them imports kfp and builds the pipeline (4-8 CPU-s), which only a worker that runs a
-    KFP test should pay (each pytest-xdist worker collects every module)."""
+    at collection: importing them imports kfp and builds the pipeline, which only a worker that runs a KFP test
+    should pay (each pytest-xdist worker collects every module). Built with kfp's caller lookup made cheap
+    (:func:`_frames`); the pipeline is the same (test_committed_yaml_is_in_sync compiles it without)."""
+    from unittest import mock
+
+    import kfp.dsl.pipeline_task
+
     spec = importlib.util.spec_from_file_location("dpsynth_kfp_run_local", KFP / "run_local.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with mock.patch.object(kfp.dsl.pipeline_task, "inspect", types.SimpleNamespace(stack=_frames)):
+        spec.loader.exec_module(module)
     return module
 
 
