@@ -6,6 +6,7 @@ the repository, and an anchor into a Markdown file must name one of its headings
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -84,10 +85,12 @@ NOT_MODULES = {"dpsynth", "stage", "pipeline"}  # dpsynth.* MLflow tags; stage.*
 EXTENSIONS = {"py", "md", "sh", "yaml", "yml", "json", "jsonl", "toml", "txt", "in", "lock", "png", "pt", "db", "parquet"}
 
 
+@functools.cache
 def code_index(roots=CODE_ROOTS) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """The repository's classes (name → the names defined in any class of that name, and in its bases defined in
     the repository) and the package's modules (file stem → every word of its source: its names, and the names it
-    gives things in strings, such as a trace's component names)."""
+    gives things in strings, such as a trace's component names). Built on first use, not at collection (parsing the
+    repository costs about 1.6 CPU-s, which every pytest-xdist worker would pay)."""
     import ast
 
     classes: dict[str, set[str]] = {}
@@ -132,7 +135,7 @@ def cited_code(text: str, classes: dict[str, set[str]], modules: dict[str, set[s
     of a repository class that it lacks, a function of a repository module that it lacks."""
     bad = []
     for span in {s.strip("`").strip() for s in INLINE_CODE.findall(FENCE.sub("", text))}:
-        if (m := RUN_SPAN.match(span)) and m.group(1) not in SUITES:
+        if (m := RUN_SPAN.match(span)) and m.group(1) not in suites():
             bad.append(f"`{span}`: no suite {m.group(1)} in benchmarks/suites.toml")
         elif m := FILE_SPAN.match(span):
             if not any(ch in m.group(1) for ch in "*<{") and not (REPO / m.group(1)).exists():
@@ -144,11 +147,12 @@ def cited_code(text: str, classes: dict[str, set[str]], modules: dict[str, set[s
             if owner in classes and owner[0].isupper() and attr not in classes[owner]:
                 bad.append(f"`{span}`: {owner} has no {attr}")
             elif owner in modules and owner not in NOT_MODULES and attr not in modules[owner] \
-                    and attr not in CONFIG_KEYS.get(owner, ()):
+                    and attr not in config_keys().get(owner, ()):
                 bad.append(f"`{span}`: module {owner} has no {attr}")
     return sorted(bad)
 
 
+@functools.cache
 def config_keys() -> dict[str, set[str]]:
     """The configuration's sections and their keys (`train.steps` is a setting, not a function of a module)."""
     import dataclasses
@@ -161,14 +165,17 @@ def config_keys() -> dict[str, set[str]]:
             if dataclasses.is_dataclass(hints[f.name])}
 
 
-INDEX = code_index()
-CONFIG_KEYS = config_keys()
-SUITES = set(__import__("tomllib").loads((REPO / "benchmarks" / "suites.toml").read_text()))
+@functools.cache
+def suites() -> set[str]:
+    """The benchmark suites' names (benchmarks/suites.toml)."""
+    import tomllib
+
+    return set(tomllib.loads((REPO / "benchmarks" / "suites.toml").read_text()))
 
 
 @pytest.mark.parametrize("markdown", FILES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_cited_files_and_functions_exist(markdown: Path):
-    bad = cited_code(markdown.read_text(), *INDEX)
+    bad = cited_code(markdown.read_text(), *code_index())
     assert not bad, "\n".join(bad)
 
 
@@ -176,7 +183,7 @@ def test_a_cited_function_or_file_that_does_not_exist_fails():
     page = ("The step is `DPGANTrainer.discriminator_step`; the critic's `ZhangTrainer.critic_step`; see "
             "`docs/data_parallel.md` and `loop.no_such_function`. Fine: `DPGANTrainer.train_step`, `docs/privacy.md`, "
             "`torch.Tensor.add_`, `configs/<name>.yaml`, `x.y`, `benchmarks/run.py speed`, `benchmarks/run.py jobs`.")
-    assert cited_code(page, *INDEX) == [
+    assert cited_code(page, *code_index()) == [
         "`DPGANTrainer.discriminator_step`: DPGANTrainer has no discriminator_step",
         "`ZhangTrainer.critic_step`: ZhangTrainer has no critic_step",
         "`benchmarks/run.py jobs`: no suite jobs in benchmarks/suites.toml",

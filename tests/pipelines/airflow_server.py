@@ -15,6 +15,7 @@ import traceback
 
 import airflow  # noqa: F401  (the import each snippet would otherwise repeat)
 import airflow.dag_processing.dagbag  # noqa: F401
+import airflow.providers.cncf.kubernetes.operators.pod  # noqa: F401  (DPSYNTH_EXECUTOR=kubernetes: ~0.9 CPU-s a snippet)
 import airflow.sdk  # noqa: F401
 import kubernetes.client  # noqa: F401
 

@@ -109,7 +109,7 @@ def test_dpsynth_pipeline_run_on_a_window(tmp_path, population, monkeypatch):
 
 @pytest.mark.slow
 def test_kfp_local_runner_on_a_window(tmp_path, population, monkeypatch):
-    from tests.pipelines.test_kfp import run_local
+    from tests.pipelines.test_kfp import load_run_local
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("DPSYNTH_LEDGER_URL", raising=False)
@@ -118,8 +118,9 @@ def test_kfp_local_runner_on_a_window(tmp_path, population, monkeypatch):
     run = tmp_path / "run"
     extra = [*TINY, *PUBLIC, f"ledger.url={population['url']}", f"ledger.window={WINDOW}",
              f"tracking.uri={tracking_uri}", "tracking.experiment=blocks"]
-    run_local.run(dataset=uri, run_dir=str(run), extra=extra, pipeline_root=str(tmp_path / "kfp"), population_id=POP,
-                  method="dpgan", epsilon=EPS, delta=DELTA, steps=10, num_shards=1, n_d="2", seed=0)
+    load_run_local().run(dataset=uri, run_dir=str(run), extra=extra, pipeline_root=str(tmp_path / "kfp"),
+                         population_id=POP, method="dpgan", epsilon=EPS, delta=DELTA, steps=10, num_shards=1, n_d="2",
+                         seed=0)
     check_window_run(run, population, uri, tracking_uri, tmp_path)
 
 

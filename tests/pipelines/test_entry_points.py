@@ -152,19 +152,12 @@ def test_airflow_extra_settings_accept_only_the_recipe_settings(airflow_argvs):
 # --- KFP -----------------------------------------------------------------------------------------
 
 @functools.cache
-def kfp_module():
-    """pipelines/kfp/dpsynth_pipeline.py, imported once per test process (about a CPU-second each time)."""
-    sys.path.insert(0, str(REPO / "pipelines" / "kfp"))
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("dpsynth_kfp_entry", REPO / "pipelines" / "kfp" / "dpsynth_pipeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@functools.cache
 def _compiled() -> dict:
-    return next(yaml.safe_load_all(kfp_module().YAML.read_text()))
+    """The committed compiled pipeline, read as a file (test_kfp.py keeps it in step with the pipeline's code):
+    without importing kfp and building the pipeline (1-2 CPU-s)."""
+    from tests.pipelines.test_kfp import YAML
+
+    return next(yaml.safe_load_all(YAML.read_text()))
 
 
 def compiled_pipeline() -> dict:

@@ -1,11 +1,14 @@
 """pipelines/kfp: the compiled YAML is in sync and has the GPU/fan-out settings; the local flavour runs
 the same CLI as the containers, end to end on 600 MNIST records with K=2 under one MLflow parent run."""
 
+import functools
 import importlib.util
+import inspect
 import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -18,16 +21,55 @@ from tests.stages.helpers import manifest, release_files
 KFP = Path(__file__).resolve().parents[2] / "pipelines" / "kfp"
 POPULATION = "mnist"  # the committed YAML's (make kfp-yaml: DPSYNTH_POPULATION_ID=$(POPULATION))
 STAGES = ["partition", "pretrain", "train", "audit", "sample", "evaluate"]
+# Two files of the pipeline that other test modules read without building it (test_the_pipelines_files_are_these):
+YAML = KFP / "dpsynth_pipeline.yaml"            # the committed compiled pipeline (kp.YAML)
+STAGE_PROGRAM = KFP / "stage_program.py"        # the containers' program, its text run as `python -c` (kp._RUN)
 
 
-_spec = importlib.util.spec_from_file_location("dpsynth_kfp_run_local", KFP / "run_local.py")
-run_local = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(run_local)
-kp = run_local.kp  # pipelines/kfp/dpsynth_pipeline.py
+def _frames(context: int = 1) -> list[inspect.FrameInfo]:
+    """``inspect.stack()``'s frames, function names included, without their source: kfp's
+    ``PipelineTask._ensure_container_spec_exists`` takes the name of its caller from ``inspect.stack()`` (for an
+    error message) on every ``set_*`` call, and that looks up the source file of every frame through
+    ``inspect.getmodule``, a scan of ``sys.modules`` each time: 53 calls cost 5-10 CPU-s in a test process that has
+    imported torch and MLflow (1 without this)."""
+    frame, frames = sys._getframe(1), []
+    while frame is not None:
+        frames.append(inspect.FrameInfo(frame, frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, None,
+                                        None))
+        frame = frame.f_back
+    return frames
+
+
+@functools.cache
+def load_run_local():
+    """pipelines/kfp/run_local.py, with pipelines/kfp/dpsynth_pipeline.py as its ``kp``. Loaded on first use, not
+    at collection: importing them imports kfp and builds the pipeline, which only a worker that runs a KFP test
+    should pay (each pytest-xdist worker collects every module). Built with kfp's caller lookup made cheap
+    (:func:`_frames`); the pipeline is the same (test_committed_yaml_is_in_sync compiles it without)."""
+    from unittest import mock
+
+    import kfp.dsl.pipeline_task
+
+    spec = importlib.util.spec_from_file_location("dpsynth_kfp_run_local", KFP / "run_local.py")
+    module = importlib.util.module_from_spec(spec)
+    with mock.patch.object(kfp.dsl.pipeline_task, "inspect", types.SimpleNamespace(stack=_frames)):
+        spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
-def documents():
+def run_local():
+    return load_run_local()
+
+
+@pytest.fixture(scope="module")
+def kp(run_local):
+    """pipelines/kfp/dpsynth_pipeline.py."""
+    return run_local.kp
+
+
+@pytest.fixture(scope="module")
+def documents(kp):
     """The pipeline spec, then (with kfp-kubernetes) the platform spec: a two-document YAML."""
     return list(yaml.safe_load_all(kp.YAML.read_text()))
 
@@ -56,14 +98,18 @@ def all_tasks(compiled) -> dict:
     return out
 
 
-def test_committed_yaml_is_in_sync(tmp_path):
+def test_the_pipelines_files_are_these(kp):
+    assert kp.YAML == YAML and kp._RUN == STAGE_PROGRAM.read_text()
+
+
+def test_committed_yaml_is_in_sync(tmp_path, kp):
     out = tmp_path / "dpsynth_pipeline.yaml"
     subprocess.run([sys.executable, str(KFP / "dpsynth_pipeline.py"), "--compile", str(out)], check=True,
                    stdout=subprocess.DEVNULL, env={**os.environ, "DPSYNTH_POPULATION_ID": POPULATION})
     assert out.read_text() == kp.YAML.read_text(), "run: make kfp-yaml"
 
 
-def test_gpu_stages_and_fan_out(compiled):
+def test_gpu_stages_and_fan_out(compiled, kp):
     executors = compiled["deploymentSpec"]["executors"]
     for stage in ("pretrain-shard", "train"):
         accelerator = executors[f"exec-dpsynth-{stage}"]["container"]["resources"]["accelerator"]
@@ -108,7 +154,7 @@ def test_gpu_stages_and_fan_out(compiled):
             assert args[args.index(f"ledger.population_id={POPULATION}") - 1] == "--set", name
 
 
-def test_inputs_take_type_and_description_from_the_config_schema(compiled):
+def test_inputs_take_type_and_description_from_the_config_schema(compiled, kp):
     """Each input that is a setting: KFP's type for the setting's, their description; optional with no default
     (empty: the config's, #34) but for the dataset and population, which a run must name."""
     from dpsynth.config import setting_schema
@@ -126,7 +172,7 @@ def test_inputs_take_type_and_description_from_the_config_schema(compiled):
     assert params["extra"]["defaultValue"] == [] and params["extra"]["parameterType"] == "LIST"
 
 
-def test_gpu_toleration_and_node_selector(documents):
+def test_gpu_toleration_and_node_selector(documents, kp):
     platform = documents[1]["platforms"]["kubernetes"] if len(documents) > 1 else None
     if kp.kubernetes is None:
         assert platform is None
@@ -137,7 +183,7 @@ def test_gpu_toleration_and_node_selector(documents):
         assert configs[f"exec-dpsynth-{stage}"]["nodeSelector"]["labels"] == kp.GPU_NODE_SELECTOR
 
 
-def test_stage_pods_get_configuration_retries_and_time_limits(compiled, documents):
+def test_stage_pods_get_configuration_retries_and_time_limits(compiled, documents, kp):
     """Every stage pod: the chart's Secret and ConfigMap as environment, a time limit; every stage
     but finish: retries with backoff."""
     if kp.kubernetes is None:
@@ -172,7 +218,7 @@ def test_stage_pods_get_configuration_retries_and_time_limits(compiled, document
 
 
 @pytest.mark.parametrize("given", ["all", "required"])
-def test_local_component_runs_the_containers_command(compiled, monkeypatch, given):
+def test_local_component_runs_the_containers_command(compiled, monkeypatch, given, kp):
     """The two flavours cannot drift: same argv (after ``dpsynth``) for every command, with every input given and
     with only the required ones (the others absent: the config's)."""
     from tests.pipelines.test_entry_points import render_args
@@ -210,7 +256,7 @@ def test_local_component_runs_the_containers_command(compiled, monkeypatch, give
         assert seen[-1] == args, command
 
 
-def test_the_train_stage_on_several_ranks_is_a_trainjob_launcher(compiled, documents):
+def test_the_train_stage_on_several_ranks_is_a_trainjob_launcher(compiled, documents, kp):
     """train_nodes × train_gpus_per_node > 1: the train-job task (a CPU pod running `dpsynth train --launch
     trainjob`, with the chart's template name from the stage ConfigMap, retried) runs in place of the GPU pod."""
     def decide(**kw):
@@ -260,7 +306,7 @@ TINY = ("train.d_width=4", "train.g_width=4", "train.latent_dim=15", "warmup.ste
         "partition.key=dpsynth-partition-v1", "data.num_classes=10")  # no defaults: the demo's key, MNIST's classes
 
 
-def test_run_local_needs_a_population(tmp_path, capsys):
+def test_run_local_needs_a_population(tmp_path, capsys, run_local):
     config = tmp_path / "no-population.yaml"
     config.write_text("train:\n  steps: 3\n")
     with pytest.raises(SystemExit) as exc:
@@ -273,7 +319,7 @@ def test_run_local_needs_a_population(tmp_path, capsys):
 # container arguments (test_entry_points.py, the tests above) and runs the six stages (tests/stages/test_pipeline.py).
 @pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])  # 2: the train-job branch, torchrun
-def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch, ranks):
+def test_local_pipeline_end_to_end(tmp_path, source, monkeypatch, ranks, run_local):
     from dpsynth.ledger.store import Ledger
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models; other processes share the CPU

@@ -15,13 +15,13 @@ import pytest
 import yaml
 
 from dpsynth.data import import_source, write_parquet
-from tests.pipelines.test_kfp import all_tasks, kp
+from tests.pipelines.test_kfp import STAGE_PROGRAM, YAML, all_tasks
 from tests.stages.helpers import MNIST, TINY, dpsynth
 
 
 def program():
     ns = {"__name__": "dpsynth_stage_program"}
-    exec(kp._RUN, ns)  # noqa: S102 — the text the containers run
+    exec(STAGE_PROGRAM.read_text(), ns)  # noqa: S102 — the text the containers run
     return ns
 
 
@@ -63,7 +63,7 @@ def test_a_verdict_is_recorded_and_a_retry_does_not_run_the_stage_again(tmp_path
 def test_finish_is_the_exit_task():
     """finish runs when the stages' group ends however it ended (ALL_UPSTREAM_TASKS_COMPLETED), takes only pipeline
     parameters (no task output: KFP refuses an exit task that depends on one) and no --parent-run-id."""
-    compiled = list(yaml.safe_load_all(kp.YAML.read_text()))[0]
+    compiled = list(yaml.safe_load_all(YAML.read_text()))[0]
     finish = compiled["root"]["dag"]["tasks"]["dpsynth-finish"]
     assert finish["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     [group] = finish["dependentTasks"]
@@ -150,7 +150,7 @@ def test_output_artifacts_carry_the_manifest_uri_and_keyed_ids(tmp_path, tracked
 def test_stage_artifacts_in_the_ir():
     """partition → Dataset, train (and the train job) → Model, sample → Dataset + Model, evaluate → Metrics; each
     container passes the artifact's path and the executor output file to the program."""
-    compiled = list(yaml.safe_load_all(kp.YAML.read_text()))[0]
+    compiled = list(yaml.safe_load_all(YAML.read_text()))[0]
     want = {"partition": {"dataset": "system.Dataset"}, "train": {"model": "system.Model"},
             "train-job": {"model": "system.Model"}, "sample": {"synthetic": "system.Dataset", "model": "system.Model"},
             "evaluate": {"metrics": "system.Metrics"}}

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from tests.pipelines.test_kfp import all_tasks, kp
+from tests.pipelines.test_kfp import YAML, all_tasks
 from tests.pipelines.test_kfp_exit import container_argv, on_path, program
 
 # consumer component -> {input name: (artifact type, producer task, producer's output)}
@@ -23,7 +23,7 @@ EDGES = {"pretrain-shard": {"partitioned": ("system.Dataset", "dpsynth-partition
 
 @pytest.fixture(scope="module")
 def compiled():
-    return list(yaml.safe_load_all(kp.YAML.read_text()))[0]
+    return list(yaml.safe_load_all(YAML.read_text()))[0]
 
 
 def producer(compiled, task: dict, name: str) -> tuple[str, str]:

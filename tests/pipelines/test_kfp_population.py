@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.pipelines.test_entry_points import REPO, render_args, resolved
-from tests.pipelines.test_kfp import KFP, kp
+from tests.pipelines.test_kfp import KFP, load_run_local
 
 ENV = {k: v for k, v in os.environ.items() if k != "DPSYNTH_POPULATION_ID"}
 
@@ -34,7 +34,8 @@ def test_a_run_cannot_choose_the_population(tmp_path):
     compiled = next(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))
     assert "population_id" not in compiled["root"]["inputDefinitions"]["parameters"]  # no run input to set
     with pytest.raises(TypeError):  # nor a keyword of the pipeline function
-        kp.dpsynth_pipeline.pipeline_func(dataset_uri="s3://b/d.parquet", run_dir="s3://b/r", population_id="fresh")
+        load_run_local().kp.dpsynth_pipeline.pipeline_func(dataset_uri="s3://b/d.parquet", run_dir="s3://b/r",
+                                                           population_id="fresh")
     container = compiled["deploymentSpec"]["executors"]["exec-dpsynth-train"]["container"]
     program = {"__name__": "dpsynth_run"}
     exec(container["command"][2], program)

@@ -114,16 +114,16 @@ class TestKfp:
     @SLOW
     @pytest.mark.parametrize("method", ["gswgan", "gswgan_federated", "dpac", "zhang"])
     def test_kfp(self, method, source, tmp_path, monkeypatch):
-        from tests.pipelines.test_kfp import run_local
+        from tests.pipelines.test_kfp import load_run_local
 
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         run = tmp_path / "run"
         ledger, ledger_url = budgeted(tmp_path)
-        run_local.run(dataset=source, run_dir=str(run),
-                      extra=[*COMMON, *PLATFORM, *[f"data.{k}={v}" for k, v in PUBLIC.get(method, {}).items()],
-                             *TINY[method], "tracking.enabled=false", *ledger_url],
-                      pipeline_root=str(tmp_path / "kfp"), population_id="mnist600", method=method, epsilon=10.0,
-                      delta=1e-4, steps=STEPS[method], num_shards=2, n_d="2", seed=0)
+        load_run_local().run(dataset=source, run_dir=str(run),
+                             extra=[*COMMON, *PLATFORM, *[f"data.{k}={v}" for k, v in PUBLIC.get(method, {}).items()],
+                                    *TINY[method], "tracking.enabled=false", *ledger_url],
+                             pipeline_root=str(tmp_path / "kfp"), population_id="mnist600", method=method,
+                             epsilon=10.0, delta=1e-4, steps=STEPS[method], num_shards=2, n_d="2", seed=0)
         check_release(run, method)
         (job,) = {r["pipeline_run_id"] for r in ledger.history("mnist600")}  # KFP's job id
         check_charged(ledger, job)
