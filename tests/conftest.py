@@ -1,5 +1,6 @@
 """Fixtures shared across test folders."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -7,6 +8,12 @@ import numpy as np
 import pytest
 
 MNIST = Path(__file__).resolve().parents[1] / "data" / "mnist"
+
+# No MLflow usage telemetry from the tests or the processes they start, as on the platform (scripts/platform.sh):
+# set before any test module imports MLflow (MLflow's own pytest check reads PYTEST_CURRENT_TEST only at its
+# import, which a module imported at collection precedes).
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "true")
 
 
 @pytest.hookimpl(tryfirst=True)

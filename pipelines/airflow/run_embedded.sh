@@ -20,6 +20,8 @@ export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$AIRFLOW_HOME/airflow.db"
 export DPSYNTH_STAGE_BIN="$PWD/.venv/stage/bin/dpsynth"
 export DPSYNTH_TRACKING_URI="$TRACKING"  # a platform setting (not on the trigger form)
 export PYTHONUNBUFFERED=1
+# No usage telemetry, as on the platform (scripts/platform.sh): MLflow 3 reads MLFLOW_DISABLE_TELEMETRY and DO_NOT_TRACK.
+export MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=true
 mkdir -p "$AIRFLOW_HOME"
 
 .venv/stage/bin/dpsynth data import data/mnist "$DATASET"

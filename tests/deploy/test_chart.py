@@ -399,8 +399,10 @@ def test_images_switch_telemetry_off(dockerfile):
         assert "MLFLOW_DISABLE_TELEMETRY=true" in text
 
 
-def test_platform_script_switches_telemetry_off():
-    exports = [ln for ln in (REPO / "scripts" / "platform.sh").read_text().splitlines() if ln.startswith("export ")]
+@pytest.mark.parametrize("script", ["scripts/platform.sh", "pipelines/airflow/run_embedded.sh"])
+def test_local_scripts_switch_telemetry_off(script):
+    """`make up`'s platform and `make run`'s embedded Airflow run (its stages inherit the environment)."""
+    exports = [ln for ln in (REPO / script).read_text().splitlines() if ln.startswith("export ")]
     assert any("MLFLOW_DISABLE_TELEMETRY=true" in ln and "DO_NOT_TRACK=true" in ln for ln in exports)
 
 
