@@ -62,6 +62,18 @@ def figure_maps(images: np.ndarray, *, low: float = 50.0, high: float = 99.0) ->
     return np.round(m * 255).astype(np.uint8).reshape(n, h, w, 1)
 
 
+def stretch_masks(masks: np.ndarray, *, low: float = 50.0, high: float = 99.0) -> np.ndarray:
+    """Each mask (N × H × W in [0, 1]) with its ``low`` percentile mapped to 0 and its ``high`` percentile to 1,
+    clipped: a released sample's faint figure made a full figure mask (a function of that sample alone).
+
+    >>> stretch_masks(np.array([[[0.1, 0.1], [0.1, 0.4]]]), high=100.0).tolist()
+    [[[0.0, 0.0], [0.0, 1.0]]]
+    """
+    lo = np.percentile(masks, low, axis=(1, 2), keepdims=True)
+    hi = np.percentile(masks, high, axis=(1, 2), keepdims=True)
+    return np.clip((masks - lo) / np.maximum(hi - lo, 1e-6), 0, 1)
+
+
 def _children() -> tuple[float, float]:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime, r.ru_maxrss / 2**20
@@ -69,11 +81,14 @@ def _children() -> tuple[float, float]:
 
 def measure(*, dataset: str = "letters-texture", n: int = 6000, seed: int = 0, epsilon: float = 10.0,
             paint_seed: int = 0, overrides: tuple[str, ...] = (), frechet: bool = False, grid_path: str | None = None,
-            grey_grid_path: str | None = None, out: str = str(ROOT / "outputs/bench-figure-gan")) -> dict:
+            grey_grid_path: str | None = None, stretch: bool = False, reuse: str | None = None,
+            out: str = str(ROOT / "outputs/bench-figure-gan")) -> dict:
     """The four steps above on ``dataset`` (``n`` records drawn with ``seed``) at ``epsilon``; ``overrides`` are
     --set items of the grey recipe (e.g. ``train.seed=1``), ``paint_seed`` the painter's public seed, ``frechet``
     adds the evaluate stage's fid_classifier; sample grids (painted, grey) to ``grid_path``, ``grey_grid_path``.
-    CPU and peak memory count this process and the CLI's stages. Returns the set's description and one row."""
+    CPU and peak memory count this process and the CLI's stages. ``stretch``: each released grey sample is scaled
+    by :func:`stretch_masks` before it is painted (post-processing); ``reuse``: the ``out`` folder of an earlier run
+    whose release is painted again (no stage runs, nothing is spent). Returns the set's description and one row."""
     import utility
     from private_evolution import grid, records, score
 
@@ -88,19 +103,21 @@ def measure(*, dataset: str = "letters-texture", n: int = 6000, seed: int = 0, e
     grey = ImageDataset(record_ids=list(full.record_ids), labels=full.labels, images=figure_maps(full.images),
                         splits=full.splits, num_classes=full.num_classes,
                         source=f"{full.source} | benchmarks/figure_gan.py: figure maps")
-    grey_uri = out / "grey" / f"{dataset}-figure-maps.parquet"
-    grey_uri.parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(grey, grey_uri)
+    grey_uri = (Path(reuse) if reuse else out) / "grey" / f"{dataset}-figure-maps.parquet"
+    if not reuse:
+        grey_uri.parent.mkdir(parents=True, exist_ok=True)
+        write_parquet(grey, grey_uri)
 
     extra = [*utility.GENERATED_EXTRA, f"data.num_classes={full.num_classes}", f"privacy.epsilon={epsilon}",
              "audit.empirical=off", *overrides]
-    run_dir = out / "run"
+    run_dir = (Path(reuse) if reuse else out) / "run"
     sets = ["--set", f"data.uri={grey_uri}", "--set", "tracking.enabled=false",
             "--set", f"ledger.url={utility.ledger_url(out)}", "--set", f"ledger.population_id={utility.POPULATION}"]
     for item in extra:
         sets += ["--set", item]
-    utility.budget_for(out, grey_uri, [(RECIPE, epsilon)], extra)
-    for stage in STAGES:
+    if not reuse:
+        utility.budget_for(out, grey_uri, [(RECIPE, epsilon)], extra)
+    for stage in () if reuse else STAGES:
         subprocess.run([*utility.DPSYNTH, "-q", stage, "--config", str(ROOT / RECIPE), "--run-dir", str(run_dir),
                         *sets], cwd=ROOT, check=True)
     import json
@@ -111,6 +128,7 @@ def measure(*, dataset: str = "letters-texture", n: int = 6000, seed: int = 0, e
     cpu_release = (time.process_time() - cpu0 + _children()[0] - child_cpu0) / 60
 
     masks = released.images[..., 0].astype(np.float64) / 255.0
+    masks = stretch_masks(masks) if stretch else masks
     images = paint(masks, np.random.default_rng(paint_seed), channels=3)
     synthetic = ImageDataset(record_ids=list(released.record_ids), labels=released.labels, images=images,
                              splits=None, num_classes=released.num_classes, source="figure maps, DP-GAN, painted")
@@ -123,7 +141,7 @@ def measure(*, dataset: str = "letters-texture", n: int = 6000, seed: int = 0, e
     row = {"row": "figure-gan", "recipe": RECIPE, "method": trained["details"].get("method"),
            "epsilon_target": epsilon, "delta": cfg.privacy.delta, "epsilon_trained": trained["privacy"]["epsilon"],
            "epsilon_audited": audited["details"].get("epsilon_upper_bound"), "audit": audited["details"],
-           "overrides": list(overrides), "paint_seed": paint_seed, "private_records": len(train),
+           "overrides": list(overrides), "paint_seed": paint_seed, "stretch": stretch, "reused_release": reuse, "private_records": len(train),
            "test_records": len(test_real), "synthetic_records": len(synthetic), **scores,
            "cpu_min_release": cpu_release,
            "cpu_min_total": (time.process_time() - cpu0 + child_cpu - child_cpu0) / 60,
