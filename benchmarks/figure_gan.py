@@ -23,6 +23,7 @@ On one RGB set of ``benchmarks/datasets.py`` (the records, partition and test re
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import subprocess
 import sys
@@ -81,14 +82,15 @@ def _children() -> tuple[float, float]:
 
 def measure(*, dataset: str = "letters-texture", n: int = 6000, seed: int = 0, epsilon: float = 10.0,
             paint_seed: int = 0, overrides: tuple[str, ...] = (), frechet: bool = False, grid_path: str | None = None,
-            grey_grid_path: str | None = None, stretch: bool = False, reuse: str | None = None,
+            grey_grid_path: str | None = None, stretch: bool = False, reuse: str | None = None, noiseless: bool = False,
             out: str = str(ROOT / "outputs/bench-figure-gan")) -> dict:
     """The four steps above on ``dataset`` (``n`` records drawn with ``seed``) at ``epsilon``; ``overrides`` are
     --set items of the grey recipe (e.g. ``train.seed=1``), ``paint_seed`` the painter's public seed, ``frechet``
     adds the evaluate stage's fid_classifier; sample grids (painted, grey) to ``grid_path``, ``grey_grid_path``.
     CPU and peak memory count this process and the CLI's stages. ``stretch``: each released grey sample is scaled
     by :func:`stretch_masks` before it is painted (post-processing); ``reuse``: the ``out`` folder of an earlier run
-    whose release is painted again (no stage runs, nothing is spent). Returns the set's description and one row."""
+    whose release is painted again (no stage runs, nothing is spent); ``noiseless``: not private, the design's upper
+    bound: the training records' own figure maps painted in place of a release. Returns the set's description and one row."""
     import utility
     from private_evolution import grid, records, score
 
@@ -115,6 +117,8 @@ def measure(*, dataset: str = "letters-texture", n: int = 6000, seed: int = 0, e
             "--set", f"ledger.url={utility.ledger_url(out)}", "--set", f"ledger.population_id={utility.POPULATION}"]
     for item in extra:
         sets += ["--set", item]
+    if noiseless:
+        reuse = "not private: the training records' own figure maps"
     if not reuse:
         utility.budget_for(out, grey_uri, [(RECIPE, epsilon)], extra)
     for stage in () if reuse else STAGES:
@@ -122,9 +126,13 @@ def measure(*, dataset: str = "letters-texture", n: int = 6000, seed: int = 0, e
                         *sets], cwd=ROOT, check=True)
     import json
 
-    trained = json.loads((run_dir / "sensitive/train/manifest.json").read_text())
-    audited = json.loads((run_dir / "sensitive/audit/manifest.json").read_text())
-    released = read_parquet(str(run_dir / "release/sample/synthetic.parquet"))
+    if noiseless:
+        trained = audited = {"privacy": {"epsilon": None}, "details": {"method": None}}
+        released = dataclasses.replace(train, images=figure_maps(train.images))
+    else:
+        trained = json.loads((run_dir / "sensitive/train/manifest.json").read_text())
+        audited = json.loads((run_dir / "sensitive/audit/manifest.json").read_text())
+        released = read_parquet(str(run_dir / "release/sample/synthetic.parquet"))
     cpu_release = (time.process_time() - cpu0 + _children()[0] - child_cpu0) / 60
 
     masks = released.images[..., 0].astype(np.float64) / 255.0
