@@ -35,32 +35,32 @@ def small_mnist():
     return import_source(str(MNIST)).subset(np.arange(600))
 
 
-# The quick tier's longest modules (about half a minute of CPU or more, counting every process a module starts:
-# tests/methods/distributed_workers.py forks its ranks, torchrun and the Airflow CLI start their own), longest
-# first, as measured by CPU seconds per module (user + system, children included, each module alone with
-# -p no:xdist) on the busy 2-core machine (#53, 2026-11-29, fifth session, after its changes). A module measured
-# alone also pays the imports, first stores and fork servers its worker pays once in `make test`. `make test`
-# hands whole modules to its two workers in collection order (--dist loadscope --no-loadscope-reorder); these go
-# first so that the run does not end on one of them alone on one worker while the other has nothing left
-# (xdist's own order, by number of tests, put them last).
+# The quick tier's longest modules, longest first, by the wall seconds of their tests (junit: setup + call + teardown,
+# summed per module) in one `make test` on a fresh clone (#53, 2026-11-30, seventh session, after its changes; 1,506
+# passed, 874 s of pytest with two benchmark processes beside it, so every figure is stretched alike). In `make test`
+# each module pays its worker's shared costs (imports, fork servers, first stores) only once. `make test` hands whole
+# modules to its two workers in collection order (--dist loadscope --no-loadscope-reorder); these go first so that
+# the run does not end on one of them alone on one worker while the other has nothing left (xdist's own order, by
+# number of tests, put them last).
 LONGEST_FIRST = [
-    "tests/methods/test_gswgan_federated.py",    # 73 (two torchrun jobs)
-    "tests/distributed/test_distributed.py",     # 61
-    "tests/distributed/test_train_torchrun.py",  # 58 (one torchrun job)
-    "tests/pipelines/test_airflow.py",           # 51 (test_unpaused's check included)
-    "tests/stages/test_egress.py",               # 50 (one torchrun job)
-    "tests/methods/test_contract.py",            # 44
-    "tests/stages/test_pipeline.py",             # 42
-    "tests/stages/test_train_attempts.py",       # 38
-    "tests/audit/test_empirical.py",             # 33
-    "tests/warmup/test_warmup.py",               # 32
-    "tests/mlflow_plugins/test_ledger_page.py",  # 32
-    "tests/pipelines/test_entry_points.py",      # 30
-    "tests/audit/test_empirical_stage.py",       # 29
-    "tests/stages/test_logged_keys.py",          # 28
-    "tests/ledger/test_attempt.py",              # 27
+    "tests/pipelines/test_airflow.py",           # 100 (test_unpaused's check included)
+    "tests/distributed/test_distributed.py",     # 85
+    "tests/methods/test_gswgan_federated.py",    # 82 (forked ranks; one torchrun job)
+    "tests/stages/test_egress.py",               # 81 (one torchrun job)
+    "tests/methods/test_contract.py",            # 74
+    "tests/distributed/test_train_torchrun.py",  # 73 (torchrun jobs)
+    "tests/ledger/test_ledger.py",               # 65
+    "tests/audit/test_empirical.py",             # 57
+    "tests/stages/test_pipeline.py",             # 51
+    "tests/warmup/test_warmup.py",               # 50
+    "tests/audit/test_empirical_stage.py",       # 41
+    "tests/mlflow_plugins/test_ledger_page.py",  # 35
+    "tests/deploy/test_mlflow_hosts.py",         # 34
+    "tests/stages/test_train_attempts.py",       # 32
+    "tests/stages/test_logged_keys.py",          # 27
+    "tests/pipelines/test_entry_points.py",      # 25
 ]
-# No longer in the list: tests/distributed/test_launch.py (45-55, now 22: the TrainJob stand-in's ranks forked).
+# No longer in the list: tests/ledger/test_attempt.py (27 in the sixth session, 13 now: shorter killed runs).
 
 
 # The slow tier's modules (`make test-slow`: `pytest -m slow`, on two workers like `make test`), longest first, by the
