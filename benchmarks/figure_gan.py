@@ -4,7 +4,7 @@ On one RGB set of ``benchmarks/datasets.py`` (the records, partition and test re
 ``private_evolution.py``'s rows):
 
 1. every record becomes a grey 32 × 32 figure map by :func:`figure_maps`, a fixed public function of that record
-   alone (each pixel's distance over the channels from the record's fitted background plane, at full resolution,
+   alone (:func:`dpsynth.mechanisms.private_evolution.background_distance` at full resolution,
    its median subtracted and its 99th percentile scaled to 255): a bright figure on a dark ground, whatever its
    colour or polarity. Applied record by record, it keeps add/remove neighbours neighbours, so the ε of step 2 holds
    for the RGB records;
@@ -24,6 +24,7 @@ On one RGB set of ``benchmarks/datasets.py`` (the records, partition and test re
 from __future__ import annotations
 
 import dataclasses
+import json
 import resource
 import subprocess
 import sys
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from dpsynth.data import ImageDataset, read_parquet, write_parquet  # noqa: E402
-from dpsynth.mechanisms.private_evolution import _plane_fit  # noqa: E402
+from dpsynth.mechanisms.private_evolution import background_distance  # noqa: E402
 from dpsynth.prior.paint import paint  # noqa: E402
 
 RECIPE = "configs/dpgan-mnist-cpu.yaml"  # make run's configuration: on one channel, the shipped grey recipe
@@ -53,11 +54,8 @@ def figure_maps(images: np.ndarray, *, low: float = 50.0, high: float = 99.0) ->
     >>> m = figure_maps(x); m.shape, int(m[0, 3, 3, 0]), int(m[0, 0, 0, 0]), bool((m[0] == m[1]).all())
     ((2, 8, 8, 1), 255, 0, True)
     """
-    n, h, w, c = images.shape
-    basis, ring = _plane_fit(h, w)
-    fit = np.linalg.pinv(basis[ring])
-    x = images.reshape(n, h * w, c).astype(np.float64) / 255.0
-    d = np.sqrt(((x - basis @ np.einsum("kr,nrc->nkc", fit, x[:, ring])) ** 2).sum(-1))
+    n, h, w, _ = images.shape
+    d = background_distance(images).reshape(n, h * w)
     lo, hi = np.percentile(d, low, axis=1, keepdims=True), np.percentile(d, high, axis=1, keepdims=True)
     m = np.clip((d - lo) / np.maximum(hi - lo, 1e-6), 0, 1)
     return np.round(m * 255).astype(np.uint8).reshape(n, h, w, 1)
@@ -118,14 +116,12 @@ def measure(*, dataset: str = "letters-texture", n: int = 6000, seed: int = 0, e
     for item in extra:
         sets += ["--set", item]
     if noiseless:
-        reuse = "not private: the training records' own figure maps"
+        reuse = "not private: the training records' own figure maps"  # nothing runs, nothing is spent
     if not reuse:
         utility.budget_for(out, grey_uri, [(RECIPE, epsilon)], extra)
     for stage in () if reuse else STAGES:
         subprocess.run([*utility.DPSYNTH, "-q", stage, "--config", str(ROOT / RECIPE), "--run-dir", str(run_dir),
                         *sets], cwd=ROOT, check=True)
-    import json
-
     if noiseless:
         trained = audited = {"privacy": {"epsilon": None}, "details": {"method": None}}
         released = dataclasses.replace(train, images=figure_maps(train.images))

@@ -55,8 +55,26 @@ def _plane_fit(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
     return basis, ring
 
 
+def background_distance(images: np.ndarray) -> np.ndarray:
+    """Each pixel's Euclidean distance over the channels, in [0, 1] units, from its record's background colour field
+    (a plane per channel, least squares on the record's border ring): uint8 N × H × W × C → float64 N × H × W. A
+    function of each record alone.
+
+    >>> x = np.full((1, 6, 6, 3), 40, np.uint8); x[0, 2:4, 2:4] = (40, 40, 244)
+    >>> d = background_distance(x); round(float(d[0, 2, 2]), 3), round(float(d[0, 0, 0]), 3)
+    (0.8, 0.0)
+    """
+    n, h, w, c = images.shape
+    basis, ring = _plane_fit(h, w)
+    fit = np.linalg.pinv(basis[ring])  # 3 × ring
+    x = images.reshape(n, h * w, c).astype(np.float64) / 255.0
+    coef = np.einsum("kr,nrc->nkc", fit, x[:, ring])
+    return np.sqrt(((x - basis @ coef) ** 2).sum(-1)).reshape(n, h, w)
+
+
 def figure_map(images: np.ndarray, *, grid: int = GRID, batch: int = 2048) -> np.ndarray:
-    """The colour-blind feature of uint8 images (N × H × W × C): N × grid² float32, unit norm (see the module).
+    """The colour-blind feature of uint8 images (N × H × W × C): N × grid² float32, unit norm (see the module):
+    :func:`background_distance`, pooled to grid × grid, blurred, less its mean.
 
     >>> x = np.zeros((2, 8, 8, 3), np.uint8); x[0, 2:6, 2:6] = (255, 0, 0); x[1, 2:6, 2:6] = (0, 0, 90)
     >>> x[1, :, :, 1] += 200                                  # another colour, on another background
@@ -66,14 +84,9 @@ def figure_map(images: np.ndarray, *, grid: int = GRID, batch: int = 2048) -> np
     import torch
     import torch.nn.functional as F
 
-    n, h, w, c = images.shape
-    basis, ring = _plane_fit(h, w)
-    fit = np.linalg.pinv(basis[ring])  # 3 × ring
-    out = np.empty((n, grid * grid), np.float32)
-    for lo in range(0, n, batch):
-        x = images[lo:lo + batch].reshape(-1, h * w, c).astype(np.float64) / 255.0
-        coef = np.einsum("kr,nrc->nkc", fit, x[:, ring])
-        d = np.sqrt(((x - basis @ coef) ** 2).sum(-1)).reshape(-1, 1, h, w)
+    out = np.empty((len(images), grid * grid), np.float32)
+    for lo in range(0, len(images), batch):
+        d = background_distance(images[lo:lo + batch])[:, None]
         t = F.adaptive_avg_pool2d(torch.from_numpy(d), grid)
         k = torch.tensor([1.0, 2.0, 1.0], dtype=t.dtype) / 4
         t = F.conv2d(F.pad(t, (1, 1, 1, 1), mode="replicate"), (k[:, None] * k[None, :]).view(1, 1, 3, 3))
