@@ -30,21 +30,30 @@ def pipeline_runs(uri, experiment, pipeline_run_id):
     return client, client.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = '{pipeline_run_id}'")
 
 
-@pytest.mark.parametrize("method", list(METHODS))
-def test_every_key_every_stage_logs_is_declared_and_nothing_passes_the_gate(tmp_path, source, mnist600, method):
+def test_every_key_every_stage_logs_is_declared_and_nothing_passes_the_gate(tmp_path, source, mnist600):
+    """GS-WGAN's pipeline with MLflow on (DPGAN's: these checks on tests/stages/test_pipeline.py's tracked run,
+    test_every_key_the_dpgan_pipeline_logs_is_declared_and_nothing_passes_the_gate)."""
     from tests import mlflow_template
 
     mlflow_template.install()  # the first store is migrated once and kept: this module's others copy its schema
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_dir = tmp_path / "run"
     tracked = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=keys-test")
-    assert dpsynth("pipeline", "run", "--run-dir", run_dir, "--pipeline-run-id", f"keys-{method}",
-                   *settings(source, *tracked, *EVALUATE, *METHODS[method])) == 0
+    assert dpsynth("pipeline", "run", "--run-dir", run_dir, "--pipeline-run-id", "keys-gswgan",
+                   *settings(source, *tracked, *EVALUATE, *METHODS["gswgan"])) == 0
+    check_keys_and_release(uri, "keys-test", run_dir, "gswgan", "keys-gswgan", source=source, mnist600=mnist600,
+                           tmp_path=tmp_path)
+
+
+def check_keys_and_release(uri, experiment, run_dir, method, pipeline_run_id, *, source, mnist600, tmp_path):
+    """The audit of the tracked pipeline run PIPELINE_RUN_ID (METHOD's) passed and released; every key each stage's
+    MLflow run holds is declared, with its reason; nothing before the gate (no image or model on the train run, no raw
+    content hash in MLflow or the release zone); its generator is registered once (:func:`assert_released_once`)."""
     audit = json.loads(storage.read_bytes(f"{run_dir}/sensitive/audit/audit.json"))
     assert audit["decision"] == "passed", [c for c in audit["checks"] if not c["passed"]]
     assert {"sample/generator.pt", "sample/synthetic.parquet"} <= set(release_files(run_dir))
 
-    client, runs = pipeline_runs(uri, "keys-test", f"keys-{method}")
+    client, runs = pipeline_runs(uri, experiment, pipeline_run_id)
     by_stage = {r.data.tags[tracking.TAG_STAGE]: r for r in runs}
     assert set(by_stage) == {"pipeline", "partition", "pretrain", "train", "audit", "sample", "evaluate"}
     for stage, run in by_stage.items():
@@ -81,7 +90,7 @@ def test_every_key_every_stage_logs_is_declared_and_nothing_passes_the_gate(tmp_
     texts += [p.read_bytes().decode("latin-1") for p in release.rglob("*") if p.is_file()]
     leaks = [h for h in raw for t in texts if h in t or h[:32] in t]
     assert leaks == []
-    assert_released_once(client, run_dir, method=method, sample_run=by_stage["sample"], pipeline_run_id=f"keys-{method}",
+    assert_released_once(client, run_dir, method=method, sample_run=by_stage["sample"], pipeline_run_id=pipeline_run_id,
                          parent_run=by_stage["pipeline"], audit=audit, partition=partition)
 
 
