@@ -40,7 +40,8 @@ def test_an_image_built_without_a_commit_says_only_the_version(tmp_path):
 
 def check_lineage(run, uri, experiment, pipeline_run_ids) -> None:
     """Every stage's manifest, every MLflow run of the pipeline runs PIPELINE_RUN_IDS (in EXPERIMENT), the release
-    card and the registered version 1 record SHA and IMAGE (the run made with DPSYNTH_GIT_SHA=SHA, DPSYNTH_IMAGE=IMAGE)."""
+    card and the registered version 1 record SHA and IMAGE (the runs made with DPSYNTH_GIT_SHA=SHA and
+    DPSYNTH_IMAGE=IMAGE)."""
     from mlflow import MlflowClient
 
     expected = {"code_version": f"{__version__}+{SHA[:12]}", "git_sha": SHA, "image": IMAGE}
@@ -50,7 +51,8 @@ def check_lineage(run, uri, experiment, pipeline_run_ids) -> None:
         assert {k: m[k] for k in expected} == expected, stage
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment).experiment_id
-    runs = [r for i in pipeline_run_ids for r in client.search_runs([exp], f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = '{i}'")]
+    runs = [r for i in pipeline_run_ids
+            for r in client.search_runs([exp], f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = '{i}'")]
     assert len(runs) >= 7 * len(pipeline_run_ids)  # the parent and one per stage, of each
     for r in runs:
         assert r.data.tags[tracking.TAG_GIT_SHA] == SHA and r.data.tags[tracking.TAG_IMAGE] == IMAGE, r.data.tags

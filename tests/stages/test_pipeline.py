@@ -85,7 +85,8 @@ def tracked_run(tmp_path_factory, source):
         mp.setenv("DPSYNTH_IMAGE", test_lineage.IMAGE)
         for run_id in ("p1", "p2"):
             with contextlib.redirect_stdout(io.StringIO()) as printed:
-                code = pipeline(run, source, uri, run_id, *test_logged_keys.EVALUATE, *test_logged_keys.METHODS["dpgan"])
+                code = pipeline(run, source, uri, run_id, *test_logged_keys.EVALUATE,
+                                *test_logged_keys.METHODS["dpgan"])
             out[run_id] = printed.getvalue()
             assert code == 0, (run_id, out[run_id][-3000:])
     return {"run": run, "uri": uri, "ledger": ledger, "out": out, "source": source}
@@ -154,12 +155,13 @@ def test_every_key_the_dpgan_pipeline_logs_is_declared_and_nothing_passes_the_ga
     """tests/stages/test_logged_keys.py's checks on DPGAN's tracked run (its GS-WGAN case runs there)."""
     from tests.stages.test_logged_keys import check_keys_and_release
 
-    check_keys_and_release(tracked_run["uri"], "stages-test", tracked_run["run"], "dpgan", "p1", source=tracked_run["source"],
-                           mnist600=mnist600, tmp_path=tmp_path)
+    check_keys_and_release(tracked_run["uri"], "stages-test", tracked_run["run"], "dpgan", "p1",
+                           source=tracked_run["source"], mnist600=mnist600, tmp_path=tmp_path)
 
 
 def test_every_stage_the_card_and_the_registered_version_record_the_commit_and_the_image(tracked_run):
-    """tests/stages/test_lineage.py's check (#55 item 7) on the tracked run, made with DPSYNTH_GIT_SHA and DPSYNTH_IMAGE."""
+    """tests/stages/test_lineage.py's check (#55 item 7) on the tracked run, made with DPSYNTH_GIT_SHA and
+    DPSYNTH_IMAGE set."""
     from tests.stages.test_lineage import check_lineage
 
     check_lineage(tracked_run["run"], tracked_run["uri"], "stages-test", ("p1", "p2"))

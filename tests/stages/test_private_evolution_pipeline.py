@@ -77,7 +77,7 @@ def pe_run(tmp_path_factory, rgb_source):
 
     base = tmp_path_factory.mktemp("pe-run")
     ledger = f"sqlite:///{base / 'ledger.db'}"
-    Ledger(ledger).set_budget("mnist600", epsilon=1000.0, delta=1e-3, reason="tests/stages/test_private_evolution_pipeline.py")
+    Ledger(ledger).set_budget("mnist600", epsilon=1000.0, delta=1e-3, reason="test_private_evolution_pipeline.py")
     mlflow_uri = f"sqlite:///{base / 'mlflow.db'}"
     tracked = ["audit.empirical=auto", "audit.canaries=100", "tracking.enabled=true", f"tracking.uri={mlflow_uri}",
                "tracking.experiment=egress-pe", f"tracking.artifact_location={base / 'artifacts'}"]
@@ -132,7 +132,8 @@ def test_a_private_evolution_run_leaves_only_declared_fields_and_no_raw_hash(pe_
 
     run, ran = pe_run["run"], pe_run["ran"]
     assert manifest(run, "sensitive", "train")["details"]["method"] == "private-evolution"
-    warned = [f"{stage}: {line}" for stage, _, err in ran for line in err.splitlines() if "egress: withheld field" in line]
+    warned = [f"{stage}: {line}" for stage, _, err in ran for line in err.splitlines()
+              if "egress: withheld field" in line]
     assert warned == []
     printed = {f"{stage} stdout": out.encode() for stage, out, _ in ran} | store_texts(pe_run["base"])
     sensitive = sensitive_hashes(run)
