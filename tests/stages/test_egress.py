@@ -154,7 +154,8 @@ def walked(tmp_path_factory, source):
     run, ledger = base / "run", f"sqlite:///{base / 'ledger.db'}"
     mlflow_uri = f"sqlite:///{base / 'mlflow.db'}"
     tracked = ("tracking.enabled=true", f"tracking.uri={mlflow_uri}", "tracking.experiment=egress",
-               f"tracking.artifact_location={base / 'artifacts'}", *GSWGAN)
+               f"tracking.artifact_location={base / 'artifacts'}", *GSWGAN,
+               "output.log_every=2")  # the trainer's logged series too (tests/stages/test_logged_keys.py's checks)
     ran: list[tuple[list[str], int, str, str]] = []
     from tests import mlflow_template
 
@@ -217,7 +218,7 @@ def walked(tmp_path_factory, source):
         beyond["ledger page (JSON API)"] = json.dumps(page, default=str).encode()
         beyond["ledger page (HTML)"] = render(page).encode()
     return {"base": base, "run": run, "ran": ran, "source": source, "imported": imported, "beyond": beyond,
-            "page_log": page_log}
+            "page_log": page_log, "data": data}
 
 
 @contextlib.contextmanager
@@ -385,6 +386,16 @@ def test_the_orchestrators_path_opens_the_parent_runs_each_stage_and_finish_clos
     if "dpsynth.pipeline_run_id" in resolve_tags({}) or _provider_installed():
         for child in children:
             assert child.data.tags[tracking.TAG_POPULATION] == "mnist600", child.data.tags[tracking.TAG_STAGE]
+
+
+def test_every_key_the_gswgan_pipeline_logs_is_declared_and_nothing_passes_the_gate(walked, mnist600, tmp_path):
+    """tests/stages/test_logged_keys.py's checks on the walk's GS-WGAN run (e1): every key each stage's MLflow run
+    holds is declared, nothing before the gate, the audited generator registered once (DPGAN's: on
+    tests/stages/test_pipeline.py's tracked run)."""
+    from tests.stages.test_logged_keys import check_keys_and_release
+
+    check_keys_and_release(f"sqlite:///{walked['base'] / 'mlflow.db'}", "egress", walked["run"], "gswgan", "e1",
+                           source=walked["data"], mnist600=mnist600, tmp_path=tmp_path)
 
 
 def raw_hashes(walked) -> dict[str, str]:
