@@ -167,6 +167,43 @@ def test_every_stage_the_card_and_the_registered_version_record_the_commit_and_t
     check_lineage(tracked_run["run"], tracked_run["uri"], "stages-test", ("p1", "p2"))
 
 
+def test_a_failed_audit_registers_nothing_and_each_passed_release_takes_the_alias(tracked_run):
+    """The Model Registry across audits of the tracked run's generator (tests/stages/test_model_registry.py's
+    subject): version 1 is p1's release; a failed audit (a paper's own accounting never passes) makes the sample stage
+    refuse and registers nothing; the same generator audited again with sound accounting is released again, as
+    version 2, which takes the ``released`` alias. Last of the tracked run's tests: it audits and samples that run
+    again."""
+    from mlflow import MlflowClient
+
+    from dpsynth import storage
+    from tests.stages.helpers import stage
+    from tests.stages.test_logged_keys import EVALUATE, METHODS
+
+    run, uri, source = tracked_run["run"], tracked_run["uri"], tracked_run["source"]
+    tracked = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=stages-test", *EVALUATE,
+               *METHODS["dpgan"])
+    client = MlflowClient(uri)
+    name = tracking.registered_model_name("mnist600", "dpgan")
+    assert [m.name for m in client.search_registered_models()] == [name] == ["dpsynth-mnist600-dpgan"]
+    assert [str(v.version) for v in client.search_model_versions()] == ["1"]
+
+    assert stage("audit", run, source, *tracked, "privacy.accounting=as_published") == 2
+    assert json.loads(storage.read_bytes(f"{run}/sensitive/audit/audit.json"))["decision"] == "failed"
+    assert stage("sample", run, source, *tracked) != 0
+    assert [str(v.version) for v in client.search_model_versions()] == ["1"]  # nothing registered
+    assert client.get_model_version_by_alias(name, "released").version in (1, "1")
+
+    assert stage("audit", run, source, *tracked) == 0
+    assert stage("sample", run, source, *tracked) == 0
+    versions = {str(v.version): client.get_model_version(name, v.version) for v in client.search_model_versions()}
+    assert sorted(versions) == ["1", "2"]
+    assert versions["2"].aliases == ["released"] and versions["1"].aliases == []
+    assert versions["1"].tags[tracking.TAG_TRACE_SHA256] == versions["2"].tags[tracking.TAG_TRACE_SHA256]
+    assert all(v.tags[tracking.TAG_AUDIT] == "passed" for v in versions.values())
+    released = manifest(run, "release", "sample")["details"]["release"]
+    assert released["registered_model"] == {"name": name, "version": "2", "alias": "released"}
+
+
 def test_stops_at_the_first_failing_stage(tmp_path, source, mlflow_uri, capsys):
     # warm-up noise 0: train refuses when it builds the trainer (no private step ran)
     assert pipeline(tmp_path / "run", source, mlflow_uri, "p3", "train.batch_size=100000") == 2
