@@ -5,8 +5,8 @@ pass the audit and release a generator and synthetic data.
 
 DPGAN's runs are the fast tests in test_airflow.py / test_kfp.py (the pre-training mapped over K = 2 shards
 there too). Every run here is marked slow (`make test-slow`, which CI runs after `make test`): a whole DAG
-run costs a minute or more on 2 cores; GS-WGAN's real per-shard pre-training runs are also run, without an
-orchestrator, by tests/stages/test_logged_keys.py in `make test`.
+run costs a minute or more on 2 cores; GS-WGAN's real per-shard pre-training runs are also run, as an
+orchestrator runs the stages (one task per shard), by tests/stages/test_egress.py's walk in `make test`.
 """
 
 from __future__ import annotations

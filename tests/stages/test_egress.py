@@ -42,7 +42,7 @@ from dpsynth.cli import build_parser
 from dpsynth.data import read_parquet
 from dpsynth.distributed import launch
 from tests.stages.helpers import dpsynth, manifest, settings
-from tests.stages.test_no_raw_hashes import file_hashes, hits, sensitive_hashes
+from tests.stages.test_no_raw_hashes import file_hashes, hits, sensitive_hashes, store_texts
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha:UserWarning")
 
@@ -154,7 +154,8 @@ def walked(tmp_path_factory, source):
     run, ledger = base / "run", f"sqlite:///{base / 'ledger.db'}"
     mlflow_uri = f"sqlite:///{base / 'mlflow.db'}"
     tracked = ("tracking.enabled=true", f"tracking.uri={mlflow_uri}", "tracking.experiment=egress",
-               f"tracking.artifact_location={base / 'artifacts'}", *GSWGAN)
+               f"tracking.artifact_location={base / 'artifacts'}", *GSWGAN,
+               "output.log_every=2")  # the trainer's logged series too (tests/stages/test_logged_keys.py's checks)
     ran: list[tuple[list[str], int, str, str]] = []
     from tests import mlflow_template
 
@@ -217,7 +218,7 @@ def walked(tmp_path_factory, source):
         beyond["ledger page (JSON API)"] = json.dumps(page, default=str).encode()
         beyond["ledger page (HTML)"] = render(page).encode()
     return {"base": base, "run": run, "ran": ran, "source": source, "imported": imported, "beyond": beyond,
-            "page_log": page_log}
+            "page_log": page_log, "data": data}
 
 
 @contextlib.contextmanager
@@ -349,6 +350,52 @@ def test_the_walk_covers_every_entry_point(walked):
     missing = {cmd: sorted(opts - run_with.get(cmd, set())) for cmd, opts in orchestrated().items()}
     assert {c: o for c, o in missing.items() if o} == {}, "options the orchestrators pass that the walk does not"
     assert not inside & set(orchestrated()), "a command the orchestrators run prints inside-only data"
+
+
+def test_the_orchestrators_path_opens_the_parent_runs_each_stage_and_finish_closes_the_reservation(walked):
+    """What Airflow/KFP do, as the walk did it (pipeline run e1): ``pipeline start`` opens the parent run, each stage
+    entry point runs with its ids as a child of it, and ``pipeline finish`` (another call) finds the reservation the
+    train attempt made, closes the parent and states the ledger (tests/stages/test_pipeline.py's orchestrator path)."""
+    from mlflow import MlflowClient
+    from mlflow.tracking.context.registry import resolve_tags
+
+    from dpsynth import tracking
+    from dpsynth.ledger.store import Ledger
+    from tests.stages.test_pipeline import STAGES, _provider_installed
+
+    ran, base = walked["ran"], walked["base"]
+    ids = next(json.loads(out) for argv, _, out, _ in ran if argv[:2] == ["pipeline", "start"])
+    assert ids["pipeline_run_id"] == "e1" and ids["parent_run_id"]
+    summary = next(json.loads(out) for argv, _, out, _ in ran if argv[:2] == ["pipeline", "finish"])
+    assert summary["succeeded"] and summary["audit"] == "passed"
+    client = MlflowClient(f"sqlite:///{base / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("egress").experiment_id],
+                              f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = 'e1'")
+    (parent,) = [r for r in runs if r.data.tags[tracking.TAG_STAGE] == "pipeline"]
+    children = [r for r in runs if r is not parent]
+    assert parent.info.run_id == ids["parent_run_id"] and parent.info.status == "FINISHED"
+    assert {r.data.tags[tracking.TAG_STAGE] for r in children} == set(STAGES)
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
+    assert parent.data.metrics["epsilon_total"] == pytest.approx(summary["epsilon_total"])
+    # `finish` in another call found the reservation the train attempt made, and it is closed
+    (res,) = Ledger(f"sqlite:///{base / 'ledger.db'}").reservations(pipeline_run_id="e1")
+    assert parent.data.tags[tracking.TAG_LEDGER_RESERVATION] == str(res["id"])
+    assert summary["ledger"]["reservation_ids"] == [res["id"]]
+    assert res["status"] == "committed" and 0 < res["epsilon_spent"] <= 10
+    # the stages' runs carry the lineage tags of the run-context provider, when it is installed
+    if "dpsynth.pipeline_run_id" in resolve_tags({}) or _provider_installed():
+        for child in children:
+            assert child.data.tags[tracking.TAG_POPULATION] == "mnist600", child.data.tags[tracking.TAG_STAGE]
+
+
+def test_every_key_the_gswgan_pipeline_logs_is_declared_and_nothing_passes_the_gate(walked, mnist600, tmp_path):
+    """tests/stages/test_logged_keys.py's checks on the walk's GS-WGAN run (e1): every key each stage's MLflow run
+    holds is declared, nothing before the gate, the audited generator registered once (DPGAN's: on
+    tests/stages/test_pipeline.py's tracked run)."""
+    from tests.stages.test_logged_keys import check_keys_and_release
+
+    check_keys_and_release(f"sqlite:///{walked['base'] / 'mlflow.db'}", "egress", walked["run"], "gswgan", "e1",
+                           source=walked["data"], mnist600=mnist600, tmp_path=tmp_path)
 
 
 def raw_hashes(walked) -> dict[str, str]:
@@ -535,47 +582,9 @@ def test_privacy_md_lists_exactly_what_the_gate_lets_out():
     assert listed.group(1) == egress.public_fields()
 
 
-# --- Private Evolution's pass: its train and sample outcomes, and MLflow, through the same gate (#51) -------------
-
-
-def test_a_private_evolution_run_leaves_only_declared_fields_and_no_raw_hash(tmp_path):
-    """Private Evolution's stages (a colour source: `train.method: auto` picks it) with --json and MLflow on: no
-    field the gate does not name (its train details, its generator-file model in MLflow), no raw hash of the
-    sensitive zone in what the commands print or MLflow holds."""
-    from tests.stages.test_no_raw_hashes import store_texts
-    from tests.stages.test_private_evolution_pipeline import DEFAULT, SMALL, datasets
-    from dpsynth.data import import_source, write_parquet
-
-    folder = tmp_path / "symbols-rgb"
-    datasets.write_folder("symbols-rgb", folder, n=120, seed=0)
-    source = tmp_path / "symbols-rgb.parquet"
-    write_parquet(import_source(folder), source)
-    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the ledger: conftest's, with mnist600's budget
-    tracked = [*SMALL, "audit.empirical=auto", "audit.canaries=100", "tracking.enabled=true", f"tracking.uri={mlflow_uri}", "tracking.experiment=egress-pe",
-               f"tracking.artifact_location={tmp_path / 'artifacts'}"]
-    stage_settings = ["--config", DEFAULT, *[a for item in (f"data.uri={source}", *tracked) for a in ("--set", item)]]
-    run, ran = tmp_path / "run", []
-    on = ["--run-dir", run, "--pipeline-run-id", "pe1", *stage_settings, "--json"]
-    with captured() as got:
-        assert dpsynth("pipeline", "start", *on) == 0
-    ran.append(("pipeline start", got["out"], got["err"]))
-    on += ["--parent-run-id", json.loads(got["out"])["parent_run_id"]]
-    for stage in ("partition", "pretrain", "train", "audit", "sample", "evaluate"):
-        with captured() as got:
-            assert dpsynth(stage, *on) == 0, stage
-        ran.append((stage, got["out"], got["err"]))
-    with captured() as got:
-        assert dpsynth("pipeline", "finish", *on) == 0
-    ran.append(("pipeline finish", got["out"], got["err"]))
-    assert manifest(run, "sensitive", "train")["details"]["method"] == "private-evolution"
-    warned = [f"{stage}: {line}" for stage, _, err in ran for line in err.splitlines() if "egress: withheld field" in line]
-    assert warned == []
-    printed = {f"{stage} stdout": out.encode() for stage, out, _ in ran} | store_texts(tmp_path)
-    sensitive = sensitive_hashes(run)
-    released = file_hashes(run / "release")
-    bound_trace = json.loads((run / "release" / "sample" / "audit.json").read_text())["trace"]["sha256"]
-    private = {h: what for h, what in sensitive.items() if h not in released and h != bound_trace}
-    assert hits(printed, private) == []
+# Private Evolution's pass (#51: its train and sample outcomes, and MLflow, through the same gate) is
+# tests/stages/test_private_evolution_pipeline.py::test_a_private_evolution_run_leaves_only_declared_fields_and_no_raw_hash,
+# on that module's one run of the default's six stages.
 
 
 def keys(obj):
@@ -603,3 +612,80 @@ def test_the_operator_files_stay_inside(walked):
     assert {w: k for w, k in leaked.items() if k} == {}
     report = json.loads((run / "release" / "evaluate" / "report.json").read_text())
     assert set(report["operator"]) == {"status", "kept_in", "note"}
+
+
+# --- the walk's passing GS-WGAN run, as tests/stages/test_no_raw_hashes.py's passing run (#33 items 2–3) ----------
+# (that module keeps the failing audit's run; the passing one is this walk's, not a second GS-WGAN pipeline)
+
+
+def test_a_release_publishes_no_raw_hash_but_its_own(walked):
+    run, base = walked["run"], walked["base"]
+    sensitive = sensitive_hashes(run)
+    released = file_hashes(run / "release")
+    bound_trace = json.loads((run / "release" / "sample" / "audit.json").read_text())["trace"]["sha256"]
+    # what the release publishes: files whose very bytes it holds (the audited generator), the trace it is bound to
+    private = {h: what for h, what in sensitive.items() if h not in released and h != bound_trace}
+    assert any("discriminator.pt" in what for what in private.values())
+    outside = {**store_texts(base), **{f"release/{k}": v for k, v in
+                                       ((str(p.relative_to(run / "release")), p.read_bytes())
+                                        for p in (run / "release").rglob("*") if p.is_file())}}
+    assert hits(outside, private) == []
+
+
+def test_the_release_states_what_is_public_and_what_the_settings_were_tuned_on(walked):
+    from dpsynth.privacy.statement import PUBLIC_FACTS, TUNING
+
+    release = walked["run"] / "release" / "sample"
+    for text in ((release / "audit.md").read_text(), json.dumps(manifest(walked["run"], "release", "sample"))):
+        assert "n and the label set are public" in text and "hyperparameter search" in text
+        assert "version history is public" in text  # #52 item 2: whether and when the records changed
+    statement = json.loads((release / "audit.json").read_text())["statement"]
+    assert statement["assumptions"][-2:] == [PUBLIC_FACTS, TUNING]
+
+
+def test_no_per_shard_count_outside_the_sensitive_zone(walked):
+    run, base = walked["run"], walked["base"]
+    views = [json.loads(p.read_text()) for p in (base / "artifacts").rglob("manifest.json")]
+    views += [manifest(run, "release", name) for name in ("sample", "evaluate")]
+    assert {v["stage"] for v in views} >= {"partition", "pretrain", "train", "audit", "sample", "evaluate"}
+    for v in views:
+        for item in (*v["inputs"], *v["outputs"]):
+            assert item.get("zone") == "release" or item.get("rows") is None, (v["stage"], item["role"])
+    details = manifest(run, "sensitive", "partition")["details"]  # the public counts: n and the held-out count
+    assert details["training_records"] > 0 and "heldout_records" in details
+
+
+def test_the_audit_reads_mlflow_values_tags_and_artifacts(walked, tmp_path):
+    """The audit's ``mlflow_values`` check passes on the walk's run, and fails once a raw D_k hash is planted in a tag
+    or an artifact of the train run (the key allow-list alone would not see it). Last in this module: it writes to
+    the walk's MLflow store, and takes both plants out again."""
+    from mlflow import MlflowClient
+
+    from dpsynth.config import load_config
+    from dpsynth.stages import audit, protocol
+    from tests.stages.helpers import TINY
+
+    run, mlflow_uri = walked["run"], f"sqlite:///{walked['base'] / 'mlflow.db'}"
+    report = json.loads((run / "sensitive" / "audit" / "audit.json").read_text())
+    (check,) = [c for c in report["checks"] if c["name"] == "mlflow_values"]
+    assert check["passed"], check
+    cfg = load_config(overrides=[*TINY, "tracking.enabled=true", f"tracking.uri={mlflow_uri}", *GSWGAN])
+    ctx = protocol.StageContext.create(cfg, run_dir=str(run))
+    train_run = manifest(run, "sensitive", "train")["mlflow_run_id"]
+    d0 = next(o for o in manifest(run, "sensitive", "pretrain")["outputs"] if o["role"] == "discriminator")
+    assert audit.mlflow_values_check(ctx, run_ids=[train_run], parent_run_id=None)["passed"]
+    client = MlflowClient(mlflow_uri)
+    client.set_tag(train_run, "note", f"D_0 is {d0['sha256']}")
+    try:
+        failed = audit.mlflow_values_check(ctx, run_ids=[train_run], parent_run_id=None)
+        assert not failed["passed"] and "tag note" in failed["detail"]
+    finally:
+        client.delete_tag(train_run, "note")
+    (tmp_path / "shards.txt").write_text(d0["sha256"])
+    client.log_artifact(train_run, str(tmp_path / "shards.txt"))
+    try:
+        failed = audit.mlflow_values_check(ctx, run_ids=[train_run], parent_run_id=None)
+        assert not failed["passed"] and "artifact shards.txt" in failed["detail"]
+    finally:
+        for planted in (walked["base"] / "artifacts").rglob("shards.txt"):
+            planted.unlink()

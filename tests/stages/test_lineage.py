@@ -1,6 +1,7 @@
 """What code ran (#55 item 7): in an image (no git checkout) the code version comes from ``DPSYNTH_GIT_SHA``, and
 every stage manifest and MLflow run, the release card and the registered version record the commit and the
-image (``DPSYNTH_IMAGE``)."""
+image (``DPSYNTH_IMAGE``): :func:`check_lineage`, on tests/stages/test_pipeline.py's tracked pipeline run (made with
+both set: one tracked DPGAN pipeline run for that module's checks and these)."""
 
 import json
 import os
@@ -9,11 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from dpsynth import __version__, storage, tracking
 from dpsynth.stages import protocol
-from tests.stages.helpers import dpsynth, settings
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 IMAGE = "registry.example/dpsynth-stage@sha256:" + "ab" * 32
@@ -40,24 +38,22 @@ def test_an_image_built_without_a_commit_says_only_the_version(tmp_path):
     assert _code_version_outside_git(tmp_path, DPSYNTH_GIT_SHA="unknown") == __version__
 
 
-def test_every_stage_the_card_and_the_registered_version_record_the_commit_and_the_image(
-        tmp_path, source, ledger_with_budget, monkeypatch):
+def check_lineage(run, uri, experiment, pipeline_run_ids) -> None:
+    """Every stage's manifest, every MLflow run of the pipeline runs PIPELINE_RUN_IDS (in EXPERIMENT), the release
+    card and the registered version 1 record SHA and IMAGE (the runs made with DPSYNTH_GIT_SHA=SHA and
+    DPSYNTH_IMAGE=IMAGE)."""
     from mlflow import MlflowClient
 
-    monkeypatch.setenv("DPSYNTH_GIT_SHA", SHA)
-    monkeypatch.setenv("DPSYNTH_IMAGE", IMAGE)
-    run, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert dpsynth("pipeline", "run", "--run-dir", run, "--pipeline-run-id", "lineage-1", *settings(
-        source, "tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=lineage-test",
-        "evaluate.curve_samples=0")) == 0
     expected = {"code_version": f"{__version__}+{SHA[:12]}", "git_sha": SHA, "image": IMAGE}
     for stage in protocol.STAGES:
         zone = protocol.ZONE[stage]
         m = json.loads(storage.read_bytes(f"{run}/{zone}/{stage}/manifest.json"))
         assert {k: m[k] for k in expected} == expected, stage
     client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("lineage-test").experiment_id])
-    assert len(runs) >= 7  # the parent and one per stage
+    exp = client.get_experiment_by_name(experiment).experiment_id
+    runs = [r for i in pipeline_run_ids
+            for r in client.search_runs([exp], f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = '{i}'")]
+    assert len(runs) >= 7 * len(pipeline_run_ids)  # the parent and one per stage, of each
     for r in runs:
         assert r.data.tags[tracking.TAG_GIT_SHA] == SHA and r.data.tags[tracking.TAG_IMAGE] == IMAGE, r.data.tags
         assert r.data.tags[tracking.TAG_CODE_VERSION] == expected["code_version"]

@@ -1,6 +1,10 @@
 """Every MLflow key a stage logs is on its declared allow-list, and the audit checks it; GS-WGAN end to end
 (its pre-training logs shard counts and timings) now passes its own audit and releases. Nothing before the
-gate: no image or model on the train run, no raw content hash in MLflow or the release zone."""
+gate: no image or model on the train run, no raw content hash in MLflow or the release zone.
+
+The end-to-end checks (:func:`check_keys_and_release`) run on the quick tier's one tracked pipeline run of each
+method: DPGAN's `pipeline run` in tests/stages/test_pipeline.py, GS-WGAN's orchestrated run (the egress walk's) in
+tests/stages/test_egress.py."""
 
 from __future__ import annotations
 
@@ -13,13 +17,11 @@ import pytest
 from dpsynth import storage, tracking
 from dpsynth.methods.gswgan import GSWGANTrainer
 from dpsynth.stages.audit import logged_keys
-from tests.stages.helpers import dpsynth, release_files, settings
+from tests.stages.helpers import release_files
 
 EVALUATE = ("evaluate.mia_records=50", "evaluate.mia_generated=200", "evaluate.feature_steps=5",
             "evaluate.curve_samples=0", "sample.num_samples=200")
-GSWGAN = ("train.method=gswgan", "partition.num_shards=2", "train.steps=4", "gswgan.pretrain_iterations=2",
-          "gswgan.batch_size=8", "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=4", "train.n_d=1")
-METHODS = {"dpgan": ("output.log_every=2",), "gswgan": (*GSWGAN, "output.log_every=2")}
+METHODS = {"dpgan": ("output.log_every=2",)}  # the tracked DPGAN run's own (GS-WGAN's: the egress walk's settings)
 
 
 def pipeline_runs(uri, experiment, pipeline_run_id):
@@ -30,42 +32,46 @@ def pipeline_runs(uri, experiment, pipeline_run_id):
     return client, client.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_PIPELINE_RUN_ID}` = '{pipeline_run_id}'")
 
 
-@pytest.mark.parametrize("method", list(METHODS))
-def test_every_key_every_stage_logs_is_declared_and_nothing_passes_the_gate(tmp_path, source, mnist600, method):
-    from tests import mlflow_template
+# The checks below (check_keys_and_release) run on the quick tier's one tracked pipeline run of each method:
+# DPGAN's `pipeline run` (tests/stages/test_pipeline.py::test_every_key_the_dpgan_pipeline_logs_is_declared_and_
+# nothing_passes_the_gate) and GS-WGAN's orchestrated run, the egress walk's (tests/stages/test_egress.py::
+# test_every_key_the_gswgan_pipeline_logs_is_declared_and_nothing_passes_the_gate).
 
-    mlflow_template.install()  # the first store is migrated once and kept: this module's others copy its schema
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_dir = tmp_path / "run"
-    tracked = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=keys-test")
-    assert dpsynth("pipeline", "run", "--run-dir", run_dir, "--pipeline-run-id", f"keys-{method}",
-                   *settings(source, *tracked, *EVALUATE, *METHODS[method])) == 0
+
+def check_keys_and_release(uri, experiment, run_dir, method, pipeline_run_id, *, source, mnist600, tmp_path):
+    """The audit of the tracked pipeline run PIPELINE_RUN_ID (METHOD's) passed and released; every key each stage's
+    MLflow run holds is declared, with its reason; nothing before the gate (no image or model on the train run, no raw
+    content hash in MLflow or the release zone); its generator is registered once (:func:`assert_released_once`)."""
     audit = json.loads(storage.read_bytes(f"{run_dir}/sensitive/audit/audit.json"))
     assert audit["decision"] == "passed", [c for c in audit["checks"] if not c["passed"]]
     assert {"sample/generator.pt", "sample/synthetic.parquet"} <= set(release_files(run_dir))
 
-    client, runs = pipeline_runs(uri, "keys-test", f"keys-{method}")
-    by_stage = {r.data.tags[tracking.TAG_STAGE]: r for r in runs}
+    client, runs = pipeline_runs(uri, experiment, pipeline_run_id)
+    by_stage: dict[str, list] = {}  # a stage's runs (an orchestrator's launcher adds a train run of its own)
+    for r in runs:
+        by_stage.setdefault(r.data.tags[tracking.TAG_STAGE], []).append(r)
     assert set(by_stage) == {"pipeline", "partition", "pretrain", "train", "audit", "sample", "evaluate"}
-    for stage, run in by_stage.items():
+    for stage, stage_runs in by_stage.items():
         declared = logged_keys(stage, method)
-        assert declared.undeclared(metrics=run.data.metrics, params=run.data.params) == [], stage
-        for name in [*run.data.metrics]:  # every declaration says why
-            assert any(reason for key, reason in declared.metrics.items()
-                       if key == name or (key.endswith("*") and name.startswith(key[:-1])))
+        for run in stage_runs:
+            assert declared.undeclared(metrics=run.data.metrics, params=run.data.params) == [], stage
+            for name in [*run.data.metrics]:  # every declaration says why
+                assert any(reason for key, reason in declared.metrics.items()
+                           if key == name or (key.endswith("*") and name.startswith(key[:-1])))
     if method == "gswgan":  # the pre-training's shard count and whole-stage time, but no per-shard time (#52 item 8)
-        assert {"shards", "fan_in_seconds"} <= set(by_stage["pretrain"].data.metrics)
-        assert not [k for k in by_stage["pretrain"].data.metrics if k.startswith("shard_seconds")]
-    assert len(by_stage["train"].data.metrics) >= 2 and len(by_stage["train"].data.params) > 20
+        assert any({"shards", "fan_in_seconds"} <= set(r.data.metrics) for r in by_stage["pretrain"])
+        assert not [k for r in by_stage["pretrain"] for k in r.data.metrics if k.startswith("shard_seconds")]
+    assert any(len(r.data.metrics) >= 2 and len(r.data.params) > 20 for r in by_stage["train"])
+    (sample_run,), (parent_run,) = by_stage["sample"], by_stage["pipeline"]
 
     # nothing before the gate: the train run holds no image and no model (the sample stage logs them)
     def artifact_paths(run_id, path=None):
         for a in client.list_artifacts(run_id, path):
             yield from artifact_paths(run_id, a.path) if a.is_dir else [a.path]
 
-    train_artifacts = list(artifact_paths(by_stage["train"].info.run_id))
+    train_artifacts = [p for r in by_stage["train"] for p in artifact_paths(r.info.run_id)]
     assert not [p for p in train_artifacts if p.endswith((".png", ".jpg", ".pt", ".pth", ".pkl", "MLmodel"))]
-    assert any(p.endswith(".png") for p in artifact_paths(by_stage["sample"].info.run_id))
+    assert any(p.endswith(".png") for p in artifact_paths(sample_run.info.run_id))
     # no raw content hash (the dataset's, the source file's, the shard files') in any tag, param, input
     # digest or artifact of the pipeline's runs, or in any file of the release zone
     partition = json.loads(storage.read_bytes(f"{run_dir}/sensitive/partition/manifest.json"))
@@ -73,7 +79,7 @@ def test_every_key_every_stage_logs_is_declared_and_nothing_passes_the_gate(tmp_
            *(o["sha256"] for o in partition["outputs"])}
     assert partition["inputs"][0]["content_sha256"] in raw  # the sensitive manifest does hold it
     texts = []
-    for run in by_stage.values():
+    for run in runs:
         texts.append(json.dumps([run.data.tags, run.data.params, [i.dataset.digest for i in run.inputs.dataset_inputs]]))
         local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts" / run.info.run_id)))
         texts += [p.read_bytes().decode("latin-1") for p in local.rglob("*") if p.is_file()]
@@ -81,8 +87,11 @@ def test_every_key_every_stage_logs_is_declared_and_nothing_passes_the_gate(tmp_
     texts += [p.read_bytes().decode("latin-1") for p in release.rglob("*") if p.is_file()]
     leaks = [h for h in raw for t in texts if h in t or h[:32] in t]
     assert leaks == []
-    assert_released_once(client, run_dir, method=method, sample_run=by_stage["sample"], pipeline_run_id=f"keys-{method}",
-                         parent_run=by_stage["pipeline"], audit=audit, partition=partition)
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)  # the registered model is loaded by its models:/ URI
+    assert_released_once(client, run_dir, method=method, sample_run=sample_run, pipeline_run_id=pipeline_run_id,
+                         parent_run=parent_run, audit=audit, partition=partition)
 
 
 def assert_released_once(client, run_dir, *, method, sample_run, pipeline_run_id, parent_run, audit, partition):

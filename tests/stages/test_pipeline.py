@@ -1,5 +1,12 @@
-"""dpsynth pipeline run: six stages in order, one MLflow parent run with a child per stage; also on S3."""
+"""dpsynth pipeline run: six stages in order, one MLflow parent run with a child per stage; also on S3.
 
+One tracked DPGAN pipeline run (and its rerun) serves the module's checks of that path (:func:`tracked_run`): its
+parent and child runs here, and on the same run the logged keys, the gate and the registered release
+(tests/stages/test_logged_keys.py's checks, DPGAN's case) and the code's lineage in an image
+(tests/stages/test_lineage.py's checks): one `pipeline run` with MLflow on per method in the quick tier."""
+
+import contextlib
+import io
 import json
 
 import pytest
@@ -58,10 +65,35 @@ def runs_of(mlflow_uri, pipeline_run_id):
     return client, parent, children
 
 
-def test_parent_and_child_runs(tmp_path, source, mlflow_uri, capsys):
-    run = tmp_path / "run"
-    assert pipeline(run, source, mlflow_uri, "p1") == 0
-    out = capsys.readouterr().out
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory, source):
+    """``dpsynth pipeline run`` (p1) with MLflow on, in an image (DPSYNTH_GIT_SHA and DPSYNTH_IMAGE set, as the stage
+    image sets them), with logging every 2 steps and the small evaluation of the logged-keys checks; then the same
+    pipeline again (p2), which reuses every stage. Its own MLflow store and ledger; each run's stdout kept."""
+    from tests import mlflow_template
+    from tests.stages import test_lineage, test_logged_keys
+
+    mlflow_template.install()  # the first store is migrated once and kept: this module's others copy its schema
+    base = tmp_path_factory.mktemp("tracked-run")
+    uri, run, ledger_url = f"sqlite:///{base / 'mlflow.db'}", base / "run", f"sqlite:///{base / 'ledger.db'}"
+    ledger = Ledger(ledger_url)
+    ledger.set_budget("mnist600", epsilon=1000.0, delta=1e-3, reason="tests/stages/test_pipeline.py")
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DPSYNTH_LEDGER_URL", ledger_url)
+        mp.setenv("DPSYNTH_GIT_SHA", test_lineage.SHA)
+        mp.setenv("DPSYNTH_IMAGE", test_lineage.IMAGE)
+        for run_id in ("p1", "p2"):
+            with contextlib.redirect_stdout(io.StringIO()) as printed:
+                code = pipeline(run, source, uri, run_id, *test_logged_keys.EVALUATE,
+                                *test_logged_keys.METHODS["dpgan"])
+            out[run_id] = printed.getvalue()
+            assert code == 0, (run_id, out[run_id][-3000:])
+    return {"run": run, "uri": uri, "ledger": ledger, "out": out, "source": source}
+
+
+def test_parent_and_child_runs(tracked_run):
+    run, mlflow_uri, out = tracked_run["run"], tracked_run["uri"], tracked_run["out"]["p1"]
     assert all(f"| {s} | succeeded |" in out for s in STAGES) and "audit passed" in out and "mlflow ui" in out
 
     client, parent, children = runs_of(mlflow_uri, "p1")
@@ -84,7 +116,7 @@ def test_parent_and_child_runs(tmp_path, source, mlflow_uri, capsys):
     parent = client.get_run(parent.info.run_id)
     assert parent.info.status == "FINISHED" and parent.data.tags[tracking.TAG_AUDIT] == "passed"
     # the ledger: the train attempt reserved the target and committed the ε of its trace
-    ledger = ledger_beside(mlflow_uri)
+    ledger = tracked_run["ledger"]
     (res,) = ledger.reservations(pipeline_run_id="p1")
     assert parent.data.tags[tracking.TAG_LEDGER_RESERVATION] == str(res["id"])
     assert parent.data.tags[tracking.TAG_POPULATION] == "mnist600"
@@ -108,8 +140,7 @@ def test_parent_and_child_runs(tmp_path, source, mlflow_uri, capsys):
     assert not real_ids & set(read_parquet(run / "release" / "sample" / "synthetic.parquet").record_ids)
 
     # Re-running the same pipeline reuses every stage's outputs: six skipped child runs, no new ε.
-    assert pipeline(run, source, mlflow_uri, "p2") == 0
-    out = capsys.readouterr().out
+    out = tracked_run["out"]["p2"]
     assert all(f"| {s} | skipped |" in out for s in STAGES), out
     _, parent2, children2 = runs_of(mlflow_uri, "p2")
     assert sorted(children2) == sorted(STAGES)
@@ -118,6 +149,59 @@ def test_parent_and_child_runs(tmp_path, source, mlflow_uri, capsys):
     assert children2["train"].data.tags["dpsynth.reused_run_id"] == children["train"].info.run_id
     # ... and is charged nothing: no attempt ran, no reservation
     assert ledger.reservations(pipeline_run_id="p2") == []
+
+
+def test_every_key_the_dpgan_pipeline_logs_is_declared_and_nothing_passes_the_gate(tracked_run, mnist600, tmp_path):
+    """tests/stages/test_logged_keys.py's checks on DPGAN's tracked run (its GS-WGAN case runs there)."""
+    from tests.stages.test_logged_keys import check_keys_and_release
+
+    check_keys_and_release(tracked_run["uri"], "stages-test", tracked_run["run"], "dpgan", "p1",
+                           source=tracked_run["source"], mnist600=mnist600, tmp_path=tmp_path)
+
+
+def test_every_stage_the_card_and_the_registered_version_record_the_commit_and_the_image(tracked_run):
+    """tests/stages/test_lineage.py's check (#55 item 7) on the tracked run, made with DPSYNTH_GIT_SHA and
+    DPSYNTH_IMAGE set."""
+    from tests.stages.test_lineage import check_lineage
+
+    check_lineage(tracked_run["run"], tracked_run["uri"], "stages-test", ("p1", "p2"))
+
+
+def test_a_failed_audit_registers_nothing_and_each_passed_release_takes_the_alias(tracked_run):
+    """The Model Registry across audits of the tracked run's generator (tests/stages/test_model_registry.py's
+    subject): version 1 is p1's release; a failed audit (a paper's own accounting never passes) makes the sample stage
+    refuse and registers nothing; the same generator audited again with sound accounting is released again, as
+    version 2, which takes the ``released`` alias. Last of the tracked run's tests: it audits and samples that run
+    again."""
+    from mlflow import MlflowClient
+
+    from dpsynth import storage
+    from tests.stages.helpers import stage
+    from tests.stages.test_logged_keys import EVALUATE, METHODS
+
+    run, uri, source = tracked_run["run"], tracked_run["uri"], tracked_run["source"]
+    tracked = ("tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=stages-test", *EVALUATE,
+               *METHODS["dpgan"])
+    client = MlflowClient(uri)
+    name = tracking.registered_model_name("mnist600", "dpgan")
+    assert [m.name for m in client.search_registered_models()] == [name] == ["dpsynth-mnist600-dpgan"]
+    assert [str(v.version) for v in client.search_model_versions()] == ["1"]
+
+    assert stage("audit", run, source, *tracked, "privacy.accounting=as_published") == 2
+    assert json.loads(storage.read_bytes(f"{run}/sensitive/audit/audit.json"))["decision"] == "failed"
+    assert stage("sample", run, source, *tracked) != 0
+    assert [str(v.version) for v in client.search_model_versions()] == ["1"]  # nothing registered
+    assert client.get_model_version_by_alias(name, "released").version in (1, "1")
+
+    assert stage("audit", run, source, *tracked) == 0
+    assert stage("sample", run, source, *tracked) == 0
+    versions = {str(v.version): client.get_model_version(name, v.version) for v in client.search_model_versions()}
+    assert sorted(versions) == ["1", "2"]
+    assert versions["2"].aliases == ["released"] and versions["1"].aliases == []
+    assert versions["1"].tags[tracking.TAG_TRACE_SHA256] == versions["2"].tags[tracking.TAG_TRACE_SHA256]
+    assert all(v.tags[tracking.TAG_AUDIT] == "passed" for v in versions.values())
+    released = manifest(run, "release", "sample")["details"]["release"]
+    assert released["registered_model"] == {"name": name, "version": "2", "alias": "released"}
 
 
 def test_stops_at_the_first_failing_stage(tmp_path, source, mlflow_uri, capsys):
@@ -158,36 +242,10 @@ def test_on_s3(s3_bucket, source, tmp_path, capsys, monkeypatch, ledger_with_bud
     assert json.loads(capsys.readouterr().out)["status"] == "skipped"
 
 
-def test_orchestrator_path_start_stages_finish(tmp_path, source, mlflow_uri, capsys):
-    """What Airflow/KFP will do: open the parent run, call each stage entrypoint with its id, finish."""
-    tracked = settings(source, "tracking.enabled=true", f"tracking.uri={mlflow_uri}", "tracking.experiment=stages-test")
-    run = tmp_path / "run"
-    capsys.readouterr()
-    assert dpsynth("pipeline", "start", "--run-dir", run, "--pipeline-run-id", "p4", *tracked) == 0
-    ids = json.loads(capsys.readouterr().out)
-    assert ids["pipeline_run_id"] == "p4" and ids["parent_run_id"]
-    for stage in STAGES:
-        assert dpsynth(stage, "--run-dir", run, "--parent-run-id", ids["parent_run_id"], "--pipeline-run-id", "p4",
-                       *tracked) == 0
-    capsys.readouterr()
-    assert dpsynth("pipeline", "finish", "--run-dir", run, "--parent-run-id", ids["parent_run_id"],
-                   "--pipeline-run-id", "p4", "--json", *tracked) == 0
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["succeeded"] and summary["audit"] == "passed"
-    _, parent, children = runs_of(mlflow_uri, "p4")
-    assert sorted(children) == sorted(STAGES) and parent.info.status == "FINISHED"
-    assert parent.data.metrics["epsilon_total"] == pytest.approx(summary["epsilon_total"])
-    # `finish` in another process found the reservation the train attempt made and closed
-    (res,) = ledger_beside(mlflow_uri).reservations(pipeline_run_id="p4")
-    assert parent.data.tags[tracking.TAG_LEDGER_RESERVATION] == str(res["id"])
-    assert summary["ledger"]["reservation_ids"] == [res["id"]]
-    assert res["status"] == "committed" and 0 < res["epsilon_spent"] <= 10
-    # the stages' runs carry the lineage tags of the run-context provider, when it is installed
-    from mlflow.tracking.context.registry import resolve_tags
-
-    if "dpsynth.pipeline_run_id" in resolve_tags({}) or _provider_installed():
-        for stage, child in children.items():
-            assert child.data.tags[tracking.TAG_POPULATION] == "mnist600", stage
+# What Airflow/KFP do (open the parent run, call each stage entry point with its ids, finish in another call, which
+# finds and closes the train attempt's reservation): tests/stages/test_egress.py::
+# test_the_orchestrators_path_opens_the_parent_runs_each_stage_and_finish_closes_the_reservation, on the egress walk's
+# run of that path (one tracked run of it in the quick tier, not a second one here).
 
 
 def _provider_installed() -> bool:

@@ -13,6 +13,11 @@ from tests.stages.helpers import dpsynth, settings
 SHA = hashlib.sha256(b"the records").hexdigest()
 
 
+# Slow tier (#53: two whole pipeline runs). In the quick tier: the ledger's refusal itself, on SQLite and PostgreSQL
+# (test_the_ledger_keeps_no_raw_content_hash below: records charged to one population refused to another), and
+# `dpsynth pipeline run` refused by the ledger before any stage runs (tests/stages/test_pipeline.py::
+# test_a_fresh_restart_is_charged_again_and_the_ledger_refuses_a_run_beyond_the_budget, the same path).
+@pytest.mark.slow
 def test_a_new_population_id_for_charged_data_is_refused_before_anything_runs(tmp_path, source, capsys,
                                                                             ledger_with_budget):
     ledger = ledger_with_budget

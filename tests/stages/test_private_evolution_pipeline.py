@@ -4,6 +4,11 @@ A tiny colour source (benchmarks/datasets.py's symbols-rgb, 12 classes × 10 ima
 train.method auto: the stages resolve it to private-evolution from the public schema, the trace holds one full-batch
 event per round, the card's ε is `dpsynth release verify`'s, and the release zone holds samples of the schema's
 shape. A grey source resolves the same config to the grey recipe (dpgan, the warm-up on).
+
+One run for the module (:func:`pe_run`): the stages as an orchestrator runs them (``pipeline start``, each stage with
+``--json``, ``pipeline finish``), MLflow on, so that the same run is also Private Evolution's pass of the egress walk
+(tests/stages/test_egress.py's gate and raw-hash checks). `dpsynth pipeline run` itself runs the same stage functions
+(tests/stages/test_pipeline.py).
 """
 
 from __future__ import annotations
@@ -63,10 +68,39 @@ def test_the_default_config_picks_by_the_public_schema(tmp_path, rgb_source, sou
     assert grey == written and grey.warmup.central_images and grey.train.g_tone
 
 
-def test_a_colour_run_of_the_default_releases_private_evolution(tmp_path, rgb_source, capsys):
-    run = tmp_path / "run"
-    assert dpsynth("pipeline", "run", "--config", DEFAULT, "--run-dir", run,
-                   *_set(rgb_source, "audit.empirical=auto", "audit.canaries=100")) == 0
+@pytest.fixture(scope="module")
+def pe_run(tmp_path_factory, rgb_source):
+    """The six stages of the default on the colour source, each with --json and MLflow on, in the order an
+    orchestrator runs them; each command's stdout and stderr kept (the ledger: one of its own, with a budget)."""
+    from dpsynth.ledger.store import Ledger
+    from tests.stages.test_egress import captured
+
+    base = tmp_path_factory.mktemp("pe-run")
+    ledger = f"sqlite:///{base / 'ledger.db'}"
+    Ledger(ledger).set_budget("mnist600", epsilon=1000.0, delta=1e-3, reason="test_private_evolution_pipeline.py")
+    mlflow_uri = f"sqlite:///{base / 'mlflow.db'}"
+    tracked = ["audit.empirical=auto", "audit.canaries=100", "tracking.enabled=true", f"tracking.uri={mlflow_uri}",
+               "tracking.experiment=egress-pe", f"tracking.artifact_location={base / 'artifacts'}"]
+    run, ran = base / "run", []
+    on = ["--run-dir", run, "--pipeline-run-id", "pe1", "--config", DEFAULT, *_set(rgb_source, *tracked), "--json"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DPSYNTH_LEDGER_URL", ledger)
+        with captured() as got:
+            assert dpsynth("pipeline", "start", *on) == 0
+        ran.append(("pipeline start", got["out"], got["err"]))
+        on += ["--parent-run-id", json.loads(got["out"])["parent_run_id"]]
+        for stage in ("partition", "pretrain", "train", "audit", "sample", "evaluate"):
+            with captured() as got:
+                assert dpsynth(stage, *on) == 0, (stage, got["err"][-3000:])
+            ran.append((stage, got["out"], got["err"]))
+        with captured() as got:
+            assert dpsynth("pipeline", "finish", *on) == 0
+        ran.append(("pipeline finish", got["out"], got["err"]))
+    return {"base": base, "run": run, "ran": ran}
+
+
+def test_a_colour_run_of_the_default_releases_private_evolution(pe_run, capsys):
+    run = pe_run["run"]
     train = manifest(run, "sensitive", "train")
     assert train["details"]["method"] == "private-evolution"
     trace = json.loads(storage.read_bytes(run / "sensitive" / "train" / "trace.json"))
@@ -88,3 +122,23 @@ def test_a_colour_run_of_the_default_releases_private_evolution(tmp_path, rgb_so
     assert 0 < card["epsilon"] <= 10.0
     html = (run / "release" / "card" / "card.html").read_text()
     assert "public prior" in html and "Private Evolution" in html
+
+
+def test_a_private_evolution_run_leaves_only_declared_fields_and_no_raw_hash(pe_run):
+    """Private Evolution's pass of the egress walk (#51, tests/stages/test_egress.py): its stages with --json and
+    MLflow on leave no field the gate does not name (its train details, its generator-file model in MLflow), and no
+    raw hash of the sensitive zone in what the commands print or MLflow holds."""
+    from tests.stages.test_no_raw_hashes import file_hashes, hits, sensitive_hashes, store_texts
+
+    run, ran = pe_run["run"], pe_run["ran"]
+    assert manifest(run, "sensitive", "train")["details"]["method"] == "private-evolution"
+    warned = [f"{stage}: {line}" for stage, _, err in ran for line in err.splitlines()
+              if "egress: withheld field" in line]
+    assert warned == []
+    printed = {f"{stage} stdout": out.encode() for stage, out, _ in ran} | store_texts(pe_run["base"])
+    sensitive = sensitive_hashes(run)
+    released = file_hashes(run / "release")
+    bound_trace = json.loads((run / "release" / "sample" / "audit.json").read_text())["trace"]["sha256"]
+    private = {h: what for h, what in sensitive.items() if h not in released and h != bound_trace}
+    assert any("sensitive/train/" in what for what in private.values())  # the run's own files are looked for
+    assert hits(printed, private) == []
