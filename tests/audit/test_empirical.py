@@ -141,6 +141,9 @@ def fails(result, factor=2.5):
             and "does not implement" in check["detail"])
 
 
+# Slow tier (#53 item 5): DPGAN's real sanitizer passing the audit (50 steps, 1,000 canaries, both attacks) runs quick
+# through the audit stage, tests/audit/test_empirical_stage.py::test_the_audit_reports_epsilon_lower_and_passes.
+@pytest.mark.slow
 def test_real_sanitizer_passes():
     result = audit(tiny())
     assert result["accounted_epsilon"] <= 1.0 and result["steps"] == 50 and result["canaries"] == 1000
@@ -216,6 +219,10 @@ def gswgan_cfg(eps=0.5, *extra, method="gswgan"):
                 "dpac.start_iteration=10", *extra)
 
 
+# Slow tier (#53 item 5): GS-WGAN's real sanitizer passing the audit by the wor accountant, with both attacks, runs
+# quick through the command, tests/audit/test_empirical_stage.py::test_the_command_audits_gswgan_by_its_own_accountant
+# (and DPAC's, the same sanitizer, in test_dpac_real_sanitizer_passes_and_without_noise_fails below).
+@pytest.mark.slow
 def test_gswgan_real_sanitizer_passes_under_its_own_accountant():
     result = audit(gswgan_cfg())
     assert result["accountant"] == "wor" and result["sample_rate"] == pytest.approx(1 / 5)

@@ -353,6 +353,12 @@ def train_argv(data, out, steps: int, checkpoint_every: int) -> list[str]:
             "--set", "privacy.delta=1e-4", "--set", "ledger.population_id=mnist600", "--set", "data.num_classes=10"]
 
 
+# Slow tier (#53 item 5: one forked `dpsynth train` job per path in the quick tier): the same 2-rank job, one ledger
+# attempt charged in full, runs quick in test_a_two_rank_job_killed_mid_run_resumes_in_one_process below; rank 0 alone
+# printing, in tests/distributed/test_train_torchrun.py::test_torchrun_train_stage_end_to_end (the torchrun job and
+# its forked rerun) and test_launch.py's TrainJob end to end; one event per logical step, in
+# test_only_rank_zero_writes_and_the_trace_has_one_event_per_logical_step above.
+@pytest.mark.slow
 def test_a_two_rank_train_job_is_one_ledger_attempt(tmp_path, small_mnist, monkeypatch):
     """Each rank runs `dpsynth train --json` as torchrun starts it (RANK, WORLD_SIZE, LOCAL_RANK; forked here from
     one warm interpreter): rank 0 alone prints the result and is charged, once, for the trace of one event per

@@ -39,6 +39,12 @@ def train_runs(tracking_uri: str) -> list:
     return [r for r in runs if r.data.tags.get(tracking.TAG_STAGE) == "train"]
 
 
+# Slow tier (#53 item 5: one forked 2-rank train stage job per path in the quick tier): DPGAN's train stage on 2 forked
+# ranks runs quick in tests/distributed/test_launch.py::test_trainjob_launch_end_to_end_on_a_local_stand_in[TrainJob]
+# (rank 0 the stage, one charge, one event per step), the stage's rank 1 following in the test below (GS-WGAN) and
+# the real torchrun job at the end; only rank 0 writing (files, MLflow, trace) in
+# tests/distributed/test_distributed.py::test_only_rank_zero_writes_and_the_trace_has_one_event_per_logical_step.
+@pytest.mark.slow
 def test_only_rank_zero_is_the_stage(tmp_path, source):
     """Rank 0 runs the stage in RUN_DIR; rank 1 follows from a copy of the same upstream outputs with its own
     MLflow store and ledger: the copy, the store and the ledger are left exactly as they were."""

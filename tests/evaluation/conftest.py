@@ -26,30 +26,3 @@ def one_torch_thread():
     with threadpool_limits(1):
         yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="session")
-def reference_classifier(mnist):
-    """The reference CNN trained on 1000 real MNIST records (records 0..999)."""
-    import numpy as np
-    import torch
-
-    from dpsynth.evaluation.classifiers import ReferenceClassifier
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    clf = ReferenceClassifier(mnist.subset(np.arange(1000)), steps=150, seed=0)
-    torch.set_num_threads(before)
-    return clf
-
-
-@pytest.fixture(scope="session")
-def noise(mnist):
-    """1000 images of uniform noise, labelled like MNIST records 2000..2999."""
-    import dataclasses
-
-    import numpy as np
-
-    real = mnist.subset(np.arange(2000, 3000))
-    pixels = np.random.default_rng(0).integers(0, 256, real.images.shape, dtype=np.uint8)
-    return dataclasses.replace(real, images=pixels)

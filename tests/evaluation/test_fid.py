@@ -1,5 +1,5 @@
-"""Fréchet distance: closed forms, an eigenvalue reference, real vs real ≈ 0 and real vs noise
-large in the reference classifier's features, and the naming rule (FID only with Inception)."""
+"""Fréchet distance: closed forms, an eigenvalue reference and the naming rule (FID only with Inception); real vs
+real ≈ 0 and real vs noise large in the reference classifier's features: tests/evaluation/test_real_and_noise.py."""
 
 import numpy as np
 import pytest
@@ -25,19 +25,17 @@ def test_matches_the_eigenvalue_form():
     assert fid.frechet_distance(m1, s1, m1, s1) == pytest.approx(0, abs=1e-8)
 
 
-def test_real_vs_real_near_zero_real_vs_noise_large(mnist, reference_classifier, noise):
-    space = fid.feature_space(None, reference_classifier)
-    assert space.name == "fid_classifier"
-    a, b = space.features(mnist.subset(np.arange(1000, 2000))), space.features(mnist.subset(np.arange(2000, 3000)))
-    real_vs_real, real_vs_noise = fid.distance(a, b), fid.distance(a, space.features(noise))
-    assert real_vs_real < 0.02 * real_vs_noise
-    # half the records replaced by noise lands in between
-    mixed = np.concatenate([b[:500], space.features(noise)[:500]])
-    assert real_vs_real < fid.distance(a, mixed) < real_vs_noise
+@pytest.fixture(scope="module")
+def classifier(mnist):
+    """A reference CNN barely trained (one batch): the extractor tests below never compute its features (FID in the
+    trained one's features, real vs real and vs noise: tests/evaluation/test_real_and_noise.py)."""
+    from dpsynth.evaluation.classifiers import ReferenceClassifier
+
+    return ReferenceClassifier(mnist.subset(np.arange(64)), steps=1, seed=0)
 
 
-def test_without_weights_the_name_is_fid_classifier(tmp_path, reference_classifier):
-    missing = fid.feature_space(str(tmp_path / "absent.pt"), reference_classifier)
+def test_without_weights_the_name_is_fid_classifier(tmp_path, classifier):
+    missing = fid.feature_space(str(tmp_path / "absent.pt"), classifier)
     assert missing.name == "fid_classifier" and "no Inception weights at" in missing.source
 
 
@@ -52,20 +50,20 @@ class Pool3Stub(torch.nn.Module):
         return self.proj(x.mean((2, 3)))[:, :, None, None]
 
 
-def test_torchscript_extractor_at_the_configured_path(tmp_path, reference_classifier, mnist):
+def test_torchscript_extractor_at_the_configured_path(tmp_path, classifier, mnist):
     path = tmp_path / "pool3.pt"
     torch.jit.script(Pool3Stub(fid.INCEPTION_DIM)).save(str(path))
-    space = fid.feature_space(str(path), reference_classifier)
+    space = fid.feature_space(str(path), classifier)
     assert space.name == "fid" and space.source.startswith("Inception-v3 pool3")
     f = space.features(mnist.subset(np.arange(10)))  # grayscale repeated to 3 channels
     assert f.shape == (10, fid.INCEPTION_DIM)
 
 
-def test_an_extractor_of_another_width_is_refused(tmp_path, reference_classifier):
+def test_an_extractor_of_another_width_is_refused(tmp_path, classifier):
     path = tmp_path / "wrong.pt"
     torch.jit.script(Pool3Stub(64)).save(str(path))
     with pytest.raises(ConfigError, match="evaluate.inception_weights"):
-        fid.feature_space(str(path), reference_classifier)
+        fid.feature_space(str(path), classifier)
     (tmp_path / "junk.pt").write_bytes(b"not a model")
     with pytest.raises(ConfigError, match="evaluate.inception_weights"):
-        fid.feature_space(str(tmp_path / "junk.pt"), reference_classifier)
+        fid.feature_space(str(tmp_path / "junk.pt"), classifier)

@@ -43,10 +43,10 @@ METHODS = list(registry.METHODS)
 K = 3  # shards (clients) of the shard-pre-trained methods
 # One tiny configuration for every method: each reads its own sections and ignores the others.
 # Steps: D steps (dpgan, zhang: 2 per G step) or G iterations (gswgan family) or rounds (Private Evolution: 6, so that
-# a run stopped after 4 resumes for 2 more, each round over 20 candidate figures per class); a checkpoint every 4.
+# a run stopped after 3 resumes for 3 more, each round over 20 candidate figures per class); a checkpoint every 3.
 TINY = (
-    "tracking.enabled=false", "train.steps=8", "privacy.epsilon=50", "privacy.delta=1e-4",
-    "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=4",
+    "tracking.enabled=false", "train.steps=6", "privacy.epsilon=50", "privacy.delta=1e-4",
+    "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=3",
     "train.d_width=4", "train.g_width=4", "train.latent_dim=8", "train.batch_size=32", "train.n_d=2",
     f"partition.num_shards={K}", "gswgan.d_width=4", "gswgan.g_width=4", "gswgan.latent_dim=8",
     "gswgan.batch_size=16", "gswgan.pretrain_iterations=2",
@@ -190,7 +190,7 @@ def test_resume_equals_an_uninterrupted_run(name, inputs, tmp_path):
         assert not (tmp_path / "split" / "result.json").exists() and not (tmp_path / "split" / "trace.json").exists()
         return
     full = train(name, tiny(tmp_path / "full", name), inputs, mechanism_seed=5)
-    assert train(name, split, inputs, mechanism_seed=5, stop_after=4) is None
+    assert train(name, split, inputs, mechanism_seed=5, stop_after=3) is None
     assert (tmp_path / "split" / "checkpoints").is_dir() and not (tmp_path / "split" / "trace.json").exists()
     resumed = train(name, split, inputs)  # no seed: the mechanism's coins continue from the checkpoint
     assert Path(resumed.trace_path).read_text() == Path(full.trace_path).read_text()

@@ -31,7 +31,10 @@ def source(tmp_path_factory) -> str:
 
 
 
-@pytest.mark.parametrize("method", ["gswgan", "dpac"])
+# One run per path in the quick tier (#53 item 5): DPAC's, whose stages, pre-training and mechanism are GS-WGAN's
+# (its trainer a subclass adding the classifier); GS-WGAN's own in the slow tier, and its partition → pretrain →
+# train → audit quick in tests/distributed/test_train_torchrun.py::test_gswgan_ranks_read_their_own_shards_and_the_job_is_one_attempt.
+@pytest.mark.parametrize("method", [pytest.param("gswgan", marks=pytest.mark.slow), "dpac"])
 def test_pipeline_stages(tmp_path, source, method, stage_ledger):
     run = tmp_path / "run"
     overrides = (f"train.method={method}", *TINY)

@@ -279,6 +279,9 @@ def test_stops_before_the_budget_is_exceeded(tmp_path, small_mnist):
     assert autodp_epsilon(sigma=3.0, groups=2, q=q, steps=steps + 1, delta=1e-4) > 2 * 0.995
 
 
+# Slow tier (#53 item 5): dp-GAN's resume runs quick in tests/methods/test_contract.py::test_resume_equals_an_uninterrupted_run[zhang]
+# (same trace, steps, ε and generator, bit for bit; clip groups and adaptive bounds feed the generator's steps).
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path, small_mnist):
     a, b = tmp_path / "a", tmp_path / "b"
     public, private = split(small_mnist, tiny(a))

@@ -1,5 +1,5 @@
 """#55 item 11, small runs small: the warm-up's generator fit follows ``train.steps`` when ``warmup.steps`` is null
-(40 × train.steps, at most 4,000), so a 6-step trial fits 240 steps, not the recipes' 4,000; every shipped recipe
+(40 × train.steps, at most 4,000), so a 6-step trial fits 240 steps (a 2-step one, below, 80), not the recipes' 4,000; every shipped recipe
 still fits exactly the 4,000 steps it set before (the same draws: ``make run``'s figures unchanged)."""
 
 from pathlib import Path
@@ -27,13 +27,14 @@ def test_every_shipped_recipe_fits_what_it_fitted_before(recipe):
 
 
 def test_a_small_run_fits_a_small_generator(tmp_path, small_mnist, monkeypatch, caplog):
-    """A real DPGAN run with the warm-up on and no warmup.steps: the fit runs 40 × 6 steps, and says so."""
+    """A real DPGAN run with the warm-up on and no warmup.steps: the fit runs 40 × 2 steps, and says so (2 private
+    steps, not 1, so that 40 × train.steps is told from a constant 40; each fit step costs as much as a private one)."""
     ran = []
     fit = warmup.fit_generator
     monkeypatch.setattr(warmup, "fit_generator", lambda *a, **kw: ran.append(kw["steps"]) or fit(*a, **kw))
-    cfg = tiny(tmp_path, "warmup.steps=null")
-    assert cfg.warmup.steps is None and cfg.train.steps == 6
+    cfg = tiny(tmp_path, "warmup.steps=null", "train.steps=2", "output.checkpoint_every=0")
+    assert cfg.warmup.steps is None and cfg.train.steps == 2
     with caplog.at_level("INFO"):
         DPGANTrainer(cfg, small_mnist).train()
-    assert ran == [240]
-    assert "then 240 generator fit steps (null warmup.steps: 40 × train.steps, at most 4,000)" in caplog.text
+    assert ran == [80]
+    assert "then 80 generator fit steps (null warmup.steps: 40 × train.steps, at most 4,000)" in caplog.text
