@@ -36,8 +36,10 @@ def small_mnist():
 
 
 # The quick tier's longest modules, longest first, by the wall seconds of their tests (junit: setup + call + teardown,
-# summed per module) in one `make test` on a fresh clone (#53, 2026-11-30, seventh session, after its changes; 1,506
-# passed, 874 s of pytest with two benchmark processes beside it, so every figure is stretched alike). In `make test`
+# summed per module) in one `make test` on a fresh clone (#53, 2026-11-30, seventh session; 1,506 passed, 874 s of
+# pytest with two benchmark processes beside it, so every figure is stretched alike), re-ordered in the eighth session
+# by the CPU-s of the modules its helpers changed (cgroup, one module alone: test_logged_keys 15.6 leaves the list,
+# test_private_evolution_pipeline 25.4 and test_real_and_noise 24.3 join it). In `make test`
 # each module pays its worker's shared costs (imports, fork servers, first stores) only once. `make test` hands whole
 # modules to its two workers in collection order (--dist loadscope --no-loadscope-reorder); these go first so that
 # the run does not end on one of them alone on one worker while the other has nothing left (xdist's own order, by
@@ -57,8 +59,9 @@ LONGEST_FIRST = [
     "tests/mlflow_plugins/test_ledger_page.py",  # 35
     "tests/deploy/test_mlflow_hosts.py",         # 34
     "tests/stages/test_train_attempts.py",       # 32
-    "tests/stages/test_logged_keys.py",          # 27
     "tests/pipelines/test_entry_points.py",      # 25
+    "tests/stages/test_private_evolution_pipeline.py",  # 25.4 CPU-s (one run shared with the egress pass)
+    "tests/evaluation/test_real_and_noise.py",   # 24.3 CPU-s (one reference CNN for fid and scores)
 ]
 # No longer in the list: tests/ledger/test_attempt.py (27 in the sixth session, 13 now: shorter killed runs).
 
