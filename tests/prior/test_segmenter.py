@@ -72,3 +72,24 @@ def test_the_segmenter_feature_ignores_colour_and_polarity():
     assert float(f[0] @ f[1]) > 0.95
     mask_feature = pe.figure_map(np.round(m * 255).astype(np.uint8)[None])
     assert float(f[0] @ mask_feature[0]) > 0.9 and float(f[1] @ mask_feature[0]) > 0.9
+
+
+def test_private_evolution_votes_in_the_feature_it_is_given():
+    from dpsynth.errors import PrivacyError
+
+    rng = np.random.default_rng(7)
+    m = masks(random_figures(rng, 12), 32)
+    images, labels = paint(m, rng, channels=3), np.arange(12) % 2
+    seen = {}
+    for feature in ("plane", "segmenter"):
+        pe.evolve(images, labels, num_classes=2, rounds=1, candidates=4, noise_multiplier=0.0, threshold=0.5,
+                  randomness=None, trace=None, seed=1, feature=feature,
+                  observe=lambda t, noisy, query, f=feature: seen.setdefault(f, query))
+    pop = pe.start(num_classes=2, candidates=4, seed=1)
+    cands = pe.mask_features([f for figs in pop.figures for f in figs], 32)
+    for feature, fn in (("plane", pe.figure_map), ("segmenter", pe.segmenter_map)):
+        assert np.array_equal(seen[feature], pe.votes(fn(images), labels, cands, np.repeat([0, 1], 4)))
+    assert not np.array_equal(seen["plane"], seen["segmenter"])  # the two features vote apart on these records
+    with pytest.raises(PrivacyError, match="private_evolution.feature"):
+        pe.evolve(images, labels, num_classes=2, rounds=1, candidates=4, noise_multiplier=0.0, threshold=0.5,
+                  randomness=None, trace=None, feature="colour")
