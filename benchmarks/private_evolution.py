@@ -103,7 +103,7 @@ def measure(*, dataset: str = "letters-rgb", n: int = 6000, seed: int = 0, epsil
     ``frechet`` the evaluate stage's fid_classifier; the sample grid to ``grid_path``; ``classifiers`` score every
     row (cnn, resnet: ``accuracy.utility``'s), ``release`` false runs the ceiling only, ``overrides`` are --set items
     of the recipe (e.g. ``evaluate.resnet_epochs=15``), ``feature`` the records' feature (``pe.FEATURES``: ``plane``,
-    ``segmenter``). About 3 CPU-minutes and
+    ``segmenter``, ``hybrid``). About 3 CPU-minutes and
     1.5 GB a row. Returns the set's description and its rows."""
     torch.set_num_threads(1)
     out = Path(out)

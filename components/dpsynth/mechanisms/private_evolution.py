@@ -41,7 +41,8 @@ from dpsynth.mechanisms.histograms import (  # noqa: F401 (the mechanism's priva
     PRIVATE_EVOLUTION, calibrate, calibrating_accountants, events, rounds_epsilon, statement)
 from dpsynth.privacy.events import MechanismTrace, full_batch_gaussian
 from dpsynth.prior.figures import Figure, masks, random_figures, vary
-from dpsynth.prior.ground import BORDER, background_distance  # noqa: F401 (figure_map's ground, re-exported)
+from dpsynth.prior.ground import (  # noqa: F401 (figure_map's ground, re-exported)
+    BORDER, TEXTURED, background_distance, ground_roughness)
 from dpsynth.prior.paint import paint_figures
 
 GRID = 16  # the feature's side
@@ -84,7 +85,19 @@ def segmenter_map(images: np.ndarray) -> np.ndarray:
     return figure_map(np.round(segmenter.predict(images) * 255).astype(np.uint8)[..., None])
 
 
-FEATURES = {"plane": figure_map, "segmenter": segmenter_map}  # a record's feature, by name
+def hybrid_map(images: np.ndarray) -> np.ndarray:
+    """A record's feature chosen by its own ground: :func:`segmenter_map` where its border ring is textured
+    (:func:`ground_roughness` above :data:`TEXTURED`, a threshold set on the prior's paintings), else
+    :func:`figure_map` (the border plane). A fixed public function of each record alone: one record, one feature,
+    one vote."""
+    out = figure_map(images)
+    textured = ground_roughness(images) > TEXTURED
+    if textured.any():
+        out[textured] = segmenter_map(images[textured])
+    return out
+
+
+FEATURES = {"plane": figure_map, "segmenter": segmenter_map, "hybrid": hybrid_map}  # a record's feature, by name
 
 
 def votes(record_features: np.ndarray, labels: np.ndarray, candidate_features: np.ndarray,
@@ -201,7 +214,7 @@ def evolve(images: np.ndarray, labels: np.ndarray, *, num_classes: int, rounds: 
     candidates are new draws from the prior. ``seed`` seeds the public coins (prior, resampling, variations).
     ``observe(round, noisy, query)``, when given, sees each raw release and its noiseless query (tests and audits).
     ``feature`` names the records' feature in :data:`FEATURES` (``plane``: :func:`figure_map`; ``segmenter``:
-    :func:`segmenter_map`)."""
+    :func:`segmenter_map`; ``hybrid``: :func:`hybrid_map`)."""
     if rounds < 1 or candidates < 1:
         raise PrivacyError(f"private_evolution: rounds and candidates must be >= 1, got {rounds}, {candidates}")
     if feature not in FEATURES:

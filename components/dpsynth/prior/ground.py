@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 BORDER = 2  # pixels of the border ring the background plane is fitted to
+TEXTURED = 0.114  # ground_roughness above which a ground is textured (set on the prior's paintings, docs/prior.md)
 
 
 def _plane_fit(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
@@ -35,3 +36,18 @@ def background_distance(images: np.ndarray) -> np.ndarray:
     x = images.reshape(n, h * w, c).astype(np.float64) / 255.0
     coef = np.einsum("kr,nrc->nkc", fit, x[:, ring])
     return np.sqrt(((x - basis @ coef) ** 2).sum(-1)).reshape(n, h, w)
+
+
+def ground_roughness(images: np.ndarray) -> np.ndarray:
+    """How far a record's border ring lies from its own fitted colour plane: the root mean square, over the ring's
+    pixels, of :func:`background_distance` (float64 N). Flat grounds (a gradient) give little, textured ones much;
+    above :data:`TEXTURED` a ground counts as textured. A function of each record alone.
+
+    >>> x = np.full((2, 8, 8, 3), 90, np.uint8); x[1, ::2, ::2] = 200      # a flat and a speckled ground
+    >>> r = ground_roughness(x); bool(r[0] < TEXTURED < r[1])
+    True
+    """
+    n, h, w, _ = images.shape
+    _, ring = _plane_fit(h, w)
+    d = background_distance(images).reshape(n, h * w)[:, ring]
+    return np.sqrt((d ** 2).mean(1))
