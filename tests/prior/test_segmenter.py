@@ -93,3 +93,17 @@ def test_private_evolution_votes_in_the_feature_it_is_given():
     with pytest.raises(PrivacyError, match="private_evolution.feature"):
         pe.evolve(images, labels, num_classes=2, rounds=1, candidates=4, noise_multiplier=0.0, threshold=0.5,
                   randomness=None, trace=None, feature="colour")
+
+
+def test_the_hybrid_feature_sends_flat_grounds_to_the_plane_and_textured_ones_to_the_segmenter():
+    m = masks(random_figures(np.random.default_rng(11), 1), 32)[0][..., None]
+    ramp = np.linspace(0, 1, 32)[None, :, None]
+    flat = m * (220, 40, 40) + (1 - m) * ((30, 80, 150) + ramp * (60, 0, -90))  # a gradient ground
+    noise = np.random.default_rng(12).uniform(0, 255, (32, 32, 3))
+    textured = m * (250, 250, 250) + (1 - m) * (0.5 * noise)  # a speckled ground
+    x = np.clip(np.stack([flat, textured]) + 0.5, 0, 255).astype(np.uint8)
+    r = pe.ground_roughness(x)
+    assert r[0] < pe.TEXTURED < r[1]
+    plane, seg, hybrid = pe.figure_map(x), pe.segmenter_map(x), pe.hybrid_map(x)
+    assert not np.allclose(plane, seg, atol=1e-3)  # the two maps differ on both records, so the switch shows
+    assert np.array_equal(hybrid[0], plane[0]) and np.array_equal(hybrid[1], seg[1])
