@@ -107,3 +107,11 @@ def test_the_hybrid_feature_sends_flat_grounds_to_the_plane_and_textured_ones_to
     plane, seg, hybrid = pe.figure_map(x), pe.segmenter_map(x), pe.hybrid_map(x)
     assert not np.allclose(plane, seg, atol=1e-3)  # the two maps differ on both records, so the switch shows
     assert np.array_equal(hybrid[0], plane[0]) and np.array_equal(hybrid[1], seg[1])
+
+
+def test_ground_doctests():
+    import doctest
+
+    from dpsynth.prior import ground
+
+    assert doctest.testmod(ground).failed == 0
