@@ -94,7 +94,7 @@ def measure(*, dataset: str = "letters-rgb", n: int = 6000, seed: int = 0, epsil
             candidates: int = 200, threshold: float = 2.0, steps: tuple[float, float] = (0.3, 0.05),
             jitter: float = 0.05, prior_seed: int = 0, noiseless: bool = False, ceiling: bool = False,
             frechet: bool = False, grid_path: str | None = None, classifiers: tuple[str, ...] = ("cnn",),
-            release: bool = True, overrides: tuple[str, ...] = (),
+            release: bool = True, overrides: tuple[str, ...] = (), feature: str = "plane",
             out: str = str(ROOT / "outputs/bench-private-evolution")) -> dict:
     """Private Evolution on ``dataset`` (``n`` records drawn with ``seed``) at ``epsilon``: ``rounds`` rounds of
     ``candidates`` figures a class, the threshold H = ``threshold`` × σ, the variation step from ``steps[0]`` to
@@ -102,7 +102,8 @@ def measure(*, dataset: str = "letters-rgb", n: int = 6000, seed: int = 0, epsil
     private, the mechanism's upper bound); ``ceiling`` adds the classifiers trained on the real training records,
     ``frechet`` the evaluate stage's fid_classifier; the sample grid to ``grid_path``; ``classifiers`` score every
     row (cnn, resnet: ``accuracy.utility``'s), ``release`` false runs the ceiling only, ``overrides`` are --set items
-    of the recipe (e.g. ``evaluate.resnet_epochs=15``). About 3 CPU-minutes and
+    of the recipe (e.g. ``evaluate.resnet_epochs=15``), ``feature`` the records' feature (``pe.FEATURES``: ``plane``,
+    ``segmenter``, ``hybrid``). About 3 CPU-minutes and
     1.5 GB a row. Returns the set's description and its rows."""
     torch.set_num_threads(1)
     out = Path(out)
@@ -126,7 +127,7 @@ def measure(*, dataset: str = "letters-rgb", n: int = 6000, seed: int = 0, epsil
     trace = MechanismTrace()
     evo = pe.evolve(x, y, num_classes=train.num_classes, rounds=rounds, candidates=candidates,
                     noise_multiplier=sigma, threshold=votes, randomness=MechanismRandomness(), trace=trace,
-                    seed=prior_seed, steps=steps)
+                    seed=prior_seed, steps=steps, feature=feature)
     images, labels = pe.sample(evo, cfg.sample.num_samples, size=x.shape[1], channels=x.shape[3],
                                seed=prior_seed + 1, jitter=jitter)
     cpu_release = (time.process_time() - cpu0) / 60
@@ -141,7 +142,7 @@ def measure(*, dataset: str = "letters-rgb", n: int = 6000, seed: int = 0, epsil
     rows.append({"row": "private-evolution", "epsilon_target": epsilon if sigma > 0 else None, "delta": delta,
                  "epsilon_rdp": eps["rdp"], "epsilon_prv": eps["prv"], "noise_multiplier": sigma, "rounds": rounds,
                  "candidates_per_class": candidates, "threshold_votes": votes, "steps": list(steps),
-                 "jitter": jitter, "prior_seed": prior_seed, "private_records": len(train),
+                 "jitter": jitter, "prior_seed": prior_seed, "feature": feature, "private_records": len(train),
                  "test_records": len(test_real), "synthetic_records": len(labels), **scores,
                  "figures_kept_per_class": alive, "cpu_min_release": cpu_release,
                  "cpu_min_total": time.process_time() / 60, "wall_min": (time.monotonic() - t0) / 60,

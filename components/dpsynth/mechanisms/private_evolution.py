@@ -41,37 +41,11 @@ from dpsynth.mechanisms.histograms import (  # noqa: F401 (the mechanism's priva
     PRIVATE_EVOLUTION, calibrate, calibrating_accountants, events, rounds_epsilon, statement)
 from dpsynth.privacy.events import MechanismTrace, full_batch_gaussian
 from dpsynth.prior.figures import Figure, masks, random_figures, vary
+from dpsynth.prior.ground import (  # noqa: F401 (figure_map's ground, re-exported)
+    BORDER, TEXTURED, background_distance, ground_roughness)
 from dpsynth.prior.paint import paint_figures
 
 GRID = 16  # the feature's side
-BORDER = 2  # pixels of the border ring the background plane is fitted to
-
-
-def _plane_fit(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
-    """The basis [1, x, y] over all pixels (HW × 3) and its least-squares fit on the border ring (3 × ring)."""
-    yy, xx = np.mgrid[0:h, 0:w]
-    basis = np.stack([np.ones(h * w), xx.ravel() / max(w - 1, 1) - 0.5, yy.ravel() / max(h - 1, 1) - 0.5], 1)
-    ring = ((yy < BORDER) | (yy >= h - BORDER) | (xx < BORDER) | (xx >= w - BORDER)).ravel()
-    return basis, ring
-
-
-def background_distance(images: np.ndarray) -> np.ndarray:
-    """Each pixel's Euclidean distance over the channels, in [0, 1] units, from its record's background colour field
-    (a plane per channel, least squares on the record's border ring): uint8 N × H × W × C → float64 N × H × W. A
-    function of each record alone.
-
-    >>> x = np.full((1, 6, 6, 3), 40, np.uint8); x[0, 2:4, 2:4] = (40, 40, 244)
-    >>> d = background_distance(x); round(float(d[0, 2, 2]), 3), round(float(d[0, 0, 0]), 3)
-    (0.8, 0.0)
-    """
-    n, h, w, c = images.shape
-    basis, ring = _plane_fit(h, w)
-    fit = np.linalg.pinv(basis[ring])  # 3 × ring
-    x = images.reshape(n, h * w, c).astype(np.float64) / 255.0
-    coef = np.einsum("kr,nrc->nkc", fit, x[:, ring])
-    return np.sqrt(((x - basis @ coef) ** 2).sum(-1)).reshape(n, h, w)
-
-
 def figure_map(images: np.ndarray, *, grid: int = GRID, batch: int = 2048) -> np.ndarray:
     """The colour-blind feature of uint8 images (N × H × W × C): N × grid² float32, unit norm (see the module):
     :func:`background_distance`, pooled to grid × grid, blurred, less its mean.
@@ -100,6 +74,30 @@ def mask_features(figures: list[Figure], size: int) -> np.ndarray:
     """:func:`figure_map` of every figure's mask (size × size), drawn white on black."""
     m = masks(figures, size)
     return figure_map(np.round(m * 255).astype(np.uint8)[..., None])
+
+
+def segmenter_map(images: np.ndarray) -> np.ndarray:
+    """A record's feature by the public segmenter (:mod:`dpsynth.prior.segmenter`, trained on the prior's own
+    paintings only): its predicted figure mask, mapped as a candidate's mask is (:func:`mask_features`: drawn white
+    on black, then :func:`figure_map`). A fixed public function of each record alone."""
+    from dpsynth.prior import segmenter
+
+    return figure_map(np.round(segmenter.predict(images) * 255).astype(np.uint8)[..., None])
+
+
+def hybrid_map(images: np.ndarray) -> np.ndarray:
+    """A record's feature chosen by its own ground: :func:`segmenter_map` where its border ring is textured
+    (:func:`ground_roughness` above :data:`TEXTURED`, a threshold set on the prior's paintings), else
+    :func:`figure_map` (the border plane). A fixed public function of each record alone: one record, one feature,
+    one vote."""
+    out = figure_map(images)
+    textured = ground_roughness(images) > TEXTURED
+    if textured.any():
+        out[textured] = segmenter_map(images[textured])
+    return out
+
+
+FEATURES = {"plane": figure_map, "segmenter": segmenter_map, "hybrid": hybrid_map}  # a record's feature, by name
 
 
 def votes(record_features: np.ndarray, labels: np.ndarray, candidate_features: np.ndarray,
@@ -207,17 +205,22 @@ def released(pop: Population, threshold: float) -> Evolution:
 
 def evolve(images: np.ndarray, labels: np.ndarray, *, num_classes: int, rounds: int, candidates: int,
            noise_multiplier: float, threshold: float, randomness, trace: MechanismTrace | None,
-           seed: int = 0, steps: tuple[float, float] = (0.3, 0.05), fresh: float = 0.05, observe=None) -> Evolution:
+           seed: int = 0, steps: tuple[float, float] = (0.3, 0.05), fresh: float = 0.05, observe=None,
+           feature: str = "plane") -> Evolution:
     """Private Evolution on the records (``images`` uint8 N × H × W × C, H = W; ``labels`` in [0, num_classes)):
     ``rounds`` noisy histograms over ``candidates`` figures per class, each recorded in ``trace`` as
     ``full_batch_gaussian(noise_multiplier)``. ``threshold`` (votes) zeroes the bins below it; ``steps`` is the
     variation step of the first and the last round (geometric in between); a share ``fresh`` of every class's next
     candidates are new draws from the prior. ``seed`` seeds the public coins (prior, resampling, variations).
-    ``observe(round, noisy, query)``, when given, sees each raw release and its noiseless query (tests and audits)."""
+    ``observe(round, noisy, query)``, when given, sees each raw release and its noiseless query (tests and audits).
+    ``feature`` names the records' feature in :data:`FEATURES` (``plane``: :func:`figure_map`; ``segmenter``:
+    :func:`segmenter_map`; ``hybrid``: :func:`hybrid_map`)."""
     if rounds < 1 or candidates < 1:
         raise PrivacyError(f"private_evolution: rounds and candidates must be >= 1, got {rounds}, {candidates}")
+    if feature not in FEATURES:
+        raise PrivacyError(f"private_evolution.feature: one of {sorted(FEATURES)}, not {feature!r}")
     labels = np.asarray(labels)
-    records = figure_map(images)
+    records = FEATURES[feature](images)
     pop = start(num_classes=num_classes, candidates=candidates, seed=seed)
     while pop.round < rounds:
         evolve_round(pop, records, labels, rounds=rounds, noise_multiplier=noise_multiplier, threshold=threshold,
