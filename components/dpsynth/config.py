@@ -460,6 +460,10 @@ class EvolutionConfig:
                                                         "figure varied by this step, then painted.")
     seed: Int = Field(0, ge=0, description="The public coins: the prior's draws, resampling and variations (never "
                                            "the noise: that is the mechanism's secret randomness).")
+    feature: Literal["hybrid", "plane", "segmenter"] = Field(
+        "hybrid", description="The records' colour-blind feature, each record's own: plane (each pixel's distance from "
+                              "the record's background plane), segmenter (the figure mask the public segmenter "
+                              "predicts), hybrid (plane on a flat ground, segmenter on a textured one).")
 
     @model_validator(mode="after")
     def _steps(self) -> EvolutionConfig:

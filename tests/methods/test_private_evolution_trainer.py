@@ -54,3 +54,18 @@ def test_a_stopped_run_resumes_from_its_checkpoint(tmp_path):
     assert result.steps == 3 and len(resumed.state.population.histograms) == 3
     (event,) = json.loads((tmp_path / "out" / "trace.json").read_text())["events"]
     assert event["count"] == 3
+
+
+def test_the_records_take_the_configured_feature_and_the_statement_names_it(tmp_path):
+    from dpsynth.mechanisms import private_evolution as pe
+    from dpsynth.mechanisms.histograms import PRIVATE_EVOLUTION
+
+    data = tiny_rgb()
+    assert load_config(overrides=["train.method=private-evolution"]).evolution.feature == "hybrid"  # the default
+    for feature in ("plane", "hybrid", "segmenter"):
+        cfg = config(tmp_path / feature, f"evolution.feature={feature}")
+        trainer = registry.get("private-evolution").trainer(cfg, data)
+        np.testing.assert_array_equal(trainer.state.records, pe.FEATURES[feature](data.images))
+        text = json.dumps(PRIVATE_EVOLUTION.statement(cfg, trainer.plan, len(data)))
+        assert ("segmenter" in text) == (feature != "plane"), feature
+    assert not np.allclose(pe.FEATURES["plane"](data.images), pe.FEATURES["segmenter"](data.images))

@@ -46,15 +46,28 @@ def calibrating_accountants(accountant: str) -> tuple[str, ...]:
                                                if name != "prv" and cls().supports(probe))]))
 
 
-def statement(*, rounds: int, candidates: int, noise_multiplier: float, threshold: float) -> str:
+# evolution.feature, for a privacy statement: what a record's feature is (each a fixed public function of the record)
+FEATURE_STATEMENTS = {
+    "plane": "each pixel's distance from the record's own background plane",
+    "segmenter": "the figure mask predicted by the public segmenter, a network trained on the prior's own paintings "
+                 "only, its weights shipped with the code (dpsynth.prior.segmenter)",
+    "hybrid": "each pixel's distance from the record's own background plane where the record's border is flat, and "
+              "where it is textured (the record's own border roughness above a threshold set on the prior's "
+              "paintings) the figure mask predicted by the public segmenter, a network trained on the prior's own "
+              "paintings only, its weights shipped with the code (dpsynth.prior.segmenter)",
+}
+
+
+def statement(*, rounds: int, candidates: int, noise_multiplier: float, threshold: float,
+              feature: str = "plane") -> str:
     """What the release is, for a privacy statement: the prior, the rounds, the sensitivity and the noise."""
     return (f"σ·Δ with Δ = 1 (a record's one vote per round): N(0, σ²), σ = {noise_multiplier:g}, on every bin of each "
             f"round's histogram. " + PRIOR_STATEMENT.format(version=PRIOR_VERSION)
             + f" Private Evolution moves it to the records in {rounds} rounds, the trace's events #0–#{rounds - 1}, "
             f"each one full-batch Gaussian (q = 1): every record votes for the nearest of its class's {candidates} "
-            "candidate figures in a colour-blind feature (each pixel's distance from the record's own background "
-            "plane), one vote in one bin of the histogram stacked over all classes, so adding or removing a record "
-            f"moves it by 1 in L2. Bins below {threshold:g} votes are "
+            f"candidate figures in a colour-blind feature ({FEATURE_STATEMENTS[feature]}), one vote in one bin of "
+            f"the histogram stacked over all classes, so adding or removing a record moves it by 1 in L2. Bins below "
+            f"{threshold:g} votes are "
             "zeroed; resampling, variations of the figures and their colours are post-processing of the released "
             "histograms.")
 
@@ -108,10 +121,12 @@ class EvolutionHistograms(Mechanism):
             adjacency=f"add/remove one record: every round's histogram counts each record's one vote (full batch, "
                       f"q = 1); {REPLACE_BY_GROUP_PRIVACY}.",
             noise=statement(rounds=plan.steps, candidates=e.candidates, noise_multiplier=plan.noise_multiplier,
-                            threshold=self.threshold(cfg, plan)),
+                            threshold=self.threshold(cfg, plan), feature=e.feature),
             assumptions=["the prior, its variations and the painter read no record: they run from the public seed "
                          f"evolution.seed = {e.seed} and the released histograms only (dpsynth.prior, version "
-                         f"{PRIOR_VERSION})"])
+                         f"{PRIOR_VERSION})"]
+            + (["the segmenter's weights were trained on the prior's own paintings only, from a public seed "
+                "(scripts/train_segmenter.py), and read no record"] if e.feature != "plane" else []))
 
 
 PRIVATE_EVOLUTION = EvolutionHistograms(

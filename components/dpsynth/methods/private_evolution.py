@@ -63,7 +63,7 @@ class PrivateEvolutionTrainer(Trainer):
         self.state = EvolutionState(
             population=pe.start(num_classes=self.num_classes, candidates=e.candidates, seed=e.seed),
             mechanism=self.secret_coins(mechanism_seed),
-            records=pe.figure_map(dataset.images), labels=np.asarray(dataset.labels))
+            records=pe.FEATURES[e.feature](dataset.images), labels=np.asarray(dataset.labels))
 
     @property
     def configured_steps(self) -> int:
