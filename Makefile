@@ -119,10 +119,10 @@ schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema bes
 # Airflow home, and the platform test (tests/platform) its own free ports, PostgreSQL cluster and Chromium profile.
 TEST_WORKERS ?= 2
 
-test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 9.8 min with the set-up of its environments by uv (1.2 min) and 8.5 of pytest on 2 cores, a fresh clone (2026-11-30; pytest 8.1–9.1 min in three earlier clones)
+test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 8.6 min with the set-up of its environments by uv (0.4 min) and 8.2 of pytest on 2 cores, a fresh clone on a quiet machine (2026-11-30, eighth session; 9.8 min in the seventh)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 22.4 min of pytest on 2 cores, a fresh clone after make test (2026-11-30; CI's whole .ci/run: 32.0 min)
+test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 23.8 min of pytest on 2 cores, a fresh clone after make test, with a benchmark beside it (2026-11-30, eighth session; CI's whole .ci/run, as loaded: 37.6 min; 32.0 on a quiet machine in the seventh)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m slow -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The benchmarks: benchmarks/run.py SUITE runs a suite of benchmarks/suites.toml and keeps its latest rows in
