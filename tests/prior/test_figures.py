@@ -121,5 +121,7 @@ def test_the_statement_names_what_the_prior_is():
 def test_doctests():
     import doctest
 
-    for module in (figures, paint_module, textures):
+    from dpsynth.prior import ground, segmenter
+
+    for module in (figures, paint_module, textures, ground, segmenter):
         assert doctest.testmod(module).failed == 0

@@ -2,7 +2,7 @@
 
 It is trained only on the prior's own paintings (:mod:`dpsynth.prior.figures` draws a mask from a public seed,
 :mod:`dpsynth.prior.paint` paints it, graphic or photographic, in 3 or 1 channels; the target is that mask), by
-``scripts/train_segmenter.py``; its weights (:data:`WEIGHTS`, a numpy ``.npz`` of the state dict, about 0.15 MB)
+``scripts/train_segmenter.py``; its weights (:data:`WEIGHTS`, a numpy ``.npz`` of the state dict, about 0.25 MB)
 are committed with the command that made them. No record is an argument of its training, so it is a fixed public
 function: applied to each record alone it adds no privacy event (docs/prior.md, "A public segmenter").
 
