@@ -244,11 +244,12 @@ def child(url, sync, name, eps, attempts, then, sha, blocks):
         def _hang(conn):
             open(os.path.join(sync, name + ".hanging"), "w").close()
             time.sleep(600)
-    else:  # widen the gap between reading the balance and writing, so a lost update would show
+    else:  # widen the gap between reading the balance and writing, so a lost update would show (10 ms: each race
+        # test still failed on both databases with the lock taken out, #53)
         @event.listens_for(ledger.engine, "after_cursor_execute")
         def _slow(conn, cursor, statement, *rest):
             if "sum(" in statement.lower():
-                time.sleep(0.05)
+                time.sleep(0.01)
     open(os.path.join(sync, name + ".ready"), "w").close()
     while not os.path.exists(os.path.join(sync, "go")):
         time.sleep(0.001)
