@@ -146,7 +146,7 @@ def chart_mlflow(tmp_path_factory):
                     break
             except OSError:
                 pass
-            time.sleep(1)
+            time.sleep(0.2)
         else:
             pytest.fail("mlflow server did not answer /health:\n" + (tmp / "server.log").read_text()[-3000:])
         yield port, docs

@@ -100,7 +100,7 @@ def server(runs):
             except OSError:
                 assert proc.poll() is None, (runs["home"] / "mlflow-server.log").read_text()[-3000:]
                 assert time.monotonic() < deadline, "mlflow server not healthy after 90 s"
-                time.sleep(0.5)
+                time.sleep(0.1)
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn worker: the group this test started
