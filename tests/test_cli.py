@@ -48,6 +48,19 @@ def test_help_imports_no_heavy_module(argv):
     assert report == {"code": 0, "heavy": []}, proc.stdout
 
 
+def test_the_stage_runner_imports_neither_opacus_nor_scipy_stats():
+    """Every stage process imports the stage runner (with it the method registry and the audit's statistics); a
+    stage that computes no ε (partition, sample, evaluate, a pipeline's start and finish) spends no time importing
+    Opacus's package (its optimizers, torch.distributed.tensor: 3 s) or scipy.stats (1.4 s): they are imported
+    where they are used."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "components"), os.environ.get("PYTHONPATH", "")])}
+    code = ("import json, sys\nimport dpsynth.runner.run\n"
+            "print(json.dumps(sorted(m for m in ('opacus', 'scipy.stats') if m in sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
 def test_help_lists_every_method_one_line_each(capsys):
     assert sorted(METHODS) == sorted(typing.get_args(typing.get_type_hints(TrainConfig)["method"]))
     for argv in (["--help"], ["train", "--help"]):

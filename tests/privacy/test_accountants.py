@@ -41,6 +41,15 @@ def exact_gaussian_epsilon(s, delta):
 # --- published anchors ------------------------------------------------------------------------
 
 
+def test_the_default_orders_are_opacus_own():
+    """The RDP orders are written out (importing Opacus costs a process 3 s): they must stay Opacus's defaults."""
+    from opacus.accountants import RDPAccountant as OpacusRDP
+
+    from dpsynth.privacy.accountants import DEFAULT_ORDERS
+
+    assert DEFAULT_ORDERS == tuple(float(a) for a in OpacusRDP.DEFAULT_ALPHAS)
+
+
 def test_opacus_rdp_anchor():
     # opacus/tests/accountants_test.py: σ=1.5, q=0.04, int(90/0.04) = 2250 steps, δ=1e-5.
     assert epsilon([poisson(0.04, 1.5, 2250)], delta=1e-5) == pytest.approx(7.32911117143, abs=1e-9)

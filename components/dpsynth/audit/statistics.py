@@ -11,7 +11,6 @@ import math
 from typing import Sequence
 
 import numpy as np
-from scipy import stats
 
 CONFIDENCE = 0.95
 # k = fraction · m / 2 canaries guessed "in" and as many "out"; the rest abstain (Bonferroni over these)
@@ -24,6 +23,8 @@ def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
         raise ValueError(f"need 0 <= v <= r <= m, got v={v}, r={r}, m={m}")
     if epsilon < 0 or not 0 <= delta <= 1:
         raise ValueError(f"need epsilon >= 0 and delta in [0, 1], got {epsilon}, {delta}")
+    from scipy import stats  # here, not at the top: scipy.stats takes 1.4 s to import, and every stage imports this module
+
     q = 1.0 / (1.0 + math.exp(-epsilon))
     tail = float(stats.binom.sf(v - 1, r, q))  # P[Binomial(r, q) >= v]
     if delta == 0 or v == 0:

@@ -40,19 +40,25 @@ import abc
 import functools
 import math
 import warnings
-from typing import ClassVar, Iterable
+from typing import TYPE_CHECKING, ClassVar, Iterable
 
 import numpy as np
-from opacus.accountants import RDPAccountant as _OpacusRDP
-from opacus.accountants.analysis import prv as opacus_prv
-from opacus.accountants.analysis import rdp as opacus_rdp
 from scipy import fft
 
 from dpsynth.errors import PrivacyError
 from dpsynth.privacy.events import MechanismEvent, MechanismTrace
 from dpsynth.privacy.checks import as_real, check_delta_range
 
-DEFAULT_ORDERS: tuple[float, ...] = tuple(float(a) for a in _OpacusRDP.DEFAULT_ALPHAS)
+if TYPE_CHECKING:
+    from opacus.accountants.analysis import prv as opacus_prv
+
+# Opacus's RDP and PRV analyses are imported where they are used: importing the opacus package runs its __init__,
+# which loads its optimizers, torch.distributed.tensor and scipy.stats (3 of the 3.6 s that importing the method
+# registry takes beyond torch), and most dpsynth processes (partition, sample, evaluate, a pipeline's start and
+# finish, `config show`) never compute an ε.
+
+# Opacus's RDPAccountant.DEFAULT_ALPHAS (tests/privacy/test_accountants.py checks that the two agree)
+DEFAULT_ORDERS: tuple[float, ...] = tuple(float(a) for a in [*(1 + x / 10.0 for x in range(1, 100)), *range(12, 64)])
 
 
 def _as_trace(trace: MechanismTrace | Iterable[MechanismEvent]) -> MechanismTrace:
@@ -119,6 +125,8 @@ def _rdp_per_step(q: float, sigma: float, orders: tuple[float, ...]) -> np.ndarr
     An order whose computation fails numerically is set to +inf: ε is a minimum over
     orders, so dropping one can only loosen the bound.
     """
+    from opacus.accountants.analysis import rdp as opacus_rdp
+
     values = np.empty(len(orders))
     for i, alpha in enumerate(orders):
         order = int(alpha) if float(alpha).is_integer() else float(alpha)
@@ -154,6 +162,8 @@ class RDPCurveAccountant(Accountant):
         return total
 
     def _epsilon(self, trace: MechanismTrace, delta: float) -> float:
+        from opacus.accountants.analysis import rdp as opacus_rdp
+
         curve = self.rdp(trace)
         if not np.isfinite(curve).any():
             return math.inf
@@ -222,6 +232,8 @@ class PRVAccountant(PoissonGaussianAccountant):
         return delta_error
 
     def _compose(self, trace: MechanismTrace, delta_error: float) -> opacus_prv.DiscretePRV:
+        from opacus.accountants.analysis import prv as opacus_prv
+
         counts: dict[tuple[float, float], int] = {}  # composition commutes: group equal mechanisms
         for e in trace.events:
             key = (e.sample_rate, e.noise_multiplier)
@@ -239,6 +251,8 @@ class PRVAccountant(PoissonGaussianAccountant):
 
     def _domain(self, prvs: list, steps: list[int], delta_error: float) -> opacus_prv.Domain:
         """Opacus' safe domain (Gopi et al. Remark 5.6) and mesh, widened to an FFT-friendly size."""
+        from opacus.accountants.analysis import prv as opacus_prv
+
         half_width = opacus_prv.compute_safe_domain_size(
             prvs=prvs, max_self_compositions=steps, eps_error=self.eps_error, delta_error=delta_error
         )
