@@ -51,11 +51,10 @@ FEATURE_STATEMENTS = {
     "plane": "each pixel's distance from the record's own background plane",
     "segmenter": "the figure mask predicted by the public segmenter, a network trained on the prior's own paintings "
                  "only, its weights shipped with the code (dpsynth.prior.segmenter)",
-    "hybrid": "each pixel's distance from the record's own background plane where the record's border is flat, and "
-              "where it is textured (the record's own border roughness above a threshold set on the prior's "
-              "paintings) the figure mask predicted by the public segmenter, a network trained on the prior's own "
-              "paintings only, its weights shipped with the code (dpsynth.prior.segmenter)",
 }
+FEATURE_STATEMENTS["hybrid"] = (f"{FEATURE_STATEMENTS['plane']} where the record's border is flat, and where it is "
+                                "textured (the record's own border roughness above a threshold set on the prior's "
+                                f"paintings) {FEATURE_STATEMENTS['segmenter']}")
 
 
 def statement(*, rounds: int, candidates: int, noise_multiplier: float, threshold: float,

@@ -90,10 +90,10 @@ def hybrid_map(images: np.ndarray) -> np.ndarray:
     (:func:`ground_roughness` above :data:`TEXTURED`, a threshold set on the prior's paintings), else
     :func:`figure_map` (the border plane). A fixed public function of each record alone: one record, one feature,
     one vote."""
-    out = figure_map(images)
     textured = ground_roughness(images) > TEXTURED
-    if textured.any():
-        out[textured] = segmenter_map(images[textured])
+    out = np.empty((len(images), GRID * GRID), np.float32)
+    out[~textured] = figure_map(images[~textured])  # each record mapped once, by its own ground's feature
+    out[textured] = segmenter_map(images[textured])
     return out
 
 
