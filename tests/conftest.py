@@ -9,6 +9,12 @@ import pytest
 
 MNIST = Path(__file__).resolve().parents[1] / "data" / "mnist"
 
+# The fixtures of the services the tests start (a real PostgreSQL, moto's S3 server, the Airflow venv and its fork
+# server) and of the stage tests' data and trained run, defined once for the session: a test module uses them by name
+# and never imports them (a fixture imported into a module is that module's own copy: each module started its own
+# server; tests/test_fixtures.py checks it).
+pytest_plugins = ["tests.pg_fixtures", "tests.s3_fixtures", "tests.airflow_fixtures", "tests.stage_fixtures"]
+
 # No MLflow usage telemetry from the tests or the processes they start, as on the platform (scripts/platform.sh):
 # set before any test module imports MLflow (MLflow's own pytest check reads PYTEST_CURRENT_TEST only at its
 # import, which a module imported at collection precedes).

@@ -1,7 +1,7 @@
 """A real PostgreSQL server for the tests, started by scripts/postgres.sh (the script `make up` uses).
 
-``from tests.pg_fixtures import pg_server, postgres  # noqa: F401`` (see tests/privacy/test_ledger_postgres.py).
-``pg_server`` (one per test session): a server on a private Unix socket and on 127.0.0.1 with password
+A plugin of the test session (tests/conftest.py's ``pytest_plugins``): a test names the fixture, never imports it.
+``pg_server`` (one per test process): a server on a private Unix socket and on 127.0.0.1 with password
 authentication; ``pg_server.database(name)`` creates a database and returns its SQLAlchemy URL. ``postgres``:
 libpq's environment (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) for a fresh database on it. Both skip,
 with the reason, only where there is no PostgreSQL server binary (or, as root, no ``postgres`` user to run it

@@ -1,7 +1,7 @@
 """A real S3-compatible server for tests: ``moto_server`` on a free loopback port.
 
-Import the fixtures a test module uses, with those they depend on:
-``from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env`` (see tests/test_storage.py).
+A plugin of the test session (tests/conftest.py's ``pytest_plugins``): a test names the fixtures, never imports them.
+``moto_endpoint``: one server per test process (each test makes its own bucket: ``s3_bucket``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def moto_endpoint():
     """The URL of a fresh ``moto_server`` subprocess, killed (its whole process group) at teardown."""
     port = _free_port()

@@ -10,7 +10,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from dpsynth import storage
-from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -8,7 +8,7 @@ import torch
 
 from dpsynth.mechanisms.randomness import MechanismRandomness
 # the stage tests' fixtures, as in tests/stages (autouse there and here: ledger_with_budget, one_torch_thread)
-from tests.stages.conftest import ledger_with_budget, mnist600, one_torch_thread, source  # noqa: F401
+from tests.stages.conftest import ledger_with_budget, one_torch_thread  # noqa: F401 (autouse fixtures)
 from tests.stages.helpers import TINY, dpsynth, manifest, pristine_run, release_files, settings, stage, stages
 
 # ε = 0.5 over 50 steps: low enough that a sanitizer without noise is caught with 1,000 canaries (ε_lower ≈ 2.2 against

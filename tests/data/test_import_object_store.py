@@ -13,7 +13,6 @@ from PIL import Image
 from dpsynth import storage
 from dpsynth.data import import_source, read_parquet
 from dpsynth.errors import DatasetError
-from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
 
 from .conftest import MNIST_DIR
 

@@ -19,8 +19,7 @@ import yaml
 from sqlalchemy.engine import make_url
 
 from tests.deploy.test_chart import CHART, CREDENTIALS, find, render, tools
-from tests.pg_fixtures import pg_server  # noqa: F401 (fixture: a real PostgreSQL 15)
-from tests.pipelines.test_airflow import AIRFLOW_BIN, airflow_env  # noqa: F401 (fixture)
+from tests.airflow_fixtures import AIRFLOW_BIN
 
 pytestmark = pytest.mark.skipif(not (AIRFLOW_BIN / "airflow").exists(), reason=".venv/airflow is missing")
 VALUES = yaml.safe_load((CHART / "values-airflow.yaml").read_text())
@@ -32,7 +31,7 @@ def db_check(env: dict, url: str) -> subprocess.CompletedProcess:
 
 
 @tools
-def test_the_metadata_secret_works_with_the_airflow_images_driver(pg_server, airflow_env):  # noqa: F811
+def test_the_metadata_secret_works_with_the_airflow_images_driver(pg_server, airflow_env):
     docs = render(*CREDENTIALS)
     secret = find(docs, "Secret", "-airflow-metadata")
     assert secret["metadata"]["name"] == VALUES["data"]["metadataSecretName"]  # the Secret the upstream chart reads
@@ -52,7 +51,7 @@ def test_the_metadata_secret_works_with_the_airflow_images_driver(pg_server, air
     assert "postgresql+psycopg2://" in (CHART / "values-airflow.yaml").read_text().split("metadataSecretName")[0]
 
 
-def test_the_simple_auth_manager_logs_in_with_the_secrets_passwords(airflow_env, tmp_path):  # noqa: F811
+def test_the_simple_auth_manager_logs_in_with_the_secrets_passwords(airflow_env, tmp_path):
     core = VALUES["config"]["core"]
     passwords = tmp_path / "auth" / "passwords.json"
     passwords.parent.mkdir()

@@ -7,7 +7,6 @@ Dockerfiles are linted for structure instead.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -16,8 +15,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tests.pg_fixtures import pg_server, postgres  # noqa: F401 (fixtures: a real PostgreSQL 15)
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "dpsynth"

@@ -15,7 +15,7 @@ from dpsynth.errors import PrivacyError
 from dpsynth.ledger.store import Ledger
 from tests.deploy.test_chart import CHART, CREDENTIALS, HELM, REQUIRED, find, render, tools
 from tests.deploy.test_mlflow_hosts import expand
-from tests.pg_fixtures import PASSWORD, pg_server  # noqa: F401 (fixture: a real PostgreSQL 15)
+from tests.pg_fixtures import PASSWORD
 
 SHA = "cd" * 32
 
@@ -62,7 +62,7 @@ def test_a_missing_role_password_fails_the_install():
 
 
 @tools
-def test_the_rendered_job_and_urls_on_a_real_postgresql(pg_server):  # noqa: F811
+def test_the_rendered_job_and_urls_on_a_real_postgresql(pg_server):
     docs = render(*CREDENTIALS)
     creds = find(docs, "Secret", "-credentials")["stringData"]
     server = make_url(pg_server.database("chart"))

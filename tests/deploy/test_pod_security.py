@@ -5,12 +5,11 @@ bucket Job, the helm test — and the stage pods Airflow builds pass the Pod Sec
 from __future__ import annotations
 
 import functools
-import importlib.util  # noqa: F401
 import json
 
 import pytest
 
-from tests.deploy.test_chart import REPO, VARIANTS, find, render, tools
+from tests.deploy.test_chart import VARIANTS, find, render, tools
 
 VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
 
@@ -94,7 +93,7 @@ def airflow_pods(env: dict) -> dict[str, dict]:
     """Every pod the Airflow DAGs create on Kubernetes, as the KubernetesPodOperator itself builds it (its
     ``build_pod_request_obj``: the base container and the XCom sidecar it adds), in the Airflow venv with the chart's
     rendered Airflow env: {task id: pod spec}."""
-    from tests.pipelines.test_airflow import AIRFLOW_BIN, DAGS, KUBECONFIG, in_airflow
+    from tests.airflow_fixtures import AIRFLOW_BIN, DAGS, KUBECONFIG, in_airflow
 
     if not (AIRFLOW_BIN / "airflow").exists():
         pytest.skip(".venv/airflow is missing")

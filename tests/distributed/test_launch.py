@@ -30,7 +30,7 @@ from dpsynth.distributed import launch
 from tests.deploy.test_chart import CHART, VARIANTS, helm, tools
 from tests.methods import distributed_workers as workers
 # the stage tests' fixtures, as in tests/stages (autouse there and here: ledger_with_budget, one_torch_thread)
-from tests.stages.conftest import ledger_with_budget, mnist600, one_torch_thread, source  # noqa: F401
+from tests.stages.conftest import ledger_with_budget, one_torch_thread  # noqa: F401 (autouse fixtures)
 from tests.stages.helpers import TINY, dpsynth, manifest, settings, stages
 from tests.stages.test_no_raw_hashes import hits, sensitive_hashes
 

@@ -14,7 +14,7 @@ import pytest
 from dpsynth.ledger.store import Ledger
 from tests.methods import distributed_workers as workers
 # the stage tests' fixtures, as in tests/stages (autouse there and here: ledger_with_budget, one_torch_thread)
-from tests.stages.conftest import ledger_with_budget, mnist600, one_torch_thread, source  # noqa: F401
+from tests.stages.conftest import ledger_with_budget, one_torch_thread  # noqa: F401 (autouse fixtures)
 from tests.stages.helpers import TINY, dpsynth, manifest, settings, stages
 
 GSWGAN = ("train.method=gswgan", "partition.num_shards=3", "gswgan.d_width=4", "gswgan.g_width=4",

@@ -24,7 +24,6 @@ from dpsynth.ledger import schedule
 from dpsynth.ledger.store import Ledger
 from dpsynth.privacy.events import MechanismTrace, full_batch_gaussian
 from dpsynth.ledger import charging
-from tests.pg_fixtures import pg_server  # noqa: F401 (fixture: a real PostgreSQL server)
 
 WEEKS, PER_WEEK, EPS, DELTA, BLOCK_BUDGET, WINDOW = 26, 6, 10.0, 1e-6, 30.0, 4
 SIGMA = 0.6  # one full-batch Gaussian release: ε ≈ 9.41 at δ = 1e-6 under RDP, within the run's reservation of 10

@@ -15,7 +15,6 @@ import pytest
 from dpsynth.errors import PrivacyError
 from dpsynth.ledger import cli as ledger_cli
 from dpsynth.ledger.store import Ledger
-from tests.pg_fixtures import pg_server  # noqa: F401 (fixture: a real PostgreSQL server)
 
 SHA = "0123456789abcdef" * 4
 POP = "mnist"

@@ -14,7 +14,6 @@ from sqlalchemy.engine import make_url
 from dpsynth.errors import PrivacyError
 from dpsynth.ledger.roles import grant_roles
 from dpsynth.ledger.store import Ledger
-from tests.pg_fixtures import pg_server  # noqa: F401 (fixture: a real PostgreSQL 15)
 
 SHA = "ab" * 32
 _names = itertools.count()
@@ -25,7 +24,7 @@ def as_role(url: str, role: str, password: str) -> str:
 
 
 @pytest.fixture
-def zones(pg_server):  # noqa: F811
+def zones(pg_server):
     """(admin URL, stage URL, auditor URL) of a fresh ledger database whose roles were granted."""
     admin = pg_server.database("roles")
     n = next(_names)
@@ -165,7 +164,7 @@ def test_the_auditor_role_reads_and_cannot_write(zones):
         conn.exec_driver_sql("SELECT key FROM data_key")  # the ledger's key of data ids stays the platform's
 
 
-def test_grant_roles_from_the_cli_is_idempotent_and_needs_postgresql(pg_server, tmp_path, monkeypatch,  # noqa: F811
+def test_grant_roles_from_the_cli_is_idempotent_and_needs_postgresql(pg_server, tmp_path, monkeypatch,
                                                                      capsys):
     """`dpsynth ledger grant-roles` (its main, in this process: the command reads its passwords from the
     environment, set here as a pod's would be)."""

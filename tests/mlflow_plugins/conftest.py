@@ -1,11 +1,11 @@
-"""The stage tests' fixtures (600 bundled MNIST records as a Parquet source), for the plugin's page test."""
+"""One torch thread (the stage tests' autouse fixture) and ``capsys_module``, for the plugin's page test (its data, ``source``: tests/stage_fixtures.py)."""
 
 import io
 from contextlib import redirect_stdout
 
 import pytest
 
-from tests.stages.conftest import mnist600, one_torch_thread, source  # noqa: F401
+from tests.stages.conftest import one_torch_thread  # noqa: F401 (autouse fixtures)
 
 
 class _Captured:

@@ -1,4 +1,4 @@
-"""A fork server for the Airflow tests' snippets (tests/pipelines/test_airflow.py's ``in_airflow``), run by the
+"""A fork server for the Airflow tests' snippets (tests/airflow_fixtures.py's ``in_airflow``), run by the
 Airflow venv's python: it imports Airflow once (about 3 CPU-s an interpreter), then runs each snippet in a child
 forked from that import, with the snippet's own environment, working directory and output files, so that the
 DAG folder is parsed afresh by every snippet, as in a new interpreter.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipelines.test_airflow import airflow_env, in_airflow  # noqa: F401 (fixture)
+from tests.airflow_fixtures import in_airflow
 
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_PYTHON = REPO / ".venv" / "airflow" / "bin" / "python"
@@ -66,8 +66,8 @@ print(json.dumps({{"seen": seen, "result": result, "error": error, "throttled": 
 
 def run_task(airflow_env: dict, tmp_path: Path, exit_code: int, *, signal: str = "partition: started",
              quiet: float = 600.0) -> dict:
-    """CHECK in the Airflow venv (a child of the fork server that has imported Airflow: tests/pipelines/
-    test_airflow.py's ``in_airflow``), with the stand-in stage as DPSYNTH_STAGE_BIN."""
+    """CHECK in the Airflow venv (a child of the fork server that has imported Airflow: tests/
+    airflow_fixtures.py's ``in_airflow``), with the stand-in stage as DPSYNTH_STAGE_BIN."""
     go, stage = tmp_path / "go", tmp_path / "dpsynth"
     stage.write_text(STAGE.format(python=sys.executable, go=str(go), exit=exit_code))
     stage.chmod(0o755)
@@ -75,7 +75,7 @@ def run_task(airflow_env: dict, tmp_path: Path, exit_code: int, *, signal: str =
                       {**airflow_env, "DPSYNTH_STAGE_BIN": str(stage)})
 
 
-def test_stage_lines_reach_the_task_log_while_the_stage_runs(airflow_env, tmp_path):  # noqa: F811
+def test_stage_lines_reach_the_task_log_while_the_stage_runs(airflow_env, tmp_path):
     out = run_task(airflow_env, tmp_path, exit_code=0)
     assert out["error"] is None and out["result"] == {"stage": "partition", "status": "succeeded"}
     lines = out["seen"]
@@ -86,13 +86,13 @@ def test_stage_lines_reach_the_task_log_while_the_stage_runs(airflow_env, tmp_pa
     assert out["throttled"] == ["bar 1", "bar 4"]
 
 
-def test_a_failing_stage_raises_with_the_end_of_its_stderr(airflow_env, tmp_path):  # noqa: F811
+def test_a_failing_stage_raises_with_the_end_of_its_stderr(airflow_env, tmp_path):
     out = run_task(airflow_env, tmp_path, exit_code=3)
     assert out["result"] is None
     assert out["error"].startswith("dpsynth partition exited 3:") and "steps 3/3" in out["error"]
 
 
-def test_a_silent_stage_gets_a_still_running_line(airflow_env, tmp_path):  # noqa: F811
+def test_a_silent_stage_gets_a_still_running_line(airflow_env, tmp_path):
     # the stand-in goes on only once the task log said it is still running
     out = run_task(airflow_env, tmp_path, exit_code=0, signal="still running", quiet=0.5)
     assert out["error"] is None

@@ -20,7 +20,7 @@ import pytest
 from dpsynth import storage
 from dpsynth.data import import_source, read_parquet, versions, write_parquet
 from dpsynth.ledger.store import Ledger
-from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_db, airflow_env, migrated_db  # noqa: F401 (fixtures)
+from tests.airflow_fixtures import AIRFLOW_BIN, REPO
 from tests.stages.helpers import MNIST, dpsynth, manifest
 
 POP, PER_IMPORT, WINDOW = "clinic", 200, 2
@@ -125,7 +125,7 @@ def test_kfp_local_runner_on_a_window(tmp_path, population, monkeypatch):
 
 
 @pytest.mark.slow
-def test_airflow_retrain_dag_on_a_window(airflow_db, tmp_path, population):  # noqa: F811
+def test_airflow_retrain_dag_on_a_window(airflow_db, tmp_path, population):
     """The third import through the import DAG (`airflow dags test dpsynth_import_data`); its asset event's versioned
     URI is what the retrain DAG runs on (`airflow dags test dpsynth_retrain_on_new_data`: `dags test` triggers no
     asset schedule, so the test hands the event's URI on, as the DAG's plan does from triggering_asset_events)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tests.pipelines.test_airflow import LOAD, airflow_env, in_airflow  # noqa: F401 (fixture)
+from tests.airflow_fixtures import LOAD, in_airflow
 
 PLAN = LOAD + """
     import dpsynth_pipeline, dpsynth_pods

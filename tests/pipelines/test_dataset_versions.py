@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dpsynth.data import import_source, write_parquet
-from tests.pipelines.test_airflow import AIRFLOW_BIN, LOAD, REPO, airflow_db, airflow_env, in_airflow, migrated_db  # noqa: F401
+from tests.airflow_fixtures import AIRFLOW_BIN, LOAD, REPO, in_airflow
 from tests.stages.helpers import MNIST, dpsynth
 
 
@@ -63,7 +63,7 @@ print(json.dumps({"changed": os.environ["FAKE_CHANGED"] == "1", "version": "v7",
 """
 
 
-def test_the_import_task_emits_an_event_naming_the_version(airflow_env, tmp_path):  # noqa: F811
+def test_the_import_task_emits_an_event_naming_the_version(airflow_env, tmp_path):
     """The import task of `dpsynth_import_data` (its own code, in the Airflow venv; `dpsynth` faked): every import,
     new records or not, sets the event's extra to the versioned URI and its keyed id, nothing else of what the import
     printed (no raw digest); whether it retrains is decided against the population's last release. The whole DAG
@@ -145,10 +145,10 @@ def test_partition_refuses_a_versioned_file_replaced_after_its_import(tmp_path, 
 
 
 @pytest.mark.parametrize("executor", ["local", "kubernetes"])
-def test_retrain_gate_skips_every_later_task_when_start_found_the_release(airflow_env, tmp_path, executor):  # noqa: F811
+def test_retrain_gate_skips_every_later_task_when_start_found_the_release(airflow_env, tmp_path, executor):
     """The retrain's plan asks ``start`` for ``--unless-released`` (a manual run does not); when start reports
     "skipped", the ``data_changed`` short circuit skips every later task, ``finish`` (trigger rule all_done) too."""
-    from tests.pipelines.test_airflow import KUBECONFIG, in_airflow, LOAD
+    from tests.airflow_fixtures import KUBECONFIG, LOAD, in_airflow
 
     env = dict(airflow_env)
     if executor == "kubernetes":

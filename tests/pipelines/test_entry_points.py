@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.pipelines.test_airflow import AIRFLOW_BIN, LOAD, in_airflow, airflow_env  # noqa: F401 (fixture)
+from tests.airflow_fixtures import AIRFLOW_BIN, LOAD, in_airflow
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = "configs/dpgan-mnist-cpu.yaml"
@@ -86,7 +86,7 @@ def resolved(argv: list[str]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def airflow_argvs(airflow_env):  # noqa: F811
+def airflow_argvs(airflow_env):
     if not (AIRFLOW_BIN / "airflow").exists():
         pytest.skip(".venv/airflow is missing")
     env = {**airflow_env, "DPSYNTH_CONFIG": CONFIG, "DPSYNTH_POPULATION_ID": POPULATION,
@@ -225,11 +225,12 @@ def test_kfp_extra_accepts_only_the_recipe_settings(item, capsys):
     assert lines[0].endswith(" sets it") and len(lines[0]) < 200
 
 
-def test_kubernetes_plan_refuses_local_uris_and_empty_config_means_none(airflow_env, tmp_path):  # noqa: F811
+def test_kubernetes_plan_refuses_local_uris_and_empty_config_means_none(airflow_env, tmp_path):
     """#34 item 2: on Kubernetes the plan task fails (no retry) on a local run root or dataset, naming the field;
     DPSYNTH_CONFIG="" (the chart's pipeline.config emptied) means no base config, not the local recipe."""
     kubeconfig = tmp_path / "kubeconfig"
-    from tests.pipelines.test_airflow import KUBECONFIG
+    from tests.airflow_fixtures import KUBECONFIG
+
     kubeconfig.write_text(KUBECONFIG)
     env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(kubeconfig),
            "DPSYNTH_CONFIG": "", "DPSYNTH_RUN_ROOT": "s3://b/runs", "DPSYNTH_DATASET_URI": "s3://b/d.parquet",
@@ -252,7 +253,7 @@ def test_kubernetes_plan_refuses_local_uris_and_empty_config_means_none(airflow_
     assert out["data"][0] == "AirflowFailException" and out["data"][1].startswith("dataset_uri (data.uri)")
 
 
-def test_a_platform_population_cannot_be_changed_by_a_trigger(airflow_env):  # noqa: F811
+def test_a_platform_population_cannot_be_changed_by_a_trigger(airflow_env):
     """#34 item 5: with DPSYNTH_POPULATION_ID set (the chart's pipeline.populationId) the form's population is
     that value only: a UI or REST trigger naming another population (another budget) is refused."""
     out = in_airflow(LOAD + """
@@ -272,11 +273,12 @@ def test_a_platform_population_cannot_be_changed_by_a_trigger(airflow_env):  # n
     assert out == {"same": False, "other": True, "default": "mnist"}
 
 
-def test_platform_settings_come_after_the_trigger_and_a_cluster_needs_the_population(airflow_env, tmp_path):  # noqa: F811
+def test_platform_settings_come_after_the_trigger_and_a_cluster_needs_the_population(airflow_env, tmp_path):
     """#55 item 5: the platform's settings that are not a run's (the chart's stage.config: audit.confidence here),
     the tracking URI and the population are given after the trigger's, so nothing a trigger passes replaces them;
     with the Kubernetes executor a run without the platform's population (pipeline.populationId) is refused."""
-    from tests.pipelines.test_airflow import KUBECONFIG
+    from tests.airflow_fixtures import KUBECONFIG
+
     (tmp_path / "kubeconfig").write_text(KUBECONFIG)
     env = {**airflow_env, "DPSYNTH_EXECUTOR": "kubernetes", "DPSYNTH_K8S_CONFIG_FILE": str(tmp_path / "kubeconfig"),
            "DPSYNTH_RUN_ROOT": "s3://b/runs", "DPSYNTH_DATASET_URI": "s3://b/d.parquet", "DPSYNTH_TRACKING_URI": TRACKING,

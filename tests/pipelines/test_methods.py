@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from dpsynth import storage
-from tests.pipelines.test_airflow import AIRFLOW_BIN, REPO, airflow_db, airflow_env, migrated_db  # noqa: F401 (fixtures)
+from tests.airflow_fixtures import AIRFLOW_BIN, REPO
 from tests.stages.helpers import manifest, release_files
 
 COMMON = ["sample.num_samples=200", "output.log_every=0", "output.sample_every=0", "output.checkpoint_every=0",
@@ -85,7 +85,7 @@ def check_release(run_dir, method: str) -> None:
 
 @SLOW
 @pytest.mark.parametrize("method", ["gswgan", "gswgan_federated", "dpac", "zhang"])
-def test_airflow(method, source, airflow_db, tmp_path):  # noqa: F811
+def test_airflow(method, source, airflow_db, tmp_path):
     """One metadata database for the module's DAG runs, migrated once (``airflow_db``), as the four runs shared one
     before (an Airflow start and a migration check a run fewer)."""
     airflow = str(AIRFLOW_BIN / "airflow")

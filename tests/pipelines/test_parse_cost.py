@@ -3,7 +3,7 @@ settings were looked up per pod, 274 metadata-database reads for 24 names per pa
 
 from __future__ import annotations
 
-from tests.pipelines.test_airflow import KUBECONFIG, LOAD, in_airflow, airflow_env  # noqa: F401 (fixture)
+from tests.airflow_fixtures import KUBECONFIG, LOAD, in_airflow
 
 
 def test_each_variable_is_read_once_per_parse(airflow_env, tmp_path):

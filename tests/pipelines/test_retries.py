@@ -6,10 +6,9 @@ verdict so that a retry does not run the stage again (test_kfp_exit.py)."""
 
 from __future__ import annotations
 
-import os
 import stat
 
-from tests.pipelines.test_airflow import LOAD, in_airflow, airflow_env  # noqa: F401 (fixture)
+from tests.airflow_fixtures import LOAD, in_airflow
 
 
 def fake_stage(tmp_path, code: int):

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests import pg_fixtures
-from tests.pg_fixtures import pg_server  # noqa: F401 (fixture: a real PostgreSQL 15)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "platform.sh"
@@ -69,7 +68,7 @@ print("RESULT", settings.SQL_ALCHEMY_CONN_ASYNC.split(":", 1)[0], tables, asynci
 
 
 @pytest.mark.skipif(not (AIRFLOW_BIN / "airflow").exists(), reason=".venv/airflow is missing: make airflow-venv")
-def test_airflow_migrates_and_opens_its_metadata_database_on_postgresql(pg_server, tmp_path):  # noqa: F811
+def test_airflow_migrates_and_opens_its_metadata_database_on_postgresql(pg_server, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env.update(AIRFLOW_HOME=str(tmp_path), AIRFLOW__CORE__LOAD_EXAMPLES="False",
                AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=pg_server.database("airflow"))

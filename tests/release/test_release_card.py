@@ -16,8 +16,7 @@ import pytest
 from dpsynth.privacy import MechanismEvent, MechanismTrace
 from dpsynth.stages import audit
 # the stage tests' fixtures, as in tests/stages (autouse there and here: ledger_with_budget, one_torch_thread)
-from tests.stages.conftest import (  # noqa: F401
-    ledger_with_budget, mnist600, one_torch_thread, source, trained, trained_once)
+from tests.stages.conftest import ledger_with_budget, one_torch_thread  # noqa: F401 (autouse fixtures)
 from tests.stages.helpers import dpsynth, manifest, release_files, settings, stage
 
 DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"

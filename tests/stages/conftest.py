@@ -1,36 +1,9 @@
-"""Fixtures of the stage tests: 600 bundled MNIST records as a canonical Parquet source."""
+"""The stage tests' autouse fixtures: each test's own ledger with a budget, release cards without their PDF, one torch
+thread (600 bundled MNIST records as a Parquet source, ``source``, and a trained run, ``trained``: tests/stage_fixtures.py)."""
 
-import numpy as np
 import pytest
 
-from dpsynth.data import import_source, write_parquet
-from tests.stages.helpers import MNIST, pristine_run
 from tests.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
-
-
-@pytest.fixture(scope="session")
-def mnist600():
-    return import_source(MNIST).subset(np.arange(600))
-
-
-@pytest.fixture(scope="session")
-def source(tmp_path_factory, mnist600) -> str:
-    path = tmp_path_factory.mktemp("source") / "mnist600.parquet"
-    write_parquet(mnist600, path)
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def trained_once(tmp_path_factory, source):
-    """``restore()`` of one run in which partition, pretrain and train have run (MLflow off)."""
-    return pristine_run(tmp_path_factory, source, "partition", "pretrain", "train")
-
-
-@pytest.fixture
-def trained(trained_once):
-    """A run directory in which partition, pretrain and train have run (MLflow off), the test's to change:
-    a fresh copy of one session-wide run (training it per test cost most of this folder's time)."""
-    return trained_once()
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,6 @@ import pytest
 from dpsynth import storage, tracking
 from dpsynth.data import read_parquet
 from dpsynth.ledger.store import Ledger
-from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
 from tests.stages.helpers import dpsynth, manifest, release_files, settings
 
 STAGES = ["partition", "pretrain", "train", "audit", "sample", "evaluate"]

@@ -7,7 +7,6 @@ import pytest
 
 from dpsynth.errors import PrivacyError
 from dpsynth.ledger.store import Ledger
-from tests.pg_fixtures import pg_server  # noqa: F401 (fixture: a real PostgreSQL server)
 from tests.stages.helpers import dpsynth, settings
 
 SHA = hashlib.sha256(b"the records").hexdigest()

@@ -9,7 +9,6 @@ import pytest
 from mlflow import MlflowClient
 
 from dpsynth import tracking
-from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
 from tests.stages.helpers import dpsynth, settings
 
 

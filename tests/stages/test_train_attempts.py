@@ -12,7 +12,6 @@ import time
 import torch
 
 from dpsynth import storage
-from tests.s3_fixtures import moto_endpoint, s3_bucket, s3_env  # noqa: F401 (fixtures)
 from tests.stages.helpers import dpsynth, manifest, settings, stages, start
 
 # Long enough that a process killed at its first checkpoint (step 20) still had 20 steps to go (about a CPU-second,
