@@ -22,8 +22,9 @@ unexport PYTHONDONTWRITEBYTECODE
 UV_VERSION := 0.13.9
 UV_VENV    := .venv/uv
 UV         := $(UV_VENV)/bin/uv
+# pip's sources are read by a Python that has pip: .venv/uv's when it has one (below), else $(PYTHON)'s.
 UV_INSTALL  = $(UV) pip install --quiet --index-strategy unsafe-best-match \
-              $(shell $(UV_VENV)/bin/python scripts/uv_args.py)
+              $(shell $(if $(wildcard $(UV_VENV)/bin/pip),$(UV_VENV)/bin/python,$(PYTHON)) scripts/uv_args.py)
 OUT    ?= outputs
 CONFIG ?= configs/dpgan-mnist-cpu.yaml
 # The privacy ledger the run-* targets charge (`make run` uses the same file, beside $(OUT)/mlflow.db), and
@@ -38,9 +39,13 @@ POPULATION := mnist
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
+# uv's own environment, without pip, filled by $(PYTHON)'s pip (`pip --python`: 4 s here, against 9 s for a venv whose
+# pip ensurepip installs and compiles first); where $(PYTHON) has no pip (or one older than 22.3), by the venv's own.
 $(UV):
-	$(PYTHON) -m venv $(UV_VENV)
-	$(UV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	$(PYTHON) -m venv --without-pip $(UV_VENV)
+	$(PYTHON) -m pip --python $(UV_VENV)/bin/python install --quiet --disable-pip-version-check uv==$(UV_VERSION) 2>/dev/null \
+	  || { $(UV_VENV)/bin/python -m ensurepip --default-pip >/dev/null \
+	       && $(UV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION); }
 
 # --seed: the environments keep pip (`make lock` freezes with it, and a user may want it)
 $(STAMP): requirements/stage.lock pyproject.toml mlflow_plugins/pyproject.toml | $(UV)
