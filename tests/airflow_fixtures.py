@@ -3,11 +3,11 @@ tests call the Airflow one as a subprocess, with AIRFLOW_HOME in a temporary dir
 
 A plugin of the test session (tests/conftest.py's ``pytest_plugins``), not imported by test modules: a fixture imported
 into a module is that module's own, and each module then made its own Airflow home, its own fork server (an Airflow
-import, 4.7 CPU-s) and its own `airflow db migrate` (#53: 7 homes, 7 servers in the quick tier, now one each per
-test process). Fixtures: ``airflow_env`` (the Airflow venv's environment, an Airflow home without a metadata
-database), ``migrated_db`` (a database just migrated by `airflow db migrate`), ``airflow_db`` (a module's own home
-with a copy of it). Helpers: ``in_airflow`` (a snippet in a child of the fork server), ``LOAD`` (the DAG folder's
-DagBag, without import errors).
+import, 4.7 CPU-s) and its own `airflow db migrate` (#53: 7 homes and 7 servers in the quick tier; now one home and
+one server per test process, and the pod-security test's own). Fixtures: ``airflow_env`` (the Airflow venv's
+environment, an Airflow home without a metadata database), ``migrated_db`` (a database just migrated by `airflow db
+migrate`), ``airflow_db`` (a module's own home with a copy of it). Helpers: ``in_airflow`` (a snippet in a child of
+the fork server), ``LOAD`` (the DAG folder's DagBag, without import errors).
 """
 
 from __future__ import annotations
