@@ -124,10 +124,10 @@ schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema bes
 # Airflow home, and the platform test (tests/platform) its own free ports, PostgreSQL cluster and Chromium profile.
 TEST_WORKERS ?= 2
 
-test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 7.7 to 8.6 min on 2 cores, four fresh clones on a quiet machine (7.7, 8.2, 8.6, 8.5; the set-up of its environments by uv 0.2 to 0.3 of it; 7.9 again in the same clone), 2026-11-30, ninth session
+test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 8.6 and 8.7 min on 2 cores, two fresh clones on a quiet machine (its environments' set-up by uv 0.3 of it), 2026-11-30, tenth session (9.1 that day before the session's changes; 7.7 to 8.6 in the ninth)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 23.8 min of pytest on 2 cores, a fresh clone after make test, with a benchmark beside it (2026-11-30, eighth session; CI's whole .ci/run, as loaded: 37.6 min; 32.0 on a quiet machine in the seventh)
+test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 16.8 min of pytest on 2 cores after make test, nothing beside it (2026-11-30, tenth session; 23.8 in the eighth with a benchmark beside it; CI's whole .ci/run: 28.3 min at stop 63)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m slow -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The benchmarks: benchmarks/run.py SUITE runs a suite of benchmarks/suites.toml and keeps its latest rows in
