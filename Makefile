@@ -124,7 +124,7 @@ schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema bes
 # Airflow home, and the platform test (tests/platform) its own free ports, PostgreSQL cluster and Chromium profile.
 TEST_WORKERS ?= 2
 
-test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 8.6 and 8.7 min on 2 cores, two fresh clones on a quiet machine (its environments' set-up by uv 0.3 of it), 2026-11-30, tenth session (9.1 that day before the session's changes; 7.7 to 8.6 in the ninth)
+test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 8.6 to 9.5 min on 2 cores, three fresh clones (8.7 and 8.6 with Chromium absent, its 3 tests skipped; 9.5 with it; 7.3 min of pytest in a fresh clone's .ci/run, with it, the same hour): this machine's speed varied by a quarter that day (2026-11-30, tenth session; 9.1 that morning before its changes)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 16.8 min of pytest on 2 cores after make test, nothing beside it (2026-11-30, tenth session; 23.8 in the eighth with a benchmark beside it; CI's whole .ci/run: 28.3 min at stop 63)
