@@ -127,7 +127,7 @@ TEST_WORKERS ?= 2
 test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 8.6 to 9.5 min on 2 cores, three fresh clones (8.7 and 8.6 with Chromium absent, its 3 tests skipped; 9.5 with it; 7.3 min of pytest in a fresh clone's .ci/run, with it, the same hour): this machine's speed varied by a quarter that day (2026-11-30, tenth session; 9.1 that morning before its changes)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 16.8 min of pytest on 2 cores after make test, nothing beside it (2026-11-30, tenth session; 23.8 in the eighth with a benchmark beside it; CI's whole .ci/run: 28.3 min at stop 63)
+test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 20.8 min of pytest on 2 cores in a fresh clone's .ci/run, whose whole run took 28.3 min (16.8 with Chromium absent, the platform UI's 2 tests skipped; 2026-11-30, tenth session)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m slow -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The benchmarks: benchmarks/run.py SUITE runs a suite of benchmarks/suites.toml and keeps its latest rows in
