@@ -51,7 +51,7 @@ def airflow_env(tmp_path_factory) -> dict:
     return env
 
 
-# The Airflow venv's fork servers of this test process (tests/pipelines/airflow_server.py), one per environment
+# The Airflow venv's fork servers of this test process (tests/airflow_server.py), one per environment
 # that Airflow reads when imported: the rest of a snippet's environment (the DAGs' DPSYNTH_* settings, Airflow
 # Variables and Connections, the fake CLI's log) is read while the DAGs are parsed or their tasks run, which each
 # snippet does afresh in its child (Airflow's environment secrets backend reads os.environ at each lookup).
@@ -64,7 +64,7 @@ def _server(env: dict) -> subprocess.Popen:
     server = _SERVERS.get(key)
     if server is None or server.poll() is not None:
         server = _SERVERS[key] = subprocess.Popen(
-            [str(AIRFLOW_BIN / "python"), str(REPO / "tests" / "pipelines" / "airflow_server.py")], cwd=REPO, text=True,
+            [str(AIRFLOW_BIN / "python"), str(Path(__file__).with_name("airflow_server.py"))], cwd=REPO, text=True,
             env={k: v for k, v in env.items() if not k.startswith(_PARSE_TIME_ENV)}, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         atexit.register(_stop, server)
