@@ -23,6 +23,9 @@ PRELOAD = [
     "dpsynth.cli", "dpsynth.stages.train", "dpsynth.runner.run", "mlflow", "mlflow.store.db.utils",
     "tests.mlflow_template",
     "torch._dynamo",  # what torch.optim imports on a process's first optimizer: about 1 CPU-second, once per rank
+    # imported by a rank on first use (the accountants import Opacus lazily, MLflow its SQL store on a first run):
+    # each a fresh import in every forked rank otherwise (Opacus alone 2.75 CPU-s)
+    "opacus", "mlflow.store.tracking.sqlalchemy_store", "pyarrow.dataset", "git", "tests.conftest",
 ]
 
 
