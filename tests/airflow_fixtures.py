@@ -55,12 +55,16 @@ def airflow_env(tmp_path_factory) -> dict:
 # that Airflow reads when imported: the rest of a snippet's environment (the DAGs' DPSYNTH_* settings, Airflow
 # Variables and Connections, the fake CLI's log) is read while the DAGs are parsed or their tasks run, which each
 # snippet does afresh in its child (Airflow's environment secrets backend reads os.environ at each lookup).
+# A server is chosen regardless of PYTEST_CURRENT_TEST's value (Airflow's logging set-up reads only whether it is
+# set): an environment copied from os.environ during a test names that test, and each test of test_pod_security and
+# test_cluster_runbook started a server of its own (4 CPU-s each).
 _SERVERS: dict[str, subprocess.Popen] = {}
 _PARSE_TIME_ENV = ("DPSYNTH_", "AIRFLOW_VAR_", "AIRFLOW_CONN_", "FAKE_")
 
 
 def _server(env: dict) -> subprocess.Popen:
-    key = json.dumps(sorted((k, v) for k, v in env.items() if not k.startswith(_PARSE_TIME_ENV)))
+    key = json.dumps(sorted((k, v if k != "PYTEST_CURRENT_TEST" else "set") for k, v in env.items()
+                            if not k.startswith(_PARSE_TIME_ENV)))
     server = _SERVERS.get(key)
     if server is None or server.poll() is not None:
         server = _SERVERS[key] = subprocess.Popen(
