@@ -99,6 +99,39 @@ SLOW_LONGEST_FIRST = [
 ]
 
 
+# Modules that use the same costly service of a test process run on one worker, as one unit of the loadscope schedule
+# (each other module is a unit of its own): a second worker running any of them would start the service again. A
+# module left out of its group costs only that start; its tests pass either way.
+SHARED_SERVICE = {
+    # tests/methods/distributed_workers.py's fork server (forked ranks and killed runs): its PRELOAD, 12 CPU-s
+    "forked ranks": ["tests/distributed/test_distributed.py", "tests/methods/test_gswgan_federated.py",
+                     "tests/methods/test_contract.py", "tests/distributed/test_train_torchrun.py",
+                     "tests/stages/test_train_attempts.py", "tests/distributed/test_distributed_stop.py",
+                     "tests/distributed/test_launch.py", "tests/ledger/test_attempt.py", "tests/stages/test_sigterm.py"],
+    # airflow_env's Airflow fork server (tests/airflow_fixtures.py's in_airflow): an Airflow import, 5 CPU-s
+    "airflow": ["tests/pipelines/test_airflow.py", "tests/pipelines/test_entry_points.py",
+                "tests/pipelines/test_airflow_logs.py", "tests/pipelines/test_parse_cost.py",
+                "tests/pipelines/test_connections.py", "tests/pipelines/test_retries.py"],
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's --dist loadscope, with each group of SHARED_SERVICE one unit."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    group = {module: name for name, modules in SHARED_SERVICE.items() for module in modules}
+
+    class SharedServiceScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return group.get(module, module)
+
+    return SharedServiceScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Modules in LONGEST_FIRST (a slow test: SLOW_LONGEST_FIRST) before the rest (a stable sort: every module's tests
     of a tier stay together, in order)."""
