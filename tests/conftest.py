@@ -117,7 +117,7 @@ SHARED_SERVICE = {
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's --dist loadscope, with each group of SHARED_SERVICE one unit."""
+    """xdist's --dist loadscope, with each group of SHARED_SERVICE one unit (the slow tier's too)."""
     if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -125,9 +125,8 @@ def pytest_xdist_make_scheduler(config, log):
     group = {module: name for name, modules in SHARED_SERVICE.items() for module in modules}
 
     class SharedServiceScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return group.get(module, module)
+        def _split_scope(self, nodeid: str) -> str:  # else xdist's own: a module, or a class of one
+            return group.get(nodeid.split("::", 1)[0]) or super()._split_scope(nodeid)
 
     return SharedServiceScheduling(config, log)
 
