@@ -119,7 +119,8 @@ schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema bes
 # `make test` and `make test-slow` run on TEST_WORKERS pytest-xdist workers (the machine's 2 cores), each test module on
 # one worker (its module-scoped fixtures run once; the longest modules first: tests/conftest.py LONGEST_FIRST, and
 # SLOW_LONGEST_FIRST for the slow tier), one torch/BLAS thread per worker; `TEST_WORKERS=0` runs a tier in one process.
-# The test ranks of the multi-process tests are forked by one fork server per worker (tests/methods/distributed_workers.py).
+# The test ranks of the multi-process tests are forked by one fork server (tests/methods/distributed_workers.py), on the
+# one worker that runs every module using it (tests/conftest.py SHARED_SERVICE; the Airflow snippets' modules likewise).
 # Two slow workers share no state: each test has its own run directory, MLflow store and ledger, each worker its own
 # Airflow home, and the platform test (tests/platform) its own free ports, PostgreSQL cluster and Chromium profile.
 TEST_WORKERS ?= 2

@@ -122,13 +122,17 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    group = {module: name for name, modules in SHARED_SERVICE.items() for module in modules}
-
     class SharedServiceScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:  # else xdist's own: a module, or a class of one
-            return group.get(nodeid.split("::", 1)[0]) or super()._split_scope(nodeid)
+            return shared_service(nodeid) or super()._split_scope(nodeid)
 
     return SharedServiceScheduling(config, log)
+
+
+def shared_service(nodeid: str) -> str | None:
+    """The SHARED_SERVICE group of a test's module, or None."""
+    module = nodeid.split("::", 1)[0]
+    return next((name for name, modules in SHARED_SERVICE.items() if module in modules), None)
 
 
 def pytest_collection_modifyitems(config, items):
