@@ -112,8 +112,9 @@ def test_a_colour_run_of_the_default_releases_private_evolution(pe_run, capsys):
     stored = (run / "sensitive" / "train" / "config.yaml").read_text()
     assert "method: private-evolution" in stored
     synthetic = read_parquet(run / "release" / "sample" / "synthetic.parquet")
-    screened = manifest(run, "release", "sample")["details"]["screened"]  # a noise patch or two may be dropped:
-    assert screened["dropped"] <= 2  # which ones depends on float sums, i.e. on torch's thread count at training
+    # the noise screen may drop a sample or two (one, in a one-process run of the whole quick tier; none alone)
+    screened = manifest(run, "release", "sample")["details"]["screened"]
+    assert screened["dropped"] <= 2
     assert synthetic.shape == (32, 32, 3) and len(synthetic) == 48 - screened["dropped"] and synthetic.num_classes == 12
     card = json.loads((run / "release" / "card" / "card.json").read_text())
     capsys.readouterr()
