@@ -2,10 +2,13 @@
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests import rdp_cache
 
 MNIST = Path(__file__).resolve().parents[1] / "data" / "mnist"
 
@@ -20,6 +23,8 @@ pytest_plugins = ["tests.pg_fixtures", "tests.s3_fixtures", "tests.airflow_fixtu
 # import, which a module imported at collection precedes).
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
+
+rdp_cache.install()  # in every test process, and in the forked ranks' server (it preloads this module)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -133,6 +138,21 @@ def shared_service(nodeid: str) -> str | None:
     """The SHARED_SERVICE group of a test's module, or None."""
     module = nodeid.split("::", 1)[0]
     return next((name for name, modules in SHARED_SERVICE.items() if module in modules), None)
+
+
+def pytest_configure(config):
+    """The session's store of RDP curves (tests/rdp_cache.py), made by its first process: the workers xdist starts
+    and the ranks they fork inherit the variable."""
+    if not os.environ.get(rdp_cache.VAR):
+        config._rdp_store = tempfile.TemporaryDirectory(prefix="dpsynth-rdp-")
+        os.environ[rdp_cache.VAR] = config._rdp_store.name
+
+
+def pytest_unconfigure(config):
+    store = getattr(config, "_rdp_store", None)
+    if store is not None:
+        os.environ.pop(rdp_cache.VAR, None)
+        store.cleanup()
 
 
 def pytest_collection_modifyitems(config, items):
