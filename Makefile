@@ -123,6 +123,7 @@ schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema bes
 # one worker that runs every module using it (tests/conftest.py SHARED_SERVICE; the Airflow snippets' modules likewise).
 # Two slow workers share no state: each test has its own run directory, MLflow store and ledger, each worker its own
 # Airflow home, and the platform test (tests/platform) its own free ports, PostgreSQL cluster and Chromium profile.
+# Only a pure function's values are the session's: the RDP curves its processes computed (tests/rdp_cache.py).
 TEST_WORKERS ?= 2
 
 test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 7.6 and 7.7 min on 2 cores on two fresh clones with Chromium (2026-11-30, twelfth session; 7.9 to 8.4 the session before)
