@@ -129,7 +129,7 @@ TEST_WORKERS ?= 2
 test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 7.6 and 7.7 min on 2 cores on two fresh clones with Chromium, 7.6 min of pytest in a third one's .ci/run (2026-11-30, twelfth session; 7.9 to 8.4 the session before)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 20.6 min of pytest on 2 cores in a fresh clone's .ci/run, whose whole run took 29.1 min (2026-11-30, eleventh session)
+test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 20.1 min of pytest on 2 cores in a fresh clone's .ci/run, whose whole run took 28.0 min (2026-11-30, twelfth session)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m slow -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The benchmarks: benchmarks/run.py SUITE runs a suite of benchmarks/suites.toml and keeps its latest rows in
