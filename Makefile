@@ -126,7 +126,7 @@ schema: kfp-yaml  ## after a config change: rewrite the config's JSON Schema bes
 # Only a pure function's values are the session's: the RDP curves its processes computed (tests/rdp_cache.py).
 TEST_WORKERS ?= 2
 
-test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 7.6 and 7.7 min on 2 cores on two fresh clones with Chromium, 7.6 min of pytest in a third one's .ci/run (2026-11-30, twelfth session; 7.9 to 8.4 the session before)
+test: envs  ## the test suite, its quick tier (the rest: make test-slow; CI runs both); 7.6 to 7.7 min on 2 cores on three fresh clones with Chromium (7.6, 7.7 and 7.6), 7.6 min of pytest in a fourth one's .ci/run (2026-11-30, twelfth session; 7.9 to 8.4 the session before)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-slow: $(STAMP) $(AIRFLOW_STAMP)  ## the slower checks kept out of `make test` (the orchestrators' other methods among them), on two workers: 20.1 min of pytest on 2 cores in a fresh clone's .ci/run, whose whole run took 28.0 min (2026-11-30, twelfth session)
