@@ -134,10 +134,12 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedServiceScheduling(config, log)
 
 
+_GROUP_OF = {module: name for name, modules in SHARED_SERVICE.items() for module in modules}
+
+
 def shared_service(nodeid: str) -> str | None:
     """The SHARED_SERVICE group of a test's module, or None."""
-    module = nodeid.split("::", 1)[0]
-    return next((name for name, modules in SHARED_SERVICE.items() if module in modules), None)
+    return _GROUP_OF.get(nodeid.split("::", 1)[0])
 
 
 def pytest_configure(config):
